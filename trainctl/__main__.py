@@ -1,0 +1,3 @@
+from trainctl.cli.app import main
+
+main()

@@ -1,0 +1,52 @@
+"""The `trainctl` command: typer app, error handling and exit codes.
+
+Each command group lives in its own module and registers itself on `app`; this module must stay
+cheap to import (no torch, no numpy) so `trainctl --help` and `trainctl plan` start fast.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from trainctl.errors import TrainctlError
+
+app = typer.Typer(
+    name="trainctl",
+    help="Plan, launch, resume and measure Megatron-style training runs on Slurm and torchrun.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+_state = {"debug": False}
+
+
+@app.callback()
+def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors.")) -> None:
+    _state["debug"] = debug
+
+
+def _register() -> None:
+    # Imported for their side effect of adding commands to `app`.
+    from trainctl.cli import hardware_cmd, launch_cmd, plan_cmd, spec_cmd  # noqa: F401
+
+
+def main(argv: list[str] | None = None) -> None:
+    _register()
+    try:
+        # standalone mode: click prints usage errors itself and exits 2.
+        app(args=argv, standalone_mode=True)
+    except TrainctlError as e:
+        if _state["debug"]:
+            raise
+        _print_error(e.message, e.hint)
+        sys.exit(e.exit_code)
+
+
+def _print_error(message: str, hint: str | None = None) -> None:
+    for line in message.splitlines() or [message]:
+        print(f"error: {line}", file=sys.stderr)
+    if hint:
+        print(f"hint: {hint}", file=sys.stderr)

@@ -1,0 +1,35 @@
+"""`trainctl validate` and `trainctl schema`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from trainctl.cli.app import app
+from trainctl.cli.options import JsonOpt, SetOpt, SpecArg, read_spec
+from trainctl.spec import resolved_dict
+
+
+@app.command()
+def validate(spec: Path = SpecArg, set_: list[str] = SetOpt, as_json: bool = JsonOpt) -> None:
+    """Check a run spec; print it with every default filled in."""
+    run = read_spec(spec, set_)
+    if as_json:
+        print(json.dumps(resolved_dict(run), indent=2))
+        return
+    Console().print(f"[green]ok[/green] {spec}: {run.name} — world {run.world_size} = "
+                    f"tp {run.parallel.tp} x pp {run.parallel.pp} x dp {run.dp}")
+
+
+@app.command()
+def schema() -> None:
+    """Print the JSON Schema of the run spec (for editor completion and checking)."""
+    from trainctl.spec.models import RunSpec
+
+    print(json.dumps(RunSpec.model_json_schema(by_alias=True), indent=2))
+
+
+__all__ = ["validate", "schema", "typer"]

@@ -1,0 +1,36 @@
+"""Errors the CLI turns into exit codes: 2 for usage/spec mistakes, 1 for a failed run."""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_RUN_FAILED = 1
+EXIT_USAGE = 2
+
+
+class TrainctlError(Exception):
+    """Base class: a message for the user, one line each, plus an optional hint."""
+
+    exit_code = EXIT_RUN_FAILED
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+class UsageError(TrainctlError):
+    exit_code = EXIT_USAGE
+
+
+class SpecError(UsageError):
+    """One or more problems in a run spec; each names the field, the value and the fix."""
+
+    def __init__(self, problems: list[str], source: str | None = None) -> None:
+        self.problems = problems
+        self.source = source
+        prefix = f"{source}: " if source else ""
+        super().__init__("\n".join(prefix + p for p in problems))
+
+
+class RunError(TrainctlError):
+    exit_code = EXIT_RUN_FAILED

@@ -1,0 +1,173 @@
+"""Load a run spec from YAML, apply `--set a.b=c` overrides, validate, and explain every mistake."""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from trainctl.errors import SpecError
+from trainctl.spec import rules
+from trainctl.spec.models import RunSpec
+
+MAX_SPEC_BYTES = 1_000_000  # a spec is a page of YAML; anything bigger is a mistake (or an attack)
+
+
+def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> RunSpec:
+    """Read, override and validate the spec at `path`; raise SpecError (exit 2) on any problem."""
+    source = str(path)
+    p = Path(path)
+    try:
+        if p.is_dir():
+            raise SpecError(["is a directory, not a spec file. Fix: pass the path of a .yaml file"], source)
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise SpecError(["no such file. Fix: check the path (recipes/ has examples)"], source) from None
+    except OSError as e:
+        raise SpecError([f"cannot read the file ({e.strerror}). Fix: check the path and permissions"],
+                        source) from None
+    if len(raw) > MAX_SPEC_BYTES:
+        raise SpecError([f"file is {len(raw)} bytes; a spec is at most {MAX_SPEC_BYTES}. "
+                         "Fix: pass the run spec, not a data file"], source)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise SpecError(["not UTF-8 text. Fix: pass a YAML run spec"], source) from None
+    return load_spec_text(text, source, overrides)
+
+
+def load_spec_text(text: str, source: str = "<spec>", overrides: Sequence[str] = ()) -> RunSpec:
+    data = parse_yaml(text, source)
+    data = apply_overrides(data, overrides, source)
+    return validate_spec(data, source)
+
+
+def parse_yaml(text: str, source: str) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        what = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise SpecError([f"not valid YAML{where}: {what}. Fix: check indentation and quoting"], source) from None
+    except (ValueError, RecursionError, OverflowError) as e:  # pathological scalars or nesting
+        raise SpecError([f"not a usable YAML spec ({type(e).__name__}). Fix: write a plain mapping"],
+                        source) from None
+    if data is None:
+        raise SpecError(["the spec is empty. Fix: start from a recipe in recipes/"], source)
+    if not isinstance(data, dict):
+        raise SpecError([f"the top level is a {type(data).__name__}, not a mapping of sections. "
+                         "Fix: write `name:`, `model:`, `parallel:`, `train:` ... at the top level"], source)
+    return data
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """`a.b.c=value` -> (["a","b","c"], value parsed as a YAML scalar/flow value)."""
+    key, sep, value = item.partition("=")
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise SpecError([f"--set {item!r}: expected KEY.PATH=VALUE, e.g. --set parallel.tp=4"])
+    try:
+        parsed = yaml.safe_load(value) if value.strip() else ""
+    except yaml.YAMLError:
+        parsed = value  # not YAML: keep the raw string (e.g. a path with a colon)
+    return key.split("."), parsed
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str], source: str = "<spec>") -> dict[str, Any]:
+    data = dict(data)
+    for item in overrides:
+        keys, value = parse_override(item)
+        node: dict[str, Any] = data
+        for i, key in enumerate(keys[:-1]):
+            child = node.get(key)
+            if child is None:
+                child = {}
+            elif not isinstance(child, dict):
+                where = ".".join(keys[: i + 1])
+                raise SpecError([f"--set {item!r}: {where} is a {type(child).__name__}, not a section"], source)
+            node[key] = child = dict(child)
+            node = child
+        node[keys[-1]] = value
+    return data
+
+
+def validate_spec(data: dict[str, Any], source: str = "<spec>") -> RunSpec:
+    try:
+        spec = RunSpec.model_validate(data)
+    except ValidationError as e:
+        raise SpecError(_explain(e), source) from None
+    except (RecursionError, OverflowError, MemoryError) as e:
+        raise SpecError([f"spec could not be validated ({type(e).__name__}). Fix: simplify the values"],
+                        source) from None
+    problems = rules.check(spec)
+    if problems:
+        raise SpecError(problems, source)
+    return spec
+
+
+def _explain(error: ValidationError) -> list[str]:
+    lines = []
+    for err in error.errors(include_url=False):
+        loc = [str(x) for x in err["loc"]]
+        field = ".".join(loc) or "(top level)"
+        value = err.get("input")
+        kind = err["type"]
+        if kind == "extra_forbidden":
+            lines.append(f"{field}: unknown key. Fix: {_suggest(loc)}")
+        elif kind == "missing":
+            lines.append(f"{field}: required but missing. Fix: add `{loc[-1]}:` to the "
+                         f"{'.'.join(loc[:-1]) or 'top level'} section")
+        else:
+            msg = err["msg"]
+            if msg.startswith("Value error, "):
+                msg = msg[len("Value error, "):]
+            lines.append(f"{field} = {_short(value)}: {msg}. Fix: {_fix_for(kind, err)}")
+    return lines
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _fix_for(kind: str, err: Any) -> str:
+    ctx = err.get("ctx") or {}
+    if kind in ("less_than_equal", "less_than"):
+        return f"use a value <= {ctx.get('le', ctx.get('lt'))}"
+    if kind in ("greater_than_equal", "greater_than"):
+        return f"use a value >= {ctx.get('ge', ctx.get('gt'))}"
+    if kind.startswith(("int_", "float_", "bool_", "string_", "list_", "dict_", "model_")):
+        return "give a value of the type shown (see `trainctl schema`)"
+    if kind == "literal_error":
+        return f"use one of {ctx.get('expected')}"
+    return "see `trainctl schema` for the allowed values"
+
+
+def _suggest(loc: list[str]) -> str:
+    """Name the closest valid key, walking the models along the location."""
+    model: type[BaseModel] | None = RunSpec
+    for part in loc[:-1]:
+        field = model.model_fields.get(part) if model else None
+        ann = field.annotation if field else None
+        model = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+    if model is None:
+        return "remove it"
+    names = [f.alias or n for n, f in model.model_fields.items()]
+    close = difflib.get_close_matches(loc[-1], names, n=1, cutoff=0.6)
+    if close:
+        return f"did you mean `{close[0]}`?"
+    return f"remove it; valid keys here: {', '.join(names)}"
+
+
+def resolved_dict(spec: RunSpec) -> dict[str, Any]:
+    """The spec with every default and `auto` filled in, as frozen into a run directory."""
+    data = spec.model_dump(mode="json", by_alias=True)
+    data["parallel"]["dp"] = spec.dp
+    return data

@@ -1,0 +1,226 @@
+"""Pydantic models of the run spec.
+
+Field-level rules (types, ranges, choices) live on the fields; rules that relate several sections
+(world size, divisibility, NVLink domain) live in `trainctl.spec.rules` so each produces one message
+naming the field, the value and the fix.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from trainctl.spec.presets import MODEL_PRESETS
+
+# Upper bounds keep absurd numbers (1e30 layers) from reaching the arithmetic as overflow or hangs.
+Count = Annotated[int, Field(ge=1, le=1_000_000)]
+Size = Annotated[int, Field(ge=1, le=100_000_000)]
+NonNegCount = Annotated[int, Field(ge=0, le=1_000_000_000)]
+Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
+PositiveFloat = Annotated[float, Field(gt=0.0, le=1e9, allow_inf_nan=False)]
+
+
+class Strict(BaseModel):
+    """Unknown keys are errors: a typo must never be silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class ModelSpec(Strict):
+    preset: str | None = None
+    layers: Count
+    hidden: Size
+    heads: Count
+    kv_heads: Count | None = Field(None, description="Grouped-query attention KV heads; default = heads")
+    ffn_hidden: Size | None = Field(None, description="MLP inner size; default 4*hidden (GELU) or "
+                                    "the Llama rule 2/3*4*hidden rounded up to 256 (SwiGLU)")
+    vocab: Size
+    seq_len: Size
+    activation: Literal["gelu", "swiglu"] = "gelu"
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    position: Literal["learned", "rope"] = "learned"
+    rope_theta: PositiveFloat = 10000.0
+    tied_embeddings: bool = True
+    bias: bool = False
+    dropout: Fraction = 0.0
+    norm_eps: PositiveFloat = 1e-5
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("preset") is not None:
+            name = data["preset"]
+            if not isinstance(name, str) or name not in MODEL_PRESETS:
+                raise ValueError(
+                    f"unknown preset {name!r}; choose one of {', '.join(sorted(MODEL_PRESETS))} "
+                    "or give layers/hidden/heads/vocab/seq_len explicitly"
+                )
+            data = {**MODEL_PRESETS[name], **data}
+        return data
+
+    @model_validator(mode="after")
+    def _fill_defaults(self) -> ModelSpec:
+        # frozen model: fill derived defaults through object.__setattr__ once, at validation.
+        if self.kv_heads is None:
+            object.__setattr__(self, "kv_heads", self.heads)
+        if self.ffn_hidden is None:
+            if self.activation == "swiglu":
+                ffn = int(2 * 4 * self.hidden / 3)
+                ffn = 256 * ((ffn + 255) // 256)
+            else:
+                ffn = 4 * self.hidden
+            object.__setattr__(self, "ffn_hidden", ffn)
+        return self
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+
+class ParallelSpec(Strict):
+    tp: Count = 1
+    pp: Count = 1
+    dp: Count | Literal["auto"] = "auto"
+    virtual_stages: Count = Field(1, description="Model chunks per pipeline rank (interleaved 1F1B)")
+    zero: Literal[0, 1, 2, 3] = Field(0, description="0 plain DP, 1 optimizer, 2 +grads, 3 +weights (FSDP)")
+    sequence_parallel: bool = False
+    micro_batch: Count = 1
+    schedule: Literal["1f1b", "interleaved", "gpipe"] = "1f1b"
+    stage_layers: list[Annotated[int, Field(ge=0, le=1_000_000)]] | None = Field(
+        None,
+        description="Transformer layers on each of the pp*virtual_stages pipeline stages, first to "
+        "last; default: even split, fewer on the first/last stage to balance embedding and LM head",
+    )
+    allow_tp_across_nodes: bool = Field(
+        False, description="Permit a TP group larger than the NVLink domain (slow; normally an error)"
+    )
+    tp_impl: Literal["megatron", "dtensor"] = Field(
+        "megatron", description="Tensor-parallel implementation in the bundled trainer"
+    )
+
+
+class TrainSpec(Strict):
+    global_batch: Count = Field(description="Sequences per optimizer step, across all DP ranks")
+    steps: Count
+    lr: PositiveFloat = 3e-4
+    min_lr: Annotated[float, Field(ge=0.0, le=1e9, allow_inf_nan=False)] | None = Field(
+        None, description="Floor of the schedule; default lr/10"
+    )
+    lr_schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    warmup: NonNegCount = 0
+    weight_decay: Annotated[float, Field(ge=0.0, le=10.0)] = 0.1
+    beta1: Fraction = 0.9
+    beta2: Fraction = 0.95
+    eps: PositiveFloat = 1e-8
+    precision: Literal["bf16", "fp16", "fp32"] = "bf16"
+    recompute: Literal["none", "selective", "full"] = "none"
+    seed: Annotated[int, Field(ge=0, le=2**63 - 1)] = 1234
+    grad_clip: PositiveFloat | None = 1.0
+    log_every: Count = 1
+
+
+class DataSpec(Strict):
+    path: str | None = Field(None, description="Token file (flat array of token ids, nanoGPT/Megatron)")
+    dtype: Literal["uint16", "uint32"] = "uint16"
+    synthetic: bool = False
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DataSpec:
+        if self.synthetic and self.path:
+            raise ValueError("give either data.path or data.synthetic: true, not both")
+        if not self.synthetic and not self.path:
+            raise ValueError("no data source: set data.path to a token file or data.synthetic: true")
+        return self
+
+
+class CheckpointSpec(Strict):
+    dir: str | None = Field(None, description="Default: <run dir>/checkpoints")
+    every_steps: Count | None = None
+    every_minutes: PositiveFloat | None = None
+    keep_last: Count = 3
+    milestone_every: Count | None = Field(None, description="Also keep every N-th step forever")
+    async_save: bool = Field(True, alias="async")
+
+
+class ClusterSpec(Strict):
+    nodes: Count = 1
+    gpus_per_node: Annotated[int, Field(ge=1, le=1024)] = 8
+    gpu: str = "h100-sxm"
+    peak_tflops: PositiveFloat | None = Field(None, description="Override the catalog's dense BF16 peak")
+    memory_gb: PositiveFloat | None = Field(None, description="Override the catalog's device memory")
+    nvlink_domain: Count | None = Field(None, description="GPUs per NVLink domain; default from catalog")
+    nvlink_gbps: PositiveFloat | None = None
+    interconnect: str = Field("ndr", description="Inter-node fabric (see `trainctl hardware`)")
+    inter_node_gbps: PositiveFloat | None = Field(None, description="Per-GPU inter-node GB/s override")
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time: str | None = Field(None, description="Slurm time limit, e.g. 12:00:00")
+    constraint: str | None = None
+    exclude: str | None = None
+    mem: str | None = Field(None, description="Slurm --mem per node, e.g. 0 for all")
+    cpus_per_task: Count | None = None
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+class LauncherSpec(Strict):
+    backend: Literal["local", "slurm"] = "local"
+    mode: Literal["torchrun", "srun"] = "torchrun"
+    max_restarts: Annotated[int, Field(ge=0, le=1000)] = 0
+    srun_args: list[str] = Field(default_factory=list)
+    sbatch_args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class EstimateSpec(Strict):
+    """Assumptions of the planner's roofline; printed with every plan."""
+
+    compute_efficiency: Annotated[float, Field(gt=0.0, le=1.0)] = Field(
+        0.6, description="Achievable fraction of peak FLOP/s for large matmuls"
+    )
+    comm_efficiency: Annotated[float, Field(gt=0.0, le=1.0)] = Field(
+        0.7, description="Achievable fraction of link bandwidth for collectives"
+    )
+    dp_overlap: Fraction = Field(0.8, description="Fraction of DP communication hidden behind backward")
+    tp_overlap: Fraction = Field(0.0, description="Fraction of TP communication hidden behind compute")
+
+
+class RunSpec(Strict):
+    name: Annotated[str, Field(min_length=1, max_length=200)]
+    model: ModelSpec
+    parallel: ParallelSpec = ParallelSpec()
+    train: TrainSpec
+    data: DataSpec = DataSpec(synthetic=True)
+    checkpoint: CheckpointSpec = CheckpointSpec()
+    cluster: ClusterSpec = ClusterSpec()
+    launcher: LauncherSpec = LauncherSpec()
+    estimate: EstimateSpec = EstimateSpec()
+
+    @property
+    def dp(self) -> int:
+        """The data-parallel size, with `auto` resolved from the cluster (rules guarantee it divides)."""
+        if self.parallel.dp == "auto":
+            return max(1, self.cluster.world_size // (self.parallel.tp * self.parallel.pp))
+        return self.parallel.dp
+
+    @property
+    def world_size(self) -> int:
+        return self.cluster.world_size
+
+    @property
+    def micro_batches(self) -> int:
+        """Micro-batches per optimizer step on each DP replica (gradient accumulation x pipeline)."""
+        return self.train.global_batch // (self.parallel.micro_batch * self.dp)
+
+    @property
+    def padded_vocab(self) -> int:
+        """Vocabulary padded to a multiple of tp so each TP shard is even.
+
+        The trainer masks the padded logits out of the softmax, so the loss is the same for every tp
+        (Megatron pads to 128*tp without masking, which changes the model with the layout)."""
+        tp = self.parallel.tp
+        return tp * ((self.model.vocab + tp - 1) // tp)

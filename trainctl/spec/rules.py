@@ -1,0 +1,146 @@
+"""Consistency rules across spec sections.
+
+Each rule yields one problem string: `<field> = <value>: <what is wrong>. Fix: <what to do>`.
+Warnings (legal but probably unintended) are the planner's job, not these rules'.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+from trainctl.hardware.catalog import ACCELERATORS, FABRICS
+from trainctl.spec.models import RunSpec
+
+_SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^\d+-\d+$|^(infinite|UNLIMITED)$")
+
+
+def problem(field: str, value: object, what: str, fix: str) -> str:
+    return f"{field} = {value!r}: {what}. Fix: {fix}"
+
+
+def _divisors(n: int, limit: int = 8) -> str:
+    divs = [d for d in range(1, n + 1) if n % d == 0]
+    return ", ".join(str(d) for d in divs[:limit]) + (", ..." if len(divs) > limit else "")
+
+
+def check(spec: RunSpec) -> list[str]:
+    return list(_problems(spec))
+
+
+def _problems(spec: RunSpec) -> Iterator[str]:  # noqa: C901 - a flat list of independent rules
+    m, p, t, c = spec.model, spec.parallel, spec.train, spec.cluster
+    world = c.world_size
+
+    # --- hardware names -------------------------------------------------------------------------
+    if c.gpu not in ACCELERATORS and (c.peak_tflops is None or c.memory_gb is None):
+        yield problem("cluster.gpu", c.gpu, "not in the hardware catalog",
+                      f"use one of {', '.join(sorted(ACCELERATORS))} (see `trainctl hardware`), or give "
+                      "cluster.peak_tflops and cluster.memory_gb for a custom accelerator")
+    if c.interconnect not in FABRICS and c.inter_node_gbps is None:
+        yield problem("cluster.interconnect", c.interconnect, "not a known fabric",
+                      f"use one of {', '.join(sorted(FABRICS))} or set cluster.inter_node_gbps")
+    if c.time is not None and not _SLURM_TIME.match(c.time):
+        yield problem("cluster.time", c.time, "not a Slurm time limit",
+                      'write minutes ("90"), "HH:MM:SS" or "D-HH:MM:SS"')
+
+    # --- world size -----------------------------------------------------------------------------
+    model_parallel = p.tp * p.pp
+    if p.dp == "auto":
+        if world % model_parallel:
+            yield problem("parallel", f"tp={p.tp} pp={p.pp}",
+                          f"tp*pp = {model_parallel} does not divide the {world} GPUs "
+                          f"(cluster.nodes={c.nodes} x cluster.gpus_per_node={c.gpus_per_node})",
+                          f"choose tp*pp among the divisors of {world}: {_divisors(world)}")
+            return  # dp is undefined; the rules below would only repeat this mistake
+    elif model_parallel * p.dp != world:
+        yield problem("parallel.dp", p.dp,
+                      f"tp*pp*dp = {p.tp}*{p.pp}*{p.dp} = {model_parallel * p.dp} but the cluster has "
+                      f"{c.nodes} nodes x {c.gpus_per_node} GPUs = {world}",
+                      f"set parallel.dp to {world // model_parallel if world % model_parallel == 0 else 'auto'}"
+                      " or change cluster.nodes")
+        return
+    dp = spec.dp
+
+    # --- model shape vs tensor parallel ---------------------------------------------------------
+    if m.hidden % m.heads:
+        yield problem("model.hidden", m.hidden, f"not divisible by model.heads={m.heads}",
+                      "pick hidden = heads * head_dim")
+    if m.heads % p.tp:
+        yield problem("parallel.tp", p.tp, f"model.heads={m.heads} is not divisible by tp",
+                      f"use a tp that divides {m.heads}: {_divisors(m.heads)}")
+    if m.kv_heads is not None:
+        if m.heads % m.kv_heads:
+            yield problem("model.kv_heads", m.kv_heads, f"does not divide model.heads={m.heads}",
+                          f"use a divisor of {m.heads}: {_divisors(m.heads)}")
+        if m.kv_heads % p.tp:
+            yield problem("parallel.tp", p.tp, f"model.kv_heads={m.kv_heads} is not divisible by tp",
+                          f"use tp <= kv_heads that divides it: {_divisors(m.kv_heads)}")
+    if m.position == "rope" and m.hidden % m.heads == 0 and (m.hidden // m.heads) % 2:
+        yield problem("model.hidden", m.hidden, "rotary embeddings need an even head_dim",
+                      "choose hidden/heads even")
+    if p.sequence_parallel and m.seq_len % p.tp:
+        yield problem("model.seq_len", m.seq_len,
+                      f"sequence_parallel splits the sequence over tp={p.tp} ranks but it does not divide",
+                      f"use a seq_len divisible by {p.tp}")
+
+    # --- batch ----------------------------------------------------------------------------------
+    per_step = p.micro_batch * dp
+    if t.global_batch % per_step:
+        lo = per_step * max(1, t.global_batch // per_step)
+        yield problem("train.global_batch", t.global_batch,
+                      f"not divisible by micro_batch*dp = {p.micro_batch}*{dp} = {per_step}",
+                      f"use a multiple of {per_step}, e.g. {lo} or {lo + per_step}")
+        return  # micro-batch counts below would be meaningless
+    micro_batches = t.global_batch // per_step
+
+    # --- pipeline -------------------------------------------------------------------------------
+    stages = p.pp * p.virtual_stages
+    if p.pp > 1 and micro_batches < p.pp:
+        yield problem("train.global_batch", t.global_batch,
+                      f"gives {micro_batches} micro-batches per replica but pipeline needs at least pp={p.pp}",
+                      f"raise global_batch to >= {p.pp * per_step} or lower parallel.micro_batch")
+    if p.schedule == "interleaved":
+        if p.virtual_stages < 2:
+            yield problem("parallel.virtual_stages", p.virtual_stages,
+                          "the interleaved schedule needs at least 2 model chunks per pipeline rank",
+                          "set virtual_stages >= 2, or schedule: 1f1b")
+        if p.pp < 2:
+            yield problem("parallel.schedule", p.schedule, "interleaving needs pipeline parallelism",
+                          "set parallel.pp >= 2 or schedule: 1f1b")
+        if micro_batches % p.pp:
+            yield problem("parallel.schedule", p.schedule,
+                          f"interleaved 1F1B needs micro-batches ({micro_batches}) divisible by pp={p.pp}",
+                          f"choose global_batch so global_batch/(micro_batch*dp) is a multiple of {p.pp}")
+    elif p.virtual_stages > 1:
+        yield problem("parallel.virtual_stages", p.virtual_stages,
+                      f"virtual stages only apply to schedule: interleaved (got {p.schedule})",
+                      "set schedule: interleaved or virtual_stages: 1")
+    if p.stage_layers is not None:
+        if len(p.stage_layers) != stages:
+            yield problem("parallel.stage_layers", p.stage_layers,
+                          f"has {len(p.stage_layers)} entries but there are pp*virtual_stages = {stages} stages",
+                          f"give exactly {stages} layer counts")
+        elif sum(p.stage_layers) != m.layers:
+            yield problem("parallel.stage_layers", p.stage_layers,
+                          f"sums to {sum(p.stage_layers)} but model.layers = {m.layers}",
+                          "make the counts add up to model.layers")
+        elif any(n == 0 for n in p.stage_layers[1:-1]):
+            yield problem("parallel.stage_layers", p.stage_layers, "an inner stage has no layers",
+                          "only the first and last stages (embedding, LM head) may hold 0 layers")
+    elif m.layers < stages:
+        yield problem("model.layers", m.layers, f"fewer layers than pipeline stages ({stages})",
+                      "lower parallel.pp or virtual_stages")
+
+    # --- training -------------------------------------------------------------------------------
+    if t.warmup > t.steps:
+        yield problem("train.warmup", t.warmup, f"longer than train.steps = {t.steps}",
+                      "use warmup <= steps")
+    if t.min_lr is not None and t.min_lr > t.lr:
+        yield problem("train.min_lr", t.min_lr, f"above train.lr = {t.lr}", "use min_lr <= lr")
+    if spec.launcher.mode == "srun" and spec.launcher.backend != "slurm":
+        yield problem("launcher.mode", "srun", "srun needs the Slurm backend",
+                      "set launcher.backend: slurm or launcher.mode: torchrun")
+    if spec.launcher.backend == "local" and c.nodes > 1:
+        yield problem("cluster.nodes", c.nodes, "the local backend runs on this one machine",
+                      "set cluster.nodes: 1 or launcher.backend: slurm")
