@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> None:
     _register()
     try:
         # standalone mode: click prints usage errors itself and exits 2.
-        app(args=argv, standalone_mode=True)
+        app(args=argv, prog_name="trainctl", standalone_mode=True)
     except TrainctlError as e:
         if _state["debug"]:
             raise

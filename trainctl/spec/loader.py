@@ -170,4 +170,5 @@ def resolved_dict(spec: RunSpec) -> dict[str, Any]:
     """The spec with every default and `auto` filled in, as frozen into a run directory."""
     data = spec.model_dump(mode="json", by_alias=True)
     data["parallel"]["dp"] = spec.dp
+    data["launcher"]["backend"] = spec.backend
     return data

@@ -168,7 +168,9 @@ class ClusterSpec(Strict):
 
 
 class LauncherSpec(Strict):
-    backend: Literal["local", "slurm"] = "local"
+    backend: Literal["auto", "local", "slurm"] = Field(
+        "auto", description="auto: slurm for multi-node clusters, else local torchrun on this machine"
+    )
     mode: Literal["torchrun", "srun"] = "torchrun"
     max_restarts: Annotated[int, Field(ge=0, le=1000)] = 0
     srun_args: list[str] = Field(default_factory=list)
@@ -210,6 +212,13 @@ class RunSpec(Strict):
     @property
     def world_size(self) -> int:
         return self.cluster.world_size
+
+    @property
+    def backend(self) -> Literal["local", "slurm"]:
+        """The launcher backend with `auto` resolved."""
+        if self.launcher.backend == "auto":
+            return "slurm" if self.cluster.nodes > 1 else "local"
+        return self.launcher.backend
 
     @property
     def micro_batches(self) -> int:

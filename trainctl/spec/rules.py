@@ -138,7 +138,12 @@ def _problems(spec: RunSpec) -> Iterator[str]:  # noqa: C901 - a flat list of in
                       "use warmup <= steps")
     if t.min_lr is not None and t.min_lr > t.lr:
         yield problem("train.min_lr", t.min_lr, f"above train.lr = {t.lr}", "use min_lr <= lr")
-    if spec.launcher.mode == "srun" and spec.launcher.backend != "slurm":
+    # --- data ---------------------------------------------------------------------------------------
+    # Token ids run 0..vocab-1; uint16 holds up to 65535, so a larger vocabulary would wrap silently.
+    if spec.data.path and spec.data.dtype == "uint16" and m.vocab > 65536:
+        yield problem("data.dtype", "uint16", f"cannot hold token ids of model.vocab = {m.vocab} (max 65535)",
+                      "set data.dtype: uint32 (and write the token file as uint32)")
+    if spec.launcher.mode == "srun" and spec.backend != "slurm":
         yield problem("launcher.mode", "srun", "srun needs the Slurm backend",
                       "set launcher.backend: slurm or launcher.mode: torchrun")
     if spec.launcher.backend == "local" and c.nodes > 1:

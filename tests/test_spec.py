@@ -1,0 +1,239 @@
+"""The run spec: loading, overrides, consistency rules and the error messages a user sees."""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from trainctl.errors import SpecError
+from trainctl.spec import load_spec, load_spec_text, resolved_dict, validate_spec
+from trainctl.spec.loader import apply_overrides
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "recipes" / "tiny-cpu.yaml"
+
+BASE = """
+name: t
+model: {preset: llama3-8b}
+parallel: {tp: 8, pp: 1, dp: auto}
+train: {global_batch: 64, steps: 10}
+cluster: {nodes: 4, gpus_per_node: 8, gpu: h100-sxm}
+"""
+
+
+def problems(text: str, *overrides: str) -> list[str]:
+    with pytest.raises(SpecError) as err:
+        load_spec_text(text, "s.yaml", overrides)
+    return err.value.message.splitlines()
+
+
+def one_problem(text: str, *overrides: str) -> str:
+    found = problems(text, *overrides)
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_recipe_loads_and_resolves_auto_dp():
+    spec = load_spec_text(BASE)
+    assert spec.dp == 4
+    assert spec.micro_batches == 16
+    assert spec.model.kv_heads == 8 and spec.model.ffn_hidden == 14336
+    frozen = resolved_dict(spec)
+    assert frozen["parallel"]["dp"] == 4
+    # The frozen form is itself a valid spec that resolves to the same thing.
+    again = validate_spec(yaml.safe_load(yaml.safe_dump(frozen)))
+    assert resolved_dict(again) == frozen and again.backend == "slurm"
+
+
+def test_preset_fields_can_be_overridden():
+    spec = load_spec_text(BASE, overrides=["model.layers=16", "model.seq_len=4096"])
+    assert spec.model.layers == 16 and spec.model.seq_len == 4096 and spec.model.hidden == 4096
+
+
+def test_overrides_parse_yaml_values_and_create_sections():
+    data = apply_overrides({"a": {"b": 1}}, ["a.b=2", "a.c=true", "x.y=[1, 2]", "p=/d/x:y"])
+    assert data == {"a": {"b": 2, "c": True}, "x": {"y": [1, 2]}, "p": "/d/x:y"}
+
+
+@pytest.mark.parametrize("bad", ["parallel.tp", "=3", "a..b=1"])
+def test_malformed_override_is_a_spec_error(bad):
+    with pytest.raises(SpecError, match="KEY.PATH=VALUE"):
+        load_spec_text(BASE, overrides=[bad])
+
+
+def test_override_into_a_scalar_is_explained():
+    msg = one_problem(BASE, "name.x=1")
+    assert "name is a str, not a section" in msg
+
+
+def test_unknown_key_names_the_field_and_suggests():
+    msg = one_problem(BASE, "parallel.tpp=2")
+    assert msg.startswith("s.yaml: parallel.tpp: unknown key") and "did you mean `tp`" in msg
+
+
+def test_world_size_mismatch_names_field_value_and_fix():
+    msg = one_problem(BASE, "parallel.dp=3")
+    assert "parallel.dp = 3" in msg and "8*1*3 = 24" in msg and "32" in msg and "set parallel.dp to 4" in msg
+
+
+def test_heads_not_divisible_by_tp():
+    found = problems(BASE, "parallel.tp=16", "cluster.gpus_per_node=16", "cluster.nvlink_domain=16")
+    assert any("model.kv_heads=8 is not divisible by tp" in p for p in found)
+
+
+def test_global_batch_divisibility():
+    msg = one_problem(BASE, "train.global_batch=66")
+    assert "train.global_batch = 66" in msg and "micro_batch*dp = 1*4 = 4" in msg and "64 or 68" in msg
+
+
+def test_pipeline_needs_enough_micro_batches():
+    msg = one_problem(BASE, "parallel.pp=4", "parallel.tp=2", "train.global_batch=8")
+    assert "2 micro-batches" in msg and "at least pp=4" in msg
+
+
+def test_interleaved_rules():
+    found = problems(BASE, "parallel.schedule=interleaved")
+    assert any("virtual_stages" in p for p in found) and any("needs pipeline parallelism" in p for p in found)
+    msg = one_problem(BASE, "parallel.schedule=interleaved", "parallel.pp=4", "parallel.tp=2",
+                      "parallel.virtual_stages=2", "train.global_batch=24")
+    assert "micro-batches (6) divisible by pp=4" in msg
+    msg = one_problem(BASE, "parallel.virtual_stages=2")
+    assert "only apply to schedule: interleaved" in msg
+
+
+def test_explicit_stage_layers_must_add_up():
+    msg = one_problem(BASE, "parallel.pp=4", "parallel.tp=2", "parallel.stage_layers=[7, 9, 9, 6]")
+    assert "sums to 31 but model.layers = 32" in msg
+    spec = load_spec_text(BASE, overrides=["parallel.pp=4", "parallel.tp=2", "parallel.stage_layers=[7,9,9,7]"])
+    assert spec.parallel.stage_layers == [7, 9, 9, 7]
+
+
+def test_unknown_gpu_lists_catalog():
+    msg = one_problem(BASE, "cluster.gpu=h100")
+    assert "cluster.gpu = 'h100': not in the hardware catalog" in msg and "h100-sxm" in msg
+
+
+def test_custom_gpu_with_explicit_figures_is_accepted():
+    spec = load_spec_text(BASE, overrides=["cluster.gpu=mychip", "cluster.peak_tflops=500", "cluster.memory_gb=96"])
+    assert spec.cluster.gpu == "mychip"
+
+
+def test_type_and_range_errors():
+    assert "parallel.tp = -2" in one_problem(BASE, "parallel.tp=-2")
+    assert "Fix: use a value >= 1" in one_problem(BASE, "parallel.tp=-2")
+    msg = one_problem(BASE, "model.layers=1e400")
+    assert "model.layers" in msg
+    msg = one_problem(BASE, "model.layers=100000000000000000000000000000")
+    assert "model.layers" in msg and "<= 1000000" in msg
+    assert "train.precision" in one_problem(BASE, "train.precision=fp8")
+    assert "train.lr" in one_problem(BASE, "train.lr=.nan")
+
+
+def test_missing_sections_named():
+    found = problems("name: x\nmodel: {preset: tiny}\n")
+    assert found == ["s.yaml: train: required but missing. Fix: add `train:` to the top level section"]
+
+
+def test_data_source_rule():
+    assert "no data source" in one_problem(BASE, "data.synthetic=false")
+    assert "not both" in one_problem(BASE, "data.path=/x.bin", "data.synthetic=true")
+    assert load_spec_text(BASE, overrides=["data.path=/x.bin"]).data.path == "/x.bin"
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("", "the spec is empty"),
+        ("   \n# only a comment\n", "the spec is empty"),
+        ("- a\n- b\n", "the top level is a list"),
+        ("name: [unclosed", "not valid YAML at line"),
+        ("\tname: x", "not valid YAML"),
+        ("42", "the top level is a int"),
+    ],
+)
+def test_not_a_spec(text, expected):
+    assert expected in one_problem(text)
+
+
+def test_missing_file_directory_and_binary(tmp_path):
+    with pytest.raises(SpecError, match="no such file"):
+        load_spec(tmp_path / "nope.yaml")
+    with pytest.raises(SpecError, match="is a directory"):
+        load_spec(tmp_path)
+    binary = tmp_path / "b.yaml"
+    binary.write_bytes(b"\xff\xfe\x00\x81" * 10)
+    with pytest.raises(SpecError, match="not UTF-8"):
+        load_spec(binary)
+    huge = tmp_path / "h.yaml"
+    huge.write_text("x: 1\n" * 300_000)
+    with pytest.raises(SpecError, match="a spec is at most"):
+        load_spec(huge)
+
+
+def test_tiny_recipe_is_the_quickstart_layout():
+    spec = load_spec(TINY)
+    assert (spec.parallel.tp, spec.parallel.pp, spec.dp) == (2, 2, 2)
+    assert spec.cluster.gpu == "cpu" and spec.launcher.backend == "local"
+
+
+# --- property tests: whatever the input, the loader returns a RunSpec or raises SpecError ----------
+
+yaml_scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(min_value=-(10**30), max_value=10**30),
+    st.floats(allow_nan=True, allow_infinity=True), st.text(string.printable, max_size=12),
+)
+yaml_values = st.recursive(
+    yaml_scalars,
+    lambda children: st.one_of(st.lists(children, max_size=4),
+                               st.dictionaries(st.text(string.ascii_lowercase + "_", max_size=10), children,
+                                               max_size=4)),
+    max_leaves=20,
+)
+SECTION_KEYS = {
+    "model": ["preset", "layers", "hidden", "heads", "kv_heads", "vocab", "seq_len", "activation"],
+    "parallel": ["tp", "pp", "dp", "zero", "micro_batch", "schedule", "virtual_stages", "stage_layers"],
+    "train": ["global_batch", "steps", "lr", "warmup", "precision", "recompute", "seed"],
+    "cluster": ["nodes", "gpus_per_node", "gpu", "peak_tflops", "nvlink_domain", "time"],
+}
+
+
+@st.composite
+def near_specs(draw):
+    """Start from a valid spec and corrupt a few fields with arbitrary values."""
+    data = yaml.safe_load(BASE)
+    for _ in range(draw(st.integers(1, 4))):
+        section = draw(st.sampled_from(sorted(SECTION_KEYS)))
+        key = draw(st.sampled_from(SECTION_KEYS[section]))
+        data.setdefault(section, {})[key] = draw(yaml_values)
+    return data
+
+
+def _loads_or_spec_error(text: str) -> None:
+    try:
+        load_spec_text(text, "p.yaml")
+    except SpecError as e:
+        assert e.problems and all(p.strip() for p in e.problems)
+        assert all("Traceback" not in p for p in e.problems)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(near_specs())
+def test_loader_never_crashes_on_corrupted_specs(data):
+    _loads_or_spec_error(yaml.safe_dump(data))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=200))
+def test_loader_never_crashes_on_arbitrary_text(text):
+    _loads_or_spec_error(text)
+
+
+@settings(max_examples=200, deadline=None)
+@given(yaml_values)
+def test_loader_never_crashes_on_arbitrary_yaml(value):
+    _loads_or_spec_error(yaml.safe_dump(value))
