@@ -142,7 +142,8 @@ def test_missing_sections_named():
 def test_data_source_rule():
     assert "no data source" in one_problem(BASE, "data.synthetic=false")
     assert "not both" in one_problem(BASE, "data.path=/x.bin", "data.synthetic=true")
-    assert load_spec_text(BASE, overrides=["data.path=/x.bin"]).data.path == "/x.bin"
+    assert load_spec_text(BASE, overrides=["data.path=/x.bin", "data.dtype=uint32"]).data.path == "/x.bin"
+    assert "data.dtype = 'uint16'" in one_problem(BASE, "data.path=/x.bin")
 
 
 @pytest.mark.parametrize(
@@ -237,3 +238,15 @@ def test_loader_never_crashes_on_arbitrary_text(text):
 @given(yaml_values)
 def test_loader_never_crashes_on_arbitrary_yaml(value):
     _loads_or_spec_error(yaml.safe_dump(value))
+
+
+def test_tp_beyond_nvlink_domain_is_an_error_unless_allowed():
+    # H100 HGX: 8 GPUs per NVLink domain (one node). TP=16 would all-reduce over InfiniBand every layer.
+    layout = ["parallel.tp=16", "model.heads=64", "model.kv_heads=16", "model.hidden=8192"]
+    msg = one_problem(BASE, *layout)
+    assert "parallel.tp = 16" in msg and "would not fit inside a node" in msg and "e.g. 8" in msg
+    assert load_spec_text(BASE, overrides=[*layout, "parallel.allow_tp_across_nodes=true"]).parallel.tp == 16
+    # An explicit multi-node NVLink domain (e.g. GB200 NVL72-style, 4 GPUs per node) admits TP=8 across nodes.
+    nvl = ["cluster.gpus_per_node=4", "cluster.nodes=8", "cluster.nvlink_domain=32"]
+    assert load_spec_text(BASE, overrides=nvl).parallel.tp == 8
+    assert "would not fit inside an NVLink domain of 4 GPUs" in one_problem(BASE, *nvl[:2])

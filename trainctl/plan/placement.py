@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from functools import cached_property
 
-from trainctl.hardware.catalog import ACCELERATORS
+from trainctl.hardware.topology import aligned_groups_fit, nvlink_domain_size
 from trainctl.spec.models import RunSpec
 
 
@@ -24,7 +24,7 @@ class Layout:
     @classmethod
     def from_spec(cls, spec: RunSpec) -> Layout:
         return cls(spec.parallel.tp, spec.parallel.pp, spec.dp, spec.cluster.gpus_per_node,
-                   nvlink_domain_size(spec))
+                   nvlink_domain_size(spec.cluster))
 
     @property
     def world_size(self) -> int:
@@ -33,16 +33,6 @@ class Layout:
     @property
     def nodes(self) -> int:
         return -(-self.world_size // self.gpus_per_node)
-
-
-def nvlink_domain_size(spec: RunSpec) -> int:
-    """GPUs per NVLink domain: the spec's override, else the catalog's; 0 in the catalog means 'a node'."""
-    c = spec.cluster
-    if c.nvlink_domain is not None:
-        return c.nvlink_domain
-    acc = ACCELERATORS.get(c.gpu)
-    size = acc.nvlink_domain if acc else c.gpus_per_node
-    return size if size > 0 else c.gpus_per_node
 
 
 @dataclass(frozen=True)
@@ -121,11 +111,8 @@ class Groups:
 
 
 def tp_fits_nvlink(layout: Layout) -> bool:
-    """Closed form of `not tp_groups_outside_nvlink(layout)`: TP groups are aligned runs of tp ranks,
-    so each lies inside one domain exactly when tp divides the domain size (or there is one group)."""
-    if layout.world_size <= layout.nvlink_domain:
-        return True
-    return layout.tp <= layout.nvlink_domain and layout.nvlink_domain % layout.tp == 0
+    """Closed form of `not tp_groups_outside_nvlink(layout)` (TP groups are aligned runs of tp ranks)."""
+    return aligned_groups_fit(layout.tp, layout.world_size, layout.nvlink_domain)
 
 
 def tp_groups_outside_nvlink(layout: Layout) -> list[list[int]]:

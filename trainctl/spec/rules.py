@@ -10,6 +10,7 @@ import re
 from collections.abc import Iterator
 
 from trainctl.hardware.catalog import ACCELERATORS, FABRICS
+from trainctl.hardware.topology import aligned_groups_fit, nvlink_domain_size
 from trainctl.spec.models import RunSpec
 
 _SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^\d+-\d+$|^(infinite|UNLIMITED)$")
@@ -22,6 +23,10 @@ def problem(field: str, value: object, what: str, fix: str) -> str:
 def _divisors(n: int, limit: int = 8) -> str:
     divs = [d for d in range(1, n + 1) if n % d == 0]
     return ", ".join(str(d) for d in divs[:limit]) + (", ..." if len(divs) > limit else "")
+
+
+def _largest_divisor_at_most(n: int, limit: int) -> int:
+    return next(d for d in range(min(n, limit), 0, -1) if n % d == 0)
 
 
 def check(spec: RunSpec) -> list[str]:
@@ -83,6 +88,15 @@ def _problems(spec: RunSpec) -> Iterator[str]:  # noqa: C901 - a flat list of in
         yield problem("model.seq_len", m.seq_len,
                       f"sequence_parallel splits the sequence over tp={p.tp} ranks but it does not divide",
                       f"use a seq_len divisible by {p.tp}")
+
+    domain = nvlink_domain_size(c)
+    if not p.allow_tp_across_nodes and not aligned_groups_fit(p.tp, world, domain):
+        where = "a node" if domain == c.gpus_per_node else f"an NVLink domain of {domain} GPUs"
+        yield problem("parallel.tp", p.tp,
+                      f"TP groups would not fit inside {where} ({c.gpu}); TP all-reduces every layer and "
+                      "across the slower inter-node fabric it dominates the step",
+                      f"use a tp that divides {domain} (e.g. {_largest_divisor_at_most(domain, p.tp)}) and add pp, "
+                      "or set parallel.allow_tp_across_nodes: true if you really mean it")
 
     # --- batch ----------------------------------------------------------------------------------
     per_step = p.micro_batch * dp
