@@ -249,4 +249,4 @@ def test_tp_beyond_nvlink_domain_is_an_error_unless_allowed():
     # An explicit multi-node NVLink domain (e.g. GB200 NVL72-style, 4 GPUs per node) admits TP=8 across nodes.
     nvl = ["cluster.gpus_per_node=4", "cluster.nodes=8", "cluster.nvlink_domain=32"]
     assert load_spec_text(BASE, overrides=nvl).parallel.tp == 8
-    assert "would not fit inside an NVLink domain of 4 GPUs" in one_problem(BASE, *nvl[:2])
+    assert "would not fit inside a node (h100-sxm)" in one_problem(BASE, *nvl[:2])

@@ -8,12 +8,17 @@ from trainctl.hardware.catalog import ACCELERATORS
 
 
 def nvlink_domain_size(cluster: Any) -> int:
-    """GPUs per NVLink domain: the spec's override, else the catalog's; 0 in the catalog means 'a node'."""
+    """GPUs per NVLink domain: the spec's override, else the catalog's, capped at one node unless the
+    catalog says the domain spans nodes (rack-scale systems such as GB200 NVL72). 0 means 'a node'."""
     if cluster.nvlink_domain is not None:
         return cluster.nvlink_domain
     acc = ACCELERATORS.get(cluster.gpu)
     size = acc.nvlink_domain if acc else cluster.gpus_per_node
-    return size if size > 0 else cluster.gpus_per_node
+    if size <= 0:
+        return cluster.gpus_per_node
+    if getattr(acc, "domain_spans_nodes", False):
+        return size
+    return min(size, cluster.gpus_per_node)
 
 
 def aligned_groups_fit(group_size: int, world_size: int, domain: int) -> bool:
