@@ -4,21 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainctl.hardware.catalog import ACCELERATORS
+from trainctl.hardware.catalog import ACCELERATORS, resolve_accelerator
 
 
 def nvlink_domain_size(cluster: Any) -> int:
-    """GPUs per NVLink domain: the spec's override, else the catalog's, capped at one node unless the
-    catalog says the domain spans nodes (rack-scale systems such as GB200 NVL72). 0 means 'a node'."""
-    if cluster.nvlink_domain is not None:
-        return cluster.nvlink_domain
-    acc = ACCELERATORS.get(cluster.gpu)
-    size = acc.nvlink_domain if acc else cluster.gpus_per_node
-    if size <= 0:
-        return cluster.gpus_per_node
-    if getattr(acc, "domain_spans_nodes", False):
-        return size
-    return min(size, cluster.gpus_per_node)
+    """GPUs per NVLink domain for this cluster (see `resolve_accelerator` for the capping rules)."""
+    if cluster.gpu not in ACCELERATORS and (cluster.peak_tflops is None or cluster.memory_gb is None):
+        # An unknown part is reported by the spec rules; assume a node is one domain meanwhile.
+        return cluster.nvlink_domain or cluster.gpus_per_node
+    return resolve_accelerator(cluster).nvlink_domain
 
 
 def aligned_groups_fit(group_size: int, world_size: int, domain: int) -> bool:

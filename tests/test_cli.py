@@ -1,0 +1,91 @@
+"""The CLI as a user runs it: exit codes, one-line errors, and no torch on the fast paths."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = str(ROOT / "recipes" / "tiny-cpu.yaml")
+
+# Runs the CLI in-process, then reports which heavy modules the command imported.
+_PROBE = """
+import sys
+from trainctl.cli.app import main
+try:
+    main(sys.argv[1:])
+except SystemExit as e:
+    code = e.code
+else:
+    code = 0
+heavy = [m for m in ("torch", "numpy") if m in sys.modules]
+print("HEAVY=" + ",".join(heavy), file=sys.stderr)
+sys.exit(code)
+"""
+
+
+def trainctl(*args: str, probe: bool = False) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-c", _PROBE, *args] if probe else [sys.executable, "-m", "trainctl", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+
+@pytest.mark.parametrize("args", [["--help"], ["validate", TINY], ["plan", TINY], ["plan", "--auto", TINY],
+                                  ["hardware"], ["schema"]])
+def test_fast_commands_do_not_import_torch(args):
+    out = trainctl(*args, probe=True)
+    assert out.returncode == 0, out.stderr
+    assert "HEAVY=\n" in out.stderr or out.stderr.rstrip().endswith("HEAVY="), out.stderr[-500:]
+
+
+def test_validate_ok():
+    out = trainctl("validate", TINY)
+    assert out.returncode == 0 and "tp 2 x pp 2 x dp 2" in out.stdout
+
+
+def test_validate_json_is_the_resolved_spec():
+    out = trainctl("validate", TINY, "--json")
+    data = json.loads(out.stdout)
+    assert data["parallel"]["dp"] == 2 and data["model"]["ffn_hidden"] == 256
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["validate", TINY, "--set", "parallel.tp=3"], "parallel.dp = 2"),
+        (["validate", "missing.yaml"], "missing.yaml: no such file"),
+        (["validate", TINY, "--set", "parallel.typo=1"], "parallel.typo: unknown key"),
+        (["validate", TINY, "--set", "nonsense"], "expected KEY.PATH=VALUE"),
+    ],
+)
+def test_spec_errors_exit_2_with_one_clear_line(args, needle):
+    out = trainctl(*args)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_usage_error_exits_2():
+    out = trainctl("validate")
+    assert out.returncode == 2 and "Missing argument" in out.stderr
+
+
+def test_debug_shows_traceback():
+    out = trainctl("--debug", "validate", "missing.yaml")
+    assert out.returncode != 0 and "Traceback" in out.stderr
+
+
+def test_schema_is_json_schema_with_sections():
+    data = json.loads(trainctl("schema").stdout)
+    assert {"model", "parallel", "train", "cluster"} <= set(data["properties"])
+
+
+def test_hardware_table_shows_whole_numbers_intact():
+    # Regression: stripping trailing zeros turned a 40 GB A100 into "4" and 80 GB into "8".
+    out = trainctl("hardware")
+    row = next(line for line in out.stdout.splitlines() if "a100-40gb" in line)
+    assert [c.strip() for c in row.split("│")][1:6] == ["a100-40gb", "312", "156", "19.5", "40"]
