@@ -16,5 +16,15 @@ SetOpt = typer.Option(
 JsonOpt = typer.Option(False, "--json", help="Print machine-readable JSON instead of tables.")
 
 
-def read_spec(path: Path, overrides: list[str] | None) -> RunSpec:
-    return load_spec(path, overrides or [])
+OptionalSpecArg = typer.Argument(
+    None, help="Run spec YAML (see recipes/); default: the embedded tiny CPU recipe.", show_default=False
+)
+
+
+def default_spec_path() -> Path:
+    """The embedded quickstart recipe (tiny GPT, TP=2 x PP=2 x DP=2 on 8 CPU ranks)."""
+    return Path(__file__).resolve().parents[1] / "recipes" / "tiny-cpu.yaml"
+
+
+def read_spec(path: Path | None, overrides: list[str] | None) -> RunSpec:
+    return load_spec(path if path is not None else default_spec_path(), overrides or [])

@@ -1,0 +1,248 @@
+"""Data: byte tokenizer, `trainctl data prepare`, token-file checks, and the trainer's batch loader."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from trainctl.data_prep import BYTE_VOCAB, check_token_file, decode, encode, prepare, sample_text_path
+from trainctl.errors import UsageError
+from trainctl.runtime.data import SyntheticSource, build_loader
+from trainctl.spec import load_spec_text
+
+SEQ = 16
+
+
+def make_spec(data: str, *, global_batch: int = 8, micro_batch: int = 1, vocab: int = 256, seq: int = SEQ):
+    return load_spec_text(f"""
+name: data-test
+model: {{layers: 1, hidden: 32, heads: 2, vocab: {vocab}, seq_len: {seq}}}
+parallel: {{micro_batch: {micro_batch}}}
+train: {{global_batch: {global_batch}, steps: 10}}
+data: {data}
+cluster: {{nodes: 1, gpus_per_node: 1, gpu: cpu}}
+""")
+
+
+@pytest.fixture(scope="module")
+def token_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tok") / "sample.bin"
+    prepare(sample_text_path(), out)
+    return out
+
+
+def file_spec(path: Path, **kw):
+    return make_spec(f"{{path: {path}, dtype: uint16}}", **kw)
+
+
+def global_batches(spec, dp: int, steps: int, seed: int = 7) -> list[torch.Tensor]:
+    """Per step: the concatenation over DP ranks of every rank's sequences, in rank order."""
+    loaders = [build_loader(spec, r, dp, seed) for r in range(dp)]
+    out = []
+    for _ in range(steps):
+        parts = []
+        for loader in loaders:
+            x, y = loader.next_step()
+            assert x.dtype == y.dtype == torch.int64
+            assert x.shape == (spec.train.global_batch // dp // spec.parallel.micro_batch,
+                               spec.parallel.micro_batch, spec.model.seq_len)
+            assert torch.equal(x[..., 1:], y[..., :-1])  # targets are inputs shifted by one
+            parts.append(torch.cat([x.reshape(-1, x.shape[-1]), y[..., -1:].reshape(-1, 1)], dim=1))
+        out.append(torch.cat(parts))
+    return out
+
+
+# --- tokenizer and prepare -------------------------------------------------------------------------
+
+def test_byte_tokenizer_round_trip() -> None:
+    text = "Grüße, 世界! \n\t"
+    ids = encode(text)
+    assert max(ids) < BYTE_VOCAB and decode(ids) == text
+
+
+def test_sample_text_ships_and_is_large_enough() -> None:
+    size = sample_text_path().stat().st_size
+    assert 50_000 <= size <= 200_000
+    sample_text_path().read_text(encoding="utf-8")  # valid UTF-8
+
+
+def test_prepare_writes_flat_tokens(tmp_path: Path) -> None:
+    src = tmp_path / "in.txt"
+    src.write_text("héllo\n", encoding="utf-8")
+    for dtype, np_dtype in (("uint16", "<u2"), ("uint32", "<u4")):
+        res = prepare(src, tmp_path / f"out-{dtype}.bin", dtype)
+        assert res.tokens == len("héllo\n".encode())
+        assert np.fromfile(res.path, dtype=np_dtype).tolist() == list("héllo\n".encode())
+        assert f"path: {res.path}" in res.spec_block() and f"dtype: {dtype}" in res.spec_block()
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]  # no temp files left
+
+
+def test_prepare_errors(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="does not exist"):
+        prepare(tmp_path / "missing.txt", tmp_path / "o.bin")
+    (tmp_path / "empty.txt").write_bytes(b"")
+    with pytest.raises(UsageError, match="is empty"):
+        prepare(tmp_path / "empty.txt", tmp_path / "o.bin")
+    (tmp_path / "t.txt").write_text("x")
+    with pytest.raises(UsageError, match="not a token dtype"):
+        prepare(tmp_path / "t.txt", tmp_path / "o.bin", "int8")
+    assert not (tmp_path / "o.bin").exists()
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "trainctl", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_cli_data_prepare(tmp_path: Path) -> None:
+    out = tmp_path / "tokens.bin"
+    r = run_cli("data", "prepare", str(sample_text_path()), str(out))
+    assert r.returncode == 0, r.stderr
+    n = sample_text_path().stat().st_size
+    assert f"{n:,} tokens" in r.stdout
+    assert f"data:\n  path: {out.resolve()}\n  dtype: uint16" in r.stdout
+    assert out.stat().st_size == 2 * n
+
+    r = run_cli("data", "prepare", str(sample_text_path()), str(tmp_path / "t32.bin"), "--dtype", "uint32")
+    assert r.returncode == 0 and (tmp_path / "t32.bin").stat().st_size == 4 * n
+
+
+@pytest.mark.parametrize("case", ["missing", "empty"])
+def test_cli_data_prepare_errors(tmp_path: Path, case: str) -> None:
+    src = tmp_path / "in.txt"
+    if case == "empty":
+        src.write_bytes(b"")
+    r = run_cli("data", "prepare", str(src), str(tmp_path / "o.bin"))
+    assert r.returncode == 2
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and str(src) in errors[0]
+    assert "Traceback" not in r.stderr
+
+
+# --- token-file checks -----------------------------------------------------------------------------
+
+def test_check_token_file_errors(tmp_path: Path, token_file: Path) -> None:
+    with pytest.raises(UsageError, match="no such file") as e:
+        check_token_file(tmp_path / "nope.bin", "uint16", SEQ, 256)
+    assert "trainctl data prepare" in (e.value.hint or "")
+
+    small = tmp_path / "small.bin"
+    np.arange(SEQ, dtype="<u2").tofile(small)  # one token short of a window
+    with pytest.raises(UsageError, match="fewer than one training window"):
+        check_token_file(small, "uint16", SEQ, 256)
+
+    odd = tmp_path / "odd.bin"
+    np.arange(101, dtype="<u2").tofile(odd)  # 202 bytes: not whole uint32 tokens
+    with pytest.raises(UsageError, match="not a whole number of uint32 tokens"):
+        check_token_file(odd, "uint32", SEQ, 256)
+
+    with pytest.raises(UsageError, match=r"token id 1\d\d >= model.vocab 100"):
+        check_token_file(token_file, "uint16", SEQ, 100)  # ASCII letters up to 122 in a 100 vocab
+
+    wide = tmp_path / "wide.bin"
+    np.fromfile(token_file, dtype="<u2").astype("<u4").tofile(wide)
+    with pytest.raises(UsageError, match="looks like uint32") as e:
+        check_token_file(wide, "uint16", SEQ, 256)  # uint32 read as uint16
+    assert e.value.hint == "set data.dtype: uint32"
+    with pytest.raises(UsageError, match=">= model.vocab") as e:
+        check_token_file(token_file, "uint32", SEQ, 256)  # uint16 read as uint32
+    assert "uint16" in (e.value.hint or "")
+    assert check_token_file(wide, "uint32", SEQ, 256) == sample_text_path().stat().st_size
+
+
+def test_build_loader_reports_data_errors(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="no such file"):
+        build_loader(file_spec(tmp_path / "missing.bin"), 0, 1, 0)
+    with pytest.raises(UsageError, match="not divisible by dp 3"):
+        build_loader(make_spec("{synthetic: true}", global_batch=8), 0, 3, 0)
+
+
+# --- the loader ------------------------------------------------------------------------------------
+
+def test_file_batches_are_windows_of_the_file(token_file: Path) -> None:
+    spec = file_spec(token_file, global_batch=4, micro_batch=2)
+    raw = np.fromfile(token_file, dtype="<u2").astype(np.int64)
+    loader = build_loader(spec, 0, 1, seed=3)
+    x, y = loader.next_step()
+    assert x.shape == (2, 2, SEQ)
+    for seq_in, seq_tgt in zip(x.reshape(-1, SEQ), y.reshape(-1, SEQ), strict=True):
+        window = np.concatenate([seq_in.numpy(), seq_tgt.numpy()[-1:]])
+        start = int(np.flatnonzero(np.all(np.lib.stride_tricks.sliding_window_view(raw, SEQ + 1)[::SEQ]
+                                          == window, axis=1))[0]) * SEQ
+        assert start % SEQ == 0 and np.array_equal(raw[start: start + SEQ + 1], window)
+
+
+@pytest.mark.parametrize("source", ["synthetic", "file"])
+def test_global_batch_is_the_same_for_every_dp_size(source: str, token_file: Path) -> None:
+    spec = make_spec("{synthetic: true}", global_batch=8) if source == "synthetic" else \
+        file_spec(token_file, global_batch=8)
+    reference = global_batches(spec, 1, 4)
+    for dp in (2, 4, 8):
+        assert all(torch.equal(a, b) for a, b in zip(reference, global_batches(spec, dp, 4), strict=True)), dp
+    # micro-batch size only regroups the same sequences
+    spec_mb = make_spec("{synthetic: true}", global_batch=8, micro_batch=2) if source == "synthetic" else \
+        file_spec(token_file, global_batch=8, micro_batch=2)
+    assert all(torch.equal(a, b) for a, b in zip(reference, global_batches(spec_mb, 2, 4), strict=True))
+    assert not torch.equal(reference[0], reference[1])  # steps differ
+
+
+def test_file_epochs_cover_every_window_once_and_reshuffle(tmp_path: Path) -> None:
+    path = tmp_path / "small.bin"
+    np.arange(10 * SEQ + 1, dtype="<u2").tofile(path)  # exactly 10 windows; ids are their positions
+    spec = file_spec(path, global_batch=5, vocab=65536)
+    loader = build_loader(spec, 0, 1, seed=11)
+    starts = []
+    for _ in range(4):  # 4 steps x 5 = 2 epochs
+        x, _ = loader.next_step()
+        starts += x[:, 0, 0].tolist()
+    epoch0, epoch1 = starts[:10], starts[10:]
+    assert sorted(epoch0) == sorted(epoch1) == [i * SEQ for i in range(10)]
+    assert epoch0 != epoch1  # a fresh permutation per epoch
+    assert loader.state_dict()["epoch"] == 2
+
+
+@pytest.mark.parametrize("source", ["synthetic", "file"])
+def test_state_dict_resumes_exactly(source: str, token_file: Path) -> None:
+    spec = make_spec("{synthetic: true}") if source == "synthetic" else file_spec(token_file)
+    straight = build_loader(spec, 1, 2, seed=5)
+    expected = [straight.next_step() for _ in range(6)]
+
+    first = build_loader(spec, 1, 2, seed=5)
+    for _ in range(3):
+        first.next_step()
+    state = json.loads(json.dumps(first.state_dict()))  # small and JSON-able
+    assert state["step"] == 3 and state["seed"] == 5
+    resumed = build_loader(spec, 1, 2, seed=5)
+    resumed.load_state_dict(state)
+    for want in expected[3:]:
+        got = resumed.next_step()
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_load_state_dict_rejects_another_seed() -> None:
+    spec = make_spec("{synthetic: true}")
+    state = build_loader(spec, 0, 1, seed=5).state_dict()
+    with pytest.raises(UsageError, match="seed 5"):
+        build_loader(spec, 0, 1, seed=6).load_state_dict(state)
+
+
+def test_synthetic_is_deterministic_per_slot_and_learnable() -> None:
+    a = SyntheticSource(seed=1, vocab=1000, window=SEQ + 1)
+    b = SyntheticSource(seed=1, vocab=1000, window=SEQ + 1)
+    slots = np.array([0, 5, 10**12])
+    wa = a.windows(slots)
+    assert np.array_equal(wa, b.windows(slots))
+    assert np.array_equal(wa[1], a.windows(np.array([5]))[0])  # a slot does not depend on its batch
+    assert not np.array_equal(wa, SyntheticSource(seed=2, vocab=1000, window=SEQ + 1).windows(slots))
+    assert wa.min() >= 0 and wa.max() < 1000
+    # learnable: each row repeats a motif of period <= 32
+    long = SyntheticSource(seed=1, vocab=1000, window=100).windows(np.arange(20))
+    for row in long:
+        assert any(np.array_equal(row[p:], row[:-p]) for p in range(4, 33))
+    # spread over the vocab (every vocab-parallel shard sees targets)
+    assert long.max() > 500

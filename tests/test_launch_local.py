@@ -1,0 +1,279 @@
+"""`trainctl launch` with the local backend: run directory, rendered torchrun command, real launches."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trainctl.errors import UsageError
+from trainctl.launch import local
+from trainctl.launch.run_dir import check_run_dir, default_run_dir, freeze_spec, git_info
+from trainctl.rundir import RunPaths, read_jsonl
+from trainctl.spec import load_spec, resolved_dict
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = REPO / "recipes" / "tiny-cpu.yaml"
+PLANNER = (REPO / "trainctl" / "plan" / "plan.py").exists()
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "trainctl", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd)
+
+
+def small_spec(**over: str):
+    spec = load_spec(TINY, [f"{k}={v}" for k, v in over.items()])
+    return spec
+
+
+# --- no torch in the CLI / launch layer ------------------------------------------------------------
+
+def test_cli_and_launch_layer_do_not_import_torch(tmp_path: Path) -> None:
+    code = (
+        "import sys\n"
+        "from trainctl.cli.app import main\n"
+        "for argv in (['--help'], ['launch', '--help'], ['data', '--help'],\n"
+        f"             ['launch', {str(TINY)!r}, '--dry-run', '--run-dir', {str(tmp_path / 'r')!r}]):\n"
+        "    try:\n"
+        "        main(argv)\n"
+        "    except SystemExit as e:\n"
+        "        assert e.code in (0, None), (argv, e.code)\n"
+        "from pathlib import Path\n"
+        "from trainctl.launch import local\n"
+        "from trainctl.spec import load_spec\n"
+        f"local.create(local.plan_local(load_spec({str(TINY)!r}), Path({str(tmp_path / 'r2')!r})))\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy'))\n"
+        "print('IMPORTED', bad)\n"
+        "assert not bad, bad\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+# --- rendering -------------------------------------------------------------------------------------
+
+def test_torchrun_command_uses_this_interpreter_and_logs_every_rank(tmp_path: Path) -> None:
+    cmd = local.torchrun_command(tmp_path, 4, max_restarts=2)
+    assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    for flag in ("--standalone", "--nproc-per-node=4", "--max-restarts=2", f"--log-dir={tmp_path / 'logs'}",
+                 "--redirects=3", "--tee=3", "--local-ranks-filter=0"):
+        assert flag in cmd
+    assert cmd[-3:] == ["-m", "trainctl.runtime", str(tmp_path)]
+
+
+def test_torchrun_accepts_the_flags_we_render() -> None:
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--help"], capture_output=True,
+                       text=True, timeout=120)
+    for flag in ("--standalone", "--nproc-per-node", "--max-restarts", "--log-dir", "--redirects", "--tee",
+                 "--local-ranks-filter"):
+        assert flag in r.stdout, flag
+
+
+def test_plan_local_threads_env_and_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(local, "available_cpus", lambda: 16)
+    plan = local.plan_local(small_spec(), tmp_path / "run")
+    assert plan.nproc == 8 and plan.env["OMP_NUM_THREADS"] == "2"
+    assert plan.run_dir == (tmp_path / "run").absolute()
+    one = local.plan_local(small_spec(**{"cluster.gpus_per_node": "1", "parallel.tp": "1", "parallel.pp": "1",
+                                         "parallel.dp": "1"}), tmp_path / "r1")
+    assert one.env["OMP_NUM_THREADS"] == "16"
+    monkeypatch.setattr(local, "available_cpus", lambda: 2)
+    assert local.plan_local(small_spec(), tmp_path / "r2").env["OMP_NUM_THREADS"] == "1"  # never 0
+    custom = local.plan_local(small_spec(**{"launcher.env": "{OMP_NUM_THREADS: '3', FOO: bar}"}), tmp_path / "r3")
+    assert custom.env["OMP_NUM_THREADS"] == "3" and custom.env["FOO"] == "bar"  # the spec wins
+
+    with pytest.raises(UsageError, match="cluster.nodes = 2"):
+        local.plan_local(small_spec(**{"cluster.nodes": "2", "cluster.gpus_per_node": "4"}), tmp_path / "r4")
+    with pytest.raises(UsageError, match="only the local backend"):
+        local.plan_local(small_spec(**{"launcher.backend": "slurm"}), tmp_path / "r5")
+    with pytest.raises(UsageError, match="no such file"):
+        local.plan_local(small_spec(**{"data.synthetic": "false", "data.path": str(tmp_path / "x.bin")}),
+                         tmp_path / "r6")
+
+
+def test_default_run_dir_is_name_and_time_and_never_collides(tmp_path: Path) -> None:
+    spec = small_spec(**{"name": "'my run; $(x)'"})
+    now = datetime(2026, 1, 2, 3, 4, 5)
+    first = default_run_dir(spec, now, base=tmp_path)
+    assert first == tmp_path / "my_run_x-20260102-030405"
+    first.mkdir()
+    assert default_run_dir(spec, now, base=tmp_path) == first  # empty: usable
+    (first / "spec.yaml").write_text("x")
+    assert default_run_dir(spec, now, base=tmp_path) == tmp_path / "my_run_x-20260102-030405-2"
+
+
+def test_freeze_spec_makes_data_path_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    spec = freeze_spec(small_spec(**{"data.synthetic": "false", "data.path": "data/t.bin"}))
+    assert spec.data.path == str(tmp_path / "data" / "t.bin")
+
+
+def test_create_run_dir(tmp_path: Path) -> None:
+    plan = local.plan_local(small_spec(**{"name": "quo'te"}), tmp_path / "run")
+    paths = local.create(plan)
+    assert paths == RunPaths(plan.run_dir)
+    assert paths.logs.is_dir()
+    # the frozen spec is the resolved spec, and loads back to the same run
+    frozen = yaml.safe_load(paths.spec.read_text())
+    assert frozen == resolved_dict(plan.spec)
+    assert resolved_dict(load_spec(paths.spec)) == resolved_dict(plan.spec)
+    # launch.sh runs exactly the command (shell-quoted)
+    script = paths.launch_script.read_text()
+    assert script.startswith("#!/usr/bin/env bash\n") and os.access(paths.launch_script, os.X_OK)
+    assert "exec " + shlex.join(plan.command) in script
+    assert "export OMP_NUM_THREADS=" in script
+    if PLANNER:
+        predicted = json.loads(paths.plan.read_text())
+        assert predicted["world_size"] == 8 and predicted["layout"]["tp"] == 2
+    job = json.loads(paths.job.read_text())
+    assert job["backend"] == "local" and job["command"] == plan.command and job["attempts"] == []
+    assert set(job["git"]) == {"commit", "dirty"} and job["created"]
+    # a run directory records one run: refuse to reuse it
+    with pytest.raises(UsageError, match="already exists and is not empty"):
+        check_run_dir(paths.root)
+    with pytest.raises(UsageError, match="already exists"):
+        local.plan_local(small_spec(), paths.root)
+
+
+def test_git_info_outside_a_repository(tmp_path: Path) -> None:
+    assert git_info(tmp_path) == {"commit": None, "dirty": None}
+    info = git_info()
+    if info["commit"] is not None:  # running from a checkout
+        assert len(info["commit"]) == 40 and isinstance(info["dirty"], bool)
+
+
+def test_console_filter_shows_rank0_and_hides_torchrun_traceback() -> None:
+    f = local.ConsoleFilter()
+    lines = ["[default0]:step 1\n", "Traceback (most recent call last):\n", '  File "run.py"\n',
+             "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n", "=====\n",
+             "  rank      : 1 (local_rank: 1)\n"]
+    assert [f.filter(x) for x in lines] == ["step 1\n", None, None, None, "=====\n",
+                                            "  rank      : 1 (local_rank: 1)\n"]
+
+
+# --- the CLI ---------------------------------------------------------------------------------------
+
+def test_cli_dry_run_creates_nothing(tmp_path: Path) -> None:
+    r = run_cli("launch", str(TINY), "--dry-run", "--set", "train.steps=3", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "run dir (not created): " + str(tmp_path / "runs" / "tiny-cpu-") in r.stdout
+    assert "-m torch.distributed.run --standalone --nproc-per-node=8" in r.stdout
+    assert "OMP_NUM_THREADS=" in r.stdout
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("case", ["missing-data", "bad-spec", "existing-run-dir", "two-nodes"])
+def test_cli_launch_errors_exit_2_with_one_line(tmp_path: Path, case: str) -> None:
+    run_dir = tmp_path / "run"
+    args = ["launch", str(TINY), "--run-dir", str(run_dir)]
+    if case == "missing-data":
+        args += ["--set", "data.synthetic=false", "--set", f"data.path={tmp_path / 'nope.bin'}"]
+    elif case == "bad-spec":
+        args += ["--set", "parallel.tp=3"]
+    elif case == "existing-run-dir":
+        run_dir.mkdir()
+        (run_dir / "spec.yaml").write_text("name: other\n")
+    else:
+        args += ["--set", "cluster.nodes=2", "--set", "cluster.gpus_per_node=4"]
+    r = run_cli(*args)
+    assert r.returncode == 2, r.stdout + r.stderr
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) >= 1 and "Traceback" not in r.stderr
+    if case != "bad-spec":  # a spec may have several problems, one line each
+        assert len(errors) == 1
+    if case == "existing-run-dir":
+        assert [p.name for p in run_dir.iterdir()] == ["spec.yaml"]  # untouched
+    else:
+        assert not run_dir.exists()  # nothing created before the checks pass
+
+
+# --- real launches of the bundled trainer ----------------------------------------------------------
+
+needs_trainer = pytest.mark.skipif(not (REPO / "trainctl" / "runtime" / "__main__.py").exists(),
+                                   reason="the trainer entry point trainctl.runtime is not there yet")
+
+
+@pytest.mark.slow
+@needs_trainer
+def test_launch_tiny_cpu_recipe(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    r = run_cli("launch", str(TINY), "--run-dir", str(run_dir), "--set", "train.steps=3")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    paths = RunPaths(run_dir.resolve())
+    steps = [m["step"] for m in read_jsonl(paths.metrics)]
+    assert steps == [1, 2, 3]
+    spec = load_spec(paths.spec)  # the frozen spec round-trips
+    assert resolved_dict(spec) == yaml.safe_load(paths.spec.read_text()) and spec.train.steps == 3
+    job = json.loads(paths.job.read_text())
+    assert job["attempts"][0]["status"] == "completed" and job["attempts"][0]["exit_code"] == 0
+    assert "step 3" in r.stdout and "[default0]" not in r.stdout  # rank 0 streamed, unprefixed
+    rank_logs = sorted(p.parent.name for p in paths.logs.glob("*/attempt_0/*/stdout.log"))
+    assert rank_logs == [str(i) for i in range(8)]  # every rank's output is in a file
+    assert (paths.logs / "launcher.log").stat().st_size > 0
+    events = [e["event"] for e in read_jsonl(paths.events)]
+    assert events[0] == "launch" and events[-1] == "launcher_exit"
+
+
+@pytest.mark.slow
+@needs_trainer
+def test_launch_on_prepared_sample_text(tmp_path: Path) -> None:
+    """The quickstart path end to end: prepare the shipped text, train on the token file."""
+    tokens = tmp_path / "sample.bin"
+    r = run_cli("data", "prepare", str(REPO / "trainctl" / "data" / "sample.txt"), str(tokens))
+    assert r.returncode == 0, r.stderr
+    run_dir = tmp_path / "run"
+    r = run_cli("launch", str(TINY), "--run-dir", str(run_dir), "--set", "train.steps=2",
+                "--set", "data.synthetic=false", "--set", f"data.path={tokens}",
+                "--set", "cluster.gpus_per_node=2", "--set", "parallel.tp=1", "--set", "parallel.pp=1",
+                "--set", "parallel.dp=2", "--set", "parallel.sequence_parallel=false")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert load_spec(run_dir / "spec.yaml").data.path == str(tokens)
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    pids = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                if text in (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                    pids.append(int(p.name))
+            except OSError:
+                continue
+    return pids
+
+
+@pytest.mark.slow
+@needs_trainer
+def test_ctrl_c_stops_every_rank_and_exits_1(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run-interrupted"
+    proc = subprocess.Popen([sys.executable, "-m", "trainctl", "launch", str(TINY), "--run-dir", str(run_dir),
+                             "--set", "train.steps=100000", "--set", "checkpoint.every_steps=100000"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 120
+        while not read_jsonl(run_dir / "metrics.jsonl"):  # wait for training to be under way
+            assert proc.poll() is None and time.time() < deadline, "the run did not start"
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, out[-3000:]
+    time.sleep(1)
+    assert _processes_mentioning(str(run_dir)) == []  # no orphaned rank
+    job = json.loads((run_dir / "job.json").read_text())
+    assert job["attempts"][0]["status"] == "interrupted"
+    assert read_jsonl(run_dir / "events.jsonl")[-1]["signal"] == "SIGINT"

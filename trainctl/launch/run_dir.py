@@ -1,0 +1,151 @@
+"""Creating a run directory (layout in `trainctl.rundir`): frozen spec, plan, launch script, job record.
+
+No torch: the launch layer runs in the CLI process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import tempfile
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trainctl.errors import UsageError
+from trainctl.rundir import RunPaths
+from trainctl.spec import RunSpec, resolved_dict
+
+
+def default_run_dir(spec: RunSpec, now: datetime | None = None, base: Path = Path("runs")) -> Path:
+    """runs/<name>-<YYYYmmdd-HHMMSS>; the name is reduced to filename-safe characters."""
+    stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", spec.name).strip("._") or "run"
+    candidate = base / f"{name}-{stamp}"
+    n = 2
+    while _non_empty(candidate):  # two launches in one second: never reuse, never collide
+        candidate = base / f"{name}-{stamp}-{n}"
+        n += 1
+    return candidate
+
+
+def _non_empty(path: Path) -> bool:
+    return path.exists() and (not path.is_dir() or any(path.iterdir()))
+
+
+def check_run_dir(path: Path) -> None:
+    """Refuse a run dir that already holds something: a run directory records exactly one run."""
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"run directory {path} exists and is not a directory",
+                         hint="pass another --run-dir")
+    if _non_empty(path):
+        raise UsageError(f"run directory {path} already exists and is not empty",
+                         hint="pass a new --run-dir (or leave it out for a fresh runs/<name>-<time>); "
+                              "resuming an existing run directory is not supported yet")
+
+
+def freeze_spec(spec: RunSpec) -> RunSpec:
+    """The spec as the ranks will read it: relative data paths made absolute (ranks may start elsewhere)."""
+    path = spec.data.path
+    if path and not os.path.isabs(path):
+        data = spec.data.model_copy(update={"path": str(Path(path).resolve())})
+        spec = spec.model_copy(update={"data": data})
+    return spec
+
+
+def git_info(where: Path | None = None) -> dict[str, Any]:
+    """Commit and dirtiness of the code that runs (the installed package's tree); None without git."""
+    where = where or Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "-C", str(where), "rev-parse", "HEAD"], capture_output=True,
+                              text=True, timeout=10)
+        if head.returncode != 0:
+            return {"commit": None, "dirty": None}
+        status = subprocess.run(["git", "-C", str(where), "status", "--porcelain"], capture_output=True,
+                                text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+    dirty = bool(status.stdout.strip()) if status.returncode == 0 else None
+    return {"commit": head.stdout.strip(), "dirty": dirty}
+
+
+def build_plan_json(spec: RunSpec) -> str | None:
+    """The planner's prediction (with the rank placement) as JSON; None if the planner is not there."""
+    try:
+        from trainctl.plan.plan import build_plan
+    except ImportError:  # TODO(lead): drop this guard once trainctl.plan.plan has landed for good
+        return None
+    # Recorded, not enforced: a plan warning (e.g. memory) does not stop a launch the rules accepted.
+    data = build_plan(spec).to_json(ranks=True)
+    return data if isinstance(data, str) else json.dumps(data, indent=2) + "\n"
+
+
+def render_script(command: Sequence[str], env: Mapping[str, str], header: str) -> str:
+    """A bash script that re-runs exactly `command` with `env`; every word shell-quoted."""
+    lines = ["#!/usr/bin/env bash", f"# {header}", "set -euo pipefail"]
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
+    lines.append("exec " + shlex.join(command))
+    return "\n".join(lines) + "\n"
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def write_atomic(path: Path, text: str, mode: int | None = None) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        if mode is not None:
+            os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def create_run_dir(root: Path, spec: RunSpec, *, backend: str, command: Sequence[str],
+                   env: Mapping[str, str]) -> RunPaths:
+    """Make RUN/ with spec.yaml, plan.json (when the planner exists), launch.sh, job.json and logs/."""
+    check_run_dir(root)
+    paths = RunPaths(root.resolve())
+    paths.logs.mkdir(parents=True, exist_ok=True)
+    write_atomic(paths.spec, yaml.safe_dump(resolved_dict(spec), sort_keys=False))
+    plan = build_plan_json(spec)
+    if plan is not None:
+        write_atomic(paths.plan, plan)
+    created = now_iso()
+    write_atomic(paths.launch_script, render_script(command, env, f"trainctl launch ({backend}), {created}"),
+                 mode=0o755)
+    write_job(paths, {"backend": backend, "command": list(command), "env": dict(env), "git": git_info(),
+                      "created": created, "attempts": []})
+    return paths
+
+
+def read_job(paths: RunPaths) -> dict[str, Any]:
+    return json.loads(paths.job.read_text(encoding="utf-8"))
+
+
+def write_job(paths: RunPaths, job: dict[str, Any]) -> None:
+    write_atomic(paths.job, json.dumps(job, indent=2) + "\n")
+
+
+def record_attempt(paths: RunPaths, **fields: Any) -> None:
+    """Append (or, with the same `attempt` number, update) one attempt in job.json."""
+    job = read_job(paths)
+    attempts = job.setdefault("attempts", [])
+    number = fields.get("attempt", len(attempts) + 1)
+    for a in attempts:
+        if a.get("attempt") == number:
+            a.update(fields)
+            break
+    else:
+        attempts.append({"attempt": number, **fields})
+    write_job(paths, job)
