@@ -1,1 +1,271 @@
-"""Placeholder: filled in by its own change."""
+"""`trainctl plan SPEC`: layout, memory, FLOPs, communication, bubble, predicted MFU; `--auto` search.
+
+Exit codes: 0 when the plan was computed, even if the layout does not fit (the tables say so in red);
+with `--strict`, 1 when the plan has an error-level warning (does not fit, or a broken estimate);
+2 for usage and spec errors. The planner is imported inside the command so `trainctl --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from trainctl.cli.app import app
+from trainctl.cli.options import JsonOpt, SetOpt, SpecArg, read_spec
+
+if TYPE_CHECKING:
+    from trainctl.plan.auto import AutoResult
+    from trainctl.plan.plan import Plan
+
+LEVEL_STYLE = {"info": "cyan", "warning": "yellow", "severe": "bold red", "error": "bold white on red"}
+RANKS_FULL_LIMIT = 64  # print every rank up to this world size; summarise above
+
+
+def _si(x: float | None, unit: str = "") -> str:
+    if x is None:
+        return "unknown"
+    for factor, prefix in ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= factor:
+            return f"{x / factor:.3g} {prefix}{unit}"
+    return f"{x:.3g} {unit}".rstrip()
+
+
+def _gb(x: float | None) -> str:
+    return "unknown" if x is None else f"{x / 1e9:,.2f} GB"
+
+
+def _s(x: float | None) -> str:
+    if x is None:
+        return "unknown"
+    return f"{x * 1e3:,.1f} ms" if x < 1 else f"{x:,.3f} s"
+
+
+def _pct(x: float | None, digits: int = 1) -> str:
+    return "unknown" if x is None else f"{x:.{digits}%}"
+
+
+def _kv_table(title: str, rows: list[tuple[str, str]], note: str | None = None) -> Table:
+    t = Table(title=title, show_header=False, title_justify="left", caption=note, caption_justify="left")
+    t.add_column("", style="bold")
+    t.add_column("")
+    for k, v in rows:
+        t.add_row(k, v)
+    return t
+
+
+def _stage_summary(layers: list[int]) -> str:
+    if len(layers) <= 16:
+        return " ".join(map(str, layers))
+    return " ".join(map(str, layers[:6])) + f" … ({len(layers)} stages) … " + " ".join(map(str, layers[-3:]))
+
+
+def render_plan(plan: Plan, console: Console, ranks: bool) -> None:
+    j = plan.to_json()
+    L, hw = j["layout"], j["hardware"]
+    console.print(f"[bold]{plan.name}[/bold]: {plan.world} GPUs = tp {L['tp']} x pp {L['pp']} x dp {L['dp']} on "
+                  f"{L['nodes']} nodes x {L['gpus_per_node']} {hw['gpu']} (NVLink domain {L['nvlink_domain']}, "
+                  f"fabric {hw['fabric']})")
+
+    sched = L["schedule"] + (f", {L['virtual_stages']} chunks per rank" if L["schedule"] == "interleaved" else "")
+    console.print(_kv_table("Layout", [
+        ("tensor parallel", f"{L['tp']}" + (" + sequence parallel" if L["sequence_parallel"] else "")
+         + ("" if L["tp_fits_nvlink"] else "  [red](crosses the NVLink domain)[/red]")),
+        ("pipeline parallel", f"{L['pp']} ({sched})"),
+        ("data parallel", f"{L['dp']}, ZeRO-{L['zero']}"),
+        ("batch", f"global {L['global_batch']} = micro-batch {L['micro_batch']} x {L['micro_batches']} "
+                  f"micro-batches x dp {L['dp']}"),
+        ("precision / recompute", f"{L['precision']} / {L['recompute']}"),
+        ("layers per stage", _stage_summary(L["stage_layers"])),
+        ("vocabulary (padded)", f"{plan.ctx.shape.vocab:,} ({L['padded_vocab']:,})"),
+    ]))
+
+    p, f = j["params"], j["flops"]
+    console.print(_kv_table("Model and FLOPs", [
+        ("parameters", f"{p['total']:,} ({_si(p['total'])})"),
+        ("matmul weights N (incl. LM head)", f"{p['matmul']:,}"),
+        ("model FLOPs per token (6N + 12Lhs)", _si(f["model_per_token"], "FLOP")),
+        ("model FLOPs per step", _si(f["model_per_step"], "FLOP")),
+        ("hardware FLOPs per step (+ recompute)", _si(f["hardware_per_step"], "FLOP")),
+        ("tokens per step", f"{f['tokens_per_step']:,}"),
+    ]))
+
+    mem = j["memory"]
+    fits = mem["fits"]
+    head = mem["headroom_fraction"]
+    head_style = "red" if not fits else ("yellow" if head is not None and head < 0.10 else "green")
+    rows = [
+        ("weights", _gb(mem["weights"])), ("gradients", _gb(mem["gradients"])),
+        ("optimizer state", _gb(mem["optimizer"])), ("model states", _gb(mem["model_states"])),
+        ("activations", _gb(mem["activations"])), ("transient buffers", _gb(mem["transient"])),
+        ("total", f"[bold]{_gb(mem['total'])}[/bold]"),
+        ("capacity", _gb(mem["capacity"]) if mem["capacity"] else "unknown (no fit check)"),
+    ]
+    if mem["capacity"]:
+        verdict = "fits" if fits else "DOES NOT FIT"
+        rows.append(("headroom", f"[{head_style}]{_gb(mem['headroom'])} ({_pct(head)}) — {verdict}[/{head_style}]"))
+    console.print(_kv_table(f"Memory per GPU (worst: pipeline rank {mem['worst_pp_rank']}, "
+                            f"{mem['params_per_gpu']:,.0f} params)", rows))
+
+    c = j["communication"]
+    ct = Table(title="Communication per GPU per step (busiest GPU of each kind)", title_justify="left")
+    for col in ("kind", "link", "bytes", "time at link rate"):
+        ct.add_column(col, justify="left" if col in ("kind", "link") else "right")
+    names = {"tp": "TP collectives", "pp": "PP point-to-point", "dp": f"DP (ZeRO-{L['zero']})",
+             "embedding": "tied-embedding sync"}
+    for kind, v in c["per_kind"].items():
+        if v["bytes"]:
+            link = hw["intra_domain_link"] if v["link"] == "nvlink" else f"inter-node ({hw['fabric']})"
+            ct.add_row(names[kind], link, _gb(v["bytes"]), _s(v["seconds"]))
+    for link, b in c["per_link"].items():
+        ct.add_row(f"[bold]total {link.replace('_', '-')}[/bold]", "", f"[bold]{_gb(b)}[/bold]", "")
+    console.print(ct)
+
+    pr, pl = j["prediction"], j["pipeline"]
+    pred = [
+        ("pipeline bubble", f"{_pct(pl['bubble_fraction'])} of the pipelined time "
+                            f"((p-1)/(v*m+p-1); over ideal (p-1)/(v*m) = {_pct(pl['bubble_over_ideal'])})"),
+        ("stage imbalance", f"busiest pipeline rank {_pct(pl['stage_imbalance'])} above the mean"),
+        ("compute", _s(pr["compute_s"])), ("TP exposed", _s(pr["tp_exposed_s"])),
+        ("PP point-to-point", _s(pr["p2p_s"])), ("bubble", _s(pr["bubble_s"])),
+        ("DP exposed", f"{_s(pr['dp_exposed_s'])} of {_s(pr['dp_s'])}"),
+        ("step time", f"[bold]{_s(pr['step_time_s'])}[/bold]"),
+        ("tokens/s", "unknown" if pr["tokens_per_s"] is None else f"{pr['tokens_per_s']:,.0f}"),
+        ("model TFLOP/s per GPU", "unknown" if pr["model_flops_per_s_per_gpu"] is None
+         else f"{pr['model_flops_per_s_per_gpu'] / 1e12:,.1f}"),
+        ("MFU (HFU)", f"[bold]{_pct(pr['mfu'])}[/bold] ({_pct(pr['hfu'])})"),
+    ]
+    peak = hw["peak_flops"]
+    console.print(_kv_table("Prediction (roofline)", pred,
+                            note=f"peak {_si(peak, 'FLOP/s') if peak else 'unknown (measured at run time)'} "
+                                 f"dense {'TF32' if L['precision'] == 'fp32' else 'BF16'} per GPU"))
+
+    a = j["assumptions"]
+    console.print(f"[bold]Assumptions[/bold] (estimate.* in the spec): compute_efficiency {a['compute_efficiency']}, "
+                  f"comm_efficiency {a['comm_efficiency']}, dp_overlap {a['dp_overlap']}, "
+                  f"tp_overlap {a['tp_overlap']}", highlight=False)
+    for line in [a["roofline"], *a["notes"]]:
+        console.print(f"  [dim]- {line}[/dim]", highlight=False)
+
+    if plan.warnings:
+        console.print("[bold]Warnings[/bold]")
+        for w in plan.warnings:
+            style = LEVEL_STYLE[w.level]
+            console.print(f"  [{style}]{w.level.upper():8}[/{style}] {w.code}: {w.message}", highlight=False)
+    if not fits:
+        console.print("[bold red]This layout does not fit in GPU memory.[/bold red]")
+    if ranks:
+        render_ranks(plan, console)
+
+
+def render_ranks(plan: Plan, console: Console) -> None:
+    from trainctl.plan.placement import Groups, placement
+
+    layout = plan.layout
+    world = layout.world_size
+    info = placement(layout)[: world if world <= RANKS_FULL_LIMIT else layout.gpus_per_node]
+    t = Table(title="Rank placement (Megatron order: tp fastest, then dp, then pp)"
+              + ("" if world <= RANKS_FULL_LIMIT else f" — first node of {layout.nodes}; the full map is in --json"),
+              title_justify="left")
+    for col in ("rank", "node", "gpu", "tp", "dp", "pp", "nvlink domain"):
+        t.add_column(col, justify="right")
+    for r in info:
+        t.add_row(*(str(x) for x in (r.rank, r.node, r.local_gpu, r.tp, r.dp, r.pp, r.nvlink_domain)))
+    console.print(t)
+    for kind, stride, size, count in (("tp", 1, layout.tp, layout.dp * layout.pp),
+                                      ("dp", layout.tp, layout.dp, layout.tp * layout.pp),
+                                      ("pp", layout.tp * layout.dp, layout.pp, layout.tp * layout.dp)):
+        first = getattr(Groups(layout), kind)[0] if world <= RANKS_FULL_LIMIT else list(range(0, stride * size, stride))
+        shown = ", ".join(map(str, first[:8])) + (", …" if len(first) > 8 else "")
+        console.print(f"  {kind.upper()} groups: {count} of {size} ranks, stride {stride}; the first: [{shown}]")
+
+
+def render_auto(res: AutoResult, console: Console) -> None:
+    console.print(f"[bold]{res.name}[/bold] --auto: {res.evaluated:,} valid layouts evaluated on {res.world:,} GPUs, "
+                  f"{res.fitting:,} fit in memory ({res.elapsed_s * 1e3:.0f} ms). Ranked by predicted MFU, ties by "
+                  "less memory.")
+    if not res.peak_known:
+        console.print("[yellow]Peak FLOP/s unknown for this accelerator: ranked with a nominal 1 TFLOP/s; "
+                      "MFU and step times are not shown (set cluster.peak_tflops).[/yellow]")
+    t = Table(title="Best layouts (sp: sequence parallel; il v: interleaved, v chunks per rank; m: micro-batches)",
+              title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0))
+    for col in ("#", "tp/pp/dp", "sched", "ZeRO", "mb/m", "recomp", "GB/GPU", "bubble", "step", "MFU"):
+        t.add_column(col, justify="left" if col in ("sched", "recomp") else "right", no_wrap=True)
+    for i, (s, _, _codes) in enumerate(res.top, 1):
+        c, e = s.cand, s.est
+        sched = f"il {c.virtual_stages}" if c.schedule == "interleaved" else c.schedule
+        t.add_row(str(i), f"{c.tp}{'sp' if c.sequence_parallel else ''}/{c.pp}/{c.dp}", sched, str(c.zero),
+                  f"{c.micro_batch}/{e.micro_batches}", c.recompute[:4], f"{e.memory_total / 1e9:.1f}",
+                  _pct(e.bubble_fraction), f"{e.step_time:.3g} s" if res.peak_known and e.step_time else "—",
+                  _pct(s.mfu) if res.peak_known else "—")
+    console.print(t)
+    by_codes: dict[tuple[str, ...], list[str]] = {}
+    for i, (_, _, codes) in enumerate(res.top, 1):
+        if codes:
+            by_codes.setdefault(tuple(codes), []).append(f"#{i}")
+    for codes, rows in by_codes.items():
+        console.print(f"  [yellow]{' '.join(rows)}:[/yellow] {', '.join(codes)}", highlight=False)
+    if not res.top:
+        console.print("[bold red]No valid layout fits in memory on this cluster.[/bold red]")
+    if res.rejected:
+        console.print("[bold]Best-looking layouts rejected[/bold]")
+        for s, why in res.rejected:
+            mfu = f"MFU {_pct(s.mfu)}" if res.peak_known else "relative"
+            console.print(f"  [red]✗[/red] {s.cand.describe()} ({mfu}): {why}", highlight=False)
+    if res.skipped:
+        skipped = "; ".join(f"{k} ({v})" for k, v in sorted(res.skipped.items()))
+        console.print(f"[dim]Combinations left out by the spec rules: {skipped}.[/dim]")
+    if res.invalid:
+        console.print(f"[bold red]{len(res.invalid)} enumerated layouts failed validation (a planner bug); not "
+                      "shown.[/bold red]")
+    a = res.assumptions
+    console.print(f"[dim]Assumptions: compute_efficiency {a['compute_efficiency']}, comm_efficiency "
+                  f"{a['comm_efficiency']}, dp_overlap {a['dp_overlap']}, tp_overlap {a['tp_overlap']}. "
+                  "Run `trainctl plan SPEC --set parallel.tp=...` on a row for its full plan.[/dim]")
+
+
+@app.command()
+def plan(
+    spec: Path = SpecArg,
+    set_: list[str] = SetOpt,
+    as_json: bool = JsonOpt,
+    ranks: bool = typer.Option(False, "--ranks", help="Show the rank placement map and process groups."),
+    auto: bool = typer.Option(False, "--auto", help="Search every valid layout; rank those that fit by MFU."),
+    top: int = typer.Option(10, "--top", min=1, max=1000, help="With --auto: how many layouts to show."),
+    strict: bool = typer.Option(False, "--strict", help="Exit 1 if the layout does not fit (error-level warning)."),
+) -> None:
+    """Plan a run: memory per GPU, FLOPs, communication, pipeline bubble and predicted MFU."""
+    run = read_spec(spec, set_)
+    console = Console()
+    if auto:
+        from trainctl.plan.auto import search
+
+        res = search(run, top=top)
+        if as_json:
+            print(json.dumps(res.to_json(), indent=2))
+        else:
+            render_auto(res, console)
+        if strict and not res.top:
+            raise typer.Exit(1)
+        return
+
+    from trainctl.plan.plan import build_plan
+
+    p = build_plan(run)
+    if as_json:
+        out: dict[str, Any] = p.to_json(ranks=ranks)
+        # With --ranks the rank lists dominate (millions of numbers at 16k GPUs): print them compactly.
+        print(json.dumps(out, separators=(",", ":")) if ranks and p.world > RANKS_FULL_LIMIT
+              else json.dumps(out, indent=2))
+    else:
+        render_plan(p, console, ranks)
+    if strict and p.errors:
+        raise typer.Exit(1)
+
+
+__all__ = ["plan"]

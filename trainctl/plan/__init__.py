@@ -1,1 +1,13 @@
-"""plan layer."""
+"""plan layer: pure arithmetic over a run spec (no torch, no numpy).
+
+placement  rank placement and process groups (Megatron order), shared with the trainer
+pipeline   layers per pipeline stage (shared with the trainer); split: its fast twin for --auto
+model      parameter counts and FLOPs per token (design.md's MFU convention)
+memory     model states per ZeRO stage, activations per Korthikanti et al. 2022
+schedule   pipeline bubble and micro-batches in flight per schedule
+comm       collective volumes and link classes
+estimate   Evaluator: one layout -> all figures (the roofline); used by plan and --auto
+checks     warnings with codes and levels
+plan       build_plan(spec) -> Plan, Plan.to_json()
+auto       the --auto search
+"""

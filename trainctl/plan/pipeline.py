@@ -8,6 +8,9 @@ Llama 3 405B does (126 layers on PP=16: 7 on the first and last stage, 8 on the 
 
 from __future__ import annotations
 
+import heapq
+from collections import Counter
+
 from trainctl.spec.models import ModelSpec, RunSpec
 
 
@@ -26,30 +29,41 @@ def embedding_cost_in_layers(m: ModelSpec) -> float:
 
 
 def balanced_split(layers: int, stages: int, first_cost: float, last_cost: float) -> list[int]:
-    """Layer counts per stage minimising the largest stage load (layers + extra cost on the ends)."""
+    """Layer counts per stage minimising the largest stage load (layers + extra cost on the ends).
+
+    Bisection on the largest load, then surplus layers come off the most loaded stages (inner stages
+    first). Stages sharing an extra cost are counted as a group and the surplus removal uses a heap, so
+    `plan --auto` can call this for every pp*v cheaply."""
     if stages == 1:
         return [layers]
     extra = [0.0] * stages
     extra[0] += first_cost
     extra[-1] += last_cost
+    groups = Counter(extra).items()
 
-    def capacity(limit: float) -> list[int]:
-        return [max(0, int(limit - e + 1e-9)) for e in extra]
+    def total(limit: float) -> int:
+        return sum(n * max(0, int(limit - e + 1e-9)) for e, n in groups)
 
     lo, hi = 0.0, layers + max(extra) + 1.0
-    for _ in range(100):  # bisection on the largest load; 100 halvings is exact for any sane size
+    for _ in range(100):  # the same bisection, so the same final `hi`, bit for bit
         mid = (lo + hi) / 2
-        if sum(capacity(mid)) >= layers:
+        if total(mid) >= layers:
             hi = mid
         else:
             lo = mid
-    counts = capacity(hi)
+    counts = [max(0, int(hi - e + 1e-9)) for e in extra]
     excess = sum(counts) - layers
-    while excess > 0:  # take surplus layers from the most loaded stages, inner stages first
-        order = sorted(range(stages), key=lambda i: (counts[i] + extra[i], 0 < i < stages - 1, i))
-        i = order[-1]
+    # balanced_split takes the largest (load, is_inner, index) each time; a heap of negated keys does too.
+    inner = [0 < i < stages - 1 for i in range(stages)]
+    heap = [(-(counts[i] + extra[i]), -inner[i], -i) for i in range(stages)]
+    heapq.heapify(heap)
+    while excess > 0:
+        i = -heapq.heappop(heap)[2]
+        if counts[i] == 0:
+            continue  # a stage loaded only by its embedding/head cost has no layer to give up
         counts[i] -= 1
         excess -= 1
+        heapq.heappush(heap, (-(counts[i] + extra[i]), -inner[i], -i))
     return counts
 
 

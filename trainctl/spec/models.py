@@ -95,9 +95,6 @@ class ParallelSpec(Strict):
     allow_tp_across_nodes: bool = Field(
         False, description="Permit a TP group larger than the NVLink domain (slow; normally an error)"
     )
-    tp_impl: Literal["megatron", "dtensor"] = Field(
-        "megatron", description="Tensor-parallel implementation in the bundled trainer"
-    )
 
 
 class TrainSpec(Strict):
@@ -118,6 +115,9 @@ class TrainSpec(Strict):
     seed: Annotated[int, Field(ge=0, le=2**63 - 1)] = 1234
     grad_clip: PositiveFloat | None = 1.0
     log_every: Count = 1
+    watchdog_s: PositiveFloat | None = Field(
+        600.0, description="Hang watchdog: a rank with no step progress this long dumps its stacks and exits; "
+        "null disables (env TRAINCTL_WATCHDOG_S overrides)")
 
 
 class DataSpec(Strict):

@@ -1,0 +1,148 @@
+"""`trainctl plan --auto` and the roofline's invariants.
+
+- --auto never returns an invalid layout: every returned layout is a RunSpec that passed
+  trainctl.spec.validate_spec, and on small clusters every *enumerated* layout passes it too, and
+  every layout the rules accept (with the search's fixed choices) is enumerated.
+- Predicted MFU never exceeds 1 (design.md: "An MFU above 100% is a bug"), nor compute_efficiency.
+- The fast score --auto ranks by equals the full evaluation's step time and memory.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from trainctl.errors import SpecError
+from trainctl.plan.auto import enumerate_candidates, search
+from trainctl.plan.estimate import Candidate, Evaluator
+from trainctl.plan.plan import build_plan, context_from_spec
+from trainctl.spec import load_spec_text, validate_spec
+from trainctl.spec.models import RunSpec
+
+
+def small_spec(nodes: int, gpn: int, layers: int, heads: int, kv: int, gb: int, gpu: str = "h100-sxm") -> RunSpec:
+    return load_spec_text(f"""
+name: small
+model: {{layers: {layers}, hidden: {heads * 16}, heads: {heads}, kv_heads: {kv}, vocab: 1000, seq_len: 128,
+         activation: swiglu, norm: rmsnorm, position: rope, tied_embeddings: false}}
+parallel: {{tp: 1, pp: 1, dp: auto}}
+train: {{global_batch: {gb}, steps: 10}}
+cluster: {{nodes: {nodes}, gpus_per_node: {gpn}, gpu: {gpu}}}
+launcher: {{backend: slurm}}
+""")
+
+
+def as_data(spec: RunSpec, c: Candidate) -> dict:
+    data = spec.model_dump(by_alias=True)
+    data["parallel"].update(tp=c.tp, pp=c.pp, dp=c.dp, zero=c.zero, micro_batch=c.micro_batch,
+                            sequence_parallel=c.sequence_parallel, schedule=c.schedule,
+                            virtual_stages=c.virtual_stages, stage_layers=None)
+    data["train"]["recompute"] = c.recompute
+    return data
+
+
+small_clusters = dict(
+    nodes=st.integers(1, 3), gpn=st.sampled_from([1, 2, 4, 8]), layers=st.integers(1, 8),
+    heads=st.sampled_from([2, 4, 6, 8]), kv_div=st.sampled_from([1, 2]), gb=st.sampled_from([1, 6, 8, 16, 24, 48]),
+)
+
+
+@settings(max_examples=25, deadline=None)
+@given(**small_clusters)
+def test_auto_never_returns_an_invalid_layout(nodes, gpn, layers, heads, kv_div, gb):
+    try:  # --auto starts from a valid spec (pure data parallelism here)
+        spec = small_spec(nodes, gpn, layers, heads, heads // kv_div, gb)
+    except SpecError:
+        assume(False)
+    res = search(spec, top=10_000)
+    assert res.invalid == []
+    for scored, run, _ in res.top:
+        validate_spec(run.model_dump(by_alias=True))  # raises if invalid
+        assert run.parallel.tp == scored.cand.tp and run.dp == scored.cand.dp
+        assert scored.est.fits
+    # Sound: every enumerated layout passes the spec rules (not only the ones shown).
+    for c in enumerate_candidates(spec, {}):
+        validate_spec(as_data(spec, c))
+
+
+@pytest.mark.parametrize("nodes,gpn,layers,heads,kv,gb", [(1, 8, 4, 4, 2, 16), (2, 4, 6, 6, 6, 24)])
+def test_auto_enumerates_every_layout_the_rules_accept(nodes, gpn, layers, heads, kv, gb):
+    """Complete: brute force over a grid of parallel settings, keep what validate_spec accepts (with the
+    search's fixed choices: sp iff tp > 1 and no gpipe), and compare with the enumeration."""
+    spec = small_spec(nodes, gpn, layers, heads, kv, gb)
+    world = nodes * gpn
+    accepted = set()
+    for tp, pp, mb, v in itertools.product(range(1, world + 1), range(1, world + 1), range(1, gb + 1),
+                                           range(1, layers + 1)):
+        if world % (tp * pp) or (v > 1 and pp == 1):
+            continue
+        c = Candidate(tp, pp, world // (tp * pp), 1, mb, "none", tp > 1 and 128 % tp == 0,
+                      "interleaved" if v > 1 else "1f1b", v)
+        try:
+            validate_spec(as_data(spec, c))
+        except SpecError:
+            continue
+        accepted.add((c.tp, c.pp, c.dp, c.micro_batch, c.virtual_stages))
+    enumerated = {(c.tp, c.pp, c.dp, c.micro_batch, c.virtual_stages) for c in enumerate_candidates(spec, {})}
+    assert enumerated == accepted
+
+
+def test_auto_llama3_405b_at_16k_gpus():
+    spec = load_spec_text("""
+name: l405
+model: {preset: llama3-405b}
+parallel: {tp: 8, pp: 16, dp: auto, sequence_parallel: true, schedule: interleaved, virtual_stages: 2}
+train: {global_batch: 2048, steps: 10, recompute: full}
+cluster: {nodes: 2048, gpus_per_node: 8, gpu: h100-sxm, interconnect: ndr}
+launcher: {backend: slurm}
+""")
+    res = search(spec, top=5)
+    assert res.evaluated > 1000 and res.invalid == [] and len(res.top) == 5
+    mfus = [s.mfu for s, _, _ in res.top]
+    assert mfus == sorted(mfus, reverse=True) and 0 < mfus[0] < spec.estimate.compute_efficiency
+    for s, run, _ in res.top:
+        assert run.parallel.tp == 8  # at 16k GPUs and 2048 sequences only tp = 8 gives pp micro-batches
+        assert build_plan(run).mfu == pytest.approx(s.mfu, rel=1e-9)  # --auto ranks what `plan` prints
+    for s, why in res.rejected:
+        assert not s.est.fits and "GB >" in why
+    js = res.to_json()
+    assert {"top", "rejected", "evaluated", "fitting", "skipped", "assumptions"} <= set(js)
+
+
+LAYOUT = st.fixed_dictionaries(dict(
+    tp=st.sampled_from([1, 2, 4, 8]), pp=st.sampled_from([1, 2, 4, 8]), dp=st.sampled_from([1, 2, 4, 16]),
+    zero=st.integers(0, 3), micro_batch=st.sampled_from([1, 2, 4]),
+    recompute=st.sampled_from(["none", "selective", "full"]), v=st.sampled_from([1, 2, 3]),
+    ce=st.floats(0.05, 1.0), cme=st.floats(0.05, 1.0), overlap=st.floats(0, 1), tp_overlap=st.floats(0, 1),
+))
+
+
+@settings(max_examples=150, deadline=None)
+@given(LAYOUT)
+def test_predicted_mfu_never_exceeds_one_and_score_matches(d):
+    from dataclasses import replace
+
+    spec = load_spec_text("""
+name: mfu
+model: {preset: llama3-8b}
+train: {global_batch: 512, steps: 10}
+cluster: {nodes: 1, gpus_per_node: 8, gpu: h100-sxm}
+""")
+    ctx = context_from_spec(spec)
+    world = d["tp"] * d["pp"] * d["dp"]
+    ctx = replace(ctx, world=world, assume=replace(ctx.assume, compute_efficiency=d["ce"],
+                                                   comm_efficiency=d["cme"], dp_overlap=d["overlap"],
+                                                   tp_overlap=d["tp_overlap"]))
+    v = d["v"] if d["pp"] > 1 else 1
+    c = Candidate(d["tp"], d["pp"], d["dp"], d["zero"], d["micro_batch"], d["recompute"], d["tp"] > 1,
+                  "interleaved" if v > 1 else "1f1b", v)
+    ev = Evaluator(ctx)
+    e = ev.evaluate(c)
+    mfu = e.mfu(world, ctx.hw.peak_flops)
+    assert mfu is not None and 0 < mfu <= d["ce"] + 1e-12 <= 1 + 1e-12
+    step, mem = ev.score(c)
+    assert step == e.step_time and mem == pytest.approx(e.memory_total, rel=1e-12)
+    assert e.bubble_fraction < 1 and e.dp_exposed_time >= 0

@@ -1,0 +1,152 @@
+"""Per-GPU memory against the ZeRO paper and Korthikanti et al. 2022.
+
+Sources:
+- Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models",
+  Figure 1 / Sec. 3-5: Psi = 7.5B parameters, Nd = 64 data-parallel ranks, K = 12: baseline 120 GB,
+  P_os 31.4 GB, P_os+g 16.6 GB, P_os+g+p 1.9 GB per device.
+- Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", Table 2
+  (activation bytes per layer) and Sec. 4.2.3 (first pipeline stage holds p micro-batches; interleaving
+  scales that by 1 + (p-1)/(p*m)); model shapes from its Table 3. Each formula is written out again
+  here rather than calling the planner's helper.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trainctl.plan.estimate import Candidate, Evaluator
+from trainctl.plan.memory import layer_activation_bytes, model_state_bytes
+from trainctl.plan.model import ModelShape
+from trainctl.plan.plan import context_from_spec
+from trainctl.spec import load_spec_text
+
+
+@pytest.mark.parametrize("zero,expected_gb,printed", [(0, 120.0, 120.0), (1, 31.40625, 31.4),
+                                                      (2, 16.640625, 16.6), (3, 1.875, 1.9)])
+def test_zero_paper_figure_1(zero, expected_gb, printed):
+    psi, nd = 7.5e9, 64
+    w, g, o = model_state_bytes(psi, zero, nd, "bf16")
+    # Independently: (2 + 2 + K) * Psi with K = 12, dividing the sharded parts by Nd.
+    k = 12
+    by_hand = {0: (2 + 2 + k) * psi, 1: 2 * psi + 2 * psi + k * psi / nd, 2: 2 * psi + (2 + k) * psi / nd,
+               3: (2 + 2 + k) * psi / nd}[zero]
+    assert w + g + o == pytest.approx(by_hand, rel=1e-15)
+    assert (w + g + o) / 1e9 == pytest.approx(expected_gb, rel=1e-12)
+    assert round((w + g + o) / 1e9, 1) == printed
+
+
+def test_fp32_training_is_4_4_8():
+    assert model_state_bytes(1.0, 0, 8, "fp32") == (4, 4, 8)
+
+
+# Korthikanti et al. 2022, Table 3: (name, heads a, hidden h, layers L, tp t, pp p, micro-batch b); s = 2048.
+KORTHIKANTI_MODELS = [
+    ("22B", 64, 6144, 48, 8, 1, 4),
+    ("175B", 96, 12288, 96, 8, 8, 1),
+    ("530B", 128, 20480, 105, 8, 35, 1),
+    ("1T", 160, 25600, 128, 8, 64, 1),
+]
+SEQ = 2048
+
+
+def gpt_shape(a: int, h: int, L: int) -> ModelShape:
+    return ModelShape(layers=L, hidden=h, heads=a, kv_heads=a, ffn=4 * h, vocab=51200, seq=SEQ, swiglu=False,
+                      layernorm=True, learned_pos=True, tied=True, bias=True, dropout=True)
+
+
+@pytest.mark.parametrize("name,a,h,L,t,p,b", KORTHIKANTI_MODELS)
+def test_korthikanti_table_2(name, a, h, L, t, p, b):
+    m, s = gpt_shape(a, h, L), SEQ
+    sbh = s * b * h
+
+    def got(tp: int, sp: bool, rec: str) -> float:
+        return layer_activation_bytes(m, b, tp, sp, rec, 2)
+
+    assert got(1, False, "none") == pytest.approx(sbh * (34 + 5 * a * s / h), rel=1e-12)  # no parallelism
+    assert got(t, False, "none") == pytest.approx(sbh * (10 + 24 / t + 5 * a * s / (h * t)), rel=1e-12)  # TP
+    assert got(t, True, "none") == pytest.approx(sbh / t * (34 + 5 * a * s / h), rel=1e-12)  # TP + SP
+    assert got(t, False, "selective") == pytest.approx(sbh * (10 + 24 / t), rel=1e-12)  # TP + selective
+    assert got(t, True, "selective") == pytest.approx(34 * sbh / t, rel=1e-12)  # TP + SP + selective
+    assert got(t, False, "full") == pytest.approx(2 * sbh, rel=1e-12)  # full recompute: the layer input
+    assert got(t, True, "full") == pytest.approx(2 * sbh / t, rel=1e-12)
+
+
+def _spec(pp: int, v: int, layers: int, heads: int, hidden: int, tp: int, recompute: str, m: int):
+    sched = "interleaved" if v > 1 else "1f1b"
+    return load_spec_text(f"""
+name: k
+model: {{layers: {layers}, hidden: {hidden}, heads: {heads}, ffn_hidden: {4 * hidden}, vocab: 51200,
+         seq_len: {SEQ}, bias: true, dropout: 0.1, tied_embeddings: true}}
+parallel: {{tp: {tp}, pp: {pp}, dp: 1, sequence_parallel: true, micro_batch: 1, schedule: {sched},
+           virtual_stages: {v}, stage_layers: {[layers // (pp * v)] * (pp * v)}}}
+train: {{global_batch: {m}, steps: 10, recompute: {recompute}}}
+cluster: {{nodes: {tp * pp // 8}, gpus_per_node: 8, gpu: a100-80gb, interconnect: hdr}}
+launcher: {{backend: slurm}}
+""")
+
+
+def test_first_stage_holds_p_microbatches_1f1b():
+    """Korthikanti Sec. 4.2.3: with 1F1B the first stage keeps p micro-batches of L/p layers = L layers'
+    worth: 34*s*b*h*L/t with SP + selective, plus the embedding dropout mask s*b*h/t per micro-batch."""
+    a, h, L, t, p = 96, 12288, 96, 8, 8  # the 175B row
+    spec = _spec(p, 1, L, a, h, t, "selective", 64)
+    ev = Evaluator(context_from_spec(spec))
+    from trainctl.plan.plan import candidate_from_spec
+
+    first = ev.evaluate(candidate_from_spec(spec)).ranks[0]
+    sbh = SEQ * 1 * h
+    assert first.activations == pytest.approx(34 * sbh * L / t + p * sbh / t, rel=1e-12)
+
+
+def test_interleaved_scaling_of_first_stage():
+    """Korthikanti Sec. 4.2.3: interleaving with v chunks multiplies the first stage's activations by
+    1 + (p-1)/(p*v) (here with full recompute: 2*s*b*h/t per layer with SP)."""
+    a, h, L, t, p, v = 96, 12288, 96, 8, 8, 2
+    spec = _spec(p, v, L, a, h, t, "full", 64)
+    from trainctl.plan.plan import candidate_from_spec
+
+    first = Evaluator(context_from_spec(spec)).evaluate(candidate_from_spec(spec)).ranks[0]
+    sbh = SEQ * h
+    layers_worth = 2 * sbh / t * L * (1 + (p - 1) / (p * v))
+    emb_mask = (2 * p - 1) * sbh / t  # chunk 0 of the first rank holds 2p-1 micro-batches at the peak
+    assert first.activations == pytest.approx(layers_worth + emb_mask, rel=1e-12)
+
+
+BASE = """
+name: dp-growth
+model: {preset: llama3-8b}
+parallel: {tp: 1, pp: 1, dp: auto}
+train: {global_batch: 4096, steps: 10}
+cluster: {nodes: 1, gpus_per_node: 8, gpu: h100-sxm}
+"""
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    tp=st.sampled_from([1, 2, 4, 8]), pp=st.sampled_from([1, 2, 4]), v=st.sampled_from([1, 2]),
+    zero=st.sampled_from([1, 2, 3]), mb=st.sampled_from([1, 2]), rec=st.sampled_from(["none", "selective", "full"]),
+    dp=st.sampled_from([1, 2, 4, 8, 16]), growth=st.sampled_from([2, 4, 8]), fixed_global=st.booleans(),
+)
+def test_memory_per_gpu_never_grows_with_dp_under_zero(tp, pp, v, zero, mb, rec, dp, growth, fixed_global):
+    """ZeRO >= 1 shards model states over dp; activations depend on micro-batches in flight, which never
+    rise when each replica gets fewer micro-batches. So more dp never needs more memory per GPU."""
+    if v > 1 and pp == 1:
+        v = 1
+    sched = "interleaved" if v > 1 else "1f1b"
+    spec = load_spec_text(BASE)
+    ctx0 = context_from_spec(spec)
+    per_replica = 8 * pp  # micro-batches per replica at the smaller dp (a multiple of pp)
+    gb = per_replica * mb * dp * growth  # divisible at both sizes
+
+    def total(d: int, global_batch: int) -> float:
+        ctx = replace(ctx0, world=tp * pp * d, global_batch=global_batch)
+        c = Candidate(tp, pp, d, zero, mb, rec, tp > 1, sched, v)
+        return Evaluator(ctx).evaluate(c, detail=False).memory_total
+
+    small = total(dp, gb if fixed_global else per_replica * mb * dp)
+    large = total(dp * growth, gb if fixed_global else per_replica * mb * dp * growth)
+    assert large <= small * (1 + 1e-12)

@@ -1,0 +1,138 @@
+"""Pipeline schedule arithmetic: bubble, micro-batches in flight, the stage split.
+
+Sources:
+- Narayanan et al. 2021 (Megatron-LM, SC21), Sec. 2.2.1: the 1F1B / GPipe bubble time fraction
+  t_pb / t_id = (p-1)/m; Sec. 2.2.2: interleaved with v chunks, (p-1)/(v*m).
+- Megatron-LM's interleaved schedule (megatron/core/pipeline_parallel/schedules.py,
+  forward_backward_pipelining_with_interleaving): warm-up count 2*(p-r-1) + (v-1)*p (all m*v when
+  m == p), then one forward (index W+k) and one backward (index k) per step; forward chunk
+  (k // p) % v, backward chunk v-1 - (k // p) % v. Simulated here step by step.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trainctl.plan import schedule
+from trainctl.plan.estimate import Evaluator
+from trainctl.plan.pipeline import balanced_split, embedding_cost_in_layers, stage_layers
+from trainctl.plan.plan import candidate_from_spec, context_from_spec
+from trainctl.spec import load_spec_text
+from trainctl.spec.models import ModelSpec
+
+
+@pytest.mark.parametrize("p,m,v", [(2, 4, 1), (8, 64, 1), (8, 64, 2), (16, 16, 8), (4, 32, 5), (1, 10, 1)])
+def test_bubble_matches_megatron(p, m, v):
+    ideal = (p - 1) / (v * m)  # Narayanan et al. 2021, Sec. 2.2.1-2.2.2
+    assert schedule.bubble_over_ideal(p, m, v) == pytest.approx(ideal)
+    # Our headline figure: the bubble's share of the whole pipelined time, t_pb / (t_id + t_pb).
+    assert schedule.bubble_fraction(p, m, v) == pytest.approx(ideal / (1 + ideal))
+    assert schedule.bubble_fraction(p, m, v) == pytest.approx((p - 1) / (v * m + p - 1))
+
+
+def test_gpt3_recipe_bubble():
+    """The GPT-3 recipe's comment: pp=8, v=2, 64 micro-batches -> (p-1)/(v*m) = 7/128."""
+    assert schedule.bubble_over_ideal(8, 64, 2) == 7 / 128
+
+
+def simulate_peak(sched: str, p: int, v: int, m: int, r: int, w: tuple[int, ...]) -> int:
+    """Largest layer-weighted number of chunk passes rank r holds at any moment, by replaying the order."""
+    fwd = lambda k: (k // p) % v  # noqa: E731
+    bwd = lambda k: v - 1 - (k // p) % v  # noqa: E731
+    total = m * v
+    if sched == "gpipe":
+        warm = total
+    elif sched == "1f1b":
+        warm = min(p - r - 1, m)
+    else:
+        warm = total if m == p else min(2 * (p - r - 1) + (v - 1) * p, total)
+    ops = [("f", k) for k in range(warm)]
+    for k in range(total - warm):
+        ops += [("f", warm + k), ("b", k)]
+    ops += [("b", k) for k in range(total - warm, total)]
+    counts, best = [0] * v, 0
+    for op, k in ops:
+        if op == "f":
+            counts[fwd(k)] += 1
+        else:
+            counts[bwd(k)] -= 1
+        best = max(best, sum(c * x for c, x in zip(counts, w, strict=True)))
+    return best
+
+
+@settings(max_examples=300, deadline=None)
+@given(p=st.integers(2, 8), v=st.integers(1, 4), mult=st.integers(1, 4), r=st.integers(0, 7),
+       w=st.lists(st.integers(0, 4), min_size=4, max_size=4), sched=st.sampled_from(["1f1b", "interleaved", "gpipe"]))
+def test_in_flight_matches_a_replay_of_the_schedule(p, v, mult, r, w, sched):
+    r %= p
+    if sched != "interleaved":
+        v = 1
+    elif v == 1:
+        v = 2
+    m = p * mult
+    weights = tuple(w[:v])
+    got = schedule.in_flight(sched, p, v, m, r, weights)
+    assert sum(c * x for c, x in zip(got, weights, strict=True)) == simulate_peak(sched, p, v, m, r, weights)
+
+
+def test_interleaved_first_rank_holds_vp_plus_p_minus_1():
+    """Korthikanti et al. 2022 Sec. 4.2.3 / Megatron: v*p + p - 1 chunk passes on the first rank."""
+    for p, v in ((4, 2), (8, 3), (16, 8)):
+        got = schedule.in_flight("interleaved", p, v, 4 * p, 0)
+        assert sum(got) == v * p + p - 1
+        assert got[0] == 2 * p - 1 and all(c == p for c in got[1:])
+
+
+def _brute_force_best_max_load(layers: int, stages: int, first: float, last: float) -> float:
+    """Independent check: try every composition of `layers` into `stages` parts."""
+    extra = [0.0] * stages
+    extra[0] += first
+    extra[-1] += last
+    best = float("inf")
+    for cuts in itertools.combinations(range(layers + stages - 1), stages - 1):
+        parts, prev = [], -1
+        for c in (*cuts, layers + stages - 1):
+            parts.append(c - prev - 1)
+            prev = c
+        best = min(best, max(n + e for n, e in zip(parts, extra, strict=True)))
+    return best
+
+
+@settings(max_examples=150, deadline=None)
+@given(layers=st.integers(1, 12), data=st.data(),
+       first=st.floats(0, 4, allow_nan=False), last=st.floats(0, 4, allow_nan=False))
+def test_split_minimises_the_largest_stage_load(layers, data, first, last):
+    stages = data.draw(st.integers(1, min(layers, 5)))
+    got = balanced_split(layers, stages, first, last)
+    assert sum(got) == layers and all(n >= 0 for n in got)
+    extra = [0.0] * stages
+    extra[0] += first
+    extra[-1] += last
+    load = max(n + e for n, e in zip(got, extra, strict=True))
+    assert load <= _brute_force_best_max_load(layers, stages, first, last) + 1e-6
+
+
+def test_split_on_llama3_405b_matches_the_paper():
+    # Llama 3 herd paper (Dubey et al. 2024, section 3.3.2): 126 layers on PP=16 with one layer fewer
+    # on the first and the last stage because they hold the embedding and the LM head.
+    spec = ModelSpec(preset="llama3-405b")
+    cost = embedding_cost_in_layers(spec)
+    assert balanced_split(126, 16, cost, cost) == [7] + [8] * 14 + [7]
+
+
+def test_planner_split_is_the_trainers_split():
+    """The layers the plan prints per stage are the ones pipeline.stage_layers gives the trainer."""
+    spec = load_spec_text("""
+name: split
+model: {preset: llama3-405b}
+parallel: {tp: 8, pp: 16, dp: auto, schedule: interleaved, virtual_stages: 2, sequence_parallel: true}
+train: {global_batch: 2048, steps: 10}
+cluster: {nodes: 2048, gpus_per_node: 8, gpu: h100-sxm}
+launcher: {backend: slurm}
+""")
+    ev = Evaluator(context_from_spec(spec))
+    assert list(ev.stage_layers(candidate_from_spec(spec))) == stage_layers(spec)

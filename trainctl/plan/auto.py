@@ -1,0 +1,220 @@
+"""`trainctl plan --auto`: search every valid layout for the spec's model and cluster.
+
+Enumerated: tp (divides heads, kv_heads and the world; inside the NVLink domain unless the spec allows
+otherwise), pp (divides world/tp, at most one stage per layer), dp = world/(tp*pp) (global batch
+divisible by micro_batch*dp), micro_batch, schedule 1f1b or interleaved with every virtual_stages v >= 2
+that leaves each model chunk a layer (micro-batches divisible by pp), ZeRO 0-3, recompute
+none/selective/full: the rules of trainctl/spec/rules.py, applied to plain integers. Fixed: sequence
+parallelism is on whenever tp > 1 and the sequence divides (it only saves memory, at the same TP
+volume), GPipe is left out (1F1B has the same bubble with less memory), stages split by the default
+balanced split. Each layout is evaluated with the same Evaluator as `trainctl plan`; the ones that do
+not fit are dropped, the rest ranked by predicted MFU (ties: less memory per GPU). Only the winners
+shown are turned into RunSpecs and validated by trainctl.spec.validate_spec, so a shown layout is
+always one `trainctl plan` accepts.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from trainctl.errors import SpecError
+from trainctl.plan.checks import advise
+from trainctl.plan.comm import tp_link
+from trainctl.plan.estimate import Candidate, Estimate, Evaluator
+from trainctl.plan.plan import context_from_spec
+from trainctl.spec.loader import validate_spec
+from trainctl.spec.models import RunSpec
+
+RECOMPUTE = ("none", "selective", "full")
+NOMINAL_PEAK = 1e12  # FLOP/s used to rank layouts when the peak is unknown (CPU); times are then relative
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+@dataclass
+class Scored:
+    est: Estimate
+    mfu: float  # predicted MFU (relative, with the nominal peak, when the peak is unknown)
+
+    @property
+    def cand(self) -> Candidate:
+        return self.est.cand
+
+
+@dataclass
+class AutoResult:
+    name: str
+    world: int
+    evaluated: int
+    fitting: int
+    top: list[tuple[Scored, RunSpec, list[str]]]  # (estimate, validated spec, warning codes)
+    rejected: list[tuple[Scored, str]]  # best-looking layouts that do not fit, and why
+    skipped: dict[str, int]  # combinations left out by a rule, per rule
+    invalid: list[tuple[Candidate, str]]  # enumerated but refused by validate_spec: a bug if non-empty
+    peak_known: bool
+    elapsed_s: float
+    assumptions: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        def row(s: Scored) -> dict[str, Any]:
+            c, e = s.cand, s.est
+            return {
+                "tp": c.tp, "pp": c.pp, "dp": c.dp, "virtual_stages": c.virtual_stages, "zero": c.zero,
+                "micro_batch": c.micro_batch, "micro_batches": e.micro_batches, "schedule": c.schedule,
+                "sequence_parallel": c.sequence_parallel, "recompute": c.recompute,
+                "mfu": s.mfu if self.peak_known else None,
+                "step_time_s": e.step_time if self.peak_known else None,
+                "tokens_per_s": e.tokens_per_s if self.peak_known else None,
+                "memory_total": e.memory_total, "capacity": e.capacity, "headroom_fraction": e.headroom_fraction,
+                "bubble_fraction": e.bubble_fraction, "stage_layers": list(e.stage_layers),
+            }
+
+        return {
+            "name": self.name, "world_size": self.world, "evaluated": self.evaluated, "fitting": self.fitting,
+            "ranking": "predicted MFU, descending; ties: less memory per GPU",
+            "peak_known": self.peak_known,
+            "top": [{**row(s), "warnings": codes} for s, _, codes in self.top],
+            "rejected": [{**row(s), "reason": why} for s, why in self.rejected],
+            "skipped": self.skipped,
+            "invalid": [{"layout": c.describe(), "error": err} for c, err in self.invalid],
+            "assumptions": self.assumptions,
+            "elapsed_s": self.elapsed_s,
+        }
+
+
+def enumerate_candidates(spec: RunSpec, skipped: dict[str, int]) -> list[Candidate]:
+    """Every layout the spec rules accept for this model and cluster (see the module docstring)."""
+    m, t, c = spec.model, spec.train, spec.cluster
+    world = c.world_size
+    kv = m.kv_heads or m.heads
+    gb = t.global_batch
+    from trainctl.plan.placement import Layout
+
+    domain = Layout.from_spec(spec).nvlink_domain
+    allow = spec.parallel.allow_tp_across_nodes
+
+    def skip(reason: str, n: int = 1) -> None:
+        skipped[reason] = skipped.get(reason, 0) + n
+
+    out: list[Candidate] = []
+    for tp in divisors(world):
+        if m.heads % tp or kv % tp:
+            skip("tp does not divide heads and kv_heads")
+            continue
+        if not allow and tp_link(tp, world, domain) != "nvlink":
+            skip("tp larger than the NVLink domain (parallel.allow_tp_across_nodes is off)")
+            continue
+        sp = tp > 1 and m.seq_len % tp == 0
+        for pp in divisors(world // tp):
+            if pp > m.layers:
+                skip("pp above the number of layers")
+                continue
+            dp = world // (tp * pp)
+            if gb % dp:
+                skip("global_batch not divisible by dp")
+                continue
+            for mb in divisors(gb // dp):
+                n_micro = gb // (mb * dp)
+                if pp > 1 and n_micro < pp:
+                    skip("fewer micro-batches than pp")
+                    continue
+                schedules = [("1f1b", 1)]
+                if pp > 1 and n_micro % pp == 0:
+                    schedules += [("interleaved", v) for v in range(2, m.layers // pp + 1)]
+                elif pp > 1:
+                    skip("interleaved: micro-batches not divisible by pp")
+                for sched, v in schedules:
+                    for rec in RECOMPUTE:
+                        for zero in (0, 1, 2, 3):
+                            out.append(Candidate(tp, pp, dp, zero, mb, rec, sp, sched, v, None))
+    return out
+
+
+def _spec_for(spec: RunSpec, c: Candidate, base: dict[str, Any]) -> RunSpec:
+    data = dict(base)
+    data["parallel"] = {
+        **base["parallel"], "tp": c.tp, "pp": c.pp, "dp": c.dp, "zero": c.zero, "micro_batch": c.micro_batch,
+        "sequence_parallel": c.sequence_parallel, "schedule": c.schedule, "virtual_stages": c.virtual_stages,
+        "stage_layers": None,
+    }
+    data["train"] = {**base["train"], "recompute": c.recompute}
+    return validate_spec(data, f"{spec.name} (--auto)")
+
+
+def _oom_reason(e: Estimate) -> str:
+    w = e.worst
+    gb = 1e9
+    return (f"needs {w.total / gb:.1f} GB > {(e.capacity or 0) / gb:.1f} GB on pipeline rank {w.pp_rank} "
+            f"(weights {w.weights / gb:.1f}, grads {w.gradients / gb:.1f}, optimizer {w.optimizer / gb:.1f}, "
+            f"activations {w.activations / gb:.1f}, transient {w.transient / gb:.1f})")
+
+
+def _distinct(ranked: list[tuple[float, float, Candidate]], n: int) -> list[tuple[float, float, Candidate]]:
+    """The best of each (tp, pp, micro_batch, recompute, schedule): near-duplicates that differ only in
+    ZeRO stage or number of chunks would otherwise fill the list with one lesson."""
+    seen, out = set(), []
+    for s in ranked:
+        c = s[2]
+        key = (c.tp, c.pp, c.micro_batch, c.recompute, c.schedule)
+        if key not in seen:
+            seen.add(key)
+            out.append(s)
+            if len(out) >= n:
+                break
+    return out
+
+
+def search(spec: RunSpec, top: int = 10, rejected: int = 5) -> AutoResult:
+    t0 = time.perf_counter()
+    ctx = context_from_spec(spec)
+    peak_known = ctx.hw.peak_flops is not None
+    if not peak_known:
+        ctx = replace(ctx, hw=replace(ctx.hw, peak_flops=NOMINAL_PEAK))
+    ev = Evaluator(ctx)
+    skipped: dict[str, int] = {}
+    cands = enumerate_candidates(spec, skipped)
+
+    fitting: list[Scored] = []
+    oom: list[Scored] = []
+    denom = ctx.world * (ctx.hw.peak_flops or NOMINAL_PEAK)
+    capacity = ctx.hw.memory_bytes
+    model_flops = ev.model_flops_per_token * ev.tokens_per_step
+    for c in cands:  # the hot loop: plain floats, no Estimate objects
+        step, mem = ev.score(c)
+        mfu = model_flops / (step * denom) if step else 0.0
+        (fitting if capacity is None or mem <= capacity else oom).append((-round(mfu, 12), mem, c))
+    fitting.sort(key=lambda x: x[:2])
+    oom.sort(key=lambda x: x[:2])
+
+    def scored(row: tuple[float, float, Candidate]) -> Scored:
+        return Scored(ev.evaluate(row[2], detail=False), -row[0])
+
+    base = spec.model_dump(mode="python", by_alias=True)
+    winners: list[tuple[Scored, RunSpec, list[str]]] = []
+    invalid: list[tuple[Candidate, str]] = []
+    for row in fitting:
+        if len(winners) >= top:
+            break
+        s = scored(row)
+        try:
+            run = _spec_for(spec, s.cand, base)
+        except SpecError as err:  # the enumeration and the rules disagree: never show such a layout
+            invalid.append((s.cand, err.message))
+            continue
+        codes = [w.code for w in advise(ev, s.est) if w.code not in ("PEAK_UNKNOWN",)]
+        winners.append((s, run, codes))
+
+    a = ctx.assume
+    return AutoResult(
+        name=spec.name, world=ctx.world, evaluated=len(cands), fitting=len(fitting), top=winners,
+        rejected=[(s, _oom_reason(s.est)) for s in map(scored, _distinct(oom, rejected))],
+        skipped=skipped, invalid=invalid,
+        peak_known=peak_known, elapsed_s=time.perf_counter() - t0,
+        assumptions={"compute_efficiency": a.compute_efficiency, "comm_efficiency": a.comm_efficiency,
+                     "dp_overlap": a.dp_overlap, "tp_overlap": a.tp_overlap},
+    )

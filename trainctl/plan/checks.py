@@ -1,0 +1,116 @@
+"""Warnings a senior engineer would give about a layout: short strings with a code and a level.
+
+Levels: "info" (worth knowing), "warning" (probably costs throughput), "severe" (costs a lot), "error"
+(the job cannot run as planned: it does not fit in memory, or the estimate is broken).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from trainctl.plan.comm import INTER_NODE
+from trainctl.plan.estimate import Estimate, Evaluator
+
+LEVELS = ("info", "warning", "severe", "error")
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class PlanWarning:
+    code: str
+    level: str
+    message: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"code": self.code, "level": self.level, "message": self.message}
+
+
+def _gb(x: float) -> str:
+    return f"{x / GB:.1f} GB"
+
+
+def advise(ev: Evaluator, est: Estimate) -> list[PlanWarning]:  # noqa: C901 - a flat list of independent checks
+    c, ctx, out = est.cand, ev.ctx, []
+    add = lambda code, level, msg: out.append(PlanWarning(code, level, msg))  # noqa: E731
+    pp, m, step = c.pp, est.micro_batches, est.step_time
+
+    # memory
+    if not est.fits:
+        add("OOM", "error",
+            f"does not fit: pipeline rank {est.worst.pp_rank} needs {_gb(est.worst.total)} > {_gb(est.capacity or 0)} "
+            "per GPU; raise parallel.zero, use train.recompute selective/full, a smaller micro_batch, or more tp/pp")
+    elif est.headroom_fraction is not None and est.headroom_fraction < 0.10:
+        add("LOW_HEADROOM", "warning",
+            f"only {est.headroom_fraction:.0%} memory headroom ({_gb(est.headroom or 0)}); the CUDA context, NCCL "
+            "buffers and fragmentation typically take a few GB")
+
+    # tensor parallelism
+    if c.tp > 1 and est.comm_link["tp"] == INTER_NODE:
+        add("TP_ACROSS_NVLINK", "severe",
+            f"TP groups of {c.tp} leave the NVLink domain of {ctx.hw.nvlink_domain} GPUs: every layer's "
+            "all-reduces cross the inter-node fabric; keep tp within the domain and add pp instead")
+    if c.sequence_parallel and c.tp == 1:
+        add("SP_NO_EFFECT", "info", "sequence_parallel has no effect with tp=1")
+    if c.tp > 1 and not c.sequence_parallel:
+        add("SP_OFF", "info",
+            f"sequence_parallel would divide the norm/dropout activations by tp={c.tp} at the same TP "
+            "communication volume")
+
+    # pipeline
+    if pp > 1:
+        if est.bubble_fraction > 0.20:
+            add("BUBBLE", "severe", f"pipeline bubble is {est.bubble_fraction:.1%} of the pipelined time "
+                "(raise global_batch, lower micro_batch, or use the interleaved schedule)")
+        elif est.bubble_fraction > 0.10:
+            add("BUBBLE", "warning", f"pipeline bubble is {est.bubble_fraction:.1%} of the pipelined time")
+        if m < 4 * pp:
+            add("FEW_MICROBATCHES", "warning",
+                f"{m} micro-batches per replica for pp={pp}; below 4*pp the bubble and the warm-up dominate")
+        if est.stage_imbalance > 0.10:
+            add("UNBALANCED_STAGES", "warning",
+                f"the busiest pipeline rank does {est.stage_imbalance:.0%} more FLOPs than the mean (embedding "
+                f"and LM head included; layers per stage {list(est.stage_layers)}); the pipeline runs at its pace")
+        if c.schedule == "gpipe":
+            add("GPIPE_MEMORY", "info",
+                f"gpipe keeps all {m} micro-batches' activations; 1f1b has the same bubble with at most pp in flight")
+        if c.schedule == "interleaved" and m == pp:
+            add("INTERLEAVED_ALL_WARMUP", "info",
+                "with micro-batches = pp the interleaved schedule runs every forward before the first backward "
+                "(Megatron's all-warm-up case): every rank holds all m micro-batches of all its chunks")
+
+    # data parallelism / ZeRO
+    if step and est.dp_exposed_time is not None and est.dp_exposed_time > 0.20 * step:
+        add("DP_EXPOSED", "warning",
+            f"data-parallel communication not hidden by compute is {est.dp_exposed_time / step:.0%} of the step")
+    if c.zero >= 3 and pp > 1:
+        add("ZERO3_WITH_PP", "warning",
+            f"ZeRO-3 with pp={pp} gathers the weights for each of the {m} micro-batches: "
+            f"{_gb(est.comm_bytes['dp'])} of DP traffic per GPU per step; prefer ZeRO-1 with pipelining")
+    elif c.zero == 2 and m > 1 and c.dp > 1:
+        add("ZERO2_ACCUMULATION", "info",
+            f"ZeRO-2 keeps only a gradient shard, so it reduce-scatters every one of the {m} micro-batches; "
+            "ZeRO-1 communicates once per step")
+    if c.zero == 0 and c.dp > 1:
+        saved = est.worst.optimizer * (1 - 1 / c.dp)
+        add("ZERO0", "info",
+            f"ZeRO-1 would save {_gb(saved)} of optimizer state per GPU at the same communication volume")
+
+    # recompute
+    if c.recompute != "none" and est.fits:
+        lighter = ["none"] if c.recompute == "selective" else ["none", "selective"]
+        for option in lighter:
+            alt = ev.evaluate(replace(c, recompute=option))
+            if alt.headroom_fraction is not None and alt.headroom_fraction >= 0.10:
+                add("RECOMPUTE_UNNEEDED", "info",
+                    f"recompute={option} also fits ({_gb(alt.memory_total)} per GPU) and recomputes less")
+                break
+
+    # the estimate itself
+    if ctx.hw.peak_flops is None:
+        add("PEAK_UNKNOWN", "info",
+            f"{ctx.hw.gpu}: the peak FLOP/s is measured at run time, so step time and MFU are unknown here "
+            "(set cluster.peak_tflops to estimate them)")
+    mfu = est.mfu(ctx.world, ctx.hw.peak_flops)
+    if mfu is not None and mfu > 1:
+        add("MFU_OVER_100", "error", f"predicted MFU {mfu:.0%} > 100%: this is a bug in the planner")
+    return out

@@ -1,0 +1,70 @@
+"""Communication volumes: bytes each GPU sends per collective, and which link class carries them.
+
+Ring algorithms (Patarasuk & Yuan 2009; NCCL's ring): with n ranks and a tensor of M bytes, an
+all-reduce sends 2*(n-1)/n*M per rank, a reduce-scatter or an all-gather (n-1)/n*M. Megatron's
+sequence parallelism replaces each TP all-reduce by a reduce-scatter + all-gather pair: same volume.
+
+Link classes: a collective runs at the pace of its slowest link, so a group is "nvlink" only if every
+group of its kind lies inside one NVLink domain, otherwise "inter_node" (the per-GPU NIC bandwidth).
+The closed forms below follow from the Megatron rank order of `trainctl.plan.placement` (tp fastest,
+then dp, then pp); tests check them against the explicit groups.
+"""
+
+from __future__ import annotations
+
+from trainctl.hardware.topology import aligned_groups_fit
+
+NVLINK = "nvlink"
+INTER_NODE = "inter_node"
+
+
+def all_reduce_bytes(message: float, n: int) -> float:
+    return 2 * (n - 1) / n * message if n > 1 else 0.0
+
+
+def gather_bytes(message: float, n: int) -> float:
+    """Reduce-scatter or all-gather of a tensor of `message` bytes (whole, before sharding)."""
+    return (n - 1) / n * message if n > 1 else 0.0
+
+
+def tp_link(tp: int, world: int, domain: int) -> str:
+    """TP groups are aligned runs of tp consecutive ranks."""
+    return NVLINK if aligned_groups_fit(tp, world, domain) else INTER_NODE
+
+
+def dp_link(tp: int, dp: int, world: int, domain: int) -> str:
+    """A DP group strides by tp inside an aligned block of tp*dp ranks; every group stays in one domain
+    exactly when those blocks do (or the groups are single ranks)."""
+    if dp == 1:
+        return NVLINK
+    return NVLINK if aligned_groups_fit(tp * dp, world, domain) else INTER_NODE
+
+
+def pp_link(pp: int, world: int, domain: int) -> str:
+    """Neighbouring stages are tp*dp ranks apart; some neighbour pair crosses a domain boundary unless
+    the whole job is one domain (for pp > 1)."""
+    if pp == 1:
+        return NVLINK
+    return NVLINK if world <= domain else INTER_NODE
+
+
+def dp_step_bytes(params: float, zero: int, dp: int, micro_batches: int, precision: str = "bf16") -> float:
+    """Bytes one GPU sends per optimizer step for data parallelism over `params` local parameters.
+
+    ZeRO paper (Rajbhandari et al. 2020, Sec. 7): stage 0 all-reduces the gradients (2*Psi per rank);
+    stages 1 and 2 reduce-scatter the gradients and all-gather the updated weights (same 2*Psi);
+    stage 3 all-gathers the weights again in backward (3*Psi, 1.5x). Those figures are for one
+    micro-batch per step. With gradient accumulation over m micro-batches stage 1 still communicates
+    once per step (each rank accumulates its full gradient), but stage 2 holds only a gradient shard,
+    so it must reduce-scatter every micro-batch, and stage 3 gathers the weights for every micro-batch's
+    forward and backward (DeepSpeed and FSDP do exactly this).
+    """
+    w_bytes = 4 if precision == "fp32" else 2
+    grads, weights = params * w_bytes, params * w_bytes
+    if zero == 0:
+        return all_reduce_bytes(grads, dp)
+    if zero == 1:
+        return gather_bytes(grads, dp) + gather_bytes(weights, dp)
+    if zero == 2:
+        return micro_batches * gather_bytes(grads, dp) + gather_bytes(weights, dp)
+    return micro_batches * (gather_bytes(grads, dp) + 2 * gather_bytes(weights, dp))

@@ -1,0 +1,444 @@
+"""The planner's core: evaluate one layout of a model on a cluster with plain arithmetic.
+
+`build_plan` (one spec) and `--auto` (thousands of layouts) both call `Evaluator.evaluate`, so the
+ranking `--auto` prints is the plan `trainctl plan` prints. Nothing here builds pydantic models.
+
+The roofline (all times per optimizer step, on the slowest pipeline rank):
+  compute   = hardware FLOPs of the rank's micro-batch / (peak * compute_efficiency)
+  tp        = TP collective bytes / (TP link GB/s * comm_efficiency) * (1 - tp_overlap)
+  p2p       = activation/gradient sends per micro-batch / (PP link GB/s * comm_efficiency), on the
+              critical path (not overlapped)
+  slot      = max over pipeline ranks of (compute + tp) + p2p        [one micro-batch on one rank]
+  pipeline  = slot * (m + (p-1)/v)                                  [m slots of work + the bubble]
+  dp        = DP bytes / (DP link GB/s * comm_efficiency); hidden = min(dp_overlap * dp, window),
+              window = one slot for the once-per-step traffic of ZeRO 0/1 (Megatron overlaps the
+              gradient reduce with the last micro-batch's backward and the weight all-gather with the
+              next step's first forward), all m slots for ZeRO 2/3's per-micro-batch traffic
+  embedding = tied-embedding gradient all-reduce between the first and last stage (pp > 1), exposed
+  step      = pipeline + (dp - hidden) + embedding
+Not modelled: the optimizer update itself, kernel launch and Python overheads, data loading,
+hierarchical (NVLS/tree) collectives, network congestion. MFU = model FLOPs / (step * GPUs * peak).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from trainctl.plan import comm, memory, model, schedule
+from trainctl.plan.comm import INTER_NODE, NVLINK
+from trainctl.plan.model import ModelShape
+from trainctl.plan.pipeline import balanced_split
+
+
+@dataclass(frozen=True)
+class Hardware:
+    gpu: str
+    peak_flops: float | None  # dense FLOP/s per GPU at the run's precision; None = unknown (CPU)
+    memory_bytes: float | None  # None = unknown (CPU): no fit check
+    nvlink_domain: int  # GPUs per NVLink domain
+    gpus_per_node: int
+    nvlink_bw: float  # bytes/s per GPU, one direction, inside the domain
+    inter_node_bw: float  # bytes/s per GPU, one direction, across nodes
+    link: str = "nvlink"  # what carries intra-domain traffic (nvlink, pcie, xgmi)
+    fabric: str = ""
+
+
+@dataclass(frozen=True)
+class Assumptions:
+    compute_efficiency: float = 0.6
+    comm_efficiency: float = 0.7
+    dp_overlap: float = 0.8
+    tp_overlap: float = 0.0
+
+
+@dataclass(frozen=True)
+class Context:
+    """What stays fixed while the layout varies: model, batch, precision, hardware, assumptions."""
+
+    shape: ModelShape
+    global_batch: int
+    precision: str
+    world: int
+    hw: Hardware
+    assume: Assumptions
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One layout: the light stand-in for RunSpec.parallel + train.recompute."""
+
+    tp: int
+    pp: int
+    dp: int
+    zero: int = 0
+    micro_batch: int = 1
+    recompute: str = "none"
+    sequence_parallel: bool = False
+    schedule: str = "1f1b"
+    virtual_stages: int = 1
+    stage_layers: tuple[int, ...] | None = None  # None = default balanced split
+
+    def describe(self) -> str:
+        sched = f"{self.schedule} v={self.virtual_stages}" if self.schedule == "interleaved" else self.schedule
+        return (f"tp={self.tp} pp={self.pp} dp={self.dp} zero={self.zero} mb={self.micro_batch} "
+                f"{'sp ' if self.sequence_parallel else ''}{sched} recompute={self.recompute}")
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    pp_rank: int
+    params: float
+    weights: float
+    gradients: float
+    optimizer: float
+    activations: float
+    transient: float
+
+    @property
+    def model_states(self) -> float:
+        return self.weights + self.gradients + self.optimizer
+
+    @property
+    def total(self) -> float:
+        return self.model_states + self.activations + self.transient
+
+
+@dataclass(frozen=True)
+class Estimate:
+    cand: Candidate
+    micro_batches: int
+    stage_layers: tuple[int, ...]
+    # FLOPs per optimizer step (whole job)
+    model_flops: float
+    hardware_flops: float
+    hardware_flops_per_gpu_max: float  # on the busiest pipeline rank
+    stage_imbalance: float  # slowest pipeline rank's FLOPs / mean - 1
+    rank_flops_per_token: tuple[float, ...]  # hardware FLOPs per token of a micro-batch, per pp rank
+    # memory
+    ranks: tuple[RankMemory, ...]
+    worst: RankMemory
+    capacity: float | None
+    # communication bytes per step per GPU (busiest rank of each kind) and their link class
+    comm_bytes: dict[str, float]
+    comm_link: dict[str, str]
+    comm_time: dict[str, float]
+    # pipeline
+    bubble_fraction: float
+    bubble_over_ideal: float
+    # times (None when the peak is unknown)
+    compute_time: float | None
+    tp_exposed_time: float
+    p2p_time: float
+    bubble_time: float | None
+    dp_time: float
+    dp_exposed_time: float | None
+    embedding_sync_time: float
+    step_time: float | None
+    extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def memory_total(self) -> float:
+        return self.worst.total
+
+    @property
+    def fits(self) -> bool:
+        return self.capacity is None or self.worst.total <= self.capacity
+
+    @property
+    def headroom(self) -> float | None:
+        return None if self.capacity is None else self.capacity - self.worst.total
+
+    @property
+    def headroom_fraction(self) -> float | None:
+        return None if self.capacity is None else (self.capacity - self.worst.total) / self.capacity
+
+    def per_link(self) -> dict[str, float]:
+        out = {NVLINK: 0.0, INTER_NODE: 0.0}
+        for kind, b in self.comm_bytes.items():
+            out[self.comm_link[kind]] += b
+        return out
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return None if not self.step_time else self.extra["tokens_per_step"] / self.step_time
+
+    def mfu(self, world: int, peak: float | None) -> float | None:
+        if not self.step_time or not peak:
+            return None
+        return self.model_flops / (self.step_time * world * peak)
+
+
+@dataclass(frozen=True)
+class _Profile:
+    """Where the layers and the model's ends sit, per pipeline rank (independent of tp and batch)."""
+
+    layers: tuple[tuple[int, ...], ...]  # [rank][chunk] -> transformer layers
+    rank_layers: tuple[int, ...]  # [rank] -> transformer layers over all its chunks
+    has_first: tuple[bool, ...]  # rank holds the embedding
+    has_last: tuple[bool, ...]  # rank holds the LM head
+    sends: tuple[int, ...]  # p2p sends per micro-batch (forward activations + backward gradients)
+
+
+@dataclass(frozen=True)
+class _Load:
+    """Per-rank compute for one (tp, pp, v, split, recompute): what decides the pipeline's pace."""
+
+    flops: tuple[float, ...]  # hardware FLOPs per token of a micro-batch, per pipeline rank
+    collectives: tuple[int, ...]  # TP all-reduce equivalents per micro-batch, per pipeline rank
+    slow: int  # the rank with the longest slot (compute + exposed TP), the same for every micro_batch
+    imbalance: float
+
+
+@dataclass(frozen=True)
+class _Base:
+    """The part of an evaluation that does not depend on the ZeRO stage."""
+
+    n_micro: int
+    layers: tuple[int, ...]
+    prof: _Profile
+    params: tuple[float, ...]
+    max_params: float
+    load: _Load
+    vp: int
+    acts: tuple[float, ...]  # activation bytes per pipeline rank
+    transient: tuple[float, ...]  # recompute working set per pipeline rank (ZeRO-3 buffers come on top)
+    links: dict[str, str]
+    bw: dict[str, float]
+    tp_bytes: float
+    pp_bytes: float
+    emb_bytes: float
+    tp_exposed: float
+    p2p: float
+    bubble_slots: float
+    slot: float | None
+    compute_mb: float | None
+    emb_time: float
+    layer_params_gpu: float  # one layer's parameters on one TP rank (ZeRO-3 gathers two at a time)
+
+
+class Evaluator:
+    """Evaluates candidates for one Context; caches the parts shared between layouts.
+
+    The caches are keyed by the few integers each part depends on, so `--auto` pays per candidate only
+    for the per-rank memory sum; the figures are the same as an uncached evaluation's."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        m = ctx.shape
+        self.model_flops_per_token = model.model_flops_per_token_of(m)
+        self.tokens_per_step = ctx.global_batch * m.seq
+        self.act_bytes = memory.activation_bytes(ctx.precision)
+        self.w_bytes = memory.STATE_BYTES[ctx.precision][0]
+        self._default_split = lru_cache(maxsize=None)(self._split)
+        self._profile = lru_cache(maxsize=None)(self._make_profile)
+        self._rank_params = lru_cache(maxsize=None)(self._make_rank_params)
+        self._units = lru_cache(maxsize=None)(self._make_units)
+        self._load = lru_cache(maxsize=None)(self._make_load)
+        self._base_cache: dict[tuple, _Base] = {}
+        self._layer_flops = {r: model.layer_flops_per_token(m, r) for r in ("none", "selective", "full")}
+
+    # --- shared pieces ------------------------------------------------------------------------------
+
+    def _split(self, stages: int) -> tuple[int, ...]:
+        # Same split as pipeline.stage_layers(spec), which the trainer uses: the embedding / LM head cost
+        # V*h / (one layer's matmul weights) extra layers on the first / last stage.
+        m = self.ctx.shape
+        cost = m.vocab * m.hidden / model.layer_matmul_params(m)
+        return tuple(balanced_split(self.ctx.shape.layers, stages, cost, cost))
+
+    def stage_layers(self, c: Candidate) -> tuple[int, ...]:
+        if c.stage_layers is not None:
+            return c.stage_layers
+        return self._default_split(c.pp * c.virtual_stages)
+
+    def _make_profile(self, pp: int, v: int, layers: tuple[int, ...]) -> _Profile:
+        n_stages = pp * v
+        per_rank, has_first, has_last, sends = [], [], [], []
+        for r in range(pp):
+            stages = [c * pp + r for c in range(v)]
+            per_rank.append(tuple(layers[g] for g in stages))
+            has_first.append(0 in stages)
+            has_last.append(n_stages - 1 in stages)
+            sends.append(sum((g < n_stages - 1) + (g > 0) for g in stages))
+        return _Profile(tuple(per_rank), tuple(sum(x) for x in per_rank), tuple(has_first), tuple(has_last),
+                        tuple(sends))
+
+    def _make_rank_params(self, tp: int, pp: int, v: int, layers: tuple[int, ...]) -> tuple[float, ...]:
+        prof = self._profile(pp, v, layers)
+        m, vp = self.ctx.shape, self.padded_vocab(tp)
+        n_stages = pp * v
+        out = []
+        for r in range(pp):
+            total = 0.0
+            for c, n in enumerate(prof.layers[r]):
+                g = c * pp + r
+                total += model.stage_params_per_gpu(m, tp, vp, n, g == 0, g == n_stages - 1)
+            out.append(total)
+        return tuple(out)
+
+    def _make_units(self, schedule_: str, pp: int, v: int, n_micro: int,
+                    layers: tuple[int, ...]) -> tuple[tuple[int, ...], int, int]:
+        """(layer-micro-batches of activations per rank, embedding's and LM head's micro-batches in flight)."""
+        prof = self._profile(pp, v, layers)
+        units, first, last = [], 0, 0
+        for r in range(pp):
+            flight = schedule.in_flight(schedule_, pp, v, n_micro, r, prof.layers[r])
+            units.append(sum(f * n for f, n in zip(flight, prof.layers[r], strict=True)))
+            if prof.has_first[r]:
+                first = flight[0]
+            if prof.has_last[r]:
+                last = flight[-1]
+        return tuple(units), first, last
+
+    def _make_load(self, tp: int, pp: int, v: int, layers: tuple[int, ...], recompute: str) -> _Load:
+        prof = self._profile(pp, v, layers)
+        m, hw, a = self.ctx.shape, self.ctx.hw, self.ctx.assume
+        layer_flops = self._layer_flops[recompute]
+        head_flops = model.head_flops_per_token(m, self.padded_vocab(tp))
+        flops = tuple((prof.rank_layers[r] * layer_flops + (head_flops if prof.has_last[r] else 0.0)) / tp
+                      for r in range(pp))
+        per_layer = 6 if recompute == "full" else 4  # TP all-reduce equivalents per layer (fwd, bwd, recompute)
+        counts = tuple(prof.rank_layers[r] * per_layer + prof.has_first[r] + prof.has_last[r] if tp > 1 else 0
+                       for r in range(pp))
+        # Both terms of a slot scale with the micro-batch, so the slowest rank does not depend on it.
+        link = comm.tp_link(tp, self.ctx.world, hw.nvlink_domain)
+        bw = (hw.nvlink_bw if link == NVLINK else hw.inter_node_bw) * a.comm_efficiency
+        rate = (hw.peak_flops or 1.0) * a.compute_efficiency
+        tp_cost = comm.all_reduce_bytes(m.hidden * self.act_bytes, tp) * (1 - a.tp_overlap) / bw
+        slots = [flops[r] / rate + counts[r] * tp_cost for r in range(pp)]
+        mean = sum(flops) / pp
+        return _Load(flops, counts, max(range(pp), key=slots.__getitem__),
+                     max(flops) / mean - 1 if mean > 0 else 0.0)
+
+    def padded_vocab(self, tp: int) -> int:
+        """As RunSpec.padded_vocab: the vocabulary rounded up to a multiple of tp."""
+        v = self.ctx.shape.vocab
+        return tp * ((v + tp - 1) // tp)
+
+    # --- the evaluation -----------------------------------------------------------------------------
+    # Split in two so `--auto` shares the first part between the ZeRO stages: _base holds everything that
+    # does not depend on the ZeRO stage, _with_zero the rest. evaluate() and score() both use them.
+
+    def _base(self, c: Candidate) -> _Base:
+        key = (c.tp, c.pp, c.dp, c.virtual_stages, c.micro_batch, c.recompute, c.sequence_parallel and c.tp > 1,
+               c.schedule, c.stage_layers)
+        hit = self._base_cache.get(key)
+        if hit is None:
+            if len(self._base_cache) > 4096:
+                self._base_cache.clear()
+            hit = self._base_cache[key] = self._make_base(c)
+        return hit
+
+    def _make_base(self, c: Candidate) -> _Base:
+        ctx, m, hw, a = self.ctx, self.ctx.shape, self.ctx.hw, self.ctx.assume
+        tp, pp, dp, v, mb = c.tp, c.pp, c.dp, c.virtual_stages, c.micro_batch
+        sp = c.sequence_parallel and tp > 1
+        n_micro = ctx.global_batch // (mb * dp)
+        layers = self.stage_layers(c)
+        prof = self._profile(pp, v, layers)
+        params = self._rank_params(tp, pp, v, layers)
+        load = self._load(tp, pp, v, layers, c.recompute)
+        vp = self.padded_vocab(tp)
+        world = ctx.world
+        tokens_mb = mb * m.seq
+
+        # memory that does not depend on ZeRO: activations in flight + the recompute working set
+        per_layer = memory.layer_activation_bytes(m, mb, tp, sp, c.recompute, self.act_bytes)
+        emb_act = memory.embedding_activation_bytes(m, mb, tp, sp)
+        head_act = memory.head_activation_bytes(m, mb, tp, sp, vp, self.act_bytes)
+        working = (memory.layer_activation_bytes(m, mb, tp, sp, "none", self.act_bytes)
+                   if c.recompute == "full" else 0.0)  # the layer being recomputed, all its tensors
+        units, first_flight, last_flight = self._units(c.schedule, pp, v, n_micro, layers)
+        acts = [u * per_layer for u in units]
+        acts[prof.has_first.index(True)] += first_flight * emb_act
+        acts[prof.has_last.index(True)] += last_flight * head_act
+        transient = tuple(working if n else 0.0 for n in prof.rank_layers)
+
+        # communication that does not depend on ZeRO
+        domain = hw.nvlink_domain
+        pp_link = comm.pp_link(pp, world, domain)
+        links = {"tp": comm.tp_link(tp, world, domain), "pp": pp_link,
+                 "dp": comm.dp_link(tp, dp, world, domain), "embedding": pp_link}
+        bw = {NVLINK: hw.nvlink_bw * a.comm_efficiency, INTER_NODE: hw.inter_node_bw * a.comm_efficiency}
+        tp_msg = tokens_mb * m.hidden * self.act_bytes
+        tp_ar = comm.all_reduce_bytes(tp_msg, tp)
+        pp_msg = tp_msg / (tp if sp else 1)  # with SP each TP rank sends its sequence shard
+        p2p_mb_bytes = max(prof.sends) * pp_msg if pp > 1 else 0.0
+        emb_bytes = vp * m.hidden / tp * self.w_bytes if (m.tied and pp > 1) else 0.0
+
+        # times of the roofline (module docstring) that do not depend on ZeRO
+        tp_scale = (1 - a.tp_overlap) / bw[links["tp"]]
+        tp_mb_slow = load.collectives[load.slow] * tp_ar
+        p2p = p2p_mb_bytes / bw[pp_link]
+        bubble_slots = (pp - 1) / v if pp > 1 else 0.0
+        slot = compute_mb = None
+        if hw.peak_flops:
+            compute_mb = load.flops[load.slow] * tokens_mb / (hw.peak_flops * a.compute_efficiency)
+            slot = compute_mb + tp_mb_slow * tp_scale + p2p
+        return _Base(
+            n_micro=n_micro, layers=layers, prof=prof, params=params, max_params=max(params), load=load, vp=vp,
+            acts=tuple(acts), transient=transient, links=links, bw=bw,
+            tp_bytes=n_micro * max(load.collectives) * tp_ar, pp_bytes=n_micro * p2p_mb_bytes, emb_bytes=emb_bytes,
+            tp_exposed=n_micro * tp_mb_slow * tp_scale, p2p=p2p, bubble_slots=bubble_slots, slot=slot,
+            compute_mb=compute_mb, emb_time=emb_bytes / bw[pp_link],
+            layer_params_gpu=model.layer_params_per_gpu(m, tp),
+        )
+
+    def _with_zero(self, b: _Base, zero: int, dp: int) -> tuple[float, float, float, float, int, float, float | None,
+                                                                 float | None]:
+        """(weights, grads, optimizer bytes per parameter, ZeRO-3 gather buffer, worst pp rank, DP bytes,
+        exposed DP seconds, step seconds)."""
+        ctx, a = self.ctx, self.ctx.assume
+        w_b, g_b, o_b = memory.model_state_bytes(1.0, zero, dp, ctx.precision)
+        per_param = w_b + g_b + o_b
+        gather = 2 * b.layer_params_gpu * self.w_bytes if zero >= 3 else 0.0  # ZeRO-3 prefetch buffers
+        totals = [p * per_param + x + t for p, x, t in zip(b.params, b.acts, b.transient, strict=True)]
+        worst = max(range(len(totals)), key=totals.__getitem__)
+        dp_bytes = comm.dp_step_bytes(b.max_params, zero, dp, b.n_micro, ctx.precision)
+        t_dp = dp_bytes / b.bw[b.links["dp"]]
+        if b.slot is None:
+            return w_b, g_b, o_b, gather, worst, dp_bytes, None, None
+        window = b.slot if zero <= 1 else b.n_micro * b.slot
+        dp_exposed = t_dp - min(a.dp_overlap * t_dp, window)
+        step = b.slot * (b.n_micro + b.bubble_slots) + dp_exposed + b.emb_time
+        return w_b, g_b, o_b, gather, worst, dp_bytes, dp_exposed, step
+
+    def score(self, c: Candidate) -> tuple[float | None, float]:
+        """(predicted step seconds, worst pipeline rank's bytes per GPU): what `--auto` ranks by; the same
+        numbers as evaluate(c).step_time and evaluate(c).memory_total."""
+        b = self._base(c)
+        w_b, g_b, o_b, gather, worst, _, _, step = self._with_zero(b, c.zero, c.dp)
+        total = b.params[worst] * (w_b + g_b + o_b) + b.acts[worst] + b.transient[worst] + gather
+        return step, total
+
+    def evaluate(self, c: Candidate, detail: bool = True) -> Estimate:
+        """All figures of one layout. detail=False skips the per-rank memory table."""
+        ctx, m = self.ctx, self.ctx.shape
+        b = self._base(c)
+        w_b, g_b, o_b, gather, worst_r, dp_bytes, dp_exposed, step = self._with_zero(b, c.zero, c.dp)
+
+        def rank_memory(r: int) -> RankMemory:
+            p = b.params[r]
+            return RankMemory(r, p, p * w_b, p * g_b, p * o_b, b.acts[r], b.transient[r] + gather)
+
+        ranks = tuple(rank_memory(r) for r in range(c.pp)) if detail else ()
+        comm_bytes = {"tp": b.tp_bytes, "pp": b.pp_bytes, "dp": dp_bytes, "embedding": b.emb_bytes}
+        comm_time = {k: comm_bytes[k] / b.bw[b.links[k]] for k in comm_bytes}
+        return Estimate(
+            cand=c, micro_batches=b.n_micro, stage_layers=b.layers,
+            model_flops=self.model_flops_per_token * self.tokens_per_step,
+            hardware_flops=(m.layers * self._layer_flops[c.recompute]
+                            + model.head_flops_per_token(m, b.vp)) * self.tokens_per_step,
+            hardware_flops_per_gpu_max=max(b.load.flops) * self.tokens_per_step / c.dp,
+            stage_imbalance=b.load.imbalance, rank_flops_per_token=b.load.flops,
+            ranks=ranks, worst=ranks[worst_r] if detail else rank_memory(worst_r), capacity=ctx.hw.memory_bytes,
+            comm_bytes=comm_bytes, comm_link=b.links, comm_time=comm_time,
+            bubble_fraction=schedule.bubble_fraction(c.pp, b.n_micro, c.virtual_stages),
+            bubble_over_ideal=schedule.bubble_over_ideal(c.pp, b.n_micro, c.virtual_stages),
+            compute_time=None if b.compute_mb is None else b.n_micro * b.compute_mb,
+            tp_exposed_time=b.tp_exposed, p2p_time=b.n_micro * b.p2p,
+            bubble_time=None if b.slot is None else b.slot * b.bubble_slots,
+            dp_time=comm_time["dp"], dp_exposed_time=dp_exposed, embedding_sync_time=b.emb_time, step_time=step,
+            extra={"tokens_per_step": float(self.tokens_per_step)},
+        )

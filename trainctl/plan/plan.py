@@ -1,0 +1,198 @@
+"""`build_plan(spec) -> Plan`: every figure `trainctl plan` prints, and its JSON form.
+
+The JSON carries plain units only: counts, bytes, FLOPs, seconds, bytes/s, FLOP/s, fractions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from trainctl.hardware.catalog import peak_tflops_for, resolve_accelerator, resolve_fabric
+from trainctl.plan import model
+from trainctl.plan.checks import PlanWarning, advise
+from trainctl.plan.estimate import Assumptions, Candidate, Context, Estimate, Evaluator, Hardware
+from trainctl.plan.model import ModelShape, ParamCounts
+from trainctl.plan.placement import Groups, Layout, placement_table
+from trainctl.plan.schedule import BUBBLE_DEFINITION
+from trainctl.spec.models import RunSpec
+
+ROOFLINE = (
+    "step = slot*(m + (p-1)/v) + exposed DP + tied-embedding sync; slot = max over pipeline ranks of "
+    "(hardware FLOPs per micro-batch / (peak*compute_efficiency) + TP bytes / (link*comm_efficiency) "
+    "* (1-tp_overlap)) + pipeline p2p per micro-batch (not overlapped); exposed DP = DP time - "
+    "min(dp_overlap*DP time, one slot for ZeRO 0/1 or all m slots for ZeRO 2/3)"
+)
+NOTES = (
+    "model FLOPs per token = 6*N + 12*L*h*s (N: every matmul weight incl. the LM head, no embedding "
+    "lookups; causal attention not halved; recompute not counted); hardware FLOPs add recompute and the "
+    "padded vocabulary",
+    "memory: mixed-precision Adam 2+2+12 bytes/param (fp32: 4+4+8) divided per ZeRO stage as in "
+    "Rajbhandari et al. 2020; activations per Korthikanti et al. 2022 Table 2 times the micro-batches in "
+    "flight on each pipeline rank; capacity is the catalog's GB (10^9 bytes) with nothing reserved",
+    "recompute none stores the s x s attention scores (no FlashAttention), selective drops them",
+    "not modelled: optimizer step time, kernel launch overheads, data loading, hierarchical collectives, "
+    "network congestion",
+)
+
+
+def context_from_spec(spec: RunSpec) -> Context:
+    c = spec.cluster
+    acc = resolve_accelerator(c)
+    fabric = resolve_fabric(c)
+    peak = peak_tflops_for(acc, spec.train.precision)
+    layout = Layout.from_spec(spec)
+    hw = Hardware(
+        gpu=c.gpu, peak_flops=peak * 1e12 if peak else None,
+        memory_bytes=acc.memory_gb * 1e9 if acc.memory_gb else None,
+        # The NVLink domain as the spec rules and the placement see it (one source of truth for the layout).
+        nvlink_domain=layout.nvlink_domain, gpus_per_node=c.gpus_per_node,
+        nvlink_bw=acc.nvlink_gbps * 1e9, inter_node_bw=fabric.gbps_per_gpu * 1e9,
+        link=getattr(acc, "link", "nvlink"), fabric=fabric.key,
+    )
+    e = spec.estimate
+    return Context(
+        shape=ModelShape.from_spec(spec.model), global_batch=spec.train.global_batch,
+        precision=spec.train.precision, world=spec.world_size, hw=hw,
+        assume=Assumptions(e.compute_efficiency, e.comm_efficiency, e.dp_overlap, e.tp_overlap),
+    )
+
+
+def candidate_from_spec(spec: RunSpec) -> Candidate:
+    p = spec.parallel
+    return Candidate(
+        tp=p.tp, pp=p.pp, dp=spec.dp, zero=p.zero, micro_batch=p.micro_batch, recompute=spec.train.recompute,
+        sequence_parallel=p.sequence_parallel, schedule=p.schedule, virtual_stages=p.virtual_stages,
+        stage_layers=tuple(p.stage_layers) if p.stage_layers is not None else None,
+    )
+
+
+@dataclass(frozen=True)
+class Plan:
+    name: str
+    ctx: Context
+    cand: Candidate
+    est: Estimate
+    params: ParamCounts
+    warnings: tuple[PlanWarning, ...]
+    layout: Layout
+
+    # --- headline figures -----------------------------------------------------------------------------
+    @property
+    def world(self) -> int:
+        return self.ctx.world
+
+    @property
+    def peak(self) -> float | None:
+        return self.ctx.hw.peak_flops
+
+    @property
+    def mfu(self) -> float | None:
+        return self.est.mfu(self.world, self.peak)
+
+    @property
+    def hfu(self) -> float | None:
+        if not self.est.step_time or not self.peak:
+            return None
+        return self.est.hardware_flops / (self.est.step_time * self.world * self.peak)
+
+    @property
+    def model_flops_per_s_per_gpu(self) -> float | None:
+        if not self.est.step_time:
+            return None
+        return self.est.model_flops / self.est.step_time / self.world
+
+    @property
+    def errors(self) -> list[PlanWarning]:
+        return [w for w in self.warnings if w.level == "error"]
+
+    @property
+    def fits(self) -> bool:
+        return self.est.fits
+
+    # --- JSON -------------------------------------------------------------------------------------------
+    def to_json(self, ranks: bool = False) -> dict[str, Any]:
+        e, c, hw, m = self.est, self.cand, self.ctx.hw, self.ctx.shape
+        w = e.worst
+        out: dict[str, Any] = {
+            "name": self.name,
+            "world_size": self.world,
+            "layout": {
+                "tp": c.tp, "pp": c.pp, "dp": c.dp, "virtual_stages": c.virtual_stages, "zero": c.zero,
+                "sequence_parallel": c.sequence_parallel, "micro_batch": c.micro_batch,
+                "micro_batches": e.micro_batches, "schedule": c.schedule, "recompute": c.recompute,
+                "precision": self.ctx.precision, "global_batch": self.ctx.global_batch,
+                "stage_layers": list(e.stage_layers), "nodes": self.layout.nodes,
+                "gpus_per_node": hw.gpus_per_node, "nvlink_domain": hw.nvlink_domain,
+                "padded_vocab": c.tp * -(-m.vocab // c.tp),
+                "tp_fits_nvlink": e.comm_link["tp"] == "nvlink",
+            },
+            "hardware": {
+                "gpu": hw.gpu, "peak_flops": hw.peak_flops, "memory_bytes": hw.memory_bytes,
+                "intra_domain_link": hw.link, "nvlink_bytes_per_s": hw.nvlink_bw,
+                "fabric": hw.fabric, "inter_node_bytes_per_s": hw.inter_node_bw,
+            },
+            "params": {
+                "total": self.params.total, "matmul": self.params.matmul,
+                "layers_matmul": self.params.layers_matmul, "embedding": self.params.embedding,
+                "position": self.params.position, "norms": self.params.norms, "biases": self.params.biases,
+                "tied_embeddings": m.tied,
+            },
+            "flops": {
+                "model_per_token": e.model_flops / (self.ctx.global_batch * m.seq),
+                "model_per_step": e.model_flops,
+                "hardware_per_step": e.hardware_flops,
+                "hardware_per_gpu_per_step_max": e.hardware_flops_per_gpu_max,
+                "tokens_per_step": self.ctx.global_batch * m.seq,
+            },
+            "memory": {
+                "worst_pp_rank": w.pp_rank,
+                "params_per_gpu": w.params,
+                "weights": w.weights, "gradients": w.gradients, "optimizer": w.optimizer,
+                "model_states": w.model_states, "activations": w.activations, "transient": w.transient,
+                "total": w.total, "capacity": e.capacity, "headroom": e.headroom,
+                "headroom_fraction": e.headroom_fraction, "fits": e.fits,
+                "per_pp_rank": [
+                    {"pp_rank": r.pp_rank, "params": r.params, "weights": r.weights, "gradients": r.gradients,
+                     "optimizer": r.optimizer, "activations": r.activations, "transient": r.transient,
+                     "total": r.total} for r in e.ranks
+                ],
+            },
+            "communication": {
+                "per_kind": {k: {"bytes": e.comm_bytes[k], "link": e.comm_link[k], "seconds": e.comm_time[k]}
+                             for k in e.comm_bytes},
+                "per_link": e.per_link(),
+                "note": "bytes sent per GPU per optimizer step, busiest GPU of each kind (ring algorithms)",
+            },
+            "pipeline": {
+                "bubble_fraction": e.bubble_fraction, "bubble_over_ideal": e.bubble_over_ideal,
+                "definition": BUBBLE_DEFINITION, "stage_layers": list(e.stage_layers),
+                "stage_imbalance": e.stage_imbalance,
+                "flops_per_token_per_pp_rank": list(e.rank_flops_per_token),
+            },
+            "prediction": {
+                "step_time_s": e.step_time, "compute_s": e.compute_time, "tp_exposed_s": e.tp_exposed_time,
+                "p2p_s": e.p2p_time, "bubble_s": e.bubble_time, "dp_s": e.dp_time,
+                "dp_exposed_s": e.dp_exposed_time, "embedding_sync_s": e.embedding_sync_time,
+                "tokens_per_s": e.tokens_per_s, "model_flops_per_s_per_gpu": self.model_flops_per_s_per_gpu,
+                "mfu": self.mfu, "hfu": self.hfu,
+            },
+            "assumptions": {**asdict(self.ctx.assume), "roofline": ROOFLINE, "notes": list(NOTES)},
+            "warnings": [x.as_dict() for x in self.warnings],
+        }
+        if ranks:
+            out["placement"] = placement_table(self.layout)
+            out["groups"] = Groups(self.layout).as_dict()
+        return out
+
+
+def build_plan(spec: RunSpec) -> Plan:
+    """Plan a validated spec (load it with trainctl.spec.load_spec: the rules have already passed)."""
+    ctx = context_from_spec(spec)
+    ev = Evaluator(ctx)
+    cand = candidate_from_spec(spec)
+    est = ev.evaluate(cand)
+    return Plan(
+        name=spec.name, ctx=ctx, cand=cand, est=est, params=model.param_counts(ctx.shape),
+        warnings=tuple(advise(ev, est)), layout=Layout.from_spec(spec),
+    )

@@ -1,0 +1,406 @@
+"""The bundled trainer's model: a decoder-only transformer covering GPT-2 and Llama-style variants.
+
+LayerNorm or RMSNorm, learned or rotary positions, GELU or SwiGLU MLP, multi-head or grouped-query attention,
+optional biases, tied or untied embeddings, dropout, activation recompute (none / selective / full).
+
+The model is written once, with Megatron tensor parallelism built in (trainctl.runtime.tensor_parallel): with
+`TPContext.single()` every parallel layer is a plain layer and no communication happens. A pipeline stage is a
+`StageModule` holding a contiguous range of transformer layers, keyed by their GLOBAL index in an
+`nn.ModuleDict`, so parameter names (and hence init and checkpoints) do not depend on the pipeline split.
+
+Parameter names (global, identical in every layout):
+    embed.tok.weight            token embedding [V, H] (vocab-sharded; also the LM head when tied)
+    embed.pos.weight            learned positions [seq_len, H] (first stage only)
+    layers.<i>.attn_norm.{weight,bias}
+    layers.<i>.attn.qkv.{weight,bias}    fused [q; k; v] rows, column-parallel (each of q/k/v split over TP)
+    layers.<i>.attn.proj.{weight,bias}   row-parallel
+    layers.<i>.mlp_norm.{weight,bias}
+    layers.<i>.mlp.fc1.{weight,bias}     column-parallel; SwiGLU fuses [gate; up]
+    layers.<i>.mlp.fc2.{weight,bias}     row-parallel
+    final_norm.{weight,bias}
+    head.weight                 untied LM head [V, H] (vocab-sharded)
+With tied embeddings and the first and last stage in different modules, the last stage holds its own copy
+named `embed.tok.weight` (same name, so same init and same checkpoint key); the engine sums the two copies'
+grads over the embedding group (`tied_parameters()`).
+
+Activations are [B, T, H]; under sequence parallelism a stage's hidden-state input/output is this TP rank's
+sequence chunk [B, T/tp, H]. The last stage returns vocab-parallel logits [B, T, V_padded/tp].
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from trainctl.runtime.init import init_parameters, iter_param_meta
+from trainctl.runtime.tensor_parallel import (
+    ColumnParallelLinear,
+    ParamMeta,
+    RowParallelLinear,
+    TPContext,
+    VocabParallelEmbedding,
+    copy_to_tp_region,
+    gather_from_sp_region,
+    scatter_to_sp_region,
+    sp_param,
+    tp_dropout,
+    tp_rng_fork,
+    vocab_parallel_cross_entropy,
+)
+
+if TYPE_CHECKING:
+    from trainctl.spec.models import RunSpec
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture (layout-free: the padded vocab is derived from the TP size where needed)."""
+
+    layers: int
+    hidden: int
+    heads: int
+    vocab: int
+    seq_len: int
+    kv_heads: int | None = None
+    ffn_hidden: int | None = None
+    activation: str = "gelu"  # gelu | swiglu
+    norm: str = "layernorm"  # layernorm | rmsnorm
+    position: str = "learned"  # learned | rope
+    rope_theta: float = 10000.0
+    tied_embeddings: bool = True
+    bias: bool = False
+    dropout: float = 0.0
+    norm_eps: float = 1e-5
+    recompute: str = "none"  # none | selective | full
+    init_std: float = 0.02
+
+    def __post_init__(self):
+        if self.kv_heads is None:
+            object.__setattr__(self, "kv_heads", self.heads)
+        if self.ffn_hidden is None:
+            object.__setattr__(self, "ffn_hidden", 4 * self.hidden)
+        if self.hidden % self.heads:
+            raise ValueError(f"hidden={self.hidden} is not divisible by heads={self.heads}")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"kv_heads={self.kv_heads} does not divide heads={self.heads}")
+        if self.position == "rope" and self.head_dim % 2:
+            raise ValueError(f"rotary positions need an even head_dim, got {self.head_dim}")
+        for field, value, allowed in (("activation", self.activation, ("gelu", "swiglu")),
+                                      ("norm", self.norm, ("layernorm", "rmsnorm")),
+                                      ("position", self.position, ("learned", "rope")),
+                                      ("recompute", self.recompute, ("none", "selective", "full"))):
+            if value not in allowed:
+                raise ValueError(f"{field}={value!r}; choose one of {allowed}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    def padded_vocab(self, tp_size: int) -> int:
+        """Same rule as RunSpec.padded_vocab: the vocab rounded up to a multiple of tp."""
+        return tp_size * ((self.vocab + tp_size - 1) // tp_size)
+
+    @classmethod
+    def from_spec(cls, spec: RunSpec) -> ModelConfig:
+        m = spec.model
+        return cls(layers=m.layers, hidden=m.hidden, heads=m.heads, kv_heads=m.kv_heads, ffn_hidden=m.ffn_hidden,
+                   vocab=m.vocab, seq_len=m.seq_len, activation=m.activation, norm=m.norm, position=m.position,
+                   rope_theta=m.rope_theta, tied_embeddings=m.tied_embeddings, bias=m.bias, dropout=m.dropout,
+                   norm_eps=m.norm_eps, recompute=spec.train.recompute)
+
+    def check_tp(self, tp: TPContext) -> None:
+        for what, n in (("heads", self.heads), ("kv_heads", self.kv_heads), ("ffn_hidden", self.ffn_hidden)):
+            if n % tp.size:
+                raise ValueError(f"model {what}={n} is not divisible by tp={tp.size}")
+        if tp.sp and self.seq_len % tp.size:
+            raise ValueError(f"sequence parallel: seq_len={self.seq_len} is not divisible by tp={tp.size}")
+
+
+def matmul_params(cfg: ModelConfig) -> int:
+    """N of design.md's MFU convention: every matmul weight including the LM head (counted even when tied to
+    the embedding), excluding embedding lookups, norms and biases; unpadded vocab. Equals the planner's
+    `layers * layer_params(model) + vocab * hidden`."""
+    h, hd = cfg.hidden, cfg.head_dim
+    attn = h * (cfg.heads * hd + 2 * cfg.kv_heads * hd) + cfg.heads * hd * h
+    mlp = (3 if cfg.activation == "swiglu" else 2) * h * cfg.ffn_hidden
+    return cfg.layers * (attn + mlp) + cfg.vocab * h
+
+
+def count_params(cfg: ModelConfig) -> int:
+    """Trainable parameters of the whole model (unpadded vocab; a tied embedding counted once)."""
+    h, hd = cfg.hidden, cfg.head_dim
+    qkv_out = (cfg.heads + 2 * cfg.kv_heads) * hd
+    mlp_in = (2 if cfg.activation == "swiglu" else 1) * cfg.ffn_hidden
+    norm = h * (2 if cfg.norm == "layernorm" and cfg.bias else 1)
+    per_layer = (h * qkv_out + cfg.heads * hd * h + h * mlp_in + cfg.ffn_hidden * h + 2 * norm)
+    if cfg.bias:
+        per_layer += qkv_out + h + mlp_in + h
+    total = cfg.layers * per_layer + norm + cfg.vocab * h
+    if cfg.position == "learned":
+        total += cfg.seq_len * h
+    if not cfg.tied_embeddings:
+        total += cfg.vocab * h
+    return total
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Building blocks
+# ---------------------------------------------------------------------------------------------------------
+
+
+class Norm(nn.Module):
+    """LayerNorm or RMSNorm over the hidden dim. Weights are replicated over TP; under sequence parallelism
+    each rank normalises only its sequence chunk, so the weight grads are partial (ParamMeta.sequence_parallel)."""
+
+    def __init__(self, cfg: ModelConfig, tp: TPContext):
+        super().__init__()
+        self.tp = tp
+        self.kind = cfg.norm
+        self.eps = cfg.norm_eps
+        self.shape = (cfg.hidden,)
+        self.weight = nn.Parameter(torch.empty(cfg.hidden))
+        self.param_meta = {"weight": ParamMeta((cfg.hidden,), None, "ones", sequence_parallel=tp.sp)}
+        if cfg.norm == "layernorm" and cfg.bias:
+            self.bias = nn.Parameter(torch.empty(cfg.hidden))
+            self.param_meta["bias"] = ParamMeta((cfg.hidden,), None, "zeros", sequence_parallel=tp.sp)
+        else:
+            self.register_parameter("bias", None)
+
+    def forward(self, x: Tensor) -> Tensor:
+        w = sp_param(self.weight, self.tp)
+        if self.kind == "rmsnorm":
+            return F.rms_norm(x, self.shape, w, self.eps)
+        b = sp_param(self.bias, self.tp) if self.bias is not None else None
+        return F.layer_norm(x, self.shape, w, b, self.eps)
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding (RoFormer; the 'rotate half' layout of GPT-NeoX / Hugging Face Llama)."""
+
+    def __init__(self, head_dim: int, max_len: int, theta: float):
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+        freqs = torch.outer(torch.arange(max_len, dtype=torch.float64), inv_freq)
+        emb = torch.cat([freqs, freqs], dim=-1)
+        self.register_buffer("cos", emb.cos().float(), persistent=False)
+        self.register_buffer("sin", emb.sin().float(), persistent=False)
+
+    def forward(self, seq_len: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        if seq_len > self.cos.shape[0]:
+            raise ValueError(f"sequence length {seq_len} exceeds the model's seq_len {self.cos.shape[0]}")
+        return self.cos[:seq_len].to(dtype), self.sin[:seq_len].to(dtype)
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat([-b, a], dim=-1)
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x: [B, heads, T, head_dim]; cos/sin: [T, head_dim]."""
+    return x * cos + _rotate_half(x) * sin
+
+
+class Attention(nn.Module):
+    """Causal self-attention; QKV column-parallel (heads/tp query and kv_heads/tp kv heads per rank), output
+    projection row-parallel. The core (rotary + softmax attention) is what selective recompute recomputes."""
+
+    def __init__(self, cfg: ModelConfig, tp: TPContext, out_std: float):
+        super().__init__()
+        self.cfg = cfg
+        self.tp = tp
+        hd = cfg.head_dim
+        self.head_dim = hd
+        self.local_q = cfg.heads // tp.size * hd
+        self.local_kv = cfg.kv_heads // tp.size * hd
+        self.qkv = ColumnParallelLinear(cfg.hidden, (cfg.heads + 2 * cfg.kv_heads) * hd, tp, bias=cfg.bias,
+                                        parts=(cfg.heads * hd, cfg.kv_heads * hd, cfg.kv_heads * hd),
+                                        std=cfg.init_std)
+        self.proj = RowParallelLinear(cfg.heads * hd, cfg.hidden, tp, bias=cfg.bias, std=out_std)
+
+    def core(self, q: Tensor, k: Tensor, v: Tensor, cos: Tensor | None, sin: Tensor | None) -> Tensor:
+        if cos is not None:
+            q = apply_rotary(q, cos, sin)
+            k = apply_rotary(k, cos, sin)
+        p = self.cfg.dropout if self.training else 0.0
+        gqa = q.shape[1] != k.shape[1]
+        if p > 0.0 and self.tp.enabled:
+            # attention heads are sharded over TP: dropout masks must differ across TP ranks
+            with tp_rng_fork(self.tp, q.device):
+                return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, enable_gqa=gqa)
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, enable_gqa=gqa)
+
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor] | None) -> Tensor:
+        qkv = self.qkv(x)  # [B, T, local_q + 2 local_kv] (full T: gathered under SP)
+        B, T, _ = qkv.shape
+        q, k, v = qkv.split([self.local_q, self.local_kv, self.local_kv], dim=-1)
+        q = q.view(B, T, -1, self.head_dim).transpose(1, 2)
+        k = k.view(B, T, -1, self.head_dim).transpose(1, 2)
+        v = v.view(B, T, -1, self.head_dim).transpose(1, 2)
+        cos, sin = rope if rope is not None else (None, None)
+        if self.cfg.recompute == "selective" and torch.is_grad_enabled():
+            y = checkpoint(self.core, q, k, v, cos, sin, use_reentrant=False, preserve_rng_state=True)
+        else:
+            y = self.core(q, k, v, cos, sin)
+        y = y.transpose(1, 2).reshape(B, T, -1)
+        return self.proj(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, tp: TPContext, out_std: float):
+        super().__init__()
+        self.swiglu = cfg.activation == "swiglu"
+        f = cfg.ffn_hidden
+        self.fc1 = ColumnParallelLinear(cfg.hidden, 2 * f if self.swiglu else f, tp, bias=cfg.bias,
+                                        parts=(f, f) if self.swiglu else None, std=cfg.init_std)
+        self.fc2 = RowParallelLinear(f, cfg.hidden, tp, bias=cfg.bias, std=out_std)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.fc1(x)
+        if self.swiglu:
+            gate, up = h.chunk(2, dim=-1)  # the local shard is [gate_r; up_r]
+            h = F.silu(gate) * up
+        else:
+            h = F.gelu(h, approximate="tanh")
+        return self.fc2(h)
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + drop(attn(norm(x))), then + drop(mlp(norm(x)))."""
+
+    def __init__(self, cfg: ModelConfig, tp: TPContext):
+        super().__init__()
+        self.cfg = cfg
+        self.tp = tp
+        out_std = cfg.init_std / math.sqrt(2 * cfg.layers)
+        self.attn_norm = Norm(cfg, tp)
+        self.attn = Attention(cfg, tp, out_std)
+        self.mlp_norm = Norm(cfg, tp)
+        self.mlp = MLP(cfg, tp, out_std)
+
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        p, train, tp = self.cfg.dropout, self.training, self.tp
+        # after the row-parallel reduction activations are replicated over TP, or sequence-sharded under SP
+        x = x + tp_dropout(self.attn(self.attn_norm(x), rope), p, train, tp, sharded=tp.sp)
+        x = x + tp_dropout(self.mlp(self.mlp_norm(x)), p, train, tp, sharded=tp.sp)
+        return x
+
+
+class PositionEmbedding(nn.Module):
+    def __init__(self, cfg: ModelConfig, tp: TPContext):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(cfg.seq_len, cfg.hidden))
+        self.param_meta = {"weight": ParamMeta((cfg.seq_len, cfg.hidden), None, "normal", cfg.init_std)}
+
+
+class Embedding(nn.Module):
+    """Token (+ learned position) embedding of the first stage; on a separate last stage with tied
+    embeddings, only the token table (`lookup=False`) as the LM head's weight."""
+
+    def __init__(self, cfg: ModelConfig, tp: TPContext, lookup: bool = True):
+        super().__init__()
+        self.cfg = cfg
+        self.tp = tp
+        self.learned_pos = lookup and cfg.position == "learned"
+        # without learned positions the token lookup can reduce-scatter straight into the SP region
+        self.tok = VocabParallelEmbedding(cfg.vocab, cfg.padded_vocab(tp.size), cfg.hidden, tp, std=cfg.init_std,
+                                          scatter_output=tp.sp and not self.learned_pos)
+        if self.learned_pos:
+            self.pos = PositionEmbedding(cfg, tp)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        h = self.tok(ids)
+        if self.learned_pos:
+            seq = ids.shape[1]
+            if seq > self.cfg.seq_len:
+                raise ValueError(f"sequence length {seq} exceeds the model's seq_len {self.cfg.seq_len}")
+            h = h + self.pos.weight[:seq]
+            if self.tp.sp:
+                h = scatter_to_sp_region(h, self.tp)
+        return tp_dropout(h, self.cfg.dropout, self.training, self.tp, sharded=self.tp.sp)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Pipeline stage
+# ---------------------------------------------------------------------------------------------------------
+
+
+class StageModule(nn.Module):
+    """One pipeline stage: [embedding] + layers[layer_ids] + [final norm + LM head]. See the module docstring."""
+
+    def __init__(self, cfg: ModelConfig, layer_ids: range, first: bool, last: bool, tp: TPContext):
+        super().__init__()
+        cfg.check_tp(tp)
+        self.cfg = cfg
+        self.tp = tp
+        self.first = first
+        self.last = last
+        self.layer_ids = layer_ids
+        self.padded_vocab = cfg.padded_vocab(tp.size)
+        if first or (last and cfg.tied_embeddings):
+            self.embed = Embedding(cfg, tp, lookup=first)
+        self.layers = nn.ModuleDict({str(i): Block(cfg, tp) for i in layer_ids})
+        if cfg.position == "rope" and len(layer_ids):
+            self.rope = Rotary(cfg.head_dim, cfg.seq_len, cfg.rope_theta)
+        if last:
+            self.final_norm = Norm(cfg, tp)
+            if not cfg.tied_embeddings:
+                self.head = ColumnParallelLinear(cfg.hidden, self.padded_vocab, tp, logical_out=cfg.vocab,
+                                                 std=cfg.init_std)
+
+    def _block(self, block: Block, x: Tensor, rope) -> Tensor:
+        if self.cfg.recompute == "full" and torch.is_grad_enabled():
+            return checkpoint(block, x, rope, use_reentrant=False, preserve_rng_state=True)
+        return block(x, rope)
+
+    def head_weight(self) -> Tensor:
+        return self.embed.tok.weight if self.cfg.tied_embeddings else self.head.weight
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.first:
+            x = self.embed(x)
+        if len(self.layers):
+            rope = None
+            if self.cfg.position == "rope":
+                T = x.shape[1] * (self.tp.size if self.tp.sp else 1)
+                rope = self.rope(T, x.dtype)
+            for block in self.layers.values():
+                x = self._block(block, x, rope)
+        if self.last:
+            x = self.final_norm(x)
+            x = gather_from_sp_region(x, self.tp) if self.tp.sp else copy_to_tp_region(x, self.tp)
+            x = F.linear(x, self.head_weight())  # [B, T, V_padded/tp]
+        return x
+
+    def tied_parameters(self) -> list[nn.Parameter]:
+        """The embedding/LM-head weight whose grads the engine sums over the embedding group (first and last
+        stage in different modules, tied embeddings); [] otherwise."""
+        if self.cfg.tied_embeddings and self.first != self.last:
+            return [self.embed.tok.weight]
+        return []
+
+    def named_param_meta(self) -> dict[str, ParamMeta]:
+        """Global parameter name -> ParamMeta (full shape, TP sharding, init) for checkpoint resharding and for
+        counting replicated parameters once in the grad norm."""
+        return {name: meta for name, _p, meta in iter_param_meta(self)}
+
+
+def build_stage(cfg: ModelConfig, layer_ids: range, first: bool, last: bool, tp: TPContext, seed: int,
+                *, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> StageModule:
+    """Build a stage and initialise it deterministically and layout-independently (trainctl.runtime.init)."""
+    stage = StageModule(cfg, layer_ids, first, last, tp)
+    if device is not None or dtype is not None:
+        stage.to(device=device, dtype=dtype)
+    init_parameters(stage, seed, tp)
+    return stage
+
+
+def loss_fn(logits_shard: Tensor, targets: Tensor, cfg: ModelConfig, tp: TPContext) -> Tensor:
+    """Vocab-parallel cross-entropy, mean over all tokens of the micro-batch (padded vocab masked)."""
+    return vocab_parallel_cross_entropy(logits_shard, targets, tp, cfg.vocab)
