@@ -30,7 +30,7 @@ def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for
 
 def _register() -> None:
     # Imported for their side effect of adding commands to `app`.
-    from trainctl.cli import data_cmd, hardware_cmd, launch_cmd, plan_cmd, spec_cmd  # noqa: F401
+    from trainctl.cli import data_cmd, hardware_cmd, launch_cmd, plan_cmd, report_cmd, spec_cmd  # noqa: F401
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,1 +1,43 @@
-"""report layer."""
+"""report layer: `trainctl mfu-report` reads run directories (no torch) and explains the run's efficiency."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from trainctl.report.attempts import final_and_replayed, split_attempts
+from trainctl.report.breakdown import time_breakdown
+from trainctl.report.goodput import goodput
+from trainctl.report.load import RunData, load_run
+from trainctl.report.stragglers import stragglers
+from trainctl.report.summary import steady_steps, summarize
+
+
+def analyze(run: RunData) -> dict[str, Any]:
+    """Every section of the report for one run, as plain JSON-able data."""
+    attempts = split_attempts(run)
+    final, replayed = final_and_replayed(attempts)
+    summary = summarize(run, final, attempts)
+    gp = goodput(run, attempts, final, replayed)
+    steady = steady_steps(final, attempts)
+    startup = (gp.get("lost_s") or {}).get("startup")
+    warnings = []
+    if summary["mfu_bug"]:
+        warnings.append(summary["mfu_bug"]["message"])
+    return {
+        "run": str(run.root), "name": run.name,
+        "summary": summary,
+        "time_breakdown": time_breakdown(run, steady, summary["step_time_s"]["median"], startup),
+        "goodput": gp,
+        "stragglers": stragglers(run),
+        "series": [{"step": r["step"], "attempt": a.index, "loss": r.get("loss"), "mfu": r.get("mfu"),
+                    "step_time_s": r.get("step_time_s")} for a in attempts for r in a.records],
+        "warnings": warnings,
+    }
+
+
+def build_report(runs: list[Path]) -> dict[str, Any]:
+    return {"runs": [analyze(load_run(p)) for p in runs]}
+
+
+__all__ = ["analyze", "build_report", "load_run"]

@@ -6,7 +6,7 @@ custom autograd functions was measured 2-5x faster than DTensor's `parallelize_m
 DTensor's per-op dispatch overhead dominates at that size. The math is the same. The reference this path is
 checked against is the single-process model itself (tests/test_tensor_parallel.py: TP=2/4, with and without
 SP, equal to one process to ~1e-16 in fp64). There is no DTensor path: it would need per-part sharding
-of the fused QKV / gate-up weights, which plain Shard(0) does not express).
+of the fused QKV / gate-up weights, which plain Shard(0) does not express.
 
 The four conjugate communication functions (activations are [B, T, H]; the sequence dim is 1):
 
