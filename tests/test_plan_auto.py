@@ -146,3 +146,18 @@ cluster: {nodes: 1, gpus_per_node: 8, gpu: h100-sxm}
     step, mem = ev.score(c)
     assert step == e.step_time and mem == pytest.approx(e.memory_total, rel=1e-12)
     assert e.bubble_fraction < 1 and e.dp_exposed_time >= 0
+
+
+def test_auto_ranks_layouts_with_headroom_before_tight_ones():
+    """A layout at 95% of device memory is a crash waiting for the CUDA context and NCCL buffers: the
+    search puts every layout with >= 10% headroom first (Llama-3 8B on 32 H100s has plenty of those)."""
+    from pathlib import Path
+
+    from trainctl.spec import load_spec
+
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "llama3-8b.yaml"
+    result = search(load_spec(recipe), top=20)
+    fractions = [scored.est.headroom_fraction for scored, _, _ in result.top]
+    assert fractions[0] >= 0.10
+    tight = [f < 0.10 for f in fractions]
+    assert tight == sorted(tight)  # no comfortable layout after a tight one

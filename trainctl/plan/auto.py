@@ -188,7 +188,10 @@ def search(spec: RunSpec, top: int = 10, rejected: int = 5) -> AutoResult:
         step, mem = ev.score(c)
         mfu = model_flops / (step * denom) if step else 0.0
         (fitting if capacity is None or mem <= capacity else oom).append((-round(mfu, 12), mem, c))
-    fitting.sort(key=lambda x: x[:2])
+    # Layouts with under 10% headroom go after the comfortable ones: the CUDA context, NCCL buffers and
+    # allocator fragmentation (not in the model) would eat what is left. Then by MFU, then by memory.
+    tight = 0.9 * capacity if capacity is not None else float("inf")
+    fitting.sort(key=lambda x: (x[1] > tight, *x[:2]))
     oom.sort(key=lambda x: x[:2])
 
     def scored(row: tuple[float, float, Candidate]) -> Scored:
