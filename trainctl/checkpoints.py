@@ -1,0 +1,383 @@
+"""Checkpoint directories on disk: manifest format, validity, listing, retention. No torch.
+
+Used by the CLI (`trainctl checkpoints`, `trainctl resume`), the launcher and the runtime writer
+(trainctl/runtime/checkpoint.py), so all of them agree on what "a valid checkpoint" means.
+
+Layout of one checkpoint, in the checkpoints directory (default RUN/checkpoints):
+
+    step-00000500/
+        __<r>_<i>.distcp   DCP shards; rank r writes the files with prefix __<r>_
+        .metadata          DCP's index, written by rank 0
+        rank-<r>.pt        per-rank state (RNG, data position) beside DCP, which would dedup it
+        manifest.json      step, time, world size, code version, caller meta, every file's size + sha256
+        COMMITTED          {"manifest_sha256": ...}; written last, before the rename below
+
+Atomicity (why a torn checkpoint can never look valid):
+  1. every rank writes and fsyncs its files into a staging directory `step-N.tmp-<nonce>/`
+     (the nonce comes from rank 0, so all ranks share it); a name that is not `step-N` is never a
+     candidate for resume, whatever it holds;
+  2. all ranks report success + their files' sizes and checksums to rank 0 (a collective); any
+     failure → nothing more is written and the error surfaces on every rank;
+  3. rank 0 writes manifest.json, then COMMITTED (holding the manifest's sha256), fsyncs both and the
+     directory, then renames the directory to `step-N/` and fsyncs the parent. The rename is the
+     commit point: it is atomic, so `step-N/` either does not exist or is complete.
+  Validity is still checked independently of the scheme (marker present, marker matches manifest,
+  every listed file present with its size; `deep` also re-hashes), which catches later damage:
+  a truncated shard, a deleted marker, a hand-copied partial directory.
+  Re-saving an existing step (after a rewind) moves the old `step-N/` aside to `step-N.trash-*`
+  just before the rename; deletions also rename to `.trash-*` first, so a half-deleted directory is
+  never named `step-N`. A writer that dies leaves only `.tmp-*` / `.trash-*` directories, which
+  `stale_dirs()` lists for the next start to remove.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from trainctl.errors import RunError
+
+MANIFEST = "manifest.json"
+MARKER = "COMMITTED"
+FORMAT_VERSION = 1
+HASH = "sha256"  # measured here: sha256 1.15 GB/s, blake2b 0.94, crc32 2.2 (sha-ni makes sha256 cheap)
+_CHUNK = 4 << 20
+
+_FINAL = re.compile(r"^step-(\d+)$")
+_STAGING = re.compile(r"^step-(\d+)\.tmp-([0-9a-zA-Z]+)$")
+_TRASH = re.compile(r"^step-(\d+)\.trash-([0-9a-zA-Z]+)$")
+
+
+class CheckpointError(RunError):
+    """A checkpoint could not be written, read or found; the message names the directory."""
+
+
+def step_dirname(step: int) -> str:
+    return f"step-{step:08d}"  # zero-padded so names sort in step order
+
+
+def staging_dirname(step: int, nonce: str) -> str:
+    return f"{step_dirname(step)}.tmp-{nonce}"
+
+
+def trash_dirname(step: int, nonce: str) -> str:
+    return f"{step_dirname(step)}.trash-{nonce}"
+
+
+def parse_step(name: str) -> int | None:
+    m = _FINAL.match(name) or _STAGING.match(name)
+    return int(m.group(1)) if m else None
+
+
+def rank_state_filename(rank: int) -> str:
+    return f"rank-{rank}.pt"
+
+
+@dataclass
+class CheckpointInfo:
+    step: int
+    path: Path
+    size_bytes: int
+    valid: bool
+    reason: str | None  # why invalid; None when valid
+    milestone: bool = False
+    time: float | None = None
+    world_size: int | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["path"] = str(self.path)
+        return d
+
+
+# --- hashing and durable writes -------------------------------------------------------------------
+
+def file_digest(path: Path) -> tuple[int, str]:
+    """(size, sha256) of a file, reading it once."""
+    h = hashlib.new(HASH)
+    size = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)  # hashlib releases the GIL on large buffers: fine in a background thread
+            size += len(chunk)
+    return size, h.hexdigest()
+
+
+def fsync_path(path: Path) -> None:
+    """fsync a file or a directory (a directory's fsync makes the names inside it durable)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_durable(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def manifest_bytes(manifest: dict[str, Any]) -> bytes:
+    return (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
+
+
+def marker_bytes(manifest_data: bytes) -> bytes:
+    return json.dumps({"manifest_" + HASH: hashlib.new(HASH, manifest_data).hexdigest()}).encode() + b"\n"
+
+
+@lru_cache(maxsize=1)
+def code_version() -> dict[str, str | None]:
+    """trainctl version and, when the package lives in a git checkout, its commit."""
+    from trainctl import __version__
+
+    commit = None
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
+                             capture_output=True, text=True, timeout=10)
+        if out.returncode == 0:
+            commit = out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return {"trainctl": __version__, "git": commit}
+
+
+# --- validity -------------------------------------------------------------------------------------
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """The manifest of a checkpoint directory; CheckpointError when missing or unreadable."""
+    try:
+        m = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+    except FileNotFoundError as e:
+        raise CheckpointError(f"{path}: no {MANIFEST}") from e
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: unreadable {MANIFEST}: {e}") from e
+    if not isinstance(m, dict) or not isinstance(m.get("files"), dict) or "step" not in m:
+        raise CheckpointError(f"{path}: unreadable {MANIFEST}: not a trainctl manifest")
+    return m
+
+
+def validate(path: Path, deep: bool = False) -> str | None:
+    """None when `path` is a valid committed checkpoint, else the reason it is not.
+
+    Shallow: marker present and matching the manifest, every listed file present with its size.
+    Deep: also re-hash every file (reads the whole checkpoint).
+    """
+    return _check(Path(path), deep)[0]
+
+
+def _check(path: Path, deep: bool) -> tuple[str | None, dict[str, Any] | None]:
+    if _STAGING.match(path.name):
+        return "incomplete: staging directory, never committed (writer died or the save failed)", None
+    if not _FINAL.match(path.name):
+        return f"not a checkpoint directory name (expected {step_dirname(0)[:-1]}N)", None
+    try:
+        manifest_data = (path / MANIFEST).read_bytes()
+        manifest = json.loads(manifest_data)
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+            raise ValueError("not a trainctl manifest")
+    except FileNotFoundError:
+        return ("missing COMMITTED marker and manifest" if not (path / MARKER).exists()
+                else "missing manifest.json"), None
+    except (OSError, ValueError) as e:
+        return f"unreadable manifest: {e}", None
+    try:
+        marker = (path / MARKER).read_bytes()
+    except FileNotFoundError:
+        return "missing COMMITTED marker", manifest
+    except OSError as e:
+        return f"unreadable COMMITTED marker: {e}", manifest
+    if marker != marker_bytes(manifest_data):
+        return "COMMITTED marker does not match manifest.json", manifest
+    if manifest.get("step") != parse_step(path.name):
+        return f"manifest step {manifest.get('step')} does not match directory name", manifest
+    for name, entry in sorted(manifest["files"].items()):
+        f = path / name
+        try:
+            size = f.stat().st_size
+        except FileNotFoundError:
+            return f"missing file {name}", manifest
+        except OSError as e:
+            return f"unreadable file {name}: {e}", manifest
+        want = entry.get("size")
+        if size != want:
+            kind = "truncated shard" if isinstance(want, int) and size < want else "size mismatch in"
+            return f"{kind} {name}: {size} bytes, manifest says {want}", manifest
+    if deep:
+        for name, entry in sorted(manifest["files"].items()):
+            try:
+                _, digest = file_digest(path / name)
+            except OSError as e:
+                return f"unreadable file {name}: {e}", manifest
+            if digest != entry.get(HASH):
+                return f"checksum mismatch in {name}", manifest
+    return None, manifest
+
+
+def _dir_size(path: Path) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, f)).st_size
+    return total
+
+
+def inspect_checkpoint(path: Path, deep: bool = False) -> CheckpointInfo:
+    path = Path(path)
+    reason, manifest = _check(path, deep)
+    manifest = manifest or {}
+    t = manifest.get("time")
+    if t is None:
+        try:
+            t = path.stat().st_mtime
+        except OSError:
+            t = None
+    return CheckpointInfo(
+        step=parse_step(path.name) or 0, path=path, size_bytes=_dir_size(path), valid=reason is None,
+        reason=reason, milestone=bool(manifest.get("milestone", False)), time=t,
+        world_size=manifest.get("world_size"), meta=manifest.get("meta") or {},
+    )
+
+
+def list_checkpoints(directory: Path, deep: bool = False) -> list[CheckpointInfo]:
+    """Every checkpoint (committed or staging) in a checkpoints directory, oldest step first.
+
+    Staging directories are listed as invalid so a user sees torn saves; `.trash-*` are not listed.
+    A missing directory is an empty list.
+    """
+    directory = Path(directory)
+    try:
+        entries = [p for p in directory.iterdir() if p.is_dir() and parse_step(p.name) is not None]
+    except FileNotFoundError:
+        return []
+    except NotADirectoryError as e:
+        raise CheckpointError(f"{directory}: not a directory") from e
+    except OSError as e:
+        raise CheckpointError(f"{directory}: cannot list checkpoints: {e}") from e
+    infos = [inspect_checkpoint(p, deep) for p in entries]
+    # Same step: the committed one sorts after a staging one, so "newest" is the committed.
+    return sorted(infos, key=lambda i: (i.step, i.valid, i.path.name))
+
+
+def latest_valid(directory: Path, deep: bool = False,
+                 skipped: list[CheckpointInfo] | None = None) -> CheckpointInfo | None:
+    """The newest valid checkpoint; invalid ones newer than it are appended to `skipped` (with reasons)."""
+    for info in reversed(list_checkpoints(directory, deep=False)):
+        if info.valid and deep:
+            reason = validate(info.path, deep=True)
+            if reason:
+                info.valid, info.reason = False, reason
+        if info.valid:
+            return info
+        if skipped is not None:
+            skipped.append(info)
+    return None
+
+
+def find_step(directory: Path, step: int, deep: bool = False) -> CheckpointInfo:
+    """The committed checkpoint of `step`; CheckpointError when missing or invalid."""
+    path = Path(directory) / step_dirname(step)
+    if not path.is_dir():
+        steps = [i.step for i in list_checkpoints(directory) if i.valid]
+        raise CheckpointError(f"{path}: no checkpoint for step {step}",
+                              hint=f"valid steps: {steps}" if steps else "no valid checkpoints")
+    info = inspect_checkpoint(path, deep)
+    if not info.valid:
+        raise CheckpointError(f"{path}: checkpoint of step {step} is invalid: {info.reason}")
+    return info
+
+
+def stale_dirs(directory: Path) -> list[Path]:
+    """Leftovers of a writer that died (`.tmp-*` staging, `.trash-*`); safe to delete when no save runs."""
+    try:
+        return sorted(p for p in Path(directory).iterdir() if _STAGING.match(p.name) or _TRASH.match(p.name))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def resolve_checkpoint_dir(run_dir: Path) -> Path:
+    """RUN/checkpoints unless the run's frozen spec.yaml sets checkpoint.dir."""
+    run_dir = Path(run_dir)
+    spec = run_dir / "spec.yaml"
+    if spec.exists():
+        import yaml
+
+        try:
+            data = yaml.safe_load(spec.read_text(encoding="utf-8")) or {}
+            d = (data.get("checkpoint") or {}).get("dir")
+        except (OSError, yaml.YAMLError, AttributeError):
+            d = None
+        if d:
+            return Path(d) if Path(d).is_absolute() else run_dir / d
+    return run_dir / "checkpoints"
+
+
+# --- retention and schedule -----------------------------------------------------------------------
+
+def is_milestone(step: int, milestone_every: int | None) -> bool:
+    return bool(milestone_every) and step > 0 and step % milestone_every == 0
+
+
+def to_delete(infos: list[CheckpointInfo], keep_last: int, milestone_every: int | None = None,
+              current: int | None = None) -> list[CheckpointInfo]:
+    """Valid checkpoints that retention may delete: all but the newest `keep_last` valid ones and milestones.
+
+    Pure. Invalid checkpoints are never chosen (they stay for inspection; stale staging dirs are
+    cleaned separately), and since keep_last >= 1 the newest valid checkpoint is always kept. Call
+    it only after the newest save has committed, so nothing is deleted in favour of a torn save.
+    `current` (the step just committed): checkpoints after it (left by a rewound run) are neither
+    counted nor deleted, so they cannot push the fresh checkpoint out.
+    """
+    if keep_last < 1:
+        raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+    valid = sorted((i for i in infos if i.valid and (current is None or i.step <= current)), key=lambda i: i.step)
+    keep = {i.step for i in valid[-keep_last:]}
+    keep |= {i.step for i in valid if i.milestone or is_milestone(i.step, milestone_every)}
+    return [i for i in valid if i.step not in keep]
+
+
+@dataclass
+class SaveSchedule:
+    """When to save: at every multiple of N steps and/or M minutes after the last save.
+
+    Steps are multiples (not "N since the last save") so a resumed run saves at the same steps.
+
+    Time differs across ranks: the trainer must take the decision on rank 0 and broadcast it (or
+    all-reduce a flag) so every rank enters save() at the same step.
+    """
+
+    every_steps: int | None = None
+    every_minutes: float | None = None
+    last_step: int = 0
+    last_time: float = field(default_factory=time.monotonic)
+
+    def due(self, step: int, now: float | None = None) -> bool:
+        if step <= self.last_step:
+            return False
+        if self.every_steps and step % self.every_steps == 0:
+            return True
+        now = time.monotonic() if now is None else now
+        return bool(self.every_minutes) and (now - self.last_time) >= self.every_minutes * 60
+
+    def mark(self, step: int, now: float | None = None) -> None:
+        self.last_step = step
+        self.last_time = time.monotonic() if now is None else now
+
+
+__all__ = [
+    "MANIFEST", "MARKER", "CheckpointError", "CheckpointInfo", "SaveSchedule", "code_version", "file_digest",
+    "find_step", "inspect_checkpoint", "latest_valid", "list_checkpoints", "read_manifest",
+    "resolve_checkpoint_dir", "stale_dirs", "step_dirname", "to_delete", "validate",
+]

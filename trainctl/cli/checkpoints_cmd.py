@@ -1,0 +1,60 @@
+"""`trainctl checkpoints RUN`: list a run's checkpoints with size, validity and why. No torch."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from trainctl.checkpoints import latest_valid, list_checkpoints, resolve_checkpoint_dir
+from trainctl.cli.app import app
+from trainctl.cli.options import JsonOpt
+from trainctl.errors import UsageError
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+@app.command()
+def checkpoints(
+    run: Path = typer.Argument(..., help="Run directory.", show_default=False),
+    deep: bool = typer.Option(False, "--deep", help="Also verify every file's checksum (reads everything)."),
+    directory: Path | None = typer.Option(None, "--dir", help="Checkpoints directory (default: from the run)."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """List a run's checkpoints: step, size, validity (and why not), milestone, time."""
+    if directory is None:
+        if not run.is_dir():
+            raise UsageError(f"{run}: no such run directory", hint="give the directory `trainctl launch` created")
+        directory = resolve_checkpoint_dir(run)
+    infos = list_checkpoints(directory, deep=deep)
+    latest = latest_valid(directory) if not deep else next((i for i in reversed(infos) if i.valid), None)
+    if as_json:
+        print(json.dumps({"directory": str(directory), "latest_valid": latest.step if latest else None,
+                          "checkpoints": [i.to_json() for i in infos]}, indent=2))
+        return
+    con = Console()
+    if not infos:
+        con.print(f"no checkpoints in {directory}")
+        return
+    table = Table(title=f"checkpoints in {directory}")
+    for col in ("step", "size", "valid", "milestone", "time", "note"):
+        table.add_column(col, justify="right" if col in ("step", "size") else "left", no_wrap=col != "note")
+    for i in infos:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(i.time)) if i.time else "-"
+        note = "latest" if latest is not None and i.path == latest.path else (i.reason or "")
+        table.add_row(str(i.step), _size(i.size_bytes), "[green]yes[/green]" if i.valid else "[red]no[/red]",
+                      "yes" if i.milestone else "", when, note)
+    con.print(table)
+
+
+__all__ = ["checkpoints"]
