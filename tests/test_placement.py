@@ -93,3 +93,11 @@ def test_llama3_405b_layout_groups():
     assert comm.dp_link(8, 128, layout.world_size, 8) == comm.INTER_NODE
     assert comm.pp_link(16, layout.world_size, 8) == comm.INTER_NODE
     assert coords(8 * 128, layout) == (0, 0, 1)  # the first rank of pipeline stage 1
+
+
+def test_of_rank_for_a_middle_pipeline_stage():
+    # PP=4: ranks of stages 1 and 2 hold neither the embedding nor the LM head, so they are alone.
+    layout = Layout(tp=1, pp=4, dp=1, gpus_per_node=4, nvlink_domain=4)
+    groups = Groups(layout)
+    assert groups.of_rank(1)["embedding"] == [1]
+    assert groups.of_rank(0)["embedding"] == [0, 3] and groups.of_rank(2)["pp"] == [0, 1, 2, 3]

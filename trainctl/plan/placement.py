@@ -100,11 +100,9 @@ class Groups:
         return [[chain[0], chain[-1]] for chain in self.pp]
 
     def of_rank(self, rank: int) -> dict[str, list[int]]:
-        """The groups a rank belongs to, by kind."""
-        out = {}
-        for kind in ("tp", "dp", "pp", "model_parallel", "embedding"):
-            out[kind] = next(g for g in getattr(self, kind) if rank in g)
-        return out
+        """The groups a rank belongs to, by kind; a rank in no group of a kind (a middle pipeline stage
+        has no embedding group) is alone in it."""
+        return {kind: next((g for g in groups if rank in g), [rank]) for kind, groups in self.as_dict().items()}
 
     def as_dict(self) -> dict[str, list[list[int]]]:
         return {k: getattr(self, k) for k in ("tp", "dp", "pp", "model_parallel", "embedding")}

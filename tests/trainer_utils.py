@@ -1,0 +1,89 @@
+"""Helpers for the trainer's multi-process tests: a run directory with a tiny spec, a torchrun launch,
+the metrics it wrote and its final weights gathered into full tensors by parameter name."""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+VENV_BIN = Path(sys.executable).parent
+TORCHRUN = str(VENV_BIN / "torchrun")
+
+TINY: dict[str, Any] = {
+    "name": "tiny",
+    "model": {"layers": 4, "hidden": 64, "heads": 4, "vocab": 256, "seq_len": 32},
+    "parallel": {"tp": 1, "pp": 1, "dp": 1, "micro_batch": 1},
+    "train": {"global_batch": 8, "steps": 10, "lr": 1e-3, "warmup": 2, "precision": "fp32", "seed": 7,
+              "grad_clip": 1.0},
+    "data": {"synthetic": True},
+    "cluster": {"nodes": 1, "gpus_per_node": 1, "gpu": "cpu"},
+    "launcher": {"backend": "local"},
+}
+
+
+def deep_update(base: dict[str, Any], upd: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for k, v in upd.items():
+        out[k] = deep_update(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def make_run(root: Path, name: str, **sections: dict[str, Any]) -> tuple[Path, int]:
+    """A run directory with spec.yaml = TINY updated by `sections`; returns (dir, world size)."""
+    spec = deep_update(TINY, sections)
+    p = spec["parallel"]
+    world = p["tp"] * p["pp"] * p.get("dp", 1)
+    spec["cluster"]["gpus_per_node"] = world
+    run = root / name
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "spec.yaml").write_text(yaml.safe_dump(spec))
+    return run, world
+
+
+def run_trainer(run: Path, nproc: int, env: dict[str, str] | None = None, timeout: float = 300,
+                dump: bool = True) -> subprocess.CompletedProcess:
+    e = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **(env or {})}
+    if dump:
+        e["TRAINCTL_DUMP_WEIGHTS"] = "1"
+    cmd = [TORCHRUN, "--standalone", f"--nproc-per-node={nproc}", "-m", "trainctl.runtime", str(run)]
+    return subprocess.run(cmd, cwd=ROOT, env=e, capture_output=True, text=True, timeout=timeout)
+
+
+def metrics(run: Path) -> list[dict[str, Any]]:
+    from trainctl.rundir import read_jsonl
+
+    return read_jsonl(run / "metrics.jsonl")
+
+
+def losses(run: Path) -> list[float]:
+    return [r["loss"] for r in metrics(run)]
+
+
+def final_weights(run: Path) -> dict[str, Any]:
+    """name -> full tensor, TP shards concatenated with the model's own shard layout."""
+    import torch
+
+    from trainctl.runtime.tensor_parallel import unshard_tensors
+
+    by_pp: dict[int, dict[int, dict[str, Any]]] = {}
+    for f in sorted((run / "final_weights").glob("pp*-tp*.pt")):
+        pp, tp = (int(x) for x in f.stem[2:].split("-tp"))
+        by_pp.setdefault(pp, {})[tp] = torch.load(f, weights_only=False)
+    out: dict[str, Any] = {}
+    for tps in by_pp.values():
+        ranks = [tps[t] for t in sorted(tps)]
+        for name, spec in ranks[0]["shards"].items():
+            out[name] = unshard_tensors([r["params"][name] for r in ranks], spec)
+    return out
+
+
+def max_rel_diff(a: list[float], b: list[float]) -> float:
+    assert len(a) == len(b), (len(a), len(b))
+    return max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b, strict=True))

@@ -1,0 +1,135 @@
+"""Rank variables, process-group start-up, the parallel groups of the plan, and a clean exit.
+
+Groups come from `trainctl.plan.placement.Groups`, the same lists `trainctl plan` prints, so the job
+runs exactly the placement the plan shows.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import NoReturn
+
+import torch
+import torch.distributed as dist
+
+from trainctl.plan.placement import Groups, Layout, coords
+from trainctl.spec.models import RunSpec
+
+DEFAULT_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class RankEnv:
+    rank: int
+    local_rank: int
+    world_size: int
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> RankEnv:
+        """torchrun's RANK/LOCAL_RANK/WORLD_SIZE, else srun's SLURM_PROCID/SLURM_LOCALID/SLURM_NTASKS."""
+        e = dict(os.environ if env is None else env)
+        if "RANK" in e and "WORLD_SIZE" in e:
+            return cls(int(e["RANK"]), int(e.get("LOCAL_RANK", "0")), int(e["WORLD_SIZE"]))
+        if "SLURM_PROCID" in e and "SLURM_NTASKS" in e:
+            return cls(int(e["SLURM_PROCID"]), int(e.get("SLURM_LOCALID", "0")), int(e["SLURM_NTASKS"]))
+        return cls(0, 0, 1)  # a plain `python -m trainctl.runtime RUN_DIR`: one process
+
+    def export(self) -> None:
+        """init_process_group's env:// rendezvous reads RANK/WORLD_SIZE; srun only sets SLURM_*."""
+        os.environ.setdefault("RANK", str(self.rank))
+        os.environ.setdefault("WORLD_SIZE", str(self.world_size))
+        os.environ.setdefault("LOCAL_RANK", str(self.local_rank))
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29500")
+
+
+def timeout_s() -> float:
+    return float(os.environ.get("TRAINCTL_TIMEOUT_S", DEFAULT_TIMEOUT_S))
+
+
+@dataclass
+class Parallel:
+    """This rank's place in the 3-D layout and its process groups (None where the group is trivial)."""
+
+    env: RankEnv
+    layout: Layout
+    device: torch.device
+    tp_rank: int
+    dp_rank: int
+    pp_rank: int
+    tp_group: dist.ProcessGroup | None
+    dp_group: dist.ProcessGroup | None
+    pp_group: dist.ProcessGroup | None
+    embedding_group: dist.ProcessGroup | None  # first + last pipeline stage, for tied embeddings
+    ranks: dict[str, list[int]]
+
+    @property
+    def rank(self) -> int:
+        return self.env.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.env.world_size
+
+    @property
+    def tp(self) -> int:
+        return self.layout.tp
+
+    @property
+    def dp(self) -> int:
+        return self.layout.dp
+
+    @property
+    def pp(self) -> int:
+        return self.layout.pp
+
+
+def init(spec: RunSpec, env: RankEnv) -> Parallel:
+    layout = Layout.from_spec(spec)
+    if layout.world_size != env.world_size:
+        raise RuntimeError(f"the spec's layout tp*pp*dp = {layout.tp}*{layout.pp}*{layout.dp} = "
+                           f"{layout.world_size} ranks but {env.world_size} processes were started; "
+                           "fix cluster.nodes/gpus_per_node or the launcher's process count")
+    if torch.cuda.is_available():
+        device = torch.device("cuda", env.local_rank)
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+    env.export()
+    dist.init_process_group(backend, rank=env.rank, world_size=env.world_size,
+                            timeout=timedelta(seconds=timeout_s()),
+                            device_id=device if backend == "nccl" else None)
+    groups = Groups(layout)
+    mine = groups.of_rank(env.rank)
+    made = {kind: _subgroup(getattr(groups, kind), env.rank) for kind in ("tp", "dp", "pp", "embedding")}
+    t, d, p = coords(env.rank, layout)
+    return Parallel(env, layout, device, t, d, p, made["tp"], made["dp"], made["pp"], made["embedding"], mine)
+
+
+def _subgroup(lists: list[list[int]], rank: int) -> dist.ProcessGroup | None:
+    """Every rank creates every group of a kind in the same order (new_group is collective)."""
+    if all(len(g) == 1 for g in lists):
+        return None
+    mine, _ = dist.new_subgroups_by_enumeration(lists, timeout=timedelta(seconds=timeout_s()))
+    return mine
+
+
+def exit_now(code: int, barrier: bool) -> NoReturn:
+    """Leave without running interpreter shutdown: it SIGABRTs at random after gloo/FSDP (see notes).
+
+    On success every rank meets at a barrier first so no rank tears down sockets another still uses;
+    on failure there is no barrier (the peers may be dead) and torchrun stops the rest."""
+    if barrier and dist.is_available() and dist.is_initialized():
+        try:
+            dist.barrier()
+        except Exception as e:  # a peer that died at the very end still gives an exit code
+            print(f"trainctl: final barrier failed: {e}", file=sys.stderr)
+            code = code or 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -1,0 +1,61 @@
+"""`python -m trainctl.runtime RUN_DIR`: what every launcher runs on every rank.
+
+Exit status, on every path: 0 success, 1 a failure (traceback on this rank's stderr, then one summary
+line), 2 a spec error. The exit itself goes through distributed.exit_now (barrier on success, flush,
+os._exit) because interpreter shutdown after gloo/FSDP aborts at random (see the CPU notes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import NoReturn
+
+import torch
+
+from trainctl.errors import SpecError
+from trainctl.rundir import RunPaths, record_event
+from trainctl.runtime.distributed import RankEnv, exit_now
+
+USAGE = "usage: python -m trainctl.runtime RUN_DIR   (RUN_DIR holds the frozen spec.yaml)"
+
+
+def main(argv: list[str] | None = None) -> NoReturn:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1 or args[0] in ("-h", "--help"):
+        print(USAGE, file=sys.stderr)
+        exit_now(0 if args and args[0] in ("-h", "--help") else 2, barrier=False)
+    paths = RunPaths(Path(args[0]))
+    env = RankEnv.from_env()
+    _threads()
+    try:
+        from trainctl.spec import load_spec
+
+        spec = load_spec(paths.spec)
+    except SpecError as e:
+        print(f"trainctl: rank {env.rank}: {e}", file=sys.stderr)
+        exit_now(2, barrier=False)
+    try:
+        from trainctl.runtime.distributed import init
+        from trainctl.runtime.trainer import Trainer
+
+        par = init(spec, env)
+        Trainer(spec, par, paths).run()
+    except BaseException as e:  # every failure ends in one clear line and exit status 1
+        traceback.print_exc()
+        summary = f"{type(e).__name__}: {e}".splitlines()[0] if str(e) else type(e).__name__
+        print(f"trainctl: rank {env.rank} failed: {summary}", file=sys.stderr)
+        with contextlib.suppress(OSError):  # an unwritable run dir must not hide the real error
+            record_event(paths, "failure", rank=env.rank, error=summary)
+        exit_now(1, barrier=False)
+    exit_now(0, barrier=True)
+
+
+def _threads() -> None:
+    """One intra-op thread per rank unless the launcher said otherwise (OMP_NUM_THREADS)."""
+    n = os.environ.get("OMP_NUM_THREADS")
+    if n and n.isdigit() and int(n) > 0:
+        torch.set_num_threads(int(n))

@@ -1,0 +1,85 @@
+"""Per-step metrics (rank 0): tokens/s, TFLOP/s per GPU, MFU and HFU (design.md convention), console + JSONL."""
+
+from __future__ import annotations
+
+import resource
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from trainctl.plan import model as plan_model
+from trainctl.spec.models import RunSpec
+
+
+def model_flops_per_token(spec: RunSpec) -> float:
+    """design.md: 6*N + 12*L*h*s (the planner's arithmetic, so the plan and the job agree)."""
+    return plan_model.model_flops_per_token_of(plan_model.ModelShape.from_spec(spec.model))
+
+
+def hardware_flops_per_token(spec: RunSpec) -> float:
+    """What the ranks really compute: + recomputed forwards and the padded vocabulary (HFU)."""
+    shape = plan_model.ModelShape.from_spec(spec.model)
+    return plan_model.hardware_flops_per_token(shape, spec.train.recompute, spec.padded_vocab)
+
+
+@dataclass(frozen=True)
+class FlopsModel:
+    tokens_per_step: int
+    model_flops_per_step: float
+    hardware_flops_per_step: float
+    world_size: int
+    peak_flops_per_rank: float
+    peak_source: str
+
+    @classmethod
+    def from_spec(cls, spec: RunSpec, world_size: int, peak: float, source: str) -> FlopsModel:
+        tokens = spec.train.global_batch * spec.model.seq_len
+        mf = model_flops_per_token(spec) * tokens
+        return cls(tokens, mf, hardware_flops_per_token(spec) * tokens, world_size, peak, source)
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB; whole process
+
+
+def step_record(step: int, steps: int, loss: float, lr: float, grad_norm: float, step_time: float,
+                fm: FlopsModel, mem: int) -> dict[str, Any]:
+    achieved = fm.model_flops_per_step / step_time / fm.world_size
+    mfu = achieved / fm.peak_flops_per_rank
+    hfu = fm.hardware_flops_per_step / step_time / fm.world_size / fm.peak_flops_per_rank
+    rec: dict[str, Any] = {
+        "step": step, "steps": steps, "loss": loss, "lr": lr, "grad_norm": grad_norm,
+        "step_time_s": step_time, "tokens": fm.tokens_per_step,
+        "tokens_per_s": fm.tokens_per_step / step_time,
+        "tokens_per_s_per_gpu": fm.tokens_per_step / step_time / fm.world_size,
+        "model_flops_per_step": fm.model_flops_per_step, "tflops_per_gpu": achieved / 1e12,
+        "peak_tflops_per_gpu": fm.peak_flops_per_rank / 1e12, "world_size": fm.world_size,
+        "mfu": mfu, "hfu": hfu, "peak_mem_bytes": mem,
+    }
+    if mfu > 1.0:
+        rec["mfu_bug"] = True  # more than the peak is impossible: a FLOPs or timing accounting error
+    return rec
+
+
+def _si(x: float) -> str:
+    for unit, div in (("M", 1e6), ("k", 1e3)):
+        if abs(x) >= div:
+            return f"{x / div:.1f}{unit}"
+    return f"{x:.0f}"
+
+
+def console_line(r: dict[str, Any]) -> str:
+    width = len(str(r["steps"]))
+    return (f"step {r['step']:>{width}}/{r['steps']} | loss {r['loss']:.4f} | lr {r['lr']:.2e} | "
+            f"gnorm {r['grad_norm']:.3f} | {r['step_time_s'] * 1e3:7.1f} ms | "
+            f"{_si(r['tokens_per_s'])} tok/s ({_si(r['tokens_per_s_per_gpu'])}/gpu) | "
+            f"{r['tflops_per_gpu']:.3f} TFLOP/s/gpu | MFU {100 * r['mfu']:.1f}% | HFU {100 * r['hfu']:.1f}% | "
+            f"mem {r['peak_mem_bytes'] / 2**30:.2f} GiB")
+
+
+def warn(msg: str) -> None:
+    print(f"trainctl: warning: {msg}", file=sys.stderr, flush=True)

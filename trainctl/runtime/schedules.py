@@ -1,0 +1,101 @@
+"""Forward/backward over the micro-batches of one optimizer step: a plain accumulation loop (pp=1) or a
+pipeline schedule (GPipe, 1F1B, interleaved 1F1B) from torch.distributed.pipelining.
+
+Native pipelining: checked on CPU/gloo against one process at PP=2/4 with every schedule here (notes), and
+measured as fast as a hand-written 1F1B on the tiny model (24-27 vs 22-23 ms/step). Its stages infer
+activation shapes from the first micro-batch at run time, so sequence-parallel chunks [B, T/tp, H] need
+no special handling, and loss_fn may run TP collectives (every TP rank runs the same schedule in lockstep).
+DDP is not used with it (it crashes; data_parallel.GradSync does the DP reduction).
+
+Loss scaling: each micro-batch loss is divided by the number of micro-batches inside loss_fn (so
+`scale_grads=False`: the schedule never rescales gradients behind the DP hooks' back), which makes the
+gradients the mean over this replica's batch; GradSync's pre-division by dp makes them the global mean.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+from torch import Tensor, nn
+
+LossFn = Callable[[Tensor, Tensor], Tensor]
+
+
+class Executor(Protocol):
+    def run(self, inputs: Tensor, targets: Tensor) -> Tensor | None:
+        """inputs/targets [micro_batches, micro_batch, seq]; returns the replica's mean loss (a 0-d tensor)
+        on ranks holding the last stage, else None."""
+
+
+def _autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
+class Accumulate:
+    """pp=1: forward + backward one micro-batch at a time, gradients accumulating in place."""
+
+    def __init__(self, model: nn.Module, loss_fn: LossFn, micro_batches: int, device: torch.device,
+                 autocast_dtype: torch.dtype | None, fsdp: bool):
+        self.model = model
+        self.loss_fn = loss_fn
+        self.micro_batches = micro_batches
+        self.device = device
+        self.autocast_dtype = autocast_dtype
+        self.fsdp = fsdp
+
+    def run(self, inputs: Tensor, targets: Tensor) -> Tensor:
+        total = torch.zeros((), device=self.device)
+        for i in range(self.micro_batches):
+            if self.fsdp:  # FSDP2: reduce-scatter once, after the last micro-batch's backward
+                self.model.set_requires_gradient_sync(i == self.micro_batches - 1)
+            with _autocast(self.device, self.autocast_dtype):
+                logits = self.model(inputs[i])
+                loss = self.loss_fn(logits, targets[i]) / self.micro_batches
+            loss.backward()
+            total += loss.detach()
+        return total
+
+
+class Pipelined:
+    """pp>1: PipelineStage per model stage held by this rank, driven by a native schedule."""
+
+    def __init__(self, modules: list[nn.Module], stage_ids: list[int], n_stages: int, schedule: str,
+                 loss_fn: LossFn, micro_batches: int, device: torch.device, pp_group,
+                 autocast_dtype: torch.dtype | None):
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+        self.micro_batches = micro_batches
+        self.device = device
+        self.autocast_dtype = autocast_dtype
+        self.has_first = 0 in stage_ids
+        self.has_last = n_stages - 1 in stage_ids
+        stages = [PipelineStage(m, s, n_stages, device, group=pp_group) for m, s in zip(modules, stage_ids,
+                                                                                            strict=True)]
+
+        def scaled_loss(out: Tensor, target: Tensor) -> Tensor:
+            return loss_fn(out, target) / micro_batches
+
+        if schedule == "interleaved":
+            self.schedule = ScheduleInterleaved1F1B(stages, micro_batches, loss_fn=scaled_loss, scale_grads=False)
+        else:
+            if len(stages) != 1:
+                raise ValueError(f"schedule {schedule!r} runs one stage per pipeline rank, got {len(stages)}")
+            cls = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe}[schedule]
+            self.schedule = cls(stages[0], micro_batches, loss_fn=scaled_loss, scale_grads=False)
+
+    def run(self, inputs: Tensor, targets: Tensor) -> Tensor | None:
+        # the schedule splits the whole replica batch along dim 0 into equal micro-batches, in order
+        args = (inputs.reshape(-1, inputs.shape[-1]).to(self.device),) if self.has_first else ()
+        losses: list[Tensor] = []
+        kwargs = {"target": targets.reshape(-1, targets.shape[-1]).to(self.device), "losses": losses} \
+            if self.has_last else {}
+        with _autocast(self.device, self.autocast_dtype):
+            self.schedule.step(*args, return_outputs=False, **kwargs)
+        if not self.has_last:
+            return None
+        return torch.stack([loss.detach() for loss in losses]).sum()

@@ -1,0 +1,225 @@
+"""The training loop: build this rank's stages, wire DP/ZeRO/PP, step, clip, log."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from trainctl.plan.pipeline import stage_layer_ranges, stages_of_pp_rank
+from trainctl.rundir import RunPaths, append_jsonl, record_event
+from trainctl.runtime import data_parallel, metrics, optim, peak
+from trainctl.runtime.data import build_loader
+from trainctl.runtime.distributed import Parallel
+from trainctl.runtime.model import ModelConfig, build_stage, loss_fn
+from trainctl.runtime.schedules import Accumulate, Executor, Pipelined
+from trainctl.runtime.tensor_parallel import TPContext
+from trainctl.spec.models import RunSpec
+
+
+class InjectedFailure(RuntimeError):
+    """Raised by the TRAINCTL_TEST_FAIL_AT_STEP test knob."""
+
+
+class LossScaler:
+    """Dynamic loss scaling for fp16 (GradScaler's rule). Hand-written because the overflow check is the
+    global grad norm we compute across every parallel group anyway, which GradScaler cannot see."""
+
+    def __init__(self, enabled: bool, init: float = 2.0**16, interval: int = 2000):
+        self.enabled = enabled
+        self.scale = init if enabled else 1.0
+        self.interval = interval
+        self.good = 0
+
+    def update(self, finite: bool) -> bool:
+        """Returns whether the step may be applied."""
+        if not self.enabled:
+            return True
+        if not finite:
+            self.scale /= 2
+            self.good = 0
+            return False
+        self.good += 1
+        if self.good % self.interval == 0:
+            self.scale *= 2
+        return True
+
+
+class Trainer:
+    def __init__(self, spec: RunSpec, par: Parallel, paths: RunPaths):
+        self.spec, self.par, self.paths = spec, par, paths
+        t, p = spec.train, spec.parallel
+        self.log = par.rank == 0
+        torch.manual_seed(t.seed)  # same stream on every rank: replicated dropout masks agree over TP
+        self.autocast_dtype, self.scaler = self._precision()
+        self.cfg = ModelConfig.from_spec(spec)
+        self.tp = (TPContext.from_group(par.tp_group, p.sequence_parallel) if par.tp > 1 else TPContext.single())
+        ranges = stage_layer_ranges(spec)
+        n_stages = len(ranges)
+        self.stage_ids = stages_of_pp_rank(par.pp_rank, spec)
+        self.modules: list[nn.Module] = [
+            build_stage(self.cfg, ranges[s], s == 0, s == n_stages - 1, self.tp, t.seed, device=par.device)
+            for s in self.stage_ids]
+        self.micro_batches = spec.micro_batches
+        fsdp = p.zero == 3 and par.dp > 1
+        if fsdp:
+            data_parallel.apply_fsdp(self.modules, par)
+        infos = self._param_infos()
+        self.sync = (data_parallel.FsdpSync(infos, par) if fsdp
+                     else data_parallel.GradSync(infos, par, p.zero, self.micro_batches))
+        self.opt = optim.adamw(self.sync.optimizer_groups(), t)
+
+        def scaled_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+            return loss_fn(logits, targets, self.cfg, self.tp) * self.scaler.scale
+
+        self.executor: Executor
+        if par.pp == 1:
+            self.executor = Accumulate(self.modules[0], scaled_loss, self.micro_batches, par.device,
+                                       self.autocast_dtype, fsdp)
+        else:
+            self.executor = Pipelined(self.modules, self.stage_ids, n_stages, p.schedule, scaled_loss,
+                                      self.micro_batches, par.device, par.pp_group, self.autocast_dtype)
+        self.holds_last = (n_stages - 1) in self.stage_ids
+        self.loader = build_loader(spec, par.dp_rank, par.dp, t.seed)
+        self.flops: metrics.FlopsModel | None = None
+
+    # -- set-up helpers ----------------------------------------------------------------------------
+    def _precision(self) -> tuple[torch.dtype | None, LossScaler]:
+        prec, cuda = self.spec.train.precision, self.par.device.type == "cuda"
+        if prec != "fp32" and not cuda:
+            if self.log:
+                metrics.warn(f"train.precision={prec} on CPU: training in fp32 (no fast {prec} matmuls here)")
+            return None, LossScaler(False)
+        if prec == "bf16":
+            return torch.bfloat16, LossScaler(False)  # fp32 master weights, bf16 autocast compute
+        if prec == "fp16":
+            return torch.float16, LossScaler(True)
+        return None, LossScaler(False)
+
+    def _param_infos(self) -> list[data_parallel.ParamInfo]:
+        infos = []
+        tied_sync = self.par.embedding_group is not None
+        for m in self.modules:
+            meta = m.named_param_meta()
+            tied = _tied_names(m) if tied_sync else set()
+            for name, q in m.named_parameters():
+                is_tied = name in tied
+                infos.append(data_parallel.ParamInfo(
+                    name, q, tp_replicated=meta[name].shard is None if name in meta else True,
+                    tied=is_tied, tied_copy=is_tied and m.last and not m.first))
+        return infos
+
+    # -- the loop ------------------------------------------------------------------------------------
+    def run(self) -> None:
+        spec, par = self.spec, self.par
+        peak_flops, source = (peak.peak_flops_per_rank(spec, par.device) if self.log else (0.0, ""))
+        self.flops = metrics.FlopsModel.from_spec(spec, par.world_size, peak_flops, source)
+        if self.log:
+            record_event(self.paths, "start", world_size=par.world_size, tp=par.tp, pp=par.pp, dp=par.dp,
+                         zero=spec.parallel.zero, schedule=spec.parallel.schedule, peak_source=source)
+        fail_step, fail_rank = _fail_knob(par.world_size)
+        last: dict[str, Any] = {}
+        for step in range(spec.train.steps):
+            if step + 1 == fail_step and par.rank == fail_rank:
+                raise InjectedFailure(f"TRAINCTL_TEST_FAIL_AT_STEP={fail_step}: failing rank {par.rank} on purpose")
+            last = self.train_step(step)
+        if os.environ.get("TRAINCTL_DUMP_WEIGHTS") == "1":
+            self.dump_weights(self.paths.root / "final_weights")
+        if self.log:
+            record_event(self.paths, "finish", steps=spec.train.steps, loss=last.get("loss"))
+
+    def train_step(self, step: int) -> dict[str, Any]:
+        spec, par = self.spec, self.par
+        cuda = par.device.type == "cuda"
+        t0, c0 = time.perf_counter(), time.process_time()
+        lr = optim.lr_at(step, spec.train)
+        optim.set_lr(self.opt, lr)
+        inputs, targets = self.loader.next_step()
+        self.sync.start_step()
+        loss = self.executor.run(inputs.to(par.device), targets.to(par.device))
+        self.sync.finish()
+        norm, loss_value = self._norm_and_loss(loss)
+        finite = math.isfinite(norm)
+        if self.scaler.update(finite) and finite:
+            self._clip(norm)
+            self.opt.step()
+            self.sync.after_step()
+        if cuda:
+            torch.cuda.synchronize(par.device)
+        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+        rec: dict[str, Any] = {}
+        if self.log and ((step + 1) % spec.train.log_every == 0 or step + 1 == spec.train.steps):
+            rec = metrics.step_record(step + 1, spec.train.steps, loss_value, lr, norm, dt, self.flops,
+                                      metrics.peak_memory_bytes(par.device))
+            rec["cpu_time_s"] = cpu  # this process's CPU time: robust to a busy shared machine (benchmarks)
+            append_jsonl(self.paths.metrics, rec)
+            print(metrics.console_line(rec), flush=True)
+            if rec.get("mfu_bug"):
+                metrics.warn(f"MFU {rec['mfu']:.1%} > 100% at step {step + 1}: a FLOPs/timing accounting "
+                             "bug, not a result")
+                record_event(self.paths, "mfu_bug", step=step + 1, mfu=rec["mfu"])
+        return rec
+
+    def _norm_and_loss(self, loss: torch.Tensor | None) -> tuple[float, float]:
+        """Global grad norm (each element counted once across TP/PP/DP) and the global mean loss, in one
+        all-reduce. Hand-written: clip_grad_norm_ fails across meshes and double-counts replicas."""
+        pieces = [g for g, counted in self.sync.norm_pieces() if counted and g.numel()]
+        sq = torch.zeros((), dtype=torch.float64, device=self.par.device)
+        if pieces:
+            norms = torch._foreach_norm([g.float() if g.dtype != torch.float64 else g for g in pieces])
+            sq = torch.stack(norms).double().pow(2).sum()
+        contrib = torch.zeros((), dtype=torch.float64, device=self.par.device)
+        if loss is not None and self.par.tp_rank == 0:
+            contrib = loss.double() / self.par.dp
+        buf = torch.stack([sq, contrib])
+        if self.par.world_size > 1:
+            dist.all_reduce(buf)
+        inv = 1.0 / self.scaler.scale
+        sq_v, loss_v = buf.tolist()
+        if self.scaler.enabled:
+            torch._foreach_mul_(self.sync.all_grads(), inv)  # unscale before clipping and the update
+        return math.sqrt(sq_v) * inv, loss_v * inv
+
+    def _clip(self, norm: float) -> None:
+        clip = self.spec.train.grad_clip
+        if clip is None:
+            return
+        coef = clip / (norm + 1e-6)
+        if coef < 1.0:
+            torch._foreach_mul_(self.sync.all_grads(), coef)
+
+    # -- test support ----------------------------------------------------------------------------
+    def dump_weights(self, out: Path) -> None:
+        """Full-over-DP, per-TP-shard final weights of this (pp, tp) rank, with their TP shard layout."""
+        params: dict[str, torch.Tensor] = {}
+        shards: dict[str, Any] = {}
+        for m in self.modules:
+            meta = m.named_param_meta()
+            tied_copy = bool(m.last and not m.first and m.tied_parameters())
+            for name, q in m.named_parameters():
+                full = q.full_tensor() if hasattr(q, "full_tensor") else q.detach()  # collective under FSDP
+                if tied_copy and name in _tied_names(m):
+                    continue
+                params[name] = full.detach().cpu().clone()
+                shards[name] = meta[name].shard if name in meta else None
+        if self.par.dp_rank == 0:
+            out.mkdir(parents=True, exist_ok=True)
+            torch.save({"params": params, "shards": shards}, out / f"pp{self.par.pp_rank}-tp{self.par.tp_rank}.pt")
+
+
+def _tied_names(m: nn.Module) -> set[str]:
+    """Names of the tied parameters (by identity; FSDP replaces Parameter objects, names survive)."""
+    ids = {id(q) for q in m.tied_parameters()}
+    return {n for n, q in m.named_parameters() if id(q) in ids}
+
+
+def _fail_knob(world: int) -> tuple[int, int]:
+    step = int(os.environ.get("TRAINCTL_TEST_FAIL_AT_STEP", "0") or 0)
+    rank = int(os.environ.get("TRAINCTL_TEST_FAIL_RANK", str(world - 1)))
+    return step, rank
