@@ -30,7 +30,16 @@ def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for
 
 def _register() -> None:
     # Imported for their side effect of adding commands to `app`.
-    from trainctl.cli import data_cmd, hardware_cmd, launch_cmd, plan_cmd, report_cmd, spec_cmd  # noqa: F401
+    from trainctl.cli import (  # noqa: F401
+        checkpoints_cmd,
+        data_cmd,
+        hardware_cmd,
+        launch_cmd,
+        plan_cmd,
+        report_cmd,
+        run_cmds,  # noqa: F401  (status, logs, cancel, runs)
+        spec_cmd,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,4 +1,4 @@
-"""`trainctl launch`: create the run directory and run the bundled trainer (local torchrun for now)."""
+"""`trainctl launch`: create the run directory and run the bundled trainer (local torchrun, or Slurm)."""
 
 from __future__ import annotations
 
@@ -20,12 +20,19 @@ def launch(
                                         "runs/<name>-<YYYYmmdd-HHMMSS>); must not exist or be empty."),
     set_: list[str] = SetOpt,
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the run directory and command; run nothing."),
+    grace: int = typer.Option(300, "--grace", help="Slurm: seconds before the time limit at which the ranks "
+                              "are told to checkpoint and the job requeues itself (--signal=B:USR1@GRACE)."),
 ) -> None:
     """Launch a run: freeze the spec into a run directory and start the trainer on every rank."""
     from trainctl.launch import local  # launch layer: no torch, imported only when launching
 
     console = Console(highlight=False)
     run = read_spec(spec, set_)
+    if run.backend == "slurm":
+        from trainctl.cli.launch_slurm import launch_slurm
+
+        launch_slurm(run, run_dir, dry_run=dry_run, grace_s=grace, console=console)
+        return
     plan = local.plan_local(run, run_dir)
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in plan.env.items())
     if dry_run:

@@ -1,8 +1,10 @@
 """`python -m trainctl.runtime RUN_DIR`: what every launcher runs on every rank.
 
 Exit status, on every path: 0 success, 1 a failure (traceback on this rank's stderr, then one summary
-line), 2 a spec error. The exit itself goes through distributed.exit_now (barrier on success, flush,
-os._exit) because interpreter shutdown after gloo/FSDP aborts at random (see the CPU notes).
+line; a TrainctlError such as an unusable checkpoint gives the line alone), 2 a spec error, 75 stopped by
+SIGTERM/SIGUSR1/SIGUSR2 after committing a checkpoint (requeue me). The exit itself goes through
+distributed.exit_now (barrier on success, flush, os._exit) because interpreter shutdown after gloo/FSDP
+aborts at random (see the CPU notes).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import NoReturn
 
 import torch
 
-from trainctl.errors import SpecError
+from trainctl.errors import SpecError, TrainctlError
 from trainctl.rundir import RunPaths, record_event
 from trainctl.runtime.distributed import RankEnv, exit_now
 
@@ -40,10 +42,19 @@ def main(argv: list[str] | None = None) -> NoReturn:
         exit_now(2, barrier=False)
     try:
         from trainctl.runtime.distributed import init
+        from trainctl.runtime.placement_proof import prove_placement
         from trainctl.runtime.trainer import Trainer
 
         par = init(spec, env)
-        Trainer(spec, par, paths).run()
+        # Every rank reports where it really runs; rank 0 writes RUN/placement.json (fails on a split TP group).
+        prove_placement(spec, paths, par.rank, par.env.local_rank, par.world_size)
+        code = Trainer(spec, par, paths).run()
+    except TrainctlError as e:  # a known condition (e.g. an unusable checkpoint): one line + hint, no traceback
+        print(f"trainctl: rank {env.rank} failed: {e.message}" + (f" (hint: {e.hint})" if e.hint else ""),
+              file=sys.stderr)
+        with contextlib.suppress(OSError):
+            record_event(paths, "failure", rank=env.rank, error=e.message.splitlines()[0])
+        exit_now(1, barrier=False)
     except BaseException as e:  # every failure ends in one clear line and exit status 1
         traceback.print_exc()
         summary = f"{type(e).__name__}: {e}".splitlines()[0] if str(e) else type(e).__name__
@@ -51,7 +62,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
         with contextlib.suppress(OSError):  # an unwritable run dir must not hide the real error
             record_event(paths, "failure", rank=env.rank, error=summary)
         exit_now(1, barrier=False)
-    exit_now(0, barrier=True)
+    exit_now(code, barrier=True)  # 0, or 75 (EXIT_REQUEUE) after a stop signal and its checkpoint
 
 
 def _threads() -> None:

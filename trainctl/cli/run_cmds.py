@@ -1,0 +1,176 @@
+"""`trainctl status`, `logs`, `cancel`, `runs`: look after launched runs (Slurm or local). No torch."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from trainctl.cli.app import app
+from trainctl.cli.options import JsonOpt
+from trainctl.errors import RunError, UsageError
+
+RunArg = typer.Argument(..., help="Run directory (printed by `trainctl launch`).", show_default=False)
+FOLLOW_POLL_S = 0.5
+
+
+def _fmt_mfu(mfu: float | None) -> str:
+    return f"{mfu:.1%}" if isinstance(mfu, (int, float)) else "-"
+
+
+def _fmt_steps(done: int, total: int | None) -> str:
+    return f"{done}/{total}" if total else str(done)
+
+
+@app.command()
+def status(run: Path = RunArg, json_: bool = JsonOpt) -> None:
+    """State of a run in Slurm's words, steps done, attempts and the last MFU."""
+    from trainctl.launch.status import run_status
+
+    st = run_status(run)
+    if json_:
+        print(json.dumps(st.to_json(), indent=2))
+        return
+    console = Console(highlight=False)
+    color = {"COMPLETED": "green", "RUNNING": "cyan", "PENDING": "yellow"}.get(st.state, "red")
+    job = f" job {st.job_id}" if st.job_id else ""
+    console.print(f"[bold]{st.name}[/bold] ({st.backend}{job}): [{color}]{st.state}[/{color}]"
+                  + (f" - {st.reason}" if st.reason and st.reason != "None" else ""), soft_wrap=True)
+    loss = f", loss {st.last_loss:.4f}" if isinstance(st.last_loss, float) else ""
+    console.print(f"steps {_fmt_steps(st.steps_done, st.steps_total)}{loss}, MFU {_fmt_mfu(st.last_mfu)}, "
+                  f"attempts {st.attempts}, trainer starts {st.starts}"
+                  + (f", nodes {st.nodes}" if st.nodes and st.nodes != "(null)" else ""), soft_wrap=True)
+    console.print(f"[dim]{st.run_dir}[/dim]", soft_wrap=True)
+
+
+@app.command()
+def runs(base: Path = typer.Argument(Path("runs"), help="Directory holding run directories."),
+         json_: bool = JsonOpt) -> None:
+    """List run directories with backend, state, steps done and last MFU."""
+    from trainctl.launch.status import find_runs, run_status
+
+    found = []
+    for p in find_runs(base):
+        try:
+            found.append(run_status(p))
+        except UsageError:
+            continue
+    if json_:
+        print(json.dumps([s.to_json() for s in found], indent=2))
+        return
+    if not found:
+        print(f"no run directories under {base}")
+        return
+    table = Table(box=box.SIMPLE)
+    for col in ("run", "name", "backend", "job", "state", "steps", "MFU"):
+        table.add_column(col)
+    for s in found:
+        table.add_row(Path(s.run_dir).name, s.name, s.backend, s.job_id or "-", s.state,
+                      _fmt_steps(s.steps_done, s.steps_total), _fmt_mfu(s.last_mfu))
+    Console(highlight=False).print(table)
+
+
+@app.command()
+def cancel(run: Path = RunArg) -> None:
+    """Cancel a run: scancel its Slurm job, or stop the local launcher (SIGTERM, as Ctrl-C would)."""
+    from trainctl.launch.status import launcher_pid, open_run, read_job_json, run_status
+
+    paths = open_run(run)
+    job = read_job_json(paths)
+    st = run_status(run)
+    if not st.active:
+        print(f"{st.name}: already {st.state}; nothing to cancel")
+        return
+    if job.get("backend") == "slurm":
+        from trainctl.launch import slurm
+
+        slurm.cancel(str(job["job_id"]))
+        print(f"cancelled Slurm job {job['job_id']}")
+        return
+    pid = launcher_pid(paths)
+    if pid is None:
+        raise RunError(f"{run}: no launcher pid recorded in events.jsonl")
+    os.kill(pid, signal.SIGTERM)
+    print(f"sent SIGTERM to the local launcher (pid {pid})")
+
+
+@app.command()
+def logs(run: Path = RunArg,
+         follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines until the run ends."),
+         rank: int | None = typer.Option(None, "--rank", help="Only this global rank's output.")) -> None:
+    """Print a run's log: the Slurm output file (or the local console log), or one rank's output."""
+    from trainctl.launch.status import (
+        open_run,
+        rank_log_files,
+        read_job_json,
+        slurm_output,
+        srun_label_prefix,
+    )
+
+    paths = open_run(run)
+    job = read_job_json(paths)
+    slurm = job.get("backend") == "slurm"
+    mode = (job.get("slurm") or {}).get("mode")
+    prefix: str | None = None
+    if rank is not None and slurm and mode == "srun":
+        files = [f for f in [slurm_output(paths, job)] if f is not None]
+        prefix = srun_label_prefix(rank)  # srun --label: task id == global rank in srun mode
+    elif rank is not None:
+        files = rank_log_files(paths, job, rank)
+        if not files:
+            hint = ("torchrun mode on Slurm needs RUN/placement.json to find a rank's node"
+                    if slurm else "the run may not have started yet")
+            raise UsageError(f"no log files for rank {rank} under {paths.logs}", hint=hint)
+    else:
+        main_log = slurm_output(paths, job) if slurm else paths.logs / "launcher.log"
+        files = [main_log] if main_log is not None else []
+    if not files or not any(f.exists() for f in files) and not follow:
+        raise UsageError(f"no log yet for {paths.root}", hint="the job may still be pending; try `-f`")
+    out = sys.stdout
+    for f in files[:-1]:
+        _print_file(f, prefix, out)
+    _print_file(files[-1], prefix, out, follow=follow, run=paths.root if follow else None)
+
+
+def _print_file(path: Path, prefix: str | None, out, follow: bool = False, run: Path | None = None) -> None:
+    from trainctl.launch.status import run_status
+
+    pos = 0
+    pending = b""
+    while True:
+        if path.exists():
+            with open(path, "rb") as f:
+                f.seek(pos)
+                chunk = f.read()
+                pos = f.tell()
+            data = pending + chunk
+            lines = data.split(b"\n")
+            pending = lines.pop()  # an unfinished last line waits for its end
+            for raw in lines:
+                line = raw.decode("utf-8", errors="replace")
+                if prefix is None:
+                    out.write(line + "\n")
+                elif line.lstrip().startswith(prefix):
+                    out.write(line.lstrip()[len(prefix):] + "\n")
+            out.flush()
+        if not follow:
+            if pending and (prefix is None or pending.decode(errors="replace").lstrip().startswith(prefix)):
+                out.write(pending.decode("utf-8", errors="replace") + "\n")
+            return
+        assert run is not None
+        if not run_status(run).active:
+            follow = False  # one last read after the end
+            time.sleep(FOLLOW_POLL_S)
+            continue
+        try:
+            time.sleep(FOLLOW_POLL_S)
+        except KeyboardInterrupt:
+            return

@@ -1,0 +1,248 @@
+"""Render the sbatch script of a Slurm launch (pure text; no Slurm, no torch).
+
+The script is what a Slurm expert writes by hand: #SBATCH resource lines, MASTER_ADDR/MASTER_PORT from
+the allocation, one `srun` step (one task per GPU, or one torchrun per node), and the preemption chain:
+
+    Slurm --signal=B:USR1@GRACE -> batch script (trap) -> kill -USR1 <srun> -> srun forwards it to the
+    step -> slurmstepd signals every process of every task -> the ranks checkpoint at the next step
+    boundary and exit -> the batch script runs `scontrol requeue $SLURM_JOB_ID` itself.
+
+Preemption by a higher-tier partition signals the *steps* (SIGTERM), not the batch script, and a job
+that then ends by itself is recorded COMPLETED, not requeued (slurm/README.md); the script notices it
+from `PreemptTime=` in `scontrol show job` and requeues too.
+
+Shell safety: every value that comes from the spec is shlex-quoted in the body. #SBATCH lines cannot
+be quoted (sbatch parses them itself), so only values made of plain characters go there; anything else
+is handed to sbatch as a command-line argument (an argv list, no shell; see `SbatchRender.argv`).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+TRAINER_MODULE = "trainctl.runtime"
+DEFAULT_GRACE_S = 300  # warning before the time limit: enough to write an async checkpoint
+MASTER_PORT_BASE = 20000
+
+# Characters a #SBATCH line carries verbatim: sbatch splits the line at whitespace, strips quotes and
+# stops at '#', so anything outside this set goes on the command line instead.
+SAFE_SBATCH_VALUE = re.compile(r"^[A-Za-z0-9_.,:=@%/+\-\[\]]*$")
+CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
+
+
+@dataclass(frozen=True)
+class SbatchRequest:
+    """What to ask Slurm for; every string here may come from a user (treated as hostile)."""
+
+    run_dir: str
+    job_name: str
+    nodes: int
+    gpus_per_node: int
+    mode: str  # "srun" (one task per GPU) or "torchrun" (one torchrun per node)
+    python: str
+    request_gpus: bool = True  # False for CPU "GPUs" (cluster.gpu: cpu): no gres in the request
+    cpus_per_rank: int | None = None
+    mem: str | None = None
+    time: str | None = None
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    exclude: str | None = None
+    max_restarts: int = 0
+    grace_s: int = DEFAULT_GRACE_S
+    srun_args: Sequence[str] = ()
+    sbatch_args: Sequence[str] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    trainer_module: str = TRAINER_MODULE
+    header: str = "trainctl launch (slurm)"
+
+
+@dataclass(frozen=True)
+class SbatchRender:
+    script: str
+    options: list[str]  # every sbatch option, in order (#SBATCH lines and command line together)
+    cli_options: list[str]  # the ones #SBATCH lines could not carry: pass as sbatch arguments
+    step: list[str]  # the srun command line of the training step, shell words (for commands.txt)
+
+    def argv(self, script_path: str, sbatch: str = "sbatch") -> list[str]:
+        """The exact submission command: no shell involved, so these values need no quoting."""
+        return [sbatch, "--parsable", *self.cli_options, script_path]
+
+
+def sbatch_options(req: SbatchRequest) -> list[str]:
+    """Every sbatch option of the request, as `--flag=value` words (values not yet vetted)."""
+    tasks_per_node = req.gpus_per_node if req.mode == "srun" else 1
+    # '%' starts a Slurm filename pattern: a literal one in the run dir is written '%%'.
+    logs = f"{req.run_dir.rstrip('/').replace('%', '%%')}/logs/slurm-%j.out"
+    opts = [f"--job-name={req.job_name}", f"--nodes={req.nodes}", f"--ntasks-per-node={tasks_per_node}"]
+    if req.request_gpus:
+        opts.append(f"--gpus-per-node={req.gpus_per_node}")
+    cpus = _cpus_per_task(req)
+    if cpus is not None:
+        opts.append(f"--cpus-per-task={cpus}")
+    for flag, value in (("mem", req.mem), ("time", req.time), ("partition", req.partition),
+                        ("account", req.account), ("qos", req.qos), ("constraint", req.constraint),
+                        ("exclude", req.exclude)):
+        if value is not None:
+            opts.append(f"--{flag}={value}")
+    opts += [f"--output={logs}", f"--error={logs}", "--open-mode=append", "--requeue",
+             f"--signal=B:USR1@{req.grace_s}"]
+    return opts
+
+
+def _cpus_per_task(req: SbatchRequest) -> int | None:
+    # cluster.cpus_per_task is per rank; in torchrun mode one task (torchrun) holds the node's ranks.
+    # Unset in torchrun mode would leave one CPU for torchrun and all its workers: give each rank one.
+    if req.mode == "torchrun":
+        return (req.cpus_per_rank or 1) * req.gpus_per_node
+    return req.cpus_per_rank
+
+
+def split_options(ours: list[str], extra: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(#SBATCH-line options, command-line options). Command-line options override #SBATCH lines, so
+    once one of ours must go on the command line, the user's extra arguments follow it there (they were
+    appended to ours and must keep winning)."""
+    lines: list[str] = []
+    cli: list[str] = []
+    for opt in ours:
+        (lines if SAFE_SBATCH_VALUE.match(opt) else cli).append(opt)
+    if cli or not all(SAFE_SBATCH_VALUE.match(a) for a in extra):
+        cli += list(extra)
+    else:
+        lines += list(extra)
+    return lines, cli
+
+
+def step_command(req: SbatchRequest) -> list[str]:
+    """The srun line as shell words: literal words are shlex-quoted, `$VAR` words are ours."""
+    q = shlex.quote
+    G = req.gpus_per_node
+    cpus = _cpus_per_task(req)
+    common = ["--kill-on-bad-exit=1", "--label"]
+    if cpus is not None:
+        # Slurm >= 22.05: srun no longer inherits sbatch's --cpus-per-task; say it again.
+        common.append(f"--cpus-per-task={cpus}")
+    user = [q(a) for a in req.srun_args]
+    if req.mode == "srun":
+        return ["srun", f"--nodes={req.nodes}", f"--ntasks={req.nodes * G}", f"--ntasks-per-node={G}",
+                *common, *user, '"$PYTHON"', "-u", "-m", q(req.trainer_module), '"$RUN_DIR"']
+    # torchrun mode. The wrapper (a fixed string; its arguments are passed as "$@", never parsed):
+    # USR1 reaches every process of the step and would kill torchrun (not a signal it handles), so
+    # torchrun ignores it; the workers inherit SIG_IGN until the trainer installs its own handler.
+    # PET_LOG_DIR (torchrun's --log-dir) is per node, so `trainctl logs --rank N` can find a rank.
+    wrapper = 'trap "" USR1; export PET_LOG_DIR="$0/$SLURMD_NODENAME"; exec "$@"'
+    return ["srun", f"--nodes={req.nodes}", f"--ntasks={req.nodes}", "--ntasks-per-node=1", *common, *user,
+            "bash", "-c", q(wrapper), '"$RUN_DIR/logs/torchrun/$SLURM_JOB_ID.${SLURM_RESTART_COUNT:-0}"',
+            '"$PYTHON"', "-m", "torch.distributed.run", "--nnodes=$SLURM_NNODES", f"--nproc-per-node={G}",
+            "--rdzv-backend=c10d", '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"', '--rdzv-id="$SLURM_JOB_ID"',
+            f"--max-restarts={req.max_restarts}", "--redirects=3", "--tee=3",
+            "-m", q(req.trainer_module), '"$RUN_DIR"']
+
+
+def render(req: SbatchRequest) -> SbatchRender:
+    q = shlex.quote
+    ours = sbatch_options(req)
+    lines, cli = split_options(ours, req.sbatch_args)
+    step = step_command(req)
+    G = req.gpus_per_node
+    omp = '"${SLURM_CPUS_PER_TASK:-1}"' if req.mode == "srun" else f'"$(( ${{SLURM_CPUS_PER_TASK:-{G}}} / {G} ))"'
+
+    out = [
+        "#!/bin/bash",
+        f"# {_comment(req.header)}",
+        f"# mode {req.mode}: " + ("srun starts one task per GPU (ranks from SLURM_PROCID/SLURM_LOCALID/"
+                                  "SLURM_NTASKS)" if req.mode == "srun" else
+                                  "srun starts one torchrun per node (c10d rendezvous on the first node)"),
+        *[f"#SBATCH {opt}" for opt in lines],
+    ]
+    if cli:
+        out.append("# More options are given on the sbatch command line (values a #SBATCH line cannot carry): "
+                   + " ".join(sorted({o.split("=", 1)[0] for o in cli})) + "; see commands.txt")
+    out += [
+        "",
+        "set -u  # no -e/pipefail: the step's exit status is handled below",
+        f"RUN_DIR={q(req.run_dir)}",
+        f"PYTHON={q(req.python)}  # the launching venv; compute nodes share this filesystem",
+        "",
+        "# Rendezvous: the first host of the allocation, a port derived from the job id (the same on every",
+        "# node and for every attempt of this job).",
+        'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
+        f"MASTER_PORT=$(( {MASTER_PORT_BASE} + SLURM_JOB_ID % {MASTER_PORT_BASE} ))",
+        "export MASTER_ADDR MASTER_PORT",
+        "",
+        f"export OMP_NUM_THREADS={omp}  # one thread per allocated CPU, not one per core of the node",
+        "export PYTHONUNBUFFERED=1  # step lines reach the log as they happen",
+        "export TORCH_NCCL_ASYNC_ERROR_HANDLING=1  # a failed collective aborts the rank instead of hanging",
+        "export TORCH_NCCL_BLOCKING_WAIT=0",
+        "export NCCL_DEBUG=WARN",
+        *[f"export {k}={q(v)}" for k, v in req.env.items()],
+        "",
+        'attempt="${SLURM_RESTART_COUNT:-0}"',
+        "event() {  # event KIND [EXTRA_JSON]: one line of RUN/events.jsonl (values are ours: numbers, words)",
+        '    printf \'{"time":%s,"event":"%s","pid":%d,"job_id":"%s","attempt":%d%s}\\n\' '
+        '"$(date +%s.%N)" "$1" "$$" "$SLURM_JOB_ID" "$attempt" "${2:-}" >>"$RUN_DIR/events.jsonl"',
+        "}",
+        'echo "trainctl: job $SLURM_JOB_ID attempt $attempt on $SLURM_JOB_NODELIST,'
+        ' master $MASTER_ADDR:$MASTER_PORT"',
+        'event slurm_start ",\\"nodes\\":\\"$SLURM_JOB_NODELIST\\""',
+        "",
+        "requeue=0",
+        "step_pid=",
+        "on_usr1() {  # Slurm's warning (--signal=B:USR1) or `scancel --batch --signal=USR1`",
+        '    echo "trainctl: SIGUSR1: the ranks checkpoint and stop; then this job requeues itself"',
+        "    requeue=1",
+        '    event signal \',"signal":"USR1"\'',
+        '    if [ -n "$step_pid" ]; then kill -USR1 "$step_pid" 2>/dev/null; fi  # srun forwards it to the step',
+        "}",
+        "on_term() {  # scancel, scontrol requeue, end of a preemption's grace time: Slurm decides what follows",
+        '    echo "trainctl: SIGTERM: stopping the ranks"',
+        '    event signal \',"signal":"TERM"\'',
+        '    if [ -n "$step_pid" ]; then kill -TERM "$step_pid" 2>/dev/null; fi',
+        "}",
+        "trap on_usr1 USR1",
+        "trap on_term TERM",
+        "",
+        " \\\n    ".join(_wrap(step)) + " &",
+        "step_pid=$!",
+        "# wait returns early (status > 128) for every trapped signal: wait until srun is really gone.",
+        'while :; do wait "$step_pid"; rc=$?; kill -0 "$step_pid" 2>/dev/null || break; done',
+        'wait "$step_pid"; rc=$?',
+        'echo "trainctl: the training step exited with status $rc"',
+        'event step_exit ",\\"exit_code\\":$rc"',
+        "",
+        "# Preempted (PreemptTime set): Slurm signalled the ranks, not us, and will not requeue a job that ends",
+        "# by itself.",
+        'if [[ "$(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null)" =~ PreemptTime=[0-9] ]]; then requeue=1; fi',
+        "# A run that finished all its steps is done, whatever signal came late.",
+        'if [ "$requeue" = 1 ] && grep -qs \'"event": *"finish"\' "$RUN_DIR/events.jsonl"; then requeue=0; fi',
+        'if [ "$requeue" = 1 ]; then',
+        '    echo "trainctl: requeueing job $SLURM_JOB_ID (attempt $((attempt + 1)) resumes from the latest'
+        ' checkpoint)"',
+        "    event requeue",
+        '    if scontrol requeue "$SLURM_JOB_ID"; then exit 0; fi',
+        '    echo "trainctl: scontrol requeue failed" >&2',
+        "fi",
+        'exit "$rc"',
+    ]
+    return SbatchRender(script="\n".join(out) + "\n", options=[*ours, *req.sbatch_args], cli_options=cli,
+                        step=step)
+
+
+def _wrap(words: list[str], width: int = 96) -> list[str]:
+    """srun and its options, then the program: lines of at most ~width characters (readability only)."""
+    cut = next((i for i, w in enumerate(words) if w in ("bash", '"$PYTHON"')), len(words))
+    lines: list[str] = []
+    for i, w in enumerate(words):
+        if lines and i != cut and len(lines[-1]) + len(w) < width:
+            lines[-1] += " " + w
+        else:
+            lines.append(w)
+    return lines
+
+
+def _comment(text: str) -> str:
+    return CONTROL_CHARS.sub(" ", text)

@@ -1,0 +1,117 @@
+"""Placement proof at start-up: where every rank really runs, written to RUN/placement.json by rank 0.
+
+Call once after the process groups exist (collective: every rank must call it). The node of a rank is
+what the rank reports (SLURMD_NODENAME under Slurm, else the hostname), never derived from the rank
+number: torchrun's c10d rendezvous hands out node ranks in join order, so global ranks 0..G-1 may run
+on the second node of the allocation. If a TP group spans two nodes although the plan said none would
+(`tp_groups_across_nodes`), the job stops with a clear error instead of training at a fraction of the
+speed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from trainctl.plan.placement import Groups, Layout, coords, tp_groups_across_nodes
+from trainctl.rundir import RunPaths, record_event
+from trainctl.spec.models import RunSpec
+
+PLACEMENT_FILE = "placement.json"
+
+
+class PlacementError(RuntimeError):
+    pass
+
+
+def report(local_rank: int) -> dict[str, Any]:
+    """What this rank can say about itself."""
+    host = socket.gethostname()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    gpu: str | None = None
+    if torch.cuda.is_available():
+        idx = torch.cuda.current_device()
+        ids = visible.split(",") if visible else []
+        gpu = ids[idx] if idx < len(ids) else str(idx)  # the physical id where the launcher says it
+        uuid = getattr(torch.cuda.get_device_properties(idx), "uuid", None)
+        gpu_uuid = str(uuid) if uuid is not None else None
+    else:
+        gpu_uuid = None
+        ids = visible.split(",") if visible else []
+        # CPU ranks on a (possibly emulated) GPU allocation: the GPU this local rank would use.
+        gpu = ids[local_rank] if local_rank < len(ids) else None
+    return {"host": host, "node": os.environ.get("SLURMD_NODENAME") or host,
+            "slurm_node_id": os.environ.get("SLURM_NODEID"), "local_rank": local_rank, "gpu": gpu,
+            "gpu_uuid": gpu_uuid, "cuda_visible_devices": visible, "pid": os.getpid()}
+
+
+def build_map(reports: list[dict[str, Any]], layout: Layout) -> dict[str, Any]:
+    """Rank -> (host, node, gpu, tp, dp, pp), and the TP groups that really span nodes. Pure."""
+    order: list[str] = []  # node index by the lowest rank on it: node 0 holds rank 0
+    for r in reports:
+        if r["node"] not in order:
+            order.append(r["node"])
+    ranks = []
+    for rank, r in enumerate(reports):
+        t, d, p = coords(rank, layout)
+        ranks.append({"rank": rank, "host": r["host"], "node": r["node"], "node_index": order.index(r["node"]),
+                      "slurm_node_id": r.get("slurm_node_id"), "local_rank": r["local_rank"], "gpu": r["gpu"],
+                      "tp": t, "dp": d, "pp": p, "pid": r.get("pid")})
+    groups = Groups(layout)
+    across = [g for g in groups.tp if len({reports[x]["node"] for x in g}) > 1]
+    seen: dict[tuple[str, str], list[int]] = {}
+    for x in ranks:
+        if x["gpu"] is not None:
+            seen.setdefault((x["node"], x["gpu"]), []).append(x["rank"])
+    shared = {f"{n}:{g}": rs for (n, g), rs in seen.items() if len(rs) > 1}
+    return {"world_size": len(reports), "layout": {"tp": layout.tp, "dp": layout.dp, "pp": layout.pp,
+                                                   "gpus_per_node": layout.gpus_per_node},
+            "nodes": order, "ranks": ranks, "tp_groups_across_nodes": across,
+            "tp_groups_across_nodes_planned": tp_groups_across_nodes(layout), "shared_gpus": shared}
+
+
+def check(mapping: dict[str, Any]) -> None:
+    """Raise if the job runs a placement the plan did not promise."""
+    planned, actual = mapping["tp_groups_across_nodes_planned"], mapping["tp_groups_across_nodes"]
+    if actual and not planned:
+        by_rank = {x["rank"]: x["node"] for x in mapping["ranks"]}
+        g = actual[0]
+        where = ", ".join(f"rank {r} on {by_rank[r]}" for r in g)
+        raise PlacementError(
+            f"placement: {len(actual)} tensor-parallel group(s) span two nodes although the plan put every TP "
+            f"group inside one node, e.g. TP group {g}: {where}. The launcher placed ranks differently from "
+            f"the plan (ranks per node must be cluster.gpus_per_node, consecutive ranks on one node); see "
+            f"{PLACEMENT_FILE}")
+
+
+def prove_placement(spec: RunSpec, paths: RunPaths, rank: int, local_rank: int,
+                    world_size: int) -> dict[str, Any] | None:
+    """Collective. Every rank reports; rank 0 writes RUN/placement.json; every rank raises on a bad map."""
+    mine = report(local_rank)
+    if world_size > 1 and dist.is_available() and dist.is_initialized():
+        reports: list[Any] = [None] * world_size
+        dist.all_gather_object(reports, mine)
+    else:
+        reports = [mine]
+    mapping = build_map(reports, Layout.from_spec(spec))
+    if rank == 0:
+        tmp = paths.root / f".{PLACEMENT_FILE}.tmp"
+        tmp.write_text(json.dumps(mapping, indent=1) + "\n", encoding="utf-8")
+        os.replace(tmp, paths.root / PLACEMENT_FILE)
+        record_event(paths, "placement", nodes=mapping["nodes"],
+                     tp_groups_across_nodes=len(mapping["tp_groups_across_nodes"]))
+    check(mapping)  # the same decision on every rank: all stop together
+    return mapping
+
+
+def read_placement(root: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((root / PLACEMENT_FILE).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
