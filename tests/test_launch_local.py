@@ -94,8 +94,10 @@ def test_plan_local_threads_env_and_checks(tmp_path: Path, monkeypatch: pytest.M
 
     with pytest.raises(UsageError, match="cluster.nodes = 2"):
         local.plan_local(small_spec(**{"cluster.nodes": "2", "cluster.gpus_per_node": "4"}), tmp_path / "r4")
-    with pytest.raises(UsageError, match="only the local backend"):
+    with pytest.raises(UsageError, match="resolves to 'slurm', not local"):
         local.plan_local(small_spec(**{"launcher.backend": "slurm"}), tmp_path / "r5")
+    # backend auto on one node is a local launch
+    assert local.plan_local(small_spec(**{"launcher.backend": "auto"}), tmp_path / "r6").nproc >= 1
     with pytest.raises(UsageError, match="no such file"):
         local.plan_local(small_spec(**{"data.synthetic": "false", "data.path": str(tmp_path / "x.bin")}),
                          tmp_path / "r6")

@@ -89,8 +89,8 @@ def torchrun_command(run_dir: Path, nproc: int, max_restarts: int = 0, python: s
 
 def plan_local(spec: RunSpec, run_dir: Path | None = None) -> LocalLaunch:
     """Check what can be checked before starting (exit 2 on a problem) and render the command."""
-    if spec.launcher.backend != "local":
-        raise UsageError(f"launcher.backend = {spec.launcher.backend!r}: only the local backend exists so far",
+    if spec.backend != "local":
+        raise UsageError(f"launcher.backend = {spec.launcher.backend!r} resolves to {spec.backend!r}, not local",
                          hint="use --set launcher.backend=local to run on this machine")
     if spec.cluster.nodes != 1:
         raise UsageError(f"cluster.nodes = {spec.cluster.nodes}: a local launch runs on this one machine",
