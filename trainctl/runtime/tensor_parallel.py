@@ -1,12 +1,14 @@
 """Megatron-style tensor parallelism written by hand (Shoeybi et al. 2019; Korthikanti et al. 2022 for SP).
 
-Why hand-written and not DTensor: on the tiny CPU models this project tests with, a Megatron f/g path with
-custom autograd functions was measured 2-5x faster than DTensor's `parallelize_module` + `loss_parallel`
-(see ../shared/notes/torch-distributed-on-cpu.md: 33-35 ms/step vs 60-186 ms/step at TP=2), because
-DTensor's per-op dispatch overhead dominates at that size. The math is the same. The reference this path is
-checked against is the single-process model itself (tests/test_tensor_parallel.py: TP=2/4, with and without
-SP, equal to one process to ~1e-16 in fp64). There is no DTensor path: it would need per-part sharding
-of the fused QKV / gate-up weights, which plain Shard(0) does not express.
+Why hand-written and not DTensor: DTensor's per-op dispatch costs more than the collectives save on the
+models a CPU can train. Measured side by side at TP=2 on this 2-core machine (bench/bench_tp.py, fp32,
+forward+backward), DTensor `parallelize_module` + `loss_parallel` takes 2.2-2.4x the time of this path on
+the tiny test model (hidden 64) and 1.3-1.4x at hidden 256-512; on large GPU matmuls the gap should close,
+so measure before switching. The math is the same, and DTensor stays the checked reference: an unfused
+DTensor model (tests/dtensor_ref_worker.py) loaded with the same weights gives the same loss and gradients
+as this path to ~1e-16 in fp64, with and without SP (tests/test_tp_dtensor_reference.py); both also equal
+one process (tests/test_tensor_parallel.py). The fused QKV / gate-up weights are split per part over TP,
+which a plain DTensor Shard(0) does not express; that is why the reference is unfused.
 
 The four conjugate communication functions (activations are [B, T, H]; the sequence dim is 1):
 
