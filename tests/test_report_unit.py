@@ -1,0 +1,157 @@
+"""mfu-report's arithmetic on hand-made run directories (fast; the real runs are in test_report_runs.py)."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from trainctl.report import analyze, build_report, load_run
+from trainctl.report.render import render
+
+
+def _step(step: int, t_end: float, dt: float = 1.0, **extra: Any) -> dict[str, Any]:
+    return {"step": step, "steps": 10, "loss": 5.0 - 0.1 * step, "step_time_s": dt, "time": t_end, "tokens": 1024,
+            "tokens_per_s": 1024 / dt, "tokens_per_s_per_gpu": 512 / dt, "tflops_per_gpu": 0.5, "mfu": 0.4,
+            "hfu": 0.5, "world_size": 2, "peak_tflops_per_gpu": 1.25, "peak_source": "spec cluster.peak_tflops",
+            **extra}
+
+
+def _write(run: Path, metrics: list[dict[str, Any]], events: list[dict[str, Any]], plan: dict | None = None) -> Path:
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    (run / "spec.yaml").write_text(f"name: {run.name}\ntrain: {{log_every: 1}}\n")
+    if plan is not None:
+        (run / "plan.json").write_text(json.dumps(plan))
+    return run
+
+
+def interrupted_run(root: Path) -> Path:
+    """Attempt 0: launch t=0, steps 1-6 (1 s each; a 0.2 s blocking checkpoint after step 4), rank 1 fails at
+    t=11.5. Attempt 1 (resume from step 4): launch t=13, steps 5-10, finish; launcher exits at t=22.5."""
+    m = [_step(k, 5 + k) for k in range(1, 5)]
+    m[-1]["ckpt_block_s"] = 0.2
+    m += [_step(5, 10.2), _step(6, 11.2)]
+    m += [_step(k, 12 + k) for k in range(5, 11)]
+    ev = [{"time": 0.0, "event": "launch"}, {"time": 4.5, "event": "start"},
+          {"time": 9.1, "event": "checkpoint_committed", "step": 4},
+          {"time": 11.5, "event": "failure", "rank": 1, "error": "InjectedFailure: boom"},
+          {"time": 11.6, "event": "launcher_exit", "exit_code": 1},
+          {"time": 13.0, "event": "launch", "resume": True}, {"time": 15.5, "event": "start"},
+          {"time": 15.6, "event": "checkpoint_loaded", "step": 4},
+          {"time": 22.1, "event": "finish", "steps": 10}, {"time": 22.5, "event": "launcher_exit", "exit_code": 0}]
+    return _write(root / "interrupted", m, ev)
+
+
+def test_goodput_attributes_the_lost_time(tmp_path):
+    r = analyze(load_run(interrupted_run(tmp_path)))
+    g = r["goodput"]
+    assert g["wall_s"] == pytest.approx(22.5)
+    assert g["productive_s"] == pytest.approx(10.0)  # every step once
+    assert g["goodput"] == pytest.approx(10 / 22.5)
+    lost = g["lost_s"]
+    assert lost["startup"] == pytest.approx(5.0)  # launch -> step 1 began
+    assert lost["replayed_steps"] == pytest.approx(2.0)  # steps 5 and 6 of attempt 0 were run again
+    assert lost["restarts"] == pytest.approx(16.0 - 11.2)  # last step of attempt 0 -> first of attempt 1
+    assert lost["checkpoint_stalls"] == pytest.approx(0.2)
+    assert lost["shutdown"] == pytest.approx(0.5)
+    assert lost["queueing"] is None  # not known for a local launch
+    assert lost["other"] == pytest.approx(0.0, abs=1e-9)
+    assert g["attempts"] == 2 and g["final_outcome"] == "finished"
+    (restart,) = g["restarts"]
+    assert restart["cause"] == "rank 1 failed: InjectedFailure: boom"
+    assert restart["resumed_at_step"] == 4 and restart["replayed_steps"] == 2
+    s = r["summary"]
+    assert s["steps_completed"] == 10
+    assert s["step_time_s"]["median"] == pytest.approx(1.0)
+    assert s["peak"]["source"] == "spec cluster.peak_tflops"
+    assert [p["attempt"] for p in r["series"]] == [0] * 6 + [1] * 6
+
+
+def test_attempts_without_timestamps_split_on_step_decrease(tmp_path):
+    """Older metrics lines have no "time": a step number that does not increase starts the next attempt."""
+    run = interrupted_run(tmp_path)
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    (run / "metrics.jsonl").write_text("".join(json.dumps({k: v for k, v in m.items() if k != "time"}) + "\n"
+                                               for m in lines))
+    g = analyze(load_run(run))["goodput"]
+    assert g["attempts"] == 2 and g["productive_s"] == pytest.approx(10.0)
+    assert g["lost_s"]["replayed_steps"] == pytest.approx(2.0)
+
+
+def test_hang_is_a_restart_cause(tmp_path):
+    m = [_step(1, 2.0), _step(2, 3.0), _step(1, 20.0), _step(2, 21.0)]
+    ev = [{"time": 0.0, "event": "launch"}, {"time": 0.5, "event": "start"},
+          {"time": 9.0, "event": "hang", "rank": 1, "step": 2, "idle_s": 6.0},
+          {"time": 18.5, "event": "start"}, {"time": 21.1, "event": "finish"}]
+    g = analyze(load_run(_write(tmp_path / "hung", m, ev)))["goodput"]
+    assert g["restarts"][0]["cause"] == "rank 1 hung after step 2 (watchdog: no progress for 6 s)"
+    assert g["lost_s"]["replayed_steps"] == pytest.approx(2.0)
+
+
+def test_straggler_named_with_host_and_cost(tmp_path):
+    """Rank 2 is 50 ms slower every step; the first step of the attempt is warm-up and not sampled."""
+    run = _write(tmp_path / "strag", [_step(k, float(k)) for k in range(1, 9)], [{"time": 0.0, "event": "launch"}])
+    logs = run / "logs"
+    logs.mkdir()
+    for rank in range(4):
+        lines = [{"header": True, "rank": rank, "host": f"node{rank // 2}", "local_rank": rank % 2,
+                  "device": f"cuda:{rank % 2}"}]
+        for step in range(1, 9):
+            busy = 0.100 + 0.001 * rank + (0.050 if rank == 2 else 0.0)
+            lines.append({"step": step, "time": step, "step_s": 0.16, "sync_s": 0.16 - busy})
+        (logs / f"steptimes-rank{rank}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    st = analyze(load_run(run))["stragglers"]
+    assert st["available"] and st["ranks"] == 4 and st["steps_sampled"] == 7
+    (x,) = st["stragglers"]
+    assert x["rank"] == 2 and x["where"] == "rank 2 on node1 GPU 0"
+    assert x["cost_s"] == pytest.approx(7 * (0.152 - 0.103))  # vs the next-slowest rank, every step
+    assert x["fraction_above"] == 1.0
+
+
+def test_mfu_above_100_percent_is_a_bug_not_a_result(tmp_path):
+    m = [_step(k, float(k), mfu=1.3, mfu_bug=True) for k in range(1, 5)]
+    report = build_report([_write(tmp_path / "bug", m, [{"time": 0.0, "event": "launch"}])])
+    s = report["runs"][0]["summary"]
+    assert s["mfu"] is None and s["hfu"] is None and s["mfu_bug"]["max_mfu"] == 1.3
+    buf = io.StringIO()
+    render(report, Console(file=buf, width=160))
+    out = buf.getvalue()
+    assert "BUG (>100%)" in out and "130" not in out
+
+
+def test_plan_prediction_side_by_side_and_cpu_note(tmp_path):
+    plan = {"prediction": {"mfu": 0.5, "hfu": 0.6, "step_time_s": 0.8, "tokens_per_s": 1280.0},
+            "hardware": {"peak_flops": 1.25e12}, "layout": {"pp": 2}, "pipeline": {"bubble_fraction": 0.2},
+            "communication": {"per_kind": {}}}
+    gpu = _write(tmp_path / "gpu", [_step(k, float(k)) for k in range(1, 6)], [{"time": 0.0, "event": "launch"}], plan)
+    cpu_plan = {**plan, "prediction": {"mfu": None, "step_time_s": None}}
+    cpu = _write(tmp_path / "cpu", [_step(k, float(k)) for k in range(1, 6)], [{"time": 0.0, "event": "launch"}],
+                 cpu_plan)
+    report = build_report([gpu, cpu])
+    p = report["runs"][0]["summary"]["plan"]
+    assert p["available"] and p["mfu_gap_points"] == pytest.approx(-10.0)
+    assert p["measured_over_predicted_step"] == pytest.approx(1.25)
+    bubble = report["runs"][0]["time_breakdown"]["items"][0]
+    assert bubble["name"] == "pipeline bubble" and bubble["seconds"] == pytest.approx(0.2)
+    assert "no prediction" in report["runs"][1]["summary"]["plan"]["note"]
+    buf = io.StringIO()
+    render(report, Console(file=buf, width=200))
+    out = buf.getvalue()
+    assert "50.00% (gap -10.00 pts)" in out and "no prediction (CPU peak is measured)" in out
+    assert " gpu " in out and " cpu " in out  # one column per run
+
+
+def test_not_a_run_dir_is_a_usage_error(tmp_path):
+    from trainctl.errors import UsageError
+
+    with pytest.raises(UsageError, match="no such run directory"):
+        load_run(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UsageError, match="no metrics.jsonl"):
+        load_run(tmp_path / "empty")

@@ -1,0 +1,42 @@
+"""`trainctl mfu-report RUN [RUN ...]`: summary, where the time went, goodput, stragglers. No torch."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from trainctl.cli.app import app
+from trainctl.cli.options import JsonOpt
+
+
+@app.command("mfu-report")
+def mfu_report(
+    runs: list[Path] = typer.Argument(..., metavar="RUN", help="Run directories (several: side by side).",
+                                      show_default=False),
+    as_json: bool = JsonOpt,
+    plot_file: Path | None = typer.Option(None, "--plot", metavar="FILE.png",
+                                          help="Also plot loss, MFU and step time over steps (needs matplotlib)."),
+) -> None:
+    """MFU, HFU and throughput vs the plan; where the time went; goodput across restarts; stragglers."""
+    from trainctl.report import build_report
+
+    report = build_report(runs)
+    if plot_file is not None:
+        from trainctl.report.plot import plot
+
+        report["plot"] = str(plot(report, plot_file))
+    if as_json:
+        print(json.dumps(report, indent=2, default=str))
+        return
+    from trainctl.report.render import render
+
+    con = Console(width=max(120, Console().width))
+    render(report, con)
+    if plot_file is not None:
+        con.print(f"plot: {report['plot']}")
+
+
+__all__ = ["mfu_report"]

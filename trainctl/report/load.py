@@ -1,0 +1,98 @@
+"""Read everything a run directory holds that the report needs. No torch: plain JSON/YAML files."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trainctl.errors import UsageError
+from trainctl.rundir import RunPaths, read_jsonl
+
+
+@dataclass
+class RankSteps:
+    """One rank's RUN/logs/steptimes-rank<r>.jsonl: headers (one per attempt) and step rows."""
+
+    rank: int
+    headers: list[dict[str, Any]] = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)  # each with "attempt" from its header
+    footers: list[dict[str, Any]] = field(default_factory=list)  # {"steps", "overhead_s"} per clean end
+
+
+@dataclass
+class RunData:
+    root: Path
+    name: str
+    metrics: list[dict[str, Any]]
+    events: list[dict[str, Any]]
+    plan: dict[str, Any] | None
+    job: dict[str, Any] | None
+    spec: dict[str, Any] | None
+    steptimes: dict[int, RankSteps]
+    placement: list[dict[str, Any]]  # rank -> node/GPU, from RUN/placement.json or the plan
+
+    def events_of(self, *kinds: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e.get("event") in kinds]
+
+
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _steptimes(paths: RunPaths) -> dict[int, RankSteps]:
+    out: dict[int, RankSteps] = {}
+    for f in sorted(paths.logs.glob("steptimes-rank*.jsonl")) if paths.logs.is_dir() else []:
+        try:
+            rank = int(f.stem.removeprefix("steptimes-rank"))
+        except ValueError:
+            continue
+        rs = RankSteps(rank)
+        attempt = 0
+        for rec in read_jsonl(f):
+            if rec.get("header"):
+                rs.headers.append(rec)
+                attempt = len(rs.headers) - 1  # per file: the n-th start of this rank
+            elif rec.get("footer"):
+                rs.footers.append(rec)
+            elif "step" in rec and "step_s" in rec:
+                rs.rows.append({**rec, "attempt": attempt})
+        out[rank] = rs
+    return out
+
+
+def _placement(root: Path, plan: dict[str, Any] | None) -> list[dict[str, Any]]:
+    data = _json(root / "placement.json")
+    if isinstance(data, dict):  # {"ranks": [...]} or {"placement": [...]}
+        data = data.get("ranks") or data.get("placement")
+    if isinstance(data, list) and all(isinstance(x, dict) and "rank" in x for x in data):
+        return data
+    if plan and isinstance(plan.get("placement"), list):
+        return plan["placement"]
+    return []
+
+
+def load_run(root: Path) -> RunData:
+    if not root.is_dir():
+        raise UsageError(f"{root}: no such run directory", hint="give the directory `trainctl launch` created")
+    paths = RunPaths(root)
+    metrics = [m for m in read_jsonl(paths.metrics) if isinstance(m.get("step"), int)]
+    events = sorted(read_jsonl(paths.events), key=lambda e: e.get("time", 0.0))
+    if not metrics and not events:
+        raise UsageError(f"{root}: no metrics.jsonl or events.jsonl: not a run directory, or the run never started",
+                         hint="`trainctl launch` writes them; check RUN/logs/ for why the job did not start")
+    spec = None
+    with contextlib.suppress(OSError, yaml.YAMLError):
+        spec = yaml.safe_load(paths.spec.read_text(encoding="utf-8"))
+    plan = _json(paths.plan)
+    name = (spec or {}).get("name") or root.name
+    return RunData(root=root, name=str(name), metrics=metrics, events=events, plan=plan, job=_json(paths.job),
+                   spec=spec if isinstance(spec, dict) else None, steptimes=_steptimes(paths),
+                   placement=_placement(root, plan))

@@ -1,0 +1,191 @@
+"""Rich tables for `trainctl mfu-report`: one column per run, so several runs read side by side."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+
+def dur(s: float | None) -> str:
+    if s is None:
+        return "-"
+    if s == 0:
+        return "0 s"
+    if abs(s) < 1e-3:
+        return f"{s * 1e6:.0f} µs"
+    if abs(s) < 1:
+        return f"{s * 1e3:.1f} ms"
+    if abs(s) < 120:
+        return f"{s:.2f} s"
+    m, sec = divmod(s, 60)
+    return f"{int(m) // 60}h {int(m) % 60:02d}m" if m >= 60 else f"{int(m)}m {sec:02.0f}s"
+
+
+def pct(x: float | None, digits: int = 2) -> str:
+    return "-" if x is None else f"{100 * x:.{digits}f}%"
+
+
+def si(x: float | None, unit: str = "") -> str:
+    if x is None:
+        return "-"
+    for suffix, div in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= div:
+            return f"{x / div:.2f} {suffix}{unit}"
+    return f"{x:.3g} {unit}".rstrip()
+
+
+def _tflops(x: float | None) -> str:
+    return "-" if x is None else (f"{x:.2f}" if x >= 1 else f"{x:.3g}")
+
+
+Row = tuple[str, Callable[[dict[str, Any]], Any]]  # a cell: str (escaped) or rich Text
+
+
+def _summary_rows() -> list[Row]:
+    def s(r: dict[str, Any]) -> dict[str, Any]:
+        return r["summary"]
+
+    def mfu(key: str) -> Callable[[dict[str, Any]], Any]:
+        def f(r: dict[str, Any]) -> Any:
+            if s(r)["mfu_bug"]:
+                return Text("BUG (>100%)", style="red")
+            v = s(r)[key] or {}
+            return f"{pct(v.get('median'))} / {pct(v.get('best10'))}"
+        return f
+
+    def plan(r: dict[str, Any]) -> str:
+        p = s(r)["plan"]
+        if not p.get("available"):
+            return "no prediction (CPU peak is measured)" if "CPU" in p.get("note", "") else p.get("note", "-")
+        gap = p.get("mfu_gap_points")
+        return f"{pct(p['mfu'])} (gap {gap:+.2f} pts)" if gap is not None else pct(p["mfu"])
+
+    def plan_step(r: dict[str, Any]) -> str:
+        p = s(r)["plan"]
+        if not p.get("available"):
+            return "-"
+        ratio = p.get("measured_over_predicted_step")
+        return f"{dur(p.get('step_time_s'))}" + (f" (measured {ratio:.2f}x)" if ratio else "")
+
+    def gp(r: dict[str, Any]) -> str:
+        g = r["goodput"]
+        return pct(g.get("goodput"), 1) if g.get("available") else "-"
+
+    return [
+        ("steps", lambda r: f"{s(r)['steps_completed']}/{s(r)['steps_target'] or '?'}"),
+        ("wall time (all attempts)", lambda r: dur(r["goodput"].get("wall_s"))),
+        ("attempts / restarts", lambda r: f"{r['goodput'].get('attempts', 1)} / "
+                                          f"{len(r['goodput'].get('restarts', []))}"),
+        ("goodput", gp),
+        ("step time median", lambda r: dur(s(r)["step_time_s"]["median"])),
+        ("step time p10 / p90", lambda r: f"{dur(s(r)['step_time_s']['p10'])} / {dur(s(r)['step_time_s']['p90'])}"),
+        ("tokens/s (per GPU)", lambda r: f"{si(s(r)['tokens_per_s'])} ({si(s(r)['tokens_per_s_per_gpu'])})"),
+        ("TFLOP/s per GPU", lambda r: _tflops(s(r)["tflops_per_gpu"])),
+        ("MFU median / best 10%", mfu("mfu")),
+        ("HFU median / best 10%", mfu("hfu")),
+        ("peak TFLOP/s per GPU", lambda r: _tflops(s(r)["peak"]["tflops_per_gpu"])),
+        ("peak source", lambda r: s(r)["peak"]["source"]),
+        ("plan: predicted MFU", plan),
+        ("plan: predicted step", plan_step),
+        ("final loss", lambda r: "-" if s(r)["final_loss"] is None else f"{s(r)['final_loss']:.4f}"),
+    ]
+
+
+def _table(title: str, runs: list[dict[str, Any]], rows: list[Row]) -> Table:
+    t = Table(title=title, title_justify="left", show_lines=False)
+    t.add_column("")
+    for r in runs:
+        t.add_column(r["name"] if len({x["name"] for x in runs}) == len(runs) else r["run"], overflow="fold")
+    for label, fn in rows:
+        # Text cells carry our styling; every other value (error text, paths) is escaped, not parsed as markup
+        t.add_row(label, *(c if isinstance(c, Text) else escape(c) for c in (fn(r) for r in runs)))
+    return t
+
+
+def _breakdown_rows(runs: list[dict[str, Any]]) -> list[Row]:
+    names: list[str] = []
+    for r in runs:
+        names += [i["name"] for i in r["time_breakdown"]["items"] if i["name"] not in names]
+
+    def cell(name: str) -> Callable[[dict[str, Any]], str]:
+        def f(r: dict[str, Any]) -> str:
+            it = next((i for i in r["time_breakdown"]["items"] if i["name"] == name), None)
+            if it is None or it["seconds"] is None:
+                return "-" if it is None else f"- ({it['source']})"
+            if it.get("per") == "save":
+                return f"{dur(it['seconds'])} per save ({it['source']})"
+            return f"{dur(it['seconds'])} ({pct(it['fraction'], 1)})"
+        return f
+
+    rows: list[Row] = [("median step", lambda r: dur(r["time_breakdown"]["step_time_s"]))]
+    rows += [(n, cell(n)) for n in names]
+    rows.append(("start-up (launch to first step)", lambda r: dur(r["time_breakdown"]["startup_s"])))
+    return rows
+
+
+def _goodput_rows() -> list[Row]:
+    labels = {"queueing": "queueing", "startup": "start-up", "restarts": "restarts (gap incl. failed step)",
+              "replayed_steps": "replayed steps", "checkpoint_stalls": "checkpoint stalls",
+              "shutdown": "shutdown", "other": "other (between steps, logging)"}
+
+    def lost(key: str) -> Callable[[dict[str, Any]], str]:
+        def f(r: dict[str, Any]) -> str:
+            g = r["goodput"]
+            if not g.get("available"):
+                return "-"
+            v = g["lost_s"].get(key)
+            if v is None:
+                return "unknown" if key == "queueing" else "-"
+            return f"{dur(v)} ({pct(v / g['wall_s'], 1)})" if g["wall_s"] else dur(v)
+        return f
+
+    rows: list[Row] = [("productive step time", lambda r: dur(r["goodput"].get("productive_s"))),
+                       ("wall time", lambda r: dur(r["goodput"].get("wall_s"))),
+                       ("goodput", lambda r: pct(r["goodput"].get("goodput"), 1))]
+    return rows + [(f"lost: {v}", lost(k)) for k, v in labels.items()]
+
+
+def render(report: dict[str, Any], console: Console | None = None) -> None:
+    con = console or Console()
+    runs = report["runs"]
+    for r in runs:
+        for w in r["warnings"]:
+            con.print(f"[bold red]warning[/bold red] ({escape(r['name'])}): {escape(w)}")
+    con.print(_table("MFU report", runs, _summary_rows()))
+    for r in runs:
+        s = r["summary"]
+        con.print(f"[dim]{escape(r['name'])}: stats over {s['steps_in_stats']} steps ({s['stats_note']}); "
+                  f"MFU = model FLOPs / (step time x {s['world_size']} ranks x peak)[/dim]")
+        if not s["plan"].get("available"):
+            con.print(f"[dim]{escape(r['name'])}: {escape(s['plan']['note'])}[/dim]")
+    con.print(_table("Where the time of a median step went", runs, _breakdown_rows(runs)))
+    con.print(_table("Goodput (whole run, across restarts)", runs, _goodput_rows()))
+    for r in runs:
+        for x in r["goodput"].get("restarts", []):
+            cause = x["cause"] if len(x["cause"]) < 300 else x["cause"][:300] + "..."
+            con.print(f"  {r['name']}: restart -> attempt {x['attempt']} (resumed after step "
+                      f"{x['resumed_at_step']}, gap {dur(x['gap_s'])}, {x['replayed_steps']} steps replayed): "
+                      f"{cause}", markup=False)
+    con.print("[bold]Stragglers[/bold]")
+    for r in runs:
+        st = r["stragglers"]
+        if not st.get("available"):
+            con.print(f"  {r['name']}: {st['note']}", markup=False)
+        elif not st["stragglers"]:
+            con.print(f"  {r['name']}: none over {st['steps_sampled']} steps x {st['ranks']} ranks "
+                      f"(median rank busy {dur(st['median_busy_s'])} per step)")
+        if st.get("logging_overhead_s_per_step") is not None:
+            con.print(f"  [dim]{r['name']}: per-rank step-time logging cost at most "
+                      f"{dur(st['logging_overhead_s_per_step'])} per step on a rank[/dim]")
+        for x in st.get("stragglers", []):
+            con.print(f"  {escape(r['name'])}: [yellow]{escape(x['where'])}[/yellow]: "
+                      f"busy {dur(x['busy_median_s'])} per step vs "
+                      f"median {dur(st['median_busy_s'])}, above in {x['steps_above']}/{st['steps_sampled']} steps; "
+                      f"cost {dur(x['cost_s'])} ({pct(x['cost_fraction'], 1)} of the step time)")
+            if x.get("note"):
+                con.print(f"    ranks {', '.join(map(str, x['ranks']))}: {x['note']}", markup=False)

@@ -1,0 +1,101 @@
+"""Per-rank step times for straggler detection, written by every rank to RUN/logs/steptimes-rank<r>.jsonl.
+
+Why a file per rank and not an all_gather every k steps: no collective means no extra sync point in the
+step and nothing to block on when a peer is gone (a hung or dead rank is exactly when the numbers matter);
+the lines are buffered and written with one write() every `every` steps, measured at a few microseconds
+per step (see `trainctl mfu-report`'s straggler section and tests/test_report_runs.py).
+
+Each attempt starts with a header line {"header": true, "rank", "host", "local_rank", "device", "attempt"},
+then one line per step {"step", "time", "step_s", "sync_s"}, and (when the loop ends normally) a footer
+{"footer": true, "steps", "overhead_s"} with the time spent logging. `sync_s` is the time this rank spent in the
+step's gradient synchronisation and final all-reduce, which includes waiting for the slowest peer, so
+busy = step_s - sync_s is the rank's own work and the straggler is the rank with the largest busy time
+(its peers' extra time shows up as waiting). No torch import: the trainer passes the device as text.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from trainctl.rundir import RunPaths
+
+DEFAULT_EVERY = 10
+SLOW_RANK_ENV = "TRAINCTL_TEST_SLOW_RANK"  # "<rank>:<seconds>[,<rank>:<seconds>...]" (tests only)
+
+
+def steptimes_path(paths: RunPaths, rank: int) -> Path:
+    return paths.logs / f"steptimes-rank{rank}.jsonl"
+
+
+class StepTimeLog:
+    """Buffered per-rank step-time log; `record()` is a list append, `flush()` one write()."""
+
+    def __init__(self, paths: RunPaths, rank: int, local_rank: int, device: str, every: int = DEFAULT_EVERY):
+        self.path = steptimes_path(paths, rank)
+        self.every = max(1, every)
+        self.buf: list[str] = [_line({
+            "header": True, "rank": rank, "host": socket.gethostname(), "local_rank": local_rank,
+            "device": device, "attempt": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),
+            "pid": os.getpid(), "time": time.time()})]
+        self.pending = 0
+        self.steps = 0
+        with contextlib.suppress(OSError):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.overhead_s = 0.0  # time spent in record()/flush(): what this costs the step
+
+    def record(self, step: int, step_s: float, sync_s: float) -> None:
+        t0 = time.perf_counter()
+        # an f-string, not json.dumps: 3 us instead of 25 us on a slow core, and this runs every step
+        self.buf.append(f'{{"step":{int(step)},"time":{time.time():.4f},"step_s":{step_s:.6f},'
+                        f'"sync_s":{sync_s:.6f}}}\n')
+        self.pending += 1
+        self.steps += 1
+        if self.pending >= self.every:
+            self.flush()
+        self.overhead_s += time.perf_counter() - t0
+
+    def close(self) -> None:
+        """Flush, with a footer saying what the logging cost this rank (the report shows it)."""
+        self.buf.append(_line({"footer": True, "steps": self.steps, "overhead_s": round(self.overhead_s, 6)}))
+        self.flush()
+
+    def flush(self) -> None:
+        if not self.buf:
+            return
+        data = "".join(self.buf)
+        self.buf, self.pending = [], 0
+        try:
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(data)
+        except OSError:
+            pass  # diagnostics must never fail the training step
+
+
+def _line(rec: dict[str, Any]) -> str:
+    return json.dumps(rec, separators=(",", ":")) + "\n"
+
+
+def slow_seconds(rank: int, env: dict[str, str] | None = None) -> float:
+    """Seconds TRAINCTL_TEST_SLOW_RANK asks this rank to sleep every step (0 when not named)."""
+    raw = (os.environ if env is None else env).get(SLOW_RANK_ENV, "")
+    total = 0.0
+    for item in filter(None, (x.strip() for x in raw.split(","))):
+        r, _, s = item.partition(":")
+        try:
+            if int(r) == rank:
+                total += float(s)
+        except ValueError as e:
+            raise ValueError(f"{SLOW_RANK_ENV}={raw!r}: expected <rank>:<seconds>[,...]") from e
+    return total
+
+
+def maybe_slow(seconds: float) -> None:
+    """The test-only straggler: extra 'compute' on one rank, inside its step, before the gradient sync."""
+    if seconds > 0:
+        time.sleep(seconds)
