@@ -46,6 +46,22 @@ class RankEnv:
         os.environ.setdefault("MASTER_PORT", "29500")
 
 
+def attempt_store(env: RankEnv) -> dist.Store:
+    """The rendezvous store, under a prefix unique to this attempt.
+
+    torchrun keeps one agent store across worker restarts, and every process group created after the
+    default one (new_group, our checkpoint group) looks up its peers' addresses under keys that do not
+    change between attempts: a restarted worker then reads the dead attempt's addresses and gloo fails
+    with "connectFullMesh ... Connection refused" (seen here with torch 2.13). A per-attempt prefix
+    makes every key fresh. Without torchrun's agent, rank 0 hosts the store itself.
+    """
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), env.world_size,
+                         is_master=env.rank == 0 and not agent, timeout=timedelta(seconds=timeout_s()))
+    attempt = f"{os.environ.get('SLURM_RESTART_COUNT', '0')}.{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    return dist.PrefixStore(f"trainctl/attempt-{attempt}/", base)
+
+
 def timeout_s() -> float:
     return float(os.environ.get("TRAINCTL_TIMEOUT_S", DEFAULT_TIMEOUT_S))
 
@@ -101,7 +117,7 @@ def init(spec: RunSpec, env: RankEnv) -> Parallel:
         device = torch.device("cpu")
         backend = "gloo"
     env.export()
-    dist.init_process_group(backend, rank=env.rank, world_size=env.world_size,
+    dist.init_process_group(backend, store=attempt_store(env), rank=env.rank, world_size=env.world_size,
                             timeout=timedelta(seconds=timeout_s()),
                             device_id=device if backend == "nccl" else None)
     groups = Groups(layout)
