@@ -34,3 +34,8 @@ class SpecError(UsageError):
 
 class RunError(TrainctlError):
     exit_code = EXIT_RUN_FAILED
+
+
+# The trainer stopped on purpose after committing a checkpoint (SIGTERM/SIGUSR1/SIGUSR2, preemption, time
+# limit): the launcher should requeue/restart it, and it resumes from that checkpoint. EX_TEMPFAIL.
+EXIT_REQUEUE = 75

@@ -37,6 +37,7 @@ def _register() -> None:
         launch_cmd,
         plan_cmd,
         report_cmd,
+        resume_cmd,
         run_cmds,  # noqa: F401  (status, logs, cancel, runs)
         spec_cmd,
     )

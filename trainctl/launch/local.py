@@ -25,6 +25,7 @@ from trainctl.launch.run_dir import (
     default_run_dir,
     freeze_spec,
     now_iso,
+    read_job,
     record_attempt,
 )
 from trainctl.rundir import RunPaths, record_event
@@ -87,8 +88,10 @@ def torchrun_command(run_dir: Path, nproc: int, max_restarts: int = 0, python: s
     ]
 
 
-def plan_local(spec: RunSpec, run_dir: Path | None = None) -> LocalLaunch:
-    """Check what can be checked before starting (exit 2 on a problem) and render the command."""
+def plan_local(spec: RunSpec, run_dir: Path | None = None, existing: bool = False) -> LocalLaunch:
+    """Check what can be checked before starting (exit 2 on a problem) and render the command.
+
+    existing=True: relaunch into an existing run directory (`trainctl resume`), which must then exist."""
     if spec.backend != "local":
         raise UsageError(f"launcher.backend = {spec.launcher.backend!r} resolves to {spec.backend!r}, not local",
                          hint="use --set launcher.backend=local to run on this machine")
@@ -98,7 +101,8 @@ def plan_local(spec: RunSpec, run_dir: Path | None = None) -> LocalLaunch:
     spec = freeze_spec(spec)
     check_data(spec)
     root = (run_dir or default_run_dir(spec)).absolute()
-    check_run_dir(root)
+    if not existing:
+        check_run_dir(root)
     nproc = spec.cluster.gpus_per_node * spec.cluster.nodes
     env = {
         # N ranks share the cores; without this each rank starts a thread per core and they thrash.
@@ -136,12 +140,15 @@ class ConsoleFilter:
         return line
 
 
-def run(launch: LocalLaunch, paths: RunPaths, out: TextIO | None = None) -> int:
-    """Run torchrun, stream its console, forward Ctrl-C/SIGTERM; 0 when the trainer succeeded, else 1."""
+def run(launch: LocalLaunch, paths: RunPaths, out: TextIO | None = None, kind: str = "launch") -> int:
+    """Run torchrun, stream its console, forward Ctrl-C/SIGTERM; 0 when the trainer succeeded, else 1.
+
+    Appends a new attempt to job.json (a `trainctl resume` of the same run directory is attempt 2, ...)."""
     out = out or sys.stdout
     started = time.time()
-    record_attempt(paths, attempt=1, started=now_iso())
-    record_event(paths, "launch", backend="local", nproc=launch.nproc)
+    attempt = len(read_job(paths).get("attempts") or []) + 1
+    record_attempt(paths, attempt=attempt, started=now_iso(), kind=kind)
+    record_event(paths, kind, backend="local", nproc=launch.nproc, attempt=attempt)
     # Own session: a terminal Ctrl-C reaches only us, and we decide what torchrun gets (and when to kill).
     proc = subprocess.Popen(launch.command, env={**os.environ, **launch.env}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True)
@@ -178,8 +185,13 @@ def run(launch: LocalLaunch, paths: RunPaths, out: TextIO | None = None) -> int:
         for s, h in old.items():
             signal.signal(s, h)
     status = EXIT_OK if rc == 0 and not interrupted else EXIT_RUN_FAILED
-    record_attempt(paths, attempt=1, exit_code=rc, status="completed" if status == EXIT_OK else
-                   ("interrupted" if interrupted else "failed"), seconds=round(time.time() - started, 3))
+    # ranks that stopped on SIGTERM/USR1/USR2 after a checkpoint exit 75, which torchrun reports as 1
+    from trainctl.launch.resume import stopped_for_requeue
+
+    stopped = status != EXIT_OK and stopped_for_requeue(paths, since=started)
+    record_attempt(paths, attempt=attempt, exit_code=rc, status="completed" if status == EXIT_OK else
+                   "stopped_after_checkpoint" if stopped else ("interrupted" if interrupted else "failed"),
+                   seconds=round(time.time() - started, 3))
     record_event(paths, "launcher_exit", backend="local", exit_code=rc,
                  signal=signal.Signals(interrupted[0]).name if interrupted else None)
     return status

@@ -47,7 +47,7 @@ def check_run_dir(path: Path) -> None:
     if _non_empty(path):
         raise UsageError(f"run directory {path} already exists and is not empty",
                          hint="pass a new --run-dir (or leave it out for a fresh runs/<name>-<time>); "
-                              "resuming an existing run directory is not supported yet")
+                              f"to continue that run from its last checkpoint: trainctl resume {path}")
 
 
 def freeze_spec(spec: RunSpec) -> RunSpec:

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.tensor import DTensor
 
@@ -309,6 +310,9 @@ class CheckpointManager:
         if isinstance(obj, DTensor):
             local = self._stage_tensor(obj._local_tensor, key)
             return DTensor(local, obj._spec, requires_grad=False)
+        if isinstance(obj, ShardedTensor):  # chunked state (runtime/state.py): copy the local shards
+            return _restaged(obj, [self._stage_tensor(sh.tensor, f"{key}#{i}")
+                                   for i, sh in enumerate(obj.local_shards())])
         if isinstance(obj, torch.Tensor):
             return self._stage_tensor(obj, key)
         if hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict"):  # DCP Stateful
@@ -456,6 +460,22 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _restaged(st: ShardedTensor, tensors: list[torch.Tensor]) -> ShardedTensor:
+    """The ShardedTensor `st` over host copies of its local shards (placements moved to the CPU: the
+    constructor checks each local shard's device and pinning against the metadata)."""
+    from torch.distributed._shard.metadata import ShardMetadata
+    from torch.distributed._shard.sharded_tensor.metadata import ShardedTensorMetadata, TensorProperties
+
+    def cpu(m: ShardMetadata) -> ShardMetadata:
+        return ShardMetadata(list(m.shard_offsets), list(m.shard_sizes), f"rank:{m.placement.rank()}/cpu")
+
+    md = st.metadata()
+    props = TensorProperties(dtype=md.tensor_properties.dtype, pin_memory=any(t.is_pinned() for t in tensors))
+    meta = ShardedTensorMetadata([cpu(m) for m in md.shards_metadata], md.size, props)
+    shards = [Shard(t, cpu(sh.metadata)) for t, sh in zip(tensors, st.local_shards(), strict=True)]
+    return ShardedTensor._init_from_local_shards_and_global_metadata(shards, meta)
 
 
 def _describe(e: BaseException, rank: int) -> str:

@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
         with contextlib.suppress(OSError):  # an unwritable run dir must not hide the real error
             record_event(paths, "failure", rank=env.rank, error=summary)
         exit_now(1, barrier=False)
-    exit_now(code, barrier=True)  # 0, or 75 (EXIT_REQUEUE) after a stop signal and its checkpoint
+    exit_now(code, barrier=True)  # 0, or resume.requeue_code() after a stop signal
 
 
 def _threads() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import resource
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +60,8 @@ def step_record(step: int, steps: int, loss: float, lr: float, grad_norm: float,
         "model_flops_per_step": fm.model_flops_per_step, "tflops_per_gpu": achieved / 1e12,
         "peak_tflops_per_gpu": fm.peak_flops_per_rank / 1e12, "world_size": fm.world_size,
         "mfu": mfu, "hfu": hfu, "peak_mem_bytes": mem,
+        "peak_source": fm.peak_source,  # which peak the MFU is relative to (catalog/NVML, spec, measured CPU)
+        "time": time.time(),  # wall clock at the end of the step: lets the report place steps among events
     }
     if mfu > 1.0:
         rec["mfu_bug"] = True  # more than the peak is impossible: a FLOPs or timing accounting error
@@ -74,11 +77,13 @@ def _si(x: float) -> str:
 
 def console_line(r: dict[str, Any]) -> str:
     width = len(str(r["steps"]))
+    # Above 100% of the peak is an accounting bug: never print it as if it were a result.
+    util = ("MFU BUG (>100% of peak: FLOPs/timing accounting error)" if r.get("mfu_bug") else
+            f"MFU {100 * r['mfu']:.2f}% | HFU {100 * r['hfu']:.2f}%")
     return (f"step {r['step']:>{width}}/{r['steps']} | loss {r['loss']:.4f} | lr {r['lr']:.2e} | "
             f"gnorm {r['grad_norm']:.3f} | {r['step_time_s'] * 1e3:7.1f} ms | "
             f"{_si(r['tokens_per_s'])} tok/s ({_si(r['tokens_per_s_per_gpu'])}/gpu) | "
-            f"{r['tflops_per_gpu']:.3f} TFLOP/s/gpu | MFU {100 * r['mfu']:.1f}% | HFU {100 * r['hfu']:.1f}% | "
-            f"mem {r['peak_mem_bytes'] / 2**30:.2f} GiB")
+            f"{r['tflops_per_gpu']:.3g} TFLOP/s/gpu | {util} | mem {r['peak_mem_bytes'] / 2**30:.2f} GiB")
 
 
 def warn(msg: str) -> None:

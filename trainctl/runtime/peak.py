@@ -11,12 +11,14 @@ from __future__ import annotations
 import json
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 
 import torch
 
-from trainctl.hardware.catalog import ACCELERATORS
+from trainctl.hardware.catalog import ACCELERATORS, peak_tflops_for
+from trainctl.hardware.detect import catalog_key_for, detect_gpus
 from trainctl.spec.models import RunSpec
 
 MATMUL_SIZE = 768
@@ -76,14 +78,49 @@ def cpu_single_thread_flops() -> float:
     return rate
 
 
+def gpu_product_name(index: int) -> str | None:
+    """The product name of CUDA device `index`: NVML's (the physical GPU CUDA_VISIBLE_DEVICES maps it to),
+    else the CUDA runtime's, which is the same driver string."""
+    visible = [x.strip() for x in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip()]
+    physical = int(visible[index]) if index < len(visible) and visible[index].isdigit() else index
+    gpus = {g.index: g for g in detect_gpus()}
+    if physical in gpus:
+        return gpus[physical].name
+    try:
+        return torch.cuda.get_device_name(index)
+    except (RuntimeError, AssertionError):
+        return None
+
+
+_KIND = {"bf16": "dense BF16", "fp16": "dense FP16", "fp32": "dense TF32"}
+
+
+def gpu_peak(spec: RunSpec, index: int) -> tuple[float, str]:
+    """The detected GPU's catalog peak for the run's precision (dense: never the 2:4-sparsity figure; fp32
+    training runs matmuls in TF32). The detected part wins over cluster.gpu, which is the fallback."""
+    name = gpu_product_name(index)
+    key = catalog_key_for(name) if name else None
+    how = f"{name} via NVML"
+    if key is None:
+        key, how = spec.cluster.gpu, f"spec cluster.gpu; detected {name or 'nothing'} is not in the catalog"
+    elif key != spec.cluster.gpu:
+        print(f"trainctl: warning: the spec says cluster.gpu={spec.cluster.gpu!r} but this is a {name} "
+              f"({key}); MFU uses the {key} peak", file=sys.stderr, flush=True)
+    acc = ACCELERATORS.get(key)
+    peak = peak_tflops_for(acc, spec.train.precision) if acc is not None else None
+    if acc is None or peak is None:
+        raise RuntimeError(f"no peak FLOP/s for GPU {name!r} (cluster.gpu={spec.cluster.gpu!r}); set "
+                           "cluster.peak_tflops")
+    kind = _KIND[spec.train.precision] if spec.train.precision != "fp32" or acc.peak_tf32_tflops else "FP32"
+    return peak * 1e12, f"catalog {key} {kind} {peak:g} TFLOP/s ({how})"
+
+
 def peak_flops_per_rank(spec: RunSpec, device: torch.device) -> tuple[float, str]:
-    """(FLOP/s, where it comes from) of one rank."""
+    """(FLOP/s, where it comes from) of one rank: cluster.peak_tflops, else the GPU's catalog peak, else
+    (CPU) the measured matmul rate."""
     if spec.cluster.peak_tflops is not None:
         return spec.cluster.peak_tflops * 1e12, "spec cluster.peak_tflops"
     if device.type == "cuda":
-        acc = ACCELERATORS.get(spec.cluster.gpu)
-        if acc is not None and acc.peak_bf16_tflops:
-            return acc.peak_bf16_tflops * 1e12, f"catalog {acc.key} dense BF16"
-        raise RuntimeError(f"no peak FLOP/s for cluster.gpu={spec.cluster.gpu!r}; set cluster.peak_tflops")
+        return gpu_peak(spec, device.index or 0)
     threads = torch.get_num_threads()
     return cpu_single_thread_flops() * threads, f"measured fp32 matmul rate x {threads} thread(s)"

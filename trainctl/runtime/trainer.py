@@ -14,7 +14,7 @@ from torch import nn
 
 from trainctl.plan.pipeline import stage_layer_ranges, stages_of_pp_rank
 from trainctl.rundir import RunPaths, append_jsonl, record_event
-from trainctl.runtime import data_parallel, metrics, optim, peak
+from trainctl.runtime import data_parallel, metrics, optim, peak, resume, stragglers, watchdog
 from trainctl.runtime.data import build_loader
 from trainctl.runtime.distributed import Parallel
 from trainctl.runtime.model import ModelConfig, build_stage, loss_fn
@@ -88,6 +88,9 @@ class Trainer:
         self.holds_last = (n_stages - 1) in self.stage_ids
         self.loader = build_loader(spec, par.dp_rank, par.dp, t.seed)
         self.flops: metrics.FlopsModel | None = None
+        self.steptimes: stragglers.StepTimeLog | None = None  # this rank's step times (set by run())
+        self.slow_s = stragglers.slow_seconds(par.rank)  # test knob TRAINCTL_TEST_SLOW_RANK
+        self.ckpt_block_s = 0.0  # checkpoint-save blocking since the last metrics line (outside step time)
 
     # -- set-up helpers ----------------------------------------------------------------------------
     def _precision(self) -> tuple[torch.dtype | None, LossScaler]:
@@ -116,23 +119,49 @@ class Trainer:
         return infos
 
     # -- the loop ------------------------------------------------------------------------------------
-    def run(self) -> None:
+    def run(self) -> int:
+        """Train; the exit status (0, or 75 after a stop signal: checkpointed, requeue me)."""
         spec, par = self.spec, self.par
         peak_flops, source = (peak.peak_flops_per_rank(spec, par.device) if self.log else (0.0, ""))
         self.flops = metrics.FlopsModel.from_spec(spec, par.world_size, peak_flops, source)
         if self.log:
             record_event(self.paths, "start", world_size=par.world_size, tp=par.tp, pp=par.pp, dp=par.dp,
                          zero=spec.parallel.zero, schedule=spec.parallel.schedule, peak_source=source)
+        ckpt = resume.Checkpointing(self)  # CheckpointError here: the checkpoint dir is unusable
+        first = ckpt.resume()  # the newest valid checkpoint, if any (0: a fresh start)
+        stop: int | None = None
         fail_step, fail_rank = _fail_knob(par.world_size)
+        self.steptimes = stragglers.StepTimeLog(self.paths, par.rank, par.env.local_rank, str(par.device))
+        hang_at = watchdog.hang_step(par.rank)
+        wd_timeout = watchdog.timeout_from(spec)
+        wd = watchdog.Watchdog(self.paths, par.rank, wd_timeout).start() if wd_timeout else None
         last: dict[str, Any] = {}
-        for step in range(spec.train.steps):
-            if step + 1 == fail_step and par.rank == fail_rank:
-                raise InjectedFailure(f"TRAINCTL_TEST_FAIL_AT_STEP={fail_step}: failing rank {par.rank} on purpose")
-            last = self.train_step(step)
+        try:
+            for step in range(first, spec.train.steps):
+                if step + 1 == fail_step and par.rank == fail_rank:
+                    raise InjectedFailure(f"TRAINCTL_TEST_FAIL_AT_STEP={fail_step}: failing rank {par.rank} on purpose")
+                if step + 1 == hang_at:
+                    watchdog.hang_forever()  # test knob TRAINCTL_TEST_HANG_RANK: the watchdog must end this
+                last = self.train_step(step)
+                if wd is not None:
+                    wd.beat(step + 1)
+                stop = ckpt.after_step(step + 1)  # saves when due; a stop signal -> checkpoint + exit code
+                if stop is not None:
+                    break
+            if stop is None:
+                ckpt.finish(spec.train.steps)
+            self.steptimes.close()
+        finally:
+            self.steptimes.flush()  # a failing rank still leaves its step times for the report
+            if wd is not None:
+                wd.stop()
+        if stop is not None:
+            return stop
         if os.environ.get("TRAINCTL_DUMP_WEIGHTS") == "1":
             self.dump_weights(self.paths.root / "final_weights")
         if self.log:
             record_event(self.paths, "finish", steps=spec.train.steps, loss=last.get("loss"))
+        return 0
 
     def train_step(self, step: int) -> dict[str, Any]:
         spec, par = self.spec, self.par
@@ -140,11 +169,22 @@ class Trainer:
         t0, c0 = time.perf_counter(), time.process_time()
         lr = optim.lr_at(step, spec.train)
         optim.set_lr(self.opt, lr)
+        # On GPU the host does not wait for kernels, so this rank's own work is timed with CUDA events.
+        ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if cuda else None
+        if ev is not None:
+            ev[0].record()
+        td = time.perf_counter()
         inputs, targets = self.loader.next_step()
+        data_wait = time.perf_counter() - td
+        stragglers.maybe_slow(self.slow_s)
         self.sync.start_step()
         loss = self.executor.run(inputs.to(par.device), targets.to(par.device))
+        if ev is not None:
+            ev[1].record()
+        ts = time.perf_counter()
         self.sync.finish()
         norm, loss_value = self._norm_and_loss(loss)
+        sync_s = time.perf_counter() - ts  # gradient sync + the final all-reduce: includes waiting for peers
         finite = math.isfinite(norm)
         if self.scaler.update(finite) and finite:
             self._clip(norm)
@@ -153,11 +193,17 @@ class Trainer:
         if cuda:
             torch.cuda.synchronize(par.device)
         dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+        if ev is not None:
+            sync_s = max(0.0, dt - ev[0].elapsed_time(ev[1]) / 1e3)
+        if self.steptimes is not None:
+            self.steptimes.record(step + 1, dt, sync_s)
         rec: dict[str, Any] = {}
         if self.log and ((step + 1) % spec.train.log_every == 0 or step + 1 == spec.train.steps):
             rec = metrics.step_record(step + 1, spec.train.steps, loss_value, lr, norm, dt, self.flops,
                                       metrics.peak_memory_bytes(par.device))
             rec["cpu_time_s"] = cpu  # this process's CPU time: robust to a busy shared machine (benchmarks)
+            rec["data_wait_s"] = data_wait  # inside step_time_s
+            rec["ckpt_block_s"], self.ckpt_block_s = self.ckpt_block_s, 0.0  # outside step_time_s
             append_jsonl(self.paths.metrics, rec)
             print(metrics.console_line(rec), flush=True)
             if rec.get("mfu_bug"):
@@ -222,4 +268,8 @@ def _tied_names(m: nn.Module) -> set[str]:
 def _fail_knob(world: int) -> tuple[int, int]:
     step = int(os.environ.get("TRAINCTL_TEST_FAIL_AT_STEP", "0") or 0)
     rank = int(os.environ.get("TRAINCTL_TEST_FAIL_RANK", str(world - 1)))
+    # TRAINCTL_TEST_FAIL_ATTEMPT=n: fail only in torchrun attempt n (0 = the first), so a restart can succeed
+    only = os.environ.get("TRAINCTL_TEST_FAIL_ATTEMPT")
+    if only is not None and int(only) != int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0):
+        step = 0
     return step, rank

@@ -1,0 +1,109 @@
+"""Helpers for the resume tests: runs that checkpoint, stop after step N, resume, and compare bitwise; and
+ranks started directly (srun-style, no torchrun) so each rank's own exit status and pid are visible."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from trainer_utils import ROOT, deep_update, final_weights, metrics, run_trainer
+
+STOP = "TRAINCTL_TEST_STOP_AFTER_STEP"
+
+
+def set_spec(run: Path, **sections: dict[str, Any]) -> None:
+    """Edit the run's spec.yaml in place (a resume with another allocation)."""
+    spec = yaml.safe_load((run / "spec.yaml").read_text())
+    spec = deep_update(spec, sections)
+    p = spec["parallel"]
+    spec["cluster"]["gpus_per_node"] = p["tp"] * p["pp"] * p.get("dp", 1)
+    (run / "spec.yaml").write_text(yaml.safe_dump(spec))
+
+
+def ok(r: subprocess.CompletedProcess, what: str = "run") -> None:
+    assert r.returncode == 0, f"{what} failed ({r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
+
+
+def curve(run: Path) -> list[tuple[int, float, float]]:
+    """(step, loss, grad_norm) of every metrics line, in file order."""
+    return [(m["step"], m["loss"], m["grad_norm"]) for m in metrics(run)]
+
+
+def events(run: Path) -> list[dict[str, Any]]:
+    from trainctl.rundir import read_jsonl
+
+    return read_jsonl(run / "events.jsonl")
+
+
+def assert_same_weights(a: Path, b: Path) -> None:
+    import torch
+
+    wa, wb = final_weights(a), final_weights(b)
+    assert set(wa) == set(wb) and wa
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k  # bitwise
+
+
+def straight_and_resumed(root: Path, parallel: dict[str, Any], steps: int, env: dict[str, str] | None = None,
+                         **sections: dict[str, Any]) -> tuple[Path, Path]:
+    """The same run twice: straight through `steps`, and stopped after steps/2 + resumed; (straight, resumed)."""
+    from trainer_utils import make_run
+
+    sections = deep_update({"train": {"steps": steps}, "checkpoint": {"every_steps": 2}}, sections)
+    straight, world = make_run(root, "straight", parallel=parallel, **sections)
+    ok(run_trainer(straight, world, env=env), "straight run")
+    resumed, _ = make_run(root, "resumed", parallel=parallel, **sections)
+    ok(run_trainer(resumed, world, env={**(env or {}), STOP: str(steps // 2)}, dump=False), "first half")
+    assert [s for s, _, _ in curve(resumed)] == list(range(1, steps // 2 + 1))
+    ok(run_trainer(resumed, world, env=env), "resumed half")
+    return straight, resumed
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn_ranks(run: Path, nproc: int, env: dict[str, str] | None = None) -> list[subprocess.Popen]:
+    """Start the trainer's ranks as plain processes (RANK/WORLD_SIZE/MASTER_* as srun + our entry would)."""
+    port = str(free_port())
+    procs = []
+    for r in range(nproc):
+        e = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "RANK": str(r), "LOCAL_RANK": str(r),
+             "WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, **(env or {})}
+        log = open(run / f"rank{r}.log", "w")  # noqa: SIM115  (closed by the child's exit)
+        procs.append(subprocess.Popen([sys.executable, "-m", "trainctl.runtime", str(run)], cwd=ROOT, env=e,
+                                      stdout=log, stderr=subprocess.STDOUT))
+    return procs
+
+
+def wait_all(procs: list[subprocess.Popen], timeout: float = 300) -> list[int]:
+    deadline = time.monotonic() + timeout
+    codes = []
+    for p in procs:
+        try:
+            codes.append(p.wait(timeout=max(1.0, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            codes.append(p.wait())
+    return codes
+
+
+def wait_for_step(run: Path, step: int, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(m.get("step", 0) >= step for m in metrics(run)):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{run}: step {step} not reached in {timeout} s")
+
+
+def rank_log(run: Path, r: int) -> str:
+    return (run / f"rank{r}.log").read_text(errors="replace")

@@ -1,0 +1,139 @@
+"""`trainctl resume RUN [--from-step N] [--set k=v]`: local relaunch into the same run directory, rewinds,
+usage errors, the Slurm hand-off, and no torch in the CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from resume_utils import STOP, curve, events
+from trainer_utils import ROOT, TINY, deep_update
+
+from trainctl.checkpoints import list_checkpoints
+
+
+def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    import os
+
+    return subprocess.run([sys.executable, "-m", "trainctl", *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def spec_file(tmp_path: Path, **sections) -> Path:
+    spec = deep_update(TINY, {"parallel": {"dp": 2}, "cluster": {"gpus_per_node": 2},
+                              "train": {"steps": 6}, "checkpoint": {"every_steps": 2, "keep_last": 5}})
+    spec = deep_update(spec, sections)
+    p = tmp_path / "spec.yaml"
+    p.write_text(yaml.safe_dump(spec))
+    return p
+
+
+@pytest.mark.slow
+def test_resume_local_appends_and_from_step_rewinds(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    r = cli("launch", str(spec_file(tmp_path)), "--run-dir", str(run), env={STOP: "3"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert [s for s, _, _ in curve(run)] == [1, 2, 3]
+    dry = cli("resume", str(run), "--dry-run", "--json")
+    assert dry.returncode == 0, dry.stderr
+    plan = json.loads(dry.stdout)
+    assert plan["resume_step"] == 3 and plan["backend"] == "local" and "torch.distributed.run" in plan["command"]
+    r = cli("resume", str(run))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "resuming" in r.stdout and "from step 3" in r.stdout
+    first = curve(run)
+    assert [s for s, _, _ in first] == [1, 2, 3, 4, 5, 6]  # appended, nothing repeated or skipped
+    job = json.loads((run / "job.json").read_text())
+    assert [(a["attempt"], a["kind"], a["status"]) for a in job["attempts"]] == [
+        (1, "launch", "completed"), (2, "resume", "completed")]
+    assert [i.step for i in list_checkpoints(run / "checkpoints")] == [2, 3, 4, 6]
+
+    # rewind to step 2: newer checkpoints are moved aside (never resumed by a later restart), steps 3-6 rerun
+    r = cli("resume", str(run), "--from-step", "2")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert [i.step for i in list_checkpoints(run / "checkpoints")] == [2, 4, 6]  # 4, 6 re-saved by the rerun
+    assert len(list((run / "checkpoints").glob("step-*.abandoned-*"))) == 3
+    ev = [e for e in events(run) if e["event"] == "resume_from"]
+    assert ev[-1]["step"] == 2 and ev[-1]["replayed_steps"] == 4 and ev[-1]["replayed_from"] == 3
+    again = curve(run)
+    assert [s for s, _, _ in again] == [1, 2, 3, 4, 5, 6, 3, 4, 5, 6]
+    assert again[6:] == first[2:]  # the rerun is bitwise the same training
+    # --set: a longer run continues from the final checkpoint with the changed spec frozen in the run dir
+    r = cli("resume", str(run), "--set", "train.steps=7", "--dry-run")
+    assert r.returncode == 0 and not (run / "spec.prev-1.yaml").exists()
+
+
+def test_resume_usage_errors(tmp_path: Path) -> None:
+    r = cli("resume", str(tmp_path / "missing"))
+    assert r.returncode == 2 and "no such run directory" in r.stderr
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "spec.yaml").write_text(spec_file(tmp_path).read_text())
+    r = cli("resume", str(run))
+    assert r.returncode == 2 and "not a run directory" in r.stderr
+    (run / "job.json").write_text(json.dumps({"backend": "local", "attempts": []}))
+    r = cli("resume", str(run), "--from-step", "4")
+    assert r.returncode == 2 and "no checkpoint for step 4" in r.stderr
+
+
+def test_slurm_run_is_handed_to_the_slurm_launcher_or_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    from trainctl.cli.app import main
+    from trainctl.launch import resume as rs
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "spec.yaml").write_text(spec_file(tmp_path).read_text())
+    (run / "job.json").write_text(json.dumps({"backend": "slurm", "attempts": []}))
+    monkeypatch.setattr(rs, "slurm_resubmit_function", lambda: None)
+    with pytest.raises(SystemExit) as e:
+        main(["resume", str(run)])
+    assert e.value.code == 2 and "resuming Slurm runs comes with the Slurm launcher" in capsys.readouterr().err
+    calls = []
+    monkeypatch.setattr(rs, "slurm_resubmit_function", lambda: lambda paths: calls.append(paths.root) or "42")
+    with pytest.raises(SystemExit) as e:
+        main(["resume", str(run)])
+    assert e.value.code == 0
+    assert calls == [run.absolute()] and "submitted job 42" in capsys.readouterr().out
+    assert [e["event"] for e in events(run)] == ["resume_requested"]
+
+
+def test_resume_cli_does_not_import_torch(tmp_path: Path) -> None:
+    code = ("import sys\nfrom trainctl.cli.app import main\n"
+            "try:\n    main(['resume', '--help'])\nexcept SystemExit as e:\n    assert e.code in (0, None)\n"
+            "import trainctl.launch.resume\n"
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy'))\nassert not bad, bad\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.slow
+def test_sigterm_to_trainctl_launch_checkpoints_then_resume_finishes(tmp_path: Path) -> None:
+    """SIGTERM to the launcher -> torchrun -> every rank: a checkpoint at the next step, the attempt is
+    recorded as stopped after a checkpoint, and `trainctl resume` completes the run without a gap."""
+    import os
+    import signal
+
+    from resume_utils import wait_for_step
+
+    run = tmp_path / "run"
+    spec = spec_file(tmp_path, train={"steps": 40}, checkpoint={"every_steps": 100})
+    proc = subprocess.Popen([sys.executable, "-m", "trainctl", "launch", str(spec), "--run-dir", str(run)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ})
+    try:
+        wait_for_step(run, 3)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 1
+    finally:
+        proc.kill()
+    job = json.loads((run / "job.json").read_text())
+    assert job["attempts"][0]["status"] == "stopped_after_checkpoint"
+    stop = next(e for e in events(run) if e["event"] == "checkpoint_on_signal")
+    assert stop["signal"] == "SIGTERM" and [i.step for i in list_checkpoints(run / "checkpoints")] == [stop["step"]]
+    r = cli("resume", str(run))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert [s for s, _, _ in curve(run)] == list(range(1, 41))

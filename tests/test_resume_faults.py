@@ -1,0 +1,206 @@
+"""Resume under faults and changed allocations, through the real trainer: a rank SIGKILLed mid async save,
+damaged checkpoints, a different model or tp, an unusable checkpoint directory, DP 4 -> 2 (and PP) changes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from resume_utils import (
+    STOP,
+    curve,
+    events,
+    ok,
+    set_spec,
+    spawn_ranks,
+    wait_all,
+)
+from trainer_utils import ROOT, make_run, max_rel_diff, run_trainer
+
+from trainctl.checkpoints import MARKER, list_checkpoints, stale_dirs, step_dirname
+
+pytestmark = pytest.mark.slow
+
+
+def last_occurrence(run: Path) -> list[tuple[int, float, float]]:
+    """The curve a report shows: each step's last logged run (earlier runs of a step were replayed)."""
+    by_step = {s: (s, loss, g) for s, loss, g in curve(run)}
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def test_dp4_to_dp2_then_pp2_stays_on_the_curve(tmp_path: Path) -> None:
+    """DP=4/ZeRO-1 -> DP=2/ZeRO-2 -> PP=2: same global batch (more micro-batches per replica), the sharded
+    optimizer state resharded by parameter name; losses equal the uninterrupted DP=4 run to fp32 rounding."""
+    env = {"TRAINCTL_BUCKET_NUMEL": "20000"}
+    sections = {"train": {"steps": 6}, "checkpoint": {"every_steps": 2}}
+    straight, world = make_run(tmp_path, "straight", parallel={"dp": 4, "zero": 1}, **sections)
+    ok(run_trainer(straight, world, env=env, dump=False))
+    run, _ = make_run(tmp_path, "changing", parallel={"dp": 4, "zero": 1}, **sections)
+    ok(run_trainer(run, 4, env={**env, STOP: "2"}, dump=False), "dp4 part")
+    set_spec(run, parallel={"dp": 2, "zero": 2})
+    ok(run_trainer(run, 2, env={**env, STOP: "4"}, dump=False), "dp2 part")
+    set_spec(run, parallel={"dp": 1, "zero": 0, "pp": 2})
+    r = run_trainer(run, 2, env=env, dump=False)
+    ok(r, "pp2 part")
+    got, want = curve(run), curve(straight)
+    assert [s for s, _, _ in got] == [1, 2, 3, 4, 5, 6]
+    rel = max_rel_diff([x[1] for x in got], [x[1] for x in want])
+    print(f"dp4 -> dp2 -> pp2: max relative loss difference to the uninterrupted dp4 run {rel:.2e}")
+    assert rel <= 1e-5
+    assert max_rel_diff([x[2] for x in got], [x[2] for x in want]) <= 1e-4
+    resumes = [e for e in events(run) if e["event"] == "resume_from"]
+    assert [(e["step"], e["same_layout"]) for e in resumes] == [(2, False), (4, False)]
+
+
+def test_sigkill_mid_async_save_resumes_from_the_previous_checkpoint(tmp_path: Path) -> None:
+    sections = {"train": {"steps": 8}, "checkpoint": {"every_steps": 2, "keep_last": 5}}
+    straight, world = make_run(tmp_path, "straight", parallel={"dp": 2}, **sections)
+    ok(run_trainer(straight, world, dump=False))
+    run, _ = make_run(tmp_path, "killed", parallel={"dp": 2}, **sections)
+    ck = run / "checkpoints"
+    procs = spawn_ranks(run, 2, env={"TRAINCTL_TEST_SLOW_WRITE_S": "4", "TRAINCTL_TIMEOUT_S": "30"})
+    try:  # wait until step 2 is committed and step 4 is being written (its staging dir exists)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            names = [p.name for p in ck.iterdir()] if ck.exists() else []
+            if step_dirname(2) in names and any(n.startswith(step_dirname(4) + ".tmp-") for n in names):
+                break
+            assert all(p.poll() is None for p in procs), "a rank exited early"
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the async save of step 4 never started")
+        os.kill(procs[1].pid, signal.SIGKILL)  # a node dies while the write is in flight
+        time.sleep(0.5)
+        procs[0].kill()
+    finally:
+        wait_all(procs, timeout=30)
+    infos = list_checkpoints(ck)
+    assert [(i.step, i.valid) for i in infos] == [(2, True), (4, False)], infos
+    assert "incomplete" in (infos[1].reason or "")
+    logged = [s for s, _, _ in curve(run)]
+    r = run_trainer(run, 2, dump=False)  # the restart (what torchrun/Slurm would do)
+    ok(r, "restart")
+    assert "resumed from checkpoint step 2" in r.stdout
+    resume = next(e for e in events(run) if e["event"] == "resume_from")
+    assert resume["step"] == 2 and resume["replayed_steps"] == len([s for s in logged if s > 2])
+    assert stale_dirs(ck) == []  # the torn staging directory was removed at start
+    assert last_occurrence(run) == curve(straight)  # bitwise, replayed steps included
+
+
+def run_plain(run: Path) -> subprocess.CompletedProcess[str]:
+    """One rank without torchrun, so stderr and the exit status are the trainer's own."""
+    return subprocess.run([sys.executable, "-m", "trainctl.runtime", str(run)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def _run_with_checkpoints(tmp_path: Path, steps: int = 6) -> Path:
+    run, world = make_run(tmp_path, "run", train={"steps": steps},
+                          checkpoint={"every_steps": 2, "keep_last": 5, "async": False})
+    ok(run_trainer(run, world, dump=False))
+    return run
+
+
+def test_truncated_shard_and_missing_marker_are_skipped_with_a_warning(tmp_path: Path) -> None:
+    run = _run_with_checkpoints(tmp_path)
+    ck = run / "checkpoints"
+    assert [i.step for i in list_checkpoints(ck) if i.valid] == [2, 4, 6]
+    shard = next((ck / step_dirname(6)).glob("__0_*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:100])
+    (ck / step_dirname(4) / MARKER).unlink()
+    set_spec(run, train={"steps": 8})
+    r = run_trainer(run, 1, dump=False)
+    ok(r)
+    for text in ("skipping checkpoint", "truncated shard", "missing COMMITTED marker"):
+        assert text in r.stderr, text
+    skipped = {e["step"]: e["reason"] for e in events(run) if e["event"] == "checkpoint_skipped"}
+    assert set(skipped) == {4, 6}
+    assert next(e for e in events(run) if e["event"] == "resume_from")["step"] == 2
+    assert [s for s, _, _ in curve(run)] == [1, 2, 3, 4, 5, 6, 3, 4, 5, 6, 7, 8]  # 3-6 replayed, not lost
+
+
+def test_other_model_shape_or_tp_is_refused_before_training(tmp_path: Path) -> None:
+    run = _run_with_checkpoints(tmp_path, steps=2)
+    n = len(curve(run))
+    set_spec(run, model={"hidden": 128}, train={"steps": 4})
+    r = run_plain(run)
+    assert r.returncode == 1
+    assert "different model shape (model.hidden: checkpoint 64, this run 128" in r.stderr, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr  # a known condition: one line with a hint
+    set_spec(run, model={"hidden": 64}, parallel={"tp": 2, "micro_batch": 4})
+    r = run_trainer(run, 2, dump=False)
+    assert r.returncode != 0
+    assert "written with parallel.tp=1, this run has tp=2" in r.stderr and "--set parallel.tp=1" in r.stderr
+    assert len(curve(run)) == n  # refused before any step ran
+
+
+def test_unwritable_checkpoint_dir_fails_with_one_line_and_keeps_the_run_dir(tmp_path: Path) -> None:
+    run, world = make_run(tmp_path, "run", train={"steps": 2}, checkpoint={"dir": str(tmp_path / "afile" / "ck")})
+    (tmp_path / "afile").write_text("a file where the checkpoint directory should be")
+    r = run_plain(run)
+    assert r.returncode == 1
+    line = next(x for x in r.stderr.splitlines() if "trainctl: rank 0 failed" in x)
+    assert "is not writable" in line and "hint:" in line
+    assert "Traceback" not in r.stderr
+    assert (run / "spec.yaml").exists()
+    assert [e["event"] for e in events(run)][-1] == "failure"
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path):
+    mounts: list[Path] = []
+
+    def mount(size: str, ro: bool = False) -> Path:
+        d = tmp_path / f"mnt-{uuid.uuid4().hex[:6]}"
+        d.mkdir()
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}" + (",ro" if ro else ""), "tmpfs", str(d)],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip()}); needs root")
+        mounts.append(d)
+        return d
+
+    yield mount
+    for d in mounts:
+        subprocess.run(["umount", "-l", str(d)], capture_output=True)
+
+
+def test_read_only_checkpoint_dir_fails_loudly(tmp_path: Path, tmpfs) -> None:
+    ro = tmpfs("1m", ro=True)
+    run, world = make_run(tmp_path, "run", train={"steps": 2}, checkpoint={"dir": str(ro / "ck")})
+    r = run_trainer(run, world, dump=False)
+    assert r.returncode != 0 and "is not writable" in r.stderr and "Read-only" in r.stderr
+
+
+def test_full_checkpoint_dir_fails_loudly_and_keeps_metrics(tmp_path: Path, tmpfs) -> None:
+    full = tmpfs("1m")  # one checkpoint of the tiny model is ~2.6 MB
+    run, world = make_run(tmp_path, "run", train={"steps": 6}, checkpoint={"dir": str(full), "every_steps": 2})
+    r = run_trainer(run, world, dump=False)
+    assert r.returncode != 0
+    assert "saving step 2 failed" in r.stderr and "No space left" in r.stderr, r.stderr[-2000:]
+    assert [s for s, _, _ in curve(run)][:2] == [1, 2]  # training data written before the failure is kept
+    assert list_checkpoints(full) == [] and stale_dirs(full) == []
+
+
+def test_torchrun_restart_resumes_by_itself(tmp_path: Path) -> None:
+    """A rank fails in torchrun's first attempt; torchrun restarts the workers, which find the checkpoint."""
+    from trainer_utils import TORCHRUN
+
+    sections = {"train": {"steps": 6}, "checkpoint": {"every_steps": 2, "async": False}}
+    straight, world = make_run(tmp_path, "straight", parallel={"dp": 2}, **sections)
+    ok(run_trainer(straight, world, dump=False))
+    run, _ = make_run(tmp_path, "restarted", parallel={"dp": 2}, **sections)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "TRAINCTL_TEST_FAIL_AT_STEP": "4",
+           "TRAINCTL_TEST_FAIL_RANK": "1", "TRAINCTL_TEST_FAIL_ATTEMPT": "0", "TRAINCTL_TIMEOUT_S": "60"}
+    r = subprocess.run([TORCHRUN, "--standalone", "--nproc-per-node=2", "--max-restarts=1", "-m", "trainctl.runtime",
+                        str(run)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    ok(r, "torchrun with one restart")
+    resume = [e for e in events(run) if e["event"] == "resume_from"]
+    assert [(e["step"], e["replayed_steps"]) for e in resume] == [(2, 1)]  # step 3 ran twice
+    assert [s for s, _, _ in curve(run)] == [1, 2, 3, 3, 4, 5, 6]
+    assert last_occurrence(run) == curve(straight)

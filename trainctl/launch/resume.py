@@ -1,0 +1,135 @@
+"""`trainctl resume RUN`: relaunch an existing run directory from its newest valid checkpoint. No torch.
+
+The trainer itself finds and loads the checkpoint at start (runtime/resume.py); this layer decides which
+one that will be, shows it (and the invalid ones it skips), and relaunches with the run's backend,
+appending to the same run directory (metrics.jsonl, events.jsonl, job.json attempts, logs/).
+
+`--from-step N` rewinds: checkpoints after N are moved aside to `step-M.abandoned-<time>` (a name that
+is never a resume candidate, kept for inspection), so neither this start nor any later automatic restart
+continues the abandoned branch. `--set k=v` changes the frozen spec (e.g. a new allocation: dp and
+cluster.gpus_per_node together); the previous spec.yaml is kept as spec.prev-<n>.yaml.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trainctl.checkpoints import (
+    CheckpointError,
+    CheckpointInfo,
+    find_step,
+    latest_valid,
+    list_checkpoints,
+    step_dirname,
+)
+from trainctl.errors import UsageError
+from trainctl.launch.run_dir import read_job, write_atomic
+from trainctl.rundir import RunPaths, read_jsonl, record_event
+from trainctl.spec import RunSpec, load_spec, resolved_dict
+
+
+@dataclass
+class ResumePlan:
+    paths: RunPaths
+    spec: RunSpec
+    backend: str
+    checkpoint_dir: Path
+    checkpoint: CheckpointInfo | None  # what the trainer will load (None: it starts from step 0)
+    skipped: list[CheckpointInfo] = field(default_factory=list)  # invalid ones newer than it
+    abandon: list[CheckpointInfo] = field(default_factory=list)  # --from-step: newer ones moved aside
+    overrides: list[str] = field(default_factory=list)
+    last_logged_step: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run_dir": str(self.paths.root), "backend": self.backend, "checkpoint_dir": str(self.checkpoint_dir),
+                "resume_step": self.checkpoint.step if self.checkpoint else None,
+                "skipped": [{"step": i.step, "path": str(i.path), "reason": i.reason} for i in self.skipped],
+                "abandoned": [i.step for i in self.abandon], "overrides": self.overrides,
+                "last_logged_step": self.last_logged_step, "steps": self.spec.train.steps}
+
+
+def checkpoint_dir_of(spec: RunSpec, root: Path) -> Path:
+    d = spec.checkpoint.dir
+    if not d:
+        return root / "checkpoints"
+    return Path(d) if Path(d).is_absolute() else root / d
+
+
+def plan_resume(run_dir: Path, from_step: int | None = None, overrides: list[str] | None = None) -> ResumePlan:
+    """Read the run directory and decide what the relaunch will do; changes nothing."""
+    root = Path(run_dir).absolute()
+    paths = RunPaths(root)
+    if not root.is_dir():
+        raise UsageError(f"{run_dir}: no such run directory", hint="give the directory `trainctl launch` created")
+    if not paths.spec.exists() or not paths.job.exists():
+        raise UsageError(f"{run_dir}: not a run directory (no spec.yaml or job.json)",
+                         hint="give the directory `trainctl launch` created")
+    spec = load_spec(paths.spec, overrides or [])
+    try:
+        backend = str(read_job(paths).get("backend") or spec.backend)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"{paths.job}: unreadable ({e})", hint="the run directory is damaged") from e
+    ckdir = checkpoint_dir_of(spec, root)
+    skipped: list[CheckpointInfo] = []
+    abandon: list[CheckpointInfo] = []
+    if from_step is not None:
+        try:
+            info: CheckpointInfo | None = find_step(ckdir, from_step)
+        except CheckpointError as e:
+            raise UsageError(e.message, hint=e.hint) from e
+        abandon = [i for i in list_checkpoints(ckdir) if i.step > from_step]
+    else:
+        info = latest_valid(ckdir, skipped=skipped)
+    logged = [r.get("step") for r in read_jsonl(paths.metrics)]
+    last = max((s for s in logged if isinstance(s, int)), default=None)
+    if info is not None and info.step >= spec.train.steps:
+        raise UsageError(f"checkpoint step {info.step} is already at train.steps={spec.train.steps}: nothing to run",
+                         hint=f"train longer with --set train.steps=N (N > {info.step})")
+    return ResumePlan(paths, spec, backend, ckdir, info, skipped, abandon, list(overrides or []), last)
+
+
+def prepare(plan: ResumePlan) -> None:
+    """Apply the plan to the run directory: move abandoned checkpoints aside, write a changed spec."""
+    paths = plan.paths
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for info in plan.abandon:
+        target = info.path.with_name(f"{step_dirname(info.step)}.abandoned-{stamp}")
+        os.replace(info.path, target)
+        record_event(paths, "checkpoint_abandoned", step=info.step, path=str(target),
+                     reason=f"trainctl resume --from-step {plan.checkpoint.step if plan.checkpoint else None}")
+    if plan.overrides:
+        n = 1
+        while (paths.root / f"spec.prev-{n}.yaml").exists():
+            n += 1
+        os.replace(paths.spec, paths.root / f"spec.prev-{n}.yaml")
+        write_atomic(paths.spec, yaml.safe_dump(resolved_dict(plan.spec), sort_keys=False))
+        record_event(paths, "spec_changed", overrides=plan.overrides, previous=f"spec.prev-{n}.yaml")
+    record_event(paths, "resume_requested", backend=plan.backend,
+                 step=plan.checkpoint.step if plan.checkpoint else 0,
+                 skipped=[i.step for i in plan.skipped], abandoned=[i.step for i in plan.abandon])
+
+
+def slurm_resubmit_function() -> Any:
+    """The Slurm launcher's "submit an existing run directory" function, when it has one."""
+    from trainctl.launch import slurm
+
+    for name in ("resubmit", "submit_existing", "submit_run_dir", "resume"):
+        fn = getattr(slurm, name, None)
+        if callable(fn):
+            return fn
+    return None
+
+
+def stopped_for_requeue(paths: RunPaths, since: float | None = None) -> bool:
+    """Whether the trainer stopped on a signal after committing a checkpoint (ranks exit 0 under torchrun,
+    75 otherwise: see trainctl.runtime.resume.requeue_code), so launchers read the event."""
+    for e in read_jsonl(paths.events):
+        if e.get("event") == "checkpoint_on_signal" and (since is None or e.get("time", 0) >= since):
+            return True
+    return False

@@ -1,0 +1,181 @@
+"""The trainer's checkpointing: auto-resume at start, saves on schedule, stop-on-signal, final save.
+
+Called from Trainer.run() at three points (start, after every step, end); the state layout is in
+trainctl.runtime.state, the storage (DCP, async, atomic commit) in trainctl.runtime.checkpoint.
+
+Auto-resume: at start the newest valid checkpoint in the checkpoint directory is loaded (invalid ones,
+torn or truncated or without marker, are reported and skipped; checksums are verified). `trainctl resume
+--from-step N` moves newer checkpoints aside before relaunching, so "newest valid" is then N.
+
+Resharding on resume: dp, zero and the pipeline split (pp, schedule, virtual stages) may change; the
+global batch is kept (micro-batches per replica follow from dp). tp may not change (TP shards are saved
+as such), and the model must be the same: both are refused before any step runs, naming the difference.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainctl.checkpoints import CheckpointError, CheckpointInfo
+from trainctl.errors import EXIT_OK, EXIT_REQUEUE
+from trainctl.rundir import read_jsonl, record_event
+from trainctl.runtime import metrics, signals, state
+from trainctl.runtime.checkpoint import CheckpointManager, set_rng_state
+from trainctl.runtime.distributed import timeout_s
+
+if TYPE_CHECKING:
+    from trainctl.runtime.trainer import Trainer
+
+
+def checkpoint_dir(tr: Trainer) -> Path:
+    d = tr.spec.checkpoint.dir
+    if not d:
+        return tr.paths.checkpoints
+    return Path(d) if Path(d).is_absolute() else tr.paths.root / d
+
+
+def layout_of(tr: Trainer) -> dict[str, Any]:
+    p = tr.spec.parallel
+    return {"tp": tr.par.tp, "pp": tr.par.pp, "dp": tr.par.dp, "zero": p.zero, "schedule": p.schedule,
+            "virtual_stages": p.virtual_stages, "sequence_parallel": p.sequence_parallel,
+            "micro_batch": p.micro_batch, "world_size": tr.par.world_size}
+
+
+def save_meta(tr: Trainer, step: int) -> dict[str, Any]:
+    spec = tr.spec
+    try:
+        spec_hash = hashlib.sha256(tr.paths.spec.read_bytes()).hexdigest()
+    except OSError:
+        spec_hash = None
+    return {"step": step, "layout": layout_of(tr), "model": spec.model.model_dump(mode="json"),
+            "seed": spec.train.seed, "global_batch": spec.train.global_batch,
+            "consumed_samples": tr.loader.consumed, "tokens": tr.loader.consumed * spec.model.seq_len,
+            "spec_sha256": spec_hash}
+
+
+def check_compatible(info: CheckpointInfo, tr: Trainer) -> None:
+    """Refuse, before any compute, a checkpoint this job cannot continue exactly: another model, another tp."""
+    meta = info.meta or {}
+    where = f"{info.path}: checkpoint of step {info.step}"
+    if "layout" not in meta or "model" not in meta:
+        raise CheckpointError(f"{where} was not written by the trainctl trainer (no layout/model in its manifest)",
+                              hint="move it out of the checkpoint directory or pick another with --from-step")
+    mine = tr.spec.model.model_dump(mode="json")
+    diffs = [f"model.{k}: checkpoint {meta['model'].get(k)!r}, this run {v!r}"
+             for k, v in mine.items() if meta["model"].get(k) != v]
+    if diffs:
+        raise CheckpointError(f"{where} is for a different model shape ({'; '.join(diffs)})",
+                              hint="resume with the model the checkpoint was written with, or use a fresh run "
+                                   "directory")
+    old_tp = meta["layout"].get("tp")
+    if old_tp != tr.par.tp:
+        raise CheckpointError(f"{where} was written with parallel.tp={old_tp}, this run has tp={tr.par.tp}: "
+                              "changing tensor parallelism on resume is not supported (dp, pp and zero may change)",
+                              hint=f"resume with --set parallel.tp={old_tp}")
+
+
+def requeue_code() -> int:
+    """Exit status after a stop signal and its committed checkpoint.
+
+    75 ("requeue me") for srun or a bare run; 0 under torchrun, whose agent restarts the workers after
+    any non-zero exit: they would resume and keep training while the job is being preempted. Launchers
+    read the `checkpoint_on_signal` event instead (trainctl.launch.resume.stopped_for_requeue)."""
+    return EXIT_OK if "TORCHELASTIC_RESTART_COUNT" in os.environ else EXIT_REQUEUE
+
+
+class Checkpointing:
+    """Collective: construct, resume(), after_step() and finish() on every rank at the same points."""
+
+    def __init__(self, tr: Trainer) -> None:
+        self.tr = tr
+        ck = tr.spec.checkpoint
+        self.dir = checkpoint_dir(tr)
+        # Raises CheckpointError on every rank when the directory is not writable (read-only, full, a file).
+        self.mgr = CheckpointManager(self.dir, rank=tr.par.rank, world_size=tr.par.world_size,
+                                     keep_last=ck.keep_last, milestone_every=ck.milestone_every,
+                                     async_save=ck.async_save, events=tr.paths, timeout_s=timeout_s())
+        self.every_steps, self.every_minutes = ck.every_steps, ck.every_minutes
+        self.last_saved = 0
+        self.last_time = time.monotonic()
+        self.stop = signals.StopFlag().install()
+        self.stop_after = signals.test_stop_step()
+
+    # -- start ------------------------------------------------------------------------------------------
+    def resume(self) -> int:
+        """Load the newest valid checkpoint, if any; the first step to run (0 for a fresh start)."""
+        tr = self.tr
+        info = self.mgr.latest_valid()
+        if info is None:
+            return 0
+        check_compatible(info, tr)
+        state.ensure_optimizer_state(tr.opt)
+        st = state.app_state(tr, 0)
+        info, rank_state = self.mgr.load(None, st)  # verifies checksums; may fall back to an older one
+        check_compatible(info, tr)
+        step = state.restore(tr, st)
+        same_layout = info.meta.get("layout") == layout_of(tr)
+        if same_layout and rank_state is not None:
+            set_rng_state(rank_state["rng"])
+        elif tr.log:
+            metrics.warn(f"resuming step {step} with another layout ({info.meta.get('layout')} -> {layout_of(tr)}): "
+                         "model, optimizer and data position are resharded; RNG streams start afresh")
+        self.last_saved, self.last_time = step, time.monotonic()
+        if tr.log:
+            logged = [r.get("step") for r in read_jsonl(tr.paths.metrics)]
+            replayed = sorted({s for s in logged if isinstance(s, int) and s > step})
+            record_event(tr.paths, "resume_from", step=step, path=str(info.path), same_layout=same_layout,
+                         replayed_steps=len(replayed), replayed_from=replayed[0] if replayed else None,
+                         replayed_to=replayed[-1] if replayed else None)
+            print(f"trainctl: resumed from checkpoint step {step} ({info.path})"
+                  + (f"; steps {replayed[0]}-{replayed[-1]} were logged after it and run again" if replayed else ""),
+                  flush=True)
+        return step
+
+    # -- every step -------------------------------------------------------------------------------------
+    def after_step(self, step: int) -> int | None:
+        """After optimizer step `step` (1-based): save when due; on a stop request save synchronously and
+        return the exit code (75 after a signal, 0 for the test knob), else None."""
+        tr = self.tr
+        time_due = bool(self.every_minutes) and time.monotonic() - self.last_time >= self.every_minutes * 60
+        sig, time_due_all = signals.agree([self.stop.signum, int(time_due)], tr.par.device)
+        if sig or step == self.stop_after:
+            self.save(step, wait=True)
+            if tr.log:
+                if sig:
+                    record_event(tr.paths, "checkpoint_on_signal", step=step, signal=signals.name(sig))
+                    record_event(tr.paths, "preempted", step=step, signal=signals.name(sig),
+                                 reason=f"{signals.name(sig)}: checkpointed step {step}, exit {requeue_code()}")
+                else:
+                    record_event(tr.paths, "stopped", step=step, reason=f"{signals.STOP_AFTER_ENV}={step}")
+                print(f"trainctl: stopping after step {step} (checkpoint committed)", flush=True)
+            return requeue_code() if sig else EXIT_OK
+        if step < tr.spec.train.steps and (
+                (self.every_steps and step % self.every_steps == 0) or time_due_all):
+            self.save(step, wait=False)
+        return None
+
+    def save(self, step: int, wait: bool) -> None:
+        tr = self.tr
+        t0 = time.perf_counter()
+        if step == self.last_saved:  # already saved (or loaded) at this step: at most wait for its commit
+            if wait:
+                self.mgr.wait()
+            tr.ckpt_block_s += time.perf_counter() - t0
+            return
+        self.mgr.save(step, state.app_state(tr, step), state.rank_state(tr), save_meta(tr, step))
+        if wait:
+            self.mgr.wait()
+        tr.ckpt_block_s += time.perf_counter() - t0  # the loop was blocked this long (outside step time)
+        self.last_saved, self.last_time = step, time.monotonic()
+
+    # -- end --------------------------------------------------------------------------------------------
+    def finish(self, step: int) -> None:
+        """After the last step: a final checkpoint when checkpointing is configured; wait for the writer."""
+        if (self.every_steps or self.every_minutes) and step > self.last_saved:
+            self.save(step, wait=True)
+        self.mgr.wait()
+        self.stop.uninstall()

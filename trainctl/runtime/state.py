@@ -1,0 +1,192 @@
+"""What a checkpoint holds, keyed so that it loads into another DP size, ZeRO stage or pipeline split.
+
+Layout of the DCP part (`app_state`), every key independent of dp, pp, zero and the bucket layout:
+
+    model.<name>[@tp<r>of<t>]          the parameter in its (TP-local) shape; replicated over DP, so DCP
+                                       keeps one copy; FSDP2 parameters are DTensors (DCP reshards them)
+    optim.<name>[@tp..].exp_avg        AdamW moments, always FLATTENED to 1-D (numel of the TP-local
+    optim.<name>[@tp..].exp_avg_sq     parameter): plain tensors under ZeRO-0, ShardedTensors whose chunks
+                                       are this DP rank's [lo, hi) range under ZeRO-1/2 (a slice of a flat
+                                       bucket) and ZeRO-3 (FSDP2's row shard); DCP reshards chunk to chunk
+    extra                              step, AdamW step count, loader position (global sequence slots),
+                                       loss-scaler state: small Python values, identical on every rank
+
+`@tp<r>of<t>` marks TP-sharded parameters (TP-replicated ones have no suffix): a TP shard is not a plain
+slice (fused QKV, padded vocab), so changing tp on resume is refused up front (resume.check_layout).
+Per-rank state (RNG streams) goes beside DCP as rank_state (DCP would dedup it).
+
+The fp32 master copy of ZeRO-1/2 is not saved: parameters are fp32 in this trainer and the master slice
+equals them bit for bit after every step (the all-gather copies it), so it is rebuilt from them on load.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from trainctl.runtime import data_parallel
+from trainctl.runtime.checkpoint import rng_state
+
+if TYPE_CHECKING:
+    from trainctl.runtime.trainer import Trainer
+
+MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+@dataclass
+class Entry:
+    """One parameter of this rank under its checkpoint key, with its optimizer tensor(s) and 1-D range."""
+
+    key: str
+    param: Tensor  # the model parameter (plain or DTensor)
+    opt_param: Tensor  # what AdamW steps: the parameter, or its fp32 master fragment (ZeRO-1/2)
+    numel: int  # full (TP-local) numel of the parameter: the length of the flattened state
+    lo: int  # this rank's range of the flattened state
+    hi: int
+    chunks: list[tuple[int, int, int]]  # every DP peer's (lo, hi, global rank); [] when not sharded
+
+
+def param_key(name: str, meta: Any, tp_rank: int, tp: int) -> str:
+    if tp > 1 and meta is not None and meta.shard is not None:
+        return f"{name}@tp{tp_rank}of{tp}"
+    return name
+
+
+def entries(tr: Trainer) -> list[Entry]:
+    """Every parameter this rank holds, once per key (a tied copy on the last stage shares its key)."""
+    par = tr.par
+    keys: dict[int, str] = {}
+    out: list[Entry] = []
+    seen: set[str] = set()
+    for m in tr.modules:
+        meta = m.named_param_meta()
+        for name, q in m.named_parameters():
+            keys[id(q)] = param_key(name, meta.get(name), par.tp_rank, par.tp)
+    sync = tr.sync
+    if isinstance(sync, data_parallel.GradSync) and sync.zero >= 1:
+        for b in sync.buckets:
+            a, e = b.shard
+            per = b.numel // par.dp
+            for info, off in zip(b.params, b.offsets, strict=True):
+                key = keys[id(info.param)]
+                if key in seen:
+                    continue
+                seen.add(key)
+                n = info.param.numel()
+                lo, hi = max(off, a) - off, min(off + n, e) - off
+                lo, hi = (lo, hi) if lo < hi else (0, 0)  # this rank owns none of it
+                master = next((m for i, m, _g in b.fragments if i is info), None)
+                chunks = []
+                for r, grank in enumerate(par.ranks["dp"]):
+                    c_lo, c_hi = max(off, r * per) - off, min(off + n, (r + 1) * per) - off
+                    if c_lo < c_hi:
+                        chunks.append((c_lo, c_hi, grank))
+                out.append(Entry(key, info.param, master if master is not None else info.param, n, lo, hi, chunks))
+        return out
+    fsdp = isinstance(sync, data_parallel.FsdpSync)
+    for m in tr.modules:
+        for _name, q in m.named_parameters():
+            key = keys[id(q)]
+            if key in seen:
+                continue
+            seen.add(key)
+            if fsdp:
+                rows = q.shape[0]
+                cols = q.numel() // rows if rows else 0
+                size = -(-rows // par.dp)  # torch.chunk / DTensor Shard(0) split of the rows
+                chunks = []
+                for r, grank in enumerate(par.ranks["dp"]):
+                    r0, r1 = min(r * size, rows), min((r + 1) * size, rows)
+                    if r0 < r1:
+                        chunks.append((r0 * cols, r1 * cols, grank))
+                mine = min(par.dp_rank * size, rows) * cols, min((par.dp_rank + 1) * size, rows) * cols
+                local = q.to_local()
+                if local.numel() != mine[1] - mine[0]:
+                    raise RuntimeError(f"{key}: FSDP shard has {local.numel()} elements, expected {mine}")
+                out.append(Entry(key, q, q, q.numel(), mine[0], mine[1], chunks))
+            else:
+                out.append(Entry(key, q, q, q.numel(), 0, q.numel(), []))
+    return out
+
+
+def _flat_local(t: Tensor) -> Tensor:
+    """1-D view of this rank's part of an optimizer tensor (a DTensor's local shard under FSDP2)."""
+    local = t.to_local() if hasattr(t, "to_local") else t
+    return local.view(-1)
+
+
+def _sharded(local: Tensor, e: Entry) -> Tensor:
+    """`local` (this rank's [lo, hi) of a 1-D state of length e.numel) as a DCP-reshardable ShardedTensor."""
+    from torch.distributed._shard.metadata import ShardMetadata
+    from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor
+    from torch.distributed._shard.sharded_tensor.metadata import ShardedTensorMetadata, TensorProperties
+
+    dev = str(local.device)  # checked against the local shard only (peers may use another index)
+    mds = [ShardMetadata([lo], [hi - lo], f"rank:{r}/{dev}") for lo, hi, r in e.chunks]
+    meta = ShardedTensorMetadata(mds, torch.Size([e.numel]), TensorProperties(dtype=local.dtype))
+    rank = torch.distributed.get_rank()
+    shards = [Shard(local, ShardMetadata([e.lo], [e.hi - e.lo], f"rank:{rank}/{dev}"))] if e.hi > e.lo else []
+    return ShardedTensor._init_from_local_shards_and_global_metadata(shards, meta)
+
+
+def ensure_optimizer_state(opt: torch.optim.Optimizer) -> None:
+    """Create AdamW's lazily-made state (as its first step would) so a checkpoint can be loaded into it."""
+    from torch.optim.optimizer import _get_scalar_dtype
+
+    for group in opt.param_groups:
+        for p in group["params"]:
+            if p not in opt.state or not opt.state[p]:
+                opt.state[p] = {"step": torch.tensor(0.0, dtype=_get_scalar_dtype()),
+                                **{k: torch.zeros_like(p, memory_format=torch.preserve_format) for k in MOMENTS}}
+
+
+def optimizer_step_count(opt: torch.optim.Optimizer) -> float:
+    for st in opt.state.values():
+        if "step" in st:
+            return float(st["step"])
+    return 0.0
+
+
+def app_state(tr: Trainer, step: int) -> dict[str, Any]:
+    """The DCP state of this rank (views of the live tensors: dcp.load writes into them in place)."""
+    model: dict[str, Tensor] = {}
+    optim: dict[str, Tensor] = {}
+    for e in entries(tr):
+        model[e.key] = e.param.detach() if not hasattr(e.param, "to_local") else e.param
+        st = tr.opt.state.get(e.opt_param, {})
+        for k in MOMENTS:
+            if k not in st:
+                continue
+            local = _flat_local(st[k])
+            optim[f"{e.key}.{k}"] = _sharded(local, e) if e.chunks else local
+    sc = tr.scaler
+    extra = {"step": step, "optimizer_step": optimizer_step_count(tr.opt), "loader": tr.loader.state_dict(),
+             "scaler": {"scale": sc.scale, "good": sc.good}}
+    return {"model": model, "optim": optim, "extra": extra}
+
+
+def restore(tr: Trainer, state: dict[str, Any]) -> int:
+    """After dcp.load filled `state` (built by app_state after ensure_optimizer_state): set what is not
+    loaded in place. Returns the step to continue from."""
+    extra = state["extra"]
+    step_t = float(extra["optimizer_step"])
+    for st in tr.opt.state.values():
+        if "step" in st:
+            st["step"].fill_(step_t)
+    sync = tr.sync
+    if isinstance(sync, data_parallel.GradSync) and sync.zero >= 1:
+        for b in sync.buckets:  # the master slice is the (loaded, fp32) parameters' slice
+            a, e = b.shard
+            b.master.copy_(b.param_flat[a:e])
+    tr.loader.load_state_dict(extra["loader"])
+    tr.scaler.scale = float(extra["scaler"]["scale"])
+    tr.scaler.good = int(extra["scaler"]["good"])
+    return int(extra["step"])
+
+
+def rank_state(tr: Trainer) -> dict[str, Any]:
+    """Per-rank state beside DCP: every RNG stream of this process (TP dropout derives from them)."""
+    return {"rng": rng_state(), "dp_rank": tr.par.dp_rank, "loader": tr.loader.state_dict()}
