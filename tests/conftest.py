@@ -1,3 +1,29 @@
 """Shared pytest fixtures. `tests/` is on sys.path (no __init__.py), so sibling helpers import by name."""
 
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
 from slurm_fixtures import slurm_cluster  # noqa: F401  (session fixture: the real local Slurm cluster)
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path):
+    """mount(size, ro=False) -> a small tmpfs directory (root only). Tests run as root, where chmod cannot
+    stop writes, so a read-only or full file system is made for real; unmounted afterwards."""
+    mounts: list[Path] = []
+
+    def mount(size: str, ro: bool = False) -> Path:
+        d = tmp_path / f"mnt-{uuid.uuid4().hex[:6]}"
+        d.mkdir()
+        opts = f"size={size}" + (",ro" if ro else "")
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(d)], capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip()}); needs root")
+        mounts.append(d)
+        return d
+
+    yield mount
+    for d in mounts:
+        subprocess.run(["umount", "-l", str(d)], capture_output=True)

@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
@@ -221,26 +220,6 @@ def test_checkpoint_dir_that_is_a_file_fails_loudly(tmp_path):
         CheckpointManager(bad)
     with pytest.raises(CheckpointError, match="not writable"):
         CheckpointManager(bad / "sub")  # ENOTDIR: fails even as root
-
-
-@pytest.fixture
-def tmpfs(tmp_path):
-    """Mount a small tmpfs (root only; tests here run as root, where chmod cannot stop writes)."""
-    mounts: list[Path] = []
-
-    def mount(size: str, ro: bool = False) -> Path:
-        d = tmp_path / f"mnt-{uuid.uuid4().hex[:6]}"
-        d.mkdir()
-        opts = f"size={size}" + (",ro" if ro else "")
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(d)], capture_output=True, text=True)
-        if r.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip()}); needs root")
-        mounts.append(d)
-        return d
-
-    yield mount
-    for d in mounts:
-        subprocess.run(["umount", "-l", str(d)], capture_output=True)
 
 
 def test_read_only_directory_fails_loudly(tmpfs):

@@ -1,6 +1,6 @@
 """mfu-report on real local runs (2 CPU ranks, DP=2, a few steps each, launched with `trainctl launch`):
 a deliberately slowed rank is named as the straggler, a hung rank is ended by the watchdog with its stacks
-in the log, a failed-and-restarted run has goodput below 100% with the lost time attributed, `--json` and
+in the log, a failed-and-resumed run has goodput below 100% with the lost time attributed, `--json` and
 `--plot` work through the real CLI, and two runs print side by side."""
 
 from __future__ import annotations
@@ -118,21 +118,22 @@ def test_hung_rank_is_ended_by_the_watchdog(tmp_path):
     assert r["goodput"]["final_outcome"] == "hang"
 
 
-def test_interrupted_and_relaunched_run_has_goodput_below_100_percent(tmp_path):
-    """Attempt 1: `trainctl launch`, rank 1 fails at step 4. Attempt 2: the run's own launch.sh run again into
-    the same run directory, preceded by the "launch" event a resume command records. Checkpoint resume is
-    not wired into the trainer yet, so attempt 2 starts from step 1 and steps 1-3 are replayed; with resume
-    only the steps after the last checkpoint would be."""
-    from trainctl.rundir import RunPaths, record_event
-
+def test_interrupted_and_resumed_run_has_goodput_below_100_percent(tmp_path):
+    """Attempt 1: `trainctl launch` with a checkpoint every 2 steps; rank 1 fails at step 5. Attempt 2:
+    `trainctl resume RUN` resumes from the latest committed checkpoint; the steps logged after it are
+    replayed. The report must count both attempts, the replayed steps and the restart gap."""
     run = tmp_path / "interrupted"
-    p = launch(run, "train.steps=6", env={"TRAINCTL_TEST_FAIL_AT_STEP": "4", "TRAINCTL_TEST_FAIL_RANK": "1"})
+    p = launch(run, "train.steps=8", "checkpoint.every_steps=2",
+               env={"TRAINCTL_TEST_FAIL_AT_STEP": "5", "TRAINCTL_TEST_FAIL_RANK": "1"})
     assert p.returncode == 1
-    record_event(RunPaths(run), "launch", backend="local", nproc=2, resume=True)
+    logged_before = max(m["step"] for m in read_jsonl(run / "metrics.jsonl"))
     e = {k: v for k, v in os.environ.items() if k not in KNOBS}
-    p = subprocess.run(["bash", str(run / "launch.sh")], cwd=ROOT, env={**e, "PYTHONPATH": str(ROOT)},
+    p = subprocess.run([*TRAINCTL, "resume", str(run)], cwd=ROOT, env={**e, "PYTHONPATH": str(ROOT)},
                        capture_output=True, text=True, timeout=240)
-    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    (resumed,) = [ev for ev in read_jsonl(run / "events.jsonl") if ev["event"] == "resume_from"]
+    ckpt_step = resumed["step"]
+    assert 2 <= ckpt_step <= 4 and ckpt_step % 2 == 0
     out = report(run, extra=("--json",))
     (r,) = json.loads(out.stdout)["runs"]
     g = r["goodput"]
@@ -142,9 +143,10 @@ def test_interrupted_and_relaunched_run_has_goodput_below_100_percent(tmp_path):
                                                   if m["step"] >= 1) - g["lost_s"]["replayed_steps"], rel=1e-6)
     (restart,) = g["restarts"]
     assert "rank 1 failed: InjectedFailure" in restart["cause"]
-    assert restart["replayed_steps"] == 3 and restart["resumed_at_step"] == 0
+    assert restart["resumed_at_step"] == ckpt_step and restart["replayed_steps"] == logged_before - ckpt_step
     lost = g["lost_s"]
-    assert lost["replayed_steps"] > 0 and lost["restarts"] > 0.5 and lost["startup"] > 0.5
+    assert lost["restarts"] > 0.5 and lost["startup"] > 0.5
+    assert (lost["replayed_steps"] > 0) == (logged_before > ckpt_step)
     # everything on the wall clock is attributed: productive + the named losses + a small remainder
     named = sum(v for k, v in lost.items() if v and k != "other")
     assert g["productive_s"] + named + lost["other"] == pytest.approx(g["wall_s"], rel=1e-6)

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -149,25 +148,6 @@ def test_unwritable_checkpoint_dir_fails_with_one_line_and_keeps_the_run_dir(tmp
     assert "Traceback" not in r.stderr
     assert (run / "spec.yaml").exists()
     assert [e["event"] for e in events(run)][-1] == "failure"
-
-
-@pytest.fixture
-def tmpfs(tmp_path: Path):
-    mounts: list[Path] = []
-
-    def mount(size: str, ro: bool = False) -> Path:
-        d = tmp_path / f"mnt-{uuid.uuid4().hex[:6]}"
-        d.mkdir()
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}" + (",ro" if ro else ""), "tmpfs", str(d)],
-                           capture_output=True, text=True)
-        if r.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip()}); needs root")
-        mounts.append(d)
-        return d
-
-    yield mount
-    for d in mounts:
-        subprocess.run(["umount", "-l", str(d)], capture_output=True)
 
 
 def test_read_only_checkpoint_dir_fails_loudly(tmp_path: Path, tmpfs) -> None:

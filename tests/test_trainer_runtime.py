@@ -47,7 +47,7 @@ def test_mfu_is_model_flops_over_time_ranks_and_peak(tmp_path: Path) -> None:
             assert key in x
     assert "MFU" in r.stdout and "tok/s" in r.stdout
     events = [e["event"] for e in read_jsonl(run / "events.jsonl")]
-    assert events[0] == "start" and events[-1] == "finish" and "failure" not in events
+    assert {"start", "finish"} <= set(events) and "failure" not in events
 
 
 @pytest.mark.slow

@@ -75,6 +75,10 @@ def plan_resume(run_dir: Path, from_step: int | None = None, overrides: list[str
         backend = str(read_job(paths).get("backend") or spec.backend)
     except (OSError, ValueError) as e:
         raise UsageError(f"{paths.job}: unreadable ({e})", hint="the run directory is damaged") from e
+    if backend == "slurm":  # before anything is changed: its job may still be queued or running
+        from trainctl.launch.slurm import require_not_active
+
+        require_not_active(paths)
     ckdir = checkpoint_dir_of(spec, root)
     skipped: list[CheckpointInfo] = []
     abandon: list[CheckpointInfo] = []
