@@ -59,6 +59,11 @@ from trainctl.checkpoints import (
 )
 from trainctl.rundir import RunPaths, record_event
 
+# ZeRO-1/2 optimizer state is saved as ShardedTensors (each DP rank owns a flat range; DCP reshards range
+# to range). torch warns on every touch that ShardedTensor is deprecated in favour of DTensor, which has no
+# uneven 1-D range sharding; keep the console readable until it does.
+warnings.filterwarnings("ignore", message=".*deprecating ShardedTensor.*", category=FutureWarning)
+
 # We pass no_dist=True deliberately in one-process runs; DCP warns on every call anyway.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
 
