@@ -5,10 +5,13 @@ status/logs/cancel/runs."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -210,3 +213,146 @@ def test_cancel_and_logs_of_a_running_job(slurm_cluster: SlurmCluster, tmp_path:
     assert re.search(r"CANCELLED", text)
     assert cli("logs", str(paths.root)).returncode == 0
     assert RunPaths(paths.root).job.exists()
+
+
+# --- preemption, requeue, a dead rank, `trainctl resume`: the real trainer, its checkpoints -------------
+
+LONG_STEPS = 30  # long enough to act in the middle (~0.4 s a step here), short enough for the test budget
+LONG = ["--set", "cluster.nodes=2", "--set", "cluster.gpus_per_node=4", "--set", "launcher.backend=slurm",
+        "--set", f"train.steps={LONG_STEPS}", "--set", "checkpoint.every_steps=4"]
+
+
+@pytest.fixture(scope="module")
+def reference_losses(tmp_path_factory) -> list[float]:
+    """The same spec run uninterrupted on this machine (torchrun --standalone): the loss of every step."""
+    run = tmp_path_factory.mktemp("reference") / "run"
+    r = cli("launch", str(TINY), "--set", f"train.steps={LONG_STEPS}", "--set", "checkpoint.every_steps=4",
+            "--run-dir", str(run), timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = losses(run)
+    assert len(out) == LONG_STEPS
+    return out
+
+
+def last_step(run: Path) -> int:
+    return max((r["step"] for r in read_jsonl(run / "metrics.jsonl")), default=0)
+
+
+def wait_step(run: Path, step: int, timeout: float = 150) -> int:
+    return wait_for(lambda: (s := last_step(run)) >= step and s, f"{run} to log step {step}", timeout, 0.2)
+
+
+def events(run: Path, kind: str) -> list[dict]:
+    return [e for e in read_jsonl(run / "events.jsonl") if e["event"] == kind]
+
+
+def check_resumed_run(run: Path, reference: list[float]) -> list[dict]:
+    """The run's metrics against the uninterrupted reference; returns its `resume_from` events.
+
+    Between two trainer starts the steps are consecutive (none repeated, none skipped). A start resumes at
+    or before the last logged step, and any steps it runs again (logged after its checkpoint) are exactly
+    the ones its `resume_from` event announces (replayed_steps). Every step 1..N is logged, its last value
+    equal to the reference's, and so the final loss."""
+    recs = read_jsonl(run / "metrics.jsonl")
+    resumes = events(run, "resume_from")
+    bounds = [float("-inf"), *(e["time"] for e in resumes), float("inf")]
+    segments = [[r["step"] for r in recs if lo <= r["time"] < hi] for lo, hi in pairwise(bounds)]
+    for seg, first in zip(segments, [1, *(e["step"] + 1 for e in resumes)], strict=True):
+        assert seg == list(range(first, first + len(seg))), (first, seg)
+    for i, e in enumerate(resumes):
+        before = {s for seg in segments[:i + 1] for s in seg}
+        assert e["step"] <= max(before, default=0), e  # nothing skipped
+        assert e["replayed_steps"] == len([s for s in before if s > e["step"]]), (e, sorted(before))
+    last = {r["step"]: r["loss"] for r in recs}
+    assert sorted(last) == list(range(1, LONG_STEPS + 1))
+    assert [last[s] for s in sorted(last)] == pytest.approx(reference, rel=1e-6, abs=1e-6)
+    assert recs[-1]["step"] == LONG_STEPS and recs[-1]["loss"] == pytest.approx(reference[-1], rel=1e-6)
+    assert len(events(run, "finish")) == 1
+    return resumes
+
+
+def test_warning_signal_then_scontrol_requeue_resume_with_the_reference_losses(
+        slurm_cluster: SlurmCluster, tmp_path: Path, reference_losses: list[float]) -> None:
+    """srun mode (the ranks exit 75 after a signal checkpoint). Attempt 1 gets the warning signal (what
+    --signal=B:USR1@T delivers): every rank checkpoints at the next step boundary, the job requeues itself,
+    attempt 2 resumes exactly there. Attempt 2 gets `scontrol requeue` (SIGTERM to everything, SIGKILL 5 s
+    later): the ranks checkpoint if they can, else attempt 3 replays from the last periodic checkpoint."""
+    run = tmp_path / "run"
+    r = cli("launch", *LONG, "--set", "launcher.mode=srun", "--run-dir", str(run))
+    assert r.returncode == 0, r.stdout + r.stderr
+    jid = job_id(run)
+    wait_step(run, 5)
+    subprocess.run(["scancel", "--batch", "--signal=USR1", jid], check=True)
+    wait_for(lambda: status(run)["state"] == "PENDING", "the job to requeue itself", 60)
+    [stop] = events(run, "checkpoint_on_signal")
+    assert stop["signal"] == "SIGUSR1" and last_step(run) == stop["step"]  # stopped right after the checkpoint
+    [exit1] = events(run, "step_exit")
+    assert exit1["exit_code"] == 75 and len(events(run, "requeue")) == 1
+    _start_now(jid)
+    wait_step(run, stop["step"] + 4)
+    subprocess.run(["scontrol", "requeue", jid], check=True)
+    wait_for(lambda: (s := status(run))["state"] == "PENDING" and s["attempts"] == 3, "scontrol requeue", 60)
+    _start_now(jid)
+    st = wait_done(run)
+    assert st["attempts"] == 3 and st["steps_done"] == LONG_STEPS and st["job_id"] == jid
+    resumes = check_resumed_run(run, reference_losses)
+    assert len(resumes) == 2
+    assert (resumes[0]["step"], resumes[0]["replayed_steps"]) == (stop["step"], 0)  # exactly where it stopped
+    term = [e for e in events(run, "checkpoint_on_signal") if e["signal"] == "SIGTERM"]
+    if term:  # the SIGTERM checkpoint made it within KillWait: nothing replayed either
+        assert (resumes[1]["step"], resumes[1]["replayed_steps"]) == (term[0]["step"], 0)
+    assert [e["attempt"] for e in events(run, "slurm_start")] == [0, 1, 2]
+    assert len(events(run, "requeue")) == 1  # the script requeued attempt 1 itself; Slurm did attempt 2
+
+
+def rank_pid(run: Path, rank: int) -> int:
+    """The pid of one training rank of this run on this machine (torchrun's agent has no RANK)."""
+    out = subprocess.run(["pgrep", "-f", f"trainctl.runtime {re.escape(str(run))}"], capture_output=True,
+                         text=True).stdout.split()
+    for pid in out:
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in env:
+            return int(pid)
+    raise AssertionError(f"no process of rank {rank} among {out}")
+
+
+def test_killed_rank_restarts_then_cancel_and_trainctl_resume(slurm_cluster: SlurmCluster, tmp_path: Path,
+                                                                reference_losses: list[float]) -> None:
+    """torchrun mode: SIGKILL one rank -> torchrun restarts the workers of both nodes, which resume from the
+    latest checkpoint; then the job is cancelled mid-run and `trainctl resume RUN` submits the run's script
+    again: a new job resumes from the latest checkpoint and finishes with the reference losses."""
+    run = tmp_path / "run"
+    r = cli("launch", *LONG, "--set", "launcher.mode=torchrun", "--set", "launcher.max_restarts=2",
+            "--run-dir", str(run))
+    assert r.returncode == 0, r.stdout + r.stderr
+    jid = job_id(run)
+    wait_step(run, 6)
+    first_ckpt = wait_for(lambda: events(run, "checkpoint_committed"), "a periodic checkpoint", 60)[0]["step"]
+    os.kill(rank_pid(run, 5), signal.SIGKILL)
+    wait_for(lambda: len(events(run, "resume_from")) == 1, "the workers to restart and resume", 120)
+    [start0, start1] = events(run, "start")
+    killed_at = max(r["step"] for r in read_jsonl(run / "metrics.jsonl") if r["time"] < start1["time"])
+    wait_step(run, killed_at + 4)
+    r = cli("cancel", str(run))
+    assert r.returncode == 0, r.stdout + r.stderr
+    wait_for(lambda: status(run)["state"] == "CANCELLED", "CANCELLED", 60)
+    cancelled_at = last_step(run)
+    assert cancelled_at < LONG_STEPS, "the run finished before it could be cancelled: raise LONG_STEPS"
+    r = cli("resume", str(run))
+    assert r.returncode == 0, r.stdout + r.stderr
+    new = job_id(run)
+    assert new != jid and f"submitted job {new}" in r.stdout and "resuming" in r.stdout
+    st = wait_done(run)
+    assert st["job_id"] == new and st["steps_done"] == LONG_STEPS and st["attempts"] == 2
+    resumes = check_resumed_run(run, reference_losses)
+    assert len(resumes) == 2 and resumes[0]["step"] <= killed_at and resumes[1]["step"] <= cancelled_at
+    assert resumes[0]["step"] >= first_ckpt  # from a periodic checkpoint, not from scratch
+    submits = events(run, "submit")
+    assert [(e["job_id"], e.get("previous_job_id")) for e in submits] == [(jid, None), (new, jid)]
+    assert len(events(run, "resume_requested")) == 1
+    assert len(events(run, "start")) == 3  # first start, torchrun's restart, the resubmitted job
+    job = json.loads((run / "job.json").read_text())
+    assert [j["job_id"] for j in job["slurm"]["jobs"]] == [jid, new]

@@ -246,3 +246,208 @@ def test_placement_map_follows_what_ranks_report() -> None:
     assert len(interleaved["tp_groups_across_nodes"]) == 4
     with pytest.raises(PlacementError, match="span two nodes"):
         check(interleaved)
+
+
+# --- the batch script's signal chain, run by bash against a fake srun/scontrol ------------------------
+
+FAKE_SRUN = r"""#!/bin/bash
+# Stands in for the training step: FAKE_EVENTS are appended to events.jsonl at start (this attempt's);
+# with FAKE_WAIT=1 it runs until USR1/TERM, then appends FAKE_ON_SIGNAL; it exits FAKE_RC.
+run_dir="${@: -1}"
+ev() { [ -n "$1" ] && printf '{"time":1,"event":"%s","pid":%d}\n' "$1" "$$" >>"$run_dir/events.jsonl"; }
+for e in ${FAKE_EVENTS:-}; do ev "$e"; done
+stop() { echo "srun got $1" >>"$run_dir/fake.log"; for e in ${FAKE_ON_SIGNAL:-}; do ev "$e"; done; exit "$FAKE_RC"; }
+trap 'stop USR1' USR1
+trap 'stop TERM' TERM
+touch "$run_dir/step-up"
+if [ "${FAKE_WAIT:-0}" = 1 ]; then while :; do sleep 0.05; done; fi
+exit "$FAKE_RC"
+"""
+
+FAKE_SCONTROL = r"""#!/bin/bash
+case "$1 $2" in
+  "show hostnames") echo n1; echo n2 ;;
+  "show job") echo "JobId=$SLURM_JOB_ID JobState=RUNNING ${FAKE_SHOW_JOB:-PreemptTime=None}" ;;
+  requeue*) echo "requeue $2" >>"$FAKE_CALLS" ;;
+esac
+"""
+
+
+def _run_batch_script(tmp_path: Path, mode: str, *, signal: str | None = None, rc: int = 0, wait: bool = False,
+                      events: str = "", on_signal: str = "", show_job: str = "", before: str = "",
+                      ) -> tuple[int, list[str], list[str]]:
+    """Run the rendered script under bash with fake srun/scontrol; (exit code, scontrol calls, events)."""
+    import json
+    import signal as sig
+    import time
+
+    run = tmp_path / "run"
+    launch = slurm.plan_slurm(spec(**{"launcher.mode": mode}), run, python="/bin/false")
+    run.mkdir(parents=True)
+    (run / "events.jsonl").write_text(before)
+    script = tmp_path / "launch.sh"
+    script.write_text(launch.script)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
+        (bindir / name).write_text(text)
+        (bindir / name).chmod(0o755)
+    calls = tmp_path / "calls"
+    env = {"PATH": f"{bindir}:/usr/bin:/bin", "SLURM_JOB_ID": "123", "SLURM_JOB_NODELIST": "n[1-2]",
+           "SLURM_NNODES": "2", "FAKE_RC": str(rc), "FAKE_WAIT": "1" if wait else "0", "FAKE_EVENTS": events,
+           "FAKE_ON_SIGNAL": on_signal, "FAKE_SHOW_JOB": show_job, "FAKE_CALLS": str(calls)}
+    proc = subprocess.Popen(["bash", str(script)], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        if signal is not None:
+            deadline = time.monotonic() + 30
+            while not (run / "step-up").exists():
+                assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()[0]
+                time.sleep(0.02)
+            time.sleep(0.1)  # the script is in `wait` now
+            proc.send_signal(getattr(sig, f"SIG{signal}"))
+        out = proc.communicate(timeout=30)[0]
+    finally:
+        proc.kill()
+    kinds = [json.loads(ln)["event"] for ln in (run / "events.jsonl").read_text().splitlines()]
+    assert "step_exit" in kinds, out
+    return proc.returncode, calls.read_text().split("\n")[:-1] if calls.exists() else [], kinds
+
+
+@pytest.mark.parametrize("mode", ["srun", "torchrun"])
+def test_usr1_to_the_batch_script_forwards_it_and_requeues(tmp_path: Path, mode: str) -> None:
+    # the real trainer: checkpoint, then exit 75 under srun, 0 under torchrun
+    code, calls, kinds = _run_batch_script(tmp_path, mode, signal="USR1", wait=True, rc=75 if mode == "srun" else 0,
+                                           on_signal="checkpoint_on_signal preempted")
+    assert (code, calls) == (0, ["requeue 123"])
+    assert "srun got USR1" in (tmp_path / "run" / "fake.log").read_text()
+    assert kinds == ["slurm_start", "signal", "checkpoint_on_signal", "preempted", "step_exit", "requeue"]
+
+
+def test_a_run_that_finished_is_not_requeued_by_a_late_usr1(tmp_path: Path) -> None:
+    code, calls, kinds = _run_batch_script(tmp_path, "torchrun", signal="USR1", wait=True, on_signal="finish")
+    assert (code, calls) == (0, []) and "requeue" not in kinds
+
+
+def test_finish_of_an_earlier_job_does_not_count(tmp_path: Path) -> None:
+    """`trainctl resume --from-step` of a finished run: the old `finish` must not stop a requeue."""
+    old = '{"time":1,"event":"finish","pid":1}\n{"time":1,"event":"checkpoint_on_signal","pid":1}\n'
+    code, calls, _ = _run_batch_script(tmp_path, "srun", signal="USR1", wait=True, rc=75, before=old)
+    assert (code, calls) == (0, ["requeue 123"])
+    code, calls, _ = _run_batch_script(tmp_path / "b", "torchrun", rc=0, before=old)  # no signal now
+    assert (code, calls) == (0, [])
+
+
+@pytest.mark.parametrize(("mode", "rc", "events"), [("srun", 75, ""), ("torchrun", 0, "checkpoint_on_signal")])
+def test_ranks_stopped_by_a_signal_of_their_own_requeue_the_job(tmp_path: Path, mode: str, rc: int,
+                                                                events: str) -> None:
+    """`scancel --signal=USR1 J` (no --batch) reaches only the steps: the ranks checkpoint and ask for it."""
+    code, calls, kinds = _run_batch_script(tmp_path, mode, rc=rc, events=events)
+    assert (code, calls) == (0, ["requeue 123"]) and kinds[-1] == "requeue"
+
+
+def test_sigterm_leaves_the_decision_to_slurm(tmp_path: Path) -> None:
+    """scancel / scontrol requeue: the ranks checkpoint and exit 75, the script must not requeue a job being
+    cancelled (Slurm requeues it itself after `scontrol requeue`)."""
+    code, calls, kinds = _run_batch_script(tmp_path, "srun", signal="TERM", wait=True, rc=75,
+                                           on_signal="checkpoint_on_signal")
+    assert (code, calls) == (75, []) and "requeue" not in kinds
+    assert "srun got TERM" in (tmp_path / "run" / "fake.log").read_text()
+
+
+def test_preempted_job_requeues_itself(tmp_path: Path) -> None:
+    code, calls, _ = _run_batch_script(tmp_path, "torchrun", rc=0, events="checkpoint_on_signal",
+                                       show_job="PreemptTime=2026-01-01T00:00:00")
+    assert (code, calls) == (0, ["requeue 123"])
+    code, calls, _ = _run_batch_script(tmp_path / "b", "srun", rc=1)  # a plain failure: no requeue
+    assert (code, calls) == (1, [])
+
+
+# --- resubmitting a run directory (`trainctl resume RUN` on Slurm), against fake sbatch/sinfo/scontrol --
+
+FAKE_SBATCH = r"""#!/bin/bash
+n=$(( $(cat "$FAKE_DIR/next" 2>/dev/null || echo 100) + 1 )); echo "$n" >"$FAKE_DIR/next"
+printf '%s\n' "$@" >"$FAKE_DIR/sbatch-$n.argv"
+echo "$n"
+"""
+FAKE_SINFO = "#!/bin/bash\nprintf '%s' \"$FAKE_SINFO\"\n"
+FAKE_SCONTROL_JOB = r"""#!/bin/bash
+[ "$1 $2" = "show job" ] && echo "JobId=$4 JobName=x JobState=$(cat "$FAKE_DIR/state" 2>/dev/null || echo CANCELLED)"
+exit 0
+"""
+
+
+@pytest.fixture
+def fake_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    d = tmp_path / "fake"
+    d.mkdir()
+    for name, text in (("sbatch", FAKE_SBATCH), ("sinfo", FAKE_SINFO), ("scontrol", FAKE_SCONTROL_JOB)):
+        (d / name).write_text(text)
+        (d / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{d}:/usr/bin:/bin")
+    monkeypatch.setenv("FAKE_DIR", str(d))
+    monkeypatch.setenv("FAKE_SINFO", SINFO)
+    return d
+
+
+def _submitted_run(tmp_path: Path, **over: str):
+    from trainctl.rundir import RunPaths
+
+    launch = slurm.plan_slurm(spec(**over), tmp_path / "run", python="/venv/bin/python")
+    paths = slurm.create(launch)
+    assert slurm.submit(launch, paths) == "101"
+    return launch, RunPaths(paths.root)
+
+
+def test_resubmit_submits_the_same_script_again_and_records_it(tmp_path: Path, fake_slurm: Path) -> None:
+    import json
+
+    from trainctl.rundir import read_jsonl
+
+    launch, paths = _submitted_run(tmp_path)
+    script = paths.launch_script.read_text()
+    assert slurm.resubmit(paths) == "102"
+    assert paths.launch_script.read_text() == script and not list(paths.root.glob("launch.prev-*"))
+    argv = (fake_slurm / "sbatch-102.argv").read_text().splitlines()
+    assert ["sbatch", *argv] == launch.submit_argv() == ["sbatch", "--parsable", str(paths.launch_script)]
+    job = json.loads(paths.job.read_text())
+    assert job["job_id"] == job["slurm"]["job_id"] == "102"
+    assert [j["job_id"] for j in job["slurm"]["jobs"]] == ["101", "102"]
+    assert job["slurm"]["jobs"][1]["resubmit_of"] == "101"
+    submits = [e for e in read_jsonl(paths.events) if e["event"] == "submit"]
+    assert [(e["job_id"], e.get("resubmit"), e.get("previous_job_id")) for e in submits] == [
+        ("101", None, None), ("102", True, "101")]
+
+
+def test_resubmit_refuses_while_the_job_is_queued_or_running(tmp_path: Path, fake_slurm: Path) -> None:
+    from trainctl.cli.app import main
+    from trainctl.rundir import read_jsonl
+
+    _, paths = _submitted_run(tmp_path)
+    (fake_slurm / "state").write_text("RUNNING\n")
+    with pytest.raises(UsageError, match="Slurm job 101 .* is RUNNING"):
+        slurm.resubmit(paths)
+    with pytest.raises(SystemExit) as e:  # `trainctl resume` refuses before changing anything
+        main(["resume", str(paths.root), "--set", "train.steps=9"])
+    assert e.value.code == 2
+    assert not (fake_slurm / "sbatch-102.argv").exists() and not (paths.root / "spec.prev-1.yaml").exists()
+    assert "resume_requested" not in [x["event"] for x in read_jsonl(paths.events)]
+
+
+def test_trainctl_resume_on_slurm_rerenders_a_changed_spec(tmp_path: Path, fake_slurm: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from trainctl.cli.app import main
+    from trainctl.rundir import read_jsonl
+
+    _, paths = _submitted_run(tmp_path, **{"launcher.mode": "srun"})
+    old = paths.launch_script.read_text()
+    with pytest.raises(SystemExit) as e:
+        main(["resume", str(paths.root), "--set", "cluster.time='00:20:00'"])
+    assert e.value.code == 0
+    assert "submitted job 102" in capsys.readouterr().out
+    assert (paths.root / "launch.prev-1.sh").read_text() == old
+    new = paths.launch_script.read_text()
+    assert "#SBATCH --time=00:20:00" in new and "PYTHON=/venv/bin/python" in new
+    assert "--time=00:20:00" not in old
+    kinds = [x["event"] for x in read_jsonl(paths.events)]
+    assert kinds == ["submit", "spec_changed", "resume_requested", "launch_script_changed", "submit"]

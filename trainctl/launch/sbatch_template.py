@@ -9,7 +9,10 @@ the allocation, one `srun` step (one task per GPU, or one torchrun per node), an
 
 Preemption by a higher-tier partition signals the *steps* (SIGTERM), not the batch script, and a job
 that then ends by itself is recorded COMPLETED, not requeued (slurm/README.md); the script notices it
-from `PreemptTime=` in `scontrol show job` and requeues too.
+from `PreemptTime=` in `scontrol show job` and requeues too. So does a step whose ranks stopped on a
+signal sent to them alone after committing a checkpoint (exit 75 under srun; under torchrun they exit 0
+and record `checkpoint_on_signal`), unless the batch script got SIGTERM (scancel, `scontrol requeue`: Slurm
+decides). A `finish` recorded by this attempt always wins: a run that completed is never requeued.
 
 Shell safety: every value that comes from the spec is shlex-quoted in the body. #SBATCH lines cannot
 be quoted (sbatch parses them itself), so only values made of plain characters go there; anything else
@@ -191,7 +194,13 @@ def render(req: SbatchRequest) -> SbatchRender:
         'event slurm_start ",\\"nodes\\":\\"$SLURM_JOB_NODELIST\\""',
         "",
         "requeue=0",
+        "terminated=0",
         "step_pid=",
+        'events_at_start="$(wc -l <"$RUN_DIR/events.jsonl" 2>/dev/null || echo 0)"',
+        "this_attempt() {  # whether this attempt recorded event $1 (not an earlier job or attempt)",
+        '    tail -n +"$((events_at_start + 1))" "$RUN_DIR/events.jsonl" 2>/dev/null |',
+        '        grep -qs "\\"event\\": *\\"$1\\""',
+        "}",
         "on_usr1() {  # Slurm's warning (--signal=B:USR1) or `scancel --batch --signal=USR1`",
         '    echo "trainctl: SIGUSR1: the ranks checkpoint and stop; then this job requeues itself"',
         "    requeue=1",
@@ -200,6 +209,7 @@ def render(req: SbatchRequest) -> SbatchRender:
         "}",
         "on_term() {  # scancel, scontrol requeue, end of a preemption's grace time: Slurm decides what follows",
         '    echo "trainctl: SIGTERM: stopping the ranks"',
+        "    terminated=1",
         '    event signal \',"signal":"TERM"\'',
         '    if [ -n "$step_pid" ]; then kill -TERM "$step_pid" 2>/dev/null; fi',
         "}",
@@ -217,8 +227,13 @@ def render(req: SbatchRequest) -> SbatchRender:
         "# Preempted (PreemptTime set): Slurm signalled the ranks, not us, and will not requeue a job that ends",
         "# by itself.",
         'if [[ "$(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null)" =~ PreemptTime=[0-9] ]]; then requeue=1; fi',
+        "# The ranks stopped on a signal sent to them alone (e.g. `scancel --signal=USR1 J`, no --batch) after",
+        "# committing a checkpoint: they exit 75 under srun, 0 under torchrun (whose agent would restart them",
+        "# otherwise) with a checkpoint_on_signal event. They ask to be requeued, unless Slurm is ending the job",
+        "# (SIGTERM: scancel, scontrol requeue), which then decides itself.",
+        'if [ "$terminated" = 0 ] && { [ "$rc" = 75 ] || this_attempt checkpoint_on_signal; }; then requeue=1; fi',
         "# A run that finished all its steps is done, whatever signal came late.",
-        'if [ "$requeue" = 1 ] && grep -qs \'"event": *"finish"\' "$RUN_DIR/events.jsonl"; then requeue=0; fi',
+        'if [ "$requeue" = 1 ] && this_attempt finish; then requeue=0; fi',
         'if [ "$requeue" = 1 ]; then',
         '    echo "trainctl: requeueing job $SLURM_JOB_ID (attempt $((attempt + 1)) resumes from the latest'
         ' checkpoint)"',

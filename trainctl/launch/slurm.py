@@ -7,6 +7,7 @@ user's record of the run) with our own preemption/requeue chain, and srun/torchr
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
@@ -83,9 +84,15 @@ def plan_slurm(spec: RunSpec, run_dir: Path | None = None, *, grace_s: int = DEF
         raise UsageError(f"launcher.backend = {spec.launcher.backend!r} resolves to {spec.backend!r}, not slurm",
                          hint="use --set launcher.backend=slurm")
     spec = freeze_spec(spec)
-    check_data(spec)
     root = (run_dir or default_run_dir(spec)).absolute()
     check_run_dir(root)
+    return _render_launch(spec, root, grace_s=grace_s, python=python, trainer_module=trainer_module)
+
+
+def _render_launch(spec: RunSpec, root: Path, *, grace_s: int, python: str | None,
+                   trainer_module: str) -> SlurmLaunch:
+    """Vet every user value of the spec and render the script for the run directory `root`."""
+    check_data(spec)
     c, lz = spec.cluster, spec.launcher
     for name, value in (("name", spec.name), ("cluster.partition", c.partition), ("cluster.account", c.account),
                         ("cluster.qos", c.qos), ("cluster.time", c.time), ("cluster.constraint", c.constraint),
@@ -272,7 +279,11 @@ def create(launch: SlurmLaunch) -> RunPaths:
     write_atomic(paths.root / COMMANDS_FILE, commands_text(launch))
     job = read_job(paths)
     job["slurm"] = {"mode": launch.request.mode, "script": paths.launch_script.name,
-                    "submit_command": argv, "options": launch.rendered.options}
+                    "submit_command": argv, "options": launch.rendered.options,
+                    # what `trainctl resume` needs to render the script again after a --set
+                    "render": {"python": launch.request.python, "grace_s": launch.request.grace_s,
+                               "trainer_module": launch.request.trainer_module},
+                    "jobs": []}
     write_job(paths, job)
     return paths
 
@@ -287,7 +298,10 @@ def commands_text(launch: SlurmLaunch) -> str:
 
 def submit(launch: SlurmLaunch, paths: RunPaths) -> str:
     """sbatch --parsable; the job id is recorded in job.json and events.jsonl."""
-    argv = launch.submit_argv()
+    return _sbatch(paths, launch.submit_argv(), mode=launch.request.mode)
+
+
+def _sbatch(paths: RunPaths, argv: list[str], *, mode: str, **event: Any) -> str:
     proc = run_slurm(*argv, timeout=60)
     out = proc.stdout.strip()
     job_id = out.split(";")[0].strip()  # --parsable: "ID" or "ID;cluster"
@@ -296,12 +310,99 @@ def submit(launch: SlurmLaunch, paths: RunPaths) -> str:
         raise RunError(f"sbatch failed (exit {proc.returncode}): {(proc.stderr or out).strip()}",
                        hint=f"the script is {paths.launch_script}; commands in {paths.root / COMMANDS_FILE}")
     job = read_job(paths)
+    sl = job.setdefault("slurm", {})
+    submitted = now_iso()
     job["job_id"] = job_id
-    job["slurm"]["job_id"] = job_id
-    job["slurm"]["submitted"] = now_iso()
+    sl["job_id"] = job_id
+    sl["submitted"] = submitted
+    sl.setdefault("jobs", []).append({"job_id": job_id, "submitted": submitted, "command": argv,
+                                      **({"resubmit_of": event["previous_job_id"]} if "previous_job_id" in event
+                                         else {})})
     write_job(paths, job)
-    record_event(paths, "submit", backend="slurm", job_id=job_id, mode=launch.request.mode)
+    record_event(paths, "submit", backend="slurm", job_id=job_id, mode=mode, **event)
     return job_id
+
+
+# --- resubmitting an existing run (`trainctl resume RUN`) ---------------------------------------------
+
+ACTIVE_HINT = "wait for it to end, or stop it first: trainctl cancel {run}"
+
+
+def require_not_active(paths: RunPaths) -> None:
+    """Refuse to resubmit while the run's last job is still queued or running: two jobs would train into
+    the same run directory (and `trainctl resume --from-step` would move checkpoints under a live job)."""
+    from trainctl.launch.status import TERMINAL
+
+    job = read_job(paths)
+    job_id = job.get("job_id")
+    if job_id is None:
+        return
+    state = job_state(str(job_id))["state"]
+    if state not in TERMINAL and state != "UNKNOWN":
+        raise UsageError(f"Slurm job {job_id} of {paths.root} is {state}: it is still this run's job",
+                         hint=ACTIVE_HINT.format(run=shlex.quote(str(paths.root)))
+                         + (" (a REQUEUED/PENDING job resumes from the latest checkpoint by itself)"
+                            if state in ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED") else ""))
+
+
+def resubmit(paths: RunPaths) -> str:
+    """Submit a Slurm run directory's launch.sh again; returns the new job id.
+
+    The script needs no change to continue a run: every start of the trainer resumes from the newest valid
+    checkpoint in the run directory, and the job appends to the same logs, metrics.jsonl and events.jsonl.
+    When the frozen spec changed since the script was rendered (`trainctl resume --set ...`), the script is
+    rendered again from it (the old one is kept as launch.prev-N.sh). The cluster is checked first (sinfo),
+    and the submission is recorded in job.json (`job_id`, `slurm.jobs`) and as a `submit` event.
+    """
+    from trainctl.spec import load_spec
+
+    paths = RunPaths(Path(paths.root).absolute())
+    require_not_active(paths)
+    job = read_job(paths)
+    sl = job.get("slurm") or {}
+    previous = job.get("job_id")
+    spec = freeze_spec(load_spec(paths.spec))
+    if spec.backend != "slurm":
+        raise UsageError(f"{paths.spec}: launcher.backend resolves to {spec.backend!r}, but this run was launched "
+                         "on Slurm", hint="resume it with --set launcher.backend=slurm")
+    require_cluster_fits(spec)
+    argv = list(sl.get("submit_command") or [])
+    mode = str(sl.get("mode") or spec.launcher.mode)
+    render_args = sl.get("render")
+    if render_args:
+        launch = _render_launch(spec, paths.root, grace_s=int(render_args["grace_s"]),
+                                python=render_args.get("python"),
+                                trainer_module=str(render_args.get("trainer_module") or TRAINER_MODULE))
+        current = paths.launch_script.read_text(encoding="utf-8") if paths.launch_script.exists() else None
+        if current != launch.script or argv != launch.submit_argv():
+            _replace_script(paths, launch, current)
+            job = read_job(paths)  # _replace_script updated it
+        argv, mode = launch.submit_argv(), launch.request.mode
+    elif not argv or not paths.launch_script.exists():
+        raise UsageError(f"{paths.root}: no recorded sbatch command or launch.sh to resubmit",
+                         hint="the run directory is damaged; launch the spec again into a new run directory")
+    return _sbatch(paths, argv, mode=mode, resubmit=True,
+                   **({"previous_job_id": str(previous)} if previous is not None else {}))
+
+
+def _replace_script(paths: RunPaths, launch: SlurmLaunch, current: str | None) -> None:
+    """Write the re-rendered launch.sh and commands.txt, keeping the old script as launch.prev-N.sh."""
+    kept = None
+    if current is not None:
+        n = 1
+        while (paths.root / f"launch.prev-{n}.sh").exists():
+            n += 1
+        kept = paths.root / f"launch.prev-{n}.sh"
+        os.replace(paths.launch_script, kept)
+    write_atomic(paths.launch_script, launch.script, mode=0o755)
+    write_atomic(paths.root / COMMANDS_FILE, commands_text(launch))
+    job = read_job(paths)
+    sl = job.setdefault("slurm", {})
+    sl.update({"mode": launch.request.mode, "submit_command": launch.submit_argv(),
+               "options": launch.rendered.options})
+    write_job(paths, job)
+    record_event(paths, "launch_script_changed", previous=kept.name if kept else None,
+                 reason="the frozen spec changed (trainctl resume --set)")
 
 
 # --- querying a job -----------------------------------------------------------------------------------

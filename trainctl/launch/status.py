@@ -146,8 +146,10 @@ def run_status(path: Path) -> RunStatus:
 
             info = slurm.job_state(str(job_id))
             state, reason, nodes = info["state"], info["reason"], info["nodes"]
-            seen = {e.get("attempt") for e in events if e.get("event") == "slurm_start"}
-            attempts = max(len(seen), (info["restarts"] or 0) + 1 if info["restarts"] is not None else 0)
+            # Attempts of every job of the run (`trainctl resume` submits a new job into the same run dir).
+            seen = {(str(e.get("job_id")), e.get("attempt")) for e in events if e.get("event") == "slurm_start"}
+            earlier = sum(1 for j, _ in seen if j != str(job_id))
+            attempts = max(len(seen), earlier + (info["restarts"] or 0) + 1 if info["restarts"] is not None else 0)
             if info["restarts"] and state == "PENDING":
                 reason = f"requeued ({reason})" if reason else "requeued"
     else:
