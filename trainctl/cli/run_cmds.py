@@ -111,7 +111,7 @@ def logs(run: Path = RunArg,
         open_run,
         rank_log_files,
         read_job_json,
-        slurm_output,
+        slurm_outputs,
         srun_label_prefix,
     )
 
@@ -121,7 +121,7 @@ def logs(run: Path = RunArg,
     mode = (job.get("slurm") or {}).get("mode")
     prefix: str | None = None
     if rank is not None and slurm and mode == "srun":
-        files = [f for f in [slurm_output(paths, job)] if f is not None]
+        files = slurm_outputs(paths, job)
         prefix = srun_label_prefix(rank)  # srun --label: task id == global rank in srun mode
     elif rank is not None:
         files = rank_log_files(paths, job, rank)
@@ -130,13 +130,13 @@ def logs(run: Path = RunArg,
                     if slurm else "the run may not have started yet")
             raise UsageError(f"no log files for rank {rank} under {paths.logs}", hint=hint)
     else:
-        main_log = slurm_output(paths, job) if slurm else paths.logs / "launcher.log"
-        files = [main_log] if main_log is not None else []
+        files = slurm_outputs(paths, job) if slurm else [paths.logs / "launcher.log"]
     if not files or not any(f.exists() for f in files) and not follow:
         raise UsageError(f"no log yet for {paths.root}", hint="the job may still be pending; try `-f`")
     out = sys.stdout
-    for f in files[:-1]:
-        _print_file(f, prefix, out)
+    for f in files[:-1]:  # earlier jobs of a resubmitted run, oldest first
+        if f.exists():
+            _print_file(f, prefix, out)
     _print_file(files[-1], prefix, out, follow=follow, run=paths.root if follow else None)
 
 

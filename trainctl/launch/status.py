@@ -173,11 +173,12 @@ def find_runs(base: Path) -> list[Path]:
 
 # --- logs -----------------------------------------------------------------------------------------------
 
-def slurm_output(paths: RunPaths, job: dict[str, Any]) -> Path | None:
-    job_id = job.get("job_id")
-    if job_id is not None:
-        return paths.logs / f"slurm-{job_id}.out"
-    return None
+def slurm_outputs(paths: RunPaths, job: dict[str, Any]) -> list[Path]:
+    """The output file of every Slurm job of the run (first submission, then each resubmission)."""
+    ids = [j["job_id"] for j in (job.get("slurm") or {}).get("jobs", []) if j.get("job_id") is not None]
+    if job.get("job_id") is not None and job["job_id"] not in ids:
+        ids.append(job["job_id"])
+    return [paths.logs / f"slurm-{i}.out" for i in ids]
 
 
 def rank_log_files(paths: RunPaths, job: dict[str, Any], rank: int) -> list[Path]:

@@ -125,8 +125,12 @@ class Trainer:
         peak_flops, source = (peak.peak_flops_per_rank(spec, par.device) if self.log else (0.0, ""))
         self.flops = metrics.FlopsModel.from_spec(spec, par.world_size, peak_flops, source)
         if self.log:
+            # The attempt counters make every restart explicit in events.jsonl (torchrun: worker restarts;
+            # Slurm: requeues), which goodput and `trainctl status` count.
             record_event(self.paths, "start", world_size=par.world_size, tp=par.tp, pp=par.pp, dp=par.dp,
-                         zero=spec.parallel.zero, schedule=spec.parallel.schedule, peak_source=source)
+                         zero=spec.parallel.zero, schedule=spec.parallel.schedule, peak_source=source,
+                         torchrun_restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
+                         slurm_restart=int(os.environ.get("SLURM_RESTART_COUNT", 0)))
         ckpt = resume.Checkpointing(self)  # CheckpointError here: the checkpoint dir is unusable
         first = ckpt.resume()  # the newest valid checkpoint, if any (0: a fresh start)
         stop: int | None = None
