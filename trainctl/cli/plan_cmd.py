@@ -68,8 +68,9 @@ def _stage_summary(layers: list[int]) -> str:
 def render_plan(plan: Plan, console: Console, ranks: bool) -> None:
     j = plan.to_json()
     L, hw = j["layout"], j["hardware"]
+    nodes = f"{L['nodes']} node" + ("s" if L["nodes"] != 1 else "")
     console.print(f"[bold]{plan.name}[/bold]: {plan.world} GPUs = tp {L['tp']} x pp {L['pp']} x dp {L['dp']} on "
-                  f"{L['nodes']} nodes x {L['gpus_per_node']} {hw['gpu']} (NVLink domain {L['nvlink_domain']}, "
+                  f"{nodes} x {L['gpus_per_node']} {hw['gpu']} (NVLink domain {L['nvlink_domain']}, "
                   f"fabric {hw['fabric']})")
 
     sched = L["schedule"] + (f", {L['virtual_stages']} chunks per rank" if L["schedule"] == "interleaved" else "")
