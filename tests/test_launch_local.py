@@ -277,5 +277,11 @@ def test_ctrl_c_stops_every_rank_and_exits_1(tmp_path: Path) -> None:
     time.sleep(1)
     assert _processes_mentioning(str(run_dir)) == []  # no orphaned rank
     job = json.loads((run_dir / "job.json").read_text())
-    assert job["attempts"][0]["status"] == "interrupted"
-    assert read_jsonl(run_dir / "events.jsonl")[-1]["signal"] == "SIGINT"
+    # torchrun passes the interrupt on to the ranks as SIGTERM; whether they reach a step boundary and
+    # checkpoint before torchrun gives up on them is a race, and both outcomes are correct.
+    status = job["attempts"][0]["status"]
+    assert status in ("interrupted", "stopped_after_checkpoint")
+    if status == "stopped_after_checkpoint":
+        assert (run_dir / "checkpoints").is_dir()
+    (last,) = [e for e in read_jsonl(run_dir / "events.jsonl") if e["event"] == "launcher_exit"]
+    assert last["signal"] == "SIGINT"

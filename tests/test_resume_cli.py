@@ -80,21 +80,18 @@ def test_resume_usage_errors(tmp_path: Path) -> None:
     assert r.returncode == 2 and "no checkpoint for step 4" in r.stderr
 
 
-def test_slurm_run_is_handed_to_the_slurm_launcher_or_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_slurm_run_is_handed_to_the_slurm_launcher(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """The CLI glue only (the real resubmission runs on the local cluster in test_launch_slurm_e2e.py)."""
     from trainctl.cli.app import main
-    from trainctl.launch import resume as rs
+    from trainctl.launch import slurm
 
     run = tmp_path / "run"
     run.mkdir()
     (run / "spec.yaml").write_text(spec_file(tmp_path).read_text())
     (run / "job.json").write_text(json.dumps({"backend": "slurm", "attempts": []}))
-    monkeypatch.setattr(rs, "slurm_resubmit_function", lambda: None)
-    with pytest.raises(SystemExit) as e:
-        main(["resume", str(run)])
-    assert e.value.code == 2 and "resuming Slurm runs comes with the Slurm launcher" in capsys.readouterr().err
     calls = []
-    monkeypatch.setattr(rs, "slurm_resubmit_function", lambda: lambda paths: calls.append(paths.root) or "42")
+    monkeypatch.setattr(slurm, "resubmit", lambda paths: calls.append(paths.root) or "42")
     with pytest.raises(SystemExit) as e:
         main(["resume", str(run)])
     assert e.value.code == 0
@@ -112,9 +109,24 @@ def test_resume_cli_does_not_import_torch(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_sigterm_to_trainctl_launch_checkpoints_then_resume_finishes(tmp_path: Path) -> None:
-    """SIGTERM to the launcher -> torchrun -> every rank: a checkpoint at the next step, the attempt is
-    recorded as stopped after a checkpoint, and `trainctl resume` completes the run without a gap."""
+def _rank_pid(run: Path, rank: int) -> int:
+    """The pid of one trainer rank (torchrun's own command line names the module too, but has no RANK)."""
+    out = subprocess.run(["pgrep", "-f", f"trainctl.runtime {run}"], capture_output=True, text=True).stdout
+    for pid in map(int, out.split()):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in env and any(v.startswith(b"LOCAL_RANK=") for v in env):
+            return pid
+    raise AssertionError(f"no process for rank {rank} of {run}")
+
+
+@pytest.mark.parametrize("target", ["launcher", "rank"])
+def test_sigterm_to_trainctl_launch_checkpoints_then_resume_finishes(tmp_path: Path, target: str) -> None:
+    """SIGTERM to the launcher -> torchrun -> every rank, or SIGTERM to one rank only: a checkpoint at the
+    next step, the attempt is recorded as stopped after a checkpoint (even though torchrun exits 0 in the
+    second case), and `trainctl resume` completes the run without a gap."""
     import os
     import signal
 
@@ -126,7 +138,10 @@ def test_sigterm_to_trainctl_launch_checkpoints_then_resume_finishes(tmp_path: P
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ})
     try:
         wait_for_step(run, 3)
-        proc.send_signal(signal.SIGTERM)
+        if target == "launcher":
+            proc.send_signal(signal.SIGTERM)
+        else:
+            os.kill(_rank_pid(run, 1), signal.SIGTERM)
         assert proc.wait(timeout=120) == 1
     finally:
         proc.kill()

@@ -11,7 +11,7 @@ from rich.console import Console
 
 from trainctl.cli.app import app
 from trainctl.cli.options import JsonOpt, SetOpt
-from trainctl.errors import EXIT_OK, UsageError
+from trainctl.errors import EXIT_OK
 
 
 @app.command()
@@ -41,17 +41,14 @@ def resume(
         console.print(f"checkpoints after step {from_step} are moved aside: {[i.step for i in plan.abandon]}",
                       soft_wrap=True)
     if plan.backend == "slurm":
-        fn = rs.slurm_resubmit_function()
-        if fn is None:
-            raise UsageError(f"{plan.paths.root} was launched on Slurm; resuming Slurm runs comes with the Slurm "
-                             "launcher and is not wired yet",
-                             hint="`scontrol requeue <job id>` restarts it, and the trainer resumes by itself")
+        from trainctl.launch import slurm
+
         if as_json:
             print(json.dumps(plan.to_json(), indent=2))
         if dry_run:
             return
         rs.prepare(plan)
-        job_id = fn(plan.paths)
+        job_id = slurm.resubmit(plan.paths)
         console.print(f"submitted job {job_id}", soft_wrap=True)
         return
     from trainctl.launch import local

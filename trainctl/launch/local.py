@@ -184,12 +184,14 @@ def run(launch: LocalLaunch, paths: RunPaths, out: TextIO | None = None, kind: s
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-    status = EXIT_OK if rc == 0 and not interrupted else EXIT_RUN_FAILED
-    # ranks that stopped on SIGTERM/USR1/USR2 after a checkpoint exit 75, which torchrun reports as 1
+    # Ranks that stopped on SIGTERM/USR1/USR2 after a checkpoint exit 0 under torchrun (see
+    # trainctl.runtime.resume.requeue_code): the event, not the exit code, says the run is unfinished.
     from trainctl.launch.resume import stopped_for_requeue
 
-    stopped = status != EXIT_OK and stopped_for_requeue(paths, since=started)
-    record_attempt(paths, attempt=attempt, exit_code=rc, status="completed" if status == EXIT_OK else
+    stopped = stopped_for_requeue(paths, since=started)
+    finished = rc == 0 and not interrupted and not stopped
+    status = EXIT_OK if finished else EXIT_RUN_FAILED
+    record_attempt(paths, attempt=attempt, exit_code=rc, status="completed" if finished else
                    "stopped_after_checkpoint" if stopped else ("interrupted" if interrupted else "failed"),
                    seconds=round(time.time() - started, 3))
     record_event(paths, "launcher_exit", backend="local", exit_code=rc,

@@ -119,17 +119,6 @@ def prepare(plan: ResumePlan) -> None:
                  skipped=[i.step for i in plan.skipped], abandoned=[i.step for i in plan.abandon])
 
 
-def slurm_resubmit_function() -> Any:
-    """The Slurm launcher's "submit an existing run directory" function, when it has one."""
-    from trainctl.launch import slurm
-
-    for name in ("resubmit", "submit_existing", "submit_run_dir", "resume"):
-        fn = getattr(slurm, name, None)
-        if callable(fn):
-            return fn
-    return None
-
-
 def stopped_for_requeue(paths: RunPaths, since: float | None = None) -> bool:
     """Whether the trainer stopped on a signal after committing a checkpoint (ranks exit 0 under torchrun,
     75 otherwise: see trainctl.runtime.resume.requeue_code), so launchers read the event."""

@@ -75,12 +75,10 @@ def git_info(where: Path | None = None) -> dict[str, Any]:
     return {"commit": head.stdout.strip(), "dirty": dirty}
 
 
-def build_plan_json(spec: RunSpec) -> str | None:
-    """The planner's prediction (with the rank placement) as JSON; None if the planner is not there."""
-    try:
-        from trainctl.plan.plan import build_plan
-    except ImportError:  # TODO(lead): drop this guard once trainctl.plan.plan has landed for good
-        return None
+def build_plan_json(spec: RunSpec) -> str:
+    """The planner's prediction (with the rank placement) as JSON."""
+    from trainctl.plan.plan import build_plan
+
     # Recorded, not enforced: a plan warning (e.g. memory) does not stop a launch the rules accepted.
     data = build_plan(spec).to_json(ranks=True)
     return data if isinstance(data, str) else json.dumps(data, indent=2) + "\n"
@@ -118,9 +116,7 @@ def create_run_dir(root: Path, spec: RunSpec, *, backend: str, command: Sequence
     paths = RunPaths(root.resolve())
     paths.logs.mkdir(parents=True, exist_ok=True)
     write_atomic(paths.spec, yaml.safe_dump(resolved_dict(spec), sort_keys=False))
-    plan = build_plan_json(spec)
-    if plan is not None:
-        write_atomic(paths.plan, plan)
+    write_atomic(paths.plan, build_plan_json(spec))
     created = now_iso()
     write_atomic(paths.launch_script, render_script(command, env, f"trainctl launch ({backend}), {created}"),
                  mode=0o755)
