@@ -241,10 +241,8 @@ class Evaluator:
     # --- shared pieces ------------------------------------------------------------------------------
 
     def _split(self, stages: int) -> tuple[int, ...]:
-        # Same split as pipeline.stage_layers(spec), which the trainer uses: the embedding / LM head cost
-        # V*h / (one layer's matmul weights) extra layers on the first / last stage.
-        m = self.ctx.shape
-        cost = m.vocab * m.hidden / model.layer_matmul_params(m)
+        # Same split as pipeline.stage_layers(spec), which the trainer uses.
+        cost = model.embedding_cost(self.ctx.shape)
         return tuple(balanced_split(self.ctx.shape.layers, stages, cost, cost))
 
     def stage_layers(self, c: Candidate) -> tuple[int, ...]:

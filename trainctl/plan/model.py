@@ -71,9 +71,15 @@ class ModelShape:
 def layer_matmul_params(m: ModelShape) -> int:
     """Matmul weights of one transformer layer: Q and O (h x h), K and V (h x kv_width), the MLP.
 
-    Same count as `trainctl.plan.pipeline.layer_params` (a test keeps them equal)."""
+    `trainctl.plan.pipeline.layer_params` is this count for a ModelSpec."""
     h = m.hidden
     return h * h + 2 * h * m.kv_width + h * h + m.mlp_matrices * h * m.ffn
+
+
+def embedding_cost(m: ModelShape) -> float:
+    """The embedding / LM head (V*h weights, and 2*V*h FLOPs per token for the head) in units of one
+    layer's matmul weights: the extra load the first and last pipeline stage carry."""
+    return m.vocab * m.hidden / layer_matmul_params(m)
 
 
 def layer_norm_params(m: ModelShape) -> int:

@@ -11,21 +11,18 @@ from __future__ import annotations
 import heapq
 from collections import Counter
 
+from trainctl.plan.model import ModelShape, embedding_cost, layer_matmul_params
 from trainctl.spec.models import ModelSpec, RunSpec
 
 
 def layer_params(m: ModelSpec) -> int:
     """Weights of one transformer layer (matmuls only; norms and biases are negligible)."""
-    head_dim = m.hidden // m.heads
-    kv = m.kv_heads or m.heads
-    attn = m.hidden * (m.hidden + 2 * kv * head_dim) + m.hidden * m.hidden
-    mlp = (3 if m.activation == "swiglu" else 2) * m.hidden * (m.ffn_hidden or 4 * m.hidden)
-    return attn + mlp
+    return layer_matmul_params(ModelShape.from_spec(m))
 
 
 def embedding_cost_in_layers(m: ModelSpec) -> float:
     """Embedding / LM-head weight (and LM-head FLOPs) in units of one transformer layer."""
-    return m.vocab * m.hidden / layer_params(m)
+    return embedding_cost(ModelShape.from_spec(m))
 
 
 def balanced_split(layers: int, stages: int, first_cost: float, last_cost: float) -> list[int]:
