@@ -61,3 +61,14 @@ def slurm_cluster() -> SlurmCluster:
         pytest.fail(f"slurm/local-cluster.sh up failed (exit {proc.returncode}):\n{output[-4000:]}")
     print(f"\nslurm/local-cluster.sh up: {elapsed:.1f}s")
     return SlurmCluster(script=CLUSTER_SCRIPT, up_seconds=elapsed, up_output=output)
+
+
+def wait_for(predicate, what: str, timeout: float = 30, interval: float = 0.2):
+    """Poll `predicate` until it returns something truthy (returned), or fail naming `what`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")

@@ -15,6 +15,7 @@ from itertools import pairwise
 from pathlib import Path
 
 import pytest
+import slurm_fixtures
 from slurm_fixtures import SlurmCluster
 
 from trainctl.launch import slurm
@@ -44,13 +45,7 @@ def status(run: Path) -> dict:
 
 
 def wait_for(pred, what: str, timeout: float = 150, interval: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    return slurm_fixtures.wait_for(pred, what, timeout, interval)
 
 
 def wait_done(run: Path, timeout: float = 180) -> dict:

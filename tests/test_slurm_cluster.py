@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from slurm_fixtures import SlurmCluster, slurm_cluster  # noqa: F401  (the fixture; conftest may import it too)
+from slurm_fixtures import SlurmCluster, slurm_cluster, wait_for  # noqa: F401  (the fixture; conftest may import it too)
 
 pytestmark = pytest.mark.slow
 
@@ -53,18 +53,8 @@ def _job_state(job_id: str) -> str:
     return match.group(1)
 
 
-def _wait_for(predicate, what: str, timeout: float = 30, interval: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
 def _wait_state(job_id: str, *states: str, timeout: float = 30) -> str:
-    return _wait_for(lambda: (s := _job_state(job_id)) in states and s, f"job {job_id} in {states}", timeout)
+    return wait_for(lambda: (s := _job_state(job_id)) in states and s, f"job {job_id} in {states}", timeout)
 
 
 def _read(path: Path) -> str:
@@ -85,7 +75,7 @@ def _start_now(job_id: str) -> None:
         )
         return proc.returncode == 0
 
-    _wait_for(attempt, f"scontrol update jobid={job_id} StartTime=now", timeout=20)
+    wait_for(attempt, f"scontrol update jobid={job_id} StartTime=now", timeout=20)
 
 
 @pytest.fixture(scope="module")
@@ -168,12 +158,12 @@ def test_requeue_runs_again_with_restart_count(slurm_cluster: SlurmCluster, tmp_
         f"--output={out}", "--job-name=trainctl-test-requeue", str(script),
     ).strip().split(";")[0]  # fmt: skip
     try:
-        _wait_for(lambda: "ATTEMPT restart=0" in _read(out), "the first attempt to start")
+        wait_for(lambda: "ATTEMPT restart=0" in _read(out), "the first attempt to start")
         _run("scontrol", "requeue", job_id)
         _wait_state(job_id, "PENDING")
         _start_now(job_id)
         _wait_state(job_id, "COMPLETED")
-        text = _wait_for(lambda: "DONE restart=1" in (t := _read(out)) and t, "the second attempt's output")
+        text = wait_for(lambda: "DONE restart=1" in (t := _read(out)) and t, "the second attempt's output")
     finally:
         subprocess.run(["scancel", job_id], capture_output=True, timeout=30)
     assert text.count("ATTEMPT ") == 2, text
@@ -194,7 +184,7 @@ def test_preemption_signals_ranks_and_job_requeues_itself(
         f"--chdir={tmp_path}", f"--output={out}", "--job-name=trainctl-test-preempt", str(script),
     ).strip().split(";")[0]  # fmt: skip
     try:
-        _wait_for(lambda: len(re.findall(r"TASK \d up", _read(out))) >= 2, "both tasks of the first attempt to start")
+        wait_for(lambda: len(re.findall(r"TASK \d up", _read(out))) >= 2, "both tasks of the first attempt to start")
         # A job in the higher-tier partition needs a GPU: the debug job is preempted.
         _run(
             "sbatch", "--parsable", "--partition=urgent", "-N1", "--gpus-per-node=1", "--time=1",
@@ -203,7 +193,7 @@ def test_preemption_signals_ranks_and_job_requeues_itself(
         _wait_state(job_id, "PENDING", timeout=30)
         _start_now(job_id)
         _wait_state(job_id, "COMPLETED")
-        text = _wait_for(lambda: "DONE restart=1" in (t := _read(out)) and t, "the second attempt's output")
+        text = wait_for(lambda: "DONE restart=1" in (t := _read(out)) and t, "the second attempt's output")
     finally:
         subprocess.run(["scancel", job_id], capture_output=True, timeout=30)
     assert "TASK 0 SIGTERM" in text and "TASK 1 SIGTERM" in text, text
