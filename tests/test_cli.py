@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -44,6 +45,19 @@ def test_fast_commands_do_not_import_torch(args):
 def test_validate_ok():
     out = trainctl("validate", TINY)
     assert out.returncode == 0 and "tp 2 x pp 2 x dp 2" in out.stdout
+
+
+def test_output_lines_never_wrap_on_a_narrow_terminal(tmp_path):
+    # CI logs and pipes are 80 columns to rich; a long path once split "dp 2" across two lines.
+    deep = tmp_path.joinpath(*["a-long-directory-name"] * 6)
+    deep.mkdir(parents=True)
+    spec = deep / "tiny.yaml"
+    spec.write_text(Path(TINY).read_text())
+    env = {**os.environ, "COLUMNS": "40"}
+    out = subprocess.run([sys.executable, "-m", "trainctl", "validate", str(spec)],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("\n") == 1 and str(spec) in out.stdout and "dp 2" in out.stdout
 
 
 def test_validate_json_is_the_resolved_spec():

@@ -7,11 +7,11 @@ import time
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from trainctl.checkpoints import latest_valid, list_checkpoints, resolve_checkpoint_dir
 from trainctl.cli.app import app
+from trainctl.cli.console import make_console
 from trainctl.cli.options import JsonOpt
 from trainctl.errors import UsageError
 
@@ -42,7 +42,7 @@ def checkpoints(
         print(json.dumps({"directory": str(directory), "latest_valid": latest.step if latest else None,
                           "checkpoints": [i.to_json() for i in infos]}, indent=2))
         return
-    con = Console()
+    con = make_console()
     if not infos:
         con.print(f"no checkpoints in {directory}")
         return

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
 from trainctl.cli.app import app
+from trainctl.cli.console import make_console
 from trainctl.data_prep import BYTE_VOCAB, ITEMSIZE, prepare
 
 data_app = typer.Typer(help="Prepare training data (token files).", no_args_is_help=True)
@@ -23,7 +23,7 @@ def prepare_cmd(
 ) -> None:
     """Tokenize TEXT_FILE byte by byte (vocab 256) into the flat token file OUT (nanoGPT/Megatron format)."""
     result = prepare(text_file, out, dtype)
-    console = Console()
+    console = make_console()
     size = result.tokens * ITEMSIZE[result.dtype]
     console.print(f"[green]wrote[/green] {result.tokens:,} tokens ({size:,} bytes, {result.dtype}) to {result.path}")
     console.print(f"byte-level tokenizer: set model.vocab >= {BYTE_VOCAB}. Paste into your spec:")

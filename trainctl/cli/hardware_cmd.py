@@ -6,10 +6,10 @@ import json
 from dataclasses import asdict
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 
 from trainctl.cli.app import app
+from trainctl.cli.console import make_console
 from trainctl.cli.options import JsonOpt
 from trainctl.hardware.catalog import ACCELERATORS, FABRICS
 from trainctl.hardware.detect import detect_gpus
@@ -45,7 +45,7 @@ def hardware(as_json: bool = JsonOpt) -> None:
     if as_json:
         print(json.dumps(catalog_dict(), indent=2))
         return
-    console = Console()
+    console = make_console()
 
     # Short headers and the long name last, so the numbers stay readable in an 80-column pipe.
     acc = Table(title="Accelerators per GPU: dense TFLOP/s (no sparsity), memory GB, NVLink domain "

@@ -6,9 +6,9 @@ import shlex
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
 from trainctl.cli.app import app
+from trainctl.cli.console import make_console
 from trainctl.cli.options import OptionalSpecArg, SetOpt, read_spec
 from trainctl.errors import EXIT_OK
 
@@ -26,7 +26,7 @@ def launch(
     """Launch a run: freeze the spec into a run directory and start the trainer on every rank."""
     from trainctl.launch import local  # launch layer: no torch, imported only when launching
 
-    console = Console(highlight=False)
+    console = make_console()
     run = read_spec(spec, set_)
     if run.backend == "slurm":
         from trainctl.cli.launch_slurm import launch_slurm

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from trainctl.cli.app import app
+from trainctl.cli.console import make_console
 from trainctl.cli.options import JsonOpt, SetOpt, SpecArg, read_spec
 
 if TYPE_CHECKING:
@@ -242,7 +243,7 @@ def plan(
 ) -> None:
     """Plan a run: memory per GPU, FLOPs, communication, pipeline bubble and predicted MFU."""
     run = read_spec(spec, set_)
-    console = Console()
+    console = make_console()
     if auto:
         from trainctl.plan.auto import search
 

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
 from trainctl.cli.app import app
+from trainctl.cli.console import make_console
 from trainctl.cli.options import JsonOpt
 
 
@@ -33,7 +33,7 @@ def mfu_report(
         return
     from trainctl.report.render import render
 
-    con = Console(width=max(120, Console().width))
+    con = make_console()
     render(report, con)
     if plot_file is not None:
         con.print(f"plot: {report['plot']}")

@@ -7,9 +7,9 @@ import shlex
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
 from trainctl.cli.app import app
+from trainctl.cli.console import make_console
 from trainctl.cli.options import JsonOpt, SetOpt
 from trainctl.errors import EXIT_OK
 
@@ -26,7 +26,7 @@ def resume(
     """Resume a run from its latest valid checkpoint with the backend it used, appending to its run directory."""
     from trainctl.launch import resume as rs
 
-    console = Console(highlight=False, stderr=as_json)
+    console = make_console(stderr=as_json)
     plan = rs.plan_resume(run, from_step, set_)
     for i in plan.skipped:
         console.print(f"[yellow]skipping invalid checkpoint[/yellow] step {i.step} ({i.path.name}): {i.reason}",

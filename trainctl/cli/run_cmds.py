@@ -11,10 +11,10 @@ from pathlib import Path
 
 import typer
 from rich import box
-from rich.console import Console
 from rich.table import Table
 
 from trainctl.cli.app import app
+from trainctl.cli.console import make_console
 from trainctl.cli.options import JsonOpt
 from trainctl.errors import RunError, UsageError
 
@@ -39,7 +39,7 @@ def status(run: Path = RunArg, json_: bool = JsonOpt) -> None:
     if json_:
         print(json.dumps(st.to_json(), indent=2))
         return
-    console = Console(highlight=False)
+    console = make_console()
     color = {"COMPLETED": "green", "RUNNING": "cyan", "PENDING": "yellow"}.get(st.state, "red")
     job = f" job {st.job_id}" if st.job_id else ""
     console.print(f"[bold]{st.name}[/bold] ({st.backend}{job}): [{color}]{st.state}[/{color}]"
@@ -75,7 +75,7 @@ def runs(base: Path = typer.Argument(Path("runs"), help="Directory holding run d
     for s in found:
         table.add_row(Path(s.run_dir).name, s.name, s.backend, s.job_id or "-", s.state,
                       _fmt_steps(s.steps_done, s.steps_total), _fmt_mfu(s.last_mfu))
-    Console(highlight=False).print(table)
+    make_console().print(table)
 
 
 @app.command()

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
 from trainctl.cli.app import app
+from trainctl.cli.console import make_console
 from trainctl.cli.options import JsonOpt, SetOpt, SpecArg, read_spec
 from trainctl.spec import resolved_dict
 
@@ -20,7 +20,7 @@ def validate(spec: Path = SpecArg, set_: list[str] = SetOpt, as_json: bool = Jso
     if as_json:
         print(json.dumps(resolved_dict(run), indent=2))
         return
-    Console().print(f"[green]ok[/green] {spec}: {run.name} — world {run.world_size} = "
+    make_console().print(f"[green]ok[/green] {spec}: {run.name} — world {run.world_size} = "
                     f"tp {run.parallel.tp} x pp {run.parallel.pp} x dp {run.dp}")
 
 
