@@ -66,6 +66,19 @@ def test_resume_local_appends_and_from_step_rewinds(tmp_path: Path) -> None:
     r = cli("resume", str(run), "--set", "train.steps=7", "--dry-run")
     assert r.returncode == 0 and not (run / "spec.prev-1.yaml").exists()
 
+    # another model shape is refused before anything is launched or changed; another layout is resharded
+    r = cli("resume", str(run), "--set", "train.steps=8", "--set", "model.hidden=128")
+    assert r.returncode == 2 and "different model shape (model.hidden: checkpoint 64, this run 128" in r.stderr
+    assert len(json.loads((run / "job.json").read_text())["attempts"]) == 3
+    new_layout = ["--set", "train.steps=8", "--set", "parallel.tp=2", "--set", "parallel.dp=1"]
+    dry = cli("resume", str(run), *new_layout, "--dry-run", "--json")
+    assert dry.returncode == 0, dry.stderr
+    assert json.loads(dry.stdout)["layout_changes"] == ["tp 1 -> 2", "dp 2 -> 1"]
+    r = cli("resume", str(run), *new_layout)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "layout change: tp 1 -> 2" in r.stdout
+    assert [s for s, _, _ in curve(run)][-2:] == [7, 8]
+
 
 def test_resume_usage_errors(tmp_path: Path) -> None:
     r = cli("resume", str(tmp_path / "missing"))

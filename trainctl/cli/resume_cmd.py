@@ -37,6 +37,8 @@ def resume(
     else:
         console.print(f"[bold]resuming[/bold] {plan.paths.root} from step {plan.checkpoint.step} "
                       f"({plan.checkpoint.path})", soft_wrap=True)
+    for change in plan.layout_changes():
+        console.print(f"layout change: {change} (model, optimizer and data position are resharded at load)")
     if plan.abandon:
         console.print(f"checkpoints after step {from_step} are moved aside: {[i.step for i in plan.abandon]}",
                       soft_wrap=True)

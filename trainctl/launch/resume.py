@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from trainctl.checkpoint_meta import layout_changes, model_differences
 from trainctl.checkpoints import (
     CheckpointError,
     CheckpointInfo,
@@ -46,12 +47,25 @@ class ResumePlan:
     overrides: list[str] = field(default_factory=list)
     last_logged_step: int | None = None
 
+    def layout_changes(self) -> list[str]:
+        """'tp 2 -> 4' for every parallel setting that differs from the checkpoint's (resharded at load)."""
+        return layout_changes(self.spec, self.checkpoint.meta) if self.checkpoint else []
+
     def to_json(self) -> dict[str, Any]:
         return {"run_dir": str(self.paths.root), "backend": self.backend, "checkpoint_dir": str(self.checkpoint_dir),
                 "resume_step": self.checkpoint.step if self.checkpoint else None,
+                "layout_changes": self.layout_changes(),
                 "skipped": [{"step": i.step, "path": str(i.path), "reason": i.reason} for i in self.skipped],
                 "abandoned": [i.step for i in self.abandon], "overrides": self.overrides,
                 "last_logged_step": self.last_logged_step, "steps": self.spec.train.steps}
+
+
+def require_same_model(spec: RunSpec, info: CheckpointInfo) -> None:
+    """A checkpoint of another model shape cannot be continued: say so before a job is queued."""
+    diffs = model_differences(spec, info.meta) if "model" in info.meta else []
+    if diffs:
+        raise UsageError(f"{info.path}: checkpoint of step {info.step} is for a different model shape "
+                         f"({'; '.join(diffs)})", hint="resume with the model the checkpoint was written with")
 
 
 def checkpoint_dir_of(spec: RunSpec, root: Path) -> Path:
@@ -92,6 +106,8 @@ def plan_resume(run_dir: Path, from_step: int | None = None, overrides: list[str
         info = latest_valid(ckdir, skipped=skipped)
     logged = [r.get("step") for r in read_jsonl(paths.metrics)]
     last = max((s for s in logged if isinstance(s, int)), default=None)
+    if info is not None:
+        require_same_model(spec, info)
     if info is not None and info.step >= spec.train.steps:
         raise UsageError(f"checkpoint step {info.step} is already at train.steps={spec.train.steps}: nothing to run",
                          hint=f"train longer with --set train.steps=N (N > {info.step})")

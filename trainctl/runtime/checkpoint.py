@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -167,10 +168,12 @@ class CheckpointManager:
                 self._warn_skipped(i)
         return self._broadcast(info)
 
-    def load(self, step: int | None, app_state: dict[str, Any], *,
+    def load(self, step: int | None, app_state: dict[str, Any] | Callable[[CheckpointInfo], dict[str, Any]], *,
              deep: bool = True) -> tuple[CheckpointInfo, dict[str, Any] | None]:
         """Load checkpoint `step` (None: the newest valid one) into `app_state` in place, with DCP
-        (which reshards to this job's layout). Returns (info, rank_state); rank_state is None when
+        (which reshards to this job's layout). `app_state` may be a function of the checkpoint chosen
+        (after checksums, which may fall back to an older one) when what to load depends on how it was
+        written (another tp). Returns (info, rank_state); rank_state is None when
         the checkpoint was written by a different world size (RNG streams no longer map to ranks;
         with the same world size but another tp/pp/dp split, compare info.meta's layout yourself).
 
@@ -190,6 +193,8 @@ class CheckpointManager:
             corrupt.add(info.step)  # left on disk for inspection; `trainctl checkpoints --deep` shows it
             if self.rank == 0:
                 self._warn_skipped(info)
+        if callable(app_state):
+            app_state = app_state(info)
         self._check_shapes(info.path, app_state)
         try:
             dcp.load(app_state, checkpoint_id=str(info.path), process_group=self.pg, no_dist=not self.distributed)

@@ -7,9 +7,10 @@ Auto-resume: at start the newest valid checkpoint in the checkpoint directory is
 torn or truncated or without marker, are reported and skipped; checksums are verified). `trainctl resume
 --from-step N` moves newer checkpoints aside before relaunching, so "newest valid" is then N.
 
-Resharding on resume: dp, zero and the pipeline split (pp, schedule, virtual stages) may change; the
-global batch is kept (micro-batches per replica follow from dp). tp may not change (TP shards are saved
-as such), and the model must be the same: both are refused before any step runs, naming the difference.
+Resharding on resume: tp, dp, zero and the pipeline split (pp, schedule, virtual stages) may change; the
+global batch is kept (micro-batches per replica follow from dp); TP shards are rebuilt from the old ones
+(trainctl.runtime.state). The model must be the same: another shape is refused before any step runs,
+naming the difference.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainctl.checkpoint_meta import layout_changes, layout_of, model_differences, model_of
 from trainctl.checkpoints import CheckpointError, CheckpointInfo
 from trainctl.errors import EXIT_OK, EXIT_REQUEUE
 from trainctl.rundir import read_jsonl, record_event
@@ -38,44 +40,30 @@ def checkpoint_dir(tr: Trainer) -> Path:
     return Path(d) if Path(d).is_absolute() else tr.paths.root / d
 
 
-def layout_of(tr: Trainer) -> dict[str, Any]:
-    p = tr.spec.parallel
-    return {"tp": tr.par.tp, "pp": tr.par.pp, "dp": tr.par.dp, "zero": p.zero, "schedule": p.schedule,
-            "virtual_stages": p.virtual_stages, "sequence_parallel": p.sequence_parallel,
-            "micro_batch": p.micro_batch, "world_size": tr.par.world_size}
-
-
 def save_meta(tr: Trainer, step: int) -> dict[str, Any]:
     spec = tr.spec
     try:
         spec_hash = hashlib.sha256(tr.paths.spec.read_bytes()).hexdigest()
     except OSError:
         spec_hash = None
-    return {"step": step, "layout": layout_of(tr), "model": spec.model.model_dump(mode="json"),
+    return {"step": step, "layout": layout_of(spec), "model": model_of(spec),
             "seed": spec.train.seed, "global_batch": spec.train.global_batch,
             "consumed_samples": tr.loader.consumed, "tokens": tr.loader.consumed * spec.model.seq_len,
             "spec_sha256": spec_hash}
 
 
 def check_compatible(info: CheckpointInfo, tr: Trainer) -> None:
-    """Refuse, before any compute, a checkpoint this job cannot continue exactly: another model, another tp."""
+    """Refuse, before any compute, a checkpoint of another model (or not written by this trainer)."""
     meta = info.meta or {}
     where = f"{info.path}: checkpoint of step {info.step}"
     if "layout" not in meta or "model" not in meta:
         raise CheckpointError(f"{where} was not written by the trainctl trainer (no layout/model in its manifest)",
                               hint="move it out of the checkpoint directory or pick another with --from-step")
-    mine = tr.spec.model.model_dump(mode="json")
-    diffs = [f"model.{k}: checkpoint {meta['model'].get(k)!r}, this run {v!r}"
-             for k, v in mine.items() if meta["model"].get(k) != v]
+    diffs = model_differences(tr.spec, meta)
     if diffs:
         raise CheckpointError(f"{where} is for a different model shape ({'; '.join(diffs)})",
                               hint="resume with the model the checkpoint was written with, or use a fresh run "
                                    "directory")
-    old_tp = meta["layout"].get("tp")
-    if old_tp != tr.par.tp:
-        raise CheckpointError(f"{where} was written with parallel.tp={old_tp}, this run has tp={tr.par.tp}: "
-                              "changing tensor parallelism on resume is not supported (dp, pp and zero may change)",
-                              hint=f"resume with --set parallel.tp={old_tp}")
 
 
 def requeue_code() -> int:
@@ -113,15 +101,23 @@ class Checkpointing:
             return 0
         check_compatible(info, tr)
         state.ensure_optimizer_state(tr.opt)
-        st = state.app_state(tr, 0)
-        info, rank_state = self.mgr.load(None, st)  # verifies checksums; may fall back to an older one
-        check_compatible(info, tr)
-        step = state.restore(tr, st)
-        same_layout = info.meta.get("layout") == layout_of(tr)
+        built: dict[str, Any] = {}
+
+        def state_for(chosen: CheckpointInfo) -> dict[str, Any]:
+            check_compatible(chosen, tr)
+            built["from_tp"] = chosen.meta["layout"]["tp"]
+            built["state"] = state.app_state(tr, 0, from_tp=built["from_tp"])
+            return built["state"]
+
+        # Verifies checksums first and may fall back to an older checkpoint, possibly of another tp.
+        info, rank_state = self.mgr.load(None, state_for)
+        step = state.restore(tr, built["state"], from_tp=built["from_tp"])
+        same_layout = info.meta.get("layout") == layout_of(tr.spec)
         if same_layout and rank_state is not None:
             set_rng_state(rank_state["rng"])
         elif tr.log:
-            metrics.warn(f"resuming step {step} with another layout ({info.meta.get('layout')} -> {layout_of(tr)}): "
+            changes = ", ".join(layout_changes(tr.spec, info.meta)) or "another world size"
+            metrics.warn(f"resuming step {step} with another layout ({changes}): "
                          "model, optimizer and data position are resharded; RNG streams start afresh")
         self.last_saved, self.last_time = step, time.monotonic()
         if tr.log:

@@ -11,8 +11,12 @@ Layout of the DCP part (`app_state`), every key independent of dp, pp, zero and 
     extra                              step, AdamW step count, loader position (global sequence slots),
                                        loss-scaler state: small Python values, identical on every rank
 
-`@tp<r>of<t>` marks TP-sharded parameters (TP-replicated ones have no suffix): a TP shard is not a plain
-slice (fused QKV, padded vocab), so changing tp on resume is refused up front (resume.check_layout).
+`@tp<r>of<t>` marks TP-sharded parameters (TP-replicated ones have no suffix). A TP shard is not a plain
+slice (fused QKV and gate-up are split per part, the vocab is padded to a multiple of tp), so a resume
+with another tp loads every old TP shard of this rank's parameters and moments, rebuilds the full
+tensor with the model's own ShardSpec and takes this rank's new shard (`app_state(from_tp=...)`, then
+`restore`). That costs one pipeline stage's unsharded parameters and moments in host memory per rank,
+once, at load.
 Per-rank state (RNG streams) goes beside DCP as rank_state (DCP would dedup it).
 
 The fp32 master copy of ZeRO-1/2 is not saved: parameters are fp32 in this trainer and the master slice
@@ -21,6 +25,7 @@ equals them bit for bit after every step (the all-gather copies it), so it is re
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +34,7 @@ from torch import Tensor
 
 from trainctl.runtime import data_parallel
 from trainctl.runtime.checkpoint import rng_state
+from trainctl.runtime.tensor_parallel import ParamMeta, shard_tensor, unshard_tensors
 
 if TYPE_CHECKING:
     from trainctl.runtime.trainer import Trainer
@@ -41,6 +47,8 @@ class Entry:
     """One parameter of this rank under its checkpoint key, with its optimizer tensor(s) and 1-D range."""
 
     key: str
+    name: str  # global parameter name (the key without its TP suffix)
+    meta: ParamMeta | None  # how the parameter is TP-sharded; None: not known, treated as replicated
     param: Tensor  # the model parameter (plain or DTensor)
     opt_param: Tensor  # what AdamW steps: the parameter, or its fp32 master fragment (ZeRO-1/2)
     numel: int  # full (TP-local) numel of the parameter: the length of the flattened state
@@ -58,20 +66,20 @@ def param_key(name: str, meta: Any, tp_rank: int, tp: int) -> str:
 def entries(tr: Trainer) -> list[Entry]:
     """Every parameter this rank holds, once per key (a tied copy on the last stage shares its key)."""
     par = tr.par
-    keys: dict[int, str] = {}
+    names: dict[int, tuple[str, str, ParamMeta | None]] = {}  # id(param) -> (key, name, meta)
     out: list[Entry] = []
     seen: set[str] = set()
     for m in tr.modules:
         meta = m.named_param_meta()
         for name, q in m.named_parameters():
-            keys[id(q)] = param_key(name, meta.get(name), par.tp_rank, par.tp)
+            names[id(q)] = (param_key(name, meta.get(name), par.tp_rank, par.tp), name, meta.get(name))
     sync = tr.sync
     if isinstance(sync, data_parallel.GradSync) and sync.zero >= 1:
         for b in sync.buckets:
             a, e = b.shard
             per = b.numel // par.dp
             for info, off in zip(b.params, b.offsets, strict=True):
-                key = keys[id(info.param)]
+                key, name, meta = names[id(info.param)]
                 if key in seen:
                     continue
                 seen.add(key)
@@ -84,12 +92,13 @@ def entries(tr: Trainer) -> list[Entry]:
                     c_lo, c_hi = max(off, r * per) - off, min(off + n, (r + 1) * per) - off
                     if c_lo < c_hi:
                         chunks.append((c_lo, c_hi, grank))
-                out.append(Entry(key, info.param, master if master is not None else info.param, n, lo, hi, chunks))
+                out.append(Entry(key, name, meta, info.param, master if master is not None else info.param,
+                                 n, lo, hi, chunks))
         return out
     fsdp = isinstance(sync, data_parallel.FsdpSync)
     for m in tr.modules:
         for _name, q in m.named_parameters():
-            key = keys[id(q)]
+            key, name, meta = names[id(q)]
             if key in seen:
                 continue
             seen.add(key)
@@ -106,9 +115,9 @@ def entries(tr: Trainer) -> list[Entry]:
                 local = q.to_local()
                 if local.numel() != mine[1] - mine[0]:
                     raise RuntimeError(f"{key}: FSDP shard has {local.numel()} elements, expected {mine}")
-                out.append(Entry(key, q, q, q.numel(), mine[0], mine[1], chunks))
+                out.append(Entry(key, name, meta, q, q, q.numel(), mine[0], mine[1], chunks))
             else:
-                out.append(Entry(key, q, q, q.numel(), 0, q.numel(), []))
+                out.append(Entry(key, name, meta, q, q, q.numel(), 0, q.numel(), []))
     return out
 
 
@@ -150,16 +159,37 @@ def optimizer_step_count(opt: torch.optim.Optimizer) -> float:
     return 0.0
 
 
-def app_state(tr: Trainer, step: int) -> dict[str, Any]:
-    """The DCP state of this rank (views of the live tensors: dcp.load writes into them in place)."""
+def _tp_sharded(e: Entry) -> bool:
+    return e.meta is not None and e.meta.shard is not None
+
+
+def _old_tp_keys(e: Entry, old_tp: int) -> list[str]:
+    return [param_key(e.name, e.meta, r, old_tp) for r in range(old_tp)]
+
+
+def app_state(tr: Trainer, step: int, from_tp: int | None = None) -> dict[str, Any]:
+    """The DCP state of this rank (views of the live tensors: dcp.load writes into them in place).
+
+    `from_tp`: load a checkpoint written with another tp. Its TP-sharded entries are then fresh buffers
+    under the old keys, one per old TP rank, full (not DP-chunked: DCP assembles them); `restore` moves
+    them into this rank's shard."""
     model: dict[str, Tensor] = {}
     optim: dict[str, Tensor] = {}
+    retp = from_tp is not None and from_tp != tr.par.tp
     for e in entries(tr):
-        model[e.key] = e.param.detach() if not hasattr(e.param, "to_local") else e.param
         st = tr.opt.state.get(e.opt_param, {})
-        for k in MOMENTS:
-            if k not in st:
-                continue
+        moments = [k for k in MOMENTS if k in st]
+        if retp and _tp_sharded(e):
+            assert e.meta is not None and e.meta.shard is not None and from_tp is not None
+            like = _flat_local(e.param)
+            shape = e.meta.shard.for_tp(from_tp).local_shape(e.meta.full_shape, from_tp)
+            for key in _old_tp_keys(e, from_tp):
+                model[key] = like.new_empty(shape)
+                for k in moments:
+                    optim[f"{key}.{k}"] = like.new_empty(math.prod(shape))
+            continue
+        model[e.key] = e.param.detach() if not hasattr(e.param, "to_local") else e.param
+        for k in moments:
             local = _flat_local(st[k])
             optim[f"{e.key}.{k}"] = _sharded(local, e) if e.chunks else local
     sc = tr.scaler
@@ -168,9 +198,36 @@ def app_state(tr: Trainer, step: int) -> dict[str, Any]:
     return {"model": model, "optim": optim, "extra": extra}
 
 
-def restore(tr: Trainer, state: dict[str, Any]) -> int:
-    """After dcp.load filled `state` (built by app_state after ensure_optimizer_state): set what is not
-    loaded in place. Returns the step to continue from."""
+@torch.no_grad()
+def _reshard_tp(tr: Trainer, state: dict[str, Any], old_tp: int) -> None:
+    """Move the old-tp shards loaded by app_state(from_tp=old_tp) into this rank's parameters and moments."""
+    tp, tp_rank = tr.par.tp, tr.par.tp_rank
+    for e in entries(tr):
+        if not _tp_sharded(e):
+            continue
+        assert e.meta is not None and e.meta.shard is not None
+        old, new = e.meta.shard.for_tp(old_tp), e.meta.shard.for_tp(tp)
+        shape = old.local_shape(e.meta.full_shape, old_tp)
+        keys = _old_tp_keys(e, old_tp)
+
+        def mine(shards: list[Tensor], old: Any = old, new: Any = new) -> Tensor:
+            """This rank's new shard, flattened, of the tensor whose old shards are `shards`."""
+            return shard_tensor(unshard_tensors(shards, old), new, tp_rank, tp).reshape(-1)
+
+        flat = mine([state["model"][k] for k in keys])
+        # A DTensor (FSDP2) holds rows [lo, hi) of the flattened TP shard; a plain parameter all of it.
+        _flat_local(e.param).copy_(flat[e.lo:e.hi] if hasattr(e.param, "to_local") else flat)
+        st = tr.opt.state.get(e.opt_param, {})
+        for k in MOMENTS:
+            if k in st:
+                _flat_local(st[k]).copy_(mine([state["optim"][f"{key}.{k}"].view(shape) for key in keys])[e.lo:e.hi])
+
+
+def restore(tr: Trainer, state: dict[str, Any], from_tp: int | None = None) -> int:
+    """After dcp.load filled `state` (built by app_state after ensure_optimizer_state, with the same
+    `from_tp`): set what is not loaded in place. Returns the step to continue from."""
+    if from_tp is not None and from_tp != tr.par.tp:
+        _reshard_tp(tr, state, from_tp)
     extra = state["extra"]
     step_t = float(extra["optimizer_step"])
     for st in tr.opt.state.values():

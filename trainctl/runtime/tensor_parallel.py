@@ -107,6 +107,20 @@ class ShardSpec:
     def padded(self) -> int:
         return sum(self.parts)
 
+    def for_tp(self, size: int) -> ShardSpec:
+        """The same tensor's spec at another TP size: only the vocab padding (a multiple of tp) changes."""
+        if self.logical is None:
+            return self
+        if len(self.parts) != 1:
+            raise ValueError("a padded tensor has one part")
+        return ShardSpec(self.dim, (-(-self.logical // size) * size,), self.logical)
+
+    def local_shape(self, full_shape: tuple[int, ...], size: int) -> tuple[int, ...]:
+        """The shape of one of `size` shards of a tensor whose logical full shape is `full_shape`."""
+        shape = list(full_shape)
+        shape[self.dim] = self.padded // size
+        return tuple(shape)
+
 
 @dataclass(frozen=True)
 class ParamMeta:

@@ -1,0 +1,35 @@
+"""What the trainer records about a run in a checkpoint's manifest (parallel layout, model shape), and how
+a spec compares with it. No torch: `trainctl resume` checks a checkpoint before queueing a job, the
+trainer checks it again at load (a checkpoint may have been chosen by an automatic restart)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainctl.spec import RunSpec
+
+
+def layout_of(spec: RunSpec) -> dict[str, Any]:
+    """The parallel layout a checkpoint was written with (manifest meta "layout")."""
+    p = spec.parallel
+    return {"tp": p.tp, "pp": p.pp, "dp": spec.dp, "zero": p.zero, "schedule": p.schedule,
+            "virtual_stages": p.virtual_stages, "sequence_parallel": p.sequence_parallel,
+            "micro_batch": p.micro_batch, "world_size": spec.world_size}
+
+
+def model_of(spec: RunSpec) -> dict[str, Any]:
+    """The model shape a checkpoint was written with (manifest meta "model")."""
+    return spec.model.model_dump(mode="json")
+
+
+def model_differences(spec: RunSpec, meta: dict[str, Any]) -> list[str]:
+    """'model.hidden: checkpoint 64, this run 128' for every model field that differs; [] when the same."""
+    saved = meta.get("model") or {}
+    return [f"model.{k}: checkpoint {saved.get(k)!r}, this run {v!r}"
+            for k, v in model_of(spec).items() if saved.get(k) != v]
+
+
+def layout_changes(spec: RunSpec, meta: dict[str, Any]) -> list[str]:
+    """'tp 2 -> 4' for every layout setting that differs from the checkpoint's (resharded at load)."""
+    old = meta.get("layout") or {}
+    return [f"{k} {old[k]} -> {v}" for k, v in layout_of(spec).items() if k in old and old[k] != v]
