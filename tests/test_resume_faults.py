@@ -67,14 +67,26 @@ def test_dp4_to_dp2_then_pp2_stays_on_the_curve(tmp_path: Path) -> None:
         {"dp": 4, "zero": 1}, {"dp": 2, "zero": 2}, {"dp": 1, "zero": 0, "pp": 2}], "dp4 -> dp2 -> pp2")
 
 
-def test_tp2_to_tp4_to_tp1_fsdp_reshards_and_stays_on_the_curve(tmp_path: Path) -> None:
-    """TP=2 x DP=2 ZeRO-1 -> TP=4 -> TP=1 x DP=2 FSDP. A vocab of 250 is padded to 250, 252, 250 rows; SwiGLU's
-    fused gate-up, the fused QKV and their biases are split per part; the untied head is vocab-sharded; ZeRO-1
-    moments are DP-chunked, FSDP's are row shards."""
-    model = {"vocab": 250, "activation": "swiglu", "bias": True, "tied_embeddings": False}
-    assert_layout_chain_stays_on_the_curve(tmp_path, [
-        {"tp": 2, "dp": 2, "zero": 1}, {"tp": 4, "dp": 1, "zero": 0}, {"tp": 1, "dp": 2, "zero": 3}],
-        "tp2 -> tp4 -> tp1/fsdp", model=model)
+TP_CHAINS = {
+    # A vocab of 250 is padded to 250, 252, 250 rows; SwiGLU's fused gate-up, the fused QKV and their biases
+    # are split per part; the untied head is vocab-sharded; ZeRO-1 moments are DP-chunked, FSDP's are row shards.
+    "tp2-zero1 -> tp4 -> tp1-fsdp": (
+        [{"tp": 2, "dp": 2, "zero": 1}, {"tp": 4, "dp": 1, "zero": 0}, {"tp": 1, "dp": 2, "zero": 3}],
+        {"vocab": 250, "activation": "swiglu", "bias": True, "tied_embeddings": False}),
+    # Tied embeddings across pipeline stages (one key on the first and last stage), interleaved chunks,
+    # Llama-style blocks, a vocab of 254 (padded to 254, 254, 256).
+    "tp2-pp2-interleaved -> tp1-pp2-dp2-zero2 -> tp4": (
+        [{"tp": 2, "pp": 2, "dp": 1, "schedule": "interleaved", "virtual_stages": 2},
+         {"tp": 1, "pp": 2, "dp": 2, "zero": 2, "schedule": "1f1b", "virtual_stages": 1},
+         {"tp": 4, "pp": 1, "dp": 1, "zero": 0}],
+        {"vocab": 254, "norm": "rmsnorm", "position": "rope", "activation": "swiglu"}),
+}
+
+
+@pytest.mark.parametrize("chain", list(TP_CHAINS))
+def test_tp_change_reshards_and_stays_on_the_curve(tmp_path: Path, chain: str) -> None:
+    layouts, model = TP_CHAINS[chain]
+    assert_layout_chain_stays_on_the_curve(tmp_path, layouts, chain, model=model)
 
 
 def test_sigkill_mid_async_save_resumes_from_the_previous_checkpoint(tmp_path: Path) -> None:
