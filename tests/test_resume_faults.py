@@ -164,6 +164,13 @@ def test_other_model_shape_is_refused_before_training(tmp_path: Path) -> None:
     assert "different model shape (model.hidden: checkpoint 64, this run 128" in r.stderr, r.stderr[-2000:]
     assert "Traceback" not in r.stderr  # a known condition: one line with a hint
     assert len(curve(run)) == n  # refused before any step ran
+    # a TP reshard that would not fit in host memory is refused up front (here: a node with 1 MB free)
+    set_spec(run, model={"hidden": 64}, parallel={"tp": 2, "micro_batch": 4})
+    r = run_trainer(run, 2, env={"TRAINCTL_TEST_HOST_MEMORY": str(10**6)}, dump=False)
+    assert r.returncode == 1
+    assert "resharding tp 1 -> 2 reads each pipeline stage's unsharded weights" in r.stderr, r.stderr[-2000:]
+    assert "--set parallel.tp=1" in r.stderr  # (torchrun adds its own agent traceback after our line)
+    assert len(curve(run)) == n
 
 
 def test_unwritable_checkpoint_dir_fails_with_one_line_and_keeps_the_run_dir(tmp_path: Path) -> None:

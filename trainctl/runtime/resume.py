@@ -66,6 +66,37 @@ def check_compatible(info: CheckpointInfo, tr: Trainer) -> None:
                                    "directory")
 
 
+HOST_MEMORY_ENV = "TRAINCTL_TEST_HOST_MEMORY"  # test knob: pretend the node has this many bytes available
+
+
+def host_memory_available() -> int | None:
+    """MemAvailable from /proc/meminfo in bytes; None where there is no such file."""
+    if os.environ.get(HOST_MEMORY_ENV):
+        return int(os.environ[HOST_MEMORY_ENV])
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_reshard_memory(tr: Trainer, info: CheckpointInfo, from_tp: int) -> None:
+    """Refuse a TP reshard that would not fit in host memory (every rank of the node reads its stage's
+    unsharded weights and moments at once) with a clear message, rather than be killed by the OOM killer."""
+    need = state.tp_reshard_bytes(tr, from_tp)
+    avail = host_memory_available()
+    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("SLURM_NTASKS_PER_NODE") or 1)
+    if avail is None or need * ranks_here <= 0.8 * avail:
+        return
+    raise CheckpointError(
+        f"{info.path}: resharding tp {from_tp} -> {tr.par.tp} reads each pipeline stage's unsharded weights and "
+        f"moments on every rank: {need / 1e9:.1f} GB x {ranks_here} ranks on this node, but only "
+        f"{avail / 1e9:.1f} GB of host memory is available",
+        hint=f"resume with --set parallel.tp={from_tp}, or with more pipeline stages (smaller stages)")
+
+
 def requeue_code() -> int:
     """Exit status after a stop signal and its committed checkpoint.
 
@@ -96,6 +127,7 @@ class Checkpointing:
     def resume(self) -> int:
         """Load the newest valid checkpoint, if any; the first step to run (0 for a fresh start)."""
         tr = self.tr
+        t0 = time.perf_counter()
         info = self.mgr.latest_valid()
         if info is None:
             return 0
@@ -106,12 +138,15 @@ class Checkpointing:
         def state_for(chosen: CheckpointInfo) -> dict[str, Any]:
             check_compatible(chosen, tr)
             built["from_tp"] = chosen.meta["layout"]["tp"]
+            if built["from_tp"] != tr.par.tp:
+                check_reshard_memory(tr, chosen, built["from_tp"])
             built["state"] = state.app_state(tr, 0, from_tp=built["from_tp"])
             return built["state"]
 
         # Verifies checksums first and may fall back to an older checkpoint, possibly of another tp.
         info, rank_state = self.mgr.load(None, state_for)
         step = state.restore(tr, built["state"], from_tp=built["from_tp"])
+        load_s = time.perf_counter() - t0  # checksums, DCP read and any resharding
         same_layout = info.meta.get("layout") == layout_of(tr.spec)
         if same_layout and rank_state is not None:
             set_rng_state(rank_state["rng"])
@@ -124,6 +159,7 @@ class Checkpointing:
             logged = [r.get("step") for r in read_jsonl(tr.paths.metrics)]
             replayed = sorted({s for s in logged if isinstance(s, int) and s > step})
             record_event(tr.paths, "resume_from", step=step, path=str(info.path), same_layout=same_layout,
+                         load_s=round(load_s, 4),
                          replayed_steps=len(replayed), replayed_from=replayed[0] if replayed else None,
                          replayed_to=replayed[-1] if replayed else None)
             print(f"trainctl: resumed from checkpoint step {step} ({info.path})"

@@ -167,6 +167,18 @@ def _old_tp_keys(e: Entry, old_tp: int) -> list[str]:
     return [param_key(e.name, e.meta, r, old_tp) for r in range(old_tp)]
 
 
+def tp_reshard_bytes(tr: Trainer, from_tp: int) -> int:
+    """Host memory `app_state(from_tp=...)` allocates on this rank for the old TP shards it reads whole."""
+    total = 0
+    for e in entries(tr):
+        if _tp_sharded(e):
+            assert e.meta is not None and e.meta.shard is not None
+            numel = math.prod(e.meta.shard.for_tp(from_tp).local_shape(e.meta.full_shape, from_tp)) * from_tp
+            moments = sum(k in tr.opt.state.get(e.opt_param, {}) for k in MOMENTS)
+            total += numel * _flat_local(e.param).element_size() * (1 + moments)
+    return total
+
+
 def app_state(tr: Trainer, step: int, from_tp: int | None = None) -> dict[str, Any]:
     """The DCP state of this rank (views of the live tensors: dcp.load writes into them in place).
 
