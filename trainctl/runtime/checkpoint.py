@@ -193,13 +193,7 @@ class CheckpointManager:
             corrupt.add(info.step)  # left on disk for inspection; `trainctl checkpoints --deep` shows it
             if self.rank == 0:
                 self._warn_skipped(info)
-        if callable(app_state):
-            app_state = app_state(info)
-        self._check_shapes(info.path, app_state)
-        try:
-            dcp.load(app_state, checkpoint_id=str(info.path), process_group=self.pg, no_dist=not self.distributed)
-        except BaseException as e:
-            raise CheckpointError(f"{info.path}: loading step {info.step} failed: {_describe(e, self.rank)}") from e
+        self.load_more(info, app_state(info) if callable(app_state) else app_state)
         rank_state = None
         rs = info.path / rank_state_filename(self.rank)
         if info.world_size == self.world_size and rs.exists():
@@ -207,6 +201,19 @@ class CheckpointManager:
             rank_state = torch.load(rs, map_location="cpu", weights_only=False)
         self._event("checkpoint_loaded", step=info.step, path=str(info.path))
         return info, rank_state
+
+    def load_more(self, info: CheckpointInfo, app_state: dict[str, Any]) -> None:
+        """Load more of checkpoint `info` (already chosen and verified by load()) into `app_state` in place.
+        Collective: every rank calls it the same number of times (an empty state where it needs nothing)."""
+        self._check_shapes(info.path, app_state)
+        try:
+            dcp.load(app_state, checkpoint_id=str(info.path), process_group=self.pg, no_dist=not self.distributed)
+        except BaseException as e:
+            raise CheckpointError(f"{info.path}: loading step {info.step} failed: {_describe(e, self.rank)}") from e
+
+    def agree_max(self, n: int) -> int:
+        """The largest `n` over all ranks (collective)."""
+        return max(self._all_gather(n))
 
     # --- the write path (runs in the background thread when async) ----------------------------
 

@@ -82,19 +82,30 @@ def host_memory_available() -> int | None:
     return None
 
 
+RESHARD_BATCH_ENV = "TRAINCTL_RESHARD_BATCH_BYTES"
+DEFAULT_RESHARD_BATCH_BYTES = 1 << 30
+
+
+def reshard_batch_bytes() -> int:
+    """Bytes of old TP shards one rank reads at a time during a TP reshard (default 1 GiB)."""
+    return int(os.environ.get(RESHARD_BATCH_ENV) or DEFAULT_RESHARD_BATCH_BYTES)
+
+
 def check_reshard_memory(tr: Trainer, info: CheckpointInfo, from_tp: int) -> None:
-    """Refuse a TP reshard that would not fit in host memory (every rank of the node reads its stage's
-    unsharded weights and moments at once) with a clear message, rather than be killed by the OOM killer."""
-    need = state.tp_reshard_bytes(tr, from_tp)
+    """Refuse a TP reshard whose batches of old shards would not fit in host memory (every rank of the node
+    reads at once) with a clear message, rather than be killed by the OOM killer."""
+    batches = state.tp_reshard_batches(tr, from_tp, reshard_batch_bytes())
+    need = max((state.batch_bytes(tr, b, from_tp) for b in batches), default=0)
     avail = host_memory_available()
     ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("SLURM_NTASKS_PER_NODE") or 1)
     if avail is None or need * ranks_here <= 0.8 * avail:
         return
     raise CheckpointError(
-        f"{info.path}: resharding tp {from_tp} -> {tr.par.tp} reads each pipeline stage's unsharded weights and "
-        f"moments on every rank: {need / 1e9:.1f} GB x {ranks_here} ranks on this node, but only "
-        f"{avail / 1e9:.1f} GB of host memory is available",
-        hint=f"resume with --set parallel.tp={from_tp}, or with more pipeline stages (smaller stages)")
+        f"{info.path}: resharding tp {from_tp} -> {tr.par.tp} reads whole old TP shards (weights and moments) in "
+        f"batches: the largest needs {need / 1e9:.2f} GB x {ranks_here} ranks on this node, but only "
+        f"{avail / 1e9:.2f} GB of host memory is available",
+        hint=f"set {RESHARD_BATCH_ENV} lower (a batch holds at least one parameter), or resume with "
+             f"--set parallel.tp={from_tp}")
 
 
 def requeue_code() -> int:
@@ -145,7 +156,9 @@ class Checkpointing:
 
         # Verifies checksums first and may fall back to an older checkpoint, possibly of another tp.
         info, rank_state = self.mgr.load(None, state_for)
-        step = state.restore(tr, built["state"], from_tp=built["from_tp"])
+        if built["from_tp"] != tr.par.tp:
+            self._reshard_tp(info, built["from_tp"])
+        step = state.restore(tr, built["state"])
         load_s = time.perf_counter() - t0  # checksums, DCP read and any resharding
         same_layout = info.meta.get("layout") == layout_of(tr.spec)
         if same_layout and rank_state is not None:
@@ -166,6 +179,17 @@ class Checkpointing:
                   + (f"; steps {replayed[0]}-{replayed[-1]} were logged after it and run again" if replayed else ""),
                   flush=True)
         return step
+
+    def _reshard_tp(self, info: CheckpointInfo, old_tp: int) -> None:
+        """Load the old TP shards batch by batch (collective: every rank runs as many loads as the rank
+        with the most batches) and move each into this rank's new shard."""
+        tr = self.tr
+        batches = state.tp_reshard_batches(tr, old_tp, reshard_batch_bytes())
+        for i in range(self.mgr.agree_max(len(batches))):
+            batch = batches[i] if i < len(batches) else []
+            st = state.old_shards_state(tr, batch, old_tp)
+            self.mgr.load_more(info, st)
+            state.apply_old_shards(tr, batch, st, old_tp)
 
     # -- every step -------------------------------------------------------------------------------------
     def after_step(self, step: int) -> int | None:

@@ -14,9 +14,10 @@ Layout of the DCP part (`app_state`), every key independent of dp, pp, zero and 
 `@tp<r>of<t>` marks TP-sharded parameters (TP-replicated ones have no suffix). A TP shard is not a plain
 slice (fused QKV and gate-up are split per part, the vocab is padded to a multiple of tp), so a resume
 with another tp loads every old TP shard of this rank's parameters and moments, rebuilds the full
-tensor with the model's own ShardSpec and takes this rank's new shard (`app_state(from_tp=...)`, then
-`restore`). That costs one pipeline stage's unsharded parameters and moments in host memory per rank,
-once, at load.
+tensor with the model's own ShardSpec and takes this rank's new shard: `app_state(from_tp=...)` leaves the
+TP-sharded entries out, then `tp_reshard_batches` groups them so that each batch's old shards (weights
+and moments, read whole) stay under a byte budget, and each batch is loaded (`old_shards_state`) and moved
+into place (`apply_old_shards`) before the next is read. Host memory for the reshard is one batch per rank.
 Per-rank state (RNG streams) goes beside DCP as rank_state (DCP would dedup it).
 
 The fp32 master copy of ZeRO-1/2 is not saved: parameters are fp32 in this trainer and the master slice
@@ -167,59 +168,88 @@ def _old_tp_keys(e: Entry, old_tp: int) -> list[str]:
     return [param_key(e.name, e.meta, r, old_tp) for r in range(old_tp)]
 
 
-def tp_reshard_bytes(tr: Trainer, from_tp: int) -> int:
-    """Host memory `app_state(from_tp=...)` allocates on this rank for the old TP shards it reads whole."""
-    total = 0
-    for e in entries(tr):
-        if _tp_sharded(e):
-            assert e.meta is not None and e.meta.shard is not None
-            numel = math.prod(e.meta.shard.for_tp(from_tp).local_shape(e.meta.full_shape, from_tp)) * from_tp
-            moments = sum(k in tr.opt.state.get(e.opt_param, {}) for k in MOMENTS)
-            total += numel * _flat_local(e.param).element_size() * (1 + moments)
-    return total
-
-
 def app_state(tr: Trainer, step: int, from_tp: int | None = None) -> dict[str, Any]:
     """The DCP state of this rank (views of the live tensors: dcp.load writes into them in place).
 
-    `from_tp`: load a checkpoint written with another tp. Its TP-sharded entries are then fresh buffers
-    under the old keys, one per old TP rank, full (not DP-chunked: DCP assembles them); `restore` moves
-    them into this rank's shard."""
+    `from_tp`: a checkpoint written with another tp; its TP-sharded entries are left out (see the module
+    docstring: they are loaded and resharded in batches)."""
     model: dict[str, Tensor] = {}
     optim: dict[str, Tensor] = {}
     retp = from_tp is not None and from_tp != tr.par.tp
     for e in entries(tr):
-        st = tr.opt.state.get(e.opt_param, {})
-        moments = [k for k in MOMENTS if k in st]
         if retp and _tp_sharded(e):
-            assert e.meta is not None and e.meta.shard is not None and from_tp is not None
-            like = _flat_local(e.param)
-            shape = e.meta.shard.for_tp(from_tp).local_shape(e.meta.full_shape, from_tp)
-            for key in _old_tp_keys(e, from_tp):
-                model[key] = like.new_empty(shape)
-                for k in moments:
-                    optim[f"{key}.{k}"] = like.new_empty(math.prod(shape))
             continue
         model[e.key] = e.param.detach() if not hasattr(e.param, "to_local") else e.param
-        for k in moments:
-            local = _flat_local(st[k])
-            optim[f"{e.key}.{k}"] = _sharded(local, e) if e.chunks else local
+        st = tr.opt.state.get(e.opt_param, {})
+        for k in MOMENTS:
+            if k in st:
+                local = _flat_local(st[k])
+                optim[f"{e.key}.{k}"] = _sharded(local, e) if e.chunks else local
     sc = tr.scaler
     extra = {"step": step, "optimizer_step": optimizer_step_count(tr.opt), "loader": tr.loader.state_dict(),
              "scaler": {"scale": sc.scale, "good": sc.good}}
     return {"model": model, "optim": optim, "extra": extra}
 
 
-@torch.no_grad()
-def _reshard_tp(tr: Trainer, state: dict[str, Any], old_tp: int) -> None:
-    """Move the old-tp shards loaded by app_state(from_tp=old_tp) into this rank's parameters and moments."""
-    tp, tp_rank = tr.par.tp, tr.par.tp_rank
+def _moments(tr: Trainer, e: Entry) -> list[str]:
+    st = tr.opt.state.get(e.opt_param, {})
+    return [k for k in MOMENTS if k in st]
+
+
+def _old_shape(e: Entry, old_tp: int) -> tuple[int, ...]:
+    assert e.meta is not None and e.meta.shard is not None
+    return e.meta.shard.for_tp(old_tp).local_shape(e.meta.full_shape, old_tp)
+
+
+def _old_shards_bytes(tr: Trainer, e: Entry, old_tp: int) -> int:
+    """Bytes of every old TP shard of `e`, weights and moments: what reading it whole allocates."""
+    numel = math.prod(_old_shape(e, old_tp)) * old_tp
+    return numel * _flat_local(e.param).element_size() * (1 + len(_moments(tr, e)))
+
+
+def tp_reshard_batches(tr: Trainer, old_tp: int, budget_bytes: int) -> list[list[Entry]]:
+    """This rank's TP-sharded entries in batches of at most `budget_bytes` of old shards (an entry larger
+    than the budget is a batch by itself)."""
+    batches: list[list[Entry]] = []
+    size = 0
     for e in entries(tr):
         if not _tp_sharded(e):
             continue
+        b = _old_shards_bytes(tr, e, old_tp)
+        if not batches or size + b > budget_bytes:
+            batches.append([])
+            size = 0
+        batches[-1].append(e)
+        size += b
+    return batches
+
+
+def batch_bytes(tr: Trainer, batch: list[Entry], old_tp: int) -> int:
+    return sum(_old_shards_bytes(tr, e, old_tp) for e in batch)
+
+
+def old_shards_state(tr: Trainer, batch: list[Entry], old_tp: int) -> dict[str, Any]:
+    """Fresh buffers, under the old keys, for every old TP shard of the entries in `batch` (full, not
+    DP-chunked: DCP assembles them)."""
+    model: dict[str, Tensor] = {}
+    optim: dict[str, Tensor] = {}
+    for e in batch:
+        like, shape = _flat_local(e.param), _old_shape(e, old_tp)
+        for key in _old_tp_keys(e, old_tp):
+            model[key] = like.new_empty(shape)
+            for k in _moments(tr, e):
+                optim[f"{key}.{k}"] = like.new_empty(math.prod(shape))
+    return {"model": model, "optim": optim}
+
+
+@torch.no_grad()
+def apply_old_shards(tr: Trainer, batch: list[Entry], state: dict[str, Any], old_tp: int) -> None:
+    """Move the old shards loaded into `state` (old_shards_state) into this rank's parameters and moments."""
+    tp, tp_rank = tr.par.tp, tr.par.tp_rank
+    for e in batch:
         assert e.meta is not None and e.meta.shard is not None
         old, new = e.meta.shard.for_tp(old_tp), e.meta.shard.for_tp(tp)
-        shape = old.local_shape(e.meta.full_shape, old_tp)
+        shape = _old_shape(e, old_tp)
         keys = _old_tp_keys(e, old_tp)
 
         def mine(shards: list[Tensor], old: Any = old, new: Any = new) -> Tensor:
@@ -230,16 +260,13 @@ def _reshard_tp(tr: Trainer, state: dict[str, Any], old_tp: int) -> None:
         # A DTensor (FSDP2) holds rows [lo, hi) of the flattened TP shard; a plain parameter all of it.
         _flat_local(e.param).copy_(flat[e.lo:e.hi] if hasattr(e.param, "to_local") else flat)
         st = tr.opt.state.get(e.opt_param, {})
-        for k in MOMENTS:
-            if k in st:
-                _flat_local(st[k]).copy_(mine([state["optim"][f"{key}.{k}"].view(shape) for key in keys])[e.lo:e.hi])
+        for k in _moments(tr, e):
+            _flat_local(st[k]).copy_(mine([state["optim"][f"{key}.{k}"].view(shape) for key in keys])[e.lo:e.hi])
 
 
-def restore(tr: Trainer, state: dict[str, Any], from_tp: int | None = None) -> int:
-    """After dcp.load filled `state` (built by app_state after ensure_optimizer_state, with the same
-    `from_tp`): set what is not loaded in place. Returns the step to continue from."""
-    if from_tp is not None and from_tp != tr.par.tp:
-        _reshard_tp(tr, state, from_tp)
+def restore(tr: Trainer, state: dict[str, Any]) -> int:
+    """After dcp.load filled `state` (built by app_state after ensure_optimizer_state), and any TP reshard:
+    set what is not loaded in place. Returns the step to continue from."""
     extra = state["extra"]
     step_t = float(extra["optimizer_step"])
     for st in tr.opt.state.values():
