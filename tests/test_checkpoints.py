@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def make_ckpt(directory: Path, step: int, files: dict[str, bytes] | None = None, commit: bool = True,
-              milestone: bool = False) -> Path:
+              milestone: bool = False, meta: dict | None = None) -> Path:
     """A checkpoint as the writer leaves it (committed) or as a dead writer leaves it (staging)."""
     files = files or {"__0_0.distcp": b"a" * 1000, "__1_0.distcp": b"b" * 700, ".metadata": b"m" * 50}
     path = directory / (step_dirname(step) if commit else staging_dirname(step, "abcd1234"))
@@ -49,7 +49,8 @@ def make_ckpt(directory: Path, step: int, files: dict[str, bytes] | None = None,
         entries[name] = {"size": size, HASH: digest, "rank": 0}
     if commit:
         data = manifest_bytes({"format": 1, "step": step, "time": 1.0e9 + step, "world_size": 2,
-                               "milestone": milestone, "meta": {"tokens": step * 10}, "files": entries})
+                               "milestone": milestone, "meta": {"tokens": step * 10, **(meta or {})},
+                               "files": entries})
         (path / MANIFEST).write_bytes(data)
         (path / MARKER).write_bytes(marker_bytes(data))
     return path
@@ -188,7 +189,7 @@ def test_save_schedule():
 def test_cli_lists_json_without_torch(tmp_path):
     run = tmp_path / "run"
     ck = run / "checkpoints"
-    make_ckpt(ck, 1)
+    make_ckpt(ck, 1, meta={"layout": {"tp": 2, "pp": 2, "virtual_stages": 2, "dp": 4, "zero": 1}})
     make_ckpt(ck, 2, milestone=True)
     (make_ckpt(ck, 3) / "__0_0.distcp").write_bytes(b"a" * 10)
     make_ckpt(ck, 4, commit=False)
@@ -207,3 +208,4 @@ def test_cli_lists_json_without_torch(tmp_path):
     table = subprocess.run([sys.executable, "-c", probe, "checkpoints", str(run)], capture_output=True,
                            text=True, cwd=ROOT, timeout=120, env={**os.environ, "COLUMNS": "200"})
     assert table.returncode == 0 and "latest" in table.stdout and "truncated" in table.stdout, table.stderr
+    assert "tp2 pp2 (v2) dp4 zero1" in table.stdout  # step 1's layout, from its manifest

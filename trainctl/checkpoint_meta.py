@@ -4,9 +4,10 @@ trainer checks it again at load (a checkpoint may have been chosen by an automat
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from trainctl.spec import RunSpec
+if TYPE_CHECKING:
+    from trainctl.spec import RunSpec
 
 
 def layout_of(spec: RunSpec) -> dict[str, Any]:
@@ -33,3 +34,12 @@ def layout_changes(spec: RunSpec, meta: dict[str, Any]) -> list[str]:
     """'tp 2 -> 4' for every layout setting that differs from the checkpoint's (resharded at load)."""
     old = meta.get("layout") or {}
     return [f"{k} {old[k]} -> {v}" for k, v in layout_of(spec).items() if k in old and old[k] != v]
+
+
+def describe_layout(layout: dict[str, Any] | None) -> str:
+    """'tp2 pp4 (v2) dp8 zero1' for a manifest's layout; '-' when the checkpoint has none."""
+    if not layout:
+        return "-"
+    v = layout.get("virtual_stages") or 1
+    pp = f"pp{layout.get('pp')}" + (f" (v{v})" if v > 1 else "")
+    return f"tp{layout.get('tp')} {pp} dp{layout.get('dp')} zero{layout.get('zero')}"

@@ -9,6 +9,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from trainctl.checkpoint_meta import describe_layout
 from trainctl.checkpoints import latest_valid, list_checkpoints, resolve_checkpoint_dir
 from trainctl.cli.app import app
 from trainctl.cli.console import make_console
@@ -31,7 +32,7 @@ def checkpoints(
     directory: Path | None = typer.Option(None, "--dir", help="Checkpoints directory (default: from the run)."),
     as_json: bool = JsonOpt,
 ) -> None:
-    """List a run's checkpoints: step, size, validity (and why not), milestone, time."""
+    """List a run's checkpoints: step, size, validity (and why not), milestone, layout, time."""
     if directory is None:
         if not run.is_dir():
             raise UsageError(f"{run}: no such run directory", hint="give the directory `trainctl launch` created")
@@ -47,13 +48,13 @@ def checkpoints(
         con.print(f"no checkpoints in {directory}")
         return
     table = Table(title=f"checkpoints in {directory}")
-    for col in ("step", "size", "valid", "milestone", "time", "note"):
+    for col in ("step", "size", "valid", "milestone", "layout", "time", "note"):
         table.add_column(col, justify="right" if col in ("step", "size") else "left", no_wrap=col != "note")
     for i in infos:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(i.time)) if i.time else "-"
         note = "latest" if latest is not None and i.path == latest.path else (i.reason or "")
         table.add_row(str(i.step), _size(i.size_bytes), "[green]yes[/green]" if i.valid else "[red]no[/red]",
-                      "yes" if i.milestone else "", when, note)
+                      "yes" if i.milestone else "", describe_layout(i.meta.get("layout")), when, note)
     con.print(table)
 
 
