@@ -215,6 +215,11 @@ class CheckpointManager:
         """The largest `n` over all ranks (collective)."""
         return max(self._all_gather(n))
 
+    def first_problem(self, problem: str | None) -> str | None:
+        """The lowest rank's problem, if any rank has one (collective): every rank then fails together
+        instead of the others waiting in the next collective."""
+        return next((p for p in self._all_gather(problem) if p is not None), None)
+
     # --- the write path (runs in the background thread when async) ----------------------------
 
     def _run(self, step: int, app_state: dict[str, Any], rank_state: dict[str, Any] | None,

@@ -91,21 +91,18 @@ def reshard_batch_bytes() -> int:
     return int(os.environ.get(RESHARD_BATCH_ENV) or DEFAULT_RESHARD_BATCH_BYTES)
 
 
-def check_reshard_memory(tr: Trainer, info: CheckpointInfo, from_tp: int) -> None:
-    """Refuse a TP reshard whose batches of old shards would not fit in host memory (every rank of the node
-    reads at once) with a clear message, rather than be killed by the OOM killer."""
+def reshard_memory_problem(tr: Trainer, info: CheckpointInfo, from_tp: int) -> str | None:
+    """Why this rank's TP reshard would not fit in host memory (its largest batch of old shards, times the
+    ranks of this node reading at once), or None."""
     batches = state.tp_reshard_batches(tr, from_tp, reshard_batch_bytes())
     need = max((state.batch_bytes(tr, b, from_tp) for b in batches), default=0)
     avail = host_memory_available()
     ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("SLURM_NTASKS_PER_NODE") or 1)
     if avail is None or need * ranks_here <= 0.8 * avail:
-        return
-    raise CheckpointError(
-        f"{info.path}: resharding tp {from_tp} -> {tr.par.tp} reads whole old TP shards (weights and moments) in "
-        f"batches: the largest needs {need / 1e9:.2f} GB x {ranks_here} ranks on this node, but only "
-        f"{avail / 1e9:.2f} GB of host memory is available",
-        hint=f"set {RESHARD_BATCH_ENV} lower (a batch holds at least one parameter), or resume with "
-             f"--set parallel.tp={from_tp}")
+        return None
+    return (f"{info.path}: resharding tp {from_tp} -> {tr.par.tp} reads whole old TP shards (weights and "
+            f"moments) in batches: the largest needs {need / 1e9:.2f} GB x {ranks_here} ranks on this node, but "
+            f"only {avail / 1e9:.2f} GB of host memory is available")
 
 
 def requeue_code() -> int:
@@ -150,7 +147,11 @@ class Checkpointing:
             check_compatible(chosen, tr)
             built["from_tp"] = chosen.meta["layout"]["tp"]
             if built["from_tp"] != tr.par.tp:
-                check_reshard_memory(tr, chosen, built["from_tp"])
+                problem = self.mgr.first_problem(reshard_memory_problem(tr, chosen, built["from_tp"]))
+                if problem:
+                    raise CheckpointError(problem, hint=f"set {RESHARD_BATCH_ENV} lower (a batch holds at least "
+                                                        f"one parameter), or resume with --set parallel.tp="
+                                                        f"{built['from_tp']}")
             built["state"] = state.app_state(tr, 0, from_tp=built["from_tp"])
             return built["state"]
 
