@@ -76,6 +76,26 @@ def test_slowed_rank_is_the_straggler(runs):
     assert len(r["series"]) == 8
 
 
+def test_slowed_rank_is_named_exactly_under_tp_and_pp(tmp_path):
+    """TP=2 x PP=2: the slowed rank's TP peer waits in the TP collectives and the other stage waits in its
+    pipeline receives; with those waits subtracted, the slowed rank alone is the straggler (not its TP group
+    or the whole pipeline)."""
+    run = tmp_path / "tp-pp"
+    p = launch(run, "parallel.tp=2", "parallel.pp=2", "parallel.dp=1", "cluster.gpus_per_node=4", "train.steps=7",
+               env={"TRAINCTL_TEST_SLOW_RANK": f"2:{SLOW_S}"})
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    rows = [r for r in read_jsonl(run / "logs" / "steptimes-rank3.jsonl") if "step" in r]
+    assert rows and all(r["comm_s"] > 0 for r in rows)  # rank 3 (rank 2's TP peer) waited in TP collectives
+    p = report(run, extra=("--json",))
+    assert p.returncode == 0, p.stderr
+    st = json.loads(p.stdout)["runs"][0]["stragglers"]
+    assert st["ranks"] == 4
+    worst = st["stragglers"][0]
+    assert worst["rank"] == 2 and worst["ranks"] == [2] and worst["note"] is None, st
+    assert 3 not in [x["rank"] for x in st["stragglers"]]  # the TP peer is not blamed
+    assert worst["cost_s"] == pytest.approx(SLOW_S * st["steps_sampled"], rel=0.5)
+
+
 def test_run_without_slow_rank_has_no_injected_straggler(runs):
     """Without the knob no rank is anywhere near the injected slowdown. (On a 2-core machine one of two ranks
     can be persistently slower from CPU contention with the launcher, and is then rightly reported, so a

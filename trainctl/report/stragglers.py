@@ -1,10 +1,11 @@
 """Stragglers: ranks whose own step work is persistently above the median rank's, from the per-rank step
 times every rank writes (trainctl/runtime/stragglers.py).
 
-A rank's busy time is step_s - sync_s (its step minus the time it spent in the gradient sync and final
-all-reduce, where it waits for the slowest peer). In a synchronous job every step is gated by the slowest
-rank, so a straggler's cost per step is its busy time minus that of the next-slowest rank: what the step
-would have saved had it kept up.
+A rank's busy time is step_s - sync_s - comm_s: its step minus the time it spent in the gradient sync and
+final all-reduce, in tensor-parallel collectives and in pipeline receives, where it waits for slower peers.
+In a synchronous job every step is gated by the slowest rank, so a straggler's cost per step is its busy
+time minus that of the next-slowest rank: what the step would have saved had it kept up. Runs written
+before comm_s was recorded cannot separate TP/PP waits; their flagged ranks are grouped by DP replica.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ PERSISTENT = 0.75  # above the threshold in at least 3 of 4 sampled steps: noise
 REL_THRESHOLD = 0.10  # 10% above the median rank's busy time ...
 ABS_THRESHOLD_S = 0.005  # ... and at least 5 ms (timer and scheduler noise on a loaded host)
 GROUP_NOTE = ("slow together: one data-parallel replica whose TP/PP peers wait for its slowest rank inside "
-              "TP/PP collectives, which this measurement does not separate; the straggler is one of these ranks")
+              "TP/PP collectives, which this run's step times do not separate (no comm_s: written by an older "
+              "trainctl); the straggler is one of these ranks")
 
 
 def where(run: RunData, rank: int) -> dict[str, Any]:
@@ -75,9 +77,12 @@ def stragglers(run: RunData) -> dict[str, Any]:
         return {"available": False, "note": "no per-rank step times (RUN/logs/steptimes-rank*.jsonl)"}
     # (attempt, step) -> rank -> busy seconds
     busy: dict[tuple[int, int], dict[int, float]] = defaultdict(dict)
+    comm_known = True  # every row says how long the rank waited in TP/PP communication
     for rank, rs in run.steptimes.items():
         for row in rs.rows:
-            busy[(row["attempt"], row["step"])][rank] = float(row["step_s"]) - float(row.get("sync_s") or 0.0)
+            comm_known = comm_known and "comm_s" in row
+            busy[(row["attempt"], row["step"])][rank] = (float(row["step_s"]) - float(row.get("sync_s") or 0.0)
+                                                         - float(row.get("comm_s") or 0.0))
     ranks = sorted(run.steptimes)
     firsts = {min(k for k in busy if k[0] == a) for a in {k[0] for k in busy}}  # warm-up step of each attempt
     steps = [k for k, v in busy.items() if len(v) == len(ranks) and len(ranks) > 1 and k not in firsts]
@@ -103,7 +108,7 @@ def stragglers(run: RunData) -> dict[str, Any]:
     others = [r for r in ranks if r not in slow_ids]
     total_steps = sum(float(x["step_s"]) for x in run.steptimes[ranks[0]].rows)
     groups = []
-    for members in _groups(flagged):
+    for members in (_groups(flagged) if not comm_known else [[p] for p in flagged]):
         ids = sorted(p["rank"] for p in members)
         # What the steps would have saved had this group kept up with the ranks that are not slow.
         cost = 0.0
@@ -122,6 +127,6 @@ def stragglers(run: RunData) -> dict[str, Any]:
         "median_busy_s": median(medians),
         "stragglers": groups,
         "per_rank": per_rank,
-        "criterion": (f"busy time (step - gradient sync wait) more than {REL_THRESHOLD:.0%} and "
+        "criterion": (f"busy time (step - gradient sync - TP/PP communication waits) more than {REL_THRESHOLD:.0%} and "
                       f"{ABS_THRESHOLD_S * 1e3:.0f} ms above the median rank in at least {PERSISTENT:.0%} of steps"),
     }

@@ -51,6 +51,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from trainctl.runtime.comm_wait import COMM  # time in TP collectives (straggler detection)
+
 SEQ_DIM = 1  # activations are [batch, seq, hidden]
 
 
@@ -171,7 +173,8 @@ _reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.re
 
 def _all_reduce(x: Tensor, tp: TPContext) -> Tensor:
     x = x.contiguous()
-    dist.all_reduce(x, group=tp.group)
+    with COMM:
+        dist.all_reduce(x, group=tp.group)
     return x
 
 
@@ -179,7 +182,8 @@ def _all_gather_seq(x: Tensor, tp: TPContext) -> Tensor:
     """[B, T/tp, ...] on each rank -> [B, T, ...]."""
     x0 = x.movedim(SEQ_DIM, 0).contiguous()
     out = x0.new_empty((tp.size * x0.shape[0], *x0.shape[1:]))
-    _all_gather_single(out, x0, group=tp.group)
+    with COMM:
+        _all_gather_single(out, x0, group=tp.group)
     return out.movedim(0, SEQ_DIM)
 
 
@@ -189,7 +193,8 @@ def _reduce_scatter_seq(x: Tensor, tp: TPContext) -> Tensor:
     if x0.shape[0] % tp.size:
         raise ValueError(f"sequence length {x0.shape[0]} is not divisible by tp={tp.size} (sequence parallel)")
     out = x0.new_empty((x0.shape[0] // tp.size, *x0.shape[1:]))
-    _reduce_scatter_single(out, x0, group=tp.group)
+    with COMM:
+        _reduce_scatter_single(out, x0, group=tp.group)
     return out.movedim(0, SEQ_DIM)
 
 
@@ -505,7 +510,8 @@ class _VocabParallelCE(torch.autograd.Function):
             local_max = x[:, :n_valid_local].max(dim=-1).values
         gmax = local_max
         if tp.enabled:
-            dist.all_reduce(gmax, op=dist.ReduceOp.MAX, group=tp.group)
+            with COMM:
+                dist.all_reduce(gmax, op=dist.ReduceOp.MAX, group=tp.group)
         e = x - gmax.unsqueeze(-1)  # a fresh buffer: the caller's logits are never written
         if n_valid_local < local_v:
             e[:, n_valid_local:] = -math.inf  # padded vocab columns: exp() = 0, out of the softmax
@@ -517,7 +523,8 @@ class _VocabParallelCE(torch.autograd.Function):
         sum_exp = e.sum(dim=-1)
         if tp.enabled:
             both = torch.stack([pred, sum_exp])
-            dist.all_reduce(both, group=tp.group)
+            with COMM:
+                dist.all_reduce(both, group=tp.group)
             pred, sum_exp = both[0], both[1]
         loss = torch.log(sum_exp) - pred  # per token
         e.div_(sum_exp.unsqueeze(-1))  # softmax, kept for backward

@@ -15,6 +15,7 @@ from torch import nn
 from trainctl.plan.pipeline import stage_layer_ranges, stages_of_pp_rank
 from trainctl.rundir import RunPaths, append_jsonl, record_event
 from trainctl.runtime import data_parallel, metrics, optim, peak, resume, stragglers, watchdog
+from trainctl.runtime.comm_wait import COMM, time_pipeline_receives
 from trainctl.runtime.data import build_loader
 from trainctl.runtime.distributed import Parallel
 from trainctl.runtime.model import ModelConfig, build_stage, loss_fn
@@ -90,6 +91,9 @@ class Trainer:
         self.flops: metrics.FlopsModel | None = None
         self.steptimes: stragglers.StepTimeLog | None = None  # this rank's step times (set by run())
         self.slow_s = stragglers.slow_seconds(par.rank)  # test knob TRAINCTL_TEST_SLOW_RANK
+        COMM.use_cuda(par.device.type == "cuda")
+        if par.pp > 1:
+            time_pipeline_receives()
         self.ckpt_block_s = 0.0  # checkpoint-save blocking since the last metrics line (outside step time)
 
     # -- set-up helpers ----------------------------------------------------------------------------
@@ -177,6 +181,7 @@ class Trainer:
         ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if cuda else None
         if ev is not None:
             ev[0].record()
+        COMM.take()  # from here on: this step's time in TP collectives and pipeline receives
         td = time.perf_counter()
         inputs, targets = self.loader.next_step()
         data_wait = time.perf_counter() - td
@@ -199,8 +204,9 @@ class Trainer:
         dt, cpu = time.perf_counter() - t0, time.process_time() - c0
         if ev is not None:
             sync_s = max(0.0, dt - ev[0].elapsed_time(ev[1]) / 1e3)
+        comm_s = COMM.take()  # waits inside the step: counted apart from this rank's own work
         if self.steptimes is not None:
-            self.steptimes.record(step + 1, dt, sync_s)
+            self.steptimes.record(step + 1, dt, sync_s, comm_s)
         rec: dict[str, Any] = {}
         if self.log and ((step + 1) % spec.train.log_every == 0 or step + 1 == spec.train.steps):
             rec = metrics.step_record(step + 1, spec.train.steps, loss_value, lr, norm, dt, self.flops,
