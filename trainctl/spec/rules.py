@@ -61,7 +61,7 @@ def _problems(spec: RunSpec) -> Iterator[str]:  # noqa: C901 - a flat list of in
     elif model_parallel * p.dp != world:
         yield problem("parallel.dp", p.dp,
                       f"tp*pp*dp = {p.tp}*{p.pp}*{p.dp} = {model_parallel * p.dp} but the cluster has "
-                      f"{c.nodes} nodes x {c.gpus_per_node} GPUs = {world}",
+                      f"{c.nodes} node{'s' if c.nodes != 1 else ''} x {c.gpus_per_node} GPUs = {world}",
                       f"set parallel.dp to {world // model_parallel if world % model_parallel == 0 else 'auto'}"
                       " or change cluster.nodes")
         return
