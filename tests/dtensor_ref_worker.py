@@ -47,12 +47,12 @@ from torch.distributed.tensor.parallel import (
     loss_parallel,
     parallelize_module,
 )
+from tp_worker import data, gather_grads  # the same data and full-gradient gathering as the trainctl TP tests
 
-from trainctl.runtime.model import ModelConfig, StageModule, build_stage, loss_fn
-from trainctl.runtime.tensor_parallel import TPContext, sync_sequence_parallel_grads, unshard_tensors
+from trainctl.runtime.model import ModelConfig, build_stage, loss_fn
+from trainctl.runtime.tensor_parallel import TPContext, sync_sequence_parallel_grads
 
 SEED = 1234
-B = 2
 
 # vocab divisible by tp: nn.Embedding / nn.Linear hold exactly V rows here, trainctl pads only when V % tp != 0
 GPT2 = dict(layers=2, hidden=32, heads=4, vocab=256, seq_len=16, norm="layernorm", position="learned",
@@ -342,32 +342,12 @@ def reference_grads(model: RefModel) -> dict[str, Tensor]:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def data(cfg: ModelConfig, batch: int = B, seed: int = 7) -> tuple[Tensor, Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, cfg.vocab, (batch, cfg.seq_len + 1), generator=g)
-    return ids[:, :-1], ids[:, 1:]
-
-
-def trainctl_grads(stage: StageModule, tp: TPContext) -> dict[str, Tensor]:
-    metas = stage.named_param_meta()
-    out = {}
-    for name, p in stage.named_parameters():
-        g = p.grad if p.grad is not None else torch.zeros_like(p)
-        if tp.enabled:
-            shards = [torch.empty_like(g) for _ in range(tp.size)]
-            dist.all_gather(shards, g.contiguous(), group=tp.group)
-        else:
-            shards = [g]
-        out[name] = unshard_tensors(shards, metas[name].shard)
-    return out
-
-
 def trainctl_step(cfg: ModelConfig, tp: TPContext, x: Tensor, y: Tensor, dtype=torch.float64):
     stage = build_stage(cfg, range(cfg.layers), True, True, tp, SEED, dtype=dtype)
     loss = loss_fn(stage(x), y, cfg, tp)
     loss.backward()
     sync_sequence_parallel_grads(stage, tp)
-    return loss.detach(), trainctl_grads(stage, tp)
+    return loss.detach(), gather_grads([stage], tp)
 
 
 def _max_diff(a: dict[str, Tensor], b: dict[str, Tensor]) -> tuple[float, str]:

@@ -42,9 +42,9 @@ LLAMA = dict(layers=2, hidden=64, heads=8, kv_heads=4, ffn_hidden=96, vocab=255,
              position="rope", rope_theta=500000.0, activation="swiglu", bias=False, tied_embeddings=False)
 
 
-def data(cfg: ModelConfig, seed: int = 7) -> tuple[torch.Tensor, torch.Tensor]:
+def data(cfg: ModelConfig, batch: int = B, seed: int = 7) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, cfg.vocab, (B, cfg.seq_len + 1), generator=g)
+    ids = torch.randint(0, cfg.vocab, (batch, cfg.seq_len + 1), generator=g)
     return ids[:, :-1], ids[:, 1:]
 
 

@@ -91,10 +91,10 @@ def reshard_batch_bytes() -> int:
     return int(os.environ.get(RESHARD_BATCH_ENV) or DEFAULT_RESHARD_BATCH_BYTES)
 
 
-def reshard_memory_problem(tr: Trainer, info: CheckpointInfo, from_tp: int) -> str | None:
+def reshard_memory_problem(tr: Trainer, info: CheckpointInfo, from_tp: int,
+                           batches: list[list[state.Entry]]) -> str | None:
     """Why this rank's TP reshard would not fit in host memory (its largest batch of old shards, times the
     ranks of this node reading at once), or None."""
-    batches = state.tp_reshard_batches(tr, from_tp, reshard_batch_bytes())
     need = max((state.batch_bytes(tr, b, from_tp) for b in batches), default=0)
     avail = host_memory_available()
     ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("SLURM_NTASKS_PER_NODE") or 1)
@@ -147,7 +147,9 @@ class Checkpointing:
             check_compatible(chosen, tr)
             built["from_tp"] = chosen.meta["layout"]["tp"]
             if built["from_tp"] != tr.par.tp:
-                problem = self.mgr.first_problem(reshard_memory_problem(tr, chosen, built["from_tp"]))
+                built["batches"] = state.tp_reshard_batches(tr, built["from_tp"], reshard_batch_bytes())
+                problem = self.mgr.first_problem(reshard_memory_problem(tr, chosen, built["from_tp"],
+                                                                        built["batches"]))
                 if problem:
                     raise CheckpointError(problem, hint=f"set {RESHARD_BATCH_ENV} lower (a batch holds at least "
                                                         f"one parameter), or resume with --set parallel.tp="
@@ -158,7 +160,7 @@ class Checkpointing:
         # Verifies checksums first and may fall back to an older checkpoint, possibly of another tp.
         info, rank_state = self.mgr.load(None, state_for)
         if built["from_tp"] != tr.par.tp:
-            self._reshard_tp(info, built["from_tp"])
+            self._reshard_tp(info, built["from_tp"], built["batches"])
         step = state.restore(tr, built["state"])
         load_s = time.perf_counter() - t0  # checksums, DCP read and any resharding
         same_layout = info.meta.get("layout") == layout_of(tr.spec)
@@ -181,11 +183,10 @@ class Checkpointing:
                   flush=True)
         return step
 
-    def _reshard_tp(self, info: CheckpointInfo, old_tp: int) -> None:
+    def _reshard_tp(self, info: CheckpointInfo, old_tp: int, batches: list[list[state.Entry]]) -> None:
         """Load the old TP shards batch by batch (collective: every rank runs as many loads as the rank
         with the most batches) and move each into this rank's new shard."""
         tr = self.tr
-        batches = state.tp_reshard_batches(tr, old_tp, reshard_batch_bytes())
         for i in range(self.mgr.agree_max(len(batches))):
             batch = batches[i] if i < len(batches) else []
             st = state.old_shards_state(tr, batch, old_tp)

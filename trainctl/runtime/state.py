@@ -181,10 +181,9 @@ def app_state(tr: Trainer, step: int, from_tp: int | None = None) -> dict[str, A
             continue
         model[e.key] = e.param.detach() if not hasattr(e.param, "to_local") else e.param
         st = tr.opt.state.get(e.opt_param, {})
-        for k in MOMENTS:
-            if k in st:
-                local = _flat_local(st[k])
-                optim[f"{e.key}.{k}"] = _sharded(local, e) if e.chunks else local
+        for k in _moments(tr, e):
+            local = _flat_local(st[k])
+            optim[f"{e.key}.{k}"] = _sharded(local, e) if e.chunks else local
     sc = tr.scaler
     extra = {"step": step, "optimizer_step": optimizer_step_count(tr.opt), "loader": tr.loader.state_dict(),
              "scaler": {"scale": sc.scale, "good": sc.good}}
