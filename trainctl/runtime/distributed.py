@@ -81,6 +81,7 @@ class Parallel:
     pp_group: dist.ProcessGroup | None
     embedding_group: dist.ProcessGroup | None  # first + last pipeline stage, for tied embeddings
     ranks: dict[str, list[int]]
+    world_group: dist.ProcessGroup | None = None  # all ranks of the layout (None: the default group)
 
     @property
     def rank(self) -> int:
@@ -109,6 +110,14 @@ def init(spec: RunSpec, env: RankEnv) -> Parallel:
         raise RuntimeError(f"the spec's layout tp*pp*dp = {layout.tp}*{layout.pp}*{layout.dp} = "
                            f"{layout.world_size} ranks but {env.world_size} processes were started; "
                            "fix cluster.nodes/gpus_per_node or the launcher's process count")
+    device = start_process_group(env)
+    par = parallel_groups(layout, env, device)
+    assert par is not None  # the layout covers the whole world
+    return par
+
+
+def start_process_group(env: RankEnv) -> torch.device:
+    """The default process group (NCCL on GPUs, gloo on the CPU) on the per-attempt store; this rank's device."""
     if torch.cuda.is_available():
         device = torch.device("cuda", env.local_rank)
         torch.cuda.set_device(device)
@@ -120,19 +129,40 @@ def init(spec: RunSpec, env: RankEnv) -> Parallel:
     dist.init_process_group(backend, store=attempt_store(env), rank=env.rank, world_size=env.world_size,
                             timeout=timedelta(seconds=timeout_s()),
                             device_id=device if backend == "nccl" else None)
+    return device
+
+
+def parallel_groups(layout: Layout, env: RankEnv, device: torch.device) -> Parallel | None:
+    """This rank's groups for `layout`, laid on global ranks [0, layout.world_size) of the running process
+    group. Every rank of the process group calls it (new_group is collective); ranks beyond the layout get
+    None. A layout smaller than the world (several layouts in one process group: the equivalence matrix)
+    gets its own world group; groups already made for the same rank lists are reused."""
+    world = dist.get_world_size()
+    if layout.world_size > world:
+        raise RuntimeError(f"layout needs {layout.world_size} ranks, the process group has {world}")
     groups = Groups(layout)
-    mine = groups.of_rank(env.rank)
     made = {kind: _subgroup(getattr(groups, kind), env.rank) for kind in ("tp", "dp", "pp", "embedding")}
+    world_group = None if layout.world_size == world else _subgroup([list(range(layout.world_size))], env.rank)
+    if env.rank >= layout.world_size:
+        return None
     t, d, p = coords(env.rank, layout)
-    return Parallel(env, layout, device, t, d, p, made["tp"], made["dp"], made["pp"], made["embedding"], mine)
+    sub_env = RankEnv(env.rank, env.local_rank, layout.world_size)
+    return Parallel(sub_env, layout, device, t, d, p, made["tp"], made["dp"], made["pp"], made["embedding"],
+                    groups.of_rank(env.rank), world_group)
+
+
+_made_groups: dict[tuple[tuple[int, ...], ...], dist.ProcessGroup | None] = {}
 
 
 def _subgroup(lists: list[list[int]], rank: int) -> dist.ProcessGroup | None:
     """Every rank creates every group of a kind in the same order (new_group is collective)."""
     if all(len(g) == 1 for g in lists):
         return None
-    mine, _ = dist.new_subgroups_by_enumeration(lists, timeout=timedelta(seconds=timeout_s()))
-    return mine
+    key = tuple(tuple(g) for g in lists)
+    if key not in _made_groups:
+        mine, _ = dist.new_subgroups_by_enumeration(lists, timeout=timedelta(seconds=timeout_s()))
+        _made_groups[key] = mine
+    return _made_groups[key]
 
 
 def exit_now(code: int, barrier: bool) -> NoReturn:

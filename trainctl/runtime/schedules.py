@@ -61,6 +61,34 @@ class Accumulate:
         return total
 
 
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity whose backward makes the gradient contiguous (it is sent to the previous stage as is)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g: Tensor) -> Tensor:
+        return g.contiguous()
+
+
+def contiguous_boundaries(module: nn.Module, first: bool, last: bool) -> None:
+    """Every tensor that crosses a pipeline boundary is contiguous, in both directions.
+
+    torch.distributed.pipelining sends a stage's output and its input's gradient as they are, and allocates
+    the peer's receive buffers with the strides of the first micro-batch's output; gloo and NCCL need
+    contiguous buffers. The model keeps its activations contiguous (tensor_parallel._batch_major), so these
+    hooks cost nothing; they keep a future layer's view from breaking the pipeline. Hooks rather than a
+    wrapper module: PipelineStage treats an FSDP-wrapped stage specially by its type."""
+    if not first:
+        module.register_forward_pre_hook(
+            lambda _m, args: tuple(_ContiguousGrad.apply(a) if isinstance(a, Tensor) and a.requires_grad else a
+                                   for a in args))
+    if not last:
+        module.register_forward_hook(lambda _m, _args, out: out.contiguous())
+
+
 class Pipelined:
     """pp>1: PipelineStage per model stage held by this rank, driven by a native schedule."""
 
@@ -74,6 +102,8 @@ class Pipelined:
         self.autocast_dtype = autocast_dtype
         self.has_first = 0 in stage_ids
         self.has_last = n_stages - 1 in stage_ids
+        for m, s in zip(modules, stage_ids, strict=True):
+            contiguous_boundaries(m, first=s == 0, last=s == n_stages - 1)
         stages = [PipelineStage(m, s, n_stages, device, group=pp_group) for m, s in zip(modules, stage_ids,
                                                                                             strict=True)]
 

@@ -184,7 +184,7 @@ def _all_gather_seq(x: Tensor, tp: TPContext) -> Tensor:
     out = x0.new_empty((tp.size * x0.shape[0], *x0.shape[1:]))
     with COMM:
         _all_gather_single(out, x0, group=tp.group)
-    return out.movedim(0, SEQ_DIM)
+    return _batch_major(out)
 
 
 def _reduce_scatter_seq(x: Tensor, tp: TPContext) -> Tensor:
@@ -195,7 +195,18 @@ def _reduce_scatter_seq(x: Tensor, tp: TPContext) -> Tensor:
     out = x0.new_empty((x0.shape[0] // tp.size, *x0.shape[1:]))
     with COMM:
         _reduce_scatter_single(out, x0, group=tp.group)
-    return out.movedim(0, SEQ_DIM)
+    return _batch_major(out)
+
+
+def _batch_major(seq_major: Tensor) -> Tensor:
+    """[T', B, ...] collective output -> a contiguous [B, T', ...] tensor.
+
+    Returning `movedim(0, SEQ_DIM)` alone would hand out a view whose memory is sequence-major (strides
+    (H, B*H, 1)): contiguous at B = 1 but not at B >= 2. Elementwise ops keep their inputs' layout, so
+    that layout would spread along the residual stream to the stage output, and torch.distributed.pipelining
+    allocates its receive buffers with the output's strides (gloo and NCCL refuse non-contiguous buffers;
+    docs/ARCHITECTURE.md, "Activation layout"). Every activation is batch-major and contiguous."""
+    return seq_major.movedim(0, SEQ_DIM).contiguous()
 
 
 def _split_seq(x: Tensor, tp: TPContext) -> Tensor:

@@ -99,9 +99,10 @@ class Trainer:
     # -- set-up helpers ----------------------------------------------------------------------------
     def _precision(self) -> tuple[torch.dtype | None, LossScaler]:
         prec, cuda = self.spec.train.precision, self.par.device.type == "cuda"
-        if prec != "fp32" and not cuda:
+        if prec != "fp32" and not cuda and not self.spec.train.low_precision_on_cpu:
             if self.log:
-                metrics.warn(f"train.precision={prec} on CPU: training in fp32 (no fast {prec} matmuls here)")
+                metrics.warn(f"train.precision={prec} on CPU: training in fp32 (no fast {prec} matmuls here; "
+                             f"train.low_precision_on_cpu: true runs {prec} autocast anyway)")
             return None, LossScaler(False)
         if prec == "bf16":
             return torch.bfloat16, LossScaler(False)  # fp32 master weights, bf16 autocast compute
@@ -235,7 +236,7 @@ class Trainer:
             contrib = loss.double() / self.par.dp
         buf = torch.stack([sq, contrib])
         if self.par.world_size > 1:
-            dist.all_reduce(buf)
+            dist.all_reduce(buf, group=self.par.world_group)
         inv = 1.0 / self.scaler.scale
         sq_v, loss_v = buf.tolist()
         if self.scaler.enabled:

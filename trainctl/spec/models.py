@@ -111,6 +111,9 @@ class TrainSpec(Strict):
     beta2: Fraction = 0.95
     eps: PositiveFloat = 1e-8
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"
+    low_precision_on_cpu: bool = Field(
+        False, description="Run bf16/fp16 autocast on the CPU too instead of falling back to fp32 (slow on "
+        "CPUs without bf16 matrix units; it exercises the mixed-precision path a GPU run takes)")
     recompute: Literal["none", "selective", "full"] = "none"
     seed: Annotated[int, Field(ge=0, le=2**63 - 1)] = 1234
     grad_clip: PositiveFloat | None = 1.0

@@ -29,6 +29,10 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
     # Tiny model for CPU quickstart and tests (byte-level vocabulary).
     "tiny": {**_GPT, "layers": 4, "hidden": 64, "heads": 4, "ffn_hidden": 256, "vocab": 256,
              "seq_len": 64, "bias": False},
+    # The Llama 3 architecture at CPU size: RMSNorm, RoPE, SwiGLU (ffn ~ 8h/3), grouped-query attention,
+    # untied head, no biases; byte-level vocabulary.
+    "tiny-llama": {**_LLAMA3, "layers": 4, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn_hidden": 176,
+                   "vocab": 256, "seq_len": 64, "rope_theta": 10000.0},
     # Radford et al. 2019 (GPT-2), smallest model; HF config n_layer=12, n_embd=768, n_head=12.
     "gpt2-124m": {**_GPT, "layers": 12, "hidden": 768, "heads": 12, "ffn_hidden": 3072, "vocab": 50257,
                   "seq_len": 1024},
