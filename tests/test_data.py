@@ -141,8 +141,10 @@ def test_check_token_file_errors(tmp_path: Path, token_file: Path) -> None:
     with pytest.raises(UsageError, match="not a whole number of uint32 tokens"):
         check_token_file(odd, "uint32", SEQ, 256)
 
-    with pytest.raises(UsageError, match=r"token id 1\d\d >= model.vocab 100"):
+    with pytest.raises(UsageError, match=r"token id 1\d\d at token offset [\d,]+ \(byte [\d,]+\) is >= "
+                                         r"model.vocab 100") as e:
         check_token_file(token_file, "uint16", SEQ, 100)  # ASCII letters up to 122 in a 100 vocab
+    assert "set data.dtype" not in (e.value.hint or "")  # it is not a dtype mix-up: no dtype advice
 
     wide = tmp_path / "wide.bin"
     np.fromfile(token_file, dtype="<u2").astype("<u4").tofile(wide)
@@ -246,3 +248,70 @@ def test_synthetic_is_deterministic_per_slot_and_learnable() -> None:
         assert any(np.array_equal(row[p:], row[:-p]) for p in range(4, 33))
     # spread over the vocab (every vocab-parallel shard sees targets)
     assert long.max() > 500
+
+
+def test_every_token_is_checked_not_a_sample(tmp_path: Path) -> None:
+    """8.4M ids with 1.1M out of range away from the head, middle and tail that a sample would read."""
+    from trainctl.data_check import scan_cached
+
+    ids = np.random.default_rng(0).integers(0, 256, 8_400_000, dtype="<u2")
+    ids[3_000_000:4_100_000] = 60000
+    bad = tmp_path / "bad.bin"
+    ids.tofile(bad)
+    with pytest.raises(UsageError) as e:
+        check_token_file(bad, "uint16", SEQ, 256)
+    msg = str(e.value)
+    assert str(bad) in msg and "token id 60000 at token offset 3,000,000 (byte 6,000,000)" in msg
+    assert "1,100,000 of 8,400,000 ids are out of range" in msg
+    assert "set data.dtype" not in (e.value.hint or "")  # 60000 is no dtype mix-up
+    # the failing result is never cached: a relaunch says where again
+    assert not (tmp_path / "bad.bin.trainctl-scan.json").exists()
+    assert scan_cached(bad, "uint16", 256).first_bad_offset == 3_000_000
+
+
+def test_scan_is_cached_by_size_and_mtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainctl import data_check
+
+    path = tmp_path / "ok.bin"
+    np.random.default_rng(1).integers(0, 256, 100_000, dtype="<u2").tofile(path)
+    assert check_token_file(path, "uint16", SEQ, 256) == 100_000
+    calls: list[str] = []
+    real_scan = data_check.scan
+    monkeypatch.setattr(data_check, "scan", lambda *a, **k: calls.append("scan") or real_scan(*a, **k))
+    check_token_file(path, "uint16", SEQ, 256)
+    assert calls == []  # a relaunch reads the cache, not the file
+    np.random.default_rng(2).integers(0, 256, 100_001, dtype="<u2").tofile(path)  # changed: rescanned
+    check_token_file(path, "uint16", SEQ, 256)
+    assert calls == ["scan"]
+
+
+def test_loader_guards_each_batch_against_a_file_changed_after_the_check(tmp_path: Path) -> None:
+    import os
+
+    path = tmp_path / "tokens.bin"
+    np.full(10_000, 5, dtype="<u2").tofile(path)
+    loader = build_loader(file_spec(path), 0, 1, 0)  # checked (and cached) here
+    st = path.stat()
+    np.full(10_000, 9999, dtype="<u2").tofile(path)  # same size, rewritten in place ...
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # ... and the old mtime: the cache still says ok
+    loader.source.tokens = np.memmap(path, dtype="<u2", mode="r")
+    with pytest.raises(UsageError, match=r"token id 9999 at token offset [\d,]+ is >= model.vocab 256 "
+                                         r"\(the file changed after it was checked\)"):
+        loader.next_step()
+
+
+def test_data_check_command(tmp_path: Path) -> None:
+    good = tmp_path / "good.bin"
+    np.random.default_rng(3).integers(0, 256, 50_000, dtype="<u2").tofile(good)
+    r = run_cli("data", "check", str(good), "--vocab", "256")
+    assert r.returncode == 0 and "50,000 uint16 tokens, min 0, max 255" in r.stdout and "ok" in r.stdout
+    r = run_cli("data", "check", str(good), "--vocab", "200")
+    assert r.returncode == 1 and "ids are >= vocab 200" in r.stdout and "--dtype" not in r.stdout
+    r = run_cli("data", "check", str(good), "--vocab", "256", "--dtype", "uint32")
+    assert r.returncode == 1 and "try --dtype uint16" in r.stdout
+    wide = tmp_path / "wide.bin"
+    np.fromfile(good, dtype="<u2").astype("<u4").tofile(wide)
+    r = run_cli("data", "check", str(wide), "--vocab", "256")
+    assert r.returncode == 1 and "looks like uint32" in r.stdout
+    r = run_cli("data", "check", str(tmp_path / "missing.bin"), "--vocab", "256")
+    assert r.returncode == 2 and "no such file" in r.stderr and "Traceback" not in r.stderr

@@ -250,3 +250,40 @@ def test_tp_beyond_nvlink_domain_is_an_error_unless_allowed():
     nvl = ["cluster.gpus_per_node=4", "cluster.nodes=8", "cluster.nvlink_domain=32"]
     assert load_spec_text(BASE, overrides=nvl).parallel.tp == 8
     assert "would not fit inside a node (h100-sxm)" in one_problem(BASE, *nvl[:2])
+
+
+def _alias_bomb(levels: int, fan: int = 9) -> str:
+    """The "billion laughs" shape: each anchor is a list of `fan` aliases to the previous one."""
+    lines = ["l0: &l0 [" + ", ".join(['"lol"'] * fan) + "]"]
+    lines += [f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * fan) + "]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+def test_alias_bomb_is_refused_at_once(tmp_path: Path) -> None:
+    import time
+
+    text = _alias_bomb(9)  # ~400 bytes expanding to 9^9 = 387M values: minutes and gigabytes before
+    assert len(text) < 600
+    t0 = time.perf_counter()
+    with pytest.raises(SpecError, match="expands to more than 20,000 values"):
+        load_spec_text(text)
+    assert time.perf_counter() - t0 < 1.0  # refused before anything is expanded (ms in practice)
+    with pytest.raises(SpecError, match="alias refers to itself"):
+        load_spec_text("name: x\nmodel: &m {preset: tiny, extra: *m}\n")
+    # aliases within the bound are ordinary YAML and still work
+    text = TINY.read_text().replace("steps: 20", "steps: &steps 20").replace("every_steps: 10", "every_steps: *steps")
+    assert load_spec_text(text).checkpoint.every_steps == 20
+
+
+def test_echoed_keys_and_values_are_cut_to_a_readable_length() -> None:
+    long_key = "k" * 100_000
+    with pytest.raises(SpecError) as e:
+        load_spec(TINY, overrides=[f"model.{long_key}=1"])
+    text = str(e.value)
+    assert len(text) < 600 and "(100006 characters)" in text
+    with pytest.raises(SpecError) as e:
+        load_spec(TINY, overrides=["x" * 5000])
+    assert len(str(e.value)) < 300
+    with pytest.raises(SpecError) as e:
+        load_spec(TINY, overrides=["name=" + "n" * 5000 + "\x00"])
+    assert all(len(line) < 400 for line in str(e.value).splitlines())

@@ -23,7 +23,6 @@ if TYPE_CHECKING:
 BYTE_VOCAB = 256  # byte-level tokenizer: each UTF-8 byte is one token id 0..255
 ITEMSIZE = {"uint16": 2, "uint32": 4}
 CHUNK_BYTES = 16 << 20  # prepare streams the text in chunks so big files need little memory
-SAMPLE_TOKENS = 1 << 20  # tokens read by the cheap vocab check (head, middle and tail of the file)
 
 
 def sample_text_path() -> Path:
@@ -105,30 +104,35 @@ def token_count(path: str | Path, dtype: str) -> int:
 
 
 def check_token_file(path: str | Path, dtype: str, seq_len: int, vocab: int) -> int:
-    """Everything launch can check cheaply before starting ranks; returns the number of tokens.
+    """Everything that can be checked before ranks start; returns the number of tokens.
 
-    The vocab check reads a sample (head, middle, tail), not the whole file: a file written with
-    the wrong dtype or tokenizer shows up in any part of it.
-    """
-    import numpy as np
+    Every token is checked against the vocabulary (trainctl.data_check: a vectorised scan, cached next to
+    the file), since the vocab-parallel embedding and loss would mask an out-of-range id, not fail on it."""
+    import sys
+
+    from trainctl.data_check import other_dtype_fits, scan_cached, uint32_read_as_uint16
 
     n = token_count(path, dtype)
     if n < seq_len + 1:
         raise UsageError(f"data.path {path}: {n} tokens, fewer than one training window of "
                          f"model.seq_len + 1 = {seq_len + 1}",
                          hint="use more text or a smaller model.seq_len")
-    tokens = np.memmap(path, dtype=np.dtype(dtype).newbyteorder("<"), mode="r")
-    k = min(n, SAMPLE_TOKENS) // 3 or n
-    parts = [tokens[:k], tokens[n // 2: n // 2 + k], tokens[n - k:]]
-    sample = np.concatenate([np.asarray(a) for a in parts])
-    top = int(sample.max())
-    if top >= vocab:
-        hint = "check data.dtype (uint16 vs uint32) or raise model.vocab to cover the tokenizer"
-        if dtype == "uint32" and top >= 1 << 16:
-            hint = "the file looks like uint16 tokens: set data.dtype: uint16"
-        raise UsageError(f"data.path {path}: token id {top} >= model.vocab {vocab}", hint=hint)
-    # uint32 ids (all < 65536) read as uint16 give a zero in every odd slot: catch that mix-up too.
-    if dtype == "uint16" and len(sample) >= 64 and not sample[1::2].any() and sample[0::2].any():
+
+    def progress(done: int, total: int) -> None:  # large files only: a scan of a few GB takes seconds
+        if total * ITEMSIZE[dtype] >= 1 << 30:
+            print(f"\rchecking every token of {path}: {done / total:.0%}", end="" if done < total else "\n",
+                  file=sys.stderr, flush=True)
+
+    result = scan_cached(path, dtype, vocab, progress)
+    if not result.in_range(vocab):
+        other = other_dtype_fits(path, dtype, vocab)
+        hint = (f"the file reads as valid {other} tokens: set data.dtype: {other}" if other else
+                "re-tokenize with a tokenizer whose vocabulary fits, or raise model.vocab to cover it "
+                f"(`trainctl data check {path} --vocab {vocab} --dtype {dtype}` lists the damage)")
+        raise UsageError(f"data.path {path}: token id {result.first_bad_id} at token offset "
+                         f"{result.first_bad_offset:,} (byte {result.first_bad_offset * ITEMSIZE[dtype]:,}) is >= "
+                         f"model.vocab {vocab}; {result.out_of_range:,} of {n:,} ids are out of range", hint=hint)
+    if uint32_read_as_uint16(path, dtype):
         raise UsageError(f"data.path {path}: every second uint16 token is 0; the file looks like uint32 tokens",
                          hint="set data.dtype: uint32")
     return n

@@ -86,6 +86,7 @@ class TokenFileSource:
     def __init__(self, path: str, dtype: str, seq_len: int, vocab: int, seed: int) -> None:
         n = check_token_file(path, dtype, seq_len, vocab)
         self.tokens = np.memmap(path, dtype=np.dtype(dtype).newbyteorder("<"), mode="r")
+        self.path, self.vocab = path, vocab
         self.seq_len, self.seed = seq_len, seed
         self.num_windows = (n - 1) // seq_len  # window i covers tokens [i*seq_len, i*seq_len + seq_len]
         self._perm_epoch = -1
@@ -103,6 +104,14 @@ class TokenFileSource:
             epoch, index = divmod(g, self.num_windows)
             start = int(self._permutation(epoch)[index]) * self.seq_len
             out[i] = self.tokens[start: start + self.seq_len + 1]
+        # The whole file was checked at start (data_check); this guards against a file changed since.
+        if out.size and int(out.max()) >= self.vocab:
+            row, col = divmod(int(np.argmax(out >= self.vocab)), self.seq_len + 1)
+            epoch, index = divmod(int(slots[row]), self.num_windows)
+            offset = int(self._permutation(epoch)[index]) * self.seq_len + col
+            raise UsageError(f"data.path {self.path}: token id {int(out[row, col])} at token offset {offset:,} "
+                             f"is >= model.vocab {self.vocab} (the file changed after it was checked)",
+                             hint=f"run `trainctl data check {self.path} --vocab {self.vocab}`")
         return out
 
     def epoch_of(self, slot: int) -> int:

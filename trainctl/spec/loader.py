@@ -16,6 +16,10 @@ from trainctl.spec import rules
 from trainctl.spec.models import RunSpec
 
 MAX_SPEC_BYTES = 1_000_000  # a spec is a page of YAML; anything bigger is a mistake (or an attack)
+# YAML nodes after alias expansion: a real spec has a few hundred. Aliases share one node when loaded, but
+# validation and every dump expand them, so nested aliases ("billion laughs") blow up exponentially.
+MAX_SPEC_NODES = 20_000
+MAX_ECHO = 80  # characters of a user's key or value echoed in a message
 
 
 def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> RunSpec:
@@ -47,9 +51,67 @@ def load_spec_text(text: str, source: str = "<spec>", overrides: Sequence[str] =
     return validate_spec(data, source)
 
 
+def clip(text: str, limit: int = MAX_ECHO) -> str:
+    """A user's key or value as echoed in a message: cut to a readable length."""
+    return text if len(text) <= limit else f"{text[:limit - 3]}... ({len(text)} characters)"
+
+
+def _expanded_nodes(root: yaml.Node) -> int | None:
+    """Nodes the document has once every alias is expanded (memoised per shared node, so linear in the
+    file); None for a recursive alias."""
+    sizes: dict[int, int] = {}
+    active: set[int] = set()
+
+    def size(node: yaml.Node) -> int | None:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in active:
+            return None
+        active.add(key)
+        total = 1
+        children: list[yaml.Node] = []
+        if isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        for child in children:
+            n = size(child)
+            if n is None:
+                return None
+            total += n
+            if total > MAX_SPEC_NODES:
+                break  # over the bound already: no need to count the rest
+        active.discard(key)
+        sizes[key] = total
+        return total
+
+    return size(root)
+
+
+def _safe_load_bounded(text: str, source: str) -> Any:
+    """yaml.safe_load, refusing documents whose alias expansion would exceed MAX_SPEC_NODES."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        n = _expanded_nodes(node)
+        if n is None:
+            raise SpecError(["a YAML alias refers to itself. Fix: write plain values instead of recursive "
+                             "anchors"], source)
+        if n > MAX_SPEC_NODES:
+            raise SpecError([f"the YAML expands to more than {MAX_SPEC_NODES:,} values once its aliases "
+                             "(*name) are expanded; a run spec has a few hundred. Fix: write plain values"],
+                            source)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
 def parse_yaml(text: str, source: str) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(text)
+        data = _safe_load_bounded(text, source)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -70,7 +132,7 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     """`a.b.c=value` -> (["a","b","c"], value parsed as a YAML scalar/flow value)."""
     key, sep, value = item.partition("=")
     if not sep or not key or any(not part for part in key.split(".")):
-        raise SpecError([f"--set {item!r}: expected KEY.PATH=VALUE, e.g. --set parallel.tp=4"])
+        raise SpecError([f"--set {clip(repr(item))}: expected KEY.PATH=VALUE, e.g. --set parallel.tp=4"])
     try:
         parsed = yaml.safe_load(value) if value.strip() else ""
     except yaml.YAMLError:
@@ -89,7 +151,8 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str], source: str 
                 child = {}
             elif not isinstance(child, dict):
                 where = ".".join(keys[: i + 1])
-                raise SpecError([f"--set {item!r}: {where} is a {type(child).__name__}, not a section"], source)
+                raise SpecError([f"--set {clip(repr(item))}: {clip(where)} is a {type(child).__name__}, not a "
+                                 "section"], source)
             node[key] = child = dict(child)
             node = child
         node[keys[-1]] = value
@@ -114,7 +177,7 @@ def _explain(error: ValidationError) -> list[str]:
     lines = []
     for err in error.errors(include_url=False):
         loc = [str(x) for x in err["loc"]]
-        field = ".".join(loc) or "(top level)"
+        field = clip(".".join(loc)) or "(top level)"
         value = err.get("input")
         kind = err["type"]
         if kind == "extra_forbidden":
@@ -133,8 +196,7 @@ def _explain(error: ValidationError) -> list[str]:
 def _short(value: Any) -> str:
     if isinstance(value, float) and not math.isfinite(value):
         return repr(value)
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return clip(repr(value), 60)
 
 
 def _fix_for(kind: str, err: Any) -> str:
@@ -160,7 +222,7 @@ def _suggest(loc: list[str]) -> str:
     if model is None:
         return "remove it"
     names = [f.alias or n for n, f in model.model_fields.items()]
-    close = difflib.get_close_matches(loc[-1], names, n=1, cutoff=0.6)
+    close = difflib.get_close_matches(loc[-1][:MAX_ECHO], names, n=1, cutoff=0.6)
     if close:
         return f"did you mean `{close[0]}`?"
     return f"remove it; valid keys here: {', '.join(names)}"
