@@ -69,7 +69,7 @@ def test_validate_json_is_the_resolved_spec():
 @pytest.mark.parametrize(
     "args, needle",
     [
-        (["validate", TINY, "--set", "parallel.tp=3"], "parallel.dp = 2"),
+        (["validate", TINY, "--set", "parallel.dp=3"], "parallel.dp = 3"),
         (["validate", "missing.yaml"], "missing.yaml: no such file"),
         (["validate", TINY, "--set", "parallel.typo=1"], "parallel.typo: unknown key"),
         (["validate", TINY, "--set", "nonsense"], "expected KEY.PATH=VALUE"),
@@ -103,3 +103,20 @@ def test_hardware_table_shows_whole_numbers_intact():
     out = trainctl("hardware")
     row = next(line for line in out.stdout.splitlines() if "a100-40gb" in line)
     assert [c.strip() for c in row.split("│")][1:6] == ["a100-40gb", "312", "156", "19.5", "40"]
+
+
+def test_every_independent_spec_error_is_reported_at_once():
+    """A world-size mistake no longer hides the model-vs-TP ones (they need no dp)."""
+    out = trainctl("validate", str(ROOT / "recipes" / "llama3-8b.yaml"), "--set", "parallel.tp=3",
+                   "--set", "parallel.dp=16")
+    assert out.returncode == 2
+    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("error:")]
+    for needle in ("model.heads=32 is not divisible by tp", "model.kv_heads=8 is not divisible by tp",
+                   "model.seq_len = 8192: sequence_parallel", "parallel.dp = 16: tp*pp*dp = 3*1*16 = 48"):
+        assert sum(needle in ln for ln in lines) == 1, (needle, out.stderr)
+
+
+def test_a_bound_fix_agrees_with_its_rule_and_names_null():
+    out = trainctl("validate", TINY, "--set", "train.grad_clip=0")
+    assert out.returncode == 2
+    assert "Fix: use a value > 0.0 (null turns clipping off)" in out.stderr

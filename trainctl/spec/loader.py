@@ -199,12 +199,24 @@ def _short(value: Any) -> str:
     return clip(repr(value), 60)
 
 
+# Fields where null is meaningful: the fix for a bad value says so.
+NULL_MEANS = {"train.grad_clip": "null turns clipping off", "train.watchdog_s": "null turns the watchdog off",
+              "train.min_lr": "null means lr/10"}
+
+
 def _fix_for(kind: str, err: Any) -> str:
+    fix = _bound_fix(kind, err)
+    note = NULL_MEANS.get(".".join(str(x) for x in err["loc"]))
+    return f"{fix} ({note})" if note else fix
+
+
+def _bound_fix(kind: str, err: Any) -> str:
     ctx = err.get("ctx") or {}
-    if kind in ("less_than_equal", "less_than"):
-        return f"use a value <= {ctx.get('le', ctx.get('lt'))}"
-    if kind in ("greater_than_equal", "greater_than"):
-        return f"use a value >= {ctx.get('ge', ctx.get('gt'))}"
+    bounds = {"less_than_equal": ("<=", "le"), "less_than": ("<", "lt"),
+              "greater_than_equal": (">=", "ge"), "greater_than": (">", "gt")}
+    if kind in bounds:
+        op, key = bounds[kind]
+        return f"use a value {op} {ctx.get(key)}"
     if kind.startswith(("int_", "float_", "bool_", "string_", "list_", "dict_", "model_")):
         return "give a value of the type shown (see `trainctl schema`)"
     if kind == "literal_error":

@@ -30,14 +30,14 @@ def _largest_divisor_at_most(n: int, limit: int) -> int:
 
 
 def check(spec: RunSpec) -> list[str]:
-    return list(_problems(spec))
+    """Every independent problem at once: a rule group stops early only where its later rules would just
+    repeat its first mistake (no dp, no micro-batch count)."""
+    groups = (_hardware, _model_vs_tp, _layout, _training, _data_and_launcher)
+    return [line for group in groups for line in group(spec)]
 
 
-def _problems(spec: RunSpec) -> Iterator[str]:  # noqa: C901 - a flat list of independent rules
-    m, p, t, c = spec.model, spec.parallel, spec.train, spec.cluster
-    world = c.world_size
-
-    # --- hardware names -------------------------------------------------------------------------
+def _hardware(spec: RunSpec) -> Iterator[str]:
+    c = spec.cluster
     if c.gpu not in ACCELERATORS and (c.peak_tflops is None or c.memory_gb is None):
         yield problem("cluster.gpu", c.gpu, "not in the hardware catalog",
                       f"use one of {', '.join(sorted(ACCELERATORS))} (see `trainctl hardware`), or give "
@@ -49,25 +49,10 @@ def _problems(spec: RunSpec) -> Iterator[str]:  # noqa: C901 - a flat list of in
         yield problem("cluster.time", c.time, "not a Slurm time limit",
                       'write minutes ("90"), "HH:MM:SS" or "D-HH:MM:SS"')
 
-    # --- world size -----------------------------------------------------------------------------
-    model_parallel = p.tp * p.pp
-    if p.dp == "auto":
-        if world % model_parallel:
-            yield problem("parallel", f"tp={p.tp} pp={p.pp}",
-                          f"tp*pp = {model_parallel} does not divide the {world} GPUs "
-                          f"(cluster.nodes={c.nodes} x cluster.gpus_per_node={c.gpus_per_node})",
-                          f"choose tp*pp among the divisors of {world}: {_divisors(world)}")
-            return  # dp is undefined; the rules below would only repeat this mistake
-    elif model_parallel * p.dp != world:
-        yield problem("parallel.dp", p.dp,
-                      f"tp*pp*dp = {p.tp}*{p.pp}*{p.dp} = {model_parallel * p.dp} but the cluster has "
-                      f"{c.nodes} node{'s' if c.nodes != 1 else ''} x {c.gpus_per_node} GPUs = {world}",
-                      f"set parallel.dp to {world // model_parallel if world % model_parallel == 0 else 'auto'}"
-                      " or change cluster.nodes")
-        return
-    dp = spec.dp
 
-    # --- model shape vs tensor parallel ---------------------------------------------------------
+def _model_vs_tp(spec: RunSpec) -> Iterator[str]:
+    m, p, c = spec.model, spec.parallel, spec.cluster
+    world = c.world_size
     if m.hidden % m.heads:
         yield problem("model.hidden", m.hidden, f"not divisible by model.heads={m.heads}",
                       "pick hidden = heads * head_dim")
@@ -97,6 +82,27 @@ def _problems(spec: RunSpec) -> Iterator[str]:  # noqa: C901 - a flat list of in
                       "across the slower inter-node fabric it dominates the step",
                       f"use a tp that divides {domain} (e.g. {_largest_divisor_at_most(domain, p.tp)}) and add pp, "
                       "or set parallel.allow_tp_across_nodes: true if you really mean it")
+
+
+def _layout(spec: RunSpec) -> Iterator[str]:  # noqa: C901 - world size, batch and pipeline, in that order
+    m, p, t, c = spec.model, spec.parallel, spec.train, spec.cluster
+    world = c.world_size
+    model_parallel = p.tp * p.pp
+    if p.dp == "auto":
+        if world % model_parallel:
+            yield problem("parallel", f"tp={p.tp} pp={p.pp}",
+                          f"tp*pp = {model_parallel} does not divide the {world} GPUs "
+                          f"(cluster.nodes={c.nodes} x cluster.gpus_per_node={c.gpus_per_node})",
+                          f"choose tp*pp among the divisors of {world}: {_divisors(world)}")
+            return  # dp is undefined; the rules below would only repeat this mistake
+    elif model_parallel * p.dp != world:
+        yield problem("parallel.dp", p.dp,
+                      f"tp*pp*dp = {p.tp}*{p.pp}*{p.dp} = {model_parallel * p.dp} but the cluster has "
+                      f"{c.nodes} node{'s' if c.nodes != 1 else ''} x {c.gpus_per_node} GPUs = {world}",
+                      f"set parallel.dp to {world // model_parallel if world % model_parallel == 0 else 'auto'}"
+                      " or change cluster.nodes")
+        return
+    dp = spec.dp
 
     # --- batch ----------------------------------------------------------------------------------
     per_step = p.micro_batch * dp
@@ -146,13 +152,18 @@ def _problems(spec: RunSpec) -> Iterator[str]:  # noqa: C901 - a flat list of in
         yield problem("model.layers", m.layers, f"fewer layers than pipeline stages ({stages})",
                       "lower parallel.pp or virtual_stages")
 
-    # --- training -------------------------------------------------------------------------------
+
+def _training(spec: RunSpec) -> Iterator[str]:
+    t = spec.train
     if t.warmup > t.steps:
         yield problem("train.warmup", t.warmup, f"longer than train.steps = {t.steps}",
                       "use warmup <= steps")
     if t.min_lr is not None and t.min_lr > t.lr:
         yield problem("train.min_lr", t.min_lr, f"above train.lr = {t.lr}", "use min_lr <= lr")
-    # --- data ---------------------------------------------------------------------------------------
+
+
+def _data_and_launcher(spec: RunSpec) -> Iterator[str]:
+    m, c = spec.model, spec.cluster
     # Token ids run 0..vocab-1; uint16 holds up to 65535, so a larger vocabulary would wrap silently.
     if spec.data.path and spec.data.dtype == "uint16" and m.vocab > 65536:
         yield problem("data.dtype", "uint16", f"cannot hold token ids of model.vocab = {m.vocab} (max 65535)",
