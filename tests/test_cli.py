@@ -120,3 +120,16 @@ def test_a_bound_fix_agrees_with_its_rule_and_names_null():
     out = trainctl("validate", TINY, "--set", "train.grad_clip=0")
     assert out.returncode == 2
     assert "Fix: use a value > 0.0 (null turns clipping off)" in out.stderr
+
+
+def test_version_and_help_without_type_placeholders():
+    from trainctl import __version__
+
+    out = trainctl("--version")
+    assert out.returncode == 0 and out.stdout.strip() == f"trainctl {__version__}"
+    commands = [["--help"], ["plan", "--help"], ["launch", "--help"], ["resume", "--help"], ["status", "--help"],
+                ["mfu-report", "--help"], ["data", "check", "--help"], ["checkpoints", "--help"]]
+    for args in commands:
+        out = trainctl(*args)
+        assert out.returncode == 0, args
+        assert "<bool>" not in out.stdout, (args, out.stdout)

@@ -18,13 +18,25 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # click's plain help: typer 0.29's rich help shows a `<bool>` placeholder after every flag
+    rich_markup_mode=None,
 )
 
 _state = {"debug": False}
 
 
+def _version(value: bool) -> None:
+    if value:
+        from trainctl import __version__
+
+        print(f"trainctl {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors.")) -> None:
+def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors."),
+          version: bool = typer.Option(False, "--version", help="Print the version and exit.", is_eager=True,
+                                       callback=_version)) -> None:
     _state["debug"] = debug
 
 
