@@ -133,3 +133,22 @@ def test_version_and_help_without_type_placeholders():
         out = trainctl(*args)
         assert out.returncode == 0, args
         assert "<bool>" not in out.stdout, (args, out.stdout)
+
+
+def test_shell_completion_installs_and_completes(tmp_path: Path):
+    env = {**os.environ, "HOME": str(tmp_path), "SHELL": "/bin/bash"}
+    for shell in ("bash", "zsh", "fish"):
+        out = subprocess.run([sys.executable, "-m", "trainctl", "--show-completion", shell], capture_output=True,
+                             text=True, env=env, timeout=60)
+        assert out.returncode == 0 and "trainctl" in out.stdout, (shell, out.stderr)
+    out = subprocess.run([sys.executable, "-m", "trainctl", "--install-completion", "bash"], capture_output=True,
+                         text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / ".bash_completions" / "trainctl.sh").exists()
+    assert "trainctl.sh" in (tmp_path / ".bashrc").read_text()
+    # what bash asks while the user types `trainctl pl<TAB>` and `trainctl plan --au<TAB>`
+    for words, cword, expect in (("trainctl pl", "1", "plan"), ("trainctl plan --au", "2", "--auto")):
+        out = subprocess.run([sys.executable, "-m", "trainctl"], capture_output=True, text=True, timeout=60,
+                             env={**env, "_TRAINCTL_COMPLETE": "complete_bash", "COMP_WORDS": words,
+                                  "COMP_CWORD": cword})
+        assert expect in out.stdout.split(), (words, out.stdout, out.stderr)

@@ -16,7 +16,7 @@ app = typer.Typer(
     name="trainctl",
     help="Plan, launch, resume and measure Megatron-style training runs on Slurm and torchrun.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
     # click's plain help: typer 0.29's rich help shows a `<bool>` placeholder after every flag
     rich_markup_mode=None,
