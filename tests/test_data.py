@@ -154,7 +154,7 @@ def test_check_token_file_errors(tmp_path: Path, token_file: Path) -> None:
     with pytest.raises(UsageError, match=">= model.vocab") as e:
         check_token_file(token_file, "uint32", SEQ, 256)  # uint16 read as uint32
     assert "uint16" in (e.value.hint or "")
-    assert check_token_file(wide, "uint32", SEQ, 256) == sample_text_path().stat().st_size
+    assert check_token_file(wide, "uint32", SEQ, 256).count == sample_text_path().stat().st_size
 
 
 def test_build_loader_reports_data_errors(tmp_path: Path) -> None:
@@ -274,7 +274,7 @@ def test_scan_is_cached_by_size_and_mtime(tmp_path: Path, monkeypatch: pytest.Mo
 
     path = tmp_path / "ok.bin"
     np.random.default_rng(1).integers(0, 256, 100_000, dtype="<u2").tofile(path)
-    assert check_token_file(path, "uint16", SEQ, 256) == 100_000
+    assert check_token_file(path, "uint16", SEQ, 256).count == 100_000
     calls: list[str] = []
     real_scan = data_check.scan
     monkeypatch.setattr(data_check, "scan", lambda *a, **k: calls.append("scan") or real_scan(*a, **k))
@@ -295,7 +295,7 @@ def test_loader_guards_each_batch_against_a_file_changed_after_the_check(tmp_pat
     np.full(10_000, 9999, dtype="<u2").tofile(path)  # same size, rewritten in place ...
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # ... and the old mtime: the cache still says ok
     loader.source.tokens = np.memmap(path, dtype="<u2", mode="r")
-    with pytest.raises(UsageError, match=r"token id 9999 at token offset [\d,]+ is >= model.vocab 256 "
+    with pytest.raises(UsageError, match=r"token id 9999 at token offset [\d,]+ is outside 0..255 = model.vocab - 1 "
                                          r"\(the file changed after it was checked\)"):
         loader.next_step()
 
@@ -306,7 +306,7 @@ def test_data_check_command(tmp_path: Path) -> None:
     r = run_cli("data", "check", str(good), "--vocab", "256")
     assert r.returncode == 0 and "50,000 uint16 tokens, min 0, max 255" in r.stdout and "ok" in r.stdout
     r = run_cli("data", "check", str(good), "--vocab", "200")
-    assert r.returncode == 1 and "ids are >= vocab 200" in r.stdout and "--dtype" not in r.stdout
+    assert r.returncode == 1 and "ids are outside 0..199" in r.stdout and "--dtype" not in r.stdout
     r = run_cli("data", "check", str(good), "--vocab", "256", "--dtype", "uint32")
     assert r.returncode == 1 and "try --dtype uint16" in r.stdout
     wide = tmp_path / "wide.bin"

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-ITEMSIZE = {"uint16": 2, "uint32": 4}
+from trainctl.token_files import ITEMSIZE
+
 CHUNK_TOKENS = 1 << 24  # 32-64 MB per chunk: big enough to be vectorised, small enough for any host
 CACHE_SUFFIX = ".trainctl-scan.json"
 CACHE_VERSION = 1
@@ -27,7 +28,7 @@ Progress = Callable[[int, int], None]  # (tokens scanned, tokens in all)
 
 @dataclass(frozen=True)
 class Scan:
-    """What a whole-file scan found. `first_bad_*` are for ids >= `vocab` (None: none, or not scanned)."""
+    """What a whole-file scan found. `first_bad_*`: the first id outside 0..vocab-1 (None: none, or no vocab)."""
 
     path: str
     dtype: str
@@ -40,7 +41,7 @@ class Scan:
     first_bad_id: int | None = None
 
     def in_range(self, vocab: int) -> bool:
-        return self.count == 0 or self.max < vocab
+        return self.count == 0 or (self.min >= 0 and self.max < vocab)
 
 
 def _tokens(path: str | Path, dtype: str) -> np.ndarray:
@@ -48,7 +49,8 @@ def _tokens(path: str | Path, dtype: str) -> np.ndarray:
 
 
 def scan(path: str | Path, dtype: str, vocab: int | None = None, progress: Progress | None = None) -> Scan:
-    """Count, min and max of every token; with `vocab`, also how many ids are >= vocab and the first one."""
+    """Count, min and max of every token; with `vocab`, also how many ids are outside 0..vocab-1 and the
+    first one."""
     tokens = _tokens(path, dtype)
     n = len(tokens)
     lo, hi, bad, first_at, first_id = None, None, 0, None, None
@@ -57,8 +59,8 @@ def scan(path: str | Path, dtype: str, vocab: int | None = None, progress: Progr
         c_lo, c_hi = int(chunk.min()), int(chunk.max())
         lo = c_lo if lo is None else min(lo, c_lo)
         hi = c_hi if hi is None else max(hi, c_hi)
-        if vocab is not None and c_hi >= vocab:
-            mask = chunk >= vocab
+        if vocab is not None and (c_hi >= vocab or c_lo < 0):
+            mask = (chunk >= vocab) | (chunk < 0)
             bad += int(np.count_nonzero(mask))
             if first_at is None:
                 i = int(np.argmax(mask))
@@ -85,7 +87,7 @@ def scan_cached(path: str | Path, dtype: str, vocab: int, progress: Progress | N
     cache = _cache_path(p)
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
         saved = json.loads(cache.read_text())
-        if saved["key"] == key and saved["max"] < vocab:
+        if saved["key"] == key and saved["min"] >= 0 and saved["max"] < vocab:
             return Scan(str(path), dtype, saved["count"], saved["min"], saved["max"], vocab)
     result = scan(p, dtype, vocab, progress)
     if result.in_range(vocab):

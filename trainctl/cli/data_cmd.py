@@ -8,7 +8,8 @@ import typer
 
 from trainctl.cli.app import app
 from trainctl.cli.console import make_console
-from trainctl.data_prep import BYTE_VOCAB, ITEMSIZE, prepare
+from trainctl.data_prep import prepare
+from trainctl.token_files import ITEMSIZE
 
 data_app = typer.Typer(help="Prepare training data (token files).", no_args_is_help=True)
 app.add_typer(data_app, name="data")
@@ -16,17 +17,38 @@ app.add_typer(data_app, name="data")
 
 @data_app.command("prepare")
 def prepare_cmd(
-    text_file: Path = typer.Argument(..., help="UTF-8 text to tokenize (trainctl ships data/sample.txt).",
-                                     show_default=False),
-    out: Path = typer.Argument(..., help="Token file to write, e.g. tokens.bin.", show_default=False),
-    dtype: str = typer.Option("uint16", "--dtype", help="Token dtype: uint16 or uint32."),
+    text_file: Path = typer.Argument(..., help="UTF-8 text (documents separated by blank lines) or .jsonl (one "
+                                     "document per line); trainctl ships data/sample.txt.", show_default=False),
+    out: Path = typer.Argument(..., help="Token file to write (with --format megatron: the dataset prefix).",
+                               show_default=False),
+    tokenizer: Path | None = typer.Option(None, "--tokenizer", help="A local Hugging Face tokenizer.json; "
+                                          "without it, the byte-level tokenizer (vocab 256)."),
+    fmt: str = typer.Option("flat", "--format", help="flat (nanoGPT .bin) or megatron (.bin + .idx)."),
+    dtype: str | None = typer.Option(None, "--dtype", help="Token dtype (default: uint16, or the smallest that "
+                                     "holds the tokenizer's vocabulary)."),
+    eot: str | None = typer.Option(None, "--eot", help="End-of-text token appended to each document (default: "
+                                   "the tokenizer's <|endoftext|>, </s>, ...)."),
+    json_key: str = typer.Option("text", "--json-key", help="Field of each .jsonl line holding the text."),
 ) -> None:
-    """Tokenize TEXT_FILE byte by byte (vocab 256) into the flat token file OUT (nanoGPT/Megatron format)."""
-    result = prepare(text_file, out, dtype)
+    """Tokenize TEXT_FILE into a token file the trainer reads (nanoGPT/Megatron formats)."""
+    from trainctl.data_prep import prepare_with_tokenizer
+    from trainctl.errors import UsageError
+
+    if fmt not in ("flat", "megatron"):
+        raise UsageError(f"--format {fmt!r}: use flat or megatron")
+    if tokenizer is not None:
+        result = prepare_with_tokenizer(text_file, out, tokenizer, fmt=fmt, dtype=dtype, eot=eot, json_key=json_key)
+    elif fmt == "megatron":
+        raise UsageError("--format megatron needs --tokenizer (documents end with its end-of-text token)")
+    else:
+        result = prepare(text_file, out, dtype or "uint16")
     console = make_console()
     size = result.tokens * ITEMSIZE[result.dtype]
-    console.print(f"[green]wrote[/green] {result.tokens:,} tokens ({size:,} bytes, {result.dtype}) to {result.path}")
-    console.print(f"byte-level tokenizer: set model.vocab >= {BYTE_VOCAB}. Paste into your spec:")
+    what = f"{result.documents:,} documents, " if tokenizer is not None else ""
+    console.print(f"[green]wrote[/green] {what}{result.tokens:,} tokens ({size:,} bytes, {result.dtype}, "
+                  f"{result.format}) to {result.path}")
+    console.print(f"{'tokenizer' if tokenizer else 'byte-level tokenizer'}: set model.vocab >= {result.vocab}. "
+                  "Paste into your spec:")
     print(result.spec_block())  # plain print: no rich markup or wrapping in the pasteable block
 
 
@@ -43,37 +65,34 @@ def check_cmd(
 
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from trainctl.data_check import ITEMSIZE as SCAN_ITEMSIZE
     from trainctl.data_check import other_dtype_fits, scan, uint32_read_as_uint16
     from trainctl.errors import UsageError
+    from trainctl.token_files import open_token_file
 
-    if dtype not in SCAN_ITEMSIZE:
+    if dtype not in ("uint16", "uint32"):
         raise UsageError(f"--dtype {dtype!r}: use uint16 or uint32")
-    if not token_file.is_file():
-        raise UsageError(f"{token_file}: no such file", hint="pass the token file `data.path` names")
+    tf = open_token_file(token_file, "auto", dtype)  # a Megatron prefix names its own dtype
+    token_file, dtype = tf.path, tf.dtype
     size = token_file.stat().st_size
-    if size % SCAN_ITEMSIZE[dtype]:
-        raise UsageError(f"{token_file}: {size} bytes is not a whole number of {dtype} tokens",
-                         hint="check --dtype")
     console = make_console()
     t0 = time.perf_counter()
     with Progress(TextColumn("scanning"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                   TimeRemainingColumn(), console=console, transient=True) as bar:
-        task = bar.add_task("scan", total=max(1, size // SCAN_ITEMSIZE[dtype]))
+        task = bar.add_task("scan", total=max(1, tf.count))
         result = scan(token_file, dtype, vocab, progress=lambda done, _total: bar.update(task, completed=done))
     dt = time.perf_counter() - t0
     console.print(f"{token_file}: {result.count:,} {dtype} tokens, min {result.min}, max {result.max} "
                   f"(scanned {size / 1e9:.2f} GB in {dt:.2f} s, {size / 1e9 / max(dt, 1e-9):.2f} GB/s)")
     if result.out_of_range == 0:
-        if uint32_read_as_uint16(token_file, dtype):
+        if tf.format == "flat" and uint32_read_as_uint16(token_file, dtype):
             console.print("[red]every second token is 0[/red]: the file looks like uint32 tokens; try --dtype uint32")
             raise typer.Exit(1)
         console.print(f"[green]ok[/green]: every id is < vocab {vocab}")
         return
-    console.print(f"[red]{result.out_of_range:,} ids are >= vocab {vocab}[/red]; the first is "
+    console.print(f"[red]{result.out_of_range:,} ids are outside 0..{vocab - 1}[/red]; the first is "
                   f"{result.first_bad_id} at token offset {result.first_bad_offset:,} "
-                  f"(byte {result.first_bad_offset * SCAN_ITEMSIZE[dtype]:,})")
-    other = other_dtype_fits(token_file, dtype, vocab)
+                  f"(byte {result.first_bad_offset * ITEMSIZE[dtype]:,})")
+    other = other_dtype_fits(token_file, dtype, vocab) if tf.format == "flat" else None
     if other:
         console.print(f"the file reads as valid {other} tokens: try --dtype {other} (data.dtype: {other})")
     raise typer.Exit(1)

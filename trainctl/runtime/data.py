@@ -81,11 +81,12 @@ class SyntheticSource:
 
 
 class TokenFileSource:
-    """Windows of seq_len+1 tokens from a memory-mapped flat token file, shuffled per epoch."""
+    """Windows of seq_len+1 tokens from a memory-mapped token file (flat or Megatron), shuffled per epoch."""
 
-    def __init__(self, path: str, dtype: str, seq_len: int, vocab: int, seed: int) -> None:
-        n = check_token_file(path, dtype, seq_len, vocab)
-        self.tokens = np.memmap(path, dtype=np.dtype(dtype).newbyteorder("<"), mode="r")
+    def __init__(self, path: str, dtype: str, seq_len: int, vocab: int, seed: int, fmt: str = "auto") -> None:
+        tf = check_token_file(path, dtype, seq_len, vocab, fmt)  # every token checked (cached by size+mtime)
+        n = tf.count
+        self.tokens = tf.tokens()
         self.path, self.vocab = path, vocab
         self.seq_len, self.seed = seq_len, seed
         self.num_windows = (n - 1) // seq_len  # window i covers tokens [i*seq_len, i*seq_len + seq_len]
@@ -105,12 +106,13 @@ class TokenFileSource:
             start = int(self._permutation(epoch)[index]) * self.seq_len
             out[i] = self.tokens[start: start + self.seq_len + 1]
         # The whole file was checked at start (data_check); this guards against a file changed since.
-        if out.size and int(out.max()) >= self.vocab:
-            row, col = divmod(int(np.argmax(out >= self.vocab)), self.seq_len + 1)
+        if out.size and (int(out.max()) >= self.vocab or int(out.min()) < 0):
+            row, col = divmod(int(np.argmax((out >= self.vocab) | (out < 0))), self.seq_len + 1)
             epoch, index = divmod(int(slots[row]), self.num_windows)
             offset = int(self._permutation(epoch)[index]) * self.seq_len + col
             raise UsageError(f"data.path {self.path}: token id {int(out[row, col])} at token offset {offset:,} "
-                             f"is >= model.vocab {self.vocab} (the file changed after it was checked)",
+                             f"is outside 0..{self.vocab - 1} = model.vocab - 1 (the file changed after it was "
+                             "checked)",
                              hint=f"run `trainctl data check {self.path} --vocab {self.vocab}`")
         return out
 
@@ -118,10 +120,46 @@ class TokenFileSource:
         return slot // self.num_windows
 
 
+class BlendedSource:
+    """A weighted blend of token sources, still O(1) per slot and layout-independent.
+
+    Slots are dealt out in blocks of BLOCK: within every block, slot i goes to the source that is furthest
+    below its share after i slots (the greedy rule of Megatron's blended dataset), so each block holds
+    round(weight * BLOCK) slots of each source in the same order. Slot g is then block g // BLOCK,
+    position g % BLOCK, and its index inside its source is (g // BLOCK) * count + rank within the block:
+    a pure function of g, so the loader state stays one counter and resume is exact."""
+
+    BLOCK = 1000
+
+    def __init__(self, sources: list[TokenFileSource], weights: list[float]) -> None:
+        total = sum(weights)
+        shares = [w / total for w in weights]
+        self.sources = sources
+        self.of_position = np.empty(self.BLOCK, dtype=np.int64)
+        self.rank_in_block = np.empty(self.BLOCK, dtype=np.int64)
+        taken = [0] * len(sources)
+        for i in range(self.BLOCK):
+            d = max(range(len(sources)), key=lambda k: (shares[k] * (i + 1) - taken[k], -k))
+            self.of_position[i], self.rank_in_block[i] = d, taken[d]
+            taken[d] += 1
+        self.per_block = np.array(taken, dtype=np.int64)
+
+    def windows(self, slots: np.ndarray) -> np.ndarray:
+        block, pos = np.divmod(slots.astype(np.int64), self.BLOCK)
+        which = self.of_position[pos]
+        inner = block * self.per_block[which] + self.rank_in_block[pos]
+        out = np.empty((len(slots), self.sources[0].seq_len + 1), dtype=np.int64)
+        for d, src in enumerate(self.sources):
+            rows = np.nonzero(which == d)[0]
+            if len(rows):
+                out[rows] = src.windows(inner[rows])
+        return out
+
+
 class BatchLoader:
     """Yields this DP rank's share of each optimizer step's global batch; its state is one counter."""
 
-    def __init__(self, source: SyntheticSource | TokenFileSource, *, global_batch: int, dp_rank: int,
+    def __init__(self, source: SyntheticSource | TokenFileSource | BlendedSource, *, global_batch: int, dp_rank: int,
                  dp_size: int, micro_batch: int, seq_len: int, seed: int) -> None:
         if dp_size < 1 or not 0 <= dp_rank < dp_size:
             raise UsageError(f"data loader: dp_rank {dp_rank} is not in 0..{dp_size - 1}")
@@ -177,11 +215,16 @@ class BatchLoader:
 def build_loader(spec: RunSpec, dp_rank: int, dp_size: int, seed: int) -> BatchLoader:
     """The loader for one DP rank; micro_batches = global_batch / (dp_size * micro_batch)."""
     seq_len = spec.model.seq_len
-    source: SyntheticSource | TokenFileSource
+    source: SyntheticSource | TokenFileSource | BlendedSource
     if spec.data.synthetic:
         source = SyntheticSource(seed, spec.model.vocab, seq_len + 1)
+    elif spec.data.blend:
+        # each source shuffles with its own seed, so two blended copies of one file do not move in lockstep
+        parts = [TokenFileSource(s.path, s.dtype, seq_len, spec.model.vocab, seed + 7919 * (i + 1), s.format)
+                 for i, s in enumerate(spec.data.blend)]
+        source = BlendedSource(parts, [s.weight for s in spec.data.blend])
     else:
         assert spec.data.path is not None  # the spec model guarantees one source
-        source = TokenFileSource(spec.data.path, spec.data.dtype, seq_len, spec.model.vocab, seed)
+        source = TokenFileSource(spec.data.path, spec.data.dtype, seq_len, spec.model.vocab, seed, spec.data.format)
     return BatchLoader(source, global_batch=spec.train.global_batch, dp_rank=dp_rank, dp_size=dp_size,
                        micro_batch=spec.parallel.micro_batch, seq_len=seq_len, seed=seed)

@@ -123,18 +123,44 @@ class TrainSpec(Strict):
         "null disables (env TRAINCTL_WATCHDOG_S overrides)")
 
 
-class DataSpec(Strict):
-    path: str | None = Field(None, description="Token file (flat array of token ids, nanoGPT/Megatron)")
+TokenFormat = Literal["auto", "flat", "megatron"]
+
+
+class DataSource(Strict):
+    """One token source of a weighted blend (Megatron's `--data-path W1 P1 W2 P2`)."""
+
+    path: str = Field(description="Token file, or a Megatron indexed-dataset prefix (P.bin + P.idx)")
+    weight: PositiveFloat = Field(1.0, description="Share of the training sequences (normalised over the blend)")
+    format: TokenFormat = "auto"
     dtype: Literal["uint16", "uint32"] = "uint16"
+
+
+class DataSpec(Strict):
+    path: str | None = Field(None, description="Token file (flat array of token ids, nanoGPT) or a Megatron "
+                             "indexed-dataset prefix (P.bin + P.idx, dtype from the index)")
+    format: TokenFormat = Field("auto", description="auto: megatron when P.idx exists beside the path, else flat")
+    dtype: Literal["uint16", "uint32"] = Field("uint16", description="Token dtype of a flat file")
+    blend: list[DataSource] | None = Field(None, min_length=1, description="Weighted blend of token sources, "
+                                           "instead of data.path")
     synthetic: bool = False
 
     @model_validator(mode="after")
     def _one_source(self) -> DataSpec:
-        if self.synthetic and self.path:
-            raise ValueError("give either data.path or data.synthetic: true, not both")
-        if not self.synthetic and not self.path:
-            raise ValueError("no data source: set data.path to a token file or data.synthetic: true")
+        given = [name for name, on in (("data.path", self.path), ("data.blend", self.blend),
+                                       ("data.synthetic: true", self.synthetic)) if on]
+        if len(given) > 1:
+            raise ValueError(f"give one data source: {' and '.join(given)}, not both")
+        if not given:
+            raise ValueError("no data source: set data.path to a token file, data.blend, or data.synthetic: true")
         return self
+
+    def sources(self) -> list[DataSource]:
+        """The token sources of the run: the blend, or data.path as a blend of one ([] when synthetic)."""
+        if self.blend:
+            return list(self.blend)
+        if self.path:
+            return [DataSource(path=self.path, format=self.format, dtype=self.dtype)]
+        return []
 
 
 class CheckpointSpec(Strict):

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from trainctl.hardware.catalog import ACCELERATORS, FABRICS
 from trainctl.hardware.topology import aligned_groups_fit, nvlink_domain_size
 from trainctl.spec.models import RunSpec
+from trainctl.token_files import megatron_prefix
 
 _SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^\d+-\d+$|^(infinite|UNLIMITED)$")
 
@@ -165,9 +166,12 @@ def _training(spec: RunSpec) -> Iterator[str]:
 def _data_and_launcher(spec: RunSpec) -> Iterator[str]:
     m, c = spec.model, spec.cluster
     # Token ids run 0..vocab-1; uint16 holds up to 65535, so a larger vocabulary would wrap silently.
-    if spec.data.path and spec.data.dtype == "uint16" and m.vocab > 65536:
-        yield problem("data.dtype", "uint16", f"cannot hold token ids of model.vocab = {m.vocab} (max 65535)",
-                      "set data.dtype: uint32 (and write the token file as uint32)")
+    for i, src in enumerate(spec.data.sources()):
+        field = "data.dtype" if spec.data.path else f"data.blend[{i}].dtype"
+        megatron = src.format == "megatron" or (src.format == "auto" and megatron_prefix(src.path) is not None)
+        if not megatron and src.dtype == "uint16" and m.vocab > 65536:  # a Megatron index names its own dtype
+            yield problem(field, "uint16", f"cannot hold token ids of model.vocab = {m.vocab} (max 65535)",
+                          f"set {field}: uint32 (and write the token file as uint32)")
     if spec.launcher.mode == "srun" and spec.backend != "slurm":
         yield problem("launcher.mode", "srun", "srun needs the Slurm backend",
                       "set launcher.backend: slurm or launcher.mode: torchrun")
