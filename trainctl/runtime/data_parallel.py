@@ -70,14 +70,17 @@ class Bucket:
     param_flat: Tensor | None = None
     master: Tensor | None = None
     fragments: list[tuple[ParamInfo, Tensor, Tensor]] = field(default_factory=list)  # (info, master, grad)
+    comm: Tensor | None = None  # low-precision copy the DP collective runs on (grad_reduce_dtype bf16)
+    comm_shard: Tensor | None = None  # ZeRO-2: its reduce-scatter output
 
 
 class GradSync:
     """Per-step DP gradient reduction (zero 0/1: all-reduce; zero 2: reduce-scatter) plus the tied sync."""
 
     def __init__(self, infos: list[ParamInfo], par: Parallel, zero: int, micro_batches: int,
-                 bucket_numel: int | None = None):
+                 bucket_numel: int | None = None, reduce_dtype: torch.dtype | None = None):
         self.par = par
+        self.reduce_dtype = reduce_dtype  # None: reduce in the gradients' own dtype (fp32)
         self.dp = par.dp
         self.zero = zero if par.dp > 1 else 0  # one replica: nothing to shard
         self.micro_batches = micro_batches
@@ -130,6 +133,10 @@ class GradSync:
         b.shard = (self.par.dp_rank * per, (self.par.dp_rank + 1) * per)
         if self.zero >= 1:
             self._shard_bucket(b)
+        if self.reduce_dtype is not None and self.reduce_dtype != grad.dtype:
+            b.comm = torch.empty(padded, dtype=self.reduce_dtype, device=grad.device)
+            if self.zero == 2:
+                b.comm_shard = torch.empty(per, dtype=self.reduce_dtype, device=grad.device)
         return b
 
     def _shard_bucket(self, b: Bucket) -> None:
@@ -173,12 +180,23 @@ class GradSync:
             self._next += 1
 
     def _launch(self, b: Bucket) -> None:
-        b.grad.div_(self.dp)  # pre-divide: gloo has no AVG; sum of grad/dp is the DP mean
+        b.grad.div_(self.dp)  # pre-divide (in fp32): gloo has no AVG; sum of grad/dp is the DP mean
+        send = b.grad
+        if b.comm is not None:
+            send = b.comm.copy_(b.grad)  # the accumulated fp32 gradient, rounded once for the wire
         if self.zero == 2:
-            b.work = _reduce_scatter_single(b.grad_shard, b.grad, group=self.par.dp_group, async_op=True)
+            out = b.comm_shard if b.comm_shard is not None else b.grad_shard
+            b.work = _reduce_scatter_single(out, send, group=self.par.dp_group, async_op=True)
         else:
-            b.work = dist.all_reduce(b.grad, group=self.par.dp_group, async_op=True)
+            b.work = dist.all_reduce(send, group=self.par.dp_group, async_op=True)
         b.launched = True
+
+    def _land(self, b: Bucket) -> None:
+        """After a low-precision reduction: the result back into the fp32 gradient the optimizer reads."""
+        if b.comm_shard is not None:
+            b.grad_shard.copy_(b.comm_shard)
+        elif b.comm is not None:
+            b.grad.copy_(b.comm)
 
     def finish(self) -> None:
         """Wait for the DP reductions (launching any bucket whose params got no grad) and sum tied grads."""
@@ -187,6 +205,7 @@ class GradSync:
             for b in self.buckets:
                 if b.work is not None:
                     b.work.wait()
+                    self._land(b)
         if self.par.embedding_group is not None:
             for b in self.buckets:
                 if b.tied:
@@ -251,24 +270,26 @@ class GradSync:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def apply_fsdp(modules: list[nn.Module], par: Parallel) -> None:
+def apply_fsdp(modules: list[nn.Module], par: Parallel, reduce_dtype: torch.dtype | None = None) -> None:
     """fully_shard each transformer block, then the stage root, over this rank's DP group.
 
     Native FSDP2 here: sharding parameters themselves (gather before use, free after) is what FSDP2 does
     well and checked on CPU/gloo with TP and every PP schedule we use (notes). DP mesh built from the
     placement's DP group so its ranks are the plan's."""
     from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     dp_ranks = par.ranks["dp"]
     mesh = DeviceMesh.from_group(par.dp_group, par.device.type, mesh=torch.tensor(dp_ranks),
                                  mesh_dim_names=("dp",))
+    # parameters stay fp32 (autocast does the compute casts); only the gradient reduce-scatter may be bf16
+    mp = MixedPrecisionPolicy(reduce_dtype=reduce_dtype)
     for m in modules:
         blocks = getattr(m, "layers", None)  # the model keeps its blocks in an nn.ModuleDict
         if blocks is not None:
             for block in blocks.values():
-                fully_shard(block, mesh=mesh)
-        fully_shard(m, mesh=mesh)
+                fully_shard(block, mesh=mesh, mp_policy=mp)
+        fully_shard(m, mesh=mesh, mp_policy=mp)
 
 
 class FsdpSync:

@@ -69,11 +69,12 @@ class Trainer:
             for s in self.stage_ids]
         self.micro_batches = spec.micro_batches
         fsdp = p.zero == 3 and par.dp > 1
+        reduce_dtype = torch.bfloat16 if p.grad_reduce_dtype == "bf16" else None
         if fsdp:
-            data_parallel.apply_fsdp(self.modules, par)
+            data_parallel.apply_fsdp(self.modules, par, reduce_dtype)
         infos = self._param_infos()
         self.sync = (data_parallel.FsdpSync(infos, par) if fsdp
-                     else data_parallel.GradSync(infos, par, p.zero, self.micro_batches))
+                     else data_parallel.GradSync(infos, par, p.zero, self.micro_batches, reduce_dtype=reduce_dtype))
         self.opt = optim.adamw(self.sync.optimizer_groups(), t)
 
         def scaled_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

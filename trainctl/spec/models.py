@@ -95,6 +95,9 @@ class ParallelSpec(Strict):
     allow_tp_across_nodes: bool = Field(
         False, description="Permit a TP group larger than the NVLink domain (slow; normally an error)"
     )
+    grad_reduce_dtype: Literal["fp32", "bf16"] = Field(
+        "fp32", description="Dtype of the data-parallel gradient reduction: bf16 halves its bytes; gradients "
+        "still accumulate over micro-batches in fp32 on each rank")
 
 
 class TrainSpec(Strict):
