@@ -64,6 +64,8 @@ LAYOUTS: dict[str, dict[str, Any]] = {
     "pp2-gpipe": {"pp": 2, "schedule": "gpipe"},
     "pp2-interleaved": {"pp": 2, "schedule": "interleaved", "virtual_stages": 2},
     "pp4-1f1b": {"pp": 4, "schedule": "1f1b"},
+    "pp2-zero-bubble": {"pp": 2, "schedule": "zero-bubble", "virtual_stages": 2},
+    "pp2-dp2-zero-bubble-zero3": {"pp": 2, "dp": 2, "schedule": "zero-bubble", "zero": 3},
     "tp2-pp2-sp-1f1b": {"tp": 2, "pp": 2, "sequence_parallel": True, "schedule": "1f1b"},
     "tp2-pp2-1f1b": {"tp": 2, "pp": 2, "schedule": "1f1b"},
     "tp2-pp2-sp-interleaved": {"tp": 2, "pp": 2, "sequence_parallel": True, "schedule": "interleaved",

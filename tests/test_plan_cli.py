@@ -62,7 +62,8 @@ def test_plan_tables_and_ranks():
 
 
 def test_bad_tp_exits_2_with_one_clear_line():
-    out = trainctl("plan", TINY, "--set", "parallel.tp=3")
+    out = trainctl("plan", TINY, "--set", "parallel.tp=3", "--set", "model.heads=6", "--set", "model.hidden=96",
+                   "--set", "model.seq_len=66")  # only the world size is wrong
     assert out.returncode == 2
     lines = [x for x in out.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and "parallel" in lines[0] and "Fix:" in lines[0]

@@ -136,3 +136,19 @@ launcher: {backend: slurm}
 """)
     ev = Evaluator(context_from_spec(spec))
     assert list(ev.stage_layers(candidate_from_spec(spec))) == stage_layers(spec)
+
+
+def test_zero_bubble_bubble_is_a_third_of_1f1b_idle_time() -> None:
+    """Qi et al. 2023 (Zero Bubble Pipeline Parallelism), Sec. 3.1: ZB-H1 idles (p-1)(T_F + T_B - T_W) per
+    rank against 1F1B's (p-1)(T_F + T_B + T_W); with T_F = T_B = T_W that is one third."""
+    from trainctl.plan.schedule import bubble_fraction, bubble_over_ideal, in_flight
+
+    for p, m, v in ((2, 4, 1), (4, 8, 2), (8, 32, 4)):
+        idle_1f1b = bubble_over_ideal(p, m, v, "interleaved" if v > 1 else "1f1b") * v * m
+        idle_zb = bubble_over_ideal(p, m, v, "zero-bubble") * v * m
+        assert idle_zb == pytest.approx(idle_1f1b / 3)
+        f = bubble_fraction(p, m, v, "zero-bubble")
+        assert f == pytest.approx(((p - 1) / 3) / (v * m + (p - 1) / 3))
+        # same activations in flight as the schedule it splits the backward of (ZB-H1: 1F1B's memory)
+        for r in range(p):
+            assert in_flight("zero-bubble", p, v, m, r) == in_flight("interleaved" if v > 1 else "1f1b", p, v, m, r)

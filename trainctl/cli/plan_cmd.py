@@ -131,7 +131,7 @@ def render_plan(plan: Plan, console: Console, ranks: bool) -> None:
     pr, pl = j["prediction"], j["pipeline"]
     pred = [
         ("pipeline bubble", f"{_pct(pl['bubble_fraction'])} of the pipelined time "
-                            f"((p-1)/(v*m+p-1); over ideal (p-1)/(v*m) = {_pct(pl['bubble_over_ideal'])})"),
+                            f"({_pct(pl['bubble_over_ideal'])} of the ideal compute time)"),
         ("stage imbalance", f"busiest pipeline rank {_pct(pl['stage_imbalance'])} above the mean"),
         ("compute", _s(pr["compute_s"])), ("TP exposed", _s(pr["tp_exposed_s"])),
         ("PP point-to-point", _s(pr["p2p_s"])), ("bubble", _s(pr["bubble_s"])),

@@ -13,21 +13,34 @@ BUBBLE_DEFINITION = (
 )
 
 
-def bubble_fraction(pp: int, m: int, v: int = 1) -> float:
-    """Idle fraction of the pipeline's time: (p-1)/(m+p-1) for GPipe and 1F1B, (p-1)/(v*m+p-1) interleaved.
+# Zero-bubble (ZB-H1, Qi et al. 2023, "Zero Bubble Pipeline Parallelism", Sec. 3.1): splitting the backward
+# into input-gradient (B) and weight-gradient (W) passes and filling the warm-up/cool-down with W leaves
+# (p-1)(T_F + T_B - T_W) idle per rank instead of 1F1B's (p-1)(T_F + T_B + T_W): a third when the three
+# passes cost the same, which is the paper's working assumption.
+ZERO_BUBBLE_SHARE = 1 / 3
+
+
+def _bubble_slots(pp: int, schedule: str) -> float:
+    return (pp - 1) * (ZERO_BUBBLE_SHARE if schedule == "zero-bubble" else 1.0)
+
+
+def bubble_fraction(pp: int, m: int, v: int = 1, schedule: str = "1f1b") -> float:
+    """Idle fraction of the pipeline's time: (p-1)/(m+p-1) for GPipe and 1F1B, (p-1)/(v*m+p-1) interleaved,
+    ((p-1)/3)/(v*m+(p-1)/3) zero-bubble.
 
     Narayanan et al. 2021, Sec. 2.2: the bubble lasts (p-1) forward+backward slots of one stage
     (1F1B and GPipe alike), or (p-1)/v slots with v interleaved chunks, against m slots of work."""
     if pp <= 1:
         return 0.0
-    return (pp - 1) / (v * m + pp - 1)
+    idle = _bubble_slots(pp, schedule)
+    return idle / (v * m + idle)
 
 
-def bubble_over_ideal(pp: int, m: int, v: int = 1) -> float:
+def bubble_over_ideal(pp: int, m: int, v: int = 1, schedule: str = "1f1b") -> float:
     """Narayanan et al. 2021's "bubble time fraction": t_bubble / t_ideal = (p-1)/(v*m)."""
     if pp <= 1:
         return 0.0
-    return (pp - 1) / (v * m)
+    return _bubble_slots(pp, schedule) / (v * m)
 
 
 def in_flight(schedule: str, pp: int, v: int, m: int, rank: int, weights: tuple[int, ...] | None = None) -> list[int]:
@@ -50,7 +63,9 @@ def in_flight(schedule: str, pp: int, v: int, m: int, rank: int, weights: tuple[
         return [1] * v
     if schedule == "gpipe":
         return [m] * v
-    if schedule != "interleaved" or v == 1:
+    # zero-bubble keeps 1F1B's (v = 1) or interleaved 1F1B's warm-up: the W passes it defers free no
+    # activations earlier and hold none longer than the first backward (ZB-H1 has 1F1B's peak memory)
+    if schedule not in ("interleaved", "zero-bubble") or v == 1:
         return [min(pp - rank, m)] + [0] * (v - 1)
     total = m * v
     warmup = total if m == pp else min(2 * (pp - rank - 1) + (v - 1) * pp, total)

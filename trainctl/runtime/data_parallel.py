@@ -270,7 +270,8 @@ class GradSync:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def apply_fsdp(modules: list[nn.Module], par: Parallel, reduce_dtype: torch.dtype | None = None) -> None:
+def apply_fsdp(modules: list[nn.Module], par: Parallel, reduce_dtype: torch.dtype | None = None,
+               reshard_after_forward: bool = True) -> None:
     """fully_shard each transformer block, then the stage root, over this rank's DP group.
 
     Native FSDP2 here: sharding parameters themselves (gather before use, free after) is what FSDP2 does
@@ -288,8 +289,8 @@ def apply_fsdp(modules: list[nn.Module], par: Parallel, reduce_dtype: torch.dtyp
         blocks = getattr(m, "layers", None)  # the model keeps its blocks in an nn.ModuleDict
         if blocks is not None:
             for block in blocks.values():
-                fully_shard(block, mesh=mesh, mp_policy=mp)
-        fully_shard(m, mesh=mesh, mp_policy=mp)
+                fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+        fully_shard(m, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
 
 
 class FsdpSync:

@@ -95,7 +95,13 @@ class Pipelined:
     def __init__(self, modules: list[nn.Module], stage_ids: list[int], n_stages: int, schedule: str,
                  loss_fn: LossFn, micro_batches: int, device: torch.device, pp_group,
                  autocast_dtype: torch.dtype | None):
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+        from torch.distributed.pipelining import (
+            PipelineStage,
+            Schedule1F1B,
+            ScheduleGPipe,
+            ScheduleInterleaved1F1B,
+            ScheduleInterleavedZeroBubble,
+        )
 
         self.micro_batches = micro_batches
         self.device = device
@@ -110,8 +116,9 @@ class Pipelined:
         def scaled_loss(out: Tensor, target: Tensor) -> Tensor:
             return loss_fn(out, target) / micro_batches
 
-        if schedule == "interleaved":
-            self.schedule = ScheduleInterleaved1F1B(stages, micro_batches, loss_fn=scaled_loss, scale_grads=False)
+        multi = {"interleaved": ScheduleInterleaved1F1B, "zero-bubble": ScheduleInterleavedZeroBubble}
+        if schedule in multi:
+            self.schedule = multi[schedule](stages, micro_batches, loss_fn=scaled_loss, scale_grads=False)
         else:
             if len(stages) != 1:
                 raise ValueError(f"schedule {schedule!r} runs one stage per pipeline rank, got {len(stages)}")

@@ -71,7 +71,10 @@ class Trainer:
         fsdp = p.zero == 3 and par.dp > 1
         reduce_dtype = torch.bfloat16 if p.grad_reduce_dtype == "bf16" else None
         if fsdp:
-            data_parallel.apply_fsdp(self.modules, par, reduce_dtype)
+            # zero-bubble schedules run weight-gradient passes after later forwards: with FSDP2's default
+            # resharding they train on wrong weights (docs/ARCHITECTURE.md, "Checked facts: PyTorch ...")
+            data_parallel.apply_fsdp(self.modules, par, reduce_dtype,
+                                     reshard_after_forward=p.schedule != "zero-bubble")
         infos = self._param_infos()
         self.sync = (data_parallel.FsdpSync(infos, par) if fsdp
                      else data_parallel.GradSync(infos, par, p.zero, self.micro_batches, reduce_dtype=reduce_dtype))

@@ -86,7 +86,9 @@ class ParallelSpec(Strict):
     zero: Literal[0, 1, 2, 3] = Field(0, description="0 plain DP, 1 optimizer, 2 +grads, 3 +weights (FSDP)")
     sequence_parallel: bool = False
     micro_batch: Count = 1
-    schedule: Literal["1f1b", "interleaved", "gpipe"] = "1f1b"
+    schedule: Literal["1f1b", "interleaved", "gpipe", "zero-bubble"] = Field(
+        "1f1b", description="Pipeline schedule; zero-bubble: interleaved zero-bubble (backward split into input- "
+        "and weight-gradient parts, Qi et al. 2023), chunks placed as interleaved")
     stage_layers: list[Annotated[int, Field(ge=0, le=1_000_000)]] | None = Field(
         None,
         description="Transformer layers on each of the pp*virtual_stages pipeline stages, first to "

@@ -121,21 +121,21 @@ def _layout(spec: RunSpec) -> Iterator[str]:  # noqa: C901 - world size, batch a
         yield problem("train.global_batch", t.global_batch,
                       f"gives {micro_batches} micro-batches per replica but pipeline needs at least pp={p.pp}",
                       f"raise global_batch to >= {p.pp * per_step} or lower parallel.micro_batch")
-    if p.schedule == "interleaved":
-        if p.virtual_stages < 2:
-            yield problem("parallel.virtual_stages", p.virtual_stages,
-                          "the interleaved schedule needs at least 2 model chunks per pipeline rank",
-                          "set virtual_stages >= 2, or schedule: 1f1b")
+    if p.schedule == "interleaved" and p.virtual_stages < 2:
+        yield problem("parallel.virtual_stages", p.virtual_stages,
+                      "the interleaved schedule needs at least 2 model chunks per pipeline rank",
+                      "set virtual_stages >= 2, or schedule: 1f1b")
+    if p.schedule in ("interleaved", "zero-bubble"):
         if p.pp < 2:
-            yield problem("parallel.schedule", p.schedule, "interleaving needs pipeline parallelism",
+            yield problem("parallel.schedule", p.schedule, f"the {p.schedule} schedule needs pipeline parallelism",
                           "set parallel.pp >= 2 or schedule: 1f1b")
         if micro_batches % p.pp:
             yield problem("parallel.schedule", p.schedule,
-                          f"interleaved 1F1B needs micro-batches ({micro_batches}) divisible by pp={p.pp}",
+                          f"the {p.schedule} schedule needs micro-batches ({micro_batches}) divisible by pp={p.pp}",
                           f"choose global_batch so global_batch/(micro_batch*dp) is a multiple of {p.pp}")
     elif p.virtual_stages > 1:
         yield problem("parallel.virtual_stages", p.virtual_stages,
-                      f"virtual stages only apply to schedule: interleaved (got {p.schedule})",
+                      f"virtual stages only apply to the interleaved and zero-bubble schedules (got {p.schedule})",
                       "set schedule: interleaved or virtual_stages: 1")
     if p.stage_layers is not None:
         if len(p.stage_layers) != stages:
