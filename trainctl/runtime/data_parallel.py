@@ -251,6 +251,14 @@ class GradSync:
         return [([i.param for i in self.infos if decays(i.name, i.param)], True),
                 ([i.param for i in self.infos if not decays(i.name, i.param)], False)]
 
+    def held(self) -> dict[str, list[Tensor]]:
+        """Every buffer this sync keeps, by memory component: the gradient buffers (full buckets, ZeRO
+        shards, low-precision reduction copies) and the optimizer's fp32 master slices (ZeRO)."""
+        if self.dp == 1:
+            return {"gradients": [i.param.grad for i in self.infos if i.param.grad is not None], "master": []}
+        grads = [t for b in self.buckets for t in (b.grad, b.grad_shard, b.comm, b.comm_shard) if t is not None]
+        return {"gradients": grads, "master": [b.master for b in self.buckets if b.master is not None]}
+
     def after_step(self) -> None:
         """ZeRO: write the updated owned slices back into every replica's parameters."""
         if self.zero == 0:
@@ -323,6 +331,9 @@ class FsdpSync:
     def optimizer_groups(self) -> list[tuple[list[Tensor], bool]]:
         return [([i.param for i in self.infos if decays(i.name, i.param)], True),
                 ([i.param for i in self.infos if not decays(i.name, i.param)], False)]
+
+    def held(self) -> dict[str, list[Tensor]]:
+        return {"gradients": [_local(i.param.grad) for i in self.infos if i.param.grad is not None], "master": []}
 
     def after_step(self) -> None:
         pass

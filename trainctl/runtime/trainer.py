@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -14,7 +15,7 @@ from torch import nn
 
 from trainctl.plan.pipeline import stage_layer_ranges, stages_of_pp_rank
 from trainctl.rundir import RunPaths, append_jsonl, record_event
-from trainctl.runtime import data_parallel, metrics, optim, peak, resume, stragglers, watchdog
+from trainctl.runtime import data_parallel, memory_meter, metrics, optim, peak, resume, stragglers, watchdog
 from trainctl.runtime.comm_wait import COMM, time_pipeline_receives
 from trainctl.runtime.data import build_loader
 from trainctl.runtime.distributed import Parallel
@@ -22,6 +23,8 @@ from trainctl.runtime.model import ModelConfig, build_stage, loss_fn
 from trainctl.runtime.schedules import Accumulate, Executor, Pipelined
 from trainctl.runtime.tensor_parallel import TPContext
 from trainctl.spec.models import RunSpec
+
+MEMORY_STEPS = 2  # steps measured by memory_meter at the start of each attempt (optimizer state exists after 1)
 
 
 class InjectedFailure(RuntimeError):
@@ -99,6 +102,11 @@ class Trainer:
         if par.pp > 1:
             time_pipeline_receives()
         self.ckpt_block_s = 0.0  # checkpoint-save blocking since the last metrics line (outside step time)
+        # measured memory (memory_meter): the first MEMORY_STEPS steps of each attempt; run() moves the window
+        self.saved = memory_meter.SavedTensorMeter()
+        self.memory_steps = range(0, MEMORY_STEPS)
+        self._activation_peak = 0
+        self._memory_rec: dict[str, Any] | None = None  # waits for the next metrics line
 
     # -- set-up helpers ----------------------------------------------------------------------------
     def _precision(self) -> tuple[torch.dtype | None, LossScaler]:
@@ -142,6 +150,7 @@ class Trainer:
                          slurm_restart=int(os.environ.get("SLURM_RESTART_COUNT", 0)))
         ckpt = resume.Checkpointing(self)  # CheckpointError here: the checkpoint dir is unusable
         first = ckpt.resume()  # the newest valid checkpoint, if any (0: a fresh start)
+        self.memory_steps = range(first, first + MEMORY_STEPS)
         stop: int | None = None
         fail_step, fail_rank = _fail_knob(par.world_size)
         self.steptimes = stragglers.StepTimeLog(self.paths, par.rank, par.env.local_rank, str(par.device))
@@ -192,7 +201,9 @@ class Trainer:
         data_wait = time.perf_counter() - td
         stragglers.maybe_slow(self.slow_s)
         self.sync.start_step()
-        loss = self.executor.run(inputs.to(par.device), targets.to(par.device))
+        measuring = step in self.memory_steps
+        with self.saved.measuring() if measuring else contextlib.nullcontext():
+            loss = self.executor.run(inputs.to(par.device), targets.to(par.device))
         if ev is not None:
             ev[1].record()
         ts = time.perf_counter()
@@ -212,6 +223,10 @@ class Trainer:
         comm_s = COMM.take()  # waits inside the step: counted apart from this rank's own work
         if self.steptimes is not None:
             self.steptimes.record(step + 1, dt, sync_s, comm_s)
+        if measuring:
+            self._activation_peak = max(self._activation_peak, self.saved.peak)
+            if step + 1 == self.memory_steps.stop:
+                self._memory_rec = self._measured_memory()
         rec: dict[str, Any] = {}
         if self.log and ((step + 1) % spec.train.log_every == 0 or step + 1 == spec.train.steps):
             rec = metrics.step_record(step + 1, spec.train.steps, loss_value, lr, norm, dt, self.flops,
@@ -219,6 +234,8 @@ class Trainer:
             rec["cpu_time_s"] = cpu  # this process's CPU time: robust to a busy shared machine (benchmarks)
             rec["data_wait_s"] = data_wait  # inside step_time_s
             rec["ckpt_block_s"], self.ckpt_block_s = self.ckpt_block_s, 0.0  # outside step_time_s
+            if self._memory_rec is not None:
+                rec["memory"], self._memory_rec = self._memory_rec, None
             append_jsonl(self.paths.metrics, rec)
             print(metrics.console_line(rec), flush=True)
             if rec.get("mfu_bug"):
@@ -226,6 +243,26 @@ class Trainer:
                              "bug, not a result")
                 record_event(self.paths, "mfu_bug", step=step + 1, mfu=rec["mfu"])
         return rec
+
+    def _measured_memory(self) -> dict[str, Any] | None:
+        """This rank's exact model-state bytes and activation peak, gathered from every rank (a collective);
+        rank 0 gets {"per_rank": [...], "max": {...}}, the others None."""
+        held = self.sync.held()
+        mine = {
+            "weights": memory_meter.tensor_bytes(q for m in self.modules for q in m.parameters()),
+            "gradients": memory_meter.tensor_bytes(held["gradients"]),
+            "optimizer": memory_meter.tensor_bytes([*memory_meter.optimizer_tensors(self.opt), *held["master"]]),
+            "activations_peak": self._activation_peak,  # bytes saved for backward, at their peak
+        }
+        if self.par.device.type == "cuda":
+            mine["allocator_peak"] = torch.cuda.max_memory_allocated(self.par.device)
+        ranks: list[dict[str, int]] = [mine]
+        if self.par.world_size > 1:
+            ranks = [{}] * self.par.world_size
+            dist.all_gather_object(ranks, mine, group=self.par.world_group)
+        if not self.log:
+            return None
+        return {"per_rank": ranks, "max": {k: max(r[k] for r in ranks) for k in mine}}
 
     def _norm_and_loss(self, loss: torch.Tensor | None) -> tuple[float, float]:
         """Global grad norm (each element counted once across TP/PP/DP) and the global mean loss, in one
