@@ -17,7 +17,7 @@ import yaml
 
 from trainctl.errors import UsageError
 from trainctl.launch import local
-from trainctl.launch.run_dir import check_run_dir, default_run_dir, freeze_spec, git_info
+from trainctl.launch.create import check_run_dir, default_run_dir, freeze_spec, git_info
 from trainctl.rundir import RunPaths, read_jsonl
 from trainctl.spec import load_spec, resolved_dict
 

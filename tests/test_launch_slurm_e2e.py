@@ -18,7 +18,7 @@ import pytest
 import slurm_fixtures
 from slurm_fixtures import SlurmCluster
 
-from trainctl.launch import slurm
+from trainctl.launch.slurm import render, submit
 from trainctl.rundir import RunPaths, read_jsonl
 from trainctl.spec import load_spec
 
@@ -167,9 +167,9 @@ def test_usr1_reaches_every_rank_and_the_job_requeues_itself(slurm_cluster: Slur
     spec = load_spec(TINY, [f"{k}={v}" for k, v in {
         "cluster.nodes": 2, "cluster.gpus_per_node": 4, "launcher.backend": "slurm", "cluster.gpu": "h100-sxm",
         "launcher.env": json.dumps({"PYTHONPATH": str(REPO / "tests")})}.items()])
-    launch = slurm.plan_slurm(spec, tmp_path / "run", trainer_module="slurm_stub_trainer")
-    paths = slurm.create(launch)
-    jid = slurm.submit(launch, paths)
+    launch = render.plan_slurm(spec, tmp_path / "run", trainer_module="slurm_stub_trainer")
+    paths = submit.create(launch)
+    jid = submit.submit(launch, paths)
     marks = paths.root / "stub"
     wait_for(lambda: len(list(marks.glob("up-*-0"))) == 8, "8 ranks up", 120)
     subprocess.run(["scancel", "--batch", "--signal=USR1", jid], check=True)  # what --signal=B:USR1@T sends
@@ -195,9 +195,9 @@ def test_cancel_and_logs_of_a_running_job(slurm_cluster: SlurmCluster, tmp_path:
     spec = load_spec(TINY, [f"{k}={v}" for k, v in {
         "cluster.nodes": 2, "cluster.gpus_per_node": 4, "launcher.backend": "slurm", "launcher.mode": "srun",
         "launcher.env": json.dumps({"PYTHONPATH": str(REPO / "tests")})}.items()])
-    launch = slurm.plan_slurm(spec, tmp_path / "run", trainer_module="slurm_stub_trainer")
-    paths = slurm.create(launch)
-    slurm.submit(launch, paths)
+    launch = render.plan_slurm(spec, tmp_path / "run", trainer_module="slurm_stub_trainer")
+    paths = submit.create(launch)
+    submit.submit(launch, paths)
     wait_for(lambda: len(list((paths.root / "stub").glob("up-*-0"))) == 8, "8 ranks up", 120)
     assert status(paths.root)["state"] == "RUNNING"
     r = cli("cancel", str(paths.root))

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from trainctl.errors import UsageError
-from trainctl.launch import slurm
-from trainctl.launch.sbatch_template import SAFE_SBATCH_VALUE
+from trainctl.launch.slurm import cluster, job_state, render, submit
+from trainctl.launch.slurm.sbatch_template import SAFE_SBATCH_VALUE
 from trainctl.spec import load_spec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,7 +32,7 @@ def test_srun_mode_script(tmp_path: Path) -> None:
                 "cluster.time": "'00:10:00'", "cluster.account": "acct", "cluster.qos": "normal",
                 "cluster.constraint": "h100", "cluster.exclude": "n3", "cluster.mem": "'0'",
                 "cluster.cpus_per_task": "2", "launcher.sbatch_args": "['--reservation=r1']"})
-    launch = slurm.plan_slurm(s, tmp_path / "run", grace_s=120, python="/venv/bin/python")
+    launch = render.plan_slurm(s, tmp_path / "run", grace_s=120, python="/venv/bin/python")
     lines = sbatch_lines(launch.script)
     run = str((tmp_path / "run").absolute())
     assert lines == [
@@ -62,7 +62,7 @@ def test_srun_mode_script(tmp_path: Path) -> None:
 
 
 def test_torchrun_mode_script(tmp_path: Path) -> None:
-    launch = slurm.plan_slurm(spec(**{"launcher.max_restarts": "3"}), tmp_path / "r", python="/p/python")
+    launch = render.plan_slurm(spec(**{"launcher.max_restarts": "3"}), tmp_path / "r", python="/p/python")
     lines = sbatch_lines(launch.script)
     assert "--ntasks-per-node=1" in lines and "--cpus-per-task=4" in lines  # one rank's CPU at least
     assert not any(x.startswith("--gpus-per-node") for x in lines)  # cluster.gpu: cpu asks for no gres
@@ -87,7 +87,7 @@ def test_torchrun_accepts_rendered_flags() -> None:
 
 def test_script_is_valid_bash(tmp_path: Path) -> None:
     for mode in ("srun", "torchrun"):
-        launch = slurm.plan_slurm(spec(**{"launcher.mode": mode}), tmp_path / mode)
+        launch = render.plan_slurm(spec(**{"launcher.mode": mode}), tmp_path / mode)
         f = tmp_path / f"{mode}.sh"
         f.write_text(launch.script)
         r = subprocess.run(["bash", "-n", str(f)], capture_output=True, text=True)
@@ -102,7 +102,7 @@ def test_metacharacters_are_quoted_or_moved_to_the_command_line(tmp_path: Path) 
     s = spec(**{"launcher.mode": "srun"}).model_copy(update={"name": EVIL})
     s = s.model_copy(update={"launcher": s.launcher.model_copy(update={
         "srun_args": [f"--comment={EVIL}"], "env": {"TRAINCTL_X": EVIL}, "sbatch_args": ["--comment=ok"]})})
-    launch = slurm.plan_slurm(s, run)
+    launch = render.plan_slurm(s, run)
     lines = sbatch_lines(launch.script)
     assert all(SAFE_SBATCH_VALUE.match(x) for x in lines)
     cli = launch.rendered.cli_options
@@ -138,24 +138,24 @@ def test_bad_values_are_rejected(tmp_path: Path, field: str, value, match: str) 
     else:
         s = s.model_copy(update={key: value})
     with pytest.raises(UsageError, match=match):
-        slurm.plan_slurm(s, tmp_path / "r")
+        render.plan_slurm(s, tmp_path / "r")
 
 
 def test_percent_in_run_dir_is_escaped_and_backslash_rejected(tmp_path: Path) -> None:
-    launch = slurm.plan_slurm(spec(), tmp_path / "a%b")
+    launch = render.plan_slurm(spec(), tmp_path / "a%b")
     assert any("a%%b/logs/slurm-%j.out" in o for o in launch.rendered.options)
     with pytest.raises(UsageError, match="backslash"):
-        slurm.plan_slurm(spec(), tmp_path / "a\\b")
+        render.plan_slurm(spec(), tmp_path / "a\\b")
 
 
 def test_parse_time() -> None:
-    assert slurm.parse_time("10") == 10
-    assert slurm.parse_time("05:30") == 6
-    assert slurm.parse_time("1:00:00") == 60
-    assert slurm.parse_time("2-03") == 2 * 1440 + 180
-    assert slurm.parse_time("1-00:00:01") == 1441
-    assert slurm.parse_time("UNLIMITED") == 10**9
-    assert slurm.parse_time("1h") is None
+    assert cluster.parse_time("10") == 10
+    assert cluster.parse_time("05:30") == 6
+    assert cluster.parse_time("1:00:00") == 60
+    assert cluster.parse_time("2-03") == 2 * 1440 + 180
+    assert cluster.parse_time("1-00:00:01") == 1441
+    assert cluster.parse_time("UNLIMITED") == 10**9
+    assert cluster.parse_time("1h") is None
 
 
 SINFO = """debug*|up|1:00:00|n1|idle|gpu:4|8
@@ -166,22 +166,22 @@ cpu|up|infinite|c1|idle|(null)|64
 
 
 def test_sinfo_checks() -> None:
-    nodes = slurm.parse_sinfo(SINFO)
+    nodes = cluster.parse_sinfo(SINFO)
     assert nodes[1].gpus == 4 and nodes[0].default and nodes[3].max_time_min == 10**9
-    assert slurm.check_cluster(spec(**{"cluster.gpu": "h100-sxm"}), nodes) == []
-    assert slurm.check_cluster(spec(**{"cluster.gpu": "h100-sxm", "cluster.partition": "debug",
+    assert cluster.check_cluster(spec(**{"cluster.gpu": "h100-sxm"}), nodes) == []
+    assert cluster.check_cluster(spec(**{"cluster.gpu": "h100-sxm", "cluster.partition": "debug",
                                        "cluster.time": "'1:00:00'"}), nodes) == []
-    [p] = slurm.check_cluster(spec(**{"cluster.partition": "gpu"}), nodes)
+    [p] = cluster.check_cluster(spec(**{"cluster.partition": "gpu"}), nodes)
     assert "cluster.partition = 'gpu'" in p and "debug, short" in p
-    [p] = slurm.check_cluster(spec(**{"cluster.partition": "debug", "cluster.time": "'2:00:00'"}), nodes)
+    [p] = cluster.check_cluster(spec(**{"cluster.partition": "debug", "cluster.time": "'2:00:00'"}), nodes)
     assert "cluster.time = '2:00:00'" in p and "01:00:00" in p
-    problems = slurm.check_cluster(spec(**{"cluster.partition": "short", "cluster.gpu": "h100-sxm"}), nodes)
+    problems = cluster.check_cluster(spec(**{"cluster.partition": "short", "cluster.gpu": "h100-sxm"}), nodes)
     assert any("cluster.nodes = 2" in x and "1 node(s)" in x for x in problems)
-    problems = slurm.check_cluster(spec(**{"cluster.partition": "cpu", "cluster.gpu": "h100-sxm",
+    problems = cluster.check_cluster(spec(**{"cluster.partition": "cpu", "cluster.gpu": "h100-sxm",
                                            "cluster.nodes": "1", "cluster.gpus_per_node": "8"}), nodes)
     assert len(problems) == 1 and "cluster.gpus_per_node = 8" in problems[0] and "at most 0" in problems[0]
     one = spec(**{"cluster.partition": "cpu", "cluster.nodes": "1", "cluster.gpus_per_node": "8"})
-    assert slurm.check_cluster(one, nodes) == []  # gpu: cpu needs no gres
+    assert cluster.check_cluster(one, nodes) == []  # gpu: cpu needs no gres
 
 
 def test_parse_kv_and_jobcomp(tmp_path: Path) -> None:
@@ -189,14 +189,14 @@ def test_parse_kv_and_jobcomp(tmp_path: Path) -> None:
     log.write_text("JobId=7 UserId=root(0) Name=a JobState=REQUEUED NodeList=n[1-2] ExitCode=0:0\n"
                    "JobId=17 UserId=root(0) Name=b JobState=FAILED NodeList=n1 ExitCode=1:0\n"
                    "JobId=7 UserId=root(0) Name=a JobState=COMPLETED NodeList=n[1-2] ExitCode=0:0\n")
-    rec = slurm.jobcomp_record("7", log)
+    rec = job_state.jobcomp_record("7", log)
     assert rec is not None and rec["JobState"] == "COMPLETED" and rec["NodeList"] == "n[1-2]"
-    assert slurm.jobcomp_record("1", log) is None
+    assert job_state.jobcomp_record("1", log) is None
 
 
 def test_create_writes_script_commands_and_job(tmp_path: Path) -> None:
-    launch = slurm.plan_slurm(spec(), tmp_path / "run")
-    paths = slurm.create(launch)
+    launch = render.plan_slurm(spec(), tmp_path / "run")
+    paths = submit.create(launch)
     assert paths.launch_script.read_text() == launch.script
     assert (paths.launch_script.stat().st_mode & 0o111) != 0
     cmds = (paths.root / "commands.txt").read_text()
@@ -282,7 +282,7 @@ def _run_batch_script(tmp_path: Path, mode: str, *, signal: str | None = None, r
     import time
 
     run = tmp_path / "run"
-    launch = slurm.plan_slurm(spec(**{"launcher.mode": mode}), run, python="/bin/false")
+    launch = render.plan_slurm(spec(**{"launcher.mode": mode}), run, python="/bin/false")
     run.mkdir(parents=True)
     (run / "events.jsonl").write_text(before)
     script = tmp_path / "launch.sh"
@@ -393,9 +393,9 @@ def fake_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def _submitted_run(tmp_path: Path, **over: str):
     from trainctl.rundir import RunPaths
 
-    launch = slurm.plan_slurm(spec(**over), tmp_path / "run", python="/venv/bin/python")
-    paths = slurm.create(launch)
-    assert slurm.submit(launch, paths) == "101"
+    launch = render.plan_slurm(spec(**over), tmp_path / "run", python="/venv/bin/python")
+    paths = submit.create(launch)
+    assert submit.submit(launch, paths) == "101"
     return launch, RunPaths(paths.root)
 
 
@@ -406,7 +406,7 @@ def test_resubmit_submits_the_same_script_again_and_records_it(tmp_path: Path, f
 
     launch, paths = _submitted_run(tmp_path)
     script = paths.launch_script.read_text()
-    assert slurm.resubmit(paths) == "102"
+    assert submit.resubmit(paths) == "102"
     assert paths.launch_script.read_text() == script and not list(paths.root.glob("launch.prev-*"))
     argv = (fake_slurm / "sbatch-102.argv").read_text().splitlines()
     assert ["sbatch", *argv] == launch.submit_argv() == ["sbatch", "--parsable", str(paths.launch_script)]
@@ -426,7 +426,7 @@ def test_resubmit_refuses_while_the_job_is_queued_or_running(tmp_path: Path, fak
     _, paths = _submitted_run(tmp_path)
     (fake_slurm / "state").write_text("RUNNING\n")
     with pytest.raises(UsageError, match="Slurm job 101 .* is RUNNING"):
-        slurm.resubmit(paths)
+        submit.resubmit(paths)
     with pytest.raises(SystemExit) as e:  # `trainctl resume` refuses before changing anything
         main(["resume", str(paths.root), "--set", "train.steps=9"])
     assert e.value.code == 2

@@ -97,14 +97,14 @@ def test_slurm_run_is_handed_to_the_slurm_launcher(tmp_path: Path, monkeypatch: 
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     """The CLI glue only (the real resubmission runs on the local cluster in test_launch_slurm_e2e.py)."""
     from trainctl.cli.app import main
-    from trainctl.launch import slurm
+    from trainctl.launch.slurm import submit
 
     run = tmp_path / "run"
     run.mkdir()
     (run / "spec.yaml").write_text(spec_file(tmp_path).read_text())
     (run / "job.json").write_text(json.dumps({"backend": "slurm", "attempts": []}))
     calls = []
-    monkeypatch.setattr(slurm, "resubmit", lambda paths: calls.append(paths.root) or "42")
+    monkeypatch.setattr(submit, "resubmit", lambda paths: calls.append(paths.root) or "42")
     with pytest.raises(SystemExit) as e:
         main(["resume", str(run)])
     assert e.value.code == 0

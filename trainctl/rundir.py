@@ -1,60 +1,168 @@
-"""The run directory layout (design.md), shared by launch, runtime and report. No torch.
+"""The run directory: the name of every file in it, and the JSONL helpers. No torch.
 
-    RUN/spec.yaml          frozen, fully resolved spec
-    RUN/plan.json          the planner's prediction at launch time
-    RUN/launch.sh          the rendered launch script / command lines
-    RUN/job.json           backend, ids, attempts, git commit
-    RUN/logs/              per-rank and launcher logs
-    RUN/metrics.jsonl      one JSON object per training step (rank 0)
-    RUN/events.jsonl       starts, restarts, checkpoints, preemptions, failures
-    RUN/checkpoints/step-N/
+Launch, runtime, report and the CLI all find a run's files through `RunPaths`; no other module spells a
+name out (docs/ARCHITECTURE.md, "Run directory"). Checkpoint-internal names (step directories, manifest,
+marker) belong to the checkpoint modules.
+
+    RUN/spec.yaml                    frozen, fully resolved spec (spec.prev-<n>.yaml: before a resume --set)
+    RUN/plan.json                    the planner's prediction at launch time
+    RUN/launch.sh                    the rendered launch script / command line (launch.prev-<n>.sh: replaced)
+    RUN/commands.txt                 Slurm: the exact submission and step command lines
+    RUN/job.json                     backend, ids, attempts, git commit
+    RUN/metrics.jsonl                one JSON object per training step (rank 0)
+    RUN/events.jsonl                 starts, restarts, checkpoints, preemptions, failures
+    RUN/placement.json               where every rank really ran (rank 0)
+    RUN/final_weights/               the trained weights, when a test asks for them
+    RUN/checkpoints/                 committed checkpoints (unless checkpoint.dir says elsewhere)
+    RUN/logs/launcher.log            local: the console of torchrun, in full
+    RUN/logs/slurm-<job>.out         Slurm: the batch script's output, every attempt appended
+    RUN/logs/steptimes-rank<N>.jsonl each rank's step times (stragglers)
+    RUN/logs/heartbeat-rank<N>       each rank's liveness (hang watchdog)
+    RUN/logs/<torchrun run id>/...   local: torchrun's per-rank stdout/stderr (its --log-dir is RUN/logs)
+    RUN/logs/torchrun/<job>.<restart>/<node>/...   Slurm torchrun mode: the same, per job attempt and node
+
+The hang watchdog's stack dumps go to the rank's stderr, i.e. into torchrun's per-rank log or the Slurm
+output: they have no file of their own.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+SPEC = "spec.yaml"
+PLAN = "plan.json"
+LAUNCH_SCRIPT = "launch.sh"
+COMMANDS = "commands.txt"
+JOB = "job.json"
+LOGS = "logs"
+METRICS = "metrics.jsonl"
+EVENTS = "events.jsonl"
+PLACEMENT = "placement.json"
+FINAL_WEIGHTS = "final_weights"
+CHECKPOINTS = "checkpoints"
+LAUNCHER_LOG = "launcher.log"
+TORCHRUN_LOGS = "torchrun"  # under logs/: Slurm torchrun mode's --log-dir, one per job attempt and node
+SLURM_OUTPUT = "slurm-{job}.out"  # {job}: a job id, or Slurm's %j in the sbatch --output pattern
+STEPTIMES = "steptimes-rank{rank}.jsonl"
+HEARTBEAT = "heartbeat-rank{rank}"
+PREVIOUS_SPEC = "spec.prev-{n}.yaml"
+PREVIOUS_LAUNCH_SCRIPT = "launch.prev-{n}.sh"
+# torchrun's own layout under its --log-dir: <rendezvous run id>/attempt_<n>/<local rank>/{stdout,stderr}.log
+TORCHRUN_RANK_LOGS = "*/attempt_*/{local_rank}/std*.log"
+
+_STEPTIMES_RE = re.compile(re.escape(STEPTIMES).replace(re.escape("{rank}"), r"(\d+)"))
+
 
 @dataclass(frozen=True)
 class RunPaths:
+    """Every path of one run directory. `root` may also be a shell word (e.g. "$RUN_DIR") for a script."""
+
     root: Path
 
     @property
     def spec(self) -> Path:
-        return self.root / "spec.yaml"
+        return self.root / SPEC
+
+    def previous_spec(self, n: int) -> Path:
+        """Where the n-th replaced spec.yaml is kept (`trainctl resume --set`)."""
+        return self.root / PREVIOUS_SPEC.format(n=n)
 
     @property
     def plan(self) -> Path:
-        return self.root / "plan.json"
+        return self.root / PLAN
 
     @property
     def launch_script(self) -> Path:
-        return self.root / "launch.sh"
+        return self.root / LAUNCH_SCRIPT
+
+    def previous_launch_script(self, n: int) -> Path:
+        """Where the n-th replaced launch.sh is kept (re-rendered after a spec change)."""
+        return self.root / PREVIOUS_LAUNCH_SCRIPT.format(n=n)
+
+    @property
+    def commands(self) -> Path:
+        return self.root / COMMANDS
 
     @property
     def job(self) -> Path:
-        return self.root / "job.json"
+        return self.root / JOB
 
     @property
     def logs(self) -> Path:
-        return self.root / "logs"
+        return self.root / LOGS
 
     @property
     def metrics(self) -> Path:
-        return self.root / "metrics.jsonl"
+        return self.root / METRICS
 
     @property
     def events(self) -> Path:
-        return self.root / "events.jsonl"
+        return self.root / EVENTS
+
+    @property
+    def placement(self) -> Path:
+        return self.root / PLACEMENT
+
+    @property
+    def final_weights(self) -> Path:
+        return self.root / FINAL_WEIGHTS
 
     @property
     def checkpoints(self) -> Path:
-        return self.root / "checkpoints"
+        return self.root / CHECKPOINTS
+
+    @property
+    def launcher_log(self) -> Path:
+        return self.logs / LAUNCHER_LOG
+
+    def slurm_output(self, job_id: str) -> Path:
+        """A Slurm job's output file; job_id "%j" gives the pattern sbatch --output expands."""
+        return self.logs / SLURM_OUTPUT.format(job=job_id)
+
+    def steptimes(self, rank: int) -> Path:
+        return self.logs / STEPTIMES.format(rank=rank)
+
+    def steptimes_by_rank(self) -> dict[int, Path]:
+        """Every rank's step-time file that exists, by rank."""
+        if not self.logs.is_dir():
+            return {}
+        found = {}
+        for f in sorted(self.logs.iterdir()):  # by name, as the report has always read them
+            m = _STEPTIMES_RE.fullmatch(f.name)
+            if m:
+                found[int(m.group(1))] = f
+        return found
+
+    def heartbeat(self, rank: int) -> Path:
+        return self.logs / HEARTBEAT.format(rank=rank)
+
+    @property
+    def torchrun_logs(self) -> Path:
+        return self.logs / TORCHRUN_LOGS
+
+    def torchrun_attempt_logs(self, job_id: str, restart: str) -> Path:
+        """Slurm torchrun mode: the --log-dir of one job attempt (each node adds its name below it)."""
+        return self.torchrun_logs / f"{job_id}.{restart}"
+
+    def local_rank_logs(self, rank: int) -> list[Path]:
+        """A local run's torchrun files of one rank (logs/ is torchrun's --log-dir), every attempt."""
+        return _files(self.logs.glob(TORCHRUN_RANK_LOGS.format(local_rank=rank)))
+
+    def slurm_rank_logs(self, node: str, local_rank: int) -> list[Path]:
+        """Slurm torchrun mode: the torchrun files of one local rank on one node, every job and attempt."""
+        return _files(self.torchrun_logs.glob(f"*/{node}/" + TORCHRUN_RANK_LOGS.format(local_rank=local_rank)))
+
+
+def _files(paths: Any) -> list[Path]:
+    """Plain files, oldest first (then by name: stdout and stderr of one attempt keep their order)."""
+    files = [p for p in paths if p.is_file()]
+    return sorted(files, key=lambda p: (p.stat().st_mtime, p.name))
 
 
 def append_jsonl(path: Path, record: dict[str, Any]) -> None:

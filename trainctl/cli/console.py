@@ -7,7 +7,14 @@ columns; tables get at least 120 so they stay readable in logs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 from rich.console import Console
+from rich.markup import escape
+
+if TYPE_CHECKING:
+    from trainctl.launch.backend import Line
 
 MIN_PIPED_WIDTH = 120
 
@@ -16,3 +23,17 @@ def make_console(*, stderr: bool = False) -> Console:
     probe = Console(stderr=stderr)
     width = probe.width if probe.is_terminal else max(MIN_PIPED_WIDTH, probe.width)
     return Console(stderr=stderr, soft_wrap=True, highlight=False, width=width)
+
+
+def show(console: Console, line: Line) -> None:
+    """Print a launch backend's line: styled parts through rich, verbatim lines to stdout exactly."""
+    if line.verbatim:
+        print(line.text)
+        return
+    console.print("".join(escape(p) if isinstance(p, str) else f"[{p[1]}]{escape(p[0])}[/{p[1]}]"
+                          for p in line.parts))
+
+
+def sayer(console: Console) -> Callable[[Line], None]:
+    """`show` on this console, as the `say` callback backends report through."""
+    return lambda line: show(console, line)

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import shlex
 from pathlib import Path
 
 import typer
 
 from trainctl.cli.app import app
-from trainctl.cli.console import make_console
+from trainctl.cli.console import make_console, sayer, show
 from trainctl.cli.options import JsonOpt, SetOpt
-from trainctl.errors import EXIT_OK
 
 
 @app.command()
@@ -25,6 +23,7 @@ def resume(
 ) -> None:
     """Resume a run from its latest valid checkpoint with the backend it used, appending to its run directory."""
     from trainctl.launch import resume as rs
+    from trainctl.launch.backend import backend_for
 
     console = make_console(stderr=as_json)
     plan = rs.plan_resume(run, from_step, set_)
@@ -42,37 +41,17 @@ def resume(
     if plan.abandon:
         console.print(f"checkpoints after step {from_step} are moved aside: {[i.step for i in plan.abandon]}",
                       soft_wrap=True)
-    if plan.backend == "slurm":
-        from trainctl.launch import slurm
-
-        if as_json:
-            print(json.dumps(plan.to_json(), indent=2))
-        if dry_run:
-            return
-        rs.prepare(plan)
-        job_id = slurm.resubmit(plan.paths)
-        console.print(f"submitted job {job_id}", soft_wrap=True)
-        return
-    from trainctl.launch import local
-
-    launch = local.plan_local(plan.spec, plan.paths.root, existing=True)
+    backend = backend_for(plan.backend)
+    relaunch = backend.prepare_resume(plan.spec, plan.paths)
     if as_json:
-        print(json.dumps({**plan.to_json(), "command": launch.command, "env": launch.env}, indent=2))
+        print(json.dumps({**plan.to_json(), **backend.resume_details(relaunch)}, indent=2))
     if dry_run:
         if not as_json:
-            env = " ".join(f"{k}={shlex.quote(v)}" for k, v in launch.env.items())
-            print(f"{env} {shlex.join(launch.command)}")
+            for line in backend.resume_dry_run(relaunch):
+                show(console, line)
         return
     rs.prepare(plan)
-    status = local.run(launch, plan.paths, kind="resume")
-    if status == EXIT_OK:
-        console.print(f"[green]done[/green] metrics: {plan.paths.metrics}", soft_wrap=True)
-    elif rs.stopped_for_requeue(plan.paths):
-        console.print("[yellow]stopped by a signal after a checkpoint[/yellow]; run `trainctl resume` again "
-                      "to continue", soft_wrap=True)
-    else:
-        console.print(f"[red]run failed[/red]; rank logs under {plan.paths.logs}", soft_wrap=True)
-    raise typer.Exit(status)
+    raise typer.Exit(backend.resume(relaunch, sayer(console)))
 
 
 __all__ = ["resume"]

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -16,7 +14,7 @@ from rich.table import Table
 from trainctl.cli.app import app
 from trainctl.cli.console import make_console
 from trainctl.cli.options import JsonOpt
-from trainctl.errors import RunError, UsageError
+from trainctl.errors import UsageError
 
 RunArg = typer.Argument(..., help="Run directory (printed by `trainctl launch`).", show_default=False)
 FOLLOW_POLL_S = 0.5
@@ -81,7 +79,8 @@ def runs(base: Path = typer.Argument(Path("runs"), help="Directory holding run d
 @app.command()
 def cancel(run: Path = RunArg) -> None:
     """Cancel a run: scancel its Slurm job, or stop the local launcher (SIGTERM, as Ctrl-C would)."""
-    from trainctl.launch.status import launcher_pid, open_run, read_job_json, run_status
+    from trainctl.launch.backend import backend_for
+    from trainctl.launch.status import open_run, read_job_json, run_status
 
     paths = open_run(run)
     job = read_job_json(paths)
@@ -89,17 +88,7 @@ def cancel(run: Path = RunArg) -> None:
     if not st.active:
         print(f"{st.name}: already {st.state}; nothing to cancel")
         return
-    if job.get("backend") == "slurm":
-        from trainctl.launch import slurm
-
-        slurm.cancel(str(job["job_id"]))
-        print(f"cancelled Slurm job {job['job_id']}")
-        return
-    pid = launcher_pid(paths)
-    if pid is None:
-        raise RunError(f"{run}: no launcher pid recorded in events.jsonl")
-    os.kill(pid, signal.SIGTERM)
-    print(f"sent SIGTERM to the local launcher (pid {pid})")
+    print(backend_for(job).cancel(paths, job))
 
 
 @app.command()
@@ -107,30 +96,13 @@ def logs(run: Path = RunArg,
          follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines until the run ends."),
          rank: int | None = typer.Option(None, "--rank", help="Only this global rank's output.")) -> None:
     """Print a run's log: the Slurm output file (or the local console log), or one rank's output."""
-    from trainctl.launch.status import (
-        open_run,
-        rank_log_files,
-        read_job_json,
-        slurm_outputs,
-        srun_label_prefix,
-    )
+    from trainctl.launch.backend import backend_for
+    from trainctl.launch.status import open_run, read_job_json
 
     paths = open_run(run)
     job = read_job_json(paths)
-    slurm = job.get("backend") == "slurm"
-    mode = (job.get("slurm") or {}).get("mode")
-    prefix: str | None = None
-    if rank is not None and slurm and mode == "srun":
-        files = slurm_outputs(paths, job)
-        prefix = srun_label_prefix(rank)  # srun --label: task id == global rank in srun mode
-    elif rank is not None:
-        files = rank_log_files(paths, job, rank)
-        if not files:
-            hint = ("torchrun mode on Slurm needs RUN/placement.json to find a rank's node"
-                    if slurm else "the run may not have started yet")
-            raise UsageError(f"no log files for rank {rank} under {paths.logs}", hint=hint)
-    else:
-        files = slurm_outputs(paths, job) if slurm else [paths.logs / "launcher.log"]
+    found = backend_for(job).log_files(paths, job, rank)
+    files, prefix = found.files, found.prefix
     if not files or not any(f.exists() for f in files) and not follow:
         raise UsageError(f"no log yet for {paths.root}", hint="the job may still be pending; try `-f`")
     out = sys.stdout

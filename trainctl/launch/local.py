@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -15,11 +16,23 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import TextIO
+from typing import Any, TextIO
 
 from trainctl.data_prep import check_data
-from trainctl.errors import EXIT_OK, EXIT_RUN_FAILED, UsageError
-from trainctl.launch.run_dir import (
+from trainctl.errors import EXIT_OK, EXIT_RUN_FAILED, RunError, UsageError
+from trainctl.launch.backend import (
+    DEFAULT_GRACE_S,
+    TRAINER_MODULE,
+    Backend,
+    JobState,
+    Line,
+    LogFiles,
+    Say,
+    no_rank_logs,
+    note,
+    verbatim,
+)
+from trainctl.launch.create import (
     check_run_dir,
     create_run_dir,
     default_run_dir,
@@ -28,10 +41,11 @@ from trainctl.launch.run_dir import (
     read_job,
     record_attempt,
 )
-from trainctl.rundir import RunPaths, record_event
+from trainctl.launch.slurm import job_state as words
+from trainctl.rundir import RunPaths, read_jsonl, record_event
 from trainctl.spec import RunSpec
 
-TRAINER_MODULE = "trainctl.runtime"
+NAME = "local"  # launcher.backend and job.json "backend" of runs this backend starts
 KILL_GRACE_S = 30.0  # after a forwarded signal, how long torchrun gets to stop its workers
 
 
@@ -83,7 +97,7 @@ def torchrun_command(run_dir: Path, nproc: int, max_restarts: int = 0, python: s
     return [
         python or sys.executable, "-m", "torch.distributed.run",
         "--standalone", f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
-        f"--log-dir={run_dir / 'logs'}", "--redirects=3", "--tee=3", "--local-ranks-filter=0",
+        f"--log-dir={RunPaths(run_dir).logs}", "--redirects=3", "--tee=3", "--local-ranks-filter=0",
         "-m", TRAINER_MODULE, str(run_dir),
     ]
 
@@ -92,9 +106,9 @@ def plan_local(spec: RunSpec, run_dir: Path | None = None, existing: bool = Fals
     """Check what can be checked before starting (exit 2 on a problem) and render the command.
 
     existing=True: relaunch into an existing run directory (`trainctl resume`), which must then exist."""
-    if spec.backend != "local":
-        raise UsageError(f"launcher.backend = {spec.launcher.backend!r} resolves to {spec.backend!r}, not local",
-                         hint="use --set launcher.backend=local to run on this machine")
+    if spec.backend != NAME:
+        raise UsageError(f"launcher.backend = {spec.launcher.backend!r} resolves to {spec.backend!r}, not {NAME}",
+                         hint=f"use --set launcher.backend={NAME} to run on this machine")
     if spec.cluster.nodes != 1:
         raise UsageError(f"cluster.nodes = {spec.cluster.nodes}: a local launch runs on this one machine",
                          hint="set cluster.nodes: 1 (and gpus_per_node to the number of ranks)")
@@ -115,7 +129,7 @@ def plan_local(spec: RunSpec, run_dir: Path | None = None, existing: bool = Fals
 
 
 def create(launch: LocalLaunch) -> RunPaths:
-    return create_run_dir(launch.run_dir, launch.spec, backend="local", command=launch.command, env=launch.env)
+    return create_run_dir(launch.run_dir, launch.spec, backend=NAME, command=launch.command, env=launch.env)
 
 
 class ConsoleFilter:
@@ -148,7 +162,7 @@ def run(launch: LocalLaunch, paths: RunPaths, out: TextIO | None = None, kind: s
     started = time.time()
     attempt = len(read_job(paths).get("attempts") or []) + 1
     record_attempt(paths, attempt=attempt, started=now_iso(), kind=kind)
-    record_event(paths, kind, backend="local", nproc=launch.nproc, attempt=attempt)
+    record_event(paths, kind, backend=NAME, nproc=launch.nproc, attempt=attempt)
     # Own session: a terminal Ctrl-C reaches only us, and we decide what torchrun gets (and when to kill).
     proc = subprocess.Popen(launch.command, env={**os.environ, **launch.env}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True)
@@ -163,7 +177,7 @@ def run(launch: LocalLaunch, paths: RunPaths, out: TextIO | None = None, kind: s
 
     old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        with open(paths.logs / "launcher.log", "ab") as log:
+        with open(paths.launcher_log, "ab") as log:
             assert proc.stdout is not None
             console = ConsoleFilter()
             for line in iter(proc.stdout.readline, b""):
@@ -194,6 +208,125 @@ def run(launch: LocalLaunch, paths: RunPaths, out: TextIO | None = None, kind: s
     record_attempt(paths, attempt=attempt, exit_code=rc, status="completed" if finished else
                    "stopped_after_checkpoint" if stopped else ("interrupted" if interrupted else "failed"),
                    seconds=round(time.time() - started, 3))
-    record_event(paths, "launcher_exit", backend="local", exit_code=rc,
+    record_event(paths, "launcher_exit", backend=NAME, exit_code=rc,
                  signal=signal.Signals(interrupted[0]).name if interrupted else None)
     return status
+
+
+def env_words(env: dict[str, str]) -> str:
+    """The variables a launch sets, as shell words (what a person would type before the command)."""
+    return " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+
+
+# --- the run's state, for `trainctl status/runs/logs/cancel` ------------------------------------------
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a recycled pid is not our launcher
+        return b"trainctl" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return True
+
+
+def launcher_pid(events: list[dict[str, Any]]) -> int | None:
+    """The local launcher's pid (the `launch` event's writer)."""
+    for ev in reversed(events):
+        if ev.get("event") == "launch" and isinstance(ev.get("pid"), int):
+            return int(ev["pid"])
+    return None
+
+
+def local_state(job: dict[str, Any], events: list[dict[str, Any]]) -> tuple[str, str | None]:
+    """The last launch's state in Slurm's words, from job.json's attempts and whether its launcher lives."""
+    attempts = job.get("attempts") or []
+    if not attempts:
+        return words.PENDING, "not started"
+    last = attempts[-1]
+    status = last.get("status")
+    if status == "completed":
+        return words.COMPLETED, None
+    if status == "interrupted":
+        return words.CANCELLED, f"exit code {last.get('exit_code')}"
+    if status == "failed":
+        return words.FAILED, f"exit code {last.get('exit_code')}"
+    pid = launcher_pid(events)
+    if pid is not None and _pid_alive(pid):
+        return words.RUNNING, None
+    return words.FAILED, "the launcher process is gone without recording an exit"
+
+
+# --- the backend ----------------------------------------------------------------------------------------
+
+class LocalBackend(Backend[LocalLaunch, LocalLaunch]):
+    """torchrun --standalone on this machine: `launch` and `resume` run in the foreground to the end."""
+
+    name = NAME
+
+    def prepare(self, spec: RunSpec, run_dir: Path | None, *, grace_s: int = DEFAULT_GRACE_S) -> LocalLaunch:
+        return plan_local(spec, run_dir)  # no time limit here: grace_s has nothing to warn of
+
+    def dry_run(self, launch: LocalLaunch) -> list[Line]:
+        return [note(f"run dir (not created): {launch.run_dir}"),
+                verbatim(f"{env_words(launch.env)} {shlex.join(launch.command)}")]
+
+    def start(self, launch: LocalLaunch, say: Say) -> int:
+        paths = create(launch)
+        say(note(("run dir", "bold"), f" {paths.root}"))
+        say(note((f"{launch.nproc} ranks, {env_words(launch.env)}; per-rank logs in {paths.logs}", "dim")))
+        status = run(launch, paths)
+        if status == EXIT_OK:
+            say(note(("done", "green"), f" metrics: {paths.metrics}"))
+        else:
+            say(note(("run failed", "red"), f"; rank logs under {paths.logs} (console copy in {paths.launcher_log})"))
+        return status
+
+    def require_not_active(self, paths: RunPaths) -> None:
+        return None  # a local run is resumed by whoever stopped it; nothing is queued here
+
+    def prepare_resume(self, spec: RunSpec, paths: RunPaths) -> LocalLaunch:
+        return plan_local(spec, paths.root, existing=True)
+
+    def resume_details(self, relaunch: LocalLaunch) -> dict[str, Any]:
+        return {"command": relaunch.command, "env": relaunch.env}
+
+    def resume_dry_run(self, relaunch: LocalLaunch) -> list[Line]:
+        return [verbatim(f"{env_words(relaunch.env)} {shlex.join(relaunch.command)}")]
+
+    def resume(self, relaunch: LocalLaunch, say: Say) -> int:
+        from trainctl.launch.resume import stopped_for_requeue
+
+        paths = RunPaths(relaunch.run_dir)
+        status = run(relaunch, paths, kind="resume")
+        if status == EXIT_OK:
+            say(note(("done", "green"), f" metrics: {paths.metrics}"))
+        elif stopped_for_requeue(paths):
+            say(note(("stopped by a signal after a checkpoint", "yellow"), "; run `trainctl resume` again to "
+                     "continue"))
+        else:
+            say(note(("run failed", "red"), f"; rank logs under {paths.logs}"))
+        return status
+
+    def job_state(self, paths: RunPaths, job: dict[str, Any], events: list[dict[str, Any]]) -> JobState:
+        state, reason = local_state(job, events)
+        return JobState(state, reason, attempts=len(job.get("attempts") or []), active=words.is_active(state))
+
+    def log_files(self, paths: RunPaths, job: dict[str, Any], rank: int | None) -> LogFiles:
+        if rank is None:
+            return LogFiles([paths.launcher_log])
+        files = paths.local_rank_logs(rank)
+        if not files:
+            raise no_rank_logs(paths, rank, "the run may not have started yet")
+        return LogFiles(files)
+
+    def cancel(self, paths: RunPaths, job: dict[str, Any]) -> str:
+        # SIGTERM, as Ctrl-C would: the launcher forwards it to torchrun, the ranks checkpoint and stop.
+        pid = launcher_pid(read_jsonl(paths.events))
+        if pid is None:
+            raise RunError(f"{paths.root}: no launcher pid recorded in {paths.events.name}")
+        os.kill(pid, signal.SIGTERM)
+        return f"sent SIGTERM to the local launcher (pid {pid})"

@@ -30,7 +30,8 @@ from trainctl.checkpoints import (
     step_dirname,
 )
 from trainctl.errors import UsageError
-from trainctl.launch.run_dir import read_job, write_atomic
+from trainctl.launch.backend import backend_for
+from trainctl.launch.create import read_job, write_atomic
 from trainctl.rundir import RunPaths, read_jsonl, record_event
 from trainctl.spec import RunSpec, load_spec, resolved_dict
 
@@ -89,10 +90,8 @@ def plan_resume(run_dir: Path, from_step: int | None = None, overrides: list[str
         backend = str(read_job(paths).get("backend") or spec.backend)
     except (OSError, ValueError) as e:
         raise UsageError(f"{paths.job}: unreadable ({e})", hint="the run directory is damaged") from e
-    if backend == "slurm":  # before anything is changed: its job may still be queued or running
-        from trainctl.launch.slurm import require_not_active
-
-        require_not_active(paths)
+    # before anything is changed: its job may still be queued or running
+    backend_for(backend).require_not_active(paths)
     ckdir = checkpoint_dir_of(spec, root)
     skipped: list[CheckpointInfo] = []
     abandon: list[CheckpointInfo] = []

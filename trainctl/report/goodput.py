@@ -14,6 +14,7 @@ from typing import Any
 
 from trainctl.report.attempts import Attempt, log_weight
 from trainctl.report.load import RunData
+from trainctl.rundir import EVENTS
 
 QUEUE_EVENTS = ("submit", "submitted", "requeue", "requeued")
 RUN_EVENTS = ("launch", "start", "job_start")
@@ -58,7 +59,7 @@ def goodput(run: RunData, attempts: list[Attempt], final: list[dict[str, Any]],
     w = log_weight(run)
     times = [e["time"] for e in run.events if "time" in e] + [float(m["time"]) for m in run.metrics if "time" in m]
     if not times:
-        return {"available": False, "note": "no timestamps in events.jsonl"}
+        return {"available": False, "note": f"no timestamps in {EVENTS}"}
     begin = min(t for t in [attempts[0].begin_t, *times] if t is not None)
     end = max(times)
     wall = end - begin

@@ -49,11 +49,7 @@ def _json(path: Path) -> Any:
 
 def _steptimes(paths: RunPaths) -> dict[int, RankSteps]:
     out: dict[int, RankSteps] = {}
-    for f in sorted(paths.logs.glob("steptimes-rank*.jsonl")) if paths.logs.is_dir() else []:
-        try:
-            rank = int(f.stem.removeprefix("steptimes-rank"))
-        except ValueError:
-            continue
+    for rank, f in paths.steptimes_by_rank().items():
         rs = RankSteps(rank)
         attempt = 0
         for rec in read_jsonl(f):
@@ -68,8 +64,8 @@ def _steptimes(paths: RunPaths) -> dict[int, RankSteps]:
     return out
 
 
-def _placement(root: Path, plan: dict[str, Any] | None) -> list[dict[str, Any]]:
-    data = _json(root / "placement.json")
+def _placement(paths: RunPaths, plan: dict[str, Any] | None) -> list[dict[str, Any]]:
+    data = _json(paths.placement)
     if isinstance(data, dict):  # {"ranks": [...]} or {"placement": [...]}
         data = data.get("ranks") or data.get("placement")
     if isinstance(data, list) and all(isinstance(x, dict) and "rank" in x for x in data):
@@ -86,8 +82,10 @@ def load_run(root: Path) -> RunData:
     metrics = [m for m in read_jsonl(paths.metrics) if isinstance(m.get("step"), int)]
     events = sorted(read_jsonl(paths.events), key=lambda e: e.get("time", 0.0))
     if not metrics and not events:
-        raise UsageError(f"{root}: no metrics.jsonl or events.jsonl: not a run directory, or the run never started",
-                         hint="`trainctl launch` writes them; check RUN/logs/ for why the job did not start")
+        raise UsageError(f"{root}: no {paths.metrics.name} or {paths.events.name}: not a run directory, or the run "
+                         "never started",
+                         hint=f"`trainctl launch` writes them; check RUN/{paths.logs.name}/ for why the job did not "
+                              "start")
     spec = None
     with contextlib.suppress(OSError, yaml.YAMLError):
         spec = yaml.safe_load(paths.spec.read_text(encoding="utf-8"))
@@ -95,4 +93,4 @@ def load_run(root: Path) -> RunData:
     name = (spec or {}).get("name") or root.name
     return RunData(root=root, name=str(name), metrics=metrics, events=events, plan=plan, job=_json(paths.job),
                    spec=spec if isinstance(spec, dict) else None, steptimes=_steptimes(paths),
-                   placement=_placement(root, plan))
+                   placement=_placement(paths, plan))

@@ -15,6 +15,7 @@ from typing import Any
 
 from trainctl.report.attempts import median
 from trainctl.report.load import RunData
+from trainctl.rundir import LOGS, STEPTIMES
 
 PERSISTENT = 0.75  # above the threshold in at least 3 of 4 sampled steps: noise is not persistent
 REL_THRESHOLD = 0.10  # 10% above the median rank's busy time ...
@@ -74,7 +75,7 @@ def _groups(flagged: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 
 def stragglers(run: RunData) -> dict[str, Any]:
     if not run.steptimes:
-        return {"available": False, "note": "no per-rank step times (RUN/logs/steptimes-rank*.jsonl)"}
+        return {"available": False, "note": f"no per-rank step times (RUN/{LOGS}/{STEPTIMES.format(rank='*')})"}
     # (attempt, step) -> rank -> busy seconds
     busy: dict[tuple[int, int], dict[int, float]] = defaultdict(dict)
     comm_known = True  # every row says how long the rank waited in TP/PP communication

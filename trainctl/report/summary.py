@@ -7,6 +7,7 @@ from typing import Any
 
 from trainctl.report.attempts import Attempt, median, percentile
 from trainctl.report.load import RunData
+from trainctl.rundir import PLAN
 
 CPU_NO_PREDICTION = ("the plan has no prediction for this run: its accelerator has no catalog peak (a CPU's "
                      "peak is measured at run time), so the planner cannot estimate step time or MFU")
@@ -72,7 +73,7 @@ def summarize(run: RunData, final: list[dict[str, Any]], attempts: list[Attempt]
 def plan_comparison(run: RunData, s: dict[str, Any]) -> dict[str, Any]:
     pred = (run.plan or {}).get("prediction") or {}
     if not run.plan:
-        return {"available": False, "note": "no plan.json in the run directory"}
+        return {"available": False, "note": f"no {PLAN} in the run directory"}
     if pred.get("mfu") is None:
         return {"available": False, "note": CPU_NO_PREDICTION}
     measured = (s.get("mfu") or {}).get("median")

@@ -19,10 +19,10 @@ from typing import NoReturn
 import torch
 
 from trainctl.errors import SpecError, TrainctlError
-from trainctl.rundir import RunPaths, record_event
+from trainctl.rundir import SPEC, RunPaths, record_event
 from trainctl.runtime.distributed import RankEnv, exit_now
 
-USAGE = "usage: python -m trainctl.runtime RUN_DIR   (RUN_DIR holds the frozen spec.yaml)"
+USAGE = f"usage: python -m trainctl.runtime RUN_DIR   (RUN_DIR holds the frozen {SPEC})"
 
 
 def main(argv: list[str] | None = None) -> NoReturn:

@@ -20,10 +20,8 @@ import torch
 import torch.distributed as dist
 
 from trainctl.plan.placement import Groups, Layout, coords, tp_groups_across_nodes
-from trainctl.rundir import RunPaths, record_event
+from trainctl.rundir import PLACEMENT, RunPaths, record_event
 from trainctl.spec.models import RunSpec
-
-PLACEMENT_FILE = "placement.json"
 
 
 class PlacementError(RuntimeError):
@@ -87,7 +85,7 @@ def check(mapping: dict[str, Any]) -> None:
             f"placement: {len(actual)} tensor-parallel group(s) span two nodes although the plan put every TP "
             f"group inside one node, e.g. TP group {g}: {where}. The launcher placed ranks differently from "
             f"the plan (ranks per node must be cluster.gpus_per_node, consecutive ranks on one node); see "
-            f"{PLACEMENT_FILE}")
+            f"{PLACEMENT}")
 
 
 def prove_placement(spec: RunSpec, paths: RunPaths, rank: int, local_rank: int,
@@ -101,9 +99,9 @@ def prove_placement(spec: RunSpec, paths: RunPaths, rank: int, local_rank: int,
         reports = [mine]
     mapping = build_map(reports, Layout.from_spec(spec))
     if rank == 0:
-        tmp = paths.root / f".{PLACEMENT_FILE}.tmp"
+        tmp = paths.placement.with_name(f".{paths.placement.name}.tmp")
         tmp.write_text(json.dumps(mapping, indent=1) + "\n", encoding="utf-8")
-        os.replace(tmp, paths.root / PLACEMENT_FILE)
+        os.replace(tmp, paths.placement)
         record_event(paths, "placement", nodes=mapping["nodes"],
                      tp_groups_across_nodes=len(mapping["tp_groups_across_nodes"]))
     check(mapping)  # the same decision on every rank: all stop together
@@ -112,6 +110,6 @@ def prove_placement(spec: RunSpec, paths: RunPaths, rank: int, local_rank: int,
 
 def read_placement(root: Path) -> dict[str, Any] | None:
     try:
-        return json.loads((root / PLACEMENT_FILE).read_text(encoding="utf-8"))
+        return json.loads(RunPaths(root).placement.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
         return None

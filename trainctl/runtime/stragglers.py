@@ -31,7 +31,7 @@ SLOW_RANK_ENV = "TRAINCTL_TEST_SLOW_RANK"  # "<rank>:<seconds>[,<rank>:<seconds>
 
 
 def steptimes_path(paths: RunPaths, rank: int) -> Path:
-    return paths.logs / f"steptimes-rank{rank}.jsonl"
+    return paths.steptimes(rank)
 
 
 class StepTimeLog:

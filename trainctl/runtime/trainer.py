@@ -180,7 +180,7 @@ class Trainer:
         if stop is not None:
             return stop
         if os.environ.get("TRAINCTL_DUMP_WEIGHTS") == "1":
-            self.dump_weights(self.paths.root / "final_weights")
+            self.dump_weights(self.paths.final_weights)
         if self.log:
             record_event(self.paths, "finish", steps=spec.train.steps, loss=last.get("loss"))
         return 0

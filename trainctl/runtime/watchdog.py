@@ -45,7 +45,7 @@ def timeout_from(spec: Any, env: dict[str, str] | None = None) -> float | None:
 
 
 def heartbeat_path(paths: RunPaths, rank: int) -> Path:
-    return paths.logs / f"heartbeat-rank{rank}"
+    return paths.heartbeat(rank)
 
 
 class Watchdog:

@@ -25,9 +25,13 @@ import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
-TRAINER_MODULE = "trainctl.runtime"
-DEFAULT_GRACE_S = 300  # warning before the time limit: enough to write an async checkpoint
+from trainctl.launch.backend import DEFAULT_GRACE_S, TRAINER_MODULE
+from trainctl.rundir import COMMANDS, EVENTS, RunPaths
+
+RUN = RunPaths(Path("$RUN_DIR"))  # the run directory's files as the script's body names them
+RELATIVE = RunPaths(Path())  # and relative to the run directory
 MASTER_PORT_BASE = 20000
 
 # Characters a #SBATCH line carries verbatim: sbatch splits the line at whitespace, strips quotes and
@@ -80,7 +84,7 @@ def sbatch_options(req: SbatchRequest) -> list[str]:
     """Every sbatch option of the request, as `--flag=value` words (values not yet vetted)."""
     tasks_per_node = req.gpus_per_node if req.mode == "srun" else 1
     # '%' starts a Slurm filename pattern: a literal one in the run dir is written '%%'.
-    logs = f"{req.run_dir.rstrip('/').replace('%', '%%')}/logs/slurm-%j.out"
+    logs = f"{req.run_dir.rstrip('/').replace('%', '%%')}/{RELATIVE.slurm_output('%j')}"
     opts = [f"--job-name={req.job_name}", f"--nodes={req.nodes}", f"--ntasks-per-node={tasks_per_node}"]
     if req.request_gpus:
         opts.append(f"--gpus-per-node={req.gpus_per_node}")
@@ -139,7 +143,7 @@ def step_command(req: SbatchRequest) -> list[str]:
     # PET_LOG_DIR (torchrun's --log-dir) is per node, so `trainctl logs --rank N` can find a rank.
     wrapper = 'trap "" USR1; export PET_LOG_DIR="$0/$SLURMD_NODENAME"; exec "$@"'
     return ["srun", f"--nodes={req.nodes}", f"--ntasks={req.nodes}", "--ntasks-per-node=1", *common, *user,
-            "bash", "-c", q(wrapper), '"$RUN_DIR/logs/torchrun/$SLURM_JOB_ID.${SLURM_RESTART_COUNT:-0}"',
+            "bash", "-c", q(wrapper), f'"{RUN.torchrun_attempt_logs("$SLURM_JOB_ID", "${SLURM_RESTART_COUNT:-0}")}"',
             '"$PYTHON"', "-m", "torch.distributed.run", "--nnodes=$SLURM_NNODES", f"--nproc-per-node={G}",
             "--rdzv-backend=c10d", '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"', '--rdzv-id="$SLURM_JOB_ID"',
             f"--max-restarts={req.max_restarts}", "--redirects=3", "--tee=3",
@@ -164,7 +168,7 @@ def render(req: SbatchRequest) -> SbatchRender:
     ]
     if cli:
         out.append("# More options are given on the sbatch command line (values a #SBATCH line cannot carry): "
-                   + " ".join(sorted({o.split("=", 1)[0] for o in cli})) + "; see commands.txt")
+                   + " ".join(sorted({o.split("=", 1)[0] for o in cli})) + f"; see {COMMANDS}")
     out += [
         "",
         "set -u  # no -e/pipefail: the step's exit status is handled below",
@@ -185,9 +189,9 @@ def render(req: SbatchRequest) -> SbatchRender:
         *[f"export {k}={q(v)}" for k, v in req.env.items()],
         "",
         'attempt="${SLURM_RESTART_COUNT:-0}"',
-        "event() {  # event KIND [EXTRA_JSON]: one line of RUN/events.jsonl (values are ours: numbers, words)",
+        f"event() {{  # event KIND [EXTRA_JSON]: one line of RUN/{EVENTS} (values are ours: numbers, words)",
         '    printf \'{"time":%s,"event":"%s","pid":%d,"job_id":"%s","attempt":%d%s}\\n\' '
-        '"$(date +%s.%N)" "$1" "$$" "$SLURM_JOB_ID" "$attempt" "${2:-}" >>"$RUN_DIR/events.jsonl"',
+        f'"$(date +%s.%N)" "$1" "$$" "$SLURM_JOB_ID" "$attempt" "${{2:-}}" >>"{RUN.events}"',
         "}",
         'echo "trainctl: job $SLURM_JOB_ID attempt $attempt on $SLURM_JOB_NODELIST,'
         ' master $MASTER_ADDR:$MASTER_PORT"',
@@ -196,9 +200,9 @@ def render(req: SbatchRequest) -> SbatchRender:
         "requeue=0",
         "terminated=0",
         "step_pid=",
-        'events_at_start="$(wc -l <"$RUN_DIR/events.jsonl" 2>/dev/null || echo 0)"',
+        f'events_at_start="$(wc -l <"{RUN.events}" 2>/dev/null || echo 0)"',
         "this_attempt() {  # whether this attempt recorded event $1 (not an earlier job or attempt)",
-        '    tail -n +"$((events_at_start + 1))" "$RUN_DIR/events.jsonl" 2>/dev/null |',
+        f'    tail -n +"$((events_at_start + 1))" "{RUN.events}" 2>/dev/null |',
         '        grep -qs "\\"event\\": *\\"$1\\""',
         "}",
         "on_usr1() {  # Slurm's warning (--signal=B:USR1) or `scancel --batch --signal=USR1`",

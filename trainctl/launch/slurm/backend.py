@@ -1,0 +1,156 @@
+"""The Slurm backend: `launch` submits a batch script, `status` asks Slurm, `cancel` is scancel, `resume`
+submits the run directory's script again. No torch."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+from pathlib import Path
+from typing import Any
+
+from trainctl.errors import EXIT_OK
+from trainctl.launch.backend import (
+    DEFAULT_GRACE_S,
+    Backend,
+    JobState,
+    Line,
+    LogFiles,
+    Say,
+    no_rank_logs,
+    note,
+    verbatim,
+)
+from trainctl.launch.slurm import NAME, cluster, submit
+from trainctl.launch.slurm import job_state as jobs
+from trainctl.launch.slurm.render import SlurmLaunch, plan_slurm
+from trainctl.rundir import RunPaths
+from trainctl.spec import RunSpec
+
+
+class SlurmBackend(Backend[SlurmLaunch, RunPaths]):
+    name = NAME
+
+    def prepare(self, spec: RunSpec, run_dir: Path | None, *, grace_s: int = DEFAULT_GRACE_S) -> SlurmLaunch:
+        return plan_slurm(spec, run_dir, grace_s=grace_s)
+
+    def dry_run(self, launch: SlurmLaunch) -> list[Line]:
+        lines = [note(("run dir (not created)", "bold"), f" {launch.run_dir}")]
+        lines += [note(text) for text in plan_summary(launch.spec)]
+        if shutil.which("sinfo"):
+            problems = cluster.check_cluster(launch.spec, cluster.query_sinfo())
+            lines += [note(("cluster check:", "red"), f" {p}") for p in problems]
+            if not problems:
+                lines.append(note("cluster check (sinfo): ok"))
+        else:
+            lines.append(note(("sinfo not found: cluster checks skipped", "dim")))
+        lines += [note(("submit with", "bold")), verbatim(shlex.join(launch.submit_argv())),
+                  note(("sbatch script", "bold")), verbatim(launch.script.removesuffix("\n"))]
+        return lines
+
+    def start(self, launch: SlurmLaunch, say: Say) -> int:
+        cluster.require_cluster_fits(launch.spec)
+        paths = submit.create(launch)
+        job_id = submit.submit(launch, paths)
+        say(note(("submitted", "bold"), f" Slurm job {job_id}  run dir {paths.root}"))
+        run = shlex.quote(str(paths.root))
+        say(note(f"follow it:  trainctl status {run}   |   trainctl logs {run} -f"))
+        return EXIT_OK
+
+    def require_not_active(self, paths: RunPaths) -> None:
+        submit.require_not_active(paths)
+
+    def prepare_resume(self, spec: RunSpec, paths: RunPaths) -> RunPaths:
+        # Rendered at submission from the spec then on disk (resubmit), after `resume --set` has written it.
+        return paths
+
+    def resume_details(self, relaunch: RunPaths) -> dict[str, Any]:
+        return {}
+
+    def resume_dry_run(self, relaunch: RunPaths) -> list[Line]:
+        return []
+
+    def resume(self, relaunch: RunPaths, say: Say) -> int:
+        job_id = submit.resubmit(relaunch)
+        say(note(f"submitted job {job_id}"))
+        return EXIT_OK
+
+    def job_state(self, paths: RunPaths, job: dict[str, Any], events: list[dict[str, Any]]) -> JobState:
+        job_id = job.get("job_id")
+        if job_id is None:
+            return JobState(jobs.UNKNOWN, f"never submitted (see {paths.events.name})", attempts=0, active=False)
+        info = jobs.job_state(str(job_id))
+        state, reason = info["state"], info["reason"]
+        # Attempts of every job of the run (`trainctl resume` submits a new job into the same run dir).
+        seen = {(str(e.get("job_id")), e.get("attempt")) for e in events if e.get("event") == "slurm_start"}
+        earlier = sum(1 for j, _ in seen if j != str(job_id))
+        attempts = max(len(seen), earlier + (info["restarts"] or 0) + 1 if info["restarts"] is not None else 0)
+        if info["restarts"] and state == jobs.PENDING:
+            reason = f"requeued ({reason})" if reason else "requeued"
+        return JobState(state, reason, attempts=attempts, active=jobs.is_active(state), nodes=info["nodes"])
+
+    def log_files(self, paths: RunPaths, job: dict[str, Any], rank: int | None) -> LogFiles:
+        outputs = slurm_outputs(paths, job)
+        if rank is None:
+            return LogFiles(outputs)
+        if (job.get("slurm") or {}).get("mode") == "srun":
+            return LogFiles(outputs, prefix=srun_label_prefix(rank))  # srun's task id is the global rank
+        files = torchrun_rank_logs(paths, rank)
+        if not files:
+            raise no_rank_logs(paths, rank, f"torchrun mode on Slurm needs RUN/{paths.placement.name} to find a "
+                                            "rank's node")
+        return LogFiles(files)
+
+    def cancel(self, paths: RunPaths, job: dict[str, Any]) -> str:
+        submit.cancel(str(job["job_id"]))
+        return f"cancelled Slurm job {job['job_id']}"
+
+
+def plan_summary(spec: RunSpec) -> list[str]:
+    """A few lines of the plan: layout, placement, the planner's headline estimate (if it is there)."""
+    c, par = spec.cluster, spec.parallel
+    lines = [f"{spec.name}: {spec.world_size} ranks = tp {par.tp} x pp {par.pp} x dp {spec.dp} on "
+             f"{c.nodes} node(s) x {c.gpus_per_node} ({c.gpu}); launcher {spec.launcher.mode}, "
+             f"max_restarts {spec.launcher.max_restarts}; {spec.train.steps} steps"]
+    from trainctl.plan.placement import Layout, tp_groups_across_nodes
+
+    across = tp_groups_across_nodes(Layout.from_spec(spec))
+    lines.append("placement: every TP group inside one node" if not across
+                 else f"placement: {len(across)} TP group(s) span nodes, e.g. {across[0]}")
+    try:
+        from trainctl.plan.plan import build_plan
+    except ImportError:
+        return lines
+    p = build_plan(spec)
+    est = [f"predicted MFU {p.mfu:.1%}" if p.mfu is not None else None,
+           "fits in memory" if p.fits else "DOES NOT FIT in memory"]
+    lines.append("plan: " + ", ".join(x for x in est if x))
+    lines += [f"plan {w.level}: {w.message}" for w in p.warnings]
+    return lines
+
+
+def slurm_outputs(paths: RunPaths, job: dict[str, Any]) -> list[Path]:
+    """The output file of every Slurm job of the run (first submission, then each resubmission)."""
+    ids = [j["job_id"] for j in (job.get("slurm") or {}).get("jobs", []) if j.get("job_id") is not None]
+    if job.get("job_id") is not None and job["job_id"] not in ids:
+        ids.append(job["job_id"])
+    return [paths.slurm_output(str(i)) for i in ids]
+
+
+def torchrun_rank_logs(paths: RunPaths, rank: int) -> list[Path]:
+    """torchrun's files of a global rank, oldest attempt first: its node and local rank are what the rank
+    reported at start (placement.json), since rendezvous order decides them (docs/ARCHITECTURE.md,
+    "Rank order")."""
+    try:
+        data = json.loads(paths.placement.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return []
+    where = {str(r["rank"]): r for r in data.get("ranks", [])}.get(str(rank))
+    if where is None:
+        return []
+    return paths.slurm_rank_logs(where["node"], where["local_rank"])
+
+
+def srun_label_prefix(rank: int) -> str:
+    """`srun --label` prefixes every line with the task id (right-aligned), then ': '."""
+    return f"{rank}: "

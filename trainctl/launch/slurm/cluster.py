@@ -1,0 +1,144 @@
+"""What the cluster offers (sinfo) and what would make a job impossible on it. No torch.
+
+Checked before anything is submitted (and shown by --dry-run), so a job that could never start is refused
+with the field to change, instead of waiting in the queue forever.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from trainctl.errors import RunError, UsageError
+from trainctl.launch.slurm.tools import run_slurm
+from trainctl.spec import RunSpec
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    partition: str
+    default: bool
+    available: str  # up/down/drain/inact
+    max_time_min: int | None  # None: UNLIMITED
+    node: str
+    state: str
+    gpus: int
+    cpus: int
+
+
+SINFO_FORMAT = "%P|%a|%l|%N|%t|%G|%c"  # partition(* = default)|avail|timelimit|node|state|gres|cpus
+
+
+def parse_time(text: str) -> int | None:
+    """Slurm time limit -> minutes (rounded up); None if malformed. UNLIMITED/infinite -> a huge number."""
+    t = text.strip()
+    if t.upper() in ("UNLIMITED", "INFINITE"):
+        return 10**9
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", t)
+    if not m:
+        return None
+    days, a, b, c = (int(x) if x is not None else None for x in m.groups())
+    if days is not None:  # D-HH, D-HH:MM, D-HH:MM:SS
+        h, mi, s = a, b or 0, c or 0
+    elif c is not None:  # HH:MM:SS
+        h, mi, s = a, b, c
+    elif b is not None:  # MM:SS
+        h, mi, s = 0, a, b
+    else:  # minutes
+        h, mi, s = 0, a, 0
+    assert h is not None and mi is not None
+    total_s = ((days or 0) * 24 + h) * 3600 + mi * 60 + s
+    return -(-total_s // 60)
+
+
+def parse_gres_gpus(gres: str) -> int:
+    """'gpu:4', 'gpu:a100:8(S:0-1)', 'gpu:2,shard:4' -> GPUs; '(null)' -> 0."""
+    total = 0
+    for item in gres.split(","):
+        item = re.sub(r"\(.*?\)", "", item)
+        parts = item.split(":")
+        if parts[0] == "gpu" and len(parts) >= 2 and parts[-1].isdigit():
+            total += int(parts[-1])
+    return total
+
+
+def parse_sinfo(text: str) -> list[NodeInfo]:
+    out = []
+    for line in text.splitlines():
+        f = line.strip().split("|")
+        if len(f) != 7:
+            continue
+        part, avail, limit, node, state, gres, cpus = f
+        out.append(NodeInfo(partition=part.rstrip("*"), default=part.endswith("*"), available=avail,
+                            max_time_min=parse_time(limit) if limit not in ("", "n/a") else None,
+                            node=node, state=state, gpus=parse_gres_gpus(gres),
+                            cpus=int(cpus) if cpus.isdigit() else 0))
+    return out
+
+
+def query_sinfo() -> list[NodeInfo]:
+    proc = run_slurm("sinfo", "-h", "-N", "-o", SINFO_FORMAT)
+    if proc.returncode != 0:
+        raise RunError(f"sinfo failed: {proc.stderr.strip() or proc.stdout.strip()}",
+                       hint="is slurmctld up? try `sinfo`")
+    return parse_sinfo(proc.stdout)
+
+
+DEAD_STATES = ("down", "drain", "drng", "fail", "maint", "unk", "npc", "futr", "inval")
+
+
+def check_cluster(spec: RunSpec, nodes: list[NodeInfo]) -> list[str]:
+    """What would make this job impossible on this cluster: each a message naming the field and the fix."""
+    c = spec.cluster
+    parts = sorted({n.partition for n in nodes})
+    if c.partition is None:
+        default = sorted({n.partition for n in nodes if n.default})
+        if not default:
+            return [f"cluster.partition is not set and the cluster has no default partition; set "
+                    f"cluster.partition to one of: {', '.join(parts)}"]
+        name = default[0]
+    else:
+        name = c.partition
+    mine = [n for n in nodes if n.partition == name]
+    if not mine:
+        return [f"cluster.partition = {name!r}: no such partition; use one of: {', '.join(parts) or '(none)'}"]
+    problems = []
+    where = f"partition {name!r}" + (" (the default)" if c.partition is None else "")
+    if mine[0].available != "up":
+        problems.append(f"{where} is {mine[0].available}, jobs will not start; pick another cluster.partition")
+    count = len({n.node for n in mine})
+    usable = {n.node for n in mine if not n.state.rstrip("*~#!%$@^-").startswith(DEAD_STATES)}
+    if c.nodes > count:
+        problems.append(f"cluster.nodes = {c.nodes} but {where} has {count} node(s); lower cluster.nodes or pick "
+                        f"a bigger partition")
+    elif c.nodes > len(usable):
+        problems.append(f"cluster.nodes = {c.nodes} but only {len(usable)} node(s) of {where} are up; the job "
+                        "would wait until nodes return (lower cluster.nodes or pick another partition)")
+    if c.gpu != "cpu":
+        with_gpus = {n.node for n in mine if n.gpus >= c.gpus_per_node}
+        most = max((n.gpus for n in mine), default=0)
+        if len(with_gpus) < c.nodes:
+            problems.append(f"cluster.gpus_per_node = {c.gpus_per_node} but {where} has "
+                            f"{len(with_gpus)} node(s) with that many GPUs (at most {most} per node, from gres); "
+                            "lower cluster.gpus_per_node or pick a GPU partition")
+    limit = mine[0].max_time_min
+    if c.time is not None and limit is not None:
+        want = parse_time(c.time)
+        if want is not None and want > limit:
+            problems.append(f"cluster.time = {c.time!r} is over {where}'s limit of {_fmt_minutes(limit)}; lower "
+                            "cluster.time (the run requeues itself at the limit and resumes) or pick another "
+                            "partition")
+    return problems
+
+
+def _fmt_minutes(m: int) -> str:
+    d, rest = divmod(m, 24 * 60)
+    h, mi = divmod(rest, 60)
+    return f"{d}-{h:02d}:{mi:02d}:00" if d else f"{h:02d}:{mi:02d}:00"
+
+
+def require_cluster_fits(spec: RunSpec) -> None:
+    problems = check_cluster(spec, query_sinfo())
+    if problems:
+        raise UsageError("\n".join(problems), hint="`sinfo` shows the partitions, nodes, GPUs and time limits")
+
