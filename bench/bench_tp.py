@@ -142,7 +142,7 @@ def main_rank(a: argparse.Namespace) -> None:
     from dtensor_ref_worker import data
     from torch.distributed.device_mesh import init_device_mesh
 
-    from trainctl.runtime.model import ModelConfig
+    from trainctl.model_shape import ModelShape
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -155,7 +155,7 @@ def main_rank(a: argparse.Namespace) -> None:
     only = set(filter(None, a.only.split(",")))
     results: dict = {}
     for mname, (kw, n) in models.items():
-        cfg = ModelConfig(**kw)
+        cfg = ModelShape(**kw)
         x, y = data(cfg, batch=a.batch)
         results[mname] = {"config": {**kw, "batch": a.batch, "timed_steps": n},
                           **time_interleaved(make_steps(cfg, x, y, mesh, only), n, a.warmup)}

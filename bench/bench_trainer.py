@@ -43,8 +43,9 @@ def bare_loop(run_dir: Path, out: Path) -> None:
     """The reference: a plain PyTorch training loop, no trainctl engine code."""
     import torch
 
+    from trainctl.model_shape import ModelShape
     from trainctl.runtime.data import build_loader
-    from trainctl.runtime.model import ModelConfig, build_stage, loss_fn
+    from trainctl.runtime.model import build_stage, loss_fn
     from trainctl.runtime.optim import lr_at
     from trainctl.runtime.tensor_parallel import TPContext
     from trainctl.spec import load_spec
@@ -54,9 +55,9 @@ def bare_loop(run_dir: Path, out: Path) -> None:
     torch.manual_seed(t.seed)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     amp = device.type == "cuda" and t.precision == "bf16"
-    cfg = ModelConfig.from_spec(spec)
+    cfg = ModelShape.from_spec(spec.model)
     tp = TPContext.single()
-    model = build_stage(cfg, range(cfg.layers), True, True, tp, t.seed, device=device)
+    model = build_stage(cfg, range(cfg.layers), True, True, tp, t.seed, recompute=t.recompute, device=device)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and not n.endswith("bias")]
     no_decay = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and not n.endswith("bias"))]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": t.weight_decay},

@@ -49,7 +49,8 @@ from torch.distributed.tensor.parallel import (
 )
 from tp_worker import data, gather_grads  # the same data and full-gradient gathering as the trainctl TP tests
 
-from trainctl.runtime.model import ModelConfig, build_stage, loss_fn
+from trainctl.model_shape import ModelShape
+from trainctl.runtime.model import build_stage, loss_fn
 from trainctl.runtime.tensor_parallel import TPContext, sync_sequence_parallel_grads
 
 SEED = 1234
@@ -66,13 +67,13 @@ LLAMA = dict(layers=2, hidden=64, heads=8, kv_heads=4, ffn_hidden=96, vocab=256,
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _norm(cfg: ModelConfig) -> nn.Module:
+def _norm(cfg: ModelShape) -> nn.Module:
     if cfg.norm == "rmsnorm":
         return nn.RMSNorm(cfg.hidden, eps=cfg.norm_eps)
     return nn.LayerNorm(cfg.hidden, eps=cfg.norm_eps, bias=cfg.bias)
 
 
-def _rope_tables(cfg: ModelConfig) -> tuple[Tensor, Tensor]:
+def _rope_tables(cfg: ModelShape) -> tuple[Tensor, Tensor]:
     # same numbers as trainctl's Rotary: computed in fp64, stored as fp32, cast to the compute dtype on use
     hd = cfg.head_dim
     inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
@@ -89,7 +90,7 @@ def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 class RefAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelShape):
         super().__init__()
         self.cfg = cfg
         hd = cfg.head_dim
@@ -117,7 +118,7 @@ class RefAttention(nn.Module):
 
 
 class RefMLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelShape):
         super().__init__()
         self.swiglu = cfg.activation == "swiglu"
         h, f = cfg.hidden, cfg.ffn_hidden
@@ -136,7 +137,7 @@ class RefMLP(nn.Module):
 
 
 class RefBlock(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelShape):
         super().__init__()
         self.attn_norm = _norm(cfg)
         self.attn = RefAttention(cfg)
@@ -151,7 +152,7 @@ class RefBlock(nn.Module):
 class RefModel(nn.Module):
     """Whole decoder (embedding, blocks, final norm, LM head); returns logits (a Shard(-1) DTensor under TP)."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelShape):
         super().__init__()
         self.cfg = cfg
         self.tok = nn.Embedding(cfg.vocab, cfg.hidden)
@@ -234,7 +235,7 @@ def reference_loss(model: RefModel, ids: Tensor, targets: Tensor) -> Tensor:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _fused_splits(cfg: ModelConfig) -> dict[str, tuple[list[str], list[int]]]:
+def _fused_splits(cfg: ModelShape) -> dict[str, tuple[list[str], list[int]]]:
     """trainctl fused name suffix -> (reference name suffixes, row sizes)."""
     hd = cfg.head_dim
     out = {"attn.qkv": (["attn.q", "attn.k", "attn.v"], [cfg.heads * hd, cfg.kv_heads * hd, cfg.kv_heads * hd]),
@@ -246,7 +247,7 @@ def _fused_splits(cfg: ModelConfig) -> dict[str, tuple[list[str], list[int]]]:
     return out
 
 
-def trainctl_to_reference(cfg: ModelConfig, full: dict[str, Tensor]) -> dict[str, Tensor]:
+def trainctl_to_reference(cfg: ModelShape, full: dict[str, Tensor]) -> dict[str, Tensor]:
     """Full trainctl tensors by name -> full reference tensors by name (fused rows split)."""
     splits = _fused_splits(cfg)
     out: dict[str, Tensor] = {}
@@ -271,7 +272,7 @@ def trainctl_to_reference(cfg: ModelConfig, full: dict[str, Tensor]) -> dict[str
     return out
 
 
-def reference_to_trainctl(cfg: ModelConfig, ref: dict[str, Tensor]) -> dict[str, Tensor]:
+def reference_to_trainctl(cfg: ModelShape, ref: dict[str, Tensor]) -> dict[str, Tensor]:
     """Full reference gradients by name -> trainctl names (unfused parts concatenated back)."""
     splits = _fused_splits(cfg)
     out: dict[str, Tensor] = {}
@@ -305,7 +306,7 @@ def reference_to_trainctl(cfg: ModelConfig, ref: dict[str, Tensor]) -> dict[str,
     return out
 
 
-def build_reference(cfg: ModelConfig, mesh: DeviceMesh | None, sp: bool, seed: int = SEED,
+def build_reference(cfg: ModelShape, mesh: DeviceMesh | None, sp: bool, seed: int = SEED,
                     dtype: torch.dtype = torch.float64) -> RefModel:
     """The reference loaded with exactly trainctl's (layout-independent) initial weights, then parallelized."""
     single = build_stage(cfg, range(cfg.layers), True, True, TPContext.single(), seed, dtype=dtype)
@@ -342,7 +343,7 @@ def reference_grads(model: RefModel) -> dict[str, Tensor]:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def trainctl_step(cfg: ModelConfig, tp: TPContext, x: Tensor, y: Tensor, dtype=torch.float64):
+def trainctl_step(cfg: ModelShape, tp: TPContext, x: Tensor, y: Tensor, dtype=torch.float64):
     stage = build_stage(cfg, range(cfg.layers), True, True, tp, SEED, dtype=dtype)
     loss = loss_fn(stage(x), y, cfg, tp)
     loss.backward()
@@ -357,7 +358,7 @@ def _max_diff(a: dict[str, Tensor], b: dict[str, Tensor]) -> tuple[float, str]:
 
 
 def compare(kw: dict, mesh: DeviceMesh, sp: bool) -> dict:
-    cfg = ModelConfig(**kw)
+    cfg = ModelShape(**kw)
     x, y = data(cfg)
     group = mesh.get_group()
     tp = TPContext.from_group(group, sequence_parallel=sp)

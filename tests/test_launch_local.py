@@ -224,6 +224,11 @@ def test_launch_tiny_cpu_recipe(tmp_path: Path) -> None:
     assert (paths.logs / "launcher.log").stat().st_size > 0
     events = [e["event"] for e in read_jsonl(paths.events)]
     assert events[0] == "launch" and events[-1] == "launcher_exit"
+    # the parameters the trainer built (TP x PP x ZeRO-1 here) are the ones the plan predicted
+    (start,) = [e for e in read_jsonl(paths.events) if e["event"] == "start"]
+    planned = json.loads(run_cli("plan", str(paths.spec), "--json").stdout)["params"]
+    assert start["params"] == {"total": planned["total"], "per_rank": planned["per_rank"]}
+    assert planned["total"] == 217_664  # the tiny preset, LayerNorm without bias (tests/test_params_built.py)
 
 
 @pytest.mark.slow

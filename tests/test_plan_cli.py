@@ -1,7 +1,7 @@
 """`trainctl plan` as a user runs it (subprocess), and the recipes through the planner.
 
 Sources: the issue's output contract (--json with every figure in plain units, --ranks, --auto, exit code
-2 with one stderr line for a spec error) and design.md's exit codes (0 ok, 1 failed, 2 usage/spec).
+2 with one stderr line for a spec error) and the exit codes of docs/ARCHITECTURE.md (0 ok, 1 failed, 2 usage/spec).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def test_plan_tables_and_ranks():
 
 def test_bad_tp_exits_2_with_one_clear_line():
     out = trainctl("plan", TINY, "--set", "parallel.tp=3", "--set", "model.heads=6", "--set", "model.hidden=96",
-                   "--set", "model.seq_len=66")  # only the world size is wrong
+                   "--set", "model.seq_len=66", "--set", "model.ffn_hidden=384")  # only the world size is wrong
     assert out.returncode == 2
     lines = [x for x in out.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and "parallel" in lines[0] and "Fix:" in lines[0]

@@ -18,9 +18,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from trainctl.model_shape import ModelShape
 from trainctl.plan.estimate import Candidate, Evaluator
 from trainctl.plan.memory import layer_activation_bytes, model_state_bytes
-from trainctl.plan.model import ModelShape
 from trainctl.plan.plan import context_from_spec
 from trainctl.spec import load_spec_text
 
@@ -54,8 +54,9 @@ SEQ = 2048
 
 
 def gpt_shape(a: int, h: int, L: int) -> ModelShape:
-    return ModelShape(layers=L, hidden=h, heads=a, kv_heads=a, ffn=4 * h, vocab=51200, seq=SEQ, swiglu=False,
-                      layernorm=True, learned_pos=True, tied=True, bias=True, dropout=True)
+    return ModelShape(layers=L, hidden=h, heads=a, kv_heads=a, ffn_hidden=4 * h, vocab=51200, seq_len=SEQ,
+                      activation="gelu", norm="layernorm", position="learned", tied_embeddings=True, bias=True,
+                      dropout=0.1)
 
 
 @pytest.mark.parametrize("name,a,h,L,t,p,b", KORTHIKANTI_MODELS)

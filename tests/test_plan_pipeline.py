@@ -17,9 +17,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from trainctl.model_shape import ModelShape, embedding_cost
 from trainctl.plan import schedule
 from trainctl.plan.estimate import Evaluator
-from trainctl.plan.pipeline import balanced_split, embedding_cost_in_layers, stage_layers
+from trainctl.plan.pipeline import balanced_split, stage_layers
 from trainctl.plan.plan import candidate_from_spec, context_from_spec
 from trainctl.spec import load_spec_text
 from trainctl.spec.models import ModelSpec
@@ -120,7 +121,7 @@ def test_split_on_llama3_405b_matches_the_paper():
     # Llama 3 herd paper (Dubey et al. 2024, section 3.3.2): 126 layers on PP=16 with one layer fewer
     # on the first and the last stage because they hold the embedding and the LM head.
     spec = ModelSpec(preset="llama3-405b")
-    cost = embedding_cost_in_layers(spec)
+    cost = embedding_cost(ModelShape.from_spec(spec))
     assert balanced_split(126, 16, cost, cost) == [7] + [8] * 14 + [7]
 
 

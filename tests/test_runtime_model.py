@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainctl.plan.pipeline import layer_params
+from trainctl.model_shape import ModelShape, param_counts
 from trainctl.runtime.init import full_tensor, iter_param_meta
-from trainctl.runtime.model import ModelConfig, build_stage, count_params, loss_fn, matmul_params
+from trainctl.runtime.model import build_stage, loss_fn
 from trainctl.runtime.tensor_parallel import (
     ShardSpec,
     TPContext,
@@ -40,7 +40,7 @@ def _one_thread():
     torch.set_num_threads(n)
 
 
-def batch(cfg: ModelConfig, seed: int = 0, b: int = 2):
+def batch(cfg: ModelShape, seed: int = 0, b: int = 2):
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, cfg.vocab, (b, cfg.seq_len + 1), generator=g)
     return ids[:, :-1], ids[:, 1:]
@@ -55,7 +55,7 @@ def fwd_bwd(model, cfg, x, y, rng_seed=0):
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_variant_forward_backward(variant):
-    cfg = ModelConfig(**BASE, **VARIANTS[variant])
+    cfg = ModelShape(**BASE, **VARIANTS[variant])
     model = build_stage(cfg, range(cfg.layers), True, True, SINGLE, seed=1)
     x, y = batch(cfg)
     logits = model(x)
@@ -68,7 +68,7 @@ def test_variant_forward_backward(variant):
     for name, p in model.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all(), name
         assert p.grad.abs().sum() > 0, name
-    assert sum(p.numel() for p in model.parameters()) == count_params(cfg)
+    assert sum(p.numel() for p in model.parameters()) == param_counts(cfg).total
     names = {n for n, _ in model.named_parameters()}
     assert ("head.weight" in names) == (not cfg.tied_embeddings)
     assert ("embed.pos.weight" in names) == (cfg.position == "learned")
@@ -77,7 +77,7 @@ def test_variant_forward_backward(variant):
 
 def test_causal():
     """Changing a later token never changes earlier logits."""
-    cfg = ModelConfig(**BASE, **VARIANTS["llama-gqa"])
+    cfg = ModelShape(**BASE, **VARIANTS["llama-gqa"])
     model = build_stage(cfg, range(cfg.layers), True, True, SINGLE, seed=1)
     x, _ = batch(cfg)
     x2 = x.clone()
@@ -93,11 +93,11 @@ def test_causal():
 def test_recompute_is_exact(variant, recompute):
     """Selective and full recompute give the same loss and grads as none (bitwise; dropout replayed)."""
     kw = {**BASE, **VARIANTS[variant]}
-    cfg0 = ModelConfig(**kw)
-    cfg1 = ModelConfig(**kw, recompute=recompute)
-    x, y = batch(cfg0)
-    l0, g0 = fwd_bwd(build_stage(cfg0, range(2), True, True, SINGLE, seed=3, dtype=torch.float64), cfg0, x, y)
-    l1, g1 = fwd_bwd(build_stage(cfg1, range(2), True, True, SINGLE, seed=3, dtype=torch.float64), cfg1, x, y)
+    cfg = ModelShape(**kw)
+    x, y = batch(cfg)
+    l0, g0 = fwd_bwd(build_stage(cfg, range(2), True, True, SINGLE, seed=3, dtype=torch.float64), cfg, x, y)
+    l1, g1 = fwd_bwd(build_stage(cfg, range(2), True, True, SINGLE, seed=3, recompute=recompute, dtype=torch.float64),
+                     cfg, x, y)
     assert torch.equal(l0, l1)
     for n in g0:
         assert torch.equal(g0[n], g1[n]), n
@@ -107,7 +107,7 @@ def test_recompute_is_exact(variant, recompute):
 def test_pipeline_split_keeps_names_and_values(variant):
     """Layers 0-1 + 2-3 in two stages vs all four in one: identical parameters by name (layout-free init),
     and chaining the two stages computes the same loss and grads (tied grads: sum of the two copies)."""
-    cfg = ModelConfig(**{**BASE, **VARIANTS[variant], "layers": 4})
+    cfg = ModelShape(**{**BASE, **VARIANTS[variant], "layers": 4})
     whole = build_stage(cfg, range(4), True, True, SINGLE, seed=5, dtype=torch.float64)
     first = build_stage(cfg, range(0, 2), True, False, SINGLE, seed=5, dtype=torch.float64)
     last = build_stage(cfg, range(2, 4), False, True, SINGLE, seed=5, dtype=torch.float64)
@@ -142,7 +142,7 @@ def test_pipeline_split_keeps_names_and_values(variant):
 def test_tp_shards_are_slices_of_the_single_model(tp_size):
     """Init is layout-independent across TP too: the shards built for each TP rank (no process group needed to
     build) reassemble into exactly the single-process parameters; padded vocab rows are zero."""
-    cfg = ModelConfig(**{**BASE, "heads": 4, "kv_heads": 4, "hidden": 32, "ffn_hidden": 64},
+    cfg = ModelShape(**{**BASE, "heads": 4, "kv_heads": 4, "hidden": 32, "ffn_hidden": 64},
                       norm="rmsnorm", position="rope", activation="swiglu", tied_embeddings=False)
     single = build_stage(cfg, range(2), True, True, SINGLE, seed=9)
     shards = [build_stage(cfg, range(2), True, True, TPContext(None, tp_size, r, True), seed=9)
@@ -158,7 +158,7 @@ def test_tp_shards_are_slices_of_the_single_model(tp_size):
 
 
 def test_init_independent_of_dtype_and_rules():
-    cfg = ModelConfig(**BASE, bias=True)
+    cfg = ModelShape(**BASE, bias=True)
     m32 = build_stage(cfg, range(2), True, True, SINGLE, seed=2)
     m64 = build_stage(cfg, range(2), True, True, SINGLE, seed=2, dtype=torch.float64)
     for (n, a), (_, b) in zip(m32.named_parameters(), m64.named_parameters(), strict=True):
@@ -218,37 +218,30 @@ def _spec(**model) -> RunSpec:
 
 @pytest.mark.parametrize("model", [{"preset": "tiny"}, {"preset": "gpt2-124m"}, {"preset": "llama3-8b"},
                                    {"preset": "llama3-8b", "tied_embeddings": True}])
-def test_config_from_spec_and_param_counts(model):
+def test_shape_from_spec(model):
     spec = _spec(**model)
-    cfg = ModelConfig.from_spec(spec)
+    cfg = ModelShape.from_spec(spec.model)
     m = spec.model
-    assert (cfg.layers, cfg.hidden, cfg.heads, cfg.kv_heads, cfg.ffn_hidden, cfg.vocab) == \
-        (m.layers, m.hidden, m.heads, m.kv_heads, m.ffn_hidden, m.vocab)
-    assert cfg.recompute == "selective"
-    assert matmul_params(cfg) == m.layers * layer_params(m) + m.vocab * m.hidden  # the planner's N
+    assert (cfg.layers, cfg.hidden, cfg.heads, cfg.kv_heads, cfg.ffn_hidden, cfg.vocab, cfg.rope_theta) == \
+        (m.layers, m.hidden, m.heads, m.kv_heads, m.ffn_hidden, m.vocab, m.rope_theta)
     for tp in (1, 3, 8):
         assert cfg.padded_vocab(tp) == spec.model_copy(update={"parallel": ParallelSpec(tp=tp)}).padded_vocab
 
 
 def test_param_counts_match_a_built_model():
+    """The arithmetic of trainctl.model_shape (what the planner and the MFU meter use) against the modules,
+    by kind: LayerNorm biases only with bias: true, position table only when learned, head only untied."""
     for kw in VARIANTS.values():
-        cfg = ModelConfig(**BASE, **kw)
+        cfg = ModelShape(**BASE, **kw)
         stage = build_stage(cfg, range(cfg.layers), True, True, SINGLE, seed=0)
-        assert sum(p.numel() for p in stage.parameters()) == count_params(cfg)
-    # llama3-8b: 8.03 B parameters (published)
-    cfg = ModelConfig.from_spec(_spec(preset="llama3-8b"))
-    assert abs(count_params(cfg) / 1e9 - 8.03) < 0.01
-
-
-def test_config_validation():
-    with pytest.raises(ValueError, match="not divisible by heads"):
-        ModelConfig(**{**BASE, "hidden": 30})
-    with pytest.raises(ValueError, match="kv_heads"):
-        ModelConfig(**BASE, kv_heads=3)
-    with pytest.raises(ValueError, match="norm"):
-        ModelConfig(**BASE, norm="batchnorm")
-    cfg = ModelConfig(**BASE, kv_heads=2)
-    with pytest.raises(ValueError, match="kv_heads=2 is not divisible by tp=4"):
-        build_stage(cfg, range(2), True, True, TPContext(None, 4, 0, False), seed=0)
-    with pytest.raises(ValueError, match="seq_len"):
-        build_stage(ModelConfig(**{**BASE, "seq_len": 15}), range(2), True, True, TPContext(None, 2, 0, True), 0)
+        counts = param_counts(cfg)
+        by_kind = {"norms": 0, "biases": 0, "position": 0}
+        for name, p in stage.named_parameters():
+            kind = ("norms" if "norm" in name else "position" if name == "embed.pos.weight"
+                    else "biases" if name.endswith(".bias") else None)
+            if kind:
+                by_kind[kind] += p.numel()
+        assert by_kind == {"norms": counts.norms, "biases": counts.biases, "position": counts.position}, kw
+        assert sum(p.numel() for p in stage.parameters()) == counts.total
+    # llama3-8b: 8.03 B parameters (published, Dubey et al. 2024)
+    assert abs(param_counts(ModelShape.from_spec(_spec(preset="llama3-8b").model)).total / 1e9 - 8.03) < 0.01

@@ -86,6 +86,12 @@ def test_heads_not_divisible_by_tp():
     assert any("model.kv_heads=8 is not divisible by tp" in p for p in found)
 
 
+def test_ffn_not_divisible_by_tp():
+    """The MLP's columns are split over tp: an ffn_hidden tp does not divide used to pass the rules."""
+    msg = one_problem(BASE, "model.ffn_hidden=14002")
+    assert "model.ffn_hidden = 14002" in msg and "divisible by 8, e.g. 14008" in msg
+
+
 def test_global_batch_divisibility():
     msg = one_problem(BASE, "train.global_batch=66")
     assert "train.global_batch = 66" in msg and "micro_batch*dp = 1*4 = 4" in msg and "64 or 68" in msg

@@ -24,7 +24,8 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from trainctl.runtime.model import ModelConfig, StageModule, build_stage, loss_fn
+from trainctl.model_shape import ModelShape
+from trainctl.runtime.model import StageModule, build_stage, loss_fn
 from trainctl.runtime.tensor_parallel import (
     TPContext,
     sync_sequence_parallel_grads,
@@ -42,7 +43,7 @@ LLAMA = dict(layers=2, hidden=64, heads=8, kv_heads=4, ffn_hidden=96, vocab=255,
              position="rope", rope_theta=500000.0, activation="swiglu", bias=False, tied_embeddings=False)
 
 
-def data(cfg: ModelConfig, batch: int = B, seed: int = 7) -> tuple[torch.Tensor, torch.Tensor]:
+def data(cfg: ModelShape, batch: int = B, seed: int = 7) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, cfg.vocab, (batch, cfg.seq_len + 1), generator=g)
     return ids[:, :-1], ids[:, 1:]
@@ -65,7 +66,7 @@ def gather_grads(stages: list[StageModule], tp: TPContext) -> dict[str, torch.Te
     return out
 
 
-def run(stages: list[StageModule], cfg: ModelConfig, tp: TPContext, x, y, rng_seed: int = 99):
+def run(stages: list[StageModule], cfg: ModelShape, tp: TPContext, x, y, rng_seed: int = 99):
     torch.manual_seed(rng_seed)  # the default stream, identical on every TP rank (as the engine sets it)
     h = x
     for s in stages:
@@ -78,13 +79,16 @@ def run(stages: list[StageModule], cfg: ModelConfig, tp: TPContext, x, y, rng_se
 
 
 def equivalence(kw: dict, tp: TPContext, split: list[range] | None = None, dtype=torch.float64) -> dict:
-    cfg = ModelConfig(**kw)
+    kw = dict(kw)
+    recompute = kw.pop("recompute", "none")
+    cfg = ModelShape(**kw)
     x, y = data(cfg)
     ref = build_stage(cfg, range(cfg.layers), True, True, TPContext.single(), SEED, dtype=dtype)
     ref_loss = run([ref], cfg, TPContext.single(), x, y)
     ref_grads = gather_grads([ref], TPContext.single())
     split = split or [range(cfg.layers)]
-    stages = [build_stage(cfg, r, i == 0, i == len(split) - 1, tp, SEED, dtype=dtype) for i, r in enumerate(split)]
+    stages = [build_stage(cfg, r, i == 0, i == len(split) - 1, tp, SEED, recompute=recompute, dtype=dtype)
+              for i, r in enumerate(split)]
     loss = run(stages, cfg, tp, x, y)
     grads = gather_grads(stages, tp)
     assert set(grads) == set(ref_grads), (sorted(grads), sorted(ref_grads))
@@ -117,7 +121,7 @@ class MaxDim(TorchDispatchMode):
 
 def no_full_logits(tp: TPContext) -> dict:
     # vocab chosen larger than every other dimension of the model and the batch (B*T = 32, ffn 128)
-    cfg = ModelConfig(layers=2, hidden=32, heads=4, vocab=384, seq_len=16, ffn_hidden=128)
+    cfg = ModelShape(layers=2, hidden=32, heads=4, vocab=384, seq_len=16, ffn_hidden=128)
     x, y = data(cfg)
     stage = build_stage(cfg, range(cfg.layers), True, True, tp, SEED)
     torch.manual_seed(1)
@@ -166,11 +170,11 @@ def dropout_checks(tp: TPContext) -> dict:
     # recompute replays dropout exactly (attention, residual and embedding dropout, TP+SP)
     base = {**LLAMA, "dropout": 0.1}
     tps = TPContext(tp.group, tp.size, tp.rank, True)
-    x, y = data(ModelConfig(**base))
+    x, y = data(ModelShape(**base))
     out = {}
     for rc in ("none", "selective", "full"):
-        cfg = ModelConfig(**{**base, "recompute": rc})
-        stage = build_stage(cfg, range(cfg.layers), True, True, tps, SEED, dtype=torch.float64)
+        cfg = ModelShape(**base)
+        stage = build_stage(cfg, range(cfg.layers), True, True, tps, SEED, recompute=rc, dtype=torch.float64)
         loss = run([stage], cfg, tps, x, y, rng_seed=3)
         out[rc] = (loss, {n: p.grad.clone() for n, p in stage.named_parameters()})
     for rc in ("selective", "full"):
@@ -178,7 +182,7 @@ def dropout_checks(tp: TPContext) -> dict:
         res[f"recompute_{rc}_grad_diff"] = max((out[rc][1][n] - g).abs().max().item()
                                                for n, g in out["none"][1].items())
     # dropout really is active: a different RNG seed gives a different loss
-    cfg = ModelConfig(**base)
+    cfg = ModelShape(**base)
     stage = build_stage(cfg, range(cfg.layers), True, True, tps, SEED, dtype=torch.float64)
     res["dropout_changes_loss"] = abs(run([stage], cfg, tps, x, y, rng_seed=4).item() - out["none"][0].item())
     return res
@@ -190,7 +194,7 @@ def bench(tp: TPContext, steps: int = 60) -> dict:
     variants = (("single", TPContext.single()), ("tp", tp), ("tp_sp", TPContext(tp.group, tp.size, tp.rank, True)),
                 ("tp_sp_deferred", TPContext(tp.group, tp.size, tp.rank, True, True)))
     for label, ctx in variants:
-        cfg = ModelConfig(**kw)
+        cfg = ModelShape(**kw)
         stage = build_stage(cfg, range(cfg.layers), True, True, ctx, SEED)
         opt = torch.optim.SGD(stage.parameters(), lr=0.01)
         x, y = data(cfg)

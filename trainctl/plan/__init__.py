@@ -1,8 +1,8 @@
-"""plan layer: pure arithmetic over a run spec (no torch, no numpy).
+"""plan layer: pure arithmetic over a run spec (no torch, no numpy). Parameter counts and FLOPs per token
+come from trainctl.model_shape (docs/ARCHITECTURE.md, "MFU convention").
 
 placement  rank placement and process groups (Megatron order), shared with the trainer
 pipeline   layers per pipeline stage (shared with the trainer); split: its fast twin for --auto
-model      parameter counts and FLOPs per token (design.md's MFU convention)
 memory     model states per ZeRO stage, activations per Korthikanti et al. 2022
 schedule   pipeline bubble and micro-batches in flight per schedule
 comm       collective volumes and link classes

@@ -25,9 +25,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from trainctl.plan import comm, memory, model, schedule
+from trainctl import model_shape as model
+from trainctl.model_shape import ModelShape
+from trainctl.plan import comm, memory, schedule
 from trainctl.plan.comm import INTER_NODE, NVLINK
-from trainctl.plan.model import ModelShape
 from trainctl.plan.pipeline import balanced_split
 
 
@@ -227,7 +228,7 @@ class Evaluator:
         self.ctx = ctx
         m = ctx.shape
         self.model_flops_per_token = model.model_flops_per_token_of(m)
-        self.tokens_per_step = ctx.global_batch * m.seq
+        self.tokens_per_step = ctx.global_batch * m.seq_len
         self.act_bytes = memory.activation_bytes(ctx.precision)
         self.w_bytes = memory.STATE_BYTES[ctx.precision][0]
         self._default_split = lru_cache(maxsize=None)(self._split)
@@ -264,14 +265,14 @@ class Evaluator:
 
     def _make_rank_params(self, tp: int, pp: int, v: int, layers: tuple[int, ...]) -> tuple[float, ...]:
         prof = self._profile(pp, v, layers)
-        m, vp = self.ctx.shape, self.padded_vocab(tp)
+        m = self.ctx.shape
         n_stages = pp * v
         out = []
         for r in range(pp):
             total = 0.0
             for c, n in enumerate(prof.layers[r]):
                 g = c * pp + r
-                total += model.stage_params_per_gpu(m, tp, vp, n, g == 0, g == n_stages - 1)
+                total += model.stage_params_per_gpu(m, tp, n, g == 0, g == n_stages - 1)
             out.append(total)
         return tuple(out)
 
@@ -310,9 +311,7 @@ class Evaluator:
                      max(flops) / mean - 1 if mean > 0 else 0.0)
 
     def padded_vocab(self, tp: int) -> int:
-        """As RunSpec.padded_vocab: the vocabulary rounded up to a multiple of tp."""
-        v = self.ctx.shape.vocab
-        return tp * ((v + tp - 1) // tp)
+        return self.ctx.shape.padded_vocab(tp)
 
     # --- the evaluation -----------------------------------------------------------------------------
     # Split in two so `--auto` shares the first part between the ZeRO stages: _base holds everything that
@@ -339,7 +338,7 @@ class Evaluator:
         load = self._load(tp, pp, v, layers, c.recompute)
         vp = self.padded_vocab(tp)
         world = ctx.world
-        tokens_mb = mb * m.seq
+        tokens_mb = mb * m.seq_len
 
         # memory that does not depend on ZeRO: activations in flight + the recompute working set
         per_layer = memory.layer_activation_bytes(m, mb, tp, sp, c.recompute, self.act_bytes)
@@ -363,7 +362,7 @@ class Evaluator:
         tp_ar = comm.all_reduce_bytes(tp_msg, tp)
         pp_msg = tp_msg / (tp if sp else 1)  # with SP each TP rank sends its sequence shard
         p2p_mb_bytes = max(prof.sends) * pp_msg if pp > 1 else 0.0
-        emb_bytes = vp * m.hidden / tp * self.w_bytes if (m.tied and pp > 1) else 0.0
+        emb_bytes = vp * m.hidden / tp * self.w_bytes if (m.tied_embeddings and pp > 1) else 0.0
 
         # times of the roofline (module docstring) that do not depend on ZeRO
         tp_scale = (1 - a.tp_overlap) / bw[links["tp"]]

@@ -25,7 +25,7 @@ attention core's s x s tensors are materialised, as in the paper.
 
 from __future__ import annotations
 
-from trainctl.plan.model import ModelShape
+from trainctl.model_shape import ModelShape
 
 # (weights, gradients, optimizer state) bytes per parameter.
 STATE_BYTES = {"bf16": (2, 2, 12), "fp16": (2, 2, 12), "fp32": (4, 4, 8)}
@@ -62,12 +62,12 @@ def layer_activation_bytes(m: ModelShape, micro_batch: int, tp: int, sp: bool, r
       the attention core, split over TP: the softmax output (a*s^2*b), and with dropout its mask
       (a*s^2*b bytes) and output (a*s^2*b).
     """
-    s, b, h = m.seq, micro_batch, m.hidden
+    s, b, h = m.seq_len, micro_batch, m.hidden
     sbh = s * b * h
     if recompute == "full":
         return act_bytes * sbh / (tp if sp else 1)
     replicated = 4 * sbh * act_bytes + (2 * sbh if m.dropout else 0)
-    split_values = 2 * sbh + 2 * s * b * m.kv_width + (3 if m.swiglu else 2) * s * b * m.ffn
+    split_values = 2 * sbh + 2 * s * b * m.kv_width + (3 if m.swiglu else 2) * s * b * m.ffn_hidden
     split = split_values * act_bytes
     if recompute != "selective":
         core = m.heads * s * s * b
@@ -79,7 +79,7 @@ def layer_activation_bytes(m: ModelShape, micro_batch: int, tp: int, sp: bool, r
 
 def embedding_activation_bytes(m: ModelShape, micro_batch: int, tp: int, sp: bool) -> float:
     """First stage, per micro-batch in flight: the embedding dropout mask (Korthikanti Sec. 4.3)."""
-    return m.seq * micro_batch * m.hidden / (tp if sp else 1) if m.dropout else 0.0
+    return m.seq_len * micro_batch * m.hidden / (tp if sp else 1) if m.dropout else 0.0
 
 
 def head_activation_bytes(m: ModelShape, micro_batch: int, tp: int, sp: bool, padded_vocab: int,
@@ -87,5 +87,5 @@ def head_activation_bytes(m: ModelShape, micro_batch: int, tp: int, sp: bool, pa
     """Last stage, per micro-batch in flight: final norm and LM-head inputs (2*sbh values) and the
     fp32 logits of the vocab-parallel cross entropy (4*s*b*V/t bytes): Korthikanti Sec. 4.3's
     4*s*b*h/t*(1 + V/h) with SP."""
-    sbh = m.seq * micro_batch * m.hidden
-    return 2 * sbh * act_bytes / (tp if sp else 1) + 4 * m.seq * micro_batch * padded_vocab / tp
+    sbh = m.seq_len * micro_batch * m.hidden
+    return 2 * sbh * act_bytes / (tp if sp else 1) + 4 * m.seq_len * micro_batch * padded_vocab / tp

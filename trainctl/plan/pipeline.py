@@ -11,18 +11,8 @@ from __future__ import annotations
 import heapq
 from collections import Counter
 
-from trainctl.plan.model import ModelShape, embedding_cost, layer_matmul_params
-from trainctl.spec.models import ModelSpec, RunSpec
-
-
-def layer_params(m: ModelSpec) -> int:
-    """Weights of one transformer layer (matmuls only; norms and biases are negligible)."""
-    return layer_matmul_params(ModelShape.from_spec(m))
-
-
-def embedding_cost_in_layers(m: ModelSpec) -> float:
-    """Embedding / LM-head weight (and LM-head FLOPs) in units of one transformer layer."""
-    return embedding_cost(ModelShape.from_spec(m))
+from trainctl.model_shape import ModelShape, embedding_cost
+from trainctl.spec.models import RunSpec
 
 
 def balanced_split(layers: int, stages: int, first_cost: float, last_cost: float) -> list[int]:
@@ -70,7 +60,7 @@ def stage_layers(spec: RunSpec) -> list[int]:
     if p.stage_layers is not None:
         return list(p.stage_layers)
     stages = p.pp * p.virtual_stages
-    cost = embedding_cost_in_layers(spec.model)
+    cost = embedding_cost(ModelShape.from_spec(spec.model))
     return balanced_split(spec.model.layers, stages, cost, cost)
 
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from trainctl import model_shape
 from trainctl.hardware.catalog import peak_tflops_for, resolve_accelerator, resolve_fabric
-from trainctl.plan import model
+from trainctl.model_shape import ModelShape, ParamCounts
 from trainctl.plan.checks import PlanWarning, advise
 from trainctl.plan.estimate import Assumptions, Candidate, Context, Estimate, Evaluator, Hardware
-from trainctl.plan.model import ModelShape, ParamCounts
 from trainctl.plan.placement import Groups, Layout, placement_table
 from trainctl.plan.schedule import BUBBLE_DEFINITION
 from trainctl.spec.models import RunSpec
@@ -103,6 +103,12 @@ class Plan:
         return self.est.model_flops / self.est.step_time / self.world
 
     @property
+    def params_per_rank(self) -> list[int]:
+        """Parameters one GPU of each pipeline rank holds (TP-sharded, padded vocabulary, before ZeRO-3
+        sharding): the trainer records the same list in its start event."""
+        return [round(r.params) for r in self.est.ranks]
+
+    @property
     def errors(self) -> list[PlanWarning]:
         return [w for w in self.warnings if w.level == "error"]
 
@@ -124,7 +130,7 @@ class Plan:
                 "precision": self.ctx.precision, "global_batch": self.ctx.global_batch,
                 "stage_layers": list(e.stage_layers), "nodes": self.layout.nodes,
                 "gpus_per_node": hw.gpus_per_node, "nvlink_domain": hw.nvlink_domain,
-                "padded_vocab": c.tp * -(-m.vocab // c.tp),
+                "padded_vocab": m.padded_vocab(c.tp),
                 "tp_fits_nvlink": e.comm_link["tp"] == "nvlink",
             },
             "hardware": {
@@ -132,18 +138,14 @@ class Plan:
                 "intra_domain_link": hw.link, "nvlink_bytes_per_s": hw.nvlink_bw,
                 "fabric": hw.fabric, "inter_node_bytes_per_s": hw.inter_node_bw,
             },
-            "params": {
-                "total": self.params.total, "matmul": self.params.matmul,
-                "layers_matmul": self.params.layers_matmul, "embedding": self.params.embedding,
-                "position": self.params.position, "norms": self.params.norms, "biases": self.params.biases,
-                "tied_embeddings": m.tied,
-            },
+            "params": {**self.params.as_dict(), "per_rank": self.params_per_rank,
+                       "tied_embeddings": m.tied_embeddings},
             "flops": {
-                "model_per_token": e.model_flops / (self.ctx.global_batch * m.seq),
+                "model_per_token": e.model_flops / (self.ctx.global_batch * m.seq_len),
                 "model_per_step": e.model_flops,
                 "hardware_per_step": e.hardware_flops,
                 "hardware_per_gpu_per_step_max": e.hardware_flops_per_gpu_max,
-                "tokens_per_step": self.ctx.global_batch * m.seq,
+                "tokens_per_step": self.ctx.global_batch * m.seq_len,
             },
             "memory": {
                 "worst_pp_rank": w.pp_rank,
@@ -193,6 +195,6 @@ def build_plan(spec: RunSpec) -> Plan:
     cand = candidate_from_spec(spec)
     est = ev.evaluate(cand)
     return Plan(
-        name=spec.name, ctx=ctx, cand=cand, est=est, params=model.param_counts(ctx.shape),
+        name=spec.name, ctx=ctx, cand=cand, est=est, params=model_shape.param_counts(ctx.shape),
         warnings=tuple(advise(ev, est)), layout=Layout.from_spec(spec),
     )

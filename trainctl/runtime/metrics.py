@@ -1,4 +1,6 @@
-"""Per-step metrics (rank 0): tokens/s, TFLOP/s per GPU, MFU and HFU (design.md convention), console + JSONL."""
+"""Per-step metrics (rank 0): tokens/s, TFLOP/s per GPU, MFU and HFU, console + JSONL.
+
+The MFU convention is docs/ARCHITECTURE.md, "MFU convention" (owned by trainctl.model_shape)."""
 
 from __future__ import annotations
 
@@ -10,19 +12,19 @@ from typing import Any
 
 import torch
 
-from trainctl.plan import model as plan_model
+from trainctl import model_shape
 from trainctl.spec.models import RunSpec
 
 
 def model_flops_per_token(spec: RunSpec) -> float:
-    """design.md: 6*N + 12*L*h*s (the planner's arithmetic, so the plan and the job agree)."""
-    return plan_model.model_flops_per_token_of(plan_model.ModelShape.from_spec(spec.model))
+    """6*N + 12*L*h*s (trainctl.model_shape: the planner's arithmetic, so the plan and the job agree)."""
+    return model_shape.model_flops_per_token_of(model_shape.ModelShape.from_spec(spec.model))
 
 
 def hardware_flops_per_token(spec: RunSpec) -> float:
     """What the ranks really compute: + recomputed forwards and the padded vocabulary (HFU)."""
-    shape = plan_model.ModelShape.from_spec(spec.model)
-    return plan_model.hardware_flops_per_token(shape, spec.train.recompute, spec.padded_vocab)
+    shape = model_shape.ModelShape.from_spec(spec.model)
+    return model_shape.hardware_flops_per_token(shape, spec.train.recompute, spec.padded_vocab)
 
 
 @dataclass(frozen=True)

@@ -30,14 +30,14 @@ sequence chunk [B, T/tp, H]. The last stage returns vocab-parallel logits [B, T,
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from trainctl.model_shape import ModelShape
 from trainctl.runtime.init import init_parameters, iter_param_meta
 from trainctl.runtime.tensor_parallel import (
     ColumnParallelLinear,
@@ -54,101 +54,6 @@ from trainctl.runtime.tensor_parallel import (
     vocab_parallel_cross_entropy,
 )
 
-if TYPE_CHECKING:
-    from trainctl.spec.models import RunSpec
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """Architecture (layout-free: the padded vocab is derived from the TP size where needed)."""
-
-    layers: int
-    hidden: int
-    heads: int
-    vocab: int
-    seq_len: int
-    kv_heads: int | None = None
-    ffn_hidden: int | None = None
-    activation: str = "gelu"  # gelu | swiglu
-    norm: str = "layernorm"  # layernorm | rmsnorm
-    position: str = "learned"  # learned | rope
-    rope_theta: float = 10000.0
-    tied_embeddings: bool = True
-    bias: bool = False
-    dropout: float = 0.0
-    norm_eps: float = 1e-5
-    recompute: str = "none"  # none | selective | full
-    init_std: float = 0.02
-
-    def __post_init__(self):
-        if self.kv_heads is None:
-            object.__setattr__(self, "kv_heads", self.heads)
-        if self.ffn_hidden is None:
-            object.__setattr__(self, "ffn_hidden", 4 * self.hidden)
-        if self.hidden % self.heads:
-            raise ValueError(f"hidden={self.hidden} is not divisible by heads={self.heads}")
-        if self.heads % self.kv_heads:
-            raise ValueError(f"kv_heads={self.kv_heads} does not divide heads={self.heads}")
-        if self.position == "rope" and self.head_dim % 2:
-            raise ValueError(f"rotary positions need an even head_dim, got {self.head_dim}")
-        for field, value, allowed in (("activation", self.activation, ("gelu", "swiglu")),
-                                      ("norm", self.norm, ("layernorm", "rmsnorm")),
-                                      ("position", self.position, ("learned", "rope")),
-                                      ("recompute", self.recompute, ("none", "selective", "full"))):
-            if value not in allowed:
-                raise ValueError(f"{field}={value!r}; choose one of {allowed}")
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
-
-    def padded_vocab(self, tp_size: int) -> int:
-        """Same rule as RunSpec.padded_vocab: the vocab rounded up to a multiple of tp."""
-        return tp_size * ((self.vocab + tp_size - 1) // tp_size)
-
-    @classmethod
-    def from_spec(cls, spec: RunSpec) -> ModelConfig:
-        m = spec.model
-        return cls(layers=m.layers, hidden=m.hidden, heads=m.heads, kv_heads=m.kv_heads, ffn_hidden=m.ffn_hidden,
-                   vocab=m.vocab, seq_len=m.seq_len, activation=m.activation, norm=m.norm, position=m.position,
-                   rope_theta=m.rope_theta, tied_embeddings=m.tied_embeddings, bias=m.bias, dropout=m.dropout,
-                   norm_eps=m.norm_eps, recompute=spec.train.recompute)
-
-    def check_tp(self, tp: TPContext) -> None:
-        for what, n in (("heads", self.heads), ("kv_heads", self.kv_heads), ("ffn_hidden", self.ffn_hidden)):
-            if n % tp.size:
-                raise ValueError(f"model {what}={n} is not divisible by tp={tp.size}")
-        if tp.sp and self.seq_len % tp.size:
-            raise ValueError(f"sequence parallel: seq_len={self.seq_len} is not divisible by tp={tp.size}")
-
-
-def matmul_params(cfg: ModelConfig) -> int:
-    """N of design.md's MFU convention: every matmul weight including the LM head (counted even when tied to
-    the embedding), excluding embedding lookups, norms and biases; unpadded vocab. Equals the planner's
-    `layers * layer_params(model) + vocab * hidden`."""
-    h, hd = cfg.hidden, cfg.head_dim
-    attn = h * (cfg.heads * hd + 2 * cfg.kv_heads * hd) + cfg.heads * hd * h
-    mlp = (3 if cfg.activation == "swiglu" else 2) * h * cfg.ffn_hidden
-    return cfg.layers * (attn + mlp) + cfg.vocab * h
-
-
-def count_params(cfg: ModelConfig) -> int:
-    """Trainable parameters of the whole model (unpadded vocab; a tied embedding counted once)."""
-    h, hd = cfg.hidden, cfg.head_dim
-    qkv_out = (cfg.heads + 2 * cfg.kv_heads) * hd
-    mlp_in = (2 if cfg.activation == "swiglu" else 1) * cfg.ffn_hidden
-    norm = h * (2 if cfg.norm == "layernorm" and cfg.bias else 1)
-    per_layer = (h * qkv_out + cfg.heads * hd * h + h * mlp_in + cfg.ffn_hidden * h + 2 * norm)
-    if cfg.bias:
-        per_layer += qkv_out + h + mlp_in + h
-    total = cfg.layers * per_layer + norm + cfg.vocab * h
-    if cfg.position == "learned":
-        total += cfg.seq_len * h
-    if not cfg.tied_embeddings:
-        total += cfg.vocab * h
-    return total
-
-
 # ---------------------------------------------------------------------------------------------------------
 # Building blocks
 # ---------------------------------------------------------------------------------------------------------
@@ -158,7 +63,7 @@ class Norm(nn.Module):
     """LayerNorm or RMSNorm over the hidden dim. Weights are replicated over TP; under sequence parallelism
     each rank normalises only its sequence chunk, so the weight grads are partial (ParamMeta.sequence_parallel)."""
 
-    def __init__(self, cfg: ModelConfig, tp: TPContext):
+    def __init__(self, cfg: ModelShape, tp: TPContext):
         super().__init__()
         self.tp = tp
         self.kind = cfg.norm
@@ -211,10 +116,11 @@ class Attention(nn.Module):
     """Causal self-attention; QKV column-parallel (heads/tp query and kv_heads/tp kv heads per rank), output
     projection row-parallel. The core (rotary + softmax attention) is what selective recompute recomputes."""
 
-    def __init__(self, cfg: ModelConfig, tp: TPContext, out_std: float):
+    def __init__(self, cfg: ModelShape, tp: TPContext, out_std: float, recompute_core: bool):
         super().__init__()
         self.cfg = cfg
         self.tp = tp
+        self.recompute_core = recompute_core
         hd = cfg.head_dim
         self.head_dim = hd
         self.local_q = cfg.heads // tp.size * hd
@@ -244,7 +150,7 @@ class Attention(nn.Module):
         k = k.view(B, T, -1, self.head_dim).transpose(1, 2)
         v = v.view(B, T, -1, self.head_dim).transpose(1, 2)
         cos, sin = rope if rope is not None else (None, None)
-        if self.cfg.recompute == "selective" and torch.is_grad_enabled():
+        if self.recompute_core and torch.is_grad_enabled():
             y = checkpoint(self.core, q, k, v, cos, sin, use_reentrant=False, preserve_rng_state=True)
         else:
             y = self.core(q, k, v, cos, sin)
@@ -253,7 +159,7 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, tp: TPContext, out_std: float):
+    def __init__(self, cfg: ModelShape, tp: TPContext, out_std: float):
         super().__init__()
         self.swiglu = cfg.activation == "swiglu"
         f = cfg.ffn_hidden
@@ -274,13 +180,13 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-norm transformer block: x + drop(attn(norm(x))), then + drop(mlp(norm(x)))."""
 
-    def __init__(self, cfg: ModelConfig, tp: TPContext):
+    def __init__(self, cfg: ModelShape, tp: TPContext, recompute: str):
         super().__init__()
         self.cfg = cfg
         self.tp = tp
         out_std = cfg.init_std / math.sqrt(2 * cfg.layers)
         self.attn_norm = Norm(cfg, tp)
-        self.attn = Attention(cfg, tp, out_std)
+        self.attn = Attention(cfg, tp, out_std, recompute_core=recompute == "selective")
         self.mlp_norm = Norm(cfg, tp)
         self.mlp = MLP(cfg, tp, out_std)
 
@@ -293,7 +199,7 @@ class Block(nn.Module):
 
 
 class PositionEmbedding(nn.Module):
-    def __init__(self, cfg: ModelConfig, tp: TPContext):
+    def __init__(self, cfg: ModelShape, tp: TPContext):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(cfg.seq_len, cfg.hidden))
         self.param_meta = {"weight": ParamMeta((cfg.seq_len, cfg.hidden), None, "normal", cfg.init_std)}
@@ -303,7 +209,7 @@ class Embedding(nn.Module):
     """Token (+ learned position) embedding of the first stage; on a separate last stage with tied
     embeddings, only the token table (`lookup=False`) as the LM head's weight."""
 
-    def __init__(self, cfg: ModelConfig, tp: TPContext, lookup: bool = True):
+    def __init__(self, cfg: ModelShape, tp: TPContext, lookup: bool = True):
         super().__init__()
         self.cfg = cfg
         self.tp = tp
@@ -334,10 +240,11 @@ class Embedding(nn.Module):
 class StageModule(nn.Module):
     """One pipeline stage: [embedding] + layers[layer_ids] + [final norm + LM head]. See the module docstring."""
 
-    def __init__(self, cfg: ModelConfig, layer_ids: range, first: bool, last: bool, tp: TPContext):
+    def __init__(self, cfg: ModelShape, layer_ids: range, first: bool, last: bool, tp: TPContext,
+                 recompute: str = "none"):
         super().__init__()
-        cfg.check_tp(tp)
         self.cfg = cfg
+        self.recompute = recompute
         self.tp = tp
         self.first = first
         self.last = last
@@ -345,7 +252,7 @@ class StageModule(nn.Module):
         self.padded_vocab = cfg.padded_vocab(tp.size)
         if first or (last and cfg.tied_embeddings):
             self.embed = Embedding(cfg, tp, lookup=first)
-        self.layers = nn.ModuleDict({str(i): Block(cfg, tp) for i in layer_ids})
+        self.layers = nn.ModuleDict({str(i): Block(cfg, tp, recompute) for i in layer_ids})
         if cfg.position == "rope" and len(layer_ids):
             self.rope = Rotary(cfg.head_dim, cfg.seq_len, cfg.rope_theta)
         if last:
@@ -355,7 +262,7 @@ class StageModule(nn.Module):
                                                  std=cfg.init_std)
 
     def _block(self, block: Block, x: Tensor, rope) -> Tensor:
-        if self.cfg.recompute == "full" and torch.is_grad_enabled():
+        if self.recompute == "full" and torch.is_grad_enabled():
             return checkpoint(block, x, rope, use_reentrant=False, preserve_rng_state=True)
         return block(x, rope)
 
@@ -391,16 +298,37 @@ class StageModule(nn.Module):
         return {name: meta for name, _p, meta in iter_param_meta(self)}
 
 
-def build_stage(cfg: ModelConfig, layer_ids: range, first: bool, last: bool, tp: TPContext, seed: int,
-                *, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> StageModule:
-    """Build a stage and initialise it deterministically and layout-independently (trainctl.runtime.init)."""
-    stage = StageModule(cfg, layer_ids, first, last, tp)
+def build_stage(cfg: ModelShape, layer_ids: range, first: bool, last: bool, tp: TPContext, seed: int,
+                *, recompute: str = "none", device: torch.device | str | None = None,
+                dtype: torch.dtype | None = None) -> StageModule:
+    """Build a stage and initialise it deterministically and layout-independently (trainctl.runtime.init).
+
+    The shape was checked by the spec rules (divisibility by tp, even rotary head_dim, ...)."""
+    stage = StageModule(cfg, layer_ids, first, last, tp, recompute)
     if device is not None or dtype is not None:
         stage.to(device=device, dtype=dtype)
     init_parameters(stage, seed, tp)
     return stage
 
 
-def loss_fn(logits_shard: Tensor, targets: Tensor, cfg: ModelConfig, tp: TPContext) -> Tensor:
+def loss_fn(logits_shard: Tensor, targets: Tensor, cfg: ModelShape, tp: TPContext) -> Tensor:
     """Vocab-parallel cross-entropy, mean over all tokens of the micro-batch (padded vocab masked)."""
     return vocab_parallel_cross_entropy(logits_shard, targets, tp, cfg.vocab)
+
+
+def params_built(stages: list[StageModule]) -> tuple[int, dict[str, int]]:
+    """(parameters this rank holds, as built: TP shards with the padded vocabulary; the full logical size of
+    each of its parameters by global name). Call before FSDP shards the parameters."""
+    local = sum(p.numel() for s in stages for p in s.parameters())
+    full = {name: math.prod(meta.full_shape) for s in stages for name, meta in s.named_param_meta().items()}
+    return local, full
+
+
+def params_record(by_pp_rank: dict[int, tuple[int, dict[str, int]]]) -> dict[str, Any]:
+    """The `params` record of a run from `params_built` of one rank per pipeline rank: `total` unique
+    parameters (logical shapes, a tied embedding once) and `per_rank`, what one GPU of each pipeline rank
+    holds. `trainctl plan --json` predicts the same record."""
+    full: dict[str, int] = {}
+    for _local, names in by_pp_rank.values():
+        full.update(names)
+    return {"total": sum(full.values()), "per_rank": [by_pp_rank[r][0] for r in sorted(by_pp_rank)]}

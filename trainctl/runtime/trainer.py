@@ -13,13 +13,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from trainctl.model_shape import ModelShape
 from trainctl.plan.pipeline import stage_layer_ranges, stages_of_pp_rank
 from trainctl.rundir import RunPaths, append_jsonl, record_event
 from trainctl.runtime import data_parallel, memory_meter, metrics, optim, peak, resume, stragglers, watchdog
 from trainctl.runtime.comm_wait import COMM, time_pipeline_receives
 from trainctl.runtime.data import build_loader
 from trainctl.runtime.distributed import Parallel
-from trainctl.runtime.model import ModelConfig, build_stage, loss_fn
+from trainctl.runtime.model import build_stage, loss_fn, params_built, params_record
 from trainctl.runtime.schedules import Accumulate, Executor, Pipelined
 from trainctl.runtime.tensor_parallel import TPContext
 from trainctl.spec.models import RunSpec
@@ -62,14 +63,16 @@ class Trainer:
         self.log = par.rank == 0
         torch.manual_seed(t.seed)  # same stream on every rank: replicated dropout masks agree over TP
         self.autocast_dtype, self.scaler = self._precision()
-        self.cfg = ModelConfig.from_spec(spec)
+        self.cfg = ModelShape.from_spec(spec.model)
         self.tp = (TPContext.from_group(par.tp_group, p.sequence_parallel) if par.tp > 1 else TPContext.single())
         ranges = stage_layer_ranges(spec)
         n_stages = len(ranges)
         self.stage_ids = stages_of_pp_rank(par.pp_rank, spec)
         self.modules: list[nn.Module] = [
-            build_stage(self.cfg, ranges[s], s == 0, s == n_stages - 1, self.tp, t.seed, device=par.device)
+            build_stage(self.cfg, ranges[s], s == 0, s == n_stages - 1, self.tp, t.seed, recompute=t.recompute,
+                        device=par.device)
             for s in self.stage_ids]
+        self.params = self._params_record()  # before FSDP turns the parameters into shards
         self.micro_batches = spec.micro_batches
         fsdp = p.zero == 3 and par.dp > 1
         reduce_dtype = torch.bfloat16 if p.grad_reduce_dtype == "bf16" else None
@@ -122,6 +125,15 @@ class Trainer:
             return torch.float16, LossScaler(True)
         return None, LossScaler(False)
 
+    def _params_record(self) -> dict[str, Any]:
+        """The parameters this layout really built (model.params_record), gathered over the pipeline."""
+        mine = (self.par.pp_rank, params_built(self.modules))
+        every = [mine]
+        if self.par.pp_group is not None:
+            every = [None] * self.par.pp
+            dist.all_gather_object(every, mine, group=self.par.pp_group)
+        return params_record(dict(every))
+
     def _param_infos(self) -> list[data_parallel.ParamInfo]:
         infos = []
         tied_sync = self.par.embedding_group is not None
@@ -146,6 +158,7 @@ class Trainer:
             # Slurm: requeues), which goodput and `trainctl status` count.
             record_event(self.paths, "start", world_size=par.world_size, tp=par.tp, pp=par.pp, dp=par.dp,
                          zero=spec.parallel.zero, schedule=spec.parallel.schedule, peak_source=source,
+                         params=self.params,
                          torchrun_restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
                          slurm_restart=int(os.environ.get("SLURM_RESTART_COUNT", 0)))
         ckpt = resume.Checkpointing(self)  # CheckpointError here: the checkpoint dir is unusable

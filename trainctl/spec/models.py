@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from trainctl.model_shape import default_ffn_hidden, padded_vocab
 from trainctl.spec.presets import MODEL_PRESETS
 
 # Upper bounds keep absurd numbers (1e30 layers) from reaching the arithmetic as overflow or hangs.
@@ -65,12 +66,7 @@ class ModelSpec(Strict):
         if self.kv_heads is None:
             object.__setattr__(self, "kv_heads", self.heads)
         if self.ffn_hidden is None:
-            if self.activation == "swiglu":
-                ffn = int(2 * 4 * self.hidden / 3)
-                ffn = 256 * ((ffn + 255) // 256)
-            else:
-                ffn = 4 * self.hidden
-            object.__setattr__(self, "ffn_hidden", ffn)
+            object.__setattr__(self, "ffn_hidden", default_ffn_hidden(self.hidden, self.activation))
         return self
 
     @property
@@ -261,9 +257,5 @@ class RunSpec(Strict):
 
     @property
     def padded_vocab(self) -> int:
-        """Vocabulary padded to a multiple of tp so each TP shard is even.
-
-        The trainer masks the padded logits out of the softmax, so the loss is the same for every tp
-        (Megatron pads to 128*tp without masking, which changes the model with the layout)."""
-        tp = self.parallel.tp
-        return tp * ((self.model.vocab + tp - 1) // tp)
+        """The vocabulary padded to a multiple of tp (trainctl.model_shape.padded_vocab)."""
+        return padded_vocab(self.model.vocab, self.parallel.tp)

@@ -67,6 +67,9 @@ def _model_vs_tp(spec: RunSpec) -> Iterator[str]:
         if m.kv_heads % p.tp:
             yield problem("parallel.tp", p.tp, f"model.kv_heads={m.kv_heads} is not divisible by tp",
                           f"use tp <= kv_heads that divides it: {_divisors(m.kv_heads)}")
+    if m.ffn_hidden % p.tp:
+        yield problem("model.ffn_hidden", m.ffn_hidden, f"the MLP is split over tp={p.tp} ranks but it does not "
+                      "divide", f"use an ffn_hidden divisible by {p.tp}, e.g. {p.tp * -(-m.ffn_hidden // p.tp)}")
     if m.position == "rope" and m.hidden % m.heads == 0 and (m.hidden // m.heads) % 2:
         yield problem("model.hidden", m.hidden, "rotary embeddings need an even head_dim",
                       "choose hidden/heads even")

@@ -1,0 +1,248 @@
+"""The model's shape and everything derived from it: parameter counts by kind, matmul N, FLOPs per token.
+
+One owner for these facts: the planner, the MFU meter and the trainer's model builder all read this module,
+so the parameter count a plan predicts is the count the trainer builds (a test builds every recipe on the
+meta device and compares). Torch-free plain integer arithmetic on a light dataclass, so the `--auto` search
+can call it for thousands of layouts without building pydantic models.
+
+Conventions (docs/ARCHITECTURE.md, "MFU convention"):
+- N, the *matmul* parameter count, counts every weight that takes part in a matrix multiply, including the
+  output projection (LM head) even when it is tied to the embedding, and excludes the embedding lookup and
+  position embeddings (a lookup is not a matmul).
+- Model FLOPs per token = 6*N + 12*L*h*s (Kaplan et al. 2020; PaLM, Chowdhery et al. 2022, App. B:
+  6N + 12*L*H*Q*T): 2 FLOPs per weight per token forward, twice that backward; the attention scores QK^T
+  and the weighted sum A*V cost 2*s*h each forward per token per layer, 3x with backward; causal masking
+  is *not* halved and recompute is *not* counted.
+- Hardware FLOPs add what the job really computes on top: the padded vocabulary and the recomputed
+  forward passes (see `layer_flops_per_token`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trainctl.spec.models import ModelSpec
+
+
+def default_ffn_hidden(hidden: int, activation: str) -> int:
+    """MLP inner size when the spec gives none: 4*hidden (GPT-2), or for SwiGLU the Llama rule
+    2/3 * 4*hidden rounded up to a multiple of 256 (same FLOPs as the GELU MLP with three matrices)."""
+    if activation == "swiglu":
+        ffn = int(2 * 4 * hidden / 3)
+        return 256 * ((ffn + 255) // 256)
+    return 4 * hidden
+
+
+def padded_vocab(vocab: int, tp: int) -> int:
+    """The vocabulary rounded up to a multiple of tp so each TP shard of the embedding is even.
+
+    The trainer masks the padded logits out of the softmax, so the loss is the same for every tp
+    (Megatron pads to 128*tp without masking, which changes the model with the layout)."""
+    return tp * ((vocab + tp - 1) // tp)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The architecture, layout-free. Field names are the spec's (`model:` section)."""
+
+    layers: int
+    hidden: int
+    heads: int
+    vocab: int
+    seq_len: int
+    kv_heads: int | None = None  # None: = heads (no grouped-query attention)
+    ffn_hidden: int | None = None  # None: default_ffn_hidden
+    activation: str = "gelu"  # gelu | swiglu
+    norm: str = "layernorm"  # layernorm | rmsnorm
+    position: str = "learned"  # learned | rope
+    rope_theta: float = 10000.0
+    tied_embeddings: bool = True
+    bias: bool = False  # linear layers (and LayerNorm) carry biases
+    dropout: float = 0.0
+    norm_eps: float = 1e-5
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        # frozen: fill the derived defaults once, from the same rules the spec uses
+        if self.kv_heads is None:
+            object.__setattr__(self, "kv_heads", self.heads)
+        if self.ffn_hidden is None:
+            object.__setattr__(self, "ffn_hidden", default_ffn_hidden(self.hidden, self.activation))
+
+    @classmethod
+    def from_spec(cls, m: ModelSpec) -> ModelShape:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in m.model_dump().items() if k in names})
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def kv_width(self) -> int:
+        """Width of the K (and of the V) projection: kv_heads * head_dim (= hidden without GQA)."""
+        return self.kv_heads * self.head_dim
+
+    @property
+    def swiglu(self) -> bool:
+        return self.activation == "swiglu"
+
+    @property
+    def mlp_matrices(self) -> int:
+        """SwiGLU has gate, up and down projections; GELU has up and down."""
+        return 3 if self.swiglu else 2
+
+    @property
+    def learned_pos(self) -> bool:
+        """Learned position embeddings (seq_len*hidden parameters); RoPE has none."""
+        return self.position == "learned"
+
+    @property
+    def norm_has_bias(self) -> bool:
+        """A LayerNorm carries a bias only with `bias: true` (GPT-2); RMSNorm never has one."""
+        return self.norm == "layernorm" and self.bias
+
+    @property
+    def norm_params(self) -> int:
+        """Parameters of one norm: the weight (h), plus the bias (h) when it has one."""
+        return (2 if self.norm_has_bias else 1) * self.hidden
+
+    def padded_vocab(self, tp: int) -> int:
+        return padded_vocab(self.vocab, tp)
+
+
+# --- parameters ------------------------------------------------------------------------------------
+
+
+def layer_matmul_params(m: ModelShape) -> int:
+    """Matmul weights of one transformer layer: Q and O (h x h), K and V (h x kv_width), the MLP."""
+    h = m.hidden
+    return h * h + 2 * h * m.kv_width + h * h + m.mlp_matrices * h * m.ffn_hidden
+
+
+def embedding_cost(m: ModelShape) -> float:
+    """The embedding / LM head (V*h weights, and 2*V*h FLOPs per token for the head) in units of one
+    layer's matmul weights: the extra load the first and last pipeline stage carry."""
+    return m.vocab * m.hidden / layer_matmul_params(m)
+
+
+def layer_norm_params(m: ModelShape) -> int:
+    """Two norms per layer (before attention, before the MLP); replicated over TP ranks."""
+    return 2 * m.norm_params
+
+
+def layer_bias_params(m: ModelShape) -> tuple[int, int]:
+    """(split over TP, replicated over TP) linear-bias parameters of one layer.
+
+    Column-parallel layers (QKV, MLP up/gate) split their bias with the output columns; row-parallel
+    layers (attention output, MLP down) add their bias after the all-reduce, so every TP rank holds it."""
+    if not m.bias:
+        return 0, 0
+    h = m.hidden
+    split = (h + 2 * m.kv_width) + (m.mlp_matrices - 1) * m.ffn_hidden
+    replicated = h + h
+    return split, replicated
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    """Parameters of the whole model by kind; `total` is what a checkpoint holds."""
+
+    matmul: int  # N of the MFU convention: layer matmuls + LM head (even when tied)
+    layers_matmul: int  # matmul weights of the transformer layers only
+    embedding: int  # token embedding V*h (the lookup; also the LM head when tied)
+    lm_head: int  # V*h: the output projection's weight (shared with the embedding when tied)
+    position: int  # learned position embeddings s*h (0 with RoPE)
+    norms: int  # every norm weight/bias, final norm included
+    biases: int  # every linear bias
+    total: int  # unique trainable parameters (a tied embedding once)
+
+    def as_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def param_counts(m: ModelShape, vocab: int | None = None) -> ParamCounts:
+    """Parameter counts of the whole model (unpadded vocabulary unless `vocab` is given)."""
+    v = m.vocab if vocab is None else vocab
+    h, L = m.hidden, m.layers
+    layers_mm = L * layer_matmul_params(m)
+    emb = v * h
+    pos = m.seq_len * h if m.learned_pos else 0
+    norms = L * layer_norm_params(m) + m.norm_params
+    biases = L * sum(layer_bias_params(m))
+    untied_head = 0 if m.tied_embeddings else emb
+    return ParamCounts(
+        matmul=layers_mm + m.vocab * h, layers_matmul=layers_mm, embedding=emb, lm_head=emb, position=pos,
+        norms=norms, biases=biases, total=layers_mm + emb + untied_head + pos + norms + biases,
+    )
+
+
+def layer_params_per_gpu(m: ModelShape, tp: int) -> float:
+    """Parameters of one transformer layer held by one TP rank (matmuls and split biases / tp)."""
+    split, replicated = layer_bias_params(m)
+    return (layer_matmul_params(m) + split) / tp + replicated + layer_norm_params(m)
+
+
+def stage_params_per_gpu(m: ModelShape, tp: int, layers: int, first: bool, last: bool) -> float:
+    """Parameters one GPU holds for `layers` transformer layers plus the ends it owns.
+
+    The embedding is vocab-parallel (padded_vocab*h/tp per rank) on the first stage, with the learned
+    position embedding replicated. The LM head is on the last stage; with tied embeddings and the first
+    and last stage in different modules the last stage holds its own copy of the embedding matrix and the
+    two copies' gradients are summed every step (Megatron's "embedding group"); when one stage is both
+    first and last there is one copy."""
+    out = layers * layer_params_per_gpu(m, tp)
+    vocab_shard = m.padded_vocab(tp) * m.hidden / tp
+    if first:
+        out += vocab_shard + (m.seq_len * m.hidden if m.learned_pos else 0)
+    if last:
+        out += m.norm_params
+        if not m.tied_embeddings or not first:
+            out += vocab_shard
+    return out
+
+
+# --- FLOPs -----------------------------------------------------------------------------------------
+
+
+def model_flops_per_token(matmul_params: float, layers: int, attn_width: int, seq: int) -> float:
+    """6*N + 12*L*(H*Q)*T: PaLM (Chowdhery et al. 2022, App. B).
+
+    attn_width is heads*head_dim (= hidden in this model family); seq is the sequence length."""
+    return 6 * matmul_params + 12 * layers * attn_width * seq
+
+
+def model_flops_per_token_of(m: ModelShape) -> float:
+    """The MFU numerator per token for this model (unpadded vocabulary)."""
+    return model_flops_per_token(param_counts(m).matmul, m.layers, m.heads * m.head_dim, m.seq_len)
+
+
+def layer_flops_per_token(m: ModelShape, recompute: str) -> float:
+    """Hardware FLOPs of one transformer layer per token, forward + backward + recompute.
+
+    - none: 6 per matmul weight + 12*s*h for QK^T and A*V (2*s*h each forward, x3 with backward).
+    - selective (Korthikanti et al. 2022, Sec. 4.2 / 5): the attention core (QK^T, softmax, dropout,
+      A*V) is recomputed in backward: one more forward of QK^T and A*V = 4*s*h per token.
+    - full: the whole layer's forward again = 2 per matmul weight + 4*s*h. The LM head is not
+      recomputed (Narayanan et al. 2021, eq. for F: 96*B*s*l*h^2*(1 + s/(6h) + V/(16*l*h))).
+    """
+    attn = m.heads * m.head_dim * m.seq_len
+    base = 6 * layer_matmul_params(m) + 12 * attn
+    if recompute == "full":
+        return base + 2 * layer_matmul_params(m) + 4 * attn
+    if recompute == "selective":
+        return base + 4 * attn
+    return base
+
+
+def head_flops_per_token(m: ModelShape, vocab: int) -> float:
+    """LM head (output projection) forward + backward per token; the loss itself is negligible."""
+    return 6 * vocab * m.hidden
+
+
+def hardware_flops_per_token(m: ModelShape, recompute: str, vocab: int | None = None) -> float:
+    """Everything the GPUs compute per token, with recompute and the (padded) vocabulary."""
+    v = m.vocab if vocab is None else vocab
+    return m.layers * layer_flops_per_token(m, recompute) + head_flops_per_token(m, v)
