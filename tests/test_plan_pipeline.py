@@ -50,7 +50,8 @@ def simulate_peak(sched: str, p: int, v: int, m: int, r: int, w: tuple[int, ...]
     elif sched == "1f1b":
         warm = min(p - r - 1, m)
     else:
-        warm = total if m == p else min(2 * (p - r - 1) + (v - 1) * p, total)
+        # torch.distributed.pipelining.schedules._get_warmup_ops (ScheduleInterleaved1F1B, factor 2)
+        warm = min(2 * (p - r - 1) + (v - 1) * p, total)
     ops = [("f", k) for k in range(warm)]
     for k in range(total - warm):
         ops += [("f", warm + k), ("b", k)]

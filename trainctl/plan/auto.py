@@ -182,7 +182,7 @@ def search(spec: RunSpec, top: int = 10, rejected: int = 5) -> AutoResult:
     fitting: list[Scored] = []
     oom: list[Scored] = []
     denom = ctx.world * (ctx.hw.peak_flops or NOMINAL_PEAK)
-    capacity = ctx.hw.memory_bytes
+    capacity = ctx.hw.usable_bytes
     model_flops = ev.model_flops_per_token * ev.tokens_per_step
     for c in cands:  # the hot loop: plain floats, no Estimate objects
         step, mem = ev.score(c)

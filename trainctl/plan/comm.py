@@ -48,23 +48,24 @@ def pp_link(pp: int, world: int, domain: int) -> str:
     return NVLINK if world <= domain else INTER_NODE
 
 
-def dp_step_bytes(params: float, zero: int, dp: int, micro_batches: int, precision: str = "bf16") -> float:
-    """Bytes one GPU sends per optimizer step for data parallelism over `params` local parameters.
+def dp_step_bytes(params: float, zero: int, dp: int, micro_batches: int, reduce_bf16: bool = False) -> float:
+    """Bytes one GPU sends per optimizer step for data parallelism over `params` local parameters, as the
+    trainer communicates (fp32 weights; fp32 gradients, or bf16 with parallel.grad_reduce_dtype: bf16).
 
-    ZeRO paper (Rajbhandari et al. 2020, Sec. 7): stage 0 all-reduces the gradients (2*Psi per rank);
-    stages 1 and 2 reduce-scatter the gradients and all-gather the updated weights (same 2*Psi);
-    stage 3 all-gathers the weights again in backward (3*Psi, 1.5x). Those figures are for one
-    micro-batch per step. With gradient accumulation over m micro-batches stage 1 still communicates
-    once per step (each rank accumulates its full gradient), but stage 2 holds only a gradient shard,
-    so it must reduce-scatter every micro-batch, and stage 3 gathers the weights for every micro-batch's
-    forward and backward (DeepSpeed and FSDP do exactly this).
+    ZeRO paper (Rajbhandari et al. 2020, Sec. 7): an all-reduce of the gradients is 2*Psi per rank, a
+    reduce-scatter plus an all-gather the same. The trainer accumulates every micro-batch into its full
+    gradient buffer and reduces once per step: ZeRO-0 all-reduces it, ZeRO-1 all-reduces it too (each rank
+    then updates its slice) and all-gathers the updated weights, ZeRO-2 reduce-scatters it and all-gathers
+    the weights. ZeRO-3 (FSDP2) gathers the weights for every micro-batch's forward and again for its
+    backward and reduce-scatters every micro-batch's gradients.
     """
-    w_bytes = 4 if precision == "fp32" else 2
-    grads, weights = params * w_bytes, params * w_bytes
+    grads, weights = params * (2 if reduce_bf16 else 4), params * 4
+    if dp == 1:
+        return 0.0
     if zero == 0:
         return all_reduce_bytes(grads, dp)
     if zero == 1:
-        return gather_bytes(grads, dp) + gather_bytes(weights, dp)
+        return all_reduce_bytes(grads, dp) + gather_bytes(weights, dp)
     if zero == 2:
-        return micro_batches * gather_bytes(grads, dp) + gather_bytes(weights, dp)
+        return gather_bytes(grads, dp) + gather_bytes(weights, dp)
     return micro_batches * (gather_bytes(grads, dp) + 2 * gather_bytes(weights, dp))

@@ -43,6 +43,12 @@ class Hardware:
     inter_node_bw: float  # bytes/s per GPU, one direction, across nodes
     link: str = "nvlink"  # what carries intra-domain traffic (nvlink, pcie, xgmi)
     fabric: str = ""
+    reserve_bytes: float = 0.0  # CUDA context, NCCL buffers, fragmentation (plan.memory.GPU_RESERVE_BYTES)
+
+    @property
+    def usable_bytes(self) -> float | None:
+        """What tensors can use: the device memory less the reserve; None = unknown (no fit check)."""
+        return None if self.memory_bytes is None else self.memory_bytes - self.reserve_bytes
 
 
 @dataclass(frozen=True)
@@ -59,10 +65,11 @@ class Context:
 
     shape: ModelShape
     global_batch: int
-    precision: str
+    precision: str  # what the trainer computes in (bf16 on a CPU falls back to fp32 unless asked)
     world: int
     hw: Hardware
     assume: Assumptions
+    grad_reduce_bf16: bool = False  # parallel.grad_reduce_dtype: bf16
 
 
 @dataclass(frozen=True)
@@ -230,7 +237,7 @@ class Evaluator:
         self.model_flops_per_token = model.model_flops_per_token_of(m)
         self.tokens_per_step = ctx.global_batch * m.seq_len
         self.act_bytes = memory.activation_bytes(ctx.precision)
-        self.w_bytes = memory.STATE_BYTES[ctx.precision][0]
+        self.w_bytes = 4  # the trainer's weights and gradients are fp32 (plan.memory.trainer_state_bytes)
         self._default_split = lru_cache(maxsize=None)(self._split)
         self._profile = lru_cache(maxsize=None)(self._make_profile)
         self._rank_params = lru_cache(maxsize=None)(self._make_rank_params)
@@ -341,10 +348,10 @@ class Evaluator:
         tokens_mb = mb * m.seq_len
 
         # memory that does not depend on ZeRO: activations in flight + the recompute working set
-        per_layer = memory.layer_activation_bytes(m, mb, tp, sp, c.recompute, self.act_bytes)
+        per_layer = memory.trainer_layer_activation_bytes(m, mb, tp, sp, c.recompute, ctx.precision)
         emb_act = memory.embedding_activation_bytes(m, mb, tp, sp)
-        head_act = memory.head_activation_bytes(m, mb, tp, sp, vp, self.act_bytes)
-        working = (memory.layer_activation_bytes(m, mb, tp, sp, "none", self.act_bytes)
+        head_act = memory.trainer_head_activation_bytes(m, mb, tp, sp, vp, ctx.precision)
+        working = (memory.trainer_layer_activation_bytes(m, mb, tp, sp, "none", ctx.precision)
                    if c.recompute == "full" else 0.0)  # the layer being recomputed, all its tensors
         units, first_flight, last_flight = self._units(c.schedule, pp, v, n_micro, layers)
         acts = [u * per_layer for u in units]
@@ -387,12 +394,12 @@ class Evaluator:
         """(weights, grads, optimizer bytes per parameter, ZeRO-3 gather buffer, worst pp rank, DP bytes,
         exposed DP seconds, step seconds)."""
         ctx, a = self.ctx, self.ctx.assume
-        w_b, g_b, o_b = memory.model_state_bytes(1.0, zero, dp, ctx.precision)
+        w_b, g_b, o_b = memory.trainer_state_bytes(zero, dp, ctx.grad_reduce_bf16)
         per_param = w_b + g_b + o_b
         gather = 2 * b.layer_params_gpu * self.w_bytes if zero >= 3 else 0.0  # ZeRO-3 prefetch buffers
         totals = [p * per_param + x + t for p, x, t in zip(b.params, b.acts, b.transient, strict=True)]
         worst = max(range(len(totals)), key=totals.__getitem__)
-        dp_bytes = comm.dp_step_bytes(b.max_params, zero, dp, b.n_micro, ctx.precision)
+        dp_bytes = comm.dp_step_bytes(b.max_params, zero, dp, b.n_micro, ctx.grad_reduce_bf16)
         t_dp = dp_bytes / b.bw[b.links["dp"]]
         if b.slot is None:
             return w_b, g_b, o_b, gather, worst, dp_bytes, None, None
@@ -429,7 +436,7 @@ class Evaluator:
                             + model.head_flops_per_token(m, b.vp)) * self.tokens_per_step,
             hardware_flops_per_gpu_max=max(b.load.flops) * self.tokens_per_step / c.dp,
             stage_imbalance=b.load.imbalance, rank_flops_per_token=b.load.flops,
-            ranks=ranks, worst=ranks[worst_r] if detail else rank_memory(worst_r), capacity=ctx.hw.memory_bytes,
+            ranks=ranks, worst=ranks[worst_r] if detail else rank_memory(worst_r), capacity=ctx.hw.usable_bytes,
             comm_bytes=comm_bytes, comm_link=b.links, comm_time=comm_time,
             bubble_fraction=schedule.bubble_fraction(c.pp, b.n_micro, c.virtual_stages, c.schedule),
             bubble_over_ideal=schedule.bubble_over_ideal(c.pp, b.n_micro, c.virtual_stages, c.schedule),

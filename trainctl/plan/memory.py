@@ -1,4 +1,8 @@
-"""Per-GPU memory: model states per ZeRO stage, activations per Korthikanti et al. 2022.
+"""Per-GPU memory: the bytes the bundled trainer allocates (model states, activations, reserve), and the
+published formulas they are derived from (kept as tests of the per-term arithmetic).
+
+The planner uses the `trainer_*` functions; docs/ARCHITECTURE.md ("Memory model") has the byte table. The
+paper formulas below them (`model_state_bytes`, `layer_activation_bytes`) describe the idealised run:
 
 Model states (Rajbhandari et al. 2020, "ZeRO", Sec. 3.1 and Figure 1): mixed-precision Adam keeps
 2 bytes of 16-bit weights, 2 of 16-bit gradients and K = 12 of optimizer state (fp32 master weights,
@@ -27,8 +31,103 @@ from __future__ import annotations
 
 from trainctl.model_shape import ModelShape
 
-# (weights, gradients, optimizer state) bytes per parameter.
+# (weights, gradients, optimizer state) bytes per parameter in the ZeRO paper.
 STATE_BYTES = {"bf16": (2, 2, 12), "fp16": (2, 2, 12), "fp32": (4, 4, 8)}
+
+GIB = 2**30
+# Device memory the trainer cannot use for tensors: the CUDA context and kernels (~0.5-1 GiB on H100),
+# NCCL's communicator buffers (~0.3-1 GiB for a few communicators) and allocator fragmentation.
+GPU_RESERVE_BYTES = 3 * GIB
+
+
+def trainer_state_bytes(zero: int, dp: int, reduce_bf16: bool = False) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer) bytes per parameter as the trainer allocates them, any precision.
+
+    The trainer keeps fp32 weights (bf16/fp16 runs autocast the compute), accumulates gradients in an
+    fp32 buffer and runs AdamW in fp32 (two moments). One DP replica runs plain (ZeRO off). ZeRO-1: each
+    DP rank keeps an fp32 master copy and the moments of its 1/dp slice of every bucket; ZeRO-2 the same
+    plus its reduce-scattered gradient slice beside the full bucket buffer; ZeRO-3 (FSDP2) shards weights,
+    gradients and moments, the optimizer updating the fp32 shards in place. A bf16 gradient reduction
+    adds a 2-byte copy of the buffer it sends (and of the slice it receives under ZeRO-2)."""
+    if dp == 1:
+        zero = 0
+    comm = 2.0 if reduce_bf16 and zero < 3 else 0.0
+    if zero == 0:
+        return 4.0, 4.0 + comm, 8.0
+    if zero == 1:
+        return 4.0, 4.0 + comm, 12.0 / dp
+    if zero == 2:
+        return 4.0, 4.0 + 4.0 / dp + comm * (1 + 1 / dp), 12.0 / dp
+    return 4.0 / dp, 4.0 / dp, 8.0 / dp
+
+
+def compute_precision(precision: str, on_cpu: bool, low_precision_on_cpu: bool) -> str:
+    """The precision the trainer really computes in: on a CPU bf16/fp16 fall back to fp32 unless asked."""
+    return "fp32" if on_cpu and not low_precision_on_cpu else precision
+
+
+def trainer_layer_activation_bytes(m: ModelShape, micro_batch: int, tp: int, sp: bool, recompute: str,
+                                   precision: str) -> float:
+    """Bytes one transformer layer keeps for backward per micro-batch, as the trainer's autograd saves them.
+
+    Differences from Korthikanti et al. 2022 (`layer_activation_bytes`), each measured with saved-tensor
+    hooks: the attention is torch's scaled_dot_product_attention, which keeps its output and a
+    log-sum-exp per row (a*s*b fp32), never the s x s scores (unless dropout makes it fall back to the
+    math kernel, which stores them as the paper counts); the output projection gets its own copy of the
+    attention output (the head transpose); each norm keeps its per-token statistics in fp32 (mean and
+    rstd for LayerNorm, rstd for RMSNorm); the residual stream is fp32 (the weights are), so the two norm
+    inputs are 4 bytes per value under mixed precision too. Values are 2 bytes under bf16/fp16 autocast,
+    4 in fp32."""
+    act = activation_bytes(precision)
+    s, b, h = m.seq_len, micro_batch, m.hidden
+    sb = s * b
+    sbh = sb * h
+    if recompute == "full":
+        return 4 * sbh / (tp if sp else 1)  # the block's fp32 input
+    # replicated over TP unless SP: both norms (fp32 input, statistics, RMSNorm's normalised input) and the
+    # residual dropout masks
+    replicated = 2 * _norm_saved_bytes(m, sb) + (2 * sbh if m.dropout else 0)
+    # the QKV and MLP inputs, full-sequence on every TP rank even under SP: the column-parallel layers keep
+    # the all-gathered input (Megatron re-gathers it in backward instead; not done here)
+    gathered = 2 * sbh * act
+    # GELU: fc1's output and fc2's input; SwiGLU: fc1's [gate; up] output, silu(gate) and fc2's input
+    mlp = (4 if m.swiglu else 2) * sb * m.ffn_hidden
+    qkv = sbh + 2 * sb * m.kv_width
+    # the fused QKV output, the attention output (the projection's input is a view of it), the MLP
+    split = (qkv + sbh + mlp) * act
+    if recompute != "selective":  # what the attention core keeps (selective recomputes it)
+        split += m.heads * sb * 4  # the log-sum-exp, fp32
+        if m.position == "rope":
+            split += (sbh + sb * m.kv_width) * act  # the rotated Q and K
+        if m.dropout:
+            scores = m.heads * s * s * b
+            split += scores * act + scores * (1 + act)
+    if sp:
+        return gathered + (replicated + split) / tp
+    return gathered + replicated + split / tp
+
+
+def _norm_saved_bytes(m: ModelShape, tokens: int) -> float:
+    """One norm's saved tensors in fp32: its input and per-token statistics (LayerNorm: mean and rstd;
+    RMSNorm: rstd and the normalised input its weight gradient needs)."""
+    h = m.hidden
+    if m.norm == "layernorm":
+        return tokens * (h + 2) * 4
+    return tokens * (2 * h + 1) * 4
+
+
+def trainer_head_activation_bytes(m: ModelShape, micro_batch: int, tp: int, sp: bool, padded_vocab: int,
+                                  precision: str) -> float:
+    """Last stage, per micro-batch in flight: the final norm's fp32 input and stats (sequence-sharded under
+    SP), the LM head's input (gathered: full sequence) and the fp32 vocab-parallel logits the cross
+    entropy keeps (Korthikanti Sec. 4.3)."""
+    act = activation_bytes(precision)
+    sb = m.seq_len * micro_batch
+    return _norm_saved_bytes(m, sb) / (tp if sp else 1) + sb * m.hidden * act + 4 * sb * padded_vocab / tp
+
+
+def reserve_bytes(on_gpu: bool) -> float:
+    return GPU_RESERVE_BYTES if on_gpu else 0.0
 
 
 def activation_bytes(precision: str) -> int:

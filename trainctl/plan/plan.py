@@ -13,6 +13,7 @@ from trainctl.hardware.catalog import peak_tflops_for, resolve_accelerator, reso
 from trainctl.model_shape import ModelShape, ParamCounts
 from trainctl.plan.checks import PlanWarning, advise
 from trainctl.plan.estimate import Assumptions, Candidate, Context, Estimate, Evaluator, Hardware
+from trainctl.plan.memory import compute_precision, reserve_bytes
 from trainctl.plan.placement import Groups, Layout, placement_table
 from trainctl.plan.schedule import BUBBLE_DEFINITION
 from trainctl.spec.models import RunSpec
@@ -27,10 +28,11 @@ NOTES = (
     "model FLOPs per token = 6*N + 12*L*h*s (N: every matmul weight incl. the LM head, no embedding "
     "lookups; causal attention not halved; recompute not counted); hardware FLOPs add recompute and the "
     "padded vocabulary",
-    "memory: mixed-precision Adam 2+2+12 bytes/param (fp32: 4+4+8) divided per ZeRO stage as in "
-    "Rajbhandari et al. 2020; activations per Korthikanti et al. 2022 Table 2 times the micro-batches in "
-    "flight on each pipeline rank; capacity is the catalog's GB (10^9 bytes) with nothing reserved",
-    "recompute none stores the s x s attention scores (no FlashAttention), selective drops them",
+    "memory: what the trainer allocates: fp32 weights and gradient buffer, fp32 AdamW (ZeRO-1/2: master "
+    "and moments of a 1/dp slice; ZeRO-2 keeps the full buffer beside its slice; ZeRO-3 shards all); "
+    "activations as its autograd saves them (scaled_dot_product_attention: no s x s scores) times the "
+    "micro-batches in flight on each pipeline rank; capacity is the catalog's GB (10^9 bytes) less a "
+    "3 GiB reserve on GPUs (CUDA context, NCCL buffers, fragmentation)",
     "not modelled: optimizer step time, kernel launch overheads, data loading, hierarchical collectives, "
     "network congestion",
 )
@@ -40,6 +42,8 @@ def context_from_spec(spec: RunSpec) -> Context:
     c = spec.cluster
     acc = resolve_accelerator(c)
     fabric = resolve_fabric(c)
+    on_cpu = c.gpu == "cpu"
+    precision = compute_precision(spec.train.precision, on_cpu, spec.train.low_precision_on_cpu)
     peak = peak_tflops_for(acc, spec.train.precision)
     layout = Layout.from_spec(spec)
     hw = Hardware(
@@ -48,13 +52,14 @@ def context_from_spec(spec: RunSpec) -> Context:
         # The NVLink domain as the spec rules and the placement see it (one source of truth for the layout).
         nvlink_domain=layout.nvlink_domain, gpus_per_node=c.gpus_per_node,
         nvlink_bw=acc.nvlink_gbps * 1e9, inter_node_bw=fabric.gbps_per_gpu * 1e9,
-        link=getattr(acc, "link", "nvlink"), fabric=fabric.key,
+        link=getattr(acc, "link", "nvlink"), fabric=fabric.key, reserve_bytes=reserve_bytes(not on_cpu),
     )
     e = spec.estimate
     return Context(
         shape=ModelShape.from_spec(spec.model), global_batch=spec.train.global_batch,
-        precision=spec.train.precision, world=spec.world_size, hw=hw,
+        precision=precision, world=spec.world_size, hw=hw,
         assume=Assumptions(e.compute_efficiency, e.comm_efficiency, e.dp_overlap, e.tp_overlap),
+        grad_reduce_bf16=spec.parallel.grad_reduce_dtype == "bf16",
     )
 
 
@@ -135,6 +140,7 @@ class Plan:
             },
             "hardware": {
                 "gpu": hw.gpu, "peak_flops": hw.peak_flops, "memory_bytes": hw.memory_bytes,
+                "reserve_bytes": hw.reserve_bytes,
                 "intra_domain_link": hw.link, "nvlink_bytes_per_s": hw.nvlink_bw,
                 "fabric": hw.fabric, "inter_node_bytes_per_s": hw.inter_node_bw,
             },

@@ -50,9 +50,10 @@ def in_flight(schedule: str, pp: int, v: int, m: int, rank: int, weights: tuple[
     - gpipe: all m forward passes run before the first backward.
     - 1f1b (PipeDream-Flush): rank r runs p-r forwards before its first backward, so it holds
       min(p-r, m); the first stage holds p (Narayanan et al. 2021; Korthikanti et al. 2022, Sec. 4.2.3).
-    - interleaved: Megatron-LM's schedule (forward_backward_pipelining_with_interleaving) runs
-      W = 2*(p-r-1) + (v-1)*p warm-up forwards (all m*v of them when m == p), then alternates one
-      forward (index W+k) and one backward (index k); forwards visit chunk (k // p) % v, backwards chunk
+    - interleaved: torch's ScheduleInterleaved1F1B (the schedule the trainer runs; Megatron-LM's
+      forward_backward_pipelining_with_interleaving differs only at m == p, where it runs every forward
+      first) runs W = 2*(p-r-1) + (v-1)*p warm-up forwards (at most m*v), then alternates one forward (index W+k) and one backward (index k); forwards visit chunk
+      (k // p) % v, backwards chunk
       v-1 - (k // p) % v. After the first steady forward the first rank holds W+1 = v*p + p - 1 chunk
       passes of L/(p*v) layers, L*(1 + (p-1)/(p*v)) layers' worth: Korthikanti et al.'s Sec. 4.2.3
       scaling. The total stays W+1 after every steady forward, but which chunks hold them rotates with
@@ -63,12 +64,13 @@ def in_flight(schedule: str, pp: int, v: int, m: int, rank: int, weights: tuple[
         return [1] * v
     if schedule == "gpipe":
         return [m] * v
-    # zero-bubble keeps 1F1B's (v = 1) or interleaved 1F1B's warm-up: the W passes it defers free no
-    # activations earlier and hold none longer than the first backward (ZB-H1 has 1F1B's peak memory)
+    # zero-bubble: counted as 1F1B (v = 1) or interleaved 1F1B. torch's warm-up is shorter, (p-r-1) +
+    # (v-1)*p, but the weight passes it defers keep their inputs longer; not yet measured, so the plan keeps
+    # the larger interleaved count (ZB-H1 is designed to have 1F1B's peak memory)
     if schedule not in ("interleaved", "zero-bubble") or v == 1:
         return [min(pp - rank, m)] + [0] * (v - 1)
     total = m * v
-    warmup = total if m == pp else min(2 * (pp - rank - 1) + (v - 1) * pp, total)
+    warmup = min(2 * (pp - rank - 1) + (v - 1) * pp, total)
     n = min(warmup + 1, total)  # forwards done at the first peak
     rounds, rem = divmod(n, pp * v)
     counts = [rounds * pp + min(pp, max(0, rem - c * pp)) for c in range(v)]

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 
 def _storage_key(t: Tensor) -> tuple[int, int]:
@@ -62,7 +62,7 @@ class SavedTensorMeter:
         self._refs: dict[tuple[int, int], int] = {}
 
     def _pack(self, t: Tensor) -> Any:
-        if t.device.type == "meta" or not t.untyped_storage().nbytes():
+        if t.device.type == "meta" or not t.untyped_storage().nbytes() or _is_parameter(t):
             return t
         return _Saved(self, t)
 
@@ -87,6 +87,12 @@ class SavedTensorMeter:
         self._refs.clear()
         with torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack):
             yield self
+
+
+def _is_parameter(t: Tensor) -> bool:
+    """A weight saved for backward (itself, or a view such as the transpose a matmul keeps): counted as
+    weights already, not as an activation. FSDP's gathered weights are parameters too."""
+    return isinstance(t, nn.Parameter) or isinstance(t._base, nn.Parameter)
 
 
 class _Saved:

@@ -25,7 +25,7 @@ from trainctl.runtime.schedules import Accumulate, Executor, Pipelined
 from trainctl.runtime.tensor_parallel import TPContext
 from trainctl.spec.models import RunSpec
 
-MEMORY_STEPS = 2  # steps measured by memory_meter at the start of each attempt (optimizer state exists after 1)
+MEMORY_STEPS = 2  # memory is measured on the 2nd step of each attempt (optimizer state exists after the 1st)
 
 
 class InjectedFailure(RuntimeError):
@@ -214,7 +214,8 @@ class Trainer:
         data_wait = time.perf_counter() - td
         stragglers.maybe_slow(self.slow_s)
         self.sync.start_step()
-        measuring = step in self.memory_steps
+        # the window's last step only: the first step of an attempt also runs the pipeline's shape inference
+        measuring = step == self.memory_steps.stop - 1
         with self.saved.measuring() if measuring else contextlib.nullcontext():
             loss = self.executor.run(inputs.to(par.device), targets.to(par.device))
         if ev is not None:
