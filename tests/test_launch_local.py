@@ -229,6 +229,14 @@ def test_launch_tiny_cpu_recipe(tmp_path: Path) -> None:
     planned = json.loads(run_cli("plan", str(paths.spec), "--json").stdout)["params"]
     assert start["params"] == {"total": planned["total"], "per_rank": planned["per_rank"]}
     assert planned["total"] == 217_664  # the tiny preset, LayerNorm without bias (tests/test_params_built.py)
+    # mfu-report holds the measured memory against the plan, per pipeline rank and component
+    report = json.loads(run_cli("mfu-report", str(run_dir), "--json").stdout)
+    mem = report["runs"][0]["memory"]
+    assert mem["available"] and {x["pp_rank"] for x in mem["rows"]} == {0, 1}
+    for row in mem["rows"]:
+        limit = 0.10 if row["component"] == "activations" else 0.01  # states: bucket padding, step counters
+        assert abs(row["error"]) <= limit, row
+    assert "largest gap" in mem["largest_gap"]
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ from trainctl.report.attempts import final_and_replayed, split_attempts
 from trainctl.report.breakdown import time_breakdown
 from trainctl.report.goodput import goodput
 from trainctl.report.load import RunData, load_run
+from trainctl.report.memory import memory_vs_plan
 from trainctl.report.stragglers import stragglers
 from trainctl.report.summary import steady_steps, summarize
 
@@ -30,6 +31,7 @@ def analyze(run: RunData) -> dict[str, Any]:
         "time_breakdown": time_breakdown(run, steady, summary["step_time_s"]["median"], startup),
         "goodput": gp,
         "stragglers": stragglers(run),
+        "memory": memory_vs_plan(run),
         "series": [{"step": r["step"], "attempt": a.index, "loss": r.get("loss"), "mfu": r.get("mfu"),
                     "step_time_s": r.get("step_time_s")} for a in attempts for r in a.records],
         "warnings": warnings,

@@ -171,6 +171,7 @@ def render(report: dict[str, Any], console: Console | None = None) -> None:
             con.print(f"  {r['name']}: restart -> attempt {x['attempt']} (resumed after step "
                       f"{x['resumed_at_step']}, gap {dur(x['gap_s'])}, {x['replayed_steps']} steps replayed): "
                       f"{cause}", markup=False)
+    _render_memory(con, runs)
     con.print("[bold]Stragglers[/bold]")
     for r in runs:
         st = r["stragglers"]
@@ -189,3 +190,30 @@ def render(report: dict[str, Any], console: Console | None = None) -> None:
                       f"cost {dur(x['cost_s'])} ({pct(x['cost_fraction'], 1)} of the step time)")
             if x.get("note"):
                 con.print(f"    ranks {', '.join(map(str, x['ranks']))}: {x['note']}", markup=False)
+
+
+def _render_memory(con: Console, runs: list[dict[str, Any]]) -> None:
+    for r in runs:
+        mem = r.get("memory") or {}
+        if not mem.get("available"):
+            con.print(f"[dim]{escape(r['name'])}: memory: {escape(mem.get('note', 'not measured'))}[/dim]")
+            continue
+        t = Table(title=f"Memory per GPU, predicted vs measured ({r['name']})", title_justify="left")
+        for col in ("pipeline rank", "component", "predicted", "measured", "error"):
+            t.add_column(col, justify="left" if col == "component" else "right")
+        for x in mem["rows"]:
+            err = "-" if x["error"] is None else f"{x['error']:+.1%}"
+            t.add_row(str(x["pp_rank"]), x["component"], _bytes(x["predicted_bytes"]), _bytes(x["measured_bytes"]),
+                      err)
+        con.print(t)
+        if mem.get("largest_gap"):
+            con.print(f"  {escape(r['name'])}: {escape(mem['largest_gap'])}")
+
+
+def _bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} B"
