@@ -52,8 +52,8 @@ def in_flight(schedule: str, pp: int, v: int, m: int, rank: int, weights: tuple[
       min(p-r, m); the first stage holds p (Narayanan et al. 2021; Korthikanti et al. 2022, Sec. 4.2.3).
     - interleaved: torch's ScheduleInterleaved1F1B (the schedule the trainer runs; Megatron-LM's
       forward_backward_pipelining_with_interleaving differs only at m == p, where it runs every forward
-      first) runs W = 2*(p-r-1) + (v-1)*p warm-up forwards (at most m*v), then alternates one forward (index W+k) and one backward (index k); forwards visit chunk
-      (k // p) % v, backwards chunk
+      first) runs W = 2*(p-r-1) + (v-1)*p warm-up forwards (at most m*v), then alternates one forward
+      (index W+k) and one backward (index k); forwards visit chunk (k // p) % v, backwards chunk
       v-1 - (k // p) % v. After the first steady forward the first rank holds W+1 = v*p + p - 1 chunk
       passes of L/(p*v) layers, L*(1 + (p-1)/(p*v)) layers' worth: Korthikanti et al.'s Sec. 4.2.3
       scaling. The total stays W+1 after every steady forward, but which chunks hold them rotates with
