@@ -31,7 +31,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from trainctl.checkpoints import file_digest, list_checkpoints  # noqa: E402
+from trainctl.checkpoint import file_digest, list_checkpoints  # noqa: E402
 from trainctl.runtime.checkpoint import CheckpointManager  # noqa: E402
 
 OPTS = StateDictOptions(flatten_optimizer_state_dict=True)

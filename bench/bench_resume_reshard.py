@@ -29,7 +29,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
-STOP = "TRAINCTL_TEST_STOP_AFTER_STEP"
+sys.path.insert(0, str(ROOT))
+from trainctl.runtime import faults  # noqa: E402  (no torch: this process only launches torchrun)
 
 LAYOUTS: dict[str, dict[str, Any]] = {
     "tp2": {"tp": 2, "dp": 1, "zero": 0},
@@ -77,7 +78,7 @@ def main() -> None:
             d = Path(tmp) / f"source-{layout['tp']}-{layout['dp']}"
             d.mkdir()
             (d / "spec.yaml").write_text(yaml.safe_dump(spec(a, layout)))
-            run(d, layout["tp"] * layout["dp"], {STOP: "2"})
+            run(d, layout["tp"] * layout["dp"], faults.encode(stop_after_step=2))
             ck = next((d / "checkpoints").glob("step-*"))
             print(f"checkpoint written by {name}: {sum(f.stat().st_size for f in ck.iterdir()) / 1e6:.1f} MB "
                   f"(hidden {a.hidden}, {a.layers} layers, weights + AdamW moments)")

@@ -29,7 +29,8 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor
 
-from trainctl.runtime.checkpoint import SLOW_WRITE_ENV, CheckpointManager
+from trainctl.runtime import faults
+from trainctl.runtime.checkpoint import CheckpointManager
 
 OPTS = StateDictOptions(flatten_optimizer_state_dict=True)
 
@@ -125,7 +126,7 @@ def main() -> None:
                 async_mgr.wait()
                 torch.save(snapshot(model, optim, step), out / f"saved-{step}-rank{rank}.pt")
                 if step == args.slow_at:
-                    os.environ[SLOW_WRITE_ENV] = "60"
+                    os.environ.update(faults.encode(slow_write_s=60))
                 t0 = time.perf_counter()
                 mgr.save(step, app_state(model, optim, step), rank_state(step), meta={"tokens": step * 16})
                 timing[f"save-{step}"] = {"async": step in async_at, "call_s": time.perf_counter() - t0}
@@ -154,7 +155,7 @@ def main() -> None:
         dist.barrier()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)  # avoids the random SIGABRT at interpreter shutdown (notes)
+    os._exit(0)  # avoids the random SIGABRT at interpreter shutdown (docs/ARCHITECTURE.md, "Checked facts")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,12 @@ from typing import Any
 import yaml
 from trainer_utils import ROOT, deep_update, final_weights, metrics, run_trainer
 
-STOP = "TRAINCTL_TEST_STOP_AFTER_STEP"
+from trainctl.runtime import faults
+
+
+def stop_after(step: int) -> dict[str, str]:
+    """The environment that makes the trainer checkpoint after `step` and stop as if signalled (exit 0)."""
+    return faults.encode(stop_after_step=step)
 
 
 def set_spec(run: Path, **sections: dict[str, Any]) -> None:
@@ -59,7 +64,7 @@ def straight_and_resumed(root: Path, parallel: dict[str, Any], steps: int, env: 
     straight, world = make_run(root, "straight", parallel=parallel, **sections)
     ok(run_trainer(straight, world, env=env), "straight run")
     resumed, _ = make_run(root, "resumed", parallel=parallel, **sections)
-    ok(run_trainer(resumed, world, env={**(env or {}), STOP: str(steps // 2)}, dump=False), "first half")
+    ok(run_trainer(resumed, world, env={**(env or {}), **stop_after(steps // 2)}, dump=False), "first half")
     assert [s for s, _, _ in curve(resumed)] == list(range(1, steps // 2 + 1))
     ok(run_trainer(resumed, world, env=env), "resumed half")
     return straight, resumed

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trainctl.checkpoints import (
+from trainctl.checkpoint import (
     HASH,
     MANIFEST,
     MARKER,

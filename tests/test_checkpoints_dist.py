@@ -15,8 +15,9 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict  # noqa: E402
 
-from trainctl.checkpoints import MARKER, CheckpointError, list_checkpoints, stale_dirs, step_dirname  # noqa: E402
-from trainctl.runtime.checkpoint import SLOW_WRITE_ENV, CheckpointManager, rng_state, set_rng_state  # noqa: E402
+from trainctl.checkpoint import MARKER, CheckpointError, list_checkpoints, stale_dirs, step_dirname  # noqa: E402
+from trainctl.runtime import faults  # noqa: E402
+from trainctl.runtime.checkpoint import CheckpointManager, rng_state, set_rng_state  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = str(ROOT / "tests" / "ckpt_worker.py")
@@ -133,7 +134,7 @@ def test_async_save_snapshots_at_call_time(tmp_path, monkeypatch):
     step_(model, optim)
     before = flat_clone(model, optim)
     mgr = CheckpointManager(tmp_path, keep_last=3, async_save=True)
-    monkeypatch.setenv(SLOW_WRITE_ENV, "1.0")
+    monkeypatch.setenv(faults.ENV, faults.encode(slow_write_s=1.0)[faults.ENV])
     rng = torch.get_rng_state()
     mgr.save(1, state(model, optim), {"rng": rng})
     assert mgr.in_flight()
@@ -141,7 +142,7 @@ def test_async_save_snapshots_at_call_time(tmp_path, monkeypatch):
         step_(model, optim)  # mutate params and moments while the write is in flight
     assert not (tmp_path / step_dirname(1)).exists()  # not committed yet
     mgr.wait()
-    monkeypatch.delenv(SLOW_WRITE_ENV)
+    monkeypatch.delenv(faults.ENV)
     fresh, fopt = tiny(seed=7)
     st = state(fresh, fopt)
     info, rank_state = mgr.load(None, st)

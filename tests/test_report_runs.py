@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from trainctl.rundir import read_jsonl
+from trainctl.runtime import faults
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAINCTL = [sys.executable, "-m", "trainctl"]
@@ -21,7 +22,7 @@ DP2 = ["parallel.tp=1", "parallel.pp=1", "cluster.gpus_per_node=2"]
 SLOW_S = 0.25
 
 
-KNOBS = ("TRAINCTL_TEST_SLOW_RANK", "TRAINCTL_TEST_HANG_RANK", "TRAINCTL_TEST_FAIL_AT_STEP", "TRAINCTL_WATCHDOG_S")
+KNOBS = (faults.ENV, "TRAINCTL_WATCHDOG_S")
 
 
 def launch(run: Path, *sets: str, env: dict[str, str] | None = None,
@@ -49,7 +50,7 @@ def rank_stderr(run: Path, rank: int) -> str:
 def runs(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("report-runs")
     out = {"slow": root / "slow", "plain": root / "plain"}
-    p = launch(out["slow"], "train.steps=8", "name=slowed", env={"TRAINCTL_TEST_SLOW_RANK": f"1:{SLOW_S}"})
+    p = launch(out["slow"], "train.steps=8", "name=slowed", env=faults.encode(slow_rank=f"1:{SLOW_S}"))
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     p = launch(out["plain"], "train.steps=6", "name=plain")
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
@@ -82,7 +83,7 @@ def test_slowed_rank_is_named_exactly_under_tp_and_pp(tmp_path):
     or the whole pipeline)."""
     run = tmp_path / "tp-pp"
     p = launch(run, "parallel.tp=2", "parallel.pp=2", "parallel.dp=1", "cluster.gpus_per_node=4", "train.steps=7",
-               env={"TRAINCTL_TEST_SLOW_RANK": f"2:{SLOW_S}"})
+               env=faults.encode(slow_rank=f"2:{SLOW_S}"))
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     rows = [r for r in read_jsonl(run / "logs" / "steptimes-rank3.jsonl") if "step" in r]
     assert rows and all(r["comm_s"] > 0 for r in rows)  # rank 3 (rank 2's TP peer) waited in TP collectives
@@ -97,7 +98,7 @@ def test_slowed_rank_is_named_exactly_under_tp_and_pp(tmp_path):
 
 
 def test_run_without_slow_rank_has_no_injected_straggler(runs):
-    """Without the knob no rank is anywhere near the injected slowdown. (On a 2-core machine one of two ranks
+    """Without the slow_rank fault no rank is anywhere near the injected slowdown. (On a 2-core machine one of two ranks
     can be persistently slower from CPU contention with the launcher, and is then rightly reported, so a
     small straggler is allowed here.)"""
     (r,) = json.loads(report(runs["plain"], extra=("--json",)).stdout)["runs"]
@@ -121,7 +122,7 @@ def test_two_runs_side_by_side_and_plot(runs, tmp_path):
 
 def test_hung_rank_is_ended_by_the_watchdog(tmp_path):
     run = tmp_path / "hung"
-    p = launch(run, "train.steps=50", env={"TRAINCTL_TEST_HANG_RANK": "1:3", "TRAINCTL_WATCHDOG_S": "4"},
+    p = launch(run, "train.steps=50", env={**faults.encode(hang="1:3"), "TRAINCTL_WATCHDOG_S": "4"},
                timeout=120)
     assert p.returncode == 1
     hangs = [e for e in read_jsonl(run / "events.jsonl") if e["event"] == "hang"]
@@ -144,7 +145,7 @@ def test_interrupted_and_resumed_run_has_goodput_below_100_percent(tmp_path):
     replayed. The report must count both attempts, the replayed steps and the restart gap."""
     run = tmp_path / "interrupted"
     p = launch(run, "train.steps=8", "checkpoint.every_steps=2",
-               env={"TRAINCTL_TEST_FAIL_AT_STEP": "5", "TRAINCTL_TEST_FAIL_RANK": "1"})
+               env=faults.encode(fail_at_step=5, fail_rank=1))
     assert p.returncode == 1
     logged_before = max(m["step"] for m in read_jsonl(run / "metrics.jsonl"))
     e = {k: v for k, v in os.environ.items() if k not in KNOBS}

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from resume_utils import STOP, curve, events
+from resume_utils import curve, events, stop_after
 from trainer_utils import ROOT, TINY, deep_update
 
-from trainctl.checkpoints import list_checkpoints
+from trainctl.checkpoint import list_checkpoints
 
 
 def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -35,7 +35,7 @@ def spec_file(tmp_path: Path, **sections) -> Path:
 @pytest.mark.slow
 def test_resume_local_appends_and_from_step_rewinds(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    r = cli("launch", str(spec_file(tmp_path)), "--run-dir", str(run), env={STOP: "3"})
+    r = cli("launch", str(spec_file(tmp_path)), "--run-dir", str(run), env=stop_after(3))
     assert r.returncode == 0, r.stderr[-3000:]
     assert [s for s, _, _ in curve(run)] == [1, 2, 3]
     dry = cli("resume", str(run), "--dry-run", "--json")

@@ -12,18 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from resume_utils import (
-    STOP,
-    curve,
-    events,
-    ok,
-    set_spec,
-    spawn_ranks,
-    wait_all,
-)
+from resume_utils import curve, events, ok, set_spec, spawn_ranks, stop_after, wait_all
 from trainer_utils import ROOT, make_run, max_rel_diff, run_trainer
 
-from trainctl.checkpoints import MARKER, list_checkpoints, stale_dirs, step_dirname
+from trainctl.checkpoint import MARKER, list_checkpoints, stale_dirs, step_dirname
+from trainctl.runtime import faults
 
 pytestmark = pytest.mark.slow
 
@@ -49,7 +42,7 @@ def assert_layout_chain_stays_on_the_curve(tmp_path: Path, layouts: list[dict[st
             set_spec(run, parallel=layout)
         nproc = layout.get("tp", 1) * layout.get("pp", 1) * layout.get("dp", 1)
         last = i == len(layouts) - 1
-        ok(run_trainer(run, nproc, env=env if last else {**env, STOP: str(2 * i + 2)}, dump=False), str(layout))
+        ok(run_trainer(run, nproc, env=env if last else {**env, **stop_after(2 * i + 2)}, dump=False), str(layout))
     got, want = curve(run), curve(straight)
     assert [s for s, _, _ in got] == [1, 2, 3, 4, 5, 6]
     rel = max_rel_diff([x[1] for x in got], [x[1] for x in want])
@@ -98,7 +91,7 @@ def test_sigkill_mid_async_save_resumes_from_the_previous_checkpoint(tmp_path: P
     ok(run_trainer(straight, world, dump=False))
     run, _ = make_run(tmp_path, "killed", parallel={"dp": 2}, **sections)
     ck = run / "checkpoints"
-    procs = spawn_ranks(run, 2, env={"TRAINCTL_TEST_SLOW_WRITE_S": "4", "TRAINCTL_TIMEOUT_S": "30"})
+    procs = spawn_ranks(run, 2, env={**faults.encode(slow_write_s=4), "TRAINCTL_TIMEOUT_S": "30"})
     try:  # wait until step 2 is committed and step 4 is being written (its staging dir exists)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -169,7 +162,7 @@ def test_other_model_shape_is_refused_before_training(tmp_path: Path) -> None:
     assert len(curve(run)) == n  # refused before any step ran
     # a TP reshard that would not fit in host memory is refused up front (here: a node with 1 MB free)
     set_spec(run, model={"hidden": 64}, parallel={"tp": 2, "micro_batch": 4})
-    r = run_trainer(run, 2, env={"TRAINCTL_TEST_HOST_MEMORY": str(10**6)}, dump=False)
+    r = run_trainer(run, 2, env=faults.encode(host_memory=10**6), dump=False)
     assert r.returncode == 1
     assert "resharding tp 1 -> 2 reads whole old TP shards (weights and moments) in batches" in r.stderr, \
         r.stderr[-2000:]
@@ -214,8 +207,8 @@ def test_torchrun_restart_resumes_by_itself(tmp_path: Path) -> None:
     straight, world = make_run(tmp_path, "straight", parallel={"dp": 2}, **sections)
     ok(run_trainer(straight, world, dump=False))
     run, _ = make_run(tmp_path, "restarted", parallel={"dp": 2}, **sections)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "TRAINCTL_TEST_FAIL_AT_STEP": "4",
-           "TRAINCTL_TEST_FAIL_RANK": "1", "TRAINCTL_TEST_FAIL_ATTEMPT": "0", "TRAINCTL_TIMEOUT_S": "60"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "TRAINCTL_TIMEOUT_S": "60",
+           **faults.encode(fail_at_step=4, fail_rank=1, fail_attempt=0)}
     r = subprocess.run([TORCHRUN, "--standalone", "--nproc-per-node=2", "--max-restarts=1", "-m", "trainctl.runtime",
                         str(run)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     ok(r, "torchrun with one restart")

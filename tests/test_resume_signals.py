@@ -11,7 +11,7 @@ import pytest
 from resume_utils import assert_same_weights, curve, events, ok, rank_log, spawn_ranks, wait_all, wait_for_step
 from trainer_utils import make_run, run_trainer
 
-from trainctl.checkpoints import list_checkpoints
+from trainctl.checkpoint import list_checkpoints
 from trainctl.errors import EXIT_REQUEUE
 
 pytestmark = pytest.mark.slow

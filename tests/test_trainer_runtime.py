@@ -13,6 +13,7 @@ import pytest
 from trainer_utils import ROOT, make_run, metrics, run_trainer
 
 from trainctl.rundir import read_jsonl
+from trainctl.runtime import faults
 from trainctl.runtime.optim import lr_at
 from trainctl.spec.models import TrainSpec
 
@@ -54,11 +55,11 @@ def test_mfu_is_model_flops_over_time_ranks_and_peak(tmp_path: Path) -> None:
 def test_failing_rank_fails_the_job_promptly(tmp_path: Path) -> None:
     run, world = make_run(tmp_path, "fail", parallel={"dp": 2}, train={"steps": 6})
     t0 = time.monotonic()
-    r = run_trainer(run, world, env={"TRAINCTL_TEST_FAIL_AT_STEP": "3", "TRAINCTL_TEST_FAIL_RANK": "1",
-                                     "TRAINCTL_TIMEOUT_S": "60"}, dump=False, timeout=120)
+    r = run_trainer(run, world, env={**faults.encode(fail_at_step=3, fail_rank=1), "TRAINCTL_TIMEOUT_S": "60"},
+                    dump=False, timeout=120)
     assert r.returncode != 0
     assert time.monotonic() - t0 < 60
-    assert "trainctl: rank 1 failed: InjectedFailure: TRAINCTL_TEST_FAIL_AT_STEP=3" in r.stderr
+    assert "trainctl: rank 1 failed: InjectedFailure: fault fail_at_step=3" in r.stderr
     failures = [e for e in read_jsonl(run / "events.jsonl") if e["event"] == "failure"]
     assert failures and failures[0]["rank"] == 1
     assert len(metrics(run)) == 2  # steps 1 and 2 completed
@@ -67,7 +68,8 @@ def test_failing_rank_fails_the_job_promptly(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("i", range(3))
 def test_successful_runs_exit_zero(i: int, tmp_path: Path) -> None:
-    """No random SIGABRT at shutdown (notes): FSDP2 and pipelining, the modes it was seen with."""
+    """No random SIGABRT at shutdown (docs/ARCHITECTURE.md, "Checked facts"): FSDP2 and pipelining, the modes it
+    was seen with."""
     parallel = [{"dp": 2, "zero": 3}, {"pp": 2}, {"dp": 2, "zero": 2}][i]
     run, world = make_run(tmp_path, f"ok{i}", parallel=parallel, train={"steps": 2})
     r = run_trainer(run, world, dump=False)

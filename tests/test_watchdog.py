@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from trainctl.rundir import read_jsonl
-from trainctl.runtime import watchdog
+from trainctl.runtime import faults, watchdog
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,7 +41,7 @@ def _run(tmp_path: Path, timeout_s: float, env: dict[str, str]) -> subprocess.Co
 
 
 def test_hung_rank_dumps_stacks_records_event_and_exits(tmp_path):
-    proc = _run(tmp_path, 0.5, {watchdog.HANG_RANK_ENV: "3:4"})
+    proc = _run(tmp_path, 0.5, faults.encode(hang="3:4"))
     assert proc.returncode == watchdog.HANG_EXIT_CODE, proc.stderr
     assert "done" not in proc.stdout
     assert "watchdog: no step progress" in proc.stderr
@@ -93,9 +93,9 @@ launcher: {backend: local}
     assert watchdog.timeout_from(off, env={}) is None
 
 
-def test_hang_knob_parsing():
-    assert watchdog.hang_step(1, env={watchdog.HANG_RANK_ENV: "1:5"}) == 5
-    assert watchdog.hang_step(0, env={watchdog.HANG_RANK_ENV: "1:5"}) is None
+def test_hang_fault_parsing():
+    assert watchdog.hang_step(1, env=faults.encode(hang="1:5")) == 5
+    assert watchdog.hang_step(0, env=faults.encode(hang="1:5")) is None
     assert watchdog.hang_step(0, env={}) is None
     with pytest.raises(ValueError, match="<rank>:<step>"):
-        watchdog.hang_step(0, env={watchdog.HANG_RANK_ENV: "x"})
+        watchdog.hang_step(0, env=faults.encode(hang="x"))

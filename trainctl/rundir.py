@@ -2,7 +2,7 @@
 
 Launch, runtime, report and the CLI all find a run's files through `RunPaths`; no other module spells a
 name out (docs/ARCHITECTURE.md, "Run directory"). Checkpoint-internal names (step directories, manifest,
-marker) belong to the checkpoint modules.
+marker) belong to trainctl/checkpoint/format.py.
 
     RUN/spec.yaml                    frozen, fully resolved spec (spec.prev-<n>.yaml: before a resume --set)
     RUN/plan.json                    the planner's prediction at launch time
@@ -12,6 +12,7 @@ marker) belong to the checkpoint modules.
     RUN/metrics.jsonl                one JSON object per training step (rank 0)
     RUN/events.jsonl                 starts, restarts, checkpoints, preemptions, failures
     RUN/placement.json               where every rank really ran (rank 0)
+    RUN/calibration.json             `trainctl calibrate`: the profile its worker measured (rank 0)
     RUN/final_weights/               the trained weights, when a test asks for them
     RUN/checkpoints/                 committed checkpoints (unless checkpoint.dir says elsewhere)
     RUN/logs/launcher.log            local: the console of torchrun, in full
@@ -44,6 +45,7 @@ LOGS = "logs"
 METRICS = "metrics.jsonl"
 EVENTS = "events.jsonl"
 PLACEMENT = "placement.json"
+CALIBRATION = "calibration.json"
 FINAL_WEIGHTS = "final_weights"
 CHECKPOINTS = "checkpoints"
 LAUNCHER_LOG = "launcher.log"
@@ -108,6 +110,10 @@ class RunPaths:
     @property
     def placement(self) -> Path:
         return self.root / PLACEMENT
+
+    @property
+    def calibration(self) -> Path:
+        return self.root / CALIBRATION
 
     @property
     def final_weights(self) -> Path:

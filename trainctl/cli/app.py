@@ -43,6 +43,7 @@ def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for
 def _register() -> None:
     # Imported for their side effect of adding commands to `app`.
     from trainctl.cli import (  # noqa: F401
+        calibrate_cmd,
         checkpoints_cmd,
         data_cmd,
         hardware_cmd,

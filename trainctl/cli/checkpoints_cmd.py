@@ -9,8 +9,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from trainctl.checkpoint_meta import describe_layout
-from trainctl.checkpoints import latest_valid, list_checkpoints, resolve_checkpoint_dir
+from trainctl.checkpoint import describe_layout, list_checkpoints, newest_valid, resolve_checkpoint_dir
 from trainctl.cli.app import app
 from trainctl.cli.console import make_console
 from trainctl.cli.options import JsonOpt
@@ -38,7 +37,7 @@ def checkpoints(
             raise UsageError(f"{run}: no such run directory", hint="give the directory `trainctl launch` created")
         directory = resolve_checkpoint_dir(run)
     infos = list_checkpoints(directory, deep=deep)
-    latest = latest_valid(directory) if not deep else next((i for i in reversed(infos) if i.valid), None)
+    latest = newest_valid(infos)  # what `trainctl resume` would load (shallow check unless --deep)
     if as_json:
         print(json.dumps({"directory": str(directory), "latest_valid": latest.step if latest else None,
                           "checkpoints": [i.to_json() for i in infos]}, indent=2))

@@ -143,6 +143,7 @@ def render_plan(plan: Plan, console: Console, ranks: bool) -> None:
         ("MFU (HFU)", f"[bold]{_pct(pr['mfu'])}[/bold] ({_pct(pr['hfu'])})"),
     ]
     peak = hw["peak_flops"]
+    pred.append(("calibration", calibration_line(j["calibration"])))
     console.print(_kv_table("Prediction (roofline)", pred,
                             note=f"peak {_si(peak, 'FLOP/s') if peak else 'unknown (measured at run time)'} "
                                  f"dense {'TF32' if L['precision'] == 'fp32' else 'BF16'} per GPU"))
@@ -187,13 +188,22 @@ def render_ranks(plan: Plan, console: Console) -> None:
         console.print(f"  {kind.upper()} groups: {count} of {size} ranks, stride {stride}; the first: [{shown}]")
 
 
+def calibration_line(cal: dict[str, Any]) -> str:
+    """Where the time figures come from, in one line."""
+    if not cal.get("calibrated"):
+        return f"[yellow]uncalibrated[/yellow]: {cal['note']}"
+    return (f"measured: {cal['path']} ({cal['source']}, {cal['device']}, {cal['ranks']} ranks, "
+            f"{cal['created']})")
+
+
 def render_auto(res: AutoResult, console: Console) -> None:
     console.print(f"[bold]{res.name}[/bold] --auto: {res.evaluated:,} valid layouts evaluated on {res.world:,} GPUs, "
                   f"{res.fitting:,} fit in memory ({res.elapsed_s * 1e3:.0f} ms). Ranked by predicted MFU, ties by "
                   "less memory.")
     if not res.peak_known:
         console.print("[yellow]Peak FLOP/s unknown for this accelerator: ranked with a nominal 1 TFLOP/s; "
-                      "MFU and step times are not shown (set cluster.peak_tflops).[/yellow]")
+                      "MFU and step times are not shown (set cluster.peak_tflops, or calibrate).[/yellow]")
+    console.print(f"Times: {calibration_line(res.calibration)}")
     t = Table(title="Best layouts (sp: sequence parallel; il v: interleaved, v chunks per rank; m: micro-batches)",
               title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0))
     for col in ("#", "tp/pp/dp", "sched", "ZeRO", "mb/m", "recomp", "GB/GPU", "bubble", "step", "MFU"):
@@ -240,9 +250,13 @@ def plan(
     auto: bool = typer.Option(False, "--auto", help="Search every valid layout; rank those that fit by MFU."),
     top: int = typer.Option(10, "--top", min=1, max=1000, help="With --auto: how many layouts to show."),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 if the layout does not fit (error-level warning)."),
+    calibration: Path | None = typer.Option(None, "--calibration", metavar="PROFILE", help="Price the plan with "
+                                            "this `trainctl calibrate` profile (overrides cluster.calibration)."),
 ) -> None:
     """Plan a run: memory per GPU, FLOPs, communication, pipeline bubble and predicted MFU."""
     run = read_spec(spec, set_)
+    if calibration is not None:
+        run = run.model_copy(update={"cluster": run.cluster.model_copy(update={"calibration": str(calibration)})})
     console = make_console()
     if auto:
         from trainctl.plan.auto import search

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from trainctl.spec import RunSpec
 
 TRAINER_MODULE = "trainctl.runtime"  # what every rank runs: python -m trainctl.runtime RUN_DIR
+CALIBRATE_MODULE = "trainctl.runtime.calibrate"  # what every rank runs for `trainctl calibrate`
 DEFAULT_GRACE_S = 300  # warning before a time limit: enough to write an async checkpoint
 
 # name -> "module:class"; imported on first use, so `trainctl launch` never loads a backend it does not use
@@ -96,9 +97,11 @@ class Backend(ABC, Generic[L, R]):
 
     # --- trainctl launch ---------------------------------------------------------------------------------
     @abstractmethod
-    def prepare(self, spec: RunSpec, run_dir: Path | None, *, grace_s: int = DEFAULT_GRACE_S) -> L:
+    def prepare(self, spec: RunSpec, run_dir: Path | None, *, grace_s: int = DEFAULT_GRACE_S,
+                module: str = TRAINER_MODULE) -> L:
         """Check what can be checked before anything exists (UsageError, exit 2) and render the launch.
-        `grace_s`: warning before a time limit, for backends that have one."""
+        `grace_s`: warning before a time limit, for backends that have one. `module`: what every rank runs
+        (`python -m MODULE RUN_DIR`): the trainer, or the calibration worker."""
 
     @abstractmethod
     def dry_run(self, launch: L) -> list[Line]:

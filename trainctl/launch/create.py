@@ -56,6 +56,10 @@ def freeze_spec(spec: RunSpec) -> RunSpec:
     if path and not os.path.isabs(path):
         data = spec.data.model_copy(update={"path": str(Path(path).resolve())})
         spec = spec.model_copy(update={"data": data})
+    profile = spec.cluster.calibration  # the plan is rebuilt from the frozen spec elsewhere (resume)
+    if profile and not os.path.isabs(profile):
+        spec = spec.model_copy(update={"cluster": spec.cluster.model_copy(
+            update={"calibration": str(Path(profile).resolve())})})
     return spec
 
 

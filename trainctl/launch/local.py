@@ -58,6 +58,7 @@ class LocalLaunch:
     nproc: int
     command: list[str]
     env: dict[str, str]  # variables set on top of the caller's environment
+    module: str = TRAINER_MODULE  # what every rank runs
 
 
 def available_cpus() -> int:
@@ -92,17 +93,19 @@ def kill_tree(pid: int) -> None:
             os.kill(p, signal.SIGKILL)
 
 
-def torchrun_command(run_dir: Path, nproc: int, max_restarts: int = 0, python: str | None = None) -> list[str]:
+def torchrun_command(run_dir: Path, nproc: int, max_restarts: int = 0, python: str | None = None,
+                     module: str = TRAINER_MODULE) -> list[str]:
     """`torchrun` through this interpreter (so the venv's torch runs), rank 0 on the console only."""
     return [
         python or sys.executable, "-m", "torch.distributed.run",
         "--standalone", f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
         f"--log-dir={RunPaths(run_dir).logs}", "--redirects=3", "--tee=3", "--local-ranks-filter=0",
-        "-m", TRAINER_MODULE, str(run_dir),
+        "-m", module, str(run_dir),
     ]
 
 
-def plan_local(spec: RunSpec, run_dir: Path | None = None, existing: bool = False) -> LocalLaunch:
+def plan_local(spec: RunSpec, run_dir: Path | None = None, existing: bool = False,
+               module: str = TRAINER_MODULE) -> LocalLaunch:
     """Check what can be checked before starting (exit 2 on a problem) and render the command.
 
     existing=True: relaunch into an existing run directory (`trainctl resume`), which must then exist."""
@@ -124,8 +127,8 @@ def plan_local(spec: RunSpec, run_dir: Path | None = None, existing: bool = Fals
         "PYTHONUNBUFFERED": "1",  # step lines reach the log files (and the console) as they happen
         **spec.launcher.env,
     }
-    command = torchrun_command(root, nproc, spec.launcher.max_restarts)
-    return LocalLaunch(spec=spec, run_dir=root, nproc=nproc, command=command, env=env)
+    command = torchrun_command(root, nproc, spec.launcher.max_restarts, module=module)
+    return LocalLaunch(spec=spec, run_dir=root, nproc=nproc, command=command, env=env, module=module)
 
 
 def create(launch: LocalLaunch) -> RunPaths:
@@ -199,7 +202,7 @@ def run(launch: LocalLaunch, paths: RunPaths, out: TextIO | None = None, kind: s
         for s, h in old.items():
             signal.signal(s, h)
     # Ranks that stopped on SIGTERM/USR1/USR2 after a checkpoint exit 0 under torchrun (see
-    # trainctl.runtime.resume.requeue_code): the event, not the exit code, says the run is unfinished.
+    # trainctl.runtime.checkpointing.requeue_code): the event, not the exit code, says the run is unfinished.
     from trainctl.launch.resume import stopped_for_requeue
 
     stopped = stopped_for_requeue(paths, since=started)
@@ -267,8 +270,9 @@ class LocalBackend(Backend[LocalLaunch, LocalLaunch]):
 
     name = NAME
 
-    def prepare(self, spec: RunSpec, run_dir: Path | None, *, grace_s: int = DEFAULT_GRACE_S) -> LocalLaunch:
-        return plan_local(spec, run_dir)  # no time limit here: grace_s has nothing to warn of
+    def prepare(self, spec: RunSpec, run_dir: Path | None, *, grace_s: int = DEFAULT_GRACE_S,
+                module: str = TRAINER_MODULE) -> LocalLaunch:
+        return plan_local(spec, run_dir, module=module)  # no time limit here: grace_s has nothing to warn of
 
     def dry_run(self, launch: LocalLaunch) -> list[Line]:
         return [note(f"run dir (not created): {launch.run_dir}"),
@@ -280,7 +284,7 @@ class LocalBackend(Backend[LocalLaunch, LocalLaunch]):
         say(note((f"{launch.nproc} ranks, {env_words(launch.env)}; per-rank logs in {paths.logs}", "dim")))
         status = run(launch, paths)
         if status == EXIT_OK:
-            say(note(("done", "green"), f" metrics: {paths.metrics}"))
+            say(note(("done", "green"), f" metrics: {paths.metrics}" if launch.module == TRAINER_MODULE else ""))
         else:
             say(note(("run failed", "red"), f"; rank logs under {paths.logs} (console copy in {paths.launcher_log})"))
         return status

@@ -1,8 +1,9 @@
 """`trainctl resume RUN`: relaunch an existing run directory from its newest valid checkpoint. No torch.
 
-The trainer itself finds and loads the checkpoint at start (runtime/resume.py); this layer decides which
-one that will be, shows it (and the invalid ones it skips), and relaunches with the run's backend,
-appending to the same run directory (metrics.jsonl, events.jsonl, job.json attempts, logs/).
+The trainer itself finds and loads the checkpoint at start (runtime/checkpointing.py); this layer runs
+the same search (trainctl.checkpoint.latest_valid) in the same directory (resolve_checkpoint_dir) to
+decide which one that will be, shows it (and the invalid ones it skips), and relaunches with the run's
+backend, appending to the same run directory (metrics.jsonl, events.jsonl, job.json attempts, logs/).
 
 `--from-step N` rewinds: checkpoints after N are moved aside to `step-M.abandoned-<time>` (a name that
 is never a resume candidate, kept for inspection), so neither this start nor any later automatic restart
@@ -20,14 +21,16 @@ from typing import Any
 
 import yaml
 
-from trainctl.checkpoint_meta import layout_changes, model_differences
-from trainctl.checkpoints import (
+from trainctl.checkpoint import (
     CheckpointError,
     CheckpointInfo,
+    abandoned_dirname,
+    different_model,
     find_step,
     latest_valid,
+    layout_changes,
     list_checkpoints,
-    step_dirname,
+    resolve_checkpoint_dir,
 )
 from trainctl.errors import UsageError
 from trainctl.launch.backend import backend_for
@@ -63,17 +66,9 @@ class ResumePlan:
 
 def require_same_model(spec: RunSpec, info: CheckpointInfo) -> None:
     """A checkpoint of another model shape cannot be continued: say so before a job is queued."""
-    diffs = model_differences(spec, info.meta) if "model" in info.meta else []
-    if diffs:
-        raise UsageError(f"{info.path}: checkpoint of step {info.step} is for a different model shape "
-                         f"({'; '.join(diffs)})", hint="resume with the model the checkpoint was written with")
-
-
-def checkpoint_dir_of(spec: RunSpec, root: Path) -> Path:
-    d = spec.checkpoint.dir
-    if not d:
-        return root / "checkpoints"
-    return Path(d) if Path(d).is_absolute() else root / d
+    problem = different_model(spec, info) if "model" in info.meta else None
+    if problem:
+        raise UsageError(problem, hint="resume with the model the checkpoint was written with")
 
 
 def plan_resume(run_dir: Path, from_step: int | None = None, overrides: list[str] | None = None) -> ResumePlan:
@@ -92,7 +87,7 @@ def plan_resume(run_dir: Path, from_step: int | None = None, overrides: list[str
         raise UsageError(f"{paths.job}: unreadable ({e})", hint="the run directory is damaged") from e
     # before anything is changed: its job may still be queued or running
     backend_for(backend).require_not_active(paths)
-    ckdir = checkpoint_dir_of(spec, root)
+    ckdir = resolve_checkpoint_dir(root, spec)
     skipped: list[CheckpointInfo] = []
     abandon: list[CheckpointInfo] = []
     if from_step is not None:
@@ -118,17 +113,17 @@ def prepare(plan: ResumePlan) -> None:
     paths = plan.paths
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for info in plan.abandon:
-        target = info.path.with_name(f"{step_dirname(info.step)}.abandoned-{stamp}")
+        target = info.path.with_name(abandoned_dirname(info.step, stamp))
         os.replace(info.path, target)
         record_event(paths, "checkpoint_abandoned", step=info.step, path=str(target),
                      reason=f"trainctl resume --from-step {plan.checkpoint.step if plan.checkpoint else None}")
     if plan.overrides:
         n = 1
-        while (paths.root / f"spec.prev-{n}.yaml").exists():
+        while paths.previous_spec(n).exists():
             n += 1
-        os.replace(paths.spec, paths.root / f"spec.prev-{n}.yaml")
+        os.replace(paths.spec, paths.previous_spec(n))
         write_atomic(paths.spec, yaml.safe_dump(resolved_dict(plan.spec), sort_keys=False))
-        record_event(paths, "spec_changed", overrides=plan.overrides, previous=f"spec.prev-{n}.yaml")
+        record_event(paths, "spec_changed", overrides=plan.overrides, previous=paths.previous_spec(n).name)
     record_event(paths, "resume_requested", backend=plan.backend,
                  step=plan.checkpoint.step if plan.checkpoint else 0,
                  skipped=[i.step for i in plan.skipped], abandoned=[i.step for i in plan.abandon])
@@ -136,7 +131,7 @@ def prepare(plan: ResumePlan) -> None:
 
 def stopped_for_requeue(paths: RunPaths, since: float | None = None) -> bool:
     """Whether the trainer stopped on a signal after committing a checkpoint (ranks exit 0 under torchrun,
-    75 otherwise: see trainctl.runtime.resume.requeue_code), so launchers read the event."""
+    75 otherwise: see trainctl.runtime.checkpointing.requeue_code), so launchers read the event."""
     for e in read_jsonl(paths.events):
         if e.get("event") == "checkpoint_on_signal" and (since is None or e.get("time", 0) >= since):
             return True

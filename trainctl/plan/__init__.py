@@ -10,4 +10,6 @@ estimate   Evaluator: one layout -> all figures (the roofline); used by plan and
 checks     warnings with codes and levels
 plan       build_plan(spec) -> Plan, Plan.to_json()
 auto       the --auto search
+rates      where the times come from: catalog peak x assumptions, or a calibration profile's measured rates
+calibration/  the calibration profile (`trainctl calibrate`): GEMM shapes, fits, schema, load and check
 """

@@ -24,6 +24,7 @@ from trainctl.plan.checks import advise
 from trainctl.plan.comm import tp_link
 from trainctl.plan.estimate import Candidate, Estimate, Evaluator
 from trainctl.plan.plan import context_from_spec
+from trainctl.plan.rates import describe
 from trainctl.spec.loader import validate_spec
 from trainctl.spec.models import RunSpec
 
@@ -59,6 +60,7 @@ class AutoResult:
     peak_known: bool
     elapsed_s: float
     assumptions: dict[str, float] = field(default_factory=dict)
+    calibration: dict[str, Any] = field(default_factory=dict)  # where the times come from (plan/rates.py)
 
     def to_json(self) -> dict[str, Any]:
         def row(s: Scored) -> dict[str, Any]:
@@ -83,6 +85,7 @@ class AutoResult:
             "skipped": self.skipped,
             "invalid": [{"layout": c.describe(), "error": err} for c, err in self.invalid],
             "assumptions": self.assumptions,
+            "calibration": self.calibration,
             "elapsed_s": self.elapsed_s,
         }
 
@@ -220,4 +223,5 @@ def search(spec: RunSpec, top: int = 10, rejected: int = 5) -> AutoResult:
         peak_known=peak_known, elapsed_s=time.perf_counter() - t0,
         assumptions={"compute_efficiency": a.compute_efficiency, "comm_efficiency": a.comm_efficiency,
                      "dp_overlap": a.dp_overlap, "tp_overlap": a.tp_overlap},
+        calibration=describe(ctx.rates),
     )

@@ -3,14 +3,16 @@
 `build_plan` (one spec) and `--auto` (thousands of layouts) both call `Evaluator.evaluate`, so the
 ranking `--auto` prints is the plan `trainctl plan` prints. Nothing here builds pydantic models.
 
-The roofline (all times per optimizer step, on the slowest pipeline rank):
-  compute   = hardware FLOPs of the rank's micro-batch / (peak * compute_efficiency)
-  tp        = TP collective bytes / (TP link GB/s * comm_efficiency) * (1 - tp_overlap)
-  p2p       = activation/gradient sends per micro-batch / (PP link GB/s * comm_efficiency), on the
+The roofline (all times per optimizer step, on the slowest pipeline rank). Rates come from plan/rates.py:
+peak * compute_efficiency and link GB/s * comm_efficiency without a profile; with a calibration profile the
+measured FLOP/s and, per collective, latency * calls + bytes / measured bandwidth.
+  compute   = hardware FLOPs of the rank's micro-batch / FLOP/s
+  tp        = TP collective bytes / TP link rate * (1 - tp_overlap)
+  p2p       = activation/gradient sends per micro-batch / PP link rate, on the
               critical path (not overlapped)
   slot      = max over pipeline ranks of (compute + tp) + p2p        [one micro-batch on one rank]
   pipeline  = slot * (m + (p-1)/v)                                  [m slots of work + the bubble]
-  dp        = DP bytes / (DP link GB/s * comm_efficiency); hidden = min(dp_overlap * dp, window),
+  dp        = DP bytes / DP link rate; hidden = min(dp_overlap * dp, window),
               window = one slot for the once-per-step traffic of ZeRO 0/1 (Megatron overlaps the
               gradient reduce with the last micro-batch's backward and the weight all-gather with the
               next step's first forward), all m slots for ZeRO 2/3's per-micro-batch traffic
@@ -30,6 +32,7 @@ from trainctl.model_shape import ModelShape
 from trainctl.plan import comm, memory, schedule
 from trainctl.plan.comm import INTER_NODE, NVLINK
 from trainctl.plan.pipeline import balanced_split
+from trainctl.plan.rates import DP_OPS, EMBEDDING_OPS, PP_OPS, TP_OPS, AssumedRates, MeasuredRates, Ops
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,18 @@ class Context:
     hw: Hardware
     assume: Assumptions
     grad_reduce_bf16: bool = False  # parallel.grad_reduce_dtype: bf16
+    rates: MeasuredRates | None = None  # a calibration profile's rates; None: assumed from hw and assume
+
+
+def assumed_rates(hw: Hardware, a: Assumptions) -> AssumedRates:
+    return AssumedRates(hw.peak_flops, {NVLINK: hw.nvlink_bw, INTER_NODE: hw.inter_node_bw}, a.compute_efficiency,
+                        a.comm_efficiency)
+
+
+def dp_calls(zero: int, n_micro: int, dp_bytes: float, units: int) -> float:
+    """Calls of each DP collective per step: once (buckets not counted); under ZeRO-3 once per FSDP unit
+    (each layer, and the root) and micro-batch."""
+    return 0.0 if not dp_bytes else float(n_micro * units if zero >= 3 else 1)
 
 
 @dataclass(frozen=True)
@@ -212,7 +227,9 @@ class _Base:
     acts: tuple[float, ...]  # activation bytes per pipeline rank
     transient: tuple[float, ...]  # recompute working set per pipeline rank (ZeRO-3 buffers come on top)
     links: dict[str, str]
-    bw: dict[str, float]
+    ops: dict[str, Ops]  # the collectives of each kind but DP (plan/rates.py)
+    calls: dict[str, float]  # calls per step of each of them (the latency term of measured rates)
+    units: int  # FSDP units on the busiest pipeline rank (its layers + the root): ZeRO-3 calls per micro-batch
     tp_bytes: float
     pp_bytes: float
     emb_bytes: float
@@ -245,6 +262,7 @@ class Evaluator:
         self._load = lru_cache(maxsize=None)(self._make_load)
         self._base_cache: dict[tuple, _Base] = {}
         self._layer_flops = {r: model.layer_flops_per_token(m, r) for r in ("none", "selective", "full")}
+        self.rates: AssumedRates | MeasuredRates = ctx.rates or assumed_rates(ctx.hw, ctx.assume)
 
     # --- shared pieces ------------------------------------------------------------------------------
 
@@ -309,9 +327,9 @@ class Evaluator:
                        for r in range(pp))
         # Both terms of a slot scale with the micro-batch, so the slowest rank does not depend on it.
         link = comm.tp_link(tp, self.ctx.world, hw.nvlink_domain)
-        bw = (hw.nvlink_bw if link == NVLINK else hw.inter_node_bw) * a.comm_efficiency
-        rate = (hw.peak_flops or 1.0) * a.compute_efficiency
-        tp_cost = comm.all_reduce_bytes(m.hidden * self.act_bytes, tp) * (1 - a.tp_overlap) / bw
+        rate = self.rates.compute(tp) or 1.0
+        tp_cost = self.rates.comm(link, TP_OPS[False], comm.all_reduce_bytes(m.hidden * self.act_bytes, tp)) * (
+            1 - a.tp_overlap)
         slots = [flops[r] / rate + counts[r] * tp_cost for r in range(pp)]
         mean = sum(flops) / pp
         return _Load(flops, counts, max(range(pp), key=slots.__getitem__),
@@ -364,7 +382,6 @@ class Evaluator:
         pp_link = comm.pp_link(pp, world, domain)
         links = {"tp": comm.tp_link(tp, world, domain), "pp": pp_link,
                  "dp": comm.dp_link(tp, dp, world, domain), "embedding": pp_link}
-        bw = {NVLINK: hw.nvlink_bw * a.comm_efficiency, INTER_NODE: hw.inter_node_bw * a.comm_efficiency}
         tp_msg = tokens_mb * m.hidden * self.act_bytes
         tp_ar = comm.all_reduce_bytes(tp_msg, tp)
         pp_msg = tp_msg / (tp if sp else 1)  # with SP each TP rank sends its sequence shard
@@ -372,20 +389,25 @@ class Evaluator:
         emb_bytes = vp * m.hidden / tp * self.w_bytes if (m.tied_embeddings and pp > 1) else 0.0
 
         # times of the roofline (module docstring) that do not depend on ZeRO
-        tp_scale = (1 - a.tp_overlap) / bw[links["tp"]]
-        tp_mb_slow = load.collectives[load.slow] * tp_ar
-        p2p = p2p_mb_bytes / bw[pp_link]
+        rates, tp_calls, sends = self.rates, load.collectives[load.slow], max(prof.sends) if pp > 1 else 0
+        tp_mb_slow = tp_calls * tp_ar
+        tp_mb_time = rates.comm(links["tp"], TP_OPS[sp], tp_mb_slow, tp_calls) * (1 - a.tp_overlap)
+        p2p = rates.comm(pp_link, PP_OPS, p2p_mb_bytes, sends)
         bubble_slots = (pp - 1) / v if pp > 1 else 0.0
         slot = compute_mb = None
-        if hw.peak_flops:
-            compute_mb = load.flops[load.slow] * tokens_mb / (hw.peak_flops * a.compute_efficiency)
-            slot = compute_mb + tp_mb_slow * tp_scale + p2p
+        rate = rates.compute(tp)
+        if rate:
+            compute_mb = load.flops[load.slow] * tokens_mb / rate
+            slot = compute_mb + tp_mb_time + p2p
         return _Base(
             n_micro=n_micro, layers=layers, prof=prof, params=params, max_params=max(params), load=load, vp=vp,
-            acts=tuple(acts), transient=transient, links=links, bw=bw,
+            acts=tuple(acts), transient=transient, links=links,
+            ops={"tp": TP_OPS[sp], "pp": PP_OPS, "embedding": EMBEDDING_OPS},
+            calls={"tp": n_micro * max(load.collectives), "pp": n_micro * sends, "embedding": float(emb_bytes > 0)},
+            units=max(prof.rank_layers) + 1,
             tp_bytes=n_micro * max(load.collectives) * tp_ar, pp_bytes=n_micro * p2p_mb_bytes, emb_bytes=emb_bytes,
-            tp_exposed=n_micro * tp_mb_slow * tp_scale, p2p=p2p, bubble_slots=bubble_slots, slot=slot,
-            compute_mb=compute_mb, emb_time=emb_bytes / bw[pp_link],
+            tp_exposed=n_micro * tp_mb_time, p2p=p2p, bubble_slots=bubble_slots, slot=slot,
+            compute_mb=compute_mb, emb_time=rates.comm(pp_link, EMBEDDING_OPS, emb_bytes, float(emb_bytes > 0)),
             layer_params_gpu=model.layer_params_per_gpu(m, tp),
         )
 
@@ -400,7 +422,7 @@ class Evaluator:
         totals = [p * per_param + x + t for p, x, t in zip(b.params, b.acts, b.transient, strict=True)]
         worst = max(range(len(totals)), key=totals.__getitem__)
         dp_bytes = comm.dp_step_bytes(b.max_params, zero, dp, b.n_micro, ctx.grad_reduce_bf16)
-        t_dp = dp_bytes / b.bw[b.links["dp"]]
+        t_dp = self.rates.comm(b.links["dp"], DP_OPS[zero], dp_bytes, dp_calls(zero, b.n_micro, dp_bytes, b.units))
         if b.slot is None:
             return w_b, g_b, o_b, gather, worst, dp_bytes, None, None
         window = b.slot if zero <= 1 else b.n_micro * b.slot
@@ -428,7 +450,9 @@ class Evaluator:
 
         ranks = tuple(rank_memory(r) for r in range(c.pp)) if detail else ()
         comm_bytes = {"tp": b.tp_bytes, "pp": b.pp_bytes, "dp": dp_bytes, "embedding": b.emb_bytes}
-        comm_time = {k: comm_bytes[k] / b.bw[b.links[k]] for k in comm_bytes}
+        ops = {**b.ops, "dp": DP_OPS[c.zero]}
+        calls = {**b.calls, "dp": dp_calls(c.zero, b.n_micro, dp_bytes, b.units)}
+        comm_time = {k: self.rates.comm(b.links[k], ops[k], comm_bytes[k], calls[k]) for k in comm_bytes}
         return Estimate(
             cand=c, micro_batches=b.n_micro, stage_layers=b.layers,
             model_flops=self.model_flops_per_token * self.tokens_per_step,

@@ -5,24 +5,26 @@ The JSON carries plain units only: counts, bytes, FLOPs, seconds, bytes/s, FLOP/
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from trainctl import model_shape
 from trainctl.hardware.catalog import peak_tflops_for, resolve_accelerator, resolve_fabric
 from trainctl.model_shape import ModelShape, ParamCounts
 from trainctl.plan.checks import PlanWarning, advise
-from trainctl.plan.estimate import Assumptions, Candidate, Context, Estimate, Evaluator, Hardware
+from trainctl.plan.estimate import Assumptions, Candidate, Context, Estimate, Evaluator, Hardware, assumed_rates
 from trainctl.plan.memory import compute_precision, reserve_bytes
 from trainctl.plan.placement import Groups, Layout, placement_table
+from trainctl.plan.rates import describe, measured_rates
 from trainctl.plan.schedule import BUBBLE_DEFINITION
 from trainctl.spec.models import RunSpec
 
 ROOFLINE = (
     "step = slot*(m + (p-1)/v) + exposed DP + tied-embedding sync; slot = max over pipeline ranks of "
-    "(hardware FLOPs per micro-batch / (peak*compute_efficiency) + TP bytes / (link*comm_efficiency) "
-    "* (1-tp_overlap)) + pipeline p2p per micro-batch (not overlapped); exposed DP = DP time - "
-    "min(dp_overlap*DP time, one slot for ZeRO 0/1 or all m slots for ZeRO 2/3)"
+    "(hardware FLOPs per micro-batch / FLOP/s + TP time * (1-tp_overlap)) + pipeline p2p per micro-batch "
+    "(not overlapped); exposed DP = DP time - min(dp_overlap*DP time, one slot for ZeRO 0/1 or all m slots "
+    "for ZeRO 2/3); FLOP/s = peak*compute_efficiency and link time = bytes / (link*comm_efficiency), or "
+    "with a calibration profile the measured FLOP/s and latency*calls + bytes / measured bandwidth"
 )
 NOTES = (
     "model FLOPs per token = 6*N + 12*L*h*s (N: every matmul weight incl. the LM head, no embedding "
@@ -55,11 +57,14 @@ def context_from_spec(spec: RunSpec) -> Context:
         link=getattr(acc, "link", "nvlink"), fabric=fabric.key, reserve_bytes=reserve_bytes(not on_cpu),
     )
     e = spec.estimate
+    assume = Assumptions(e.compute_efficiency, e.comm_efficiency, e.dp_overlap, e.tp_overlap)
+    rates = measured_rates(spec, assumed_rates(hw, assume))  # cluster.calibration (plan/rates.py)
+    if rates is not None and hw.peak_flops is None:  # a CPU: MFU against the peak measured where it runs
+        hw = replace(hw, peak_flops=rates.profile.peak_flops)
     return Context(
         shape=ModelShape.from_spec(spec.model), global_batch=spec.train.global_batch,
-        precision=precision, world=spec.world_size, hw=hw,
-        assume=Assumptions(e.compute_efficiency, e.comm_efficiency, e.dp_overlap, e.tp_overlap),
-        grad_reduce_bf16=spec.parallel.grad_reduce_dtype == "bf16",
+        precision=precision, world=spec.world_size, hw=hw, assume=assume,
+        grad_reduce_bf16=spec.parallel.grad_reduce_dtype == "bf16", rates=rates,
     )
 
 
@@ -186,6 +191,7 @@ class Plan:
                 "mfu": self.mfu, "hfu": self.hfu,
             },
             "assumptions": {**asdict(self.ctx.assume), "roofline": ROOFLINE, "notes": list(NOTES)},
+            "calibration": describe(self.ctx.rates),
             "warnings": [x.as_dict() for x in self.warnings],
         }
         if ranks:
@@ -202,5 +208,10 @@ def build_plan(spec: RunSpec) -> Plan:
     est = ev.evaluate(cand)
     return Plan(
         name=spec.name, ctx=ctx, cand=cand, est=est, params=model_shape.param_counts(ctx.shape),
-        warnings=tuple(advise(ev, est)), layout=Layout.from_spec(spec),
+        warnings=tuple(advise(ev, est)) + calibration_warnings(ctx), layout=Layout.from_spec(spec),
     )
+
+
+def calibration_warnings(ctx: Context) -> tuple[PlanWarning, ...]:
+    """A profile that is usable but differs from the run (versions, date, precision, model) says so."""
+    return tuple(PlanWarning("CALIBRATION_DIFFERS", "warning", w) for w in (ctx.rates.warnings if ctx.rates else ()))

@@ -2,11 +2,12 @@
 
 Every rank calls the same methods at the same step (they run collectives). The on-disk format and
 the commit scheme (staging dir, manifest, COMMITTED marker, atomic rename) are described in
-trainctl/checkpoints.py, which also decides validity and retention without torch.
+trainctl/checkpoint/format.py; that package also decides validity and retention without torch.
 
 Async save: `save()` copies the state to host memory (reused buffers) and returns; a background
 thread writes it with DCP, checksums, and commits. The thread talks over its OWN gloo group
-(training collectives on the default group and DCP's on the same group hang; see the notes).
+(training collectives on the default group and DCP's on the same group hang: docs/ARCHITECTURE.md,
+"Checked facts: PyTorch distributed on CPU/gloo").
 At most one save is in flight: the next `save()`, `load()` or `wait()` waits for it and re-raises
 its error, on every rank.
 """
@@ -22,7 +23,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,8 @@ from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.tensor import DTensor
 
-from trainctl.checkpoints import (
+from trainctl.checkpoint import (
+    DCP_INDEX,
     FORMAT_VERSION,
     HASH,
     MANIFEST,
@@ -42,15 +44,18 @@ from trainctl.checkpoints import (
     CheckpointError,
     CheckpointInfo,
     code_version,
+    digest_problem,
     file_digest,
     find_step,
     fsync_path,
     inspect_checkpoint,
     is_milestone,
+    latest_valid,
     list_checkpoints,
     manifest_bytes,
     marker_bytes,
     rank_state_filename,
+    read_manifest,
     staging_dirname,
     stale_dirs,
     step_dirname,
@@ -59,6 +64,7 @@ from trainctl.checkpoints import (
     write_durable,
 )
 from trainctl.rundir import RunPaths, record_event
+from trainctl.runtime import faults
 
 # ZeRO-1/2 optimizer state is saved as ShardedTensors (each DP rank owns a flat range; DCP reshards range
 # to range). torch warns on every touch that ShardedTensor is deprecated in favour of DTensor, which has no
@@ -67,8 +73,6 @@ warnings.filterwarnings("ignore", message=".*deprecating ShardedTensor.*", categ
 
 # We pass no_dist=True deliberately in one-process runs; DCP warns on every call anyway.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
-
-SLOW_WRITE_ENV = "TRAINCTL_TEST_SLOW_WRITE_S"  # test-only: sleep after writing, before the commit
 
 
 class CheckpointManager:
@@ -161,11 +165,7 @@ class CheckpointManager:
         self.wait()
         info: CheckpointInfo | None = None
         if self.rank == 0:
-            for i in reversed(list_checkpoints(self.dir)):
-                if i.valid:
-                    info = i
-                    break
-                self._warn_skipped(i)
+            info = self._latest(exclude=())
         return self._broadcast(info)
 
     def load(self, step: int | None, app_state: dict[str, Any] | Callable[[CheckpointInfo], dict[str, Any]], *,
@@ -245,7 +245,7 @@ class CheckpointManager:
                     torch.save(rank_state, f)
                     f.flush()
                     os.fsync(f.fileno())
-            slow = float(os.environ.get(SLOW_WRITE_ENV, "0") or 0)
+            slow = faults.get_float("slow_write_s")
             if slow > 0:
                 time.sleep(slow)
             for p in sorted(tmp.iterdir()):
@@ -283,7 +283,7 @@ class CheckpointManager:
     def _owns(self, name: str) -> bool:
         """The files this rank wrote: its DCP shards, its rank state, and DCP's index on rank 0."""
         return (name.startswith(f"__{self.rank}_") or name == rank_state_filename(self.rank)
-                or (self.rank == 0 and name == ".metadata"))
+                or (self.rank == 0 and name == DCP_INDEX))
 
     def _commit(self, step: int, tmp: Path, files: dict[str, dict[str, Any]], meta: dict[str, Any]) -> None:
         """Rank 0, after every rank wrote and fsynced: manifest, marker, fsync, atomic rename."""
@@ -371,7 +371,9 @@ class CheckpointManager:
         found: CheckpointInfo | str | None = None
         if self.rank == 0:
             try:
-                found = find_step(self.dir, step) if step is not None else self._latest_or_error(exclude)
+                found = find_step(self.dir, step) if step is not None else self._latest(exclude)
+                if found is None:
+                    raise CheckpointError(f"{self.dir}: no valid checkpoint to load")
             except CheckpointError as e:
                 found = e.message + (f" ({e.hint})" if e.hint else "")
         found = self._broadcast(found)
@@ -379,30 +381,25 @@ class CheckpointManager:
             raise CheckpointError(found)
         return found
 
-    def _latest_or_error(self, exclude: set[int]) -> CheckpointInfo:
-        for i in reversed(list_checkpoints(self.dir)):
-            if i.valid and i.step not in exclude:
-                return i
-            if not i.valid:
-                self._warn_skipped(i)
-        raise CheckpointError(f"{self.dir}: no valid checkpoint to load")
+    def _latest(self, exclude: Collection[int]) -> CheckpointInfo | None:
+        """Rank 0: the newest valid checkpoint not in `exclude`, reporting the invalid ones newer than it."""
+        skipped: list[CheckpointInfo] = []
+        info = latest_valid(self.dir, skipped=skipped, exclude=exclude)
+        for i in skipped:
+            self._warn_skipped(i)
+        return info
 
     def _verify(self, path: Path) -> str | None:
         """Deep check, each rank hashing a share of the files; the first reason any rank found."""
         reason = None
         if self.rank == 0:
             reason = inspect_checkpoint(path).reason
-        manifest = self._broadcast(_read_json(path / MANIFEST) if self.rank == 0 and reason is None else None)
+        manifest = self._broadcast(read_manifest(path) if self.rank == 0 and reason is None else None)
         if manifest is not None:
             names = sorted(manifest["files"])
             for name in names[self.rank::self.world_size]:
-                try:
-                    _, digest = file_digest(path / name)
-                except OSError as e:
-                    reason = f"unreadable file {name}: {e}"
-                    break
-                if digest != manifest["files"][name].get(HASH):
-                    reason = f"checksum mismatch in {name}"
+                reason = digest_problem(path, name, manifest["files"][name])
+                if reason:
                     break
         reasons = [r for r in self._all_gather(reason) if r]
         return reasons[0] if reasons else None
@@ -519,8 +516,4 @@ def _flatten(obj: Any, prefix: str = "") -> list[tuple[str, torch.Tensor]]:
     return out
 
 
-def _read_json(path: Path) -> Any:
-    return json.loads(path.read_text(encoding="utf-8"))
-
-
-__all__ = ["CheckpointManager", "SLOW_WRITE_ENV", "rng_state", "set_rng_state"]
+__all__ = ["CheckpointManager", "rng_state", "set_rng_state"]

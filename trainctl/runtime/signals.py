@@ -9,15 +9,15 @@ differs per rank.
 
 from __future__ import annotations
 
-import os
 import signal
 from types import FrameType
 
 import torch
 import torch.distributed as dist
 
+from trainctl.runtime import faults
+
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
-STOP_AFTER_ENV = "TRAINCTL_TEST_STOP_AFTER_STEP"  # test knob: checkpoint after step N, then exit 0
 
 
 class StopFlag:
@@ -42,8 +42,9 @@ class StopFlag:
             self.signum = signum
 
 
-def test_stop_step() -> int:
-    return int(os.environ.get(STOP_AFTER_ENV, "0") or 0)
+def stop_after_step() -> int:
+    """The step after which the `stop_after_step` fault stops the run as a signal would (0: never)."""
+    return faults.get_int("stop_after_step")
 
 
 def agree(flags: list[int], device: torch.device) -> list[int]:

@@ -28,19 +28,41 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from trainctl.runtime import data_parallel
 from trainctl.runtime.checkpoint import rng_state
+from trainctl.runtime.data import BatchLoader
+from trainctl.runtime.distributed import Parallel
 from trainctl.runtime.tensor_parallel import ParamMeta, shard_tensor, unshard_tensors
 
-if TYPE_CHECKING:
-    from trainctl.runtime.trainer import Trainer
-
 MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+class ScalerState(Protocol):
+    """The loss scaler's state (trainer.LossScaler): saved in `extra`, set back on restore."""
+
+    scale: float
+    good: int
+
+
+@dataclass(frozen=True)
+class TrainState:
+    """The parts of a trainer that a checkpoint saves and restores, handed over by the trainer so that no
+    checkpoint code sees (or writes into) the Trainer. Restoring fills these objects in place.
+
+    The LR schedule is a function of the step (runtime/optim.lr_at), so the saved step restores it; the RNG
+    streams are this process's own (rank_state)."""
+
+    par: Parallel  # this rank's coordinates: checkpoint keys and ZeRO/FSDP ranges follow from them
+    modules: list[nn.Module]  # this rank's model stages
+    opt: torch.optim.Optimizer
+    sync: data_parallel.GradSync | data_parallel.FsdpSync  # ZeRO buckets and their fp32 master slices
+    loader: BatchLoader  # the data position
+    scaler: ScalerState
 
 
 @dataclass
@@ -64,17 +86,17 @@ def param_key(name: str, meta: Any, tp_rank: int, tp: int) -> str:
     return name
 
 
-def entries(tr: Trainer) -> list[Entry]:
+def entries(ts: TrainState) -> list[Entry]:
     """Every parameter this rank holds, once per key (a tied copy on the last stage shares its key)."""
-    par = tr.par
+    par = ts.par
     names: dict[int, tuple[str, str, ParamMeta | None]] = {}  # id(param) -> (key, name, meta)
     out: list[Entry] = []
     seen: set[str] = set()
-    for m in tr.modules:
+    for m in ts.modules:
         meta = m.named_param_meta()
         for name, q in m.named_parameters():
             names[id(q)] = (param_key(name, meta.get(name), par.tp_rank, par.tp), name, meta.get(name))
-    sync = tr.sync
+    sync = ts.sync
     if isinstance(sync, data_parallel.GradSync) and sync.zero >= 1:
         for b in sync.buckets:
             a, e = b.shard
@@ -97,7 +119,7 @@ def entries(tr: Trainer) -> list[Entry]:
                                  n, lo, hi, chunks))
         return out
     fsdp = isinstance(sync, data_parallel.FsdpSync)
-    for m in tr.modules:
+    for m in ts.modules:
         for _name, q in m.named_parameters():
             key, name, meta = names[id(q)]
             if key in seen:
@@ -168,30 +190,30 @@ def _old_tp_keys(e: Entry, old_tp: int) -> list[str]:
     return [param_key(e.name, e.meta, r, old_tp) for r in range(old_tp)]
 
 
-def app_state(tr: Trainer, step: int, from_tp: int | None = None) -> dict[str, Any]:
+def app_state(ts: TrainState, step: int, from_tp: int | None = None) -> dict[str, Any]:
     """The DCP state of this rank (views of the live tensors: dcp.load writes into them in place).
 
     `from_tp`: a checkpoint written with another tp; its TP-sharded entries are left out (see the module
     docstring: they are loaded and resharded in batches)."""
     model: dict[str, Tensor] = {}
     optim: dict[str, Tensor] = {}
-    retp = from_tp is not None and from_tp != tr.par.tp
-    for e in entries(tr):
+    retp = from_tp is not None and from_tp != ts.par.tp
+    for e in entries(ts):
         if retp and _tp_sharded(e):
             continue
         model[e.key] = e.param.detach() if not hasattr(e.param, "to_local") else e.param
-        st = tr.opt.state.get(e.opt_param, {})
-        for k in _moments(tr, e):
+        st = ts.opt.state.get(e.opt_param, {})
+        for k in _moments(ts, e):
             local = _flat_local(st[k])
             optim[f"{e.key}.{k}"] = _sharded(local, e) if e.chunks else local
-    sc = tr.scaler
-    extra = {"step": step, "optimizer_step": optimizer_step_count(tr.opt), "loader": tr.loader.state_dict(),
+    sc = ts.scaler
+    extra = {"step": step, "optimizer_step": optimizer_step_count(ts.opt), "loader": ts.loader.state_dict(),
              "scaler": {"scale": sc.scale, "good": sc.good}}
     return {"model": model, "optim": optim, "extra": extra}
 
 
-def _moments(tr: Trainer, e: Entry) -> list[str]:
-    st = tr.opt.state.get(e.opt_param, {})
+def _moments(ts: TrainState, e: Entry) -> list[str]:
+    st = ts.opt.state.get(e.opt_param, {})
     return [k for k in MOMENTS if k in st]
 
 
@@ -200,21 +222,21 @@ def _old_shape(e: Entry, old_tp: int) -> tuple[int, ...]:
     return e.meta.shard.for_tp(old_tp).local_shape(e.meta.full_shape, old_tp)
 
 
-def _old_shards_bytes(tr: Trainer, e: Entry, old_tp: int) -> int:
+def _old_shards_bytes(ts: TrainState, e: Entry, old_tp: int) -> int:
     """Bytes of every old TP shard of `e`, weights and moments: what reading it whole allocates."""
     numel = math.prod(_old_shape(e, old_tp)) * old_tp
-    return numel * _flat_local(e.param).element_size() * (1 + len(_moments(tr, e)))
+    return numel * _flat_local(e.param).element_size() * (1 + len(_moments(ts, e)))
 
 
-def tp_reshard_batches(tr: Trainer, old_tp: int, budget_bytes: int) -> list[list[Entry]]:
+def tp_reshard_batches(ts: TrainState, old_tp: int, budget_bytes: int) -> list[list[Entry]]:
     """This rank's TP-sharded entries in batches of at most `budget_bytes` of old shards (an entry larger
     than the budget is a batch by itself)."""
     batches: list[list[Entry]] = []
     size = 0
-    for e in entries(tr):
+    for e in entries(ts):
         if not _tp_sharded(e):
             continue
-        b = _old_shards_bytes(tr, e, old_tp)
+        b = _old_shards_bytes(ts, e, old_tp)
         if not batches or size + b > budget_bytes:
             batches.append([])
             size = 0
@@ -223,11 +245,11 @@ def tp_reshard_batches(tr: Trainer, old_tp: int, budget_bytes: int) -> list[list
     return batches
 
 
-def batch_bytes(tr: Trainer, batch: list[Entry], old_tp: int) -> int:
-    return sum(_old_shards_bytes(tr, e, old_tp) for e in batch)
+def batch_bytes(ts: TrainState, batch: list[Entry], old_tp: int) -> int:
+    return sum(_old_shards_bytes(ts, e, old_tp) for e in batch)
 
 
-def old_shards_state(tr: Trainer, batch: list[Entry], old_tp: int) -> dict[str, Any]:
+def old_shards_state(ts: TrainState, batch: list[Entry], old_tp: int) -> dict[str, Any]:
     """Fresh buffers, under the old keys, for every old TP shard of the entries in `batch` (full, not
     DP-chunked: DCP assembles them)."""
     model: dict[str, Tensor] = {}
@@ -236,15 +258,15 @@ def old_shards_state(tr: Trainer, batch: list[Entry], old_tp: int) -> dict[str, 
         like, shape = _flat_local(e.param), _old_shape(e, old_tp)
         for key in _old_tp_keys(e, old_tp):
             model[key] = like.new_empty(shape)
-            for k in _moments(tr, e):
+            for k in _moments(ts, e):
                 optim[f"{key}.{k}"] = like.new_empty(math.prod(shape))
     return {"model": model, "optim": optim}
 
 
 @torch.no_grad()
-def apply_old_shards(tr: Trainer, batch: list[Entry], state: dict[str, Any], old_tp: int) -> None:
+def apply_old_shards(ts: TrainState, batch: list[Entry], state: dict[str, Any], old_tp: int) -> None:
     """Move the old shards loaded into `state` (old_shards_state) into this rank's parameters and moments."""
-    tp, tp_rank = tr.par.tp, tr.par.tp_rank
+    tp, tp_rank = ts.par.tp, ts.par.tp_rank
     for e in batch:
         assert e.meta is not None and e.meta.shard is not None
         old, new = e.meta.shard.for_tp(old_tp), e.meta.shard.for_tp(tp)
@@ -258,30 +280,30 @@ def apply_old_shards(tr: Trainer, batch: list[Entry], state: dict[str, Any], old
         flat = mine([state["model"][k] for k in keys])
         # A DTensor (FSDP2) holds rows [lo, hi) of the flattened TP shard; a plain parameter all of it.
         _flat_local(e.param).copy_(flat[e.lo:e.hi] if hasattr(e.param, "to_local") else flat)
-        st = tr.opt.state.get(e.opt_param, {})
-        for k in _moments(tr, e):
+        st = ts.opt.state.get(e.opt_param, {})
+        for k in _moments(ts, e):
             _flat_local(st[k]).copy_(mine([state["optim"][f"{key}.{k}"].view(shape) for key in keys])[e.lo:e.hi])
 
 
-def restore(tr: Trainer, state: dict[str, Any]) -> int:
+def restore(ts: TrainState, state: dict[str, Any]) -> int:
     """After dcp.load filled `state` (built by app_state after ensure_optimizer_state), and any TP reshard:
     set what is not loaded in place. Returns the step to continue from."""
     extra = state["extra"]
     step_t = float(extra["optimizer_step"])
-    for st in tr.opt.state.values():
+    for st in ts.opt.state.values():
         if "step" in st:
             st["step"].fill_(step_t)
-    sync = tr.sync
+    sync = ts.sync
     if isinstance(sync, data_parallel.GradSync) and sync.zero >= 1:
         for b in sync.buckets:  # the master slice is the (loaded, fp32) parameters' slice
             a, e = b.shard
             b.master.copy_(b.param_flat[a:e])
-    tr.loader.load_state_dict(extra["loader"])
-    tr.scaler.scale = float(extra["scaler"]["scale"])
-    tr.scaler.good = int(extra["scaler"]["good"])
+    ts.loader.load_state_dict(extra["loader"])
+    ts.scaler.scale = float(extra["scaler"]["scale"])
+    ts.scaler.good = int(extra["scaler"]["good"])
     return int(extra["step"])
 
 
-def rank_state(tr: Trainer) -> dict[str, Any]:
+def rank_state(ts: TrainState) -> dict[str, Any]:
     """Per-rank state beside DCP: every RNG stream of this process (TP dropout derives from them)."""
-    return {"rng": rng_state(), "dp_rank": tr.par.dp_rank, "loader": tr.loader.state_dict()}
+    return {"rng": rng_state(), "dp_rank": ts.par.dp_rank, "loader": ts.loader.state_dict()}

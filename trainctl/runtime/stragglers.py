@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from trainctl.rundir import RunPaths
+from trainctl.runtime import faults
 
 DEFAULT_EVERY = 10
-SLOW_RANK_ENV = "TRAINCTL_TEST_SLOW_RANK"  # "<rank>:<seconds>[,<rank>:<seconds>...]" (tests only)
 
 
 def steptimes_path(paths: RunPaths, rank: int) -> Path:
@@ -83,16 +83,16 @@ def _line(rec: dict[str, Any]) -> str:
 
 
 def slow_seconds(rank: int, env: dict[str, str] | None = None) -> float:
-    """Seconds TRAINCTL_TEST_SLOW_RANK asks this rank to sleep every step (0 when not named)."""
-    raw = (os.environ if env is None else env).get(SLOW_RANK_ENV, "")
+    """Seconds the `slow_rank` fault asks this rank to sleep every step (0 when not named)."""
+    raw = faults.get("slow_rank", env) or ""
     total = 0.0
-    for item in filter(None, (x.strip() for x in raw.split(","))):
+    for item in filter(None, (x.strip() for x in raw.split("+"))):
         r, _, s = item.partition(":")
         try:
             if int(r) == rank:
                 total += float(s)
         except ValueError as e:
-            raise ValueError(f"{SLOW_RANK_ENV}={raw!r}: expected <rank>:<seconds>[,...]") from e
+            raise ValueError(f"fault slow_rank={raw!r}: expected <rank>:<seconds>[+<rank>:<seconds>...]") from e
     return total
 
 

@@ -16,12 +16,14 @@ from torch import nn
 from trainctl.model_shape import ModelShape
 from trainctl.plan.pipeline import stage_layer_ranges, stages_of_pp_rank
 from trainctl.rundir import RunPaths, append_jsonl, record_event
-from trainctl.runtime import data_parallel, memory_meter, metrics, optim, peak, resume, stragglers, watchdog
+from trainctl.runtime import data_parallel, faults, memory_meter, metrics, optim, peak, stragglers, watchdog
+from trainctl.runtime.checkpointing import Checkpointing
 from trainctl.runtime.comm_wait import COMM, time_pipeline_receives
 from trainctl.runtime.data import build_loader
 from trainctl.runtime.distributed import Parallel
 from trainctl.runtime.model import build_stage, loss_fn, params_built, params_record
 from trainctl.runtime.schedules import Accumulate, Executor, Pipelined
+from trainctl.runtime.state import TrainState
 from trainctl.runtime.tensor_parallel import TPContext
 from trainctl.spec.models import RunSpec
 
@@ -29,7 +31,7 @@ MEMORY_STEPS = 2  # memory is measured on the 2nd step of each attempt (optimize
 
 
 class InjectedFailure(RuntimeError):
-    """Raised by the TRAINCTL_TEST_FAIL_AT_STEP test knob."""
+    """Raised by the fail_at_step fault (runtime/faults.py)."""
 
 
 class LossScaler:
@@ -100,7 +102,7 @@ class Trainer:
         self.loader = build_loader(spec, par.dp_rank, par.dp, t.seed)
         self.flops: metrics.FlopsModel | None = None
         self.steptimes: stragglers.StepTimeLog | None = None  # this rank's step times (set by run())
-        self.slow_s = stragglers.slow_seconds(par.rank)  # test knob TRAINCTL_TEST_SLOW_RANK
+        self.slow_s = stragglers.slow_seconds(par.rank)  # the slow_rank fault
         COMM.use_cuda(par.device.type == "cuda")
         if par.pp > 1:
             time_pipeline_receives()
@@ -161,8 +163,9 @@ class Trainer:
                          params=self.params,
                          torchrun_restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
                          slurm_restart=int(os.environ.get("SLURM_RESTART_COUNT", 0)))
-        ckpt = resume.Checkpointing(self)  # CheckpointError here: the checkpoint dir is unusable
-        first = ckpt.resume()  # the newest valid checkpoint, if any (0: a fresh start)
+        parts = TrainState(par, self.modules, self.opt, self.sync, self.loader, self.scaler)  # what a checkpoint holds
+        ckpt = Checkpointing(spec, self.paths, parts)  # CheckpointError: the checkpoint dir is unusable
+        first = ckpt.resume().step  # the newest valid checkpoint, if any (0: a fresh start)
         self.memory_steps = range(first, first + MEMORY_STEPS)
         stop: int | None = None
         fail_step, fail_rank = _fail_knob(par.world_size)
@@ -174,13 +177,14 @@ class Trainer:
         try:
             for step in range(first, spec.train.steps):
                 if step + 1 == fail_step and par.rank == fail_rank:
-                    raise InjectedFailure(f"TRAINCTL_TEST_FAIL_AT_STEP={fail_step}: failing rank {par.rank} on purpose")
+                    raise InjectedFailure(f"fault fail_at_step={fail_step}: failing rank {par.rank} on purpose")
                 if step + 1 == hang_at:
-                    watchdog.hang_forever()  # test knob TRAINCTL_TEST_HANG_RANK: the watchdog must end this
+                    watchdog.hang_forever()  # the hang fault: the watchdog must end this
                 last = self.train_step(step)
                 if wd is not None:
                     wd.beat(step + 1)
                 stop = ckpt.after_step(step + 1)  # saves when due; a stop signal -> checkpoint + exit code
+                self.ckpt_block_s += ckpt.take_blocked_s()
                 if stop is not None:
                     break
             if stop is None:
@@ -332,10 +336,10 @@ def _tied_names(m: nn.Module) -> set[str]:
 
 
 def _fail_knob(world: int) -> tuple[int, int]:
-    step = int(os.environ.get("TRAINCTL_TEST_FAIL_AT_STEP", "0") or 0)
-    rank = int(os.environ.get("TRAINCTL_TEST_FAIL_RANK", str(world - 1)))
-    # TRAINCTL_TEST_FAIL_ATTEMPT=n: fail only in torchrun attempt n (0 = the first), so a restart can succeed
-    only = os.environ.get("TRAINCTL_TEST_FAIL_ATTEMPT")
-    if only is not None and int(only) != int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0):
+    """(step, rank) of the fail_at_step fault; step 0: none (or not in the fail_attempt it names)."""
+    step = faults.get_int("fail_at_step")
+    rank = faults.get_int("fail_rank", world - 1)
+    only = faults.get("fail_attempt")  # so that a torchrun restart can succeed
+    if only and int(only) != int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0):
         step = 0
     return step, rank

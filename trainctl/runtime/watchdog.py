@@ -7,7 +7,7 @@ the job from the last checkpoint instead. Each rank also keeps a heartbeat file 
 rank stopped advancing. No torch import.
 
 Timeout: env TRAINCTL_WATCHDOG_S (seconds; 0 or "off" disables) wins over the spec's train.watchdog_s
-(default 600 s). The test-only knob TRAINCTL_TEST_HANG_RANK=<rank>:<step> blocks that rank forever at the
+(default 600 s). The test-only fault `hang=<rank>:<step>` (runtime/faults.py) blocks that rank forever at the
 start of that step.
 """
 
@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from trainctl.rundir import RunPaths, record_event
+from trainctl.runtime import faults
 
 DEFAULT_TIMEOUT_S = 600.0
 WATCHDOG_ENV = "TRAINCTL_WATCHDOG_S"
-HANG_RANK_ENV = "TRAINCTL_TEST_HANG_RANK"
 HANG_EXIT_CODE = 1  # a failed rank, like any other failure: torchrun/Slurm restart on non-zero
 
 
@@ -114,15 +114,15 @@ class Watchdog:
 
 
 def hang_step(rank: int, env: dict[str, str] | None = None) -> int | None:
-    """The step at which TRAINCTL_TEST_HANG_RANK makes this rank hang, if any."""
-    raw = (os.environ if env is None else env).get(HANG_RANK_ENV, "").strip()
+    """The step at which the `hang` fault makes this rank hang, if any."""
+    raw = (faults.get("hang", env) or "").strip()
     if not raw:
         return None
     r, _, s = raw.partition(":")
     try:
         return int(s) if int(r) == rank else None
     except ValueError as e:
-        raise ValueError(f"{HANG_RANK_ENV}={raw!r}: expected <rank>:<step>") from e
+        raise ValueError(f"fault hang={raw!r}: expected <rank>:<step>") from e
 
 
 def hang_forever() -> None:

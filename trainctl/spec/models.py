@@ -191,6 +191,9 @@ class ClusterSpec(Strict):
     exclude: str | None = None
     mem: str | None = Field(None, description="Slurm --mem per node, e.g. 0 for all")
     cpus_per_task: Count | None = None
+    calibration: str | None = Field(None, description="Calibration profile from `trainctl calibrate` (JSON): the "
+                                    "planner's times then come from its measured rates instead of catalog peaks "
+                                    "x estimate.* efficiencies; a relative path is relative to the working directory")
 
     @property
     def world_size(self) -> int:

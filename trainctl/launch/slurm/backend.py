@@ -12,6 +12,7 @@ from typing import Any
 from trainctl.errors import EXIT_OK
 from trainctl.launch.backend import (
     DEFAULT_GRACE_S,
+    TRAINER_MODULE,
     Backend,
     JobState,
     Line,
@@ -31,8 +32,9 @@ from trainctl.spec import RunSpec
 class SlurmBackend(Backend[SlurmLaunch, RunPaths]):
     name = NAME
 
-    def prepare(self, spec: RunSpec, run_dir: Path | None, *, grace_s: int = DEFAULT_GRACE_S) -> SlurmLaunch:
-        return plan_slurm(spec, run_dir, grace_s=grace_s)
+    def prepare(self, spec: RunSpec, run_dir: Path | None, *, grace_s: int = DEFAULT_GRACE_S,
+                module: str = TRAINER_MODULE) -> SlurmLaunch:
+        return plan_slurm(spec, run_dir, grace_s=grace_s, trainer_module=module)
 
     def dry_run(self, launch: SlurmLaunch) -> list[Line]:
         lines = [note(("run dir (not created)", "bold"), f" {launch.run_dir}")]

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from trainctl.checkpoint.format import CheckpointInfo
     from trainctl.spec import RunSpec
 
 
@@ -28,6 +29,14 @@ def model_differences(spec: RunSpec, meta: dict[str, Any]) -> list[str]:
     saved = meta.get("model") or {}
     return [f"model.{k}: checkpoint {saved.get(k)!r}, this run {v!r}"
             for k, v in model_of(spec).items() if saved.get(k) != v]
+
+
+def different_model(spec: RunSpec, info: CheckpointInfo) -> str | None:
+    """Why checkpoint `info` cannot be continued by `spec` (another model shape, named field by field), or None."""
+    diffs = model_differences(spec, info.meta)
+    if not diffs:
+        return None
+    return f"{info.path}: checkpoint of step {info.step} is for a different model shape ({'; '.join(diffs)})"
 
 
 def layout_changes(spec: RunSpec, meta: dict[str, Any]) -> list[str]:

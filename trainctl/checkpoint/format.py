@@ -1,7 +1,8 @@
-"""Checkpoint directories on disk: manifest format, validity, listing, retention. No torch.
+"""Checkpoint directories on disk: names, manifest, commit marker, validity, listing. No torch.
 
 Used by the CLI (`trainctl checkpoints`, `trainctl resume`), the launcher and the runtime writer
-(trainctl/runtime/checkpoint.py), so all of them agree on what "a valid checkpoint" means.
+(trainctl/runtime/checkpoint.py), so all of them agree on what "a valid checkpoint" means
+(docs/ARCHITECTURE.md, "Checkpoint format and commit protocol").
 
 Layout of one checkpoint, in the checkpoints directory (default RUN/checkpoints):
 
@@ -27,30 +28,30 @@ Atomicity (why a torn checkpoint can never look valid):
   Re-saving an existing step (after a rewind) moves the old `step-N/` aside to `step-N.trash-*`
   just before the rename; deletions also rename to `.trash-*` first, so a half-deleted directory is
   never named `step-N`. A writer that dies leaves only `.tmp-*` / `.trash-*` directories, which
-  `stale_dirs()` lists for the next start to remove.
+  `stale_dirs()` lists for the next start to remove. `trainctl resume --from-step` moves newer
+  checkpoints aside to `step-N.abandoned-<time>`, another name that is never a candidate.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import re
 import subprocess
-import time
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from trainctl.checkpoint.durable import HASH, bytes_digest, file_digest
 from trainctl.errors import RunError
 
 MANIFEST = "manifest.json"
 MARKER = "COMMITTED"
+DCP_INDEX = ".metadata"  # DCP's own name for its index file
 FORMAT_VERSION = 1
-HASH = "sha256"  # measured here: sha256 1.15 GB/s, blake2b 0.94, crc32 2.2 (sha-ni makes sha256 cheap)
-_CHUNK = 4 << 20
 
 _FINAL = re.compile(r"^step-(\d+)$")
 _STAGING = re.compile(r"^step-(\d+)\.tmp-([0-9a-zA-Z]+)$")
@@ -60,6 +61,8 @@ _TRASH = re.compile(r"^step-(\d+)\.trash-([0-9a-zA-Z]+)$")
 class CheckpointError(RunError):
     """A checkpoint could not be written, read or found; the message names the directory."""
 
+
+# --- names ----------------------------------------------------------------------------------------
 
 def step_dirname(step: int) -> str:
     return f"step-{step:08d}"  # zero-padded so names sort in step order
@@ -71,6 +74,11 @@ def staging_dirname(step: int, nonce: str) -> str:
 
 def trash_dirname(step: int, nonce: str) -> str:
     return f"{step_dirname(step)}.trash-{nonce}"
+
+
+def abandoned_dirname(step: int, stamp: str) -> str:
+    """Where `trainctl resume --from-step` moves a newer checkpoint: kept for inspection, never resumed."""
+    return f"{step_dirname(step)}.abandoned-{stamp}"
 
 
 def parse_step(name: str) -> int | None:
@@ -100,41 +108,14 @@ class CheckpointInfo:
         return d
 
 
-# --- hashing and durable writes -------------------------------------------------------------------
-
-def file_digest(path: Path) -> tuple[int, str]:
-    """(size, sha256) of a file, reading it once."""
-    h = hashlib.new(HASH)
-    size = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)  # hashlib releases the GIL on large buffers: fine in a background thread
-            size += len(chunk)
-    return size, h.hexdigest()
-
-
-def fsync_path(path: Path) -> None:
-    """fsync a file or a directory (a directory's fsync makes the names inside it durable)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_durable(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
+# --- manifest and marker --------------------------------------------------------------------------
 
 def manifest_bytes(manifest: dict[str, Any]) -> bytes:
     return (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
 
 
 def marker_bytes(manifest_data: bytes) -> bytes:
-    return json.dumps({"manifest_" + HASH: hashlib.new(HASH, manifest_data).hexdigest()}).encode() + b"\n"
+    return json.dumps({"manifest_" + HASH: bytes_digest(manifest_data)}).encode() + b"\n"
 
 
 @lru_cache(maxsize=1)
@@ -153,8 +134,6 @@ def code_version() -> dict[str, str | None]:
     return {"trainctl": __version__, "git": commit}
 
 
-# --- validity -------------------------------------------------------------------------------------
-
 def read_manifest(path: Path) -> dict[str, Any]:
     """The manifest of a checkpoint directory; CheckpointError when missing or unreadable."""
     try:
@@ -167,6 +146,8 @@ def read_manifest(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path}: unreadable {MANIFEST}: not a trainctl manifest")
     return m
 
+
+# --- validity -------------------------------------------------------------------------------------
 
 def validate(path: Path, deep: bool = False) -> str | None:
     """None when `path` is a valid committed checkpoint, else the reason it is not.
@@ -216,13 +197,19 @@ def _check(path: Path, deep: bool) -> tuple[str | None, dict[str, Any] | None]:
             return f"{kind} {name}: {size} bytes, manifest says {want}", manifest
     if deep:
         for name, entry in sorted(manifest["files"].items()):
-            try:
-                _, digest = file_digest(path / name)
-            except OSError as e:
-                return f"unreadable file {name}: {e}", manifest
-            if digest != entry.get(HASH):
-                return f"checksum mismatch in {name}", manifest
+            reason = digest_problem(path, name, entry)
+            if reason:
+                return reason, manifest
     return None, manifest
+
+
+def digest_problem(path: Path, name: str, entry: dict[str, Any]) -> str | None:
+    """Why file `name` of checkpoint `path` does not hash to its manifest `entry`, or None."""
+    try:
+        _, digest = file_digest(path / name)
+    except OSError as e:
+        return f"unreadable file {name}: {e}"
+    return None if digest == entry.get(HASH) else f"checksum mismatch in {name}"
 
 
 def _dir_size(path: Path) -> int:
@@ -251,6 +238,8 @@ def inspect_checkpoint(path: Path, deep: bool = False) -> CheckpointInfo:
     )
 
 
+# --- listing and choosing -------------------------------------------------------------------------
+
 def list_checkpoints(directory: Path, deep: bool = False) -> list[CheckpointInfo]:
     """Every checkpoint (committed or staging) in a checkpoints directory, oldest step first.
 
@@ -271,10 +260,15 @@ def list_checkpoints(directory: Path, deep: bool = False) -> list[CheckpointInfo
     return sorted(infos, key=lambda i: (i.step, i.valid, i.path.name))
 
 
-def latest_valid(directory: Path, deep: bool = False,
-                 skipped: list[CheckpointInfo] | None = None) -> CheckpointInfo | None:
-    """The newest valid checkpoint; invalid ones newer than it are appended to `skipped` (with reasons)."""
-    for info in reversed(list_checkpoints(directory, deep=False)):
+def newest_valid(infos: list[CheckpointInfo], deep: bool = False, skipped: list[CheckpointInfo] | None = None,
+                 exclude: Collection[int] = ()) -> CheckpointInfo | None:
+    """The newest valid of `infos` (oldest first, as list_checkpoints gives them): the one search for the
+    checkpoint to resume from. Invalid ones newer than it are appended to `skipped` (with reasons); steps in
+    `exclude` (found corrupt by the caller, who already reported them) are passed over silently. `deep`
+    re-hashes the candidate before taking it."""
+    for info in reversed(infos):
+        if info.valid and info.step in exclude:
+            continue
         if info.valid and deep:
             reason = validate(info.path, deep=True)
             if reason:
@@ -284,6 +278,12 @@ def latest_valid(directory: Path, deep: bool = False,
         if skipped is not None:
             skipped.append(info)
     return None
+
+
+def latest_valid(directory: Path, deep: bool = False, skipped: list[CheckpointInfo] | None = None,
+                 exclude: Collection[int] = ()) -> CheckpointInfo | None:
+    """The newest valid checkpoint in `directory` (newest_valid over a shallow listing)."""
+    return newest_valid(list_checkpoints(directory, deep=False), deep, skipped, exclude)
 
 
 def find_step(directory: Path, step: int, deep: bool = False) -> CheckpointInfo:
@@ -305,79 +305,3 @@ def stale_dirs(directory: Path) -> list[Path]:
         return sorted(p for p in Path(directory).iterdir() if _STAGING.match(p.name) or _TRASH.match(p.name))
     except (FileNotFoundError, NotADirectoryError):
         return []
-
-
-def resolve_checkpoint_dir(run_dir: Path) -> Path:
-    """RUN/checkpoints unless the run's frozen spec.yaml sets checkpoint.dir."""
-    run_dir = Path(run_dir)
-    spec = run_dir / "spec.yaml"
-    if spec.exists():
-        import yaml
-
-        try:
-            data = yaml.safe_load(spec.read_text(encoding="utf-8")) or {}
-            d = (data.get("checkpoint") or {}).get("dir")
-        except (OSError, yaml.YAMLError, AttributeError):
-            d = None
-        if d:
-            return Path(d) if Path(d).is_absolute() else run_dir / d
-    return run_dir / "checkpoints"
-
-
-# --- retention and schedule -----------------------------------------------------------------------
-
-def is_milestone(step: int, milestone_every: int | None) -> bool:
-    return bool(milestone_every) and step > 0 and step % milestone_every == 0
-
-
-def to_delete(infos: list[CheckpointInfo], keep_last: int, milestone_every: int | None = None,
-              current: int | None = None) -> list[CheckpointInfo]:
-    """Valid checkpoints that retention may delete: all but the newest `keep_last` valid ones and milestones.
-
-    Pure. Invalid checkpoints are never chosen (they stay for inspection; stale staging dirs are
-    cleaned separately), and since keep_last >= 1 the newest valid checkpoint is always kept. Call
-    it only after the newest save has committed, so nothing is deleted in favour of a torn save.
-    `current` (the step just committed): checkpoints after it (left by a rewound run) are neither
-    counted nor deleted, so they cannot push the fresh checkpoint out.
-    """
-    if keep_last < 1:
-        raise ValueError(f"keep_last must be >= 1, got {keep_last}")
-    valid = sorted((i for i in infos if i.valid and (current is None or i.step <= current)), key=lambda i: i.step)
-    keep = {i.step for i in valid[-keep_last:]}
-    keep |= {i.step for i in valid if i.milestone or is_milestone(i.step, milestone_every)}
-    return [i for i in valid if i.step not in keep]
-
-
-@dataclass
-class SaveSchedule:
-    """When to save: at every multiple of N steps and/or M minutes after the last save.
-
-    Steps are multiples (not "N since the last save") so a resumed run saves at the same steps.
-
-    Time differs across ranks: the trainer must take the decision on rank 0 and broadcast it (or
-    all-reduce a flag) so every rank enters save() at the same step.
-    """
-
-    every_steps: int | None = None
-    every_minutes: float | None = None
-    last_step: int = 0
-    last_time: float = field(default_factory=time.monotonic)
-
-    def due(self, step: int, now: float | None = None) -> bool:
-        if step <= self.last_step:
-            return False
-        if self.every_steps and step % self.every_steps == 0:
-            return True
-        now = time.monotonic() if now is None else now
-        return bool(self.every_minutes) and (now - self.last_time) >= self.every_minutes * 60
-
-    def mark(self, step: int, now: float | None = None) -> None:
-        self.last_step = step
-        self.last_time = time.monotonic() if now is None else now
-
-
-__all__ = [
-    "MANIFEST", "MARKER", "CheckpointError", "CheckpointInfo", "SaveSchedule", "code_version", "file_digest",
-    "find_step", "inspect_checkpoint", "latest_valid", "list_checkpoints", "read_manifest",
-    "resolve_checkpoint_dir", "stale_dirs", "step_dirname", "to_delete", "validate",
-]

@@ -1,0 +1,208 @@
+"""`trainctl calibrate` and the planner that prices layouts with its profile, as a user runs them.
+
+Real processes: one calibration of the tiny recipe (8 ranks under torchrun) and one 3-step launch are shared
+by the tests of this module. No timing thresholds: the figures only have to exist, be positive and be used.
+Contract: docs/ARCHITECTURE.md, "Calibration profile"; exit codes 0 ok, 1 failed, 2 usage (one line).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainctl.plan.calibration.fit import fit_latency_bandwidth, fit_rate
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = str(ROOT / "recipes" / "tiny-cpu.yaml")
+OPS = {"all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_to_all"}
+
+
+def trainctl(*args: str, cwd: Path = ROOT, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "trainctl", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=timeout)
+
+
+def plan_json(*args: str) -> dict[str, Any]:
+    out = trainctl("plan", TINY, "--json", *args)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """The tiny recipe calibrated once through the CLI (local torchrun, 8 ranks)."""
+    d = tmp_path_factory.mktemp("calibrate")
+    out = trainctl("calibrate", TINY, "--out", str(d / "profile.json"), "--run-dir", str(d / "run"), cwd=d)
+    return d / "profile.json", out
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run = tmp_path_factory.mktemp("launch") / "run"
+    out = trainctl("launch", TINY, "--run-dir", str(run), "--set", "train.steps=3")
+    assert out.returncode == 0, out.stdout + out.stderr
+    return run
+
+
+# --- the profile ---------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_calibrate_writes_a_complete_profile_and_shows_each_phase(calibrated) -> None:
+    path, out = calibrated
+    assert out.returncode == 0, out.stdout + out.stderr
+    for phase in ("[1/4] matmul", "[2/4] collectives", "[3/4] layer forward+backward", "[4/4] all-reduce after"):
+        assert phase in out.stdout
+    assert f"profile {path.name}" in out.stdout or str(path) in out.stdout
+    p = json.loads(path.read_text())
+    assert p["kind"] == "trainctl-calibration" and p["schema"] == 1 and p["source"] == "micro-benchmarks"
+    assert p["cluster"] == {"gpu": "cpu", "nodes": 1, "ranks_per_node": 8, "ranks": 8, "backend": "local"}
+    assert p["precision"] == "fp32" and p["device"]["type"] == "cpu" and p["device"]["name"]
+    for key in ("created", "trainctl_version", "torch_version", "peak_flops_per_rank", "model", "micro_batch"):
+        assert p[key], key
+    raw, fits = p["raw"], p["fits"]
+    assert {r["name"] for r in raw["matmul"]} == {"qkv", "attn_out", "mlp_up", "mlp_down", "lm_head"}
+    assert {r["tp"] for r in raw["matmul"]} == {1, 2, 4}  # every tp --auto may pick for 4 heads on 8 ranks
+    assert all(len(r["seconds"]) == 8 and min(r["seconds"]) > 0 for r in raw["matmul"])  # every rank's figure
+    assert {r["op"] for r in raw["collectives"]} == OPS
+    assert {r["group_size"] for r in raw["collectives"] if r["op"] == "all_reduce"} == {2, 8}
+    assert len(raw["layer"]["seconds"]) == 8 and raw["layer"]["flops"] > 0
+    assert [(r["link"], r["group_size"], len(r["seconds"])) for r in raw["load"]] == [("intra_node", 2, 8)]
+    assert all(v["flops_per_s"] > 0 for v in fits["matmul"].values())
+    assert fits["layer"]["flops_per_s"] > 0 and set(fits["compute"]) == {"1", "2", "4"}
+    assert set(fits["links"]) == {"intra_node"}  # one node: nothing crosses nodes
+    for op, f in fits["links"]["intra_node"].items():
+        assert op in OPS and f["bytes_per_s"] > 0 and f["points"] >= 5
+        assert f["load_excess_s"] >= 0 and f["latency_s"] == pytest.approx(f["idle_latency_s"] + f["load_excess_s"])
+    assert not [f for f in path.parent.iterdir() if f.name.startswith(".profile.json")]  # no temporary left
+
+
+def test_fit_recovers_a_line_and_stays_positive() -> None:
+    line = [(x, 2e-4 + x / 1e9) for x in (1e3, 1e4, 1e5, 1e6, 1e7)]
+    f = fit_latency_bandwidth(line)
+    assert f.latency_s == pytest.approx(2e-4, rel=1e-6) and f.bytes_per_s == pytest.approx(1e9, rel=1e-6)
+    flat = fit_latency_bandwidth([(1e3, 1e-3), (1e6, 9e-4), (4e6, 1e-3)])  # latency-bound noise
+    assert flat.bytes_per_s > 0 and flat.latency_s > 0
+    origin = fit_latency_bandwidth([(1e3, 1e-9), (1e6, 1e-3), (4e6, 4e-3)])  # would cross below zero
+    assert origin.latency_s == 0 and origin.bytes_per_s > 0
+    rate, err = fit_rate([(2e9, 1.0), (4e9, 2.0)])
+    assert rate == pytest.approx(2e9) and err == pytest.approx(0, abs=1e-12)
+
+
+# --- the planner with a profile ------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_plan_predicts_a_cpu_step_time_only_with_a_profile(calibrated) -> None:
+    path, _ = calibrated
+    before = plan_json()
+    assert before["prediction"]["step_time_s"] is None and before["calibration"]["calibrated"] is False
+    after = plan_json("--calibration", str(path))
+    pred = after["prediction"]
+    assert pred["step_time_s"] > 0 and pred["tokens_per_s"] > 0 and 0 < pred["mfu"] < 1
+    assert after["calibration"]["calibrated"] is True and after["calibration"]["path"] == str(path)
+    assert after["hardware"]["peak_flops"] == json.loads(path.read_text())["peak_flops_per_rank"]
+    assert not [w for w in after["warnings"] if w["code"] == "CALIBRATION_DIFFERS"]  # same machine, just made
+    # the spec field does the same
+    assert plan_json("--set", f"cluster.calibration={path}")["prediction"]["step_time_s"] == pred["step_time_s"]
+    text = trainctl("plan", TINY, "--calibration", str(path)).stdout
+    assert "measured: " in text and "uncalibrated" not in text
+    assert "uncalibrated" in trainctl("plan", TINY).stdout
+
+
+@pytest.mark.slow
+def test_plan_auto_ranks_cpu_layouts_by_the_measured_step_time(calibrated) -> None:
+    path, _ = calibrated
+    out = trainctl("plan", TINY, "--auto", "--json", "--calibration", str(path))
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout)
+    assert res["peak_known"] is True and res["calibration"]["calibrated"] is True
+    steps = [r["step_time_s"] for r in res["top"]]
+    assert all(s > 0 for s in steps) and steps == sorted(steps)
+
+
+def test_plan_with_a_profile_does_not_import_torch(calibrated) -> None:
+    path, _ = calibrated
+    code = ("import sys\nfrom trainctl.cli.app import main\n"
+            f"for argv in (['plan', {TINY!r}, '--calibration', {str(path)!r}, '--json'], ['calibrate', '--help']):\n"
+            "    try:\n        main(argv)\n    except SystemExit as e:\n        assert e.code in (0, None), e.code\n"
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy'))\nassert not bad, bad\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+# --- refused and warned profiles -----------------------------------------------------------------------
+
+def _refused(profile: Path, *extra: str) -> str:
+    out = trainctl("plan", TINY, "--calibration", str(profile), *extra)
+    assert out.returncode == 2, out.stdout + out.stderr
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, out.stderr
+    return errors[0]
+
+
+@pytest.mark.slow
+def test_corrupt_truncated_and_foreign_profiles_are_refused(calibrated, tmp_path: Path) -> None:
+    path, _ = calibrated
+    text = path.read_text()
+    (tmp_path / "truncated.json").write_text(text[: len(text) // 2])
+    assert "not valid JSON" in _refused(tmp_path / "truncated.json")
+    (tmp_path / "corrupt.json").write_bytes(b"\x00\xff\xfe garbage")
+    assert "corrupt" in _refused(tmp_path / "corrupt.json")
+    plan = trainctl("plan", TINY, "--json").stdout
+    (tmp_path / "plan.json").write_text(plan)  # a JSON file, but someone else's
+    assert "not a trainctl calibration profile" in _refused(tmp_path / "plan.json")
+    assert "cannot read" in _refused(tmp_path / "missing.json")
+    data = json.loads(text)
+    del data["fits"]["compute"]
+    (tmp_path / "incomplete.json").write_text(json.dumps(data))
+    assert "incomplete" in _refused(tmp_path / "incomplete.json")
+    other_gpu = json.loads(text)
+    other_gpu["cluster"]["gpu"] = "h100-sxm"
+    (tmp_path / "gpu.json").write_text(json.dumps(other_gpu))
+    assert "cluster.gpu = h100-sxm" in _refused(tmp_path / "gpu.json")
+    # another rank count, and another number of ranks per node, than the spec
+    assert "ranks = 8, the spec has 4" in _refused(path, "--set", "cluster.gpus_per_node=4", "--set", "parallel.dp=1")
+    assert "ranks per node" in _refused(path, "--set", "cluster.gpus_per_node=4", "--set", "cluster.nodes=2",
+                                        "--set", "launcher.backend=slurm")
+
+
+@pytest.mark.slow
+def test_an_old_profile_of_another_version_is_used_with_a_warning(calibrated, tmp_path: Path) -> None:
+    path, _ = calibrated
+    data = json.loads(path.read_text())
+    data.update(created="2020-01-01T00:00:00+00:00", trainctl_version="0.0.1")
+    (tmp_path / "old.json").write_text(json.dumps(data))
+    j = plan_json("--calibration", str(tmp_path / "old.json"))
+    assert j["prediction"]["step_time_s"] > 0
+    differs = " ".join(w["message"] for w in j["warnings"] if w["code"] == "CALIBRATION_DIFFERS")
+    assert "days ago" in differs and "trainctl 0.0.1" in differs
+
+
+# --- refit from a finished run -------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_from_run_refits_the_compute_rate(finished_run: Path, calibrated, tmp_path: Path) -> None:
+    out = trainctl("calibrate", "--from-run", str(finished_run), "--out", str(tmp_path / "run.json"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    p = json.loads((tmp_path / "run.json").read_text())
+    assert p["source"] == "run" and p["cluster"]["ranks"] == 8
+    assert p["fits"]["run"]["flops_per_s"] > 0 and p["fits"]["run"]["points"] >= 8  # 8 ranks x 2 steps
+    assert p["fits"]["compute"] == {"2": p["fits"]["run"]["flops_per_s"]} and p["fits"]["links"] == {}
+    assert plan_json("--calibration", str(tmp_path / "run.json"))["prediction"]["step_time_s"] > 0
+    # with a measured profile as the base: its links, its per-TP shape re-levelled to the run
+    base, _ = calibrated
+    out = trainctl("calibrate", "--from-run", str(finished_run), "--base", str(base), "--out",
+                   str(tmp_path / "both.json"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    both = json.loads((tmp_path / "both.json").read_text())
+    assert set(both["fits"]["compute"]) == {"1", "2", "4"} and both["fits"]["links"]["intra_node"]
+    assert both["fits"]["compute"]["2"] == pytest.approx(both["fits"]["run"]["flops_per_s"])
+    # the latency per call that reproduces the run's own step (unless the plan is slower even without it)
+    excess, step = both["fits"]["run"]["load_excess_s"], both["fits"]["run"]["step_time_s"]
+    predicted = plan_json("--calibration", str(tmp_path / "both.json"))["prediction"]["step_time_s"]
+    assert excess >= 0 and (predicted == pytest.approx(step, rel=1e-3) or excess == 0)
+    assert trainctl("calibrate", TINY, "--from-run", str(finished_run)).returncode == 2  # spec comes from the run

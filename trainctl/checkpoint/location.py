@@ -1,0 +1,37 @@
+"""Where a run's checkpoints live: the one resolution of the checkpoint directory. No torch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from trainctl.rundir import RunPaths
+
+if TYPE_CHECKING:
+    from trainctl.spec import RunSpec
+
+
+def resolve_checkpoint_dir(run_dir: Path, spec: RunSpec | None = None) -> Path:
+    """RUN/checkpoints unless the spec sets checkpoint.dir (a relative one is relative to the run directory).
+
+    Without `spec` the run's frozen spec.yaml is read for checkpoint.dir alone, leniently: listing the
+    checkpoints of a run must work even when its spec no longer validates.
+    """
+    paths = RunPaths(Path(run_dir))
+    configured = spec.checkpoint.dir if spec is not None else _frozen_checkpoint_dir(paths)
+    if not configured:
+        return paths.checkpoints
+    d = Path(configured)
+    return d if d.is_absolute() else paths.root / d
+
+
+def _frozen_checkpoint_dir(paths: RunPaths) -> str | None:
+    if not paths.spec.exists():
+        return None
+    import yaml
+
+    try:
+        data = yaml.safe_load(paths.spec.read_text(encoding="utf-8")) or {}
+        return (data.get("checkpoint") or {}).get("dir")
+    except (OSError, yaml.YAMLError, AttributeError):
+        return None

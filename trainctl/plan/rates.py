@@ -1,0 +1,101 @@
+"""Where the planner's times come from: FLOP/s per rank and seconds per collective, in one place.
+
+`AssumedRates` (no profile): the catalog peak x estimate.compute_efficiency and the catalog link bandwidth
+x estimate.comm_efficiency, no latency: what trainctl always did, uncalibrated. `MeasuredRates`: a
+calibration profile's fits (`trainctl calibrate`): the measured FLOP/s at the layout's TP size and, per link
+class and collective, latency per call + bus bytes / measured bandwidth; a link or collective the profile
+lacks is priced as the assumed rates would. The Evaluator (plan/estimate.py) asks only these two methods.
+
+Which collective carries what, as (op, share of the bytes), each entry making the kind's calls:
+  TP        all-reduce, or reduce-scatter + all-gather under sequence parallelism (same volume)
+  PP        send/recv;  tied embedding: all-reduce
+  DP        ZeRO-0 all-reduce; ZeRO-1 all-reduce of the gradients (2/3 of the bytes) + all-gather of the
+            weights; ZeRO-2 reduce-scatter + all-gather; ZeRO-3 reduce-scatter + two all-gathers, per FSDP
+            unit and micro-batch
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from trainctl.plan.calibration import profile as prof
+from trainctl.plan.calibration.shapes import INTER, INTRA, OPS
+from trainctl.plan.comm import INTER_NODE, NVLINK
+from trainctl.spec.models import RunSpec
+
+Ops = tuple[tuple[str, float], ...]
+TP_OPS: dict[bool, Ops] = {False: (("all_reduce", 1.0),), True: (("reduce_scatter", 0.5), ("all_gather", 0.5))}
+PP_OPS: Ops = (("send_recv", 1.0),)
+EMBEDDING_OPS: Ops = (("all_reduce", 1.0),)
+DP_OPS: dict[int, Ops] = {
+    0: (("all_reduce", 1.0),),
+    1: (("all_reduce", 2 / 3), ("all_gather", 1 / 3)),
+    2: (("reduce_scatter", 0.5), ("all_gather", 0.5)),
+    3: (("reduce_scatter", 1 / 3), ("all_gather", 1 / 3), ("all_gather", 1 / 3)),  # gathered for fwd and bwd
+}
+PROFILE_LINK = {NVLINK: INTRA, INTER_NODE: INTER}  # the planner's link classes -> the profile's
+UNCALIBRATED = ("catalog peak x estimate.compute_efficiency, catalog link bandwidth x estimate.comm_efficiency, "
+                "no latency term; `trainctl calibrate SPEC` measures them")
+
+
+class AssumedRates:
+    calibrated = False
+
+    def __init__(self, peak_flops: float | None, link_bw: dict[str, float], compute_efficiency: float,
+                 comm_efficiency: float) -> None:
+        self.flops = peak_flops * compute_efficiency if peak_flops else None
+        self.bw = {link: bw * comm_efficiency for link, bw in link_bw.items()}
+        self.warnings: tuple[str, ...] = ()
+
+    def compute(self, tp: int) -> float | None:
+        """Achieved FLOP/s per rank at this TP size; None when unknown (no peak: a CPU without a profile)."""
+        return self.flops
+
+    def comm(self, link: str, ops: Ops, nbytes: float, calls: float = 0.0) -> float:
+        """Seconds for `nbytes` bus bytes per rank over `link`, in `calls` calls of each op."""
+        return nbytes / self.bw[link]
+
+
+class MeasuredRates:
+    calibrated = True
+
+    def __init__(self, profile: prof.Profile, fallback: AssumedRates, warnings: list[str]) -> None:
+        self.profile = profile
+        self.fallback = fallback
+        self.warnings = tuple(warnings)
+        self._fits = {(link, op): profile.link(PROFILE_LINK[link], op) for link in PROFILE_LINK for op in OPS}
+        self._rates = {tp: profile.compute_rate(tp) for tp in profile.compute}
+
+    def compute(self, tp: int) -> float:
+        rate = self._rates.get(tp)
+        if rate is None:
+            rate = self._rates[tp] = self.profile.compute_rate(tp)
+        return rate
+
+    def comm(self, link: str, ops: Ops, nbytes: float, calls: float = 0.0) -> float:
+        total = 0.0
+        for op, share in ops:
+            fit = self._fits[link, op]
+            total += (fit.seconds(share * nbytes, calls) if fit is not None
+                      else self.fallback.comm(link, ops, share * nbytes))
+        return total
+
+    def describe(self) -> dict[str, Any]:
+        measured = sorted({f"{PROFILE_LINK[link]}.{op}" for (link, op), fit in self._fits.items() if fit})
+        return {**self.profile.describe(), "compute_flops_per_s": {str(t): r for t, r in self.profile.compute.items()},
+                "links_measured": measured, "warnings": list(self.warnings)}
+
+
+def measured_rates(spec: RunSpec, fallback: AssumedRates) -> MeasuredRates | None:
+    """The rates of the spec's cluster.calibration profile (None without one); a profile of another cluster
+    is refused (UsageError), lesser differences come back as warnings."""
+    if not spec.cluster.calibration:
+        return None
+    profile = prof.load(Path(spec.cluster.calibration))
+    return MeasuredRates(profile, fallback, prof.check(profile, spec))
+
+
+def describe(rates: MeasuredRates | None) -> dict[str, Any]:
+    """What `plan --json` says of where its times come from."""
+    return rates.describe() if rates is not None else {"calibrated": False, "note": UNCALIBRATED}

@@ -1,0 +1,66 @@
+"""Test-only fault injection behind one switch: TRAINCTL_FAULTS (docs/ARCHITECTURE.md, "Fault injection").
+
+    TRAINCTL_FAULTS="fail_at_step=3,fail_rank=1"
+
+Production code asks `get`/`get_int`/`get_float` for a fault by name and never reads the environment for it
+itself. An unknown name is an error, so a typo cannot silently switch a test's fault off. No torch here.
+"""
+
+from __future__ import annotations
+
+import os
+
+ENV = "TRAINCTL_FAULTS"
+
+# name -> what it does (the one list of faults; values are parsed by the code that uses them)
+FAULTS: dict[str, str] = {
+    "fail_at_step": "raise InjectedFailure on `fail_rank` when step N (1-based) starts",
+    "fail_rank": "the rank that fail_at_step fails (default: the last rank)",
+    "fail_attempt": "fail only in torchrun attempt N (0 = the first), so a restart can succeed",
+    "hang": "<rank>:<step>: that rank blocks forever at that step (the hang watchdog must end it)",
+    "slow_rank": "<rank>:<seconds>[+<rank>:<seconds>...]: those ranks sleep that long every step",
+    "slow_write_s": "a checkpoint writer sleeps this long after writing, before the commit",
+    "stop_after_step": "checkpoint after step N, then stop as if signalled (exit 0)",
+    "host_memory": "bytes of host memory the TP-reshard check believes are available",
+}
+
+
+class FaultSpecError(ValueError):
+    """TRAINCTL_FAULTS names a fault that does not exist or is malformed."""
+
+
+def active(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The faults TRAINCTL_FAULTS switches on, by name."""
+    text = (os.environ if environ is None else environ).get(ENV, "")
+    out: dict[str, str] = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        name, sep, value = item.partition("=")
+        if not sep or name not in FAULTS:
+            raise FaultSpecError(f"{ENV}: unknown or malformed fault {item[:60]!r}; known: {', '.join(FAULTS)} "
+                                 "(each as name=value)")
+        out[name] = value
+    return out
+
+
+def get(name: str, environ: dict[str, str] | None = None) -> str | None:
+    if name not in FAULTS:
+        raise KeyError(f"no fault named {name!r}")  # a programming error: add it to FAULTS
+    return active(environ).get(name)
+
+
+def get_int(name: str, default: int = 0, environ: dict[str, str] | None = None) -> int:
+    value = get(name, environ)
+    return default if value in (None, "") else int(value)
+
+
+def get_float(name: str, default: float = 0.0, environ: dict[str, str] | None = None) -> float:
+    value = get(name, environ)
+    return default if value in (None, "") else float(value)
+
+
+def encode(**faults: object) -> dict[str, str]:
+    """The environment that switches `faults` on: encode(fail_at_step=3, fail_rank=1)."""
+    unknown = set(faults) - set(FAULTS)
+    if unknown:
+        raise KeyError(f"no fault named {sorted(unknown)}")
+    return {ENV: ",".join(f"{k}={v}" for k, v in faults.items())}
