@@ -14,14 +14,7 @@ from trainctl.cli.app import app
 from trainctl.cli.console import make_console
 from trainctl.cli.options import JsonOpt
 from trainctl.errors import UsageError
-
-
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return str(n)
+from trainctl.report.render import size
 
 
 @app.command()
@@ -52,7 +45,7 @@ def checkpoints(
     for i in infos:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(i.time)) if i.time else "-"
         note = "latest" if latest is not None and i.path == latest.path else (i.reason or "")
-        table.add_row(str(i.step), _size(i.size_bytes), "[green]yes[/green]" if i.valid else "[red]no[/red]",
+        table.add_row(str(i.step), size(i.size_bytes), "[green]yes[/green]" if i.valid else "[red]no[/red]",
                       "yes" if i.milestone else "", describe_layout(i.meta.get("layout")), when, note)
     con.print(table)
 

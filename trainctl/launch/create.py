@@ -10,7 +10,6 @@ import os
 import re
 import shlex
 import subprocess
-import tempfile
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 import yaml
 
 from trainctl.errors import UsageError
+from trainctl.fileio import write_atomic
 from trainctl.rundir import RunPaths
 from trainctl.spec import RunSpec, resolved_dict
 
@@ -98,19 +98,6 @@ def render_script(command: Sequence[str], env: Mapping[str, str], header: str) -
 
 def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def write_atomic(path: Path, text: str, mode: int | None = None) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        if mode is not None:
-            os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def create_run_dir(root: Path, spec: RunSpec, *, backend: str, command: Sequence[str],

@@ -33,8 +33,9 @@ from trainctl.checkpoint import (
     resolve_checkpoint_dir,
 )
 from trainctl.errors import UsageError
+from trainctl.fileio import write_atomic
 from trainctl.launch.backend import backend_for
-from trainctl.launch.create import read_job, write_atomic
+from trainctl.launch.create import read_job
 from trainctl.rundir import RunPaths, read_jsonl, record_event
 from trainctl.spec import RunSpec, load_spec, resolved_dict
 

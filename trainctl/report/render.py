@@ -203,17 +203,19 @@ def _render_memory(con: Console, runs: list[dict[str, Any]]) -> None:
             t.add_column(col, justify="left" if col == "component" else "right")
         for x in mem["rows"]:
             err = "-" if x["error"] is None else f"{x['error']:+.1%}"
-            t.add_row(str(x["pp_rank"]), x["component"], _bytes(x["predicted_bytes"]), _bytes(x["measured_bytes"]),
+            t.add_row(str(x["pp_rank"]), x["component"], size(x["predicted_bytes"]), size(x["measured_bytes"]),
                       err)
         con.print(t)
         if mem.get("largest_gap"):
             con.print(f"  {escape(r['name'])}: {escape(mem['largest_gap'])}")
 
 
-def _bytes(n: float | None) -> str:
+def size(n: float | None) -> str:
+    """Bytes in binary units (memory, checkpoint sizes)."""
     if n is None:
         return "-"
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n:.0f} B"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 from trainctl.model_shape import ModelShape
+from trainctl.plan.memory import compute_precision
 from trainctl.plan.pipeline import stage_layer_ranges, stages_of_pp_rank
 from trainctl.rundir import RunPaths, append_jsonl, record_event
 from trainctl.runtime import data_parallel, faults, memory_meter, metrics, optim, peak, stragglers, watchdog
@@ -115,12 +116,11 @@ class Trainer:
 
     # -- set-up helpers ----------------------------------------------------------------------------
     def _precision(self) -> tuple[torch.dtype | None, LossScaler]:
-        prec, cuda = self.spec.train.precision, self.par.device.type == "cuda"
-        if prec != "fp32" and not cuda and not self.spec.train.low_precision_on_cpu:
-            if self.log:
-                metrics.warn(f"train.precision={prec} on CPU: training in fp32 (no fast {prec} matmuls here; "
-                             f"train.low_precision_on_cpu: true runs {prec} autocast anyway)")
-            return None, LossScaler(False)
+        t = self.spec.train
+        prec = compute_precision(t.precision, self.par.device.type != "cuda", t.low_precision_on_cpu)
+        if prec != t.precision and self.log:
+            metrics.warn(f"train.precision={t.precision} on CPU: training in fp32 (no fast {t.precision} matmuls "
+                         f"here; train.low_precision_on_cpu: true runs {t.precision} autocast anyway)")
         if prec == "bf16":
             return torch.bfloat16, LossScaler(False)  # fp32 master weights, bf16 autocast compute
         if prec == "fp16":

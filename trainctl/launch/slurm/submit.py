@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from trainctl.errors import RunError, UsageError
+from trainctl.fileio import write_atomic
 from trainctl.launch.backend import TRAINER_MODULE
-from trainctl.launch.create import create_run_dir, freeze_spec, now_iso, read_job, write_atomic, write_job
+from trainctl.launch.create import create_run_dir, freeze_spec, now_iso, read_job, write_job
 from trainctl.launch.slurm import NAME
 from trainctl.launch.slurm.cluster import require_cluster_fits
 from trainctl.launch.slurm.job_state import WAITING, is_active, job_state

@@ -15,11 +15,8 @@ A profile refitted from a run (trainctl/report/refit.py) has `source: run` and m
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import os
-import tempfile
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from importlib import metadata
@@ -28,6 +25,7 @@ from statistics import median
 from typing import Any
 
 from trainctl.errors import UsageError
+from trainctl.fileio import write_atomic
 from trainctl.model_shape import ModelShape
 from trainctl.plan.calibration.fit import LinkFit, fit_latency_bandwidth, fit_rate
 from trainctl.plan.memory import compute_precision
@@ -118,20 +116,10 @@ def now_iso() -> str:
 
 
 def save(path: Path, profile: dict[str, Any]) -> None:
-    """Write atomically (temporary file in the same directory, fsync, rename): a reader never sees half."""
+    """Write atomically and durably (trainctl.fileio): a reader never sees half a profile."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(profile, f, indent=1)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+    write_atomic(path, json.dumps(profile, indent=1) + "\n", fsync=True)
 
 
 @dataclass(frozen=True)
