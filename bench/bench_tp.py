@@ -9,7 +9,7 @@ a larger one (4 layers, hidden 512, seq 128 by default). Variants:
     hand          trainctl's hand-written TP=2 (tensor_parallel.py)
     hand_sp       ... with sequence parallelism (norm-weight grads summed in autograd, one all-reduce each)
     hand_sp_def   ... with SP and defer_sp_grad_sync (one flattened all-reduce after backward)
-    dtensor       the DTensor reference (tests/dtensor_ref_worker.py: parallelize_module + loss_parallel), TP=2
+    dtensor       the DTensor reference (tests/dist/dtensor_ref_worker.py: parallelize_module + loss_parallel), TP=2
     dtensor_sp    ... with SequenceParallel norms (their Partial grads reduced after backward, as an optimizer
                   step would have to)
 
@@ -34,7 +34,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))  # the DTensor reference lives beside its test: tests/dtensor_ref_worker.py
+# the DTensor reference lives beside its test: tests/dist/dtensor_ref_worker.py
+sys.path.insert(0, str(ROOT / "tests" / "dist"))
 
 SEED = 1234
 

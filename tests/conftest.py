@@ -1,11 +1,12 @@
-"""Shared pytest fixtures. `tests/` is on sys.path (no __init__.py), so sibling helpers import by name."""
+"""Shared pytest fixtures. `tests/` is on sys.path (no __init__.py; pyproject `pythonpath`), so the helpers here
+(paths, trainer_utils, resume_utils) import by name. Tests are laid out by kind: unit/ (one process), dist/ (real
+multi-process runs under torchrun, gloo, CPU; each worker next to its test), e2e/ (the real local Slurm cluster)."""
 
 import subprocess
 import uuid
 from pathlib import Path
 
 import pytest
-from slurm_fixtures import slurm_cluster  # noqa: F401  (session fixture: the real local Slurm cluster)
 
 
 @pytest.fixture

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from paths import REPO as ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 TORCHRUN = str(VENV_BIN / "torchrun")
 

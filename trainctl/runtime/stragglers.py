@@ -3,7 +3,7 @@
 Why a file per rank and not an all_gather every k steps: no collective means no extra sync point in the
 step and nothing to block on when a peer is gone (a hung or dead rank is exactly when the numbers matter);
 the lines are buffered and written with one write() every `every` steps, measured at a few microseconds
-per step (see `trainctl mfu-report`'s straggler section and tests/test_report_runs.py).
+per step (see `trainctl mfu-report`'s straggler section and tests/dist/test_report_runs.py).
 
 Each attempt starts with a header line {"header": true, "rank", "host", "local_rank", "device", "attempt"},
 then one line per step {"step", "time", "step_s", "sync_s", "comm_s"}, and (when the loop ends normally) a

@@ -5,9 +5,9 @@ models a CPU can train. Measured side by side at TP=2 on this 2-core machine (be
 forward+backward), DTensor `parallelize_module` + `loss_parallel` takes 2.2-2.4x the time of this path on
 the tiny test model (hidden 64) and 1.3-1.4x at hidden 256-512; on large GPU matmuls the gap should close,
 so measure before switching. The math is the same, and DTensor stays the checked reference: an unfused
-DTensor model (tests/dtensor_ref_worker.py) loaded with the same weights gives the same loss and gradients
-as this path to ~1e-16 in fp64, with and without SP (tests/test_tp_dtensor_reference.py); both also equal
-one process (tests/test_tensor_parallel.py). The fused QKV / gate-up weights are split per part over TP,
+DTensor model (tests/dist/dtensor_ref_worker.py) loaded with the same weights gives the same loss and gradients
+as this path to ~1e-16 in fp64, with and without SP (tests/dist/test_tp_dtensor_reference.py); both also equal
+one process (tests/dist/test_tensor_parallel.py). The fused QKV / gate-up weights are split per part over TP,
 which a plain DTensor Shard(0) does not express; that is why the reference is unfused.
 
 The four conjugate communication functions (activations are [B, T, H]; the sequence dim is 1):

@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from paths import RECIPES
 
 from trainctl.errors import SpecError
 from trainctl.hardware import resolve_accelerator
 from trainctl.spec import load_spec, load_spec_text
 
-RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 RECIPE_FILES = sorted(RECIPES.glob("*.yaml"))
 
 

@@ -9,12 +9,12 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from paths import REPO as ROOT
 
 from trainctl.errors import SpecError
 from trainctl.spec import load_spec, load_spec_text, resolved_dict, validate_spec
 from trainctl.spec.loader import apply_overrides
 
-ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "recipes" / "tiny-cpu.yaml"
 
 BASE = """

@@ -17,7 +17,7 @@ import pytest
 
 from trainctl.plan.calibration.fit import fit_latency_bandwidth, fit_rate
 
-ROOT = Path(__file__).resolve().parents[1]
+from paths import REPO as ROOT
 TINY = str(ROOT / "recipes" / "tiny-cpu.yaml")
 OPS = {"all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_to_all"}
 

@@ -1,7 +1,7 @@
 """The hand-written Megatron TP equals the PyTorch-native DTensor TP reference (issue 3: "keep the other as the
 checked reference").
 
-tests/dtensor_ref_worker.py runs at TP=2 (torchrun, gloo, CPU, fp64), for a GPT-2-like model (LayerNorm with
+tests/dist/dtensor_ref_worker.py runs at TP=2 (torchrun, gloo, CPU, fp64), for a GPT-2-like model (LayerNorm with
 biases, learned positions, GELU, tied embeddings) and a Llama-like one (RMSNorm, rope, SwiGLU, GQA, untied head),
 each with and without sequence parallelism, plus a vocab that tp does not divide: trainctl's StageModule (fused
 QKV / gate-up, hand-written f/g, vocab-parallel CE) and an unfused model parallelized with `parallelize_module`
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-WORKER = REPO / "tests" / "dtensor_ref_worker.py"
+from paths import REPO
+WORKER = Path(__file__).with_name("dtensor_ref_worker.py")
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 
 pytestmark = pytest.mark.slow

@@ -1,6 +1,6 @@
 """pytest fixture for the real local Slurm test cluster (slurm/local-cluster.sh).
 
-Enable it in tests/conftest.py with ``from tests.slurm_fixtures import slurm_cluster  # noqa: F401``.
+Enable it in tests/e2e/conftest.py with ``from tests.slurm_fixtures import slurm_cluster  # noqa: F401``.
 
 ``slurm_cluster`` runs ``slurm/local-cluster.sh up`` once per session and leaves the cluster running
 afterwards (a second ``up`` takes about a second; ``slurm/local-cluster.sh down`` stops it). The tests
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 CLUSTER_SCRIPT = REPO / "slurm" / "local-cluster.sh"
 EXIT_CANNOT_RUN_HERE = 3
 

@@ -19,8 +19,8 @@ from trainctl.checkpoint import MARKER, CheckpointError, list_checkpoints, stale
 from trainctl.runtime import faults  # noqa: E402
 from trainctl.runtime.checkpoint import CheckpointManager, rng_state, set_rng_state  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-WORKER = str(ROOT / "tests" / "ckpt_worker.py")
+from paths import REPO as ROOT
+WORKER = str(Path(__file__).with_name("ckpt_worker.py"))
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 OPTS = StateDictOptions(flatten_optimizer_state_dict=True)
 # pytest resets warning filters per test; the runtime module's own filter is for real runs.

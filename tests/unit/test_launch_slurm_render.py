@@ -8,13 +8,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from paths import REPO
 
 from trainctl.errors import UsageError
 from trainctl.launch.slurm import cluster, job_state, render, submit
 from trainctl.launch.slurm.sbatch_template import SAFE_SBATCH_VALUE
 from trainctl.spec import load_spec
 
-REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "trainctl" / "recipes" / "tiny-cpu.yaml"
 BASE = {"cluster.nodes": "2", "cluster.gpus_per_node": "4", "launcher.backend": "slurm", "train.steps": "6"}
 

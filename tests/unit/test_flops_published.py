@@ -1,7 +1,7 @@
 """The trainer's own FLOPs accounting (trainctl.runtime.metrics, what every step line and metrics.jsonl use)
 against published figures, and MFU on a real local run recomputed from the spec by hand.
 
-The planner's functions are checked against the same papers in tests/test_plan_model.py; this file covers
+The planner's functions are checked against the same papers in tests/unit/test_plan_model.py; this file covers
 what the *job* reports:
 - Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using
   Megatron-LM" (SC21), Sec. 5.1: FLOPs per iteration with full activation recomputation

@@ -141,7 +141,7 @@ def run_matrix(cases: list[dict[str, Any]], out: Path, timeout: float, nproc: in
     # small DP buckets: several per model, so bucket overlap, ordering and ZeRO slicing are exercised
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "TRAINCTL_TIMEOUT_S": "300",
            "TRAINCTL_BUCKET_NUMEL": "4000"}
-    r = subprocess.run([TORCHRUN, "--standalone", f"--nproc-per-node={nproc}", str(ROOT / "tests/matrix_worker.py"),
+    r = subprocess.run([TORCHRUN, "--standalone", f"--nproc-per-node={nproc}", str(Path(__file__).with_name("matrix_worker.py")),
                         str(out / "cases.json"), str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=timeout)
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-6000:])

@@ -16,7 +16,7 @@ import pytest
 from trainctl.rundir import read_jsonl
 from trainctl.runtime import faults
 
-ROOT = Path(__file__).resolve().parents[1]
+from paths import REPO as ROOT
 TRAINCTL = [sys.executable, "-m", "trainctl"]
 DP2 = ["parallel.tp=1", "parallel.pp=1", "cluster.gpus_per_node=2"]
 SLOW_S = 0.25

@@ -15,6 +15,7 @@ import itertools
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+from paths import RECIPES
 
 from trainctl.errors import SpecError
 from trainctl.plan.auto import enumerate_candidates, search
@@ -152,11 +153,10 @@ cluster: {nodes: 1, gpus_per_node: 8, gpu: h100-sxm}
 def test_auto_ranks_layouts_with_headroom_before_tight_ones():
     """A layout at 95% of device memory is a crash waiting for the CUDA context and NCCL buffers: the
     search puts every layout with >= 10% headroom first (Llama-3 8B on 32 H100s has plenty of those)."""
-    from pathlib import Path
 
     from trainctl.spec import load_spec
 
-    recipe = Path(__file__).resolve().parents[1] / "recipes" / "llama3-8b.yaml"
+    recipe = RECIPES / "llama3-8b.yaml"
     result = search(load_spec(recipe), top=20)
     fractions = [scored.est.headroom_fraction for scored, _, _ in result.top]
     assert fractions[0] >= 0.10

@@ -9,14 +9,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from paths import REPO as ROOT
 
 from trainctl.plan.plan import build_plan
 from trainctl.spec import load_spec
 
-ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "recipes" / "tiny-cpu.yaml")
 RECIPES = ["tiny-cpu", "gpt2-124m", "llama3-8b", "llama3-70b", "llama3-405b", "gpt3-175b-a100"]
 

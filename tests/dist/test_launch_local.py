@@ -21,7 +21,7 @@ from trainctl.launch.create import check_run_dir, default_run_dir, freeze_spec, 
 from trainctl.rundir import RunPaths, read_jsonl
 from trainctl.spec import load_spec, resolved_dict
 
-REPO = Path(__file__).resolve().parents[1]
+from paths import REPO
 TINY = REPO / "recipes" / "tiny-cpu.yaml"
 PLANNER = (REPO / "trainctl" / "plan" / "plan.py").exists()
 
@@ -228,7 +228,7 @@ def test_launch_tiny_cpu_recipe(tmp_path: Path) -> None:
     (start,) = [e for e in read_jsonl(paths.events) if e["event"] == "start"]
     planned = json.loads(run_cli("plan", str(paths.spec), "--json").stdout)["params"]
     assert start["params"] == {"total": planned["total"], "per_rank": planned["per_rank"]}
-    assert planned["total"] == 217_664  # the tiny preset, LayerNorm without bias (tests/test_params_built.py)
+    assert planned["total"] == 217_664  # the tiny preset, LayerNorm without bias (tests/unit/test_params_built.py)
     # mfu-report holds the measured memory against the plan, per pipeline rank and component
     report = json.loads(run_cli("mfu-report", str(run_dir), "--json").stdout)
     mem = report["runs"][0]["memory"]

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from paths import RECIPES, TINY_RECIPE
 
 from trainctl.model_shape import ModelShape, param_counts
 from trainctl.plan.pipeline import stage_layer_ranges, stages_of_pp_rank
@@ -15,8 +16,8 @@ from trainctl.runtime.model import StageModule, params_built, params_record
 from trainctl.runtime.tensor_parallel import TPContext
 from trainctl.spec import load_spec
 
-RECIPES = sorted((Path(__file__).resolve().parent.parent / "recipes").glob("*.yaml"))
-TINY = Path(__file__).resolve().parent.parent / "recipes" / "tiny-cpu.yaml"
+RECIPE_FILES = sorted(RECIPES.glob("*.yaml"))
+
 # Layouts of the embedded tiny model that move the embedding, the LM head and the vocabulary padding:
 # a tied copy on a separate last stage, interleaved chunks, a vocabulary that tp does not divide, untied.
 TINY_LAYOUTS = [
@@ -51,19 +52,19 @@ def _check(spec) -> None:
     assert built["per_rank"] == planned["per_rank"]
 
 
-@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", RECIPE_FILES, ids=lambda p: p.stem)
 def test_recipe_plan_counts_what_the_trainer_builds(path: Path) -> None:
     _check(load_spec(path))
 
 
 @pytest.mark.parametrize("overrides", TINY_LAYOUTS, ids=lambda o: ",".join(o))
 def test_layout_plan_counts_what_the_trainer_builds(overrides: list[str]) -> None:
-    _check(load_spec(TINY, overrides=overrides))
+    _check(load_spec(TINY_RECIPE, overrides=overrides))
 
 
 def test_layernorm_bias_only_with_bias() -> None:
     """The planner used to count a LayerNorm bias always (218,240 for tiny-cpu against the 217,664 the
     trainer built): a LayerNorm has a bias only with model.bias: true, as the trainer builds it."""
-    spec = load_spec(TINY)
+    spec = load_spec(TINY_RECIPE)
     assert spec.model.norm == "layernorm" and not spec.model.bias
     assert built_record(spec)["total"] == param_counts(ModelShape.from_spec(spec.model)).total == 217_664

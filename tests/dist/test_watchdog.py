@@ -1,6 +1,6 @@
 """The hang watchdog in one process (fast): a blocked main thread gets its stacks dumped, a "hang" event, a
 heartbeat marked hung and a non-zero exit; progress keeps it quiet. The multi-rank case is in
-tests/test_report_runs.py."""
+tests/dist/test_report_runs.py."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from trainctl.rundir import read_jsonl
 from trainctl.runtime import faults, watchdog
 
-ROOT = Path(__file__).resolve().parents[1]
+from paths import REPO as ROOT
 
 SCRIPT = textwrap.dedent("""
     import sys, time

@@ -1,6 +1,6 @@
 """Tensor parallelism with real processes (torchrun, gloo, CPU, fp64): TP=2 and TP=4 reproduce one process.
 
-Each TP size launches tests/tp_worker.py once (all cases in one run, ~7-14 s); the tests below assert on its
+Each TP size launches tests/dist/tp_worker.py once (all cases in one run, ~7-14 s); the tests below assert on its
 JSON results. See the worker's docstring for what each case does.
 """
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-WORKER = REPO / "tests" / "tp_worker.py"
+from paths import REPO
+WORKER = Path(__file__).with_name("tp_worker.py")
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 
 pytestmark = pytest.mark.slow

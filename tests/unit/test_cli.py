@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from paths import REPO as ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "recipes" / "tiny-cpu.yaml")
 
 # Runs the CLI in-process, then reports which heavy modules the command imported.

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from paths import REPO as ROOT
 
 from trainctl.checkpoint import (
     HASH,
@@ -32,8 +33,6 @@ from trainctl.checkpoint import (
     to_delete,
     validate,
 )
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def make_ckpt(directory: Path, step: int, files: dict[str, bytes] | None = None, commit: bool = True,

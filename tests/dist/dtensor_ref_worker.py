@@ -1,6 +1,6 @@
 """The DTensor tensor-parallel reference for the hand-written Megatron TP, and its test worker.
 
-`torchrun --standalone --nproc-per-node=2 tests/dtensor_ref_worker.py OUT.json`
+`torchrun --standalone --nproc-per-node=2 tests/dist/dtensor_ref_worker.py OUT.json`
 
 Why this exists (issue 3): PyTorch-native building blocks are the default; trainctl hand-writes Megatron TP
 (trainctl/runtime/tensor_parallel.py) because DTensor's per-op dispatch overhead made it 2-5x slower on the tiny
@@ -20,7 +20,7 @@ It loads the SAME full weights as trainctl's StageModule (the single-process bui
 fused qkv rows are split into q, k, v and the SwiGLU fc1 rows into gate, up). The worker runs forward + backward
 at TP = world size in fp64 on: the hand-written trainctl StageModule, this DTensor reference and (for context)
 one process, gathers every gradient to a full tensor, maps the reference's names back to trainctl's, and writes
-the max differences per case to OUT.json; tests/test_tp_dtensor_reference.py asserts on them.
+the max differences per case to OUT.json; tests/dist/test_tp_dtensor_reference.py asserts on them.
 
 Attention reshapes with `.view(B, T, -1, head_dim)`: after ColwiseParallel each rank holds heads/tp query heads
 and kv_heads/tp kv heads (shared notes: torch-distributed-on-cpu.md).

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import slurm_fixtures
+from paths import REPO
 from slurm_fixtures import SlurmCluster
 
 from trainctl.launch.slurm import render, submit
@@ -24,7 +25,6 @@ from trainctl.spec import load_spec
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "trainctl" / "recipes" / "tiny-cpu.yaml"
 STEPS = 6
 SLURM = ["--set", "cluster.nodes=2", "--set", "cluster.gpus_per_node=4", "--set", "launcher.backend=slurm",
@@ -166,7 +166,7 @@ def test_usr1_reaches_every_rank_and_the_job_requeues_itself(slurm_cluster: Slur
     placement proof under torchrun's join-order rendezvous."""
     spec = load_spec(TINY, [f"{k}={v}" for k, v in {
         "cluster.nodes": 2, "cluster.gpus_per_node": 4, "launcher.backend": "slurm", "cluster.gpu": "h100-sxm",
-        "launcher.env": json.dumps({"PYTHONPATH": str(REPO / "tests")})}.items()])
+        "launcher.env": json.dumps({"PYTHONPATH": str(Path(__file__).parent)})}.items()])
     launch = render.plan_slurm(spec, tmp_path / "run", trainer_module="slurm_stub_trainer")
     paths = submit.create(launch)
     jid = submit.submit(launch, paths)
@@ -194,7 +194,7 @@ def test_usr1_reaches_every_rank_and_the_job_requeues_itself(slurm_cluster: Slur
 def test_cancel_and_logs_of_a_running_job(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     spec = load_spec(TINY, [f"{k}={v}" for k, v in {
         "cluster.nodes": 2, "cluster.gpus_per_node": 4, "launcher.backend": "slurm", "launcher.mode": "srun",
-        "launcher.env": json.dumps({"PYTHONPATH": str(REPO / "tests")})}.items()])
+        "launcher.env": json.dumps({"PYTHONPATH": str(Path(__file__).parent)})}.items()])
     launch = render.plan_slurm(spec, tmp_path / "run", trainer_module="slurm_stub_trainer")
     paths = submit.create(launch)
     submit.submit(launch, paths)
