@@ -9,6 +9,8 @@ marker) belong to trainctl/checkpoint/format.py.
     RUN/launch.sh                    the rendered launch script / command line (launch.prev-<n>.sh: replaced)
     RUN/commands.txt                 Slurm: the exact submission and step command lines
     RUN/job.json                     backend, ids, attempts, git commit
+    RUN/run.lock                     local: the live launcher (host, pid, start time, boot id); one job per run
+    RUN/run.lock.takeover            held for milliseconds while a stale run.lock is removed
     RUN/metrics.jsonl                one JSON object per training step (rank 0)
     RUN/events.jsonl                 starts, restarts, checkpoints, preemptions, failures
     RUN/placement.json               where every rank really ran (rank 0)
@@ -41,6 +43,8 @@ PLAN = "plan.json"
 LAUNCH_SCRIPT = "launch.sh"
 COMMANDS = "commands.txt"
 JOB = "job.json"
+LOCK = "run.lock"  # trainctl/launch/runlock.py: which launcher owns the run directory now
+LOCK_TAKEOVER = "run.lock.takeover"  # held for milliseconds while a stale run.lock is removed
 LOGS = "logs"
 METRICS = "metrics.jsonl"
 EVENTS = "events.jsonl"
@@ -94,6 +98,14 @@ class RunPaths:
     @property
     def job(self) -> Path:
         return self.root / JOB
+
+    @property
+    def lock(self) -> Path:
+        return self.root / LOCK
+
+    @property
+    def lock_takeover(self) -> Path:
+        return self.root / LOCK_TAKEOVER
 
     @property
     def logs(self) -> Path:

@@ -194,7 +194,9 @@ def test_full_checkpoint_dir_fails_loudly_and_keeps_metrics(tmp_path: Path, tmpf
     run, world = make_run(tmp_path, "run", train={"steps": 6}, checkpoint={"dir": str(full), "every_steps": 2})
     r = run_trainer(run, world, dump=False)
     assert r.returncode != 0
-    assert "saving step 2 failed" in r.stderr and "No space left" in r.stderr, r.stderr[-2000:]
+    line = next(x for x in r.stderr.splitlines() if "trainctl: rank 0 failed" in x)
+    assert f"disk full: saving checkpoint step 2 in {full} failed: " in line, r.stderr[-2000:]
+    assert "needed per checkpoint; newest valid checkpoint: none" in line
     assert [s for s, _, _ in curve(run)][:2] == [1, 2]  # training data written before the failure is kept
     assert list_checkpoints(full) == [] and stale_dirs(full) == []
 

@@ -17,6 +17,14 @@ from trainctl.runtime.tensor_parallel import TPContext
 from trainctl.spec import load_spec
 
 RECIPE_FILES = sorted(RECIPES.glob("*.yaml"))
+NO_MOE_TRAINER = ("the bundled trainer has no MoE block yet (issue 11, trainer half): nothing to build on the meta "
+                  "device; the planner's MoE counts are checked against the papers in test_moe_plan.py")
+
+
+def _recipe_params(paths: list[Path]) -> list:
+    """Every recipe; the mixture-of-experts ones skipped, with the reason, until the trainer builds them."""
+    return [pytest.param(p, marks=pytest.mark.skip(reason=NO_MOE_TRAINER)) if load_spec(p).model.moe is not None
+            else p for p in paths]
 
 # Layouts of the embedded tiny model that move the embedding, the LM head and the vocabulary padding:
 # a tied copy on a separate last stage, interleaved chunks, a vocabulary that tp does not divide, untied.
@@ -52,7 +60,7 @@ def _check(spec) -> None:
     assert built["per_rank"] == planned["per_rank"]
 
 
-@pytest.mark.parametrize("path", RECIPE_FILES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", _recipe_params(RECIPE_FILES), ids=lambda p: p.stem)
 def test_recipe_plan_counts_what_the_trainer_builds(path: Path) -> None:
     _check(load_spec(path))
 

@@ -8,8 +8,9 @@ import typer
 
 from trainctl.cli.app import app
 from trainctl.cli.console import make_console, sayer, show
-from trainctl.cli.options import OptionalSpecArg, SetOpt, read_spec
+from trainctl.cli.options import OptionalSpecArg, SetOpt, StrictOpt, check_disk_space, read_spec
 from trainctl.launch.backend import DEFAULT_GRACE_S, backend_for
+from trainctl.launch.create import default_run_dir
 
 
 @app.command()
@@ -19,6 +20,7 @@ def launch(
                                         "runs/<name>-<YYYYmmdd-HHMMSS>); must not exist or be empty."),
     set_: list[str] = SetOpt,
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the run directory and command; run nothing."),
+    strict: bool = StrictOpt,
     grace: int = typer.Option(DEFAULT_GRACE_S, "--grace", help="Slurm: seconds before the time limit at which the "
                               "ranks are told to checkpoint and the job requeues itself (--signal=B:USR1@GRACE)."),
 ) -> None:
@@ -27,6 +29,7 @@ def launch(
     run = read_spec(spec, set_)
     backend = backend_for(run)
     launch = backend.prepare(run, run_dir, grace_s=grace)
+    check_disk_space(console, run, run_dir or default_run_dir(run), strict)
     if dry_run:
         for line in backend.dry_run(launch):
             show(console, line)

@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich.console import Console
 
+from trainctl.errors import UsageError
 from trainctl.spec import RunSpec, load_spec
 
 SpecArg = typer.Argument(..., help="Run spec YAML (see recipes/).", show_default=False)
@@ -14,6 +16,8 @@ SetOpt = typer.Option(
     help="Override a spec field, e.g. --set parallel.tp=4 (repeatable).",
 )
 JsonOpt = typer.Option(False, "--json", help="Print machine-readable JSON instead of tables.")
+StrictOpt = typer.Option(False, "--strict", help="Refuse (exit 2) what would otherwise be a warning, e.g. too "
+                         "little free space for the checkpoints (keep_last + 1 of the planned size).")
 
 
 OptionalSpecArg = typer.Argument(
@@ -24,6 +28,18 @@ OptionalSpecArg = typer.Argument(
 def default_spec_path() -> Path:
     """The embedded quickstart recipe (tiny GPT, TP=2 x PP=2 x DP=2 on 8 CPU ranks)."""
     return Path(__file__).resolve().parents[1] / "recipes" / "tiny-cpu.yaml"
+
+
+def check_disk_space(console: Console, spec: RunSpec, run_dir: Path, strict: bool) -> None:
+    """Before training: warn (refuse under --strict, exit 2) when the checkpoint directory is too small."""
+    from trainctl.launch.diskspace import space_problem
+
+    problem = space_problem(spec, run_dir)
+    if problem is None:
+        return
+    if strict:
+        raise UsageError(problem)
+    console.print(f"[yellow]warning:[/yellow] {problem} (--strict refuses)", soft_wrap=True)
 
 
 def read_spec(path: Path | None, overrides: list[str] | None) -> RunSpec:

@@ -79,7 +79,8 @@ def render_plan(plan: Plan, console: Console, ranks: bool) -> None:
         ("tensor parallel", f"{L['tp']}" + (" + sequence parallel" if L["sequence_parallel"] else "")
          + ("" if L["tp_fits_nvlink"] else "  [red](crosses the NVLink domain)[/red]")),
         ("pipeline parallel", f"{L['pp']} ({sched})"),
-        ("data parallel", f"{L['dp']}, ZeRO-{L['zero']}"),
+        ("data parallel", f"{L['dp']}, ZeRO-{L['zero']}"
+         + (f"; expert parallel {L['ep']} x expert-data-parallel {L['expert_dp']}" if L["ep"] > 1 else "")),
         ("batch", f"global {L['global_batch']} = micro-batch {L['micro_batch']} x {L['micro_batches']} "
                   f"micro-batches x dp {L['dp']}"),
         ("precision / recompute", f"{L['precision']} / {L['recompute']}"),
@@ -90,6 +91,9 @@ def render_plan(plan: Plan, console: Console, ranks: bool) -> None:
     p, f = j["params"], j["flops"]
     console.print(_kv_table("Model and FLOPs", [
         ("parameters", f"{p['total']:,} ({_si(p['total'])})"),
+        *([("active parameters per token (MoE)", f"{p['active']:,} ({_si(p['active'])}); "
+            f"{j['moe']['num_experts']} experts, top-{j['moe']['top_k']}, {j['moe']['moe_layers']} MoE layers")]
+          if "moe" in j else []),
         ("matmul weights N (incl. LM head)", f"{p['matmul']:,}"),
         ("model FLOPs per token (6N + 12Lhs)", _si(f["model_per_token"], "FLOP")),
         ("model FLOPs per step", _si(f["model_per_step"], "FLOP")),
@@ -119,7 +123,8 @@ def render_plan(plan: Plan, console: Console, ranks: bool) -> None:
     for col in ("kind", "link", "bytes", "time at link rate"):
         ct.add_column(col, justify="left" if col in ("kind", "link") else "right")
     names = {"tp": "TP collectives", "pp": "PP point-to-point", "dp": f"DP (ZeRO-{L['zero']})",
-             "embedding": "tied-embedding sync"}
+             "embedding": "tied-embedding sync", "ep": "EP all-to-all (MoE)",
+             "expert_dp": f"expert DP (ZeRO-{L['zero']}, dp/ep = {L['expert_dp']})"}
     for kind, v in c["per_kind"].items():
         if v["bytes"]:
             link = hw["intra_domain_link"] if v["link"] == "nvlink" else f"inter-node ({hw['fabric']})"
@@ -172,17 +177,22 @@ def render_ranks(plan: Plan, console: Console) -> None:
     layout = plan.layout
     world = layout.world_size
     info = placement(layout)[: world if world <= RANKS_FULL_LIMIT else layout.gpus_per_node]
-    t = Table(title="Rank placement (Megatron order: tp fastest, then dp, then pp)"
+    t = Table(title="Rank placement (Megatron order: tp fastest, then dp, then pp; ep is the fast part of dp)"
               + ("" if world <= RANKS_FULL_LIMIT else f" — first node of {layout.nodes}; the full map is in --json"),
               title_justify="left")
-    for col in ("rank", "node", "gpu", "tp", "dp", "pp", "nvlink domain"):
+    moe = ("ep", "edp") if layout.ep > 1 else ()  # EP is carved from DP: dp = ep + ep_size * edp
+    for col in ("rank", "node", "gpu", "tp", "dp", *moe, "pp", "nvlink domain"):
         t.add_column(col, justify="right")
     for r in info:
-        t.add_row(*(str(x) for x in (r.rank, r.node, r.local_gpu, r.tp, r.dp, r.pp, r.nvlink_domain)))
+        t.add_row(*(str(x) for x in (r.rank, r.node, r.local_gpu, r.tp, r.dp, *((r.ep, r.edp) if moe else ()), r.pp,
+                                     r.nvlink_domain)))
     console.print(t)
     for kind, stride, size, count in (("tp", 1, layout.tp, layout.dp * layout.pp),
                                       ("dp", layout.tp, layout.dp, layout.tp * layout.pp),
-                                      ("pp", layout.tp * layout.dp, layout.pp, layout.tp * layout.dp)):
+                                      ("pp", layout.tp * layout.dp, layout.pp, layout.tp * layout.dp),
+                                      *((("ep", layout.tp, layout.ep, layout.world_size // layout.ep),
+                                         ("expert_dp", layout.tp * layout.ep, layout.edp,
+                                          layout.world_size // layout.edp)) if moe else ())):
         first = getattr(Groups(layout), kind)[0] if world <= RANKS_FULL_LIMIT else list(range(0, stride * size, stride))
         shown = ", ".join(map(str, first[:8])) + (", …" if len(first) > 8 else "")
         console.print(f"  {kind.upper()} groups: {count} of {size} ranks, stride {stride}; the first: [{shown}]")
@@ -211,7 +221,8 @@ def render_auto(res: AutoResult, console: Console) -> None:
     for i, (s, _, _codes) in enumerate(res.top, 1):
         c, e = s.cand, s.est
         sched = f"il {c.virtual_stages}" if c.schedule == "interleaved" else c.schedule
-        t.add_row(str(i), f"{c.tp}{'sp' if c.sequence_parallel else ''}/{c.pp}/{c.dp}", sched, str(c.zero),
+        t.add_row(str(i), f"{c.tp}{'sp' if c.sequence_parallel else ''}/{c.pp}/{c.dp}"
+                  + (f" ep{c.ep}" if c.ep > 1 else ""), sched, str(c.zero),
                   f"{c.micro_batch}/{e.micro_batches}", c.recompute[:4], f"{e.memory_total / 1e9:.1f}",
                   _pct(e.bubble_fraction), f"{e.step_time:.3g} s" if res.peak_known and e.step_time else "—",
                   _pct(s.mfu) if res.peak_known else "—")

@@ -9,7 +9,7 @@ import typer
 
 from trainctl.cli.app import app
 from trainctl.cli.console import make_console, sayer, show
-from trainctl.cli.options import JsonOpt, SetOpt
+from trainctl.cli.options import JsonOpt, SetOpt, StrictOpt, check_disk_space
 
 
 @app.command()
@@ -20,6 +20,7 @@ def resume(
     set_: list[str] = SetOpt,
     dry_run: bool = typer.Option(False, "--dry-run", help="Show what would be resumed and how; change nothing."),
     as_json: bool = JsonOpt,
+    strict: bool = StrictOpt,
 ) -> None:
     """Resume a run from its latest valid checkpoint with the backend it used, appending to its run directory."""
     from trainctl.launch import resume as rs
@@ -41,6 +42,7 @@ def resume(
     if plan.abandon:
         console.print(f"checkpoints after step {from_step} are moved aside: {[i.step for i in plan.abandon]}",
                       soft_wrap=True)
+    check_disk_space(console, plan.spec, plan.paths.root, strict)
     backend = backend_for(plan.backend)
     relaunch = backend.prepare_resume(plan.spec, plan.paths)
     if as_json:

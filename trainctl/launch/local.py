@@ -20,6 +20,7 @@ from typing import Any, TextIO
 
 from trainctl.data_prep import check_data
 from trainctl.errors import EXIT_OK, EXIT_RUN_FAILED, RunError, UsageError
+from trainctl.launch import runlock
 from trainctl.launch.backend import (
     DEFAULT_GRACE_S,
     TRAINER_MODULE,
@@ -41,6 +42,7 @@ from trainctl.launch.create import (
     read_job,
     record_attempt,
 )
+from trainctl.launch.diskspace import disk_full_line
 from trainctl.launch.slurm import job_state as words
 from trainctl.rundir import RunPaths, read_jsonl, record_event
 from trainctl.spec import RunSpec
@@ -118,6 +120,7 @@ def plan_local(spec: RunSpec, run_dir: Path | None = None, existing: bool = Fals
     spec = freeze_spec(spec)
     check_data(spec)
     root = (run_dir or default_run_dir(spec)).absolute()
+    runlock.check_free(root)  # one job per run directory: a live launcher there is named (exit 2)
     if not existing:
         check_run_dir(root)
     nproc = spec.cluster.gpus_per_node * spec.cluster.nodes
@@ -239,7 +242,7 @@ def _pid_alive(pid: int) -> bool:
 def launcher_pid(events: list[dict[str, Any]]) -> int | None:
     """The local launcher's pid (the `launch` event's writer)."""
     for ev in reversed(events):
-        if ev.get("event") == "launch" and isinstance(ev.get("pid"), int):
+        if ev.get("event") in ("launch", "resume") and isinstance(ev.get("pid"), int):
             return int(ev["pid"])
     return None
 
@@ -282,15 +285,18 @@ class LocalBackend(Backend[LocalLaunch, LocalLaunch]):
         paths = create(launch)
         say(note(("run dir", "bold"), f" {paths.root}"))
         say(note((f"{launch.nproc} ranks, {env_words(launch.env)}; per-rank logs in {paths.logs}", "dim")))
-        status = run(launch, paths)
+        with runlock.hold(paths.root, "launch", lambda s: say(note(("note", "yellow"), f" {s}"))):
+            status = run(launch, paths)
         if status == EXIT_OK:
             say(note(("done", "green"), f" metrics: {paths.metrics}" if launch.module == TRAINER_MODULE else ""))
+        elif full := disk_full_line(paths):
+            say(note(("run failed", "red"), f": {full}"))
         else:
             say(note(("run failed", "red"), f"; rank logs under {paths.logs} (console copy in {paths.launcher_log})"))
         return status
 
     def require_not_active(self, paths: RunPaths) -> None:
-        return None  # a local run is resumed by whoever stopped it; nothing is queued here
+        runlock.check_free(paths.root)  # its launcher (or torchrun) still runs: exit 2 naming it
 
     def prepare_resume(self, spec: RunSpec, paths: RunPaths) -> LocalLaunch:
         return plan_local(spec, paths.root, existing=True)
@@ -305,12 +311,15 @@ class LocalBackend(Backend[LocalLaunch, LocalLaunch]):
         from trainctl.launch.resume import stopped_for_requeue
 
         paths = RunPaths(relaunch.run_dir)
-        status = run(relaunch, paths, kind="resume")
+        with runlock.hold(paths.root, "resume", lambda s: say(note(("note", "yellow"), f" {s}"))):
+            status = run(relaunch, paths, kind="resume")
         if status == EXIT_OK:
             say(note(("done", "green"), f" metrics: {paths.metrics}"))
         elif stopped_for_requeue(paths):
             say(note(("stopped by a signal after a checkpoint", "yellow"), "; run `trainctl resume` again to "
                      "continue"))
+        elif full := disk_full_line(paths):
+            say(note(("run failed", "red"), f": {full}"))
         else:
             say(note(("run failed", "red"), f"; rank logs under {paths.logs}"))
         return status

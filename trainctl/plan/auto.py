@@ -2,7 +2,8 @@
 
 Enumerated: tp (divides heads, kv_heads and the world; inside the NVLink domain unless the spec allows
 otherwise), pp (divides world/tp, at most one stage per layer), dp = world/(tp*pp) (global batch
-divisible by micro_batch*dp), micro_batch, schedule 1f1b or interleaved with every virtual_stages v >= 2
+divisible by micro_batch*dp), for an MoE model ep (divides dp and the number of experts), micro_batch,
+schedule 1f1b or interleaved with every virtual_stages v >= 2
 that leaves each model chunk a layer (micro-batches divisible by pp), ZeRO 0-3, recompute
 none/selective/full: the rules of trainctl/spec/rules.py, applied to plain integers. Fixed: sequence
 parallelism is on whenever tp > 1 and the sequence divides (it only saves memory, at the same TP
@@ -66,7 +67,7 @@ class AutoResult:
         def row(s: Scored) -> dict[str, Any]:
             c, e = s.cand, s.est
             return {
-                "tp": c.tp, "pp": c.pp, "dp": c.dp, "virtual_stages": c.virtual_stages, "zero": c.zero,
+                "tp": c.tp, "pp": c.pp, "dp": c.dp, "ep": c.ep, "virtual_stages": c.virtual_stages, "zero": c.zero,
                 "micro_batch": c.micro_batch, "micro_batches": e.micro_batches, "schedule": c.schedule,
                 "sequence_parallel": c.sequence_parallel, "recompute": c.recompute,
                 "mfu": s.mfu if self.peak_known else None,
@@ -106,8 +107,8 @@ def enumerate_candidates(spec: RunSpec, skipped: dict[str, int]) -> list[Candida
 
     out: list[Candidate] = []
     for tp in divisors(world):
-        if m.heads % tp or kv % tp:
-            skip("tp does not divide heads and kv_heads")
+        if m.heads % tp or kv % tp or (m.moe is not None and (m.moe.expert_ffn_hidden or 0) % tp):
+            skip("tp does not divide heads, kv_heads (and the expert FFN)")
             continue
         if not allow and tp_link(tp, world, domain) != "nvlink":
             skip("tp larger than the NVLink domain (parallel.allow_tp_across_nodes is off)")
@@ -121,7 +122,8 @@ def enumerate_candidates(spec: RunSpec, skipped: dict[str, int]) -> list[Candida
             if gb % dp:
                 skip("global_batch not divisible by dp")
                 continue
-            for mb in divisors(gb // dp):
+            eps = [1] if m.moe is None else [e for e in divisors(dp) if m.moe.num_experts % e == 0]
+            for ep, mb in ((e, b) for e in eps for b in divisors(gb // dp)):
                 n_micro = gb // (mb * dp)
                 if pp > 1 and n_micro < pp:
                     skip("fewer micro-batches than pp")
@@ -134,14 +136,15 @@ def enumerate_candidates(spec: RunSpec, skipped: dict[str, int]) -> list[Candida
                 for sched, v in schedules:
                     for rec in RECOMPUTE:
                         for zero in (0, 1, 2, 3):
-                            out.append(Candidate(tp, pp, dp, zero, mb, rec, sp, sched, v, None))
+                            out.append(Candidate(tp, pp, dp, zero, mb, rec, sp, sched, v, None, ep))
     return out
 
 
 def _spec_for(spec: RunSpec, c: Candidate, base: dict[str, Any]) -> RunSpec:
     data = dict(base)
     data["parallel"] = {
-        **base["parallel"], "tp": c.tp, "pp": c.pp, "dp": c.dp, "zero": c.zero, "micro_batch": c.micro_batch,
+        **base["parallel"], "tp": c.tp, "pp": c.pp, "dp": c.dp, "ep": c.ep, "zero": c.zero,
+        "micro_batch": c.micro_batch,
         "sequence_parallel": c.sequence_parallel, "schedule": c.schedule, "virtual_stages": c.virtual_stages,
         "stage_layers": None,
     }
@@ -158,12 +161,12 @@ def _oom_reason(e: Estimate) -> str:
 
 
 def _distinct(ranked: list[tuple[float, float, Candidate]], n: int) -> list[tuple[float, float, Candidate]]:
-    """The best of each (tp, pp, micro_batch, recompute, schedule): near-duplicates that differ only in
+    """The best of each (tp, pp, ep, micro_batch, recompute, schedule): near-duplicates that differ only in
     ZeRO stage or number of chunks would otherwise fill the list with one lesson."""
     seen, out = set(), []
     for s in ranked:
         c = s[2]
-        key = (c.tp, c.pp, c.micro_batch, c.recompute, c.schedule)
+        key = (c.tp, c.pp, c.ep, c.micro_batch, c.recompute, c.schedule)
         if key not in seen:
             seen.add(key)
             out.append(s)

@@ -56,6 +56,17 @@ def advise(ev: Evaluator, est: Estimate) -> list[PlanWarning]:  # noqa: C901 - a
             f"sequence_parallel would divide the norm/dropout activations by tp={c.tp} at the same TP "
             "communication volume")
 
+    # expert parallelism
+    if c.ep > 1 and est.comm_link.get("ep") == INTER_NODE:
+        add("EP_ACROSS_NVLINK", "warning",
+            f"EP groups of {c.ep} (x tp {c.tp} = {c.ep * c.tp} GPUs) leave the NVLink domain of "
+            f"{ctx.hw.nvlink_domain} GPUs: every MoE layer's all-to-all ({_gb(est.comm_bytes.get('ep', 0.0))} per GPU "
+            "per step) crosses the inter-node fabric; keep tp*ep within the domain if the experts fit")
+    moe = ctx.shape.moe
+    if moe is not None and c.ep == 1 and c.dp > 1 and moe.num_experts > 1:
+        add("EP_OFF", "info",
+            f"every GPU holds all {moe.num_experts} experts; parallel.ep splits them over the data-parallel group")
+
     # pipeline
     if pp > 1:
         if est.bubble_fraction > 0.20:

@@ -40,6 +40,31 @@ def dp_link(tp: int, dp: int, world: int, domain: int) -> str:
     return NVLINK if aligned_groups_fit(tp * dp, world, domain) else INTER_NODE
 
 
+def ep_link(tp: int, ep: int, world: int, domain: int) -> str:
+    """An EP group is ep ranks at stride tp inside an aligned block of tp*ep ranks (tp-cp-ep-dp-pp order)."""
+    if ep == 1:
+        return NVLINK
+    return NVLINK if aligned_groups_fit(tp * ep, world, domain) else INTER_NODE
+
+
+def expert_dp_link(tp: int, dp: int, ep: int, world: int, domain: int) -> str:
+    """An expert-data-parallel group is dp/ep ranks at stride tp*ep inside the aligned block of tp*dp ranks
+    that holds one DP group: inside one domain exactly when those blocks are (or the groups are single)."""
+    return NVLINK if dp // ep == 1 else dp_link(tp, dp, world, domain)
+
+
+def all_to_all_bytes(tokens: float, top_k: int, hidden: int, act_bytes: int, ep: int, passes: int = 4) -> float:
+    """Bytes one GPU sends in one MoE layer's token exchange over its EP group, per micro-batch.
+
+    Each of the rank's `tokens` goes to top_k experts, a hidden-wide vector each; with experts spread evenly
+    over ep ranks, (ep-1)/ep of those copies leave the rank. Four exchanges per layer: dispatch and combine
+    in the forward pass, and their gradients (combine, dispatch) in backward; full recompute repeats the
+    forward two (passes = 6). Megatron-Core's alltoall dispatcher; capacity padding not counted."""
+    if ep == 1:
+        return 0.0
+    return passes * tokens * top_k * hidden * act_bytes * (ep - 1) / ep
+
+
 def pp_link(pp: int, world: int, domain: int) -> str:
     """Neighbouring stages are tp*dp ranks apart; some neighbour pair crosses a domain boundary unless
     the whole job is one domain (for pp > 1)."""

@@ -18,13 +18,18 @@ measured FLOP/s and, per collective, latency * calls + bytes / measured bandwidt
               next step's first forward), all m slots for ZeRO 2/3's per-micro-batch traffic
   embedding = tied-embedding gradient all-reduce between the first and last stage (pp > 1), exposed
   step      = pipeline + (dp - hidden) + embedding
+Mixture of experts: the slot adds the EP all-to-all of the rank's MoE layers (dispatch and combine,
+forward and backward; on the critical path, not overlapped); the routed experts' FLOPs are charged times
+the load-imbalance allowance (MOE_IMBALANCE, or the capacity factor when one is set); the expert weights
+are split over ep and their gradients and optimizer state reduced/sharded over the expert-data-parallel
+group (dp/ep), which adds the "expert_dp" traffic (time summed with dp's).
 Not modelled: the optimizer update itself, kernel launch and Python overheads, data loading,
 hierarchical (NVLS/tree) collectives, network congestion. MFU = model FLOPs / (step * GPUs * peak).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from trainctl import model_shape as model
@@ -32,7 +37,14 @@ from trainctl.model_shape import ModelShape
 from trainctl.plan import comm, memory, schedule
 from trainctl.plan.comm import INTER_NODE, NVLINK
 from trainctl.plan.pipeline import balanced_split
-from trainctl.plan.rates import DP_OPS, EMBEDDING_OPS, PP_OPS, TP_OPS, AssumedRates, MeasuredRates, Ops
+from trainctl.plan.rates import DP_OPS, EMBEDDING_OPS, EP_OPS, PP_OPS, TP_OPS, AssumedRates, MeasuredRates, Ops
+
+# Load-imbalance allowance of dropless routing: the busiest EP rank receives this many times the mean
+# tokens and sets the pace of the expert MLPs (and holds that much more of their activations). Trained
+# routers with a load-balancing loss keep the max/mean expert load around 1.05-1.2 (Switch Transformer,
+# Fedus et al. 2022; the Megatron-Core MoE report); 1.1 is the planner's assumption. With a capacity factor
+# the experts compute capacity-padded buffers: the factor itself.
+MOE_IMBALANCE = 1.1
 
 
 @dataclass(frozen=True)
@@ -101,22 +113,25 @@ class Candidate:
     schedule: str = "1f1b"
     virtual_stages: int = 1
     stage_layers: tuple[int, ...] | None = None  # None = default balanced split
+    ep: int = 1  # expert-parallel size, carved from dp
 
     def describe(self) -> str:
         sched = f"{self.schedule} v={self.virtual_stages}" if self.schedule == "interleaved" else self.schedule
-        return (f"tp={self.tp} pp={self.pp} dp={self.dp} zero={self.zero} mb={self.micro_batch} "
+        return (f"tp={self.tp} pp={self.pp} dp={self.dp}{f' ep={self.ep}' if self.ep > 1 else ''} zero={self.zero} "
+                f"mb={self.micro_batch} "
                 f"{'sp ' if self.sequence_parallel else ''}{sched} recompute={self.recompute}")
 
 
 @dataclass(frozen=True)
 class RankMemory:
     pp_rank: int
-    params: float
+    params: float  # every parameter on one GPU of this pipeline rank (expert shards included)
     weights: float
     gradients: float
     optimizer: float
     activations: float
     transient: float
+    expert_params: float = 0.0  # of `params`, the routed experts' (state sharded over the expert-DP group)
 
     @property
     def model_states(self) -> float:
@@ -220,8 +235,10 @@ class _Base:
     n_micro: int
     layers: tuple[int, ...]
     prof: _Profile
-    params: tuple[float, ...]
-    max_params: float
+    params: tuple[float, ...]  # per pp rank, every parameter on one GPU
+    experts: tuple[float, ...]  # per pp rank, of those the routed experts' (split over ep)
+    max_params: float  # the most non-expert parameters of a pp rank (the DP traffic)
+    max_experts: float  # the most expert parameters of a pp rank (the expert-DP traffic)
     load: _Load
     vp: int
     acts: tuple[float, ...]  # activation bytes per pipeline rank
@@ -233,13 +250,15 @@ class _Base:
     tp_bytes: float
     pp_bytes: float
     emb_bytes: float
+    ep_bytes: float
     tp_exposed: float
     p2p: float
+    ep_mb_time: float  # the MoE all-to-all per micro-batch on the slot (not overlapped)
     bubble_slots: float
     slot: float | None
     compute_mb: float | None
     emb_time: float
-    layer_params_gpu: float  # one layer's parameters on one TP rank (ZeRO-3 gathers two at a time)
+    layer_params_gpu: float  # one layer's parameters on one GPU, the largest kind (ZeRO-3 gathers two at a time)
 
 
 class Evaluator:
@@ -261,7 +280,14 @@ class Evaluator:
         self._units = lru_cache(maxsize=None)(self._make_units)
         self._load = lru_cache(maxsize=None)(self._make_load)
         self._base_cache: dict[tuple, _Base] = {}
-        self._layer_flops = {r: model.layer_flops_per_token(m, r) for r in ("none", "selective", "full")}
+        cf = m.moe.capacity_factor if m.moe is not None else None
+        # what the GPUs compute (capacity-padded buffers with a capacity factor), and what paces the slot
+        self.expert_factor = cf or 1.0
+        self.expert_pace = cf or MOE_IMBALANCE
+        self._layer_flops = {r: model.layer_flops_per_token(m, r, self.expert_factor)
+                             for r in ("none", "selective", "full")}
+        self._layer_flops_paced = {r: model.layer_flops_per_token(m, r, self.expert_pace)
+                                   for r in ("none", "selective", "full")}
         self.rates: AssumedRates | MeasuredRates = ctx.rates or assumed_rates(ctx.hw, ctx.assume)
 
     # --- shared pieces ------------------------------------------------------------------------------
@@ -288,18 +314,27 @@ class Evaluator:
         return _Profile(tuple(per_rank), tuple(sum(x) for x in per_rank), tuple(has_first), tuple(has_last),
                         tuple(sends))
 
-    def _make_rank_params(self, tp: int, pp: int, v: int, layers: tuple[int, ...]) -> tuple[float, ...]:
+    def _make_rank_params(self, tp: int, pp: int, v: int, layers: tuple[int, ...], ep: int
+                          ) -> tuple[tuple[float, ...], tuple[float, ...], tuple[int, ...]]:
+        """Per pipeline rank: (every parameter on one GPU, the routed experts' of them, MoE layers)."""
         prof = self._profile(pp, v, layers)
         m = self.ctx.shape
         n_stages = pp * v
-        out = []
+        starts = [sum(layers[:g]) for g in range(n_stages)]
+        totals, experts, moe_layers = [], [], []
         for r in range(pp):
-            total = 0.0
+            total = expert = 0.0
+            n_moe = 0
             for c, n in enumerate(prof.layers[r]):
                 g = c * pp + r
-                total += model.stage_params_per_gpu(m, tp, n, g == 0, g == n_stages - 1)
-            out.append(total)
-        return tuple(out)
+                k = m.moe_layers_in(starts[g], starts[g] + n)
+                total += model.stage_params_per_gpu(m, tp, n, g == 0, g == n_stages - 1, k, ep)
+                expert += model.layers_params_per_gpu(m, tp, n, k, ep)[1]
+                n_moe += k
+            totals.append(total)
+            experts.append(expert)
+            moe_layers.append(n_moe)
+        return tuple(totals), tuple(experts), tuple(moe_layers)
 
     def _make_units(self, schedule_: str, pp: int, v: int, n_micro: int,
                     layers: tuple[int, ...]) -> tuple[tuple[int, ...], int, int]:
@@ -318,7 +353,7 @@ class Evaluator:
     def _make_load(self, tp: int, pp: int, v: int, layers: tuple[int, ...], recompute: str) -> _Load:
         prof = self._profile(pp, v, layers)
         m, hw, a = self.ctx.shape, self.ctx.hw, self.ctx.assume
-        layer_flops = self._layer_flops[recompute]
+        layer_flops = self._layer_flops_paced[recompute]  # routed experts at the busiest EP rank's pace
         head_flops = model.head_flops_per_token(m, self.padded_vocab(tp))
         flops = tuple((prof.rank_layers[r] * layer_flops + (head_flops if prof.has_last[r] else 0.0)) / tp
                       for r in range(pp))
@@ -344,7 +379,7 @@ class Evaluator:
 
     def _base(self, c: Candidate) -> _Base:
         key = (c.tp, c.pp, c.dp, c.virtual_stages, c.micro_batch, c.recompute, c.sequence_parallel and c.tp > 1,
-               c.schedule, c.stage_layers)
+               c.schedule, c.stage_layers, c.ep)
         hit = self._base_cache.get(key)
         if hit is None:
             if len(self._base_cache) > 4096:
@@ -359,18 +394,24 @@ class Evaluator:
         n_micro = ctx.global_batch // (mb * dp)
         layers = self.stage_layers(c)
         prof = self._profile(pp, v, layers)
-        params = self._rank_params(tp, pp, v, layers)
+        params, experts, moe_layers = self._rank_params(tp, pp, v, layers, c.ep)
         load = self._load(tp, pp, v, layers, c.recompute)
         vp = self.padded_vocab(tp)
         world = ctx.world
         tokens_mb = mb * m.seq_len
 
         # memory that does not depend on ZeRO: activations in flight + the recompute working set
-        per_layer = memory.trainer_layer_activation_bytes(m, mb, tp, sp, c.recompute, ctx.precision)
+        # an MoE layer keeps more than a dense one; charged on average over the model's layers
+        moe_share = m.moe_layers / m.layers
+
+        def layer_act(recompute: str) -> float:
+            return (memory.trainer_layer_activation_bytes(m, mb, tp, sp, recompute, ctx.precision) + moe_share
+                    * memory.moe_layer_activation_delta(m, mb, tp, sp, recompute, ctx.precision, self.expert_pace))
+
+        per_layer = layer_act(c.recompute)
         emb_act = memory.embedding_activation_bytes(m, mb, tp, sp)
         head_act = memory.trainer_head_activation_bytes(m, mb, tp, sp, vp, ctx.precision)
-        working = (memory.trainer_layer_activation_bytes(m, mb, tp, sp, "none", ctx.precision)
-                   if c.recompute == "full" else 0.0)  # the layer being recomputed, all its tensors
+        working = layer_act("none") if c.recompute == "full" else 0.0  # the layer being recomputed, all its tensors
         units, first_flight, last_flight = self._units(c.schedule, pp, v, n_micro, layers)
         acts = [u * per_layer for u in units]
         acts[prof.has_first.index(True)] += first_flight * emb_act
@@ -381,77 +422,99 @@ class Evaluator:
         domain = hw.nvlink_domain
         pp_link = comm.pp_link(pp, world, domain)
         links = {"tp": comm.tp_link(tp, world, domain), "pp": pp_link,
-                 "dp": comm.dp_link(tp, dp, world, domain), "embedding": pp_link}
+                 "dp": comm.dp_link(tp, dp, world, domain), "embedding": pp_link,
+                 "ep": comm.ep_link(tp, c.ep, world, domain),
+                 "expert_dp": comm.expert_dp_link(tp, dp, c.ep, world, domain)}
         tp_msg = tokens_mb * m.hidden * self.act_bytes
         tp_ar = comm.all_reduce_bytes(tp_msg, tp)
         pp_msg = tp_msg / (tp if sp else 1)  # with SP each TP rank sends its sequence shard
         p2p_mb_bytes = max(prof.sends) * pp_msg if pp > 1 else 0.0
         emb_bytes = vp * m.hidden / tp * self.w_bytes if (m.tied_embeddings and pp > 1) else 0.0
+        # MoE token exchange: each TP rank dispatches its sequence shard under SP (Megatron-Core needs SP
+        # with TP for MoE); on the rank with the most MoE layers
+        ep_layer = (comm.all_to_all_bytes(tokens_mb / (tp if sp else 1), m.moe.top_k, m.hidden, self.act_bytes,
+                                          c.ep, 6 if c.recompute == "full" else 4) if m.moe is not None else 0.0)
+        ep_mb_bytes = max(moe_layers) * ep_layer
+        ep_calls_mb = max(moe_layers) * (6 if c.recompute == "full" else 4) if ep_mb_bytes else 0
 
         # times of the roofline (module docstring) that do not depend on ZeRO
         rates, tp_calls, sends = self.rates, load.collectives[load.slow], max(prof.sends) if pp > 1 else 0
         tp_mb_slow = tp_calls * tp_ar
         tp_mb_time = rates.comm(links["tp"], TP_OPS[sp], tp_mb_slow, tp_calls) * (1 - a.tp_overlap)
         p2p = rates.comm(pp_link, PP_OPS, p2p_mb_bytes, sends)
+        ep_mb_time = rates.comm(links["ep"], EP_OPS, ep_mb_bytes, ep_calls_mb)
         bubble_slots = (pp - 1) / v if pp > 1 else 0.0
         slot = compute_mb = None
         rate = rates.compute(tp)
         if rate:
             compute_mb = load.flops[load.slow] * tokens_mb / rate
-            slot = compute_mb + tp_mb_time + p2p
+            slot = compute_mb + tp_mb_time + ep_mb_time + p2p
         return _Base(
-            n_micro=n_micro, layers=layers, prof=prof, params=params, max_params=max(params), load=load, vp=vp,
-            acts=tuple(acts), transient=transient, links=links,
-            ops={"tp": TP_OPS[sp], "pp": PP_OPS, "embedding": EMBEDDING_OPS},
-            calls={"tp": n_micro * max(load.collectives), "pp": n_micro * sends, "embedding": float(emb_bytes > 0)},
+            n_micro=n_micro, layers=layers, prof=prof, params=params, experts=experts,
+            max_params=max(p - e for p, e in zip(params, experts, strict=True)), max_experts=max(experts),
+            load=load, vp=vp, acts=tuple(acts), transient=transient, links=links,
+            ops={"tp": TP_OPS[sp], "pp": PP_OPS, "embedding": EMBEDDING_OPS, "ep": EP_OPS},
+            calls={"tp": n_micro * max(load.collectives), "pp": n_micro * sends, "embedding": float(emb_bytes > 0),
+                   "ep": float(n_micro * ep_calls_mb)},
             units=max(prof.rank_layers) + 1,
             tp_bytes=n_micro * max(load.collectives) * tp_ar, pp_bytes=n_micro * p2p_mb_bytes, emb_bytes=emb_bytes,
-            tp_exposed=n_micro * tp_mb_time, p2p=p2p, bubble_slots=bubble_slots, slot=slot,
+            ep_bytes=n_micro * ep_mb_bytes,
+            tp_exposed=n_micro * tp_mb_time, p2p=p2p, ep_mb_time=ep_mb_time, bubble_slots=bubble_slots, slot=slot,
             compute_mb=compute_mb, emb_time=rates.comm(pp_link, EMBEDDING_OPS, emb_bytes, float(emb_bytes > 0)),
-            layer_params_gpu=model.layer_params_per_gpu(m, tp),
+            layer_params_gpu=max(model.layer_params_per_gpu(m, tp),
+                                 sum(model.layers_params_per_gpu(m, tp, 1, 1, c.ep)) if m.moe is not None else 0.0),
         )
 
-    def _with_zero(self, b: _Base, zero: int, dp: int) -> tuple[float, float, float, float, int, float, float | None,
-                                                                 float | None]:
-        """(weights, grads, optimizer bytes per parameter, ZeRO-3 gather buffer, worst pp rank, DP bytes,
-        exposed DP seconds, step seconds)."""
+    def _with_zero(self, b: _Base, zero: int, dp: int, ep: int = 1) -> _Zero:
+        """The ZeRO-dependent part: bytes per parameter, the worst pipeline rank, DP traffic and the step."""
         ctx, a = self.ctx, self.ctx.assume
-        w_b, g_b, o_b = memory.trainer_state_bytes(zero, dp, ctx.grad_reduce_bf16)
-        per_param = w_b + g_b + o_b
+        dense = memory.trainer_state_bytes(zero, dp, ctx.grad_reduce_bf16)
+        # expert weights replicate over the expert-data-parallel group only: ZeRO shards their state over dp/ep
+        expert = memory.trainer_state_bytes(zero, dp // ep, ctx.grad_reduce_bf16)
+        per_dense, per_expert = sum(dense), sum(expert)
+        edp = dp // ep
         gather = 2 * b.layer_params_gpu * self.w_bytes if zero >= 3 else 0.0  # ZeRO-3 prefetch buffers
-        totals = [p * per_param + x + t for p, x, t in zip(b.params, b.acts, b.transient, strict=True)]
+        totals = [(p - e) * per_dense + e * per_expert + x + t
+                  for p, e, x, t in zip(b.params, b.experts, b.acts, b.transient, strict=True)]
         worst = max(range(len(totals)), key=totals.__getitem__)
         dp_bytes = comm.dp_step_bytes(b.max_params, zero, dp, b.n_micro, ctx.grad_reduce_bf16)
+        edp_bytes = comm.dp_step_bytes(b.max_experts, zero, edp, b.n_micro, ctx.grad_reduce_bf16)
         t_dp = self.rates.comm(b.links["dp"], DP_OPS[zero], dp_bytes, dp_calls(zero, b.n_micro, dp_bytes, b.units))
+        t_dp += self.rates.comm(b.links["expert_dp"], DP_OPS[zero], edp_bytes,
+                                dp_calls(zero, b.n_micro, edp_bytes, b.units))
+        out = _Zero(dense, expert, gather, worst, totals[worst] + gather, dp_bytes, edp_bytes, None, None)
         if b.slot is None:
-            return w_b, g_b, o_b, gather, worst, dp_bytes, None, None
+            return out
         window = b.slot if zero <= 1 else b.n_micro * b.slot
         dp_exposed = t_dp - min(a.dp_overlap * t_dp, window)
         step = b.slot * (b.n_micro + b.bubble_slots) + dp_exposed + b.emb_time
-        return w_b, g_b, o_b, gather, worst, dp_bytes, dp_exposed, step
+        return replace(out, dp_exposed=dp_exposed, step=step)
 
     def score(self, c: Candidate) -> tuple[float | None, float]:
         """(predicted step seconds, worst pipeline rank's bytes per GPU): what `--auto` ranks by; the same
         numbers as evaluate(c).step_time and evaluate(c).memory_total."""
-        b = self._base(c)
-        w_b, g_b, o_b, gather, worst, _, _, step = self._with_zero(b, c.zero, c.dp)
-        total = b.params[worst] * (w_b + g_b + o_b) + b.acts[worst] + b.transient[worst] + gather
-        return step, total
+        z = self._with_zero(self._base(c), c.zero, c.dp, c.ep)
+        return z.step, z.total
 
     def evaluate(self, c: Candidate, detail: bool = True) -> Estimate:
         """All figures of one layout. detail=False skips the per-rank memory table."""
         ctx, m = self.ctx, self.ctx.shape
         b = self._base(c)
-        w_b, g_b, o_b, gather, worst_r, dp_bytes, dp_exposed, step = self._with_zero(b, c.zero, c.dp)
+        z = self._with_zero(b, c.zero, c.dp, c.ep)
 
         def rank_memory(r: int) -> RankMemory:
-            p = b.params[r]
-            return RankMemory(r, p, p * w_b, p * g_b, p * o_b, b.acts[r], b.transient[r] + gather)
+            p, e = b.params[r], b.experts[r]
+            (wd, gd, od), (we, ge, oe) = z.dense, z.expert
+            return RankMemory(r, p, (p - e) * wd + e * we, (p - e) * gd + e * ge, (p - e) * od + e * oe, b.acts[r],
+                              b.transient[r] + z.gather, e)
 
         ranks = tuple(rank_memory(r) for r in range(c.pp)) if detail else ()
-        comm_bytes = {"tp": b.tp_bytes, "pp": b.pp_bytes, "dp": dp_bytes, "embedding": b.emb_bytes}
-        ops = {**b.ops, "dp": DP_OPS[c.zero]}
-        calls = {**b.calls, "dp": dp_calls(c.zero, b.n_micro, dp_bytes, b.units)}
+        comm_bytes = {"tp": b.tp_bytes, "pp": b.pp_bytes, "dp": z.dp_bytes, "embedding": b.emb_bytes}
+        ops = {**b.ops, "dp": DP_OPS[c.zero], "expert_dp": DP_OPS[c.zero]}
+        calls = {**b.calls, "dp": dp_calls(c.zero, b.n_micro, z.dp_bytes, b.units),
+                 "expert_dp": dp_calls(c.zero, b.n_micro, z.edp_bytes, b.units)}
+        if m.moe is not None:
+            comm_bytes.update(ep=b.ep_bytes, expert_dp=z.edp_bytes)
         comm_time = {k: self.rates.comm(b.links[k], ops[k], comm_bytes[k], calls[k]) for k in comm_bytes}
         return Estimate(
             cand=c, micro_batches=b.n_micro, stage_layers=b.layers,
@@ -460,13 +523,30 @@ class Evaluator:
                             + model.head_flops_per_token(m, b.vp)) * self.tokens_per_step,
             hardware_flops_per_gpu_max=max(b.load.flops) * self.tokens_per_step / c.dp,
             stage_imbalance=b.load.imbalance, rank_flops_per_token=b.load.flops,
-            ranks=ranks, worst=ranks[worst_r] if detail else rank_memory(worst_r), capacity=ctx.hw.usable_bytes,
-            comm_bytes=comm_bytes, comm_link=b.links, comm_time=comm_time,
+            ranks=ranks, worst=ranks[z.worst] if detail else rank_memory(z.worst), capacity=ctx.hw.usable_bytes,
+            comm_bytes=comm_bytes, comm_link={k: b.links[k] for k in comm_bytes}, comm_time=comm_time,
             bubble_fraction=schedule.bubble_fraction(c.pp, b.n_micro, c.virtual_stages, c.schedule),
             bubble_over_ideal=schedule.bubble_over_ideal(c.pp, b.n_micro, c.virtual_stages, c.schedule),
             compute_time=None if b.compute_mb is None else b.n_micro * b.compute_mb,
             tp_exposed_time=b.tp_exposed, p2p_time=b.n_micro * b.p2p,
             bubble_time=None if b.slot is None else b.slot * b.bubble_slots,
-            dp_time=comm_time["dp"], dp_exposed_time=dp_exposed, embedding_sync_time=b.emb_time, step_time=step,
-            extra={"tokens_per_step": float(self.tokens_per_step)},
+            dp_time=comm_time["dp"] + comm_time.get("expert_dp", 0.0), dp_exposed_time=z.dp_exposed,
+            embedding_sync_time=b.emb_time, step_time=z.step,
+            extra={"tokens_per_step": float(self.tokens_per_step), "ep_time": b.n_micro * b.ep_mb_time,
+                   "expert_pace": self.expert_pace},
         )
+
+
+@dataclass(frozen=True)
+class _Zero:
+    """What `_with_zero` works out for one ZeRO stage."""
+
+    dense: tuple[float, float, float]  # (weights, gradients, optimizer) bytes per non-expert parameter
+    expert: tuple[float, float, float]  # the same per routed-expert parameter (sharded over dp/ep)
+    gather: float  # ZeRO-3 gather buffers
+    worst: int  # the pipeline rank with the most bytes
+    total: float  # its bytes per GPU
+    dp_bytes: float
+    edp_bytes: float
+    dp_exposed: float | None
+    step: float | None

@@ -107,6 +107,29 @@ def trainer_layer_activation_bytes(m: ModelShape, micro_batch: int, tp: int, sp:
     return gathered + replicated + split / tp
 
 
+def moe_layer_activation_delta(m: ModelShape, micro_batch: int, tp: int, sp: bool, recompute: str, precision: str,
+                               expert_factor: float = 1.0) -> float:
+    """Bytes an MoE layer keeps beyond a dense layer of the same shape, per micro-batch (0 for a dense model
+    or full recompute, where a block keeps only its input). An estimate from the Megatron-Core MoE layer
+    (alltoall dispatcher, expert TP = tp), until the bundled trainer's MoE block is measured:
+    the router's fp32 logits and probabilities (2 x 4 bytes x tokens x E, tokens per TP rank: s*b/tp under
+    SP), the permuted expert inputs and the expert outputs the combine keeps (2 x top_k x s*b x h, gathered
+    over TP), the experts' inner tensors (top_k x s*b x (GELU 2, SwiGLU 4) x f_e / tp) times the load
+    allowance `expert_factor` (the busiest EP rank receives more than its share), the shared experts' inner
+    tensors, less the dense MLP's inner tensors this layer does not have."""
+    e = m.moe
+    if e is None or recompute == "full":
+        return 0.0
+    act = activation_bytes(precision)
+    sb = m.seq_len * micro_batch
+    inner = 4 if m.swiglu else 2
+    router = 8 * sb * e.num_experts / (tp if sp else 1)
+    routed = expert_factor * e.top_k * sb * (2 * m.hidden + inner * e.expert_ffn_hidden / tp) * act
+    shared = e.shared_experts * sb * inner * (e.shared_ffn_hidden or 0) / tp * act
+    dense = sb * inner * m.ffn_hidden / tp * act
+    return router + routed + shared - dense
+
+
 def _norm_saved_bytes(m: ModelShape, tokens: int) -> float:
     """One norm's saved tensors in fp32: its input and per-token statistics (LayerNorm: mean and rstd;
     RMSNorm: rstd and the normalised input its weight gradient needs)."""

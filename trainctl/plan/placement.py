@@ -1,5 +1,11 @@
 """Rank placement and process groups, Megatron order: TP varies fastest, then DP, then PP.
 
+Expert parallelism follows Megatron-Core's `tp-cp-ep-dp-pp` (no CP here): EP is carved from the DP group
+and varies fastest inside it, dp_rank = ep_rank + ep * edp_rank, so the global rank is
+`tp_rank + tp * (ep_rank + ep * (edp_rank + dp/ep * pp_rank))` — the same rank as `tp-dp-pp` gives. An EP
+group (same tp, edp, pp) is ep ranks at stride tp inside an aligned block of tp*ep ranks; an expert-data-
+parallel group (same tp, ep, pp) is dp/ep ranks at stride tp*ep. Expert TP = tp.
+
 This is the single source of truth for the layout: `trainctl plan` prints it and the bundled trainer
 builds its process groups from it, so what the plan shows is what the job does. Pure Python.
 """
@@ -20,11 +26,17 @@ class Layout:
     dp: int
     gpus_per_node: int
     nvlink_domain: int  # GPUs per NVLink domain (may span several nodes, e.g. GB200 NVL72)
+    ep: int = 1  # expert-parallel size, carved from dp (divides it)
 
     @classmethod
     def from_spec(cls, spec: RunSpec) -> Layout:
         return cls(spec.parallel.tp, spec.parallel.pp, spec.dp, spec.cluster.gpus_per_node,
-                   nvlink_domain_size(spec.cluster))
+                   nvlink_domain_size(spec.cluster), spec.parallel.ep)
+
+    @property
+    def edp(self) -> int:
+        """Expert-data-parallel size: the replicas of each expert shard (dp / ep)."""
+        return self.dp // self.ep
 
     @property
     def world_size(self) -> int:
@@ -44,6 +56,13 @@ class RankInfo:
     dp: int
     pp: int
     nvlink_domain: int  # index of the NVLink domain this GPU belongs to
+    ep: int = 0  # expert-parallel rank (dp % ep)
+    edp: int = 0  # expert-data-parallel rank (dp // ep)
+
+
+def expert_coords(dp_rank: int, layout: Layout) -> tuple[int, int]:
+    """(ep, edp) coordinates of a data-parallel rank: EP varies fastest inside DP (Megatron-Core)."""
+    return dp_rank % layout.ep, dp_rank // layout.ep
 
 
 def coords(rank: int, layout: Layout) -> tuple[int, int, int]:
@@ -60,8 +79,9 @@ def placement(layout: Layout) -> list[RankInfo]:
     out = []
     for rank in range(layout.world_size):
         t, d, p = coords(rank, layout)
+        e, ed = expert_coords(d, layout)
         out.append(RankInfo(rank, rank // layout.gpus_per_node, rank % layout.gpus_per_node, t, d, p,
-                            rank // layout.nvlink_domain))
+                            rank // layout.nvlink_domain, e, ed))
     return out
 
 
@@ -87,6 +107,20 @@ class Groups:
         return [[rank_of(t, d, p, L) for p in range(L.pp)] for d in range(L.dp) for t in range(L.tp)]
 
     @cached_property
+    def ep(self) -> list[list[int]]:
+        """Expert-parallel groups: the ranks that exchange tokens (all-to-all) and split the experts."""
+        L = self.layout
+        return [[rank_of(t, e + L.ep * ed, p, L) for e in range(L.ep)]
+                for p in range(L.pp) for ed in range(L.edp) for t in range(L.tp)]
+
+    @cached_property
+    def expert_dp(self) -> list[list[int]]:
+        """Expert-data-parallel groups: the replicas of one expert shard (expert gradients reduce here)."""
+        L = self.layout
+        return [[rank_of(t, e + L.ep * ed, p, L) for ed in range(L.edp)]
+                for p in range(L.pp) for e in range(L.ep) for t in range(L.tp)]
+
+    @cached_property
     def model_parallel(self) -> list[list[int]]:
         """TP x PP: the ranks holding one full model replica (grad-norm reduction spans these)."""
         L = self.layout
@@ -105,7 +139,8 @@ class Groups:
         return {kind: next((g for g in groups if rank in g), [rank]) for kind, groups in self.as_dict().items()}
 
     def as_dict(self) -> dict[str, list[list[int]]]:
-        return {k: getattr(self, k) for k in ("tp", "dp", "pp", "model_parallel", "embedding")}
+        kinds = ("tp", "dp", "pp", "model_parallel", "embedding") + (("ep", "expert_dp") if self.layout.ep > 1 else ())
+        return {k: getattr(self, k) for k in kinds}
 
 
 def tp_fits_nvlink(layout: Layout) -> bool:
@@ -117,6 +152,17 @@ def tp_groups_outside_nvlink(layout: Layout) -> list[list[int]]:
     """TP groups whose GPUs do not all lie inside one NVLink domain (these cross a slow link)."""
     ranks = placement(layout)
     return [g for g in Groups(layout).tp if len({ranks[r].nvlink_domain for r in g}) > 1]
+
+
+def ep_fits_nvlink(layout: Layout) -> bool:
+    """Closed form: every EP group lies inside one NVLink domain (EP groups sit in aligned blocks of tp*ep)."""
+    return layout.ep == 1 or aligned_groups_fit(layout.tp * layout.ep, layout.world_size, layout.nvlink_domain)
+
+
+def ep_groups_outside_nvlink(layout: Layout) -> list[list[int]]:
+    """EP groups whose GPUs do not all lie inside one NVLink domain (their all-to-all crosses the fabric)."""
+    ranks = placement(layout)
+    return [g for g in Groups(layout).ep if len({ranks[r].nvlink_domain for r in g}) > 1]
 
 
 def tp_groups_across_nodes(layout: Layout) -> list[list[int]]:

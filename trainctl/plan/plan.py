@@ -21,9 +21,9 @@ from trainctl.spec.models import RunSpec
 
 ROOFLINE = (
     "step = slot*(m + (p-1)/v) + exposed DP + tied-embedding sync; slot = max over pipeline ranks of "
-    "(hardware FLOPs per micro-batch / FLOP/s + TP time * (1-tp_overlap)) + pipeline p2p per micro-batch "
-    "(not overlapped); exposed DP = DP time - min(dp_overlap*DP time, one slot for ZeRO 0/1 or all m slots "
-    "for ZeRO 2/3); FLOP/s = peak*compute_efficiency and link time = bytes / (link*comm_efficiency), or "
+    "(hardware FLOPs per micro-batch / FLOP/s + TP time * (1-tp_overlap)) + pipeline p2p and MoE all-to-all "
+    "per micro-batch (not overlapped); exposed DP = DP time - min(dp_overlap*DP time, one slot for ZeRO 0/1 "
+    "or all m slots for ZeRO 2/3); FLOP/s = peak*compute_efficiency and link time = bytes / (link*comm_efficiency), or "
     "with a calibration profile the measured FLOP/s and latency*calls + bytes / measured bandwidth"
 )
 NOTES = (
@@ -35,6 +35,10 @@ NOTES = (
     "activations as its autograd saves them (scaled_dot_product_attention: no s x s scores) times the "
     "micro-batches in flight on each pipeline rank; capacity is the catalog's GB (10^9 bytes) less a "
     "3 GiB reserve on GPUs (CUDA context, NCCL buffers, fragmentation)",
+    "mixture of experts: N counts the active matmul weights (router, top_k experts, shared experts); expert "
+    "weights split over ep (x tp), their gradients and optimizer state over the expert-data-parallel group "
+    "(dp/ep); the all-to-all (dispatch + combine, forward + backward) sits on the slot unoverlapped; the routed "
+    "experts' compute and activations are charged x the load-imbalance allowance (or the capacity factor)",
     "not modelled: optimizer step time, kernel launch overheads, data loading, hierarchical collectives, "
     "network congestion",
 )
@@ -73,7 +77,7 @@ def candidate_from_spec(spec: RunSpec) -> Candidate:
     return Candidate(
         tp=p.tp, pp=p.pp, dp=spec.dp, zero=p.zero, micro_batch=p.micro_batch, recompute=spec.train.recompute,
         sequence_parallel=p.sequence_parallel, schedule=p.schedule, virtual_stages=p.virtual_stages,
-        stage_layers=tuple(p.stage_layers) if p.stage_layers is not None else None,
+        stage_layers=tuple(p.stage_layers) if p.stage_layers is not None else None, ep=p.ep,
     )
 
 
@@ -126,6 +130,23 @@ class Plan:
     def fits(self) -> bool:
         return self.est.fits
 
+    def _moe_json(self) -> dict[str, Any]:
+        e, m, c = self.est, self.ctx.shape, self.cand
+        moe = m.moe
+        assert moe is not None
+        return {
+            "num_experts": moe.num_experts, "top_k": moe.top_k, "expert_ffn_hidden": moe.expert_ffn_hidden,
+            "shared_experts": moe.shared_experts, "shared_ffn_hidden": moe.shared_ffn_hidden,
+            "moe_layers": m.moe_layers, "router": moe.router, "capacity_factor": moe.capacity_factor,
+            "ep": c.ep, "expert_dp": c.dp // c.ep, "experts_per_rank": moe.num_experts // c.ep,
+            "ep_fits_nvlink": e.comm_link["ep"] == "nvlink",
+            "load_imbalance_allowance": e.extra["expert_pace"],
+            "params_total": self.params.total, "params_active": self.params.active,
+            "expert_params_per_gpu": e.worst.expert_params,
+            "all_to_all_bytes_per_step": e.comm_bytes["ep"], "all_to_all_s": e.extra["ep_time"],
+            "all_to_all_link": e.comm_link["ep"],
+        }
+
     # --- JSON -------------------------------------------------------------------------------------------
     def to_json(self, ranks: bool = False) -> dict[str, Any]:
         e, c, hw, m = self.est, self.cand, self.ctx.hw, self.ctx.shape
@@ -142,6 +163,7 @@ class Plan:
                 "gpus_per_node": hw.gpus_per_node, "nvlink_domain": hw.nvlink_domain,
                 "padded_vocab": m.padded_vocab(c.tp),
                 "tp_fits_nvlink": e.comm_link["tp"] == "nvlink",
+                "ep": c.ep, "expert_dp": c.dp // c.ep,
             },
             "hardware": {
                 "gpu": hw.gpu, "peak_flops": hw.peak_flops, "memory_bytes": hw.memory_bytes,
@@ -194,6 +216,8 @@ class Plan:
             "calibration": describe(self.ctx.rates),
             "warnings": [x.as_dict() for x in self.warnings],
         }
+        if m.moe is not None:
+            out["moe"] = self._moe_json()
         if ranks:
             out["placement"] = placement_table(self.layout)
             out["groups"] = Groups(self.layout).as_dict()

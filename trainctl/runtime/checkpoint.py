@@ -14,6 +14,7 @@ its error, on every rank.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -63,6 +64,7 @@ from trainctl.checkpoint import (
     trash_dirname,
     write_durable,
 )
+from trainctl.checkpoint.space import DISK_FULL_EVENT, dir_bytes, disk_full_message, free_bytes, is_disk_full
 from trainctl.rundir import RunPaths, record_event
 from trainctl.runtime import faults
 
@@ -88,17 +90,20 @@ class CheckpointManager:
         async_save: bool = True,
         events: RunPaths | None = None,
         timeout_s: float = 600.0,
+        expected_bytes: int | None = None,
     ) -> None:
         """Collective when distributed: creates the gloo group (unless given) and checks the directory.
 
-        keep_last=None keeps everything. Raises CheckpointError on every rank when any rank cannot
-        create and write files in `directory`, and removes leftovers of an earlier writer that died.
+        keep_last=None keeps everything. Raises CheckpointError on every rank when any rank cannot create and
+        write files in `directory`, and removes leftovers of an earlier writer that died. expected_bytes: the
+        planner's size of one checkpoint, named when a save fails for lack of space (plan/checkpoint_size.py).
         """
         self.dir = Path(directory)
         self.rank, self.world_size = rank, world_size
         self.keep_last, self.milestone_every = keep_last, milestone_every
         self.async_save = async_save
         self.events = events
+        self.expected_bytes = expected_bytes
         self.distributed = dist.is_available() and dist.is_initialized() and world_size > 1
         if self.distributed and process_group is None:
             process_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
@@ -259,8 +264,11 @@ class CheckpointManager:
         errors = list(dict.fromkeys(r["error"] for r in reports if r["error"]))  # DCP reports on every rank
         if errors:
             self._event("checkpoint_failed", step=step, path=str(tmp), errors=errors)
+            full = self._out_of_space(tmp, errors)
             if self.rank == 0:  # free the space (a full disk is a likely cause); it was never valid
                 shutil.rmtree(tmp, ignore_errors=True)
+            if full:
+                raise self._disk_full(step) from cause
             raise CheckpointError(f"{tmp}: saving step {step} failed: " + "; ".join(errors),
                                   hint="nothing was committed; the previous checkpoint is still the latest") from cause
         write_s = time.perf_counter() - t0
@@ -274,11 +282,48 @@ class CheckpointManager:
         commit_error = self._broadcast(commit_error)
         if commit_error:
             self._event("checkpoint_failed", step=step, path=str(tmp), errors=[commit_error])
+            if self._out_of_space(tmp, [commit_error]):
+                if self.rank == 0:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                raise self._disk_full(step)
             raise CheckpointError(f"{tmp}: committing step {step} failed: {commit_error}")
         nbytes = sum(v["size"] for v in files.values())
         self.last_stats.update(write_s=write_s, commit_s=time.perf_counter() - t0 - write_s, rank_bytes=nbytes)
         if self.rank == 0:
             self._retain(step)
+
+    def _needed_bytes(self) -> int:
+        """Bytes one checkpoint takes: the planner's figure, else the newest committed checkpoint's size."""
+        if self.expected_bytes:
+            return self.expected_bytes
+        newest = latest_valid(self.dir)
+        return newest.size_bytes if newest else 0
+
+    def _out_of_space(self, tmp: Path, errors: list[str]) -> bool:
+        """Collective, before the failed staging dir is removed: whether the save failed for lack of space.
+        The error says so (ENOSPC, EDQUOT), or the checkpoint could not have fit: what was written plus what
+        is free is less than one checkpoint (torch's zip writer reports a short write without the errno)."""
+        full = None
+        if self.rank == 0:
+            full = any(is_disk_full(e) for e in errors)
+            if not full:
+                with contextlib.suppress(OSError):
+                    full = free_bytes(self.dir) + dir_bytes(tmp) < self._needed_bytes()
+        return bool(self._broadcast(full))
+
+    def _disk_full(self, step: int) -> CheckpointError:
+        """Collective, after a save failed for lack of space and its staging dir is gone: one line naming the
+        directory, the free and the needed space and the newest valid checkpoint (same on every rank), and
+        a `disk_full` event the launcher prints (docs/ARCHITECTURE.md, "Disk space")."""
+        message = None
+        if self.rank == 0:
+            newest = latest_valid(self.dir)
+            free = free_bytes(self.dir)
+            needed = self._needed_bytes()
+            message = disk_full_message(self.dir, step, free, needed, newest.step if newest else None)
+            self._event(DISK_FULL_EVENT, step=step, dir=str(self.dir), free_bytes=free, needed_bytes=needed,
+                        newest_valid_step=newest.step if newest else None, message=message)
+        return CheckpointError(self._broadcast(message))
 
     def _owns(self, name: str) -> bool:
         """The files this rank wrote: its DCP shards, its rank state, and DCP's index on rank 0."""

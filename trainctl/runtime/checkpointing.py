@@ -35,6 +35,7 @@ from trainctl.checkpoint import (
     resolve_checkpoint_dir,
 )
 from trainctl.errors import EXIT_OK, EXIT_REQUEUE
+from trainctl.plan.checkpoint_size import checkpoint_bytes
 from trainctl.rundir import RunPaths, read_jsonl, record_event
 from trainctl.runtime import faults, metrics, signals, state
 from trainctl.runtime.checkpoint import CheckpointManager, set_rng_state
@@ -133,7 +134,8 @@ class Checkpointing:
         # Raises CheckpointError on every rank when the directory is not writable (read-only, full, a file).
         self.mgr = CheckpointManager(self.dir, rank=parts.par.rank, world_size=parts.par.world_size,
                                      keep_last=ck.keep_last, milestone_every=ck.milestone_every,
-                                     async_save=ck.async_save, events=paths, timeout_s=timeout_s())
+                                     async_save=ck.async_save, events=paths, timeout_s=timeout_s(),
+                                     expected_bytes=checkpoint_bytes(spec))
         self.schedule = SaveSchedule(ck.every_steps, ck.every_minutes)
         self.blocked_s = 0.0  # the loop was blocked this long by saves since take_blocked_s()
         self.stop = signals.StopFlag().install()

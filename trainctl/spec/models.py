@@ -28,6 +28,36 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
 
+class MoESpec(Strict):
+    """Mixture-of-experts MLPs (absent: a dense model). The rules (spec/rules.py) relate it to the layout."""
+
+    num_experts: Annotated[int, Field(ge=0, le=1_000_000)] = Field(
+        0, description="Routed experts per MoE layer (Mixtral 8, OLMoE 64)")
+    top_k: Annotated[int, Field(ge=0, le=1_000_000)] = Field(
+        2, description="Experts each token is routed to (Mixtral 2, OLMoE 8)")
+    expert_ffn_hidden: Size | None = Field(None, description="Inner size of one expert's MLP; default model.ffn_hidden")
+    shared_experts: Annotated[int, Field(ge=0, le=1_000)] = Field(
+        0, description="Shared experts every token passes through (DeepSeek-MoE, Qwen-MoE); 0: none")
+    shared_ffn_hidden: Size | None = Field(None, description="Inner size of one shared expert; default "
+                                           "expert_ffn_hidden")
+    every: Count = Field(1, description="Every n-th layer is an MoE layer (layer i when i % every == 0); 1: all")
+    first_dense: Annotated[int, Field(ge=0, le=1_000_000)] = Field(
+        0, description="The first k layers stay dense (DeepSeek's first_k_dense_replace)")
+    router: Literal["topk_softmax", "softmax_topk"] = Field(
+        "topk_softmax", description="topk_softmax: softmax over the top-k logits, renormalised (Mixtral); "
+        "softmax_topk: softmax over all experts, then top-k, not renormalised (OLMoE, Qwen-MoE)")
+    aux_loss_coeff: Annotated[float, Field(ge=0.0, le=1e3, allow_inf_nan=False)] = Field(
+        0.01, description="Load-balancing loss coefficient, Switch/GShard form: E * sum_i f_i * P_i")
+    z_loss_coeff: Annotated[float, Field(ge=0.0, le=1e3, allow_inf_nan=False)] | None = Field(
+        None, description="Router z-loss coefficient (ST-MoE, Zoph et al. 2022); null: off")
+    capacity_factor: Annotated[float, Field(le=1e6, allow_inf_nan=False)] | None = Field(
+        None, description="Tokens an expert takes, as a multiple of the even share; null: dropless (default)")
+
+    def is_moe_layer(self, i: int) -> bool:
+        """Layer i (0-based) is an MoE layer (trainctl.model_shape.MoEShape owns the same rule)."""
+        return i >= self.first_dense and i % self.every == 0
+
+
 class ModelSpec(Strict):
     preset: str | None = None
     layers: Count
@@ -46,6 +76,7 @@ class ModelSpec(Strict):
     bias: bool = False
     dropout: Fraction = 0.0
     norm_eps: PositiveFloat = 1e-5
+    moe: MoESpec | None = Field(None, description="Mixture-of-experts MLPs; absent: dense")
 
     @model_validator(mode="before")
     @classmethod
@@ -57,7 +88,11 @@ class ModelSpec(Strict):
                     f"unknown preset {name!r}; choose one of {', '.join(sorted(MODEL_PRESETS))} "
                     "or give layers/hidden/heads/vocab/seq_len explicitly"
                 )
-            data = {**MODEL_PRESETS[name], **data}
+            preset = MODEL_PRESETS[name]
+            merged = {**preset, **data}
+            if isinstance(preset.get("moe"), dict) and isinstance(data.get("moe"), dict):
+                merged["moe"] = {**preset["moe"], **data["moe"]}  # model.moe.top_k=4 keeps the preset's experts
+            data = merged
         return data
 
     @model_validator(mode="after")
@@ -67,6 +102,11 @@ class ModelSpec(Strict):
             object.__setattr__(self, "kv_heads", self.heads)
         if self.ffn_hidden is None:
             object.__setattr__(self, "ffn_hidden", default_ffn_hidden(self.hidden, self.activation))
+        if self.moe is not None:
+            if self.moe.expert_ffn_hidden is None:
+                object.__setattr__(self.moe, "expert_ffn_hidden", self.ffn_hidden)
+            if self.moe.shared_ffn_hidden is None:
+                object.__setattr__(self.moe, "shared_ffn_hidden", self.moe.expert_ffn_hidden)
         return self
 
     @property
@@ -78,6 +118,9 @@ class ParallelSpec(Strict):
     tp: Count = 1
     pp: Count = 1
     dp: Count | Literal["auto"] = "auto"
+    ep: Count = Field(1, description="Expert-parallel size: the routed experts are split over ep ranks carved from "
+                      "the data-parallel group (Megatron-Core order tp-cp-ep-dp-pp); the expert weights' gradients "
+                      "and optimizer state are then reduced/sharded over the expert-data-parallel group of dp/ep")
     virtual_stages: Count = Field(1, description="Model chunks per pipeline rank (interleaved 1F1B)")
     zero: Literal[0, 1, 2, 3] = Field(0, description="0 plain DP, 1 optimizer, 2 +grads, 3 +weights (FSDP)")
     sequence_parallel: bool = False

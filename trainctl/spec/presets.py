@@ -46,4 +46,26 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
                    "ffn_hidden": 28672},
     "llama3-405b": {**_LLAMA3, "layers": 126, "hidden": 16384, "heads": 128, "kv_heads": 8,
                     "ffn_hidden": 53248},
+    # Mixtral 8x7B (Jiang et al. 2024, "Mixtral of Experts", Table 1; HF mistralai/Mixtral-8x7B-v0.1
+    # config.json): Mistral 7B's attention (32 layers, dim 4096, 32 heads, 8 KV heads), every layer's MLP
+    # 8 SwiGLU experts of 14336, top-2, softmax over the top-2 logits; vocab 32000, rope_theta 1e6,
+    # context 32768 (trained here at 4096). 46.7B parameters, 12.9B active.
+    "mixtral-8x7b": {**_LLAMA3, "layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 8, "ffn_hidden": 14336,
+                     "vocab": 32000, "seq_len": 4096, "rope_theta": 1000000.0,
+                     "moe": {"num_experts": 8, "top_k": 2, "expert_ffn_hidden": 14336, "router": "topk_softmax",
+                             "aux_loss_coeff": 0.02}},
+    # OLMoE-1B-7B (Muennighoff et al. 2024, "OLMoE: Open Mixture-of-Experts Language Models", Table 1/14;
+    # HF allenai/OLMoE-1B-7B-0924 config.json): 16 layers, dim 2048, 16 heads, 64 SwiGLU experts of 1024,
+    # top-8, softmax over all experts then top-8 without renormalisation (norm_topk_prob false), aux loss
+    # 0.01, router z-loss 0.001; vocab 50304, untied, sequence 4096. 6.9B parameters, 1.3B active. (Its
+    # QK-norm, 2 x 2048 weights per layer, is not in this model family: 65,536 parameters fewer.)
+    "olmoe-1b-7b": {**_LLAMA3, "layers": 16, "hidden": 2048, "heads": 16, "ffn_hidden": 1024, "vocab": 50304,
+                    "seq_len": 4096, "rope_theta": 10000.0,
+                    "moe": {"num_experts": 64, "top_k": 8, "expert_ffn_hidden": 1024, "router": "softmax_topk",
+                            "aux_loss_coeff": 0.01, "z_loss_coeff": 0.001}},
+    # A tiny mixture of experts for the CPU: tiny-llama with 4 SwiGLU experts of 96, top-2, one shared expert.
+    "tiny-moe": {**_LLAMA3, "layers": 4, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn_hidden": 176,
+                 "vocab": 256, "seq_len": 64, "rope_theta": 10000.0,
+                 "moe": {"num_experts": 4, "top_k": 2, "expert_ffn_hidden": 96, "shared_experts": 1,
+                         "router": "topk_softmax", "aux_loss_coeff": 0.01}},
 }

@@ -33,7 +33,7 @@ def _largest_divisor_at_most(n: int, limit: int) -> int:
 def check(spec: RunSpec) -> list[str]:
     """Every independent problem at once: a rule group stops early only where its later rules would just
     repeat its first mistake (no dp, no micro-batch count)."""
-    groups = (_hardware, _model_vs_tp, _layout, _training, _data_and_launcher)
+    groups = (_hardware, _model_vs_tp, _layout, _moe, _training, _data_and_launcher)
     return [line for group in groups for line in group(spec)]
 
 
@@ -157,6 +157,45 @@ def _layout(spec: RunSpec) -> Iterator[str]:  # noqa: C901 - world size, batch a
                       "lower parallel.pp or virtual_stages")
 
 
+def _moe(spec: RunSpec) -> Iterator[str]:  # noqa: C901 - a flat list of independent MoE rules
+    m, p = spec.model, spec.parallel
+    moe = m.moe
+    if moe is None:
+        if p.ep > 1:
+            yield problem("parallel.ep", p.ep, "expert parallelism needs a mixture-of-experts model (model.moe is "
+                          "absent: the model is dense)", "set parallel.ep: 1, or describe the experts in model.moe")
+        return
+    E = moe.num_experts
+    if E < 1:
+        yield problem("model.moe.num_experts", E, "an MoE block without experts",
+                      "set model.moe.num_experts >= 1 (Mixtral 8, OLMoE 64), or remove model.moe for a dense model")
+        return  # top_k and ep against 0 experts would only repeat this
+    if not 1 <= moe.top_k <= E:
+        yield problem("model.moe.top_k", moe.top_k, f"each token must go to between 1 and num_experts = {E} experts",
+                      f"use 1 <= top_k <= {E} (Mixtral 2 of 8, OLMoE 8 of 64)")
+    if moe.capacity_factor is not None and moe.capacity_factor <= 0:
+        yield problem("model.moe.capacity_factor", moe.capacity_factor, "an expert's capacity must be positive",
+                      "use a factor > 0 (1.0-1.25 is usual), or null for dropless routing")
+    if E % p.ep:
+        yield problem("parallel.ep", p.ep, f"does not divide model.moe.num_experts = {E}: each EP rank holds "
+                      "num_experts/ep whole experts", f"use an ep that divides {E}: {_divisors(E)}")
+    if not any(moe.is_moe_layer(i) for i in range(m.layers)):
+        yield problem("model.moe.first_dense", moe.first_dense, f"with every = {moe.every} no layer of the "
+                      f"{m.layers} is an MoE layer", f"use first_dense < {m.layers}, or remove model.moe")
+    for field, size in (("expert_ffn_hidden", moe.expert_ffn_hidden), ("shared_ffn_hidden", moe.shared_ffn_hidden)):
+        shared_own = moe.shared_experts and moe.shared_ffn_hidden != moe.expert_ffn_hidden  # else said once
+        if size and size % p.tp and (field == "expert_ffn_hidden" or shared_own):
+            yield problem(f"model.moe.{field}", size, f"experts are split over tp={p.tp} ranks (expert TP = tp) "
+                          "but it does not divide", f"use a size divisible by {p.tp}, e.g. {p.tp * -(-size // p.tp)}")
+    world = spec.cluster.world_size
+    if p.ep > 1 and (p.dp != "auto" or world % (p.tp * p.pp) == 0):  # else dp is undefined (_layout says so)
+        dp = spec.dp
+        if dp % p.ep:
+            yield problem("parallel.ep", p.ep, f"expert parallelism is carved from the data-parallel group, and "
+                          f"ep does not divide dp = {dp}", f"use an ep that divides both {dp} and {E}: "
+                          f"{', '.join(str(d) for d in range(1, dp + 1) if dp % d == 0 and E % d == 0)}")
+
+
 def _training(spec: RunSpec) -> Iterator[str]:
     t = spec.train
     if t.warmup > t.steps:
@@ -181,3 +220,16 @@ def _data_and_launcher(spec: RunSpec) -> Iterator[str]:
     if spec.launcher.backend == "local" and c.nodes > 1:
         yield problem("cluster.nodes", c.nodes, "the local backend runs on this one machine",
                       "set cluster.nodes: 1 or launcher.backend: slurm")
+
+
+def trainer_unsupported(spec: RunSpec) -> list[str]:
+    """What a valid spec asks of the bundled trainer that it cannot do yet: `validate` and `plan` accept
+    such a spec, `launch` and `calibrate` refuse it with these lines (exit 2)."""
+    out = []
+    moe = spec.model.moe
+    if moe is not None:
+        out.append(problem("model.moe", f"{moe.num_experts} experts, top-{moe.top_k}",
+                           "mixture-of-experts training is not yet in the bundled trainer (issue 11); "
+                           "`trainctl validate` and `trainctl plan` work for this spec",
+                           "plan it with `trainctl plan`; to train now, remove model.moe (a dense model)"))
+    return out
