@@ -5,6 +5,9 @@ from __future__ import annotations
 EXIT_OK = 0
 EXIT_RUN_FAILED = 1
 EXIT_USAGE = 2
+# The divergence guard stopped the run: the loss or gradient norm stayed NaN/inf for
+# train.divergence.max_consecutive_skips steps (trainctl.runtime.divergence); the last finite checkpoint is kept.
+EXIT_DIVERGED = 3
 
 
 class TrainctlError(Exception):

@@ -19,7 +19,7 @@ from types import FrameType
 from typing import Any, TextIO
 
 from trainctl.data_prep import check_data
-from trainctl.errors import EXIT_OK, EXIT_RUN_FAILED, RunError, UsageError
+from trainctl.errors import EXIT_DIVERGED, EXIT_OK, EXIT_RUN_FAILED, RunError, UsageError
 from trainctl.launch import runlock
 from trainctl.launch.backend import (
     DEFAULT_GRACE_S,
@@ -209,14 +209,38 @@ def run(launch: LocalLaunch, paths: RunPaths, out: TextIO | None = None, kind: s
     from trainctl.launch.resume import stopped_for_requeue
 
     stopped = stopped_for_requeue(paths, since=started)
-    finished = rc == 0 and not interrupted and not stopped
-    status = EXIT_OK if finished else EXIT_RUN_FAILED
-    record_attempt(paths, attempt=attempt, exit_code=rc, status="completed" if finished else
-                   "stopped_after_checkpoint" if stopped else ("interrupted" if interrupted else "failed"),
+    # A diverged run's ranks exit 0 under torchrun too (trainctl.runtime.divergence.exit_code): read the event.
+    diverged = next((e for e in read_jsonl(paths.events) if e.get("event") == "diverged"
+                     and e.get("time", 0) >= started), None)
+    finished = rc == 0 and not interrupted and not stopped and not diverged
+    status = EXIT_OK if finished else EXIT_DIVERGED if diverged else EXIT_RUN_FAILED
+    record_attempt(paths, attempt=attempt, exit_code=rc, status="completed" if finished else "diverged" if diverged
+                   else "stopped_after_checkpoint" if stopped else ("interrupted" if interrupted else "failed"),
                    seconds=round(time.time() - started, 3))
     record_event(paths, "launcher_exit", backend=NAME, exit_code=rc,
                  signal=signal.Signals(interrupted[0]).name if interrupted else None)
     return status
+
+
+def end_line(paths: RunPaths, status: int, *, since: float, trainer: bool = True) -> Line:
+    """The launcher's last line for one attempt: what happened and how to go on."""
+    from trainctl.launch.resume import stopped_for_requeue
+
+    if status == EXIT_OK:
+        return note(("done", "green"), f" metrics: {paths.metrics}" if trainer else "")
+    if status == EXIT_DIVERGED:
+        ev = next((e for e in reversed(read_jsonl(paths.events)) if e.get("event") == "diverged"), {})
+        kept = ev.get("last_finite_checkpoint")
+        go_on = (f"change what made it diverge (train.lr, train.grad_clip) and `trainctl resume {paths.root} "
+                 f"--set ...` continues from it" if kept else "no checkpoint to continue from")
+        return note(("diverged", "red"), f" at step {ev.get('step')}; last finite checkpoint "
+                    f"{f'step {kept}' if kept else 'none'}; {go_on}")
+    if stopped_for_requeue(paths, since=since):
+        return note(("stopped by a signal after a checkpoint", "yellow"), f"; `trainctl resume {paths.root}` "
+                    "continues")
+    if full := disk_full_line(paths):
+        return note(("run failed", "red"), f": {full}")
+    return note(("run failed", "red"), f"; rank logs under {paths.logs} (console copy in {paths.launcher_log})")
 
 
 def env_words(env: dict[str, str]) -> str:
@@ -260,6 +284,8 @@ def local_state(job: dict[str, Any], events: list[dict[str, Any]]) -> tuple[str,
         return words.CANCELLED, f"exit code {last.get('exit_code')}"
     if status == "failed":
         return words.FAILED, f"exit code {last.get('exit_code')}"
+    if status == "diverged":  # the divergence guard stopped it (runtime/divergence.py)
+        return words.FAILED, "diverged: the loss or gradient norm stayed NaN/inf (events.jsonl: diverged)"
     pid = launcher_pid(events)
     if pid is not None and _pid_alive(pid):
         return words.RUNNING, None
@@ -286,13 +312,9 @@ class LocalBackend(Backend[LocalLaunch, LocalLaunch]):
         say(note(("run dir", "bold"), f" {paths.root}"))
         say(note((f"{launch.nproc} ranks, {env_words(launch.env)}; per-rank logs in {paths.logs}", "dim")))
         with runlock.hold(paths.root, "launch", lambda s: say(note(("note", "yellow"), f" {s}"))):
+            started = time.time()
             status = run(launch, paths)
-        if status == EXIT_OK:
-            say(note(("done", "green"), f" metrics: {paths.metrics}" if launch.module == TRAINER_MODULE else ""))
-        elif full := disk_full_line(paths):
-            say(note(("run failed", "red"), f": {full}"))
-        else:
-            say(note(("run failed", "red"), f"; rank logs under {paths.logs} (console copy in {paths.launcher_log})"))
+        say(end_line(paths, status, since=started, trainer=launch.module == TRAINER_MODULE))
         return status
 
     def require_not_active(self, paths: RunPaths) -> None:
@@ -308,20 +330,12 @@ class LocalBackend(Backend[LocalLaunch, LocalLaunch]):
         return [verbatim(f"{env_words(relaunch.env)} {shlex.join(relaunch.command)}")]
 
     def resume(self, relaunch: LocalLaunch, say: Say) -> int:
-        from trainctl.launch.resume import stopped_for_requeue
 
         paths = RunPaths(relaunch.run_dir)
         with runlock.hold(paths.root, "resume", lambda s: say(note(("note", "yellow"), f" {s}"))):
+            started = time.time()
             status = run(relaunch, paths, kind="resume")
-        if status == EXIT_OK:
-            say(note(("done", "green"), f" metrics: {paths.metrics}"))
-        elif stopped_for_requeue(paths):
-            say(note(("stopped by a signal after a checkpoint", "yellow"), "; run `trainctl resume` again to "
-                     "continue"))
-        elif full := disk_full_line(paths):
-            say(note(("run failed", "red"), f": {full}"))
-        else:
-            say(note(("run failed", "red"), f"; rank logs under {paths.logs}"))
+        say(end_line(paths, status, since=started))
         return status
 
     def job_state(self, paths: RunPaths, job: dict[str, Any], events: list[dict[str, Any]]) -> JobState:

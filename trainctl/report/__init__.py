@@ -7,6 +7,8 @@ from typing import Any
 
 from trainctl.report.attempts import final_and_replayed, split_attempts
 from trainctl.report.breakdown import time_breakdown
+from trainctl.report.divergence import divergence
+from trainctl.report.divergence import warnings as divergence_warnings
 from trainctl.report.goodput import goodput
 from trainctl.report.load import RunData, load_run
 from trainctl.report.memory import memory_vs_plan
@@ -25,6 +27,10 @@ def analyze(run: RunData) -> dict[str, Any]:
     warnings = []
     if summary["mfu_bug"]:
         warnings.append(summary["mfu_bug"]["message"])
+    div = divergence(run, final)  # skipped steps, rollbacks, divergence, loss spikes
+    warnings += divergence_warnings(div)
+    spikes = {s["step"] for s in div["loss_spikes"]}
+    final_ids = {id(r) for r in final}
     return {
         "run": str(run.root), "name": run.name,
         "summary": summary,
@@ -33,7 +39,9 @@ def analyze(run: RunData) -> dict[str, Any]:
         "stragglers": stragglers(run),
         "memory": memory_vs_plan(run),
         "series": [{"step": r["step"], "attempt": a.index, "loss": r.get("loss"), "mfu": r.get("mfu"),
-                    "step_time_s": r.get("step_time_s")} for a in attempts for r in a.records],
+                    "step_time_s": r.get("step_time_s"), "skipped": bool(r.get("skipped")),
+                    "spike": r["step"] in spikes and id(r) in final_ids} for a in attempts for r in a.records],
+        "divergence": div,
         "warnings": warnings,
     }
 

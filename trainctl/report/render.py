@@ -10,6 +10,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from trainctl.report.divergence import cell as divergence_cell
+
 
 def dur(s: float | None) -> str:
     if s is None:
@@ -93,6 +95,7 @@ def _summary_rows() -> list[Row]:
         ("plan: predicted MFU", plan),
         ("plan: predicted step", plan_step),
         ("final loss", lambda r: "-" if s(r)["final_loss"] is None else f"{s(r)['final_loss']:.4f}"),
+        ("skipped steps / loss spikes", lambda r: divergence_cell(r["divergence"]) if "divergence" in r else "-"),
     ]
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -207,9 +208,12 @@ class Checkpointing:
               flush=True)
 
     # -- every step -------------------------------------------------------------------------------------
-    def after_step(self, step: int) -> int | None:
+    def after_step(self, step: int, may_save: Callable[[], bool] | None = None) -> int | None:
         """After optimizer step `step` (1-based): save when due; on a stop request save synchronously and
-        return the exit code (75 after a signal, 0 for the stop_after_step fault), else None."""
+        return the exit code (75 after a signal, 0 for the stop_after_step fault), else None.
+
+        `may_save` (collective, asked only when a scheduled save is due): False defers the save, so that no
+        checkpoint holds a diverging or non-finite state (runtime/divergence.py)."""
         sig, time_due_all = signals.agree([self.stop.signum, int(self.schedule.time_due())], self.parts.par.device)
         if sig or step == self.stop_after:
             self.save(step, wait=True)
@@ -222,7 +226,8 @@ class Checkpointing:
                     record_event(self.paths, "stopped", step=step, reason=f"fault stop_after_step={step}")
                 print(f"trainctl: stopping after step {step} (checkpoint committed)", flush=True)
             return requeue_code() if sig else EXIT_OK
-        if step < self.spec.train.steps and (self.schedule.step_due(step) or time_due_all):
+        due = step < self.spec.train.steps and (self.schedule.step_due(step) or time_due_all)
+        if due and (may_save is None or may_save()):
             self.save(step, wait=False)
         return None
 
@@ -247,9 +252,10 @@ class Checkpointing:
         return blocked
 
     # -- end --------------------------------------------------------------------------------------------
-    def finish(self, step: int) -> None:
-        """After the last step: a final checkpoint when checkpointing is configured; wait for the writer."""
-        if self.schedule.enabled and step > self.schedule.last_step:
+    def finish(self, step: int, may_save: Callable[[], bool] | None = None) -> None:
+        """After the last step: a final checkpoint when checkpointing is configured (and `may_save` agrees,
+        as in after_step); wait for the writer."""
+        if self.schedule.enabled and step > self.schedule.last_step and (may_save is None or may_save()):
             self.save(step, wait=True)
         self.mgr.wait()
         self.stop.uninstall()

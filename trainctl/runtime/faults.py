@@ -22,6 +22,10 @@ FAULTS: dict[str, str] = {
     "slow_write_s": "a checkpoint writer sleeps this long after writing, before the commit",
     "stop_after_step": "checkpoint after step N, then stop as if signalled (exit 0)",
     "host_memory": "bytes of host memory the TP-reshard check believes are available",
+    "nan_at_step": "N or N-M: the steps that read batch N (..M) get a NaN gradient on `nan_rank` (the "
+                   "divergence guard must skip them); tied to the data position, so a rollback that skips "
+                   "the window does not meet it again",
+    "nan_rank": "the rank whose gradients nan_at_step poisons (default: the last rank)",
 }
 
 

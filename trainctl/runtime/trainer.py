@@ -17,7 +17,7 @@ from trainctl.model_shape import ModelShape
 from trainctl.plan.memory import compute_precision
 from trainctl.plan.pipeline import stage_layer_ranges, stages_of_pp_rank
 from trainctl.rundir import RunPaths, append_jsonl, record_event
-from trainctl.runtime import data_parallel, faults, memory_meter, metrics, optim, peak, stragglers, watchdog
+from trainctl.runtime import data_parallel, divergence, faults, memory_meter, metrics, optim, peak, stragglers, watchdog
 from trainctl.runtime.checkpointing import Checkpointing
 from trainctl.runtime.comm_wait import COMM, time_pipeline_receives
 from trainctl.runtime.data import build_loader
@@ -113,6 +113,7 @@ class Trainer:
         self.memory_steps = range(0, MEMORY_STEPS)
         self._activation_peak = 0
         self._memory_rec: dict[str, Any] | None = None  # waits for the next metrics line
+        self.guard = divergence.DivergenceGuard(spec, paths, par, self.scaler.enabled)  # non-finite steps
 
     # -- set-up helpers ----------------------------------------------------------------------------
     def _precision(self) -> tuple[torch.dtype | None, LossScaler]:
@@ -174,8 +175,9 @@ class Trainer:
         wd_timeout = watchdog.timeout_from(spec)
         wd = watchdog.Watchdog(self.paths, par.rank, wd_timeout).start() if wd_timeout else None
         last: dict[str, Any] = {}
+        step = first
         try:
-            for step in range(first, spec.train.steps):
+            while step < spec.train.steps:
                 if step + 1 == fail_step and par.rank == fail_rank:
                     raise InjectedFailure(f"fault fail_at_step={fail_step}: failing rank {par.rank} on purpose")
                 if step + 1 == hang_at:
@@ -183,12 +185,22 @@ class Trainer:
                 last = self.train_step(step)
                 if wd is not None:
                     wd.beat(step + 1)
-                stop = ckpt.after_step(step + 1)  # saves when due; a stop signal -> checkpoint + exit code
+                action = self.guard.action(ckpt.schedule.last_step)  # the same on every rank
+                if action == "stop":
+                    ckpt.mgr.wait()  # an async save in flight (of a finite state) commits before the exit
+                    stop = self.guard.stop(step + 1, ckpt.schedule.last_step)
+                    break
+                if action == "rollback":
+                    step = self.guard.rollback(step + 1, ckpt, self.loader)
+                    continue
+                # saves when due (never a diverging state); a stop signal -> checkpoint + exit code
+                stop = ckpt.after_step(step + 1, lambda s=step + 1: self._may_save(s))
                 self.ckpt_block_s += ckpt.take_blocked_s()
                 if stop is not None:
                     break
+                step += 1
             if stop is None:
-                ckpt.finish(spec.train.steps)
+                ckpt.finish(spec.train.steps, lambda: self._may_save(spec.train.steps, scheduled=False))
             self.steptimes.close()
         finally:
             self.steptimes.flush()  # a failing rank still leaves its step times for the report
@@ -199,7 +211,8 @@ class Trainer:
         if os.environ.get("TRAINCTL_DUMP_WEIGHTS") == "1":
             self.dump_weights(self.paths.final_weights)
         if self.log:
-            record_event(self.paths, "finish", steps=spec.train.steps, loss=last.get("loss"))
+            record_event(self.paths, "finish", steps=spec.train.steps, loss=last.get("loss"),
+                         **divergence.summary(self.guard))
         return 0
 
     def train_step(self, step: int) -> dict[str, Any]:
@@ -226,10 +239,11 @@ class Trainer:
             ev[1].record()
         ts = time.perf_counter()
         self.sync.finish()
-        norm, loss_value = self._norm_and_loss(loss)
+        self.guard.poison(self.loader.consumed // self.loader.global_batch, self.sync.all_grads())  # test fault
+        norm, loss_value, skipped = self._norm_and_loss(loss, step + 1)
         sync_s = time.perf_counter() - ts  # gradient sync + the final all-reduce: includes waiting for peers
         finite = math.isfinite(norm)
-        if self.scaler.update(finite) and finite:
+        if self.scaler.update(finite) and finite and not skipped:
             self._clip(norm)
             self.opt.step()
             self.sync.after_step()
@@ -246,9 +260,11 @@ class Trainer:
             if step + 1 == self.memory_steps.stop:
                 self._memory_rec = self._measured_memory()
         rec: dict[str, Any] = {}
-        if self.log and ((step + 1) % spec.train.log_every == 0 or step + 1 == spec.train.steps):
+        if self.log and ((step + 1) % spec.train.log_every == 0 or step + 1 == spec.train.steps or skipped):
             rec = metrics.step_record(step + 1, spec.train.steps, loss_value, lr, norm, dt, self.flops,
                                       metrics.peak_memory_bytes(par.device))
+            if skipped:
+                rec["skipped"], rec["skip_reason"] = True, skipped  # no optimizer update (runtime/divergence.py)
             rec["cpu_time_s"] = cpu  # this process's CPU time: robust to a busy shared machine (benchmarks)
             rec["data_wait_s"] = data_wait  # inside step_time_s
             rec["ckpt_block_s"], self.ckpt_block_s = self.ckpt_block_s, 0.0  # outside step_time_s
@@ -282,25 +298,20 @@ class Trainer:
             return None
         return {"per_rank": ranks, "max": {k: max(r[k] for r in ranks) for k in mine}}
 
-    def _norm_and_loss(self, loss: torch.Tensor | None) -> tuple[float, float]:
-        """Global grad norm (each element counted once across TP/PP/DP) and the global mean loss, in one
-        all-reduce. Hand-written: clip_grad_norm_ fails across meshes and double-counts replicas."""
-        pieces = [g for g, counted in self.sync.norm_pieces() if counted and g.numel()]
-        sq = torch.zeros((), dtype=torch.float64, device=self.par.device)
-        if pieces:
-            norms = torch._foreach_norm([g.float() if g.dtype != torch.float64 else g for g in pieces])
-            sq = torch.stack(norms).double().pow(2).sum()
-        contrib = torch.zeros((), dtype=torch.float64, device=self.par.device)
-        if loss is not None and self.par.tp_rank == 0:
-            contrib = loss.double() / self.par.dp
-        buf = torch.stack([sq, contrib])
-        if self.par.world_size > 1:
-            dist.all_reduce(buf, group=self.par.world_group)
-        inv = 1.0 / self.scaler.scale
-        sq_v, loss_v = buf.tolist()
+    def _norm_and_loss(self, loss: torch.Tensor | None, step: int) -> tuple[float, float, str | None]:
+        """Global grad norm, global mean loss and whether the step is skipped (a non-finite one on any rank),
+        in one all-reduce (divergence.reduce_norm_and_loss): every rank decides alike."""
+        r = divergence.reduce_norm_and_loss(list(self.sync.norm_pieces()), loss, self.par, self.scaler.scale)
         if self.scaler.enabled:
-            torch._foreach_mul_(self.sync.all_grads(), inv)  # unscale before clipping and the update
-        return math.sqrt(sq_v) * inv, loss_v * inv
+            torch._foreach_mul_(self.sync.all_grads(), 1.0 / self.scaler.scale)  # unscale before clipping
+        return r.norm, r.loss, self.guard.check(step, r)
+
+    def _may_save(self, step: int, scheduled: bool = True) -> bool:
+        """No checkpoint of a diverging or non-finite state (collective; divergence.DivergenceGuard.may_save)."""
+        held = self.sync.held()["master"]
+        tensors = [q.to_local() if hasattr(q, "to_local") else q for m in self.modules for q in m.parameters()]
+        return self.guard.may_save(step, [t.detach() for t in tensors] + list(held), self.par.device,
+                                   scheduled=scheduled)
 
     def _clip(self, norm: float) -> None:
         clip = self.spec.train.grad_clip

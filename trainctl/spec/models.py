@@ -141,6 +141,20 @@ class ParallelSpec(Strict):
         "still accumulate over micro-batches in fp32 on each rank")
 
 
+class DivergenceSpec(Strict):
+    """The divergence guard (runtime/divergence.py): what happens when the loss or the gradient norm is not a
+    finite number. The bounds are spec rules (spec/rules.py), so a bad value gets a message with its fix."""
+
+    max_consecutive_skips: Annotated[int, Field(ge=-1_000_000, le=1_000_000)] = Field(
+        5, description="A step whose loss or global gradient norm is NaN/inf is skipped (no optimizer update, on "
+        "every rank); after this many skipped steps in a row the run stops as diverged (exit 3), or rolls back")
+    rollback: bool = Field(
+        False, description="Instead of stopping: reload the last checkpoint before the skips began and skip the "
+        "data window since it (PaLM, Chowdhery et al. 2022, sec. 5.1), at most max_rollbacks times")
+    max_rollbacks: Annotated[int, Field(ge=-1_000, le=1_000)] = Field(
+        2, description="Rollbacks a run may make before it stops as diverged (with rollback: true)")
+
+
 class TrainSpec(Strict):
     global_batch: Count = Field(description="Sequences per optimizer step, across all DP ranks")
     steps: Count
@@ -165,6 +179,8 @@ class TrainSpec(Strict):
     watchdog_s: PositiveFloat | None = Field(
         600.0, description="Hang watchdog: a rank with no step progress this long dumps its stacks and exits; "
         "null disables (env TRAINCTL_WATCHDOG_S overrides)")
+    divergence: DivergenceSpec = Field(DivergenceSpec(), description="Divergence guard: skip non-finite steps, "
+                                       "stop (or roll back) after several in a row")
 
 
 TokenFormat = Literal["auto", "flat", "megatron"]

@@ -203,6 +203,25 @@ def _training(spec: RunSpec) -> Iterator[str]:
                       "use warmup <= steps")
     if t.min_lr is not None and t.min_lr > t.lr:
         yield problem("train.min_lr", t.min_lr, f"above train.lr = {t.lr}", "use min_lr <= lr")
+    yield from _divergence(spec)
+
+
+def _divergence(spec: RunSpec) -> Iterator[str]:
+    d = spec.train.divergence
+    if d.max_consecutive_skips < 1:
+        yield problem("train.divergence.max_consecutive_skips", d.max_consecutive_skips,
+                      "the guard stops (or rolls back) after this many non-finite steps in a row; it must be at "
+                      "least 1", "use 1 or more (default 5); 1 stops at the first NaN/inf loss or gradient norm")
+    if d.max_rollbacks < 0:
+        yield problem("train.divergence.max_rollbacks", d.max_rollbacks, "a count of rollbacks cannot be negative",
+                      "use 0 or more (default 2), or train.divergence.rollback: false to stop instead")
+    elif d.rollback and d.max_rollbacks == 0:
+        yield problem("train.divergence.max_rollbacks", 0, "train.divergence.rollback is true but no rollback is "
+                      "allowed", "set max_rollbacks >= 1 (default 2), or rollback: false to stop at divergence")
+    if d.rollback and spec.checkpoint.every_steps is None and spec.checkpoint.every_minutes is None:
+        yield problem("train.divergence.rollback", True, "a rollback reloads the last checkpoint, but the run "
+                      "saves none", "set checkpoint.every_steps (PaLM restarted about 100 steps before a spike), "
+                      "or rollback: false")
 
 
 def _data_and_launcher(spec: RunSpec) -> Iterator[str]:

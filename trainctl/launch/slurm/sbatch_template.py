@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trainctl.errors import EXIT_DIVERGED
 from trainctl.launch.backend import DEFAULT_GRACE_S, TRAINER_MODULE
 from trainctl.rundir import COMMANDS, EVENTS, RunPaths
 
@@ -238,6 +239,9 @@ def render(req: SbatchRequest) -> SbatchRender:
         'if [ "$terminated" = 0 ] && { [ "$rc" = 75 ] || this_attempt checkpoint_on_signal; }; then requeue=1; fi',
         "# A run that finished all its steps is done, whatever signal came late.",
         'if [ "$requeue" = 1 ] && this_attempt finish; then requeue=0; fi',
+        "# The divergence guard stopped the run (its ranks exit 0 under torchrun): a failure of its own, and a",
+        "# requeue would only diverge again.",
+        f'if this_attempt diverged; then requeue=0; rc={EXIT_DIVERGED}; fi',
         'if [ "$requeue" = 1 ]; then',
         '    echo "trainctl: requeueing job $SLURM_JOB_ID (attempt $((attempt + 1)) resumes from the latest'
         ' checkpoint)"',
