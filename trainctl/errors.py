@@ -8,6 +8,9 @@ EXIT_USAGE = 2
 # The divergence guard stopped the run: the loss or gradient norm stayed NaN/inf for
 # train.divergence.max_consecutive_skips steps (trainctl.runtime.divergence); the last finite checkpoint is kept.
 EXIT_DIVERGED = 3
+# Stopped on purpose after committing a checkpoint (Ctrl-C, SIGTERM/SIGUSR1/SIGUSR2, `trainctl cancel`,
+# preemption, a time limit): `trainctl resume` (or Slurm's requeue) continues from it. EX_TEMPFAIL.
+EXIT_STOPPED = 75
 
 
 class TrainctlError(Exception):
@@ -37,8 +40,3 @@ class SpecError(UsageError):
 
 class RunError(TrainctlError):
     exit_code = EXIT_RUN_FAILED
-
-
-# The trainer stopped on purpose after committing a checkpoint (SIGTERM/SIGUSR1/SIGUSR2, preemption, time
-# limit): the launcher should requeue/restart it, and it resumes from that checkpoint. EX_TEMPFAIL.
-EXIT_REQUEUE = 75

@@ -14,6 +14,7 @@ from resume_utils import curve, events, stop_after
 from trainer_utils import ROOT, TINY, deep_update
 
 from trainctl.checkpoint import list_checkpoints
+from trainctl.errors import EXIT_STOPPED
 
 
 def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -36,7 +37,7 @@ def spec_file(tmp_path: Path, **sections) -> Path:
 def test_resume_local_appends_and_from_step_rewinds(tmp_path: Path) -> None:
     run = tmp_path / "run"
     r = cli("launch", str(spec_file(tmp_path)), "--run-dir", str(run), env=stop_after(3))
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == EXIT_STOPPED, r.stderr[-3000:]  # stopped with steps left: resumable
     assert [s for s, _, _ in curve(run)] == [1, 2, 3]
     dry = cli("resume", str(run), "--dry-run", "--json")
     assert dry.returncode == 0, dry.stderr
@@ -49,7 +50,7 @@ def test_resume_local_appends_and_from_step_rewinds(tmp_path: Path) -> None:
     assert [s for s, _, _ in first] == [1, 2, 3, 4, 5, 6]  # appended, nothing repeated or skipped
     job = json.loads((run / "job.json").read_text())
     assert [(a["attempt"], a["kind"], a["status"]) for a in job["attempts"]] == [
-        (1, "launch", "completed"), (2, "resume", "completed")]
+        (1, "launch", "stopped"), (2, "resume", "completed")]
     assert [i.step for i in list_checkpoints(run / "checkpoints")] == [2, 3, 4, 6]
 
     # rewind to step 2: newer checkpoints are moved aside (never resumed by a later restart), steps 3-6 rerun
@@ -137,9 +138,9 @@ def _rank_pid(run: Path, rank: int) -> int:
 
 @pytest.mark.parametrize("target", ["launcher", "rank"])
 def test_sigterm_to_trainctl_launch_checkpoints_then_resume_finishes(tmp_path: Path, target: str) -> None:
-    """SIGTERM to the launcher -> torchrun -> every rank, or SIGTERM to one rank only: a checkpoint at the
-    next step, the attempt is recorded as stopped after a checkpoint (even though torchrun exits 0 in the
-    second case), and `trainctl resume` completes the run without a gap."""
+    """SIGTERM to the launcher (-> every rank), or SIGTERM to one rank only: a checkpoint at the next step, the
+    attempt is recorded as stopped (exit 75, though torchrun exits 0), and `trainctl resume` completes the run
+    without a gap."""
     import os
     import signal
 
@@ -155,11 +156,11 @@ def test_sigterm_to_trainctl_launch_checkpoints_then_resume_finishes(tmp_path: P
             proc.send_signal(signal.SIGTERM)
         else:
             os.kill(_rank_pid(run, 1), signal.SIGTERM)
-        assert proc.wait(timeout=120) == 1
+        assert proc.wait(timeout=120) == EXIT_STOPPED
     finally:
         proc.kill()
     job = json.loads((run / "job.json").read_text())
-    assert job["attempts"][0]["status"] == "stopped_after_checkpoint"
+    assert job["attempts"][0]["status"] == "stopped"
     stop = next(e for e in events(run) if e["event"] == "checkpoint_on_signal")
     assert stop["signal"] == "SIGTERM" and [i.step for i in list_checkpoints(run / "checkpoints")] == [stop["step"]]
     r = cli("resume", str(run))

@@ -12,7 +12,7 @@ from resume_utils import assert_same_weights, curve, events, ok, rank_log, spawn
 from trainer_utils import make_run, run_trainer
 
 from trainctl.checkpoint import list_checkpoints
-from trainctl.errors import EXIT_REQUEUE
+from trainctl.errors import EXIT_STOPPED
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +29,7 @@ def test_signal_to_one_rank_checkpoints_all_and_exits_75(sig: signal.Signals, tm
         os.kill(procs[1].pid, sig)  # only rank 1 is told
     finally:
         codes = wait_all(procs, timeout=120)
-    assert codes == [EXIT_REQUEUE, EXIT_REQUEUE], (codes, rank_log(run, 0)[-2000:], rank_log(run, 1)[-2000:])
+    assert codes == [EXIT_STOPPED, EXIT_STOPPED], (codes, rank_log(run, 0)[-2000:], rank_log(run, 1)[-2000:])
     stopped = curve(run)[-1][0]
     assert 3 <= stopped < steps
     infos = list_checkpoints(run / "checkpoints")

@@ -31,6 +31,8 @@ def main() -> None:
     env.export()
     dist.init_process_group("gloo", rank=env.rank, world_size=env.world_size)
     prove_placement(load_spec(paths.spec), paths, env.rank, env.local_rank, env.world_size)
+    if env.rank == 0:  # what the trainer records once it trains (trainctl status: RUNNING)
+        record_event(paths, "start", world_size=env.world_size, slurm_restart=attempt)
     (marks / f"up-{env.rank}-{attempt}").write_text(os.environ.get("SLURMD_NODENAME", "?"))
     if attempt == 0:
         deadline = time.monotonic() + 90

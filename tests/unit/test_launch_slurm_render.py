@@ -451,3 +451,31 @@ def test_trainctl_resume_on_slurm_rerenders_a_changed_spec(tmp_path: Path, fake_
     assert "--time=00:20:00" not in old
     kinds = [x["event"] for x in read_jsonl(paths.events)]
     assert kinds == ["submit", "spec_changed", "resume_requested", "launch_script_changed", "submit"]
+
+
+def test_rank_logs_follow_each_attempts_placement(tmp_path: Path) -> None:
+    """Rendezvous put n2 first in attempt 0 and n1 first in attempt 1: rank 0 ran as local rank 0 of n2, then
+    of n1. `trainctl logs --rank 0` must read those two files, in order, and never rank 4's (issue found on
+    the local cluster: the latest placement.json was applied to every attempt)."""
+    import json as _json
+
+    from trainctl.launch.slurm.backend import torchrun_rank_logs
+    from trainctl.rundir import RunPaths, append_jsonl
+
+    paths = RunPaths(tmp_path)
+    orders = {"0": ["n2", "n1"], "1": ["n1", "n2"]}  # attempt -> node of ranks 0-3, then 4-7
+    expected = []
+    for restart, (first, second) in orders.items():
+        ranks = [[first, r] for r in range(4)] + [[second, r] for r in range(4)]
+        append_jsonl(paths.events, {"time": float(restart), "event": "placement", "ranks": ranks, "job_id": "7",
+                                    "slurm_restart": restart, "torchrun_restart": "0"})
+        for node in ("n1", "n2"):
+            for local in range(4):
+                d = paths.torchrun_attempt_logs("7", restart) / node / "uuid" / "attempt_0" / str(local)
+                d.mkdir(parents=True)
+                (d / "stdout.log").write_text(f"{node} local {local} attempt {restart}\n")
+                (d / "stderr.log").write_text("")
+        expected += [paths.torchrun_attempt_logs("7", restart) / first / "uuid" / "attempt_0" / "0" / f
+                     for f in ("stderr.log", "stdout.log")]
+    paths.placement.write_text(_json.dumps({"ranks": [{"rank": 0, "node": "n1", "local_rank": 0}]}))
+    assert torchrun_rank_logs(paths, 0) == expected

@@ -8,7 +8,7 @@ import typer
 
 from trainctl.cli.app import app
 from trainctl.cli.console import make_console, sayer, show
-from trainctl.cli.options import OptionalSpecArg, SetOpt, StrictOpt, check_disk_space, read_spec
+from trainctl.cli.options import OptionalSpecArg, SetOpt, StrictOpt, VerboseOpt, check_disk_space, read_spec
 from trainctl.launch.backend import DEFAULT_GRACE_S, backend_for
 from trainctl.launch.create import default_run_dir
 
@@ -23,8 +23,12 @@ def launch(
     strict: bool = StrictOpt,
     grace: int = typer.Option(DEFAULT_GRACE_S, "--grace", help="Slurm: seconds before the time limit at which the "
                               "ranks are told to checkpoint and the job requeues itself (--signal=B:USR1@GRACE)."),
+    verbose: bool = VerboseOpt,
 ) -> None:
-    """Launch a run: freeze the spec into a run directory and start the trainer on every rank."""
+    """Launch a run: freeze the spec into a run directory and start the trainer on every rank.
+
+    Locally it runs to the end here: Ctrl-C makes every rank save a checkpoint after its current step and stop
+    (exit 75; `trainctl resume RUN` continues); a second Ctrl-C kills at once."""
     console = make_console()
     run = read_spec(spec, set_)
     backend = backend_for(run)
@@ -34,4 +38,4 @@ def launch(
         for line in backend.dry_run(launch):
             show(console, line)
         return
-    raise typer.Exit(backend.start(launch, sayer(console)))
+    raise typer.Exit(backend.start(launch, sayer(console), verbose=verbose))

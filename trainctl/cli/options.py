@@ -20,6 +20,9 @@ StrictOpt = typer.Option(False, "--strict", help="Refuse (exit 2) what would oth
                          "little free space for the checkpoints (keep_last + 1 of the planned size).")
 
 
+VerboseOpt = typer.Option(False, "--verbose", "-v", help="Show everything torchrun and every rank print, as it "
+                          "comes (tracebacks, torchrun's log lines); they are always in the run's logs.")
+
 OptionalSpecArg = typer.Argument(
     None, help="Run spec YAML (see recipes/); default: the embedded tiny CPU recipe.", show_default=False
 )

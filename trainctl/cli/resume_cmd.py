@@ -9,7 +9,7 @@ import typer
 
 from trainctl.cli.app import app
 from trainctl.cli.console import make_console, sayer, show
-from trainctl.cli.options import JsonOpt, SetOpt, StrictOpt, check_disk_space
+from trainctl.cli.options import JsonOpt, SetOpt, StrictOpt, VerboseOpt, check_disk_space
 
 
 @app.command()
@@ -21,6 +21,7 @@ def resume(
     dry_run: bool = typer.Option(False, "--dry-run", help="Show what would be resumed and how; change nothing."),
     as_json: bool = JsonOpt,
     strict: bool = StrictOpt,
+    verbose: bool = VerboseOpt,
 ) -> None:
     """Resume a run from its latest valid checkpoint with the backend it used, appending to its run directory."""
     from trainctl.launch import resume as rs
@@ -39,6 +40,8 @@ def resume(
                       f"({plan.checkpoint.path})", soft_wrap=True)
     for change in plan.layout_changes():
         console.print(f"layout change: {change} (model, optimizer and data position are resharded at load)")
+    for change in plan.spec_changes:
+        console.print(f"spec change: {change}", soft_wrap=True)
     if plan.abandon:
         console.print(f"checkpoints after step {from_step} are moved aside: {[i.step for i in plan.abandon]}",
                       soft_wrap=True)
@@ -53,7 +56,7 @@ def resume(
                 show(console, line)
         return
     rs.prepare(plan)
-    raise typer.Exit(backend.resume(relaunch, sayer(console)))
+    raise typer.Exit(backend.resume(relaunch, sayer(console), verbose=verbose))
 
 
 __all__ = ["resume"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -15,13 +16,19 @@ from trainctl.cli.app import app
 from trainctl.cli.console import make_console
 from trainctl.cli.options import JsonOpt
 from trainctl.errors import UsageError
+from trainctl.rundir import record_event
 
+STATE_COLOR = {"COMPLETED": "green", "RUNNING": "cyan", "STARTING": "cyan", "PENDING": "yellow",
+               "STOPPING": "yellow", "STOPPED": "yellow", "CANCELLED": "yellow"}
 RunArg = typer.Argument(..., help="Run directory (printed by `trainctl launch`).", show_default=False)
 FOLLOW_POLL_S = 0.5
 
 
 def _fmt_mfu(mfu: float | None) -> str:
-    return f"{mfu:.1%}" if isinstance(mfu, (int, float)) else "-"
+    if not isinstance(mfu, (int, float)) or not math.isfinite(mfu):
+        return "-"
+    # above 100% is an accounting bug (wrong peak, wrong FLOP count), never a result
+    return f"{mfu:.1%}" if mfu <= 1.0 else f"{mfu:.1%} (above 100%: a bug in the peak or FLOP count)"
 
 
 def _fmt_steps(done: int, total: int | None) -> str:
@@ -38,8 +45,9 @@ def status(run: Path = RunArg, json_: bool = JsonOpt) -> None:
         print(json.dumps(st.to_json(), indent=2))
         return
     console = make_console()
-    color = {"COMPLETED": "green", "RUNNING": "cyan", "PENDING": "yellow"}.get(st.state, "red")
-    job = f" job {st.job_id}" if st.job_id else ""
+    color = STATE_COLOR.get(st.state, "red")
+    job = f" job {st.job_id}" + (f" {st.job_state}" if st.job_state and st.job_state != st.state else "") \
+        if st.job_id else ""
     console.print(f"[bold]{st.name}[/bold] ({st.backend}{job}): [{color}]{st.state}[/{color}]"
                   + (f" - {st.reason}" if st.reason and st.reason != "None" else ""), soft_wrap=True)
     loss = f", loss {st.last_loss:.4f}" if isinstance(st.last_loss, float) else ""
@@ -55,17 +63,19 @@ def runs(base: Path = typer.Argument(Path("runs"), help="Directory holding run d
     """List run directories with backend, state, steps done and last MFU."""
     from trainctl.launch.status import find_runs, run_status
 
+    if not base.is_dir():
+        raise UsageError(f"{base}: no such directory", hint="give the directory that holds run directories "
+                         "(`trainctl launch` makes them under runs/)")
     found = []
     for p in find_runs(base):
         try:
             found.append(run_status(p))
         except UsageError:
             continue
+    if not found:
+        raise UsageError(f"no run directories under {base}", hint="`trainctl launch` makes them under runs/")
     if json_:
         print(json.dumps([s.to_json() for s in found], indent=2))
-        return
-    if not found:
-        print(f"no run directories under {base}")
         return
     table = Table(box=box.SIMPLE)
     for col in ("run", "name", "backend", "job", "state", "steps", "MFU"):
@@ -88,6 +98,7 @@ def cancel(run: Path = RunArg) -> None:
     if not st.active:
         print(f"{st.name}: already {st.state}; nothing to cancel")
         return
+    record_event(paths, "cancel_requested", state=st.state)  # how the run ends reads "cancelled" (runstate)
     print(backend_for(job).cancel(paths, job))
 
 
@@ -97,25 +108,38 @@ def logs(run: Path = RunArg,
          rank: int | None = typer.Option(None, "--rank", help="Only this global rank's output.")) -> None:
     """Print a run's log: the Slurm output file (or the local console log), or one rank's output."""
     from trainctl.launch.backend import backend_for
-    from trainctl.launch.status import open_run, read_job_json
+    from trainctl.launch.status import open_run, read_job_json, spec_world_size
 
     paths = open_run(run)
     job = read_job_json(paths)
+    if rank is not None:
+        world = spec_world_size(paths)
+        if world is not None and not 0 <= rank < world:
+            raise UsageError(f"--rank {rank}: the run has {world} rank{'s' if world != 1 else ''} "
+                             f"(0-{world - 1})", hint="give a global rank of the run")
     found = backend_for(job).log_files(paths, job, rank)
     files, prefix = found.files, found.prefix
     if not files or not any(f.exists() for f in files) and not follow:
         raise UsageError(f"no log yet for {paths.root}", hint="the job may still be pending; try `-f`")
     out = sys.stdout
-    for f in files[:-1]:  # earlier jobs of a resubmitted run, oldest first
+    shown = 0
+    for f in files[:-1]:  # earlier jobs or attempts, oldest first
         if f.exists():
-            _print_file(f, prefix, out)
-    _print_file(files[-1], prefix, out, follow=follow, run=paths.root if follow else None)
+            shown += _print_file(f, prefix, out)
+    shown += _print_file(files[-1], prefix, out, follow=follow, run=paths.root if follow else None)
+    if not shown:
+        what = f"rank {rank}" if rank is not None else "the run"
+        print(f"{what} printed nothing ({len(files)} log file{'s' if len(files) != 1 else ''}, all empty)",
+              file=sys.stderr)
 
 
-def _print_file(path: Path, prefix: str | None, out, follow: bool = False, run: Path | None = None) -> None:
+def _print_file(path: Path, prefix: str | None, out, follow: bool = False, run: Path | None = None) -> int:
+    """Print a log file (lines with `prefix` only, without it), following it while the run is active; how
+    many lines it printed."""
     from trainctl.launch.status import run_status
 
     pos = 0
+    shown = 0
     pending = b""
     while True:
         if path.exists():
@@ -130,13 +154,16 @@ def _print_file(path: Path, prefix: str | None, out, follow: bool = False, run: 
                 line = raw.decode("utf-8", errors="replace")
                 if prefix is None:
                     out.write(line + "\n")
+                    shown += 1
                 elif line.lstrip().startswith(prefix):
                     out.write(line.lstrip()[len(prefix):] + "\n")
+                    shown += 1
             out.flush()
         if not follow:
             if pending and (prefix is None or pending.decode(errors="replace").lstrip().startswith(prefix)):
                 out.write(pending.decode("utf-8", errors="replace") + "\n")
-            return
+                shown += 1
+            return shown
         assert run is not None
         if not run_status(run).active:
             follow = False  # one last read after the end
@@ -145,4 +172,4 @@ def _print_file(path: Path, prefix: str | None, out, follow: bool = False, run: 
         try:
             time.sleep(FOLLOW_POLL_S)
         except KeyboardInterrupt:
-            return
+            return shown

@@ -71,6 +71,10 @@ class JobState:
     attempts: int  # Slurm: 1 + requeues, over every job of the run; local: launches
     active: bool  # queued or running: `cancel` has something to stop, `logs -f` keeps following
     nodes: str | None = None
+    pending: bool = False  # queued, not running yet (Slurm PENDING, a requeued job waiting)
+    eligible_at: str | None = None  # a pending job held until a time (Slurm's BeginTime after a requeue)
+    state_hint: str | None = None  # a run state only the backend knows (launch/runstate.py): an ended job
+    #                                with no trainer record of how (Slurm: CANCELLED before start, TIMEOUT...)
 
 
 @dataclass(frozen=True)
@@ -108,8 +112,10 @@ class Backend(ABC, Generic[L, R]):
         """What `trainctl launch --dry-run` prints: the run directory it would create and what would run."""
 
     @abstractmethod
-    def start(self, launch: L, say: Say) -> int:
-        """Create the run directory and start: run to the end here, or submit and return; the exit code."""
+    def start(self, launch: L, say: Say, *, verbose: bool = False) -> int:
+        """Create the run directory and start: run to the end here, or submit and return; the exit code
+        (runstate.EXIT_CODE of how it ended, or 0 once submitted). `verbose`: show every rank's and the
+        launcher's raw output as it comes, where this backend shows output at all."""
 
     # --- trainctl resume ---------------------------------------------------------------------------------
     @abstractmethod
@@ -129,7 +135,7 @@ class Backend(ABC, Generic[L, R]):
         """What `trainctl resume --dry-run` prints after the checkpoint it would resume from."""
 
     @abstractmethod
-    def resume(self, relaunch: R, say: Say) -> int:
+    def resume(self, relaunch: R, say: Say, *, verbose: bool = False) -> int:
         """Start the run directory again (it resumes from its newest valid checkpoint); the exit code."""
 
     # --- trainctl status / runs / logs / cancel ----------------------------------------------------------

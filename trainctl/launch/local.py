@@ -8,18 +8,20 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shlex
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
 from trainctl.data_prep import check_data
-from trainctl.errors import EXIT_DIVERGED, EXIT_OK, EXIT_RUN_FAILED, RunError, UsageError
+from trainctl.errors import RunError, UsageError
 from trainctl.launch import runlock
 from trainctl.launch.backend import (
     DEFAULT_GRACE_S,
@@ -43,7 +45,19 @@ from trainctl.launch.create import (
     record_attempt,
 )
 from trainctl.launch.diskspace import disk_full_line
-from trainctl.launch.slurm import job_state as words
+from trainctl.launch.procs import children, die_with_parent, kill_tree, signal_all
+from trainctl.launch.runstate import (
+    CANCELLED,
+    COMPLETED,
+    DIVERGED,
+    FAILED,
+    LOST_PEER,
+    STOPPED,
+    Outcome,
+    outcome,
+    since,
+    torchrun_root_cause,
+)
 from trainctl.rundir import RunPaths, read_jsonl, record_event
 from trainctl.spec import RunSpec
 
@@ -69,30 +83,6 @@ def available_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
-
-
-def _descendants(pid: int) -> list[int]:
-    """Child processes, recursively, from /proc (Linux); torchrun starts each worker in its own session,
-    so killing torchrun's process group would miss them."""
-    out: list[int] = []
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for tid in tasks:
-        try:
-            children = Path(f"/proc/{pid}/task/{tid}/children").read_text().split()
-        except OSError:
-            continue
-        for child in map(int, children):
-            out += [child, *_descendants(child)]
-    return out
-
-
-def kill_tree(pid: int) -> None:
-    for p in [*_descendants(pid), pid]:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(p, signal.SIGKILL)
 
 
 def torchrun_command(run_dir: Path, nproc: int, max_restarts: int = 0, python: str | None = None,
@@ -138,30 +128,75 @@ def create(launch: LocalLaunch) -> RunPaths:
     return create_run_dir(launch.run_dir, launch.spec, backend=NAME, command=launch.command, env=launch.env)
 
 
+TRACEBACK_STARTS = ("Traceback (most recent call last):", "During handling of the above exception",
+                    "The above exception was the direct cause")
+FAILED_LINE = re.compile(r"trainctl: rank \d+ failed: ")  # runtime/entry.py's last line on a failing rank
+
+
 class ConsoleFilter:
-    """What of torchrun's console a person needs: rank 0's lines without the `[default0]:` prefix, and
-    torchrun's failure summary without torchrun's own Python traceback (that stays in launcher.log)."""
+    """What of torchrun's console a person needs: rank 0's own lines without the `[default0]:` prefix. Rank
+    0's Python tracebacks, torchrun's log lines (`W...`, `E...`) and its ChildFailedError block stay in
+    launcher.log (and the rank logs); the launcher ends with one line naming the first cause instead.
+    `verbose` shows everything as it comes."""
 
     RANK0 = "[default0]:"
 
-    def __init__(self) -> None:
+    def __init__(self, verbose: bool = False) -> None:
+        self.verbose = verbose
         self.in_traceback = False
+        self.after_message = False  # the traceback's "Type: message" line has passed
         self.out_ok = True
 
     def filter(self, line: str) -> str | None:
-        if line.startswith(self.RANK0):
-            return line[len(self.RANK0):]
-        if line.startswith("Traceback (most recent call last):"):
-            self.in_traceback = True
-        if self.in_traceback:
-            if "ChildFailedError" in line:
-                self.in_traceback = False
+        if self.verbose:
+            return line
+        if not line.startswith(self.RANK0):
             return None
-        return line
+        text = line[len(self.RANK0):]
+        if FAILED_LINE.match(text):  # the rank's own summary; the launcher's last line names the first cause
+            return None
+        if text.startswith(TRACEBACK_STARTS):
+            self.in_traceback, self.after_message = True, False
+            return None
+        # inside: the frames (indented), then "Type: message" whose own lines may go on indented or blank
+        if self.in_traceback and (text[:1] in (" ", "\t", "\n", "") or not self.after_message):
+            self.after_message = self.after_message or text[:1] not in (" ", "\t", "\n", "")
+            return None
+        self.in_traceback = self.after_message = False
+        return text
 
 
-def run(launch: LocalLaunch, paths: RunPaths, out: TextIO | None = None, kind: str = "launch") -> int:
-    """Run torchrun, stream its console, forward Ctrl-C/SIGTERM; 0 when the trainer succeeded, else 1.
+class Stopper:
+    """The launcher's signal handler. The first Ctrl-C (SIGINT), SIGTERM (`trainctl cancel`) or SIGHUP asks
+    every rank to stop: SIGTERM goes to the ranks themselves, not to torchrun, so they save after the
+    same step and exit 0, and torchrun ends cleanly with them. A second one kills the whole tree at once."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], paths: RunPaths, say: Callable[[str], None]) -> None:
+        self.proc, self.paths, self.say = proc, paths, say
+        self.signals: list[int] = []
+
+    @property
+    def killed(self) -> bool:
+        return len(self.signals) > 1
+
+    def __call__(self, signum: int, _frame: FrameType | None) -> None:
+        self.signals.append(signum)
+        name = signal.Signals(signum).name
+        if len(self.signals) > 1:
+            self.say(f"trainctl: {name} again: killing torchrun and every rank now")
+            kill_tree(self.proc.pid)
+            return
+        ranks = children(self.proc.pid)
+        record_event(self.paths, "stop_requested", signal=name, ranks=len(ranks))
+        # no rank yet (torchrun is starting them): nothing has trained, torchrun may stop them itself
+        signal_all(ranks, signal.SIGTERM) or signal_all([self.proc.pid], signal.SIGTERM)
+        self.say(f"trainctl: {name}: every rank saves a checkpoint after its current step, then stops "
+                 "(press Ctrl-C again to kill at once)")
+
+
+def run(launch: LocalLaunch, paths: RunPaths, out: TextIO | None = None, kind: str = "launch",
+        verbose: bool = False) -> Outcome:
+    """Run torchrun, stream rank 0's console, turn Ctrl-C/SIGTERM into "save and stop"; how it ended.
 
     Appends a new attempt to job.json (a `trainctl resume` of the same run directory is attempt 2, ...)."""
     out = out or sys.stdout
@@ -169,23 +204,24 @@ def run(launch: LocalLaunch, paths: RunPaths, out: TextIO | None = None, kind: s
     attempt = len(read_job(paths).get("attempts") or []) + 1
     record_attempt(paths, attempt=attempt, started=now_iso(), kind=kind)
     record_event(paths, kind, backend=NAME, nproc=launch.nproc, attempt=attempt)
-    # Own session: a terminal Ctrl-C reaches only us, and we decide what torchrun gets (and when to kill).
+    console = ConsoleFilter(verbose)
+    log_from = paths.launcher_log.stat().st_size if paths.launcher_log.exists() else 0  # this attempt's part
+
+    def say(text: str) -> None:
+        if console.out_ok:
+            with contextlib.suppress(BrokenPipeError):
+                out.write(text + "\n")
+                out.flush()
+
+    # Own session: a terminal Ctrl-C reaches only us, and we decide what the ranks get. torchrun dies with
+    # us however we die (PDEATHSIG), and its ranks then stop themselves after a checkpoint.
     proc = subprocess.Popen(launch.command, env={**os.environ, **launch.env}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    interrupted: list[int] = []
-
-    def forward(signum: int, _frame: FrameType | None) -> None:
-        interrupted.append(signum)
-        if len(interrupted) == 1:  # torchrun stops its workers itself (signal, then SIGKILL after 30 s)
-            proc.send_signal(signum)
-        else:  # a second Ctrl-C: the user means it
-            kill_tree(proc.pid)
-
-    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+                            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent)
+    stopper = Stopper(proc, paths, say)
+    old = {s: signal.signal(s, stopper) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         with open(paths.launcher_log, "ab") as log:
             assert proc.stdout is not None
-            console = ConsoleFilter()
             for line in iter(proc.stdout.readline, b""):
                 log.write(line)
                 log.flush()
@@ -196,51 +232,58 @@ def run(launch: LocalLaunch, paths: RunPaths, out: TextIO | None = None, kind: s
                         out.flush()
                     except BrokenPipeError:  # `trainctl launch | head`: keep training, keep logging
                         console.out_ok = False
-        try:
-            rc = proc.wait(timeout=KILL_GRACE_S if interrupted else None)
-        except subprocess.TimeoutExpired:
-            kill_tree(proc.pid)
-            rc = proc.wait()
+        rc = proc.wait()
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-    # Ranks that stopped on SIGTERM/USR1/USR2 after a checkpoint exit 0 under torchrun (see
-    # trainctl.runtime.checkpointing.requeue_code): the event, not the exit code, says the run is unfinished.
-    from trainctl.launch.resume import stopped_for_requeue
-
-    stopped = stopped_for_requeue(paths, since=started)
-    # A diverged run's ranks exit 0 under torchrun too (trainctl.runtime.divergence.exit_code): read the event.
-    diverged = next((e for e in read_jsonl(paths.events) if e.get("event") == "diverged"
-                     and e.get("time", 0) >= started), None)
-    finished = rc == 0 and not interrupted and not stopped and not diverged
-    status = EXIT_OK if finished else EXIT_DIVERGED if diverged else EXIT_RUN_FAILED
-    record_attempt(paths, attempt=attempt, exit_code=rc, status="completed" if finished else "diverged" if diverged
-                   else "stopped_after_checkpoint" if stopped else ("interrupted" if interrupted else "failed"),
+    events = since(read_jsonl(paths.events), started)
+    result = outcome(events, killed=stopper.killed)
+    if rc and (result is None or (result.cause is not None and result.cause.kind == LOST_PEER)):
+        # nothing recorded, or only the survivors' "connection closed": a rank died by a signal, or torchrun
+        # could not start its ranks; torchrun's own record says which
+        cause = torchrun_root_cause(read_from(paths.launcher_log, log_from)) or (result and result.cause)
+        result = Outcome(FAILED, None, cause.line() if cause else f"torchrun exited with status {rc}", cause)
+    elif result is None:
+        result = Outcome(COMPLETED, None, "every step done")
+    record_attempt(paths, attempt=attempt, exit_code=rc, status=result.state.lower(),
                    seconds=round(time.time() - started, 3))
-    record_event(paths, "launcher_exit", backend=NAME, exit_code=rc,
-                 signal=signal.Signals(interrupted[0]).name if interrupted else None)
-    return status
+    record_event(paths, "launcher_exit", backend=NAME, exit_code=rc, state=result.state, step=result.step,
+                 reason=result.reason, cause=result.cause.to_json() if result.cause else None,
+                 signal=signal.Signals(stopper.signals[0]).name if stopper.signals else None)
+    return result
 
 
-def end_line(paths: RunPaths, status: int, *, since: float, trainer: bool = True) -> Line:
+def read_from(path: Path, offset: int) -> str:
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read().decode("utf-8", errors="replace")
+
+
+def end_line(paths: RunPaths, result: Outcome, *, trainer: bool = True) -> Line:
     """The launcher's last line for one attempt: what happened and how to go on."""
-    from trainctl.launch.resume import stopped_for_requeue
-
-    if status == EXIT_OK:
+    run = shlex.quote(str(paths.root))
+    if result.state == COMPLETED:
         return note(("done", "green"), f" metrics: {paths.metrics}" if trainer else "")
-    if status == EXIT_DIVERGED:
-        ev = next((e for e in reversed(read_jsonl(paths.events)) if e.get("event") == "diverged"), {})
-        kept = ev.get("last_finite_checkpoint")
-        go_on = (f"change what made it diverge (train.lr, train.grad_clip) and `trainctl resume {paths.root} "
-                 f"--set ...` continues from it" if kept else "no checkpoint to continue from")
-        return note(("diverged", "red"), f" at step {ev.get('step')}; last finite checkpoint "
-                    f"{f'step {kept}' if kept else 'none'}; {go_on}")
-    if stopped_for_requeue(paths, since=since):
-        return note(("stopped by a signal after a checkpoint", "yellow"), f"; `trainctl resume {paths.root}` "
-                    "continues")
+    if result.state == DIVERGED:
+        go_on = (f"change what made it diverge (train.lr, train.grad_clip) and `trainctl resume {run} --set ...` "
+                 "continues from it" if result.kept else "no checkpoint to continue from")
+        return note(("diverged", "red"), f" at step {result.step}; last finite checkpoint "
+                    f"{f'step {result.kept}' if result.kept else 'none'}; {go_on}")
+    if result.state in (STOPPED, CANCELLED):
+        word = "cancelled" if result.state == CANCELLED else "stopped"
+        if result.step is None:
+            return note((word, "yellow"), f": {result.reason}; `trainctl resume {run}` continues from the newest "
+                        "valid checkpoint")
+        return note((f"{word} at step {result.step}, checkpoint saved", "yellow"),
+                    f"; `trainctl resume {run}` continues")
     if full := disk_full_line(paths):
         return note(("run failed", "red"), f": {full}")
-    return note(("run failed", "red"), f"; rank logs under {paths.logs} (console copy in {paths.launcher_log})")
+    log = ""
+    if result.cause is not None and result.cause.rank is not None:
+        files = paths.local_rank_logs(result.cause.rank)
+        log = f"; its logs: {files[-1].parent}" if files else ""
+    return note(("run failed", "red"), f": {result.reason}{log or f'; logs under {paths.logs}'} "
+                f"(console copy in {paths.launcher_log})")
 
 
 def env_words(env: dict[str, str]) -> str:
@@ -248,48 +291,14 @@ def env_words(env: dict[str, str]) -> str:
     return " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
 
 
-# --- the run's state, for `trainctl status/runs/logs/cancel` ------------------------------------------
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a recycled pid is not our launcher
-        return b"trainctl" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return True
-
-
-def launcher_pid(events: list[dict[str, Any]]) -> int | None:
-    """The local launcher's pid (the `launch` event's writer)."""
-    for ev in reversed(events):
-        if ev.get("event") in ("launch", "resume") and isinstance(ev.get("pid"), int):
-            return int(ev["pid"])
-    return None
-
-
-def local_state(job: dict[str, Any], events: list[dict[str, Any]]) -> tuple[str, str | None]:
-    """The last launch's state in Slurm's words, from job.json's attempts and whether its launcher lives."""
-    attempts = job.get("attempts") or []
-    if not attempts:
-        return words.PENDING, "not started"
-    last = attempts[-1]
-    status = last.get("status")
-    if status == "completed":
-        return words.COMPLETED, None
-    if status == "interrupted":
-        return words.CANCELLED, f"exit code {last.get('exit_code')}"
-    if status == "failed":
-        return words.FAILED, f"exit code {last.get('exit_code')}"
-    if status == "diverged":  # the divergence guard stopped it (runtime/divergence.py)
-        return words.FAILED, "diverged: the loss or gradient norm stayed NaN/inf (events.jsonl: diverged)"
-    pid = launcher_pid(events)
-    if pid is not None and _pid_alive(pid):
-        return words.RUNNING, None
-    return words.FAILED, "the launcher process is gone without recording an exit"
+def lock_holds(paths: RunPaths) -> tuple[bool, str | None, list[int]]:
+    """(whether the run lock's launcher, torchrun or a rank still runs, why, their pids)."""
+    held = runlock.read_lock(paths.lock)
+    if held is None:
+        return False, None, []
+    v = runlock.verdict(held.owner, held.age_s, runlock.Here.now())
+    pids = [held.owner.pid, *(p for p, _ in held.owner.children)] if held.owner else []
+    return v.live, v.why, pids
 
 
 # --- the backend ----------------------------------------------------------------------------------------
@@ -307,15 +316,18 @@ class LocalBackend(Backend[LocalLaunch, LocalLaunch]):
         return [note(f"run dir (not created): {launch.run_dir}"),
                 verbatim(f"{env_words(launch.env)} {shlex.join(launch.command)}")]
 
-    def start(self, launch: LocalLaunch, say: Say) -> int:
+    def start(self, launch: LocalLaunch, say: Say, *, verbose: bool = False) -> int:
         paths = create(launch)
         say(note(("run dir", "bold"), f" {paths.root}"))
         say(note((f"{launch.nproc} ranks, {env_words(launch.env)}; per-rank logs in {paths.logs}", "dim")))
-        with runlock.hold(paths.root, "launch", lambda s: say(note(("note", "yellow"), f" {s}"))):
-            started = time.time()
-            status = run(launch, paths)
-        say(end_line(paths, status, since=started, trainer=launch.module == TRAINER_MODULE))
-        return status
+        return self._attempt(launch, paths, "launch", say, verbose)
+
+    def _attempt(self, launch: LocalLaunch, paths: RunPaths, kind: str, say: Say, verbose: bool) -> int:
+        """Hold the run lock, run torchrun to the end, print the one last line; the exit code."""
+        with runlock.hold(paths.root, kind, lambda s: say(note(("note", "yellow"), f" {s}"))):
+            result = run(launch, paths, kind=kind, verbose=verbose)
+        say(end_line(paths, result, trainer=launch.module == TRAINER_MODULE))
+        return result.exit_code
 
     def require_not_active(self, paths: RunPaths) -> None:
         runlock.check_free(paths.root)  # its launcher (or torchrun) still runs: exit 2 naming it
@@ -329,18 +341,12 @@ class LocalBackend(Backend[LocalLaunch, LocalLaunch]):
     def resume_dry_run(self, relaunch: LocalLaunch) -> list[Line]:
         return [verbatim(f"{env_words(relaunch.env)} {shlex.join(relaunch.command)}")]
 
-    def resume(self, relaunch: LocalLaunch, say: Say) -> int:
-
-        paths = RunPaths(relaunch.run_dir)
-        with runlock.hold(paths.root, "resume", lambda s: say(note(("note", "yellow"), f" {s}"))):
-            started = time.time()
-            status = run(relaunch, paths, kind="resume")
-        say(end_line(paths, status, since=started))
-        return status
+    def resume(self, relaunch: LocalLaunch, say: Say, *, verbose: bool = False) -> int:
+        return self._attempt(relaunch, RunPaths(relaunch.run_dir), "resume", say, verbose)
 
     def job_state(self, paths: RunPaths, job: dict[str, Any], events: list[dict[str, Any]]) -> JobState:
-        state, reason = local_state(job, events)
-        return JobState(state, reason, attempts=len(job.get("attempts") or []), active=words.is_active(state))
+        live, why, _ = lock_holds(paths)
+        return JobState("RUNNING" if live else "ENDED", why, attempts=len(job.get("attempts") or []), active=live)
 
     def log_files(self, paths: RunPaths, job: dict[str, Any], rank: int | None) -> LogFiles:
         if rank is None:
@@ -351,9 +357,15 @@ class LocalBackend(Backend[LocalLaunch, LocalLaunch]):
         return LogFiles(files)
 
     def cancel(self, paths: RunPaths, job: dict[str, Any]) -> str:
-        # SIGTERM, as Ctrl-C would: the launcher forwards it to torchrun, the ranks checkpoint and stop.
-        pid = launcher_pid(read_jsonl(paths.events))
-        if pid is None:
-            raise RunError(f"{paths.root}: no launcher pid recorded in {paths.events.name}")
-        os.kill(pid, signal.SIGTERM)
-        return f"sent SIGTERM to the local launcher (pid {pid})"
+        # As Ctrl-C would: the launcher asks every rank to save after its step and stop. A launcher that is gone
+        # (killed) left ranks that stop by themselves; they are asked directly.
+        held = runlock.read_lock(paths.lock)
+        if held is None or held.owner is None:
+            raise RunError(f"{paths.root}: no live launcher recorded in {paths.lock.name}")
+        if signal_all([held.owner.pid], signal.SIGTERM):
+            return (f"asked the local launcher (pid {held.owner.pid}) to stop: every rank saves a checkpoint after "
+                    "its current step")
+        ranks = [p for p, _ in held.owner.children[1:]]  # the first child is torchrun
+        signal_all(ranks, signal.SIGTERM)
+        return f"the launcher is gone; asked its {len(ranks)} ranks to save and stop"
+

@@ -51,6 +51,7 @@ class ResumePlan:
     abandon: list[CheckpointInfo] = field(default_factory=list)  # --from-step: newer ones moved aside
     overrides: list[str] = field(default_factory=list)
     last_logged_step: int | None = None
+    spec_changes: list[str] = field(default_factory=list)  # `--set` changes that are not layout changes
 
     def layout_changes(self) -> list[str]:
         """'tp 2 -> 4' for every parallel setting that differs from the checkpoint's (resharded at load)."""
@@ -62,6 +63,7 @@ class ResumePlan:
                 "layout_changes": self.layout_changes(),
                 "skipped": [{"step": i.step, "path": str(i.path), "reason": i.reason} for i in self.skipped],
                 "abandoned": [i.step for i in self.abandon], "overrides": self.overrides,
+                "spec_changes": self.spec_changes,
                 "last_logged_step": self.last_logged_step, "steps": self.spec.train.steps}
 
 
@@ -81,7 +83,8 @@ def plan_resume(run_dir: Path, from_step: int | None = None, overrides: list[str
     if not paths.spec.exists() or not paths.job.exists():
         raise UsageError(f"{run_dir}: not a run directory (no spec.yaml or job.json)",
                          hint="give the directory `trainctl launch` created")
-    spec = load_spec(paths.spec, overrides or [])
+    before = load_spec(paths.spec)
+    spec = load_spec(paths.spec, overrides or []) if overrides else before
     try:
         backend = str(read_job(paths).get("backend") or spec.backend)
     except (OSError, ValueError) as e:
@@ -91,14 +94,15 @@ def plan_resume(run_dir: Path, from_step: int | None = None, overrides: list[str
     ckdir = resolve_checkpoint_dir(root, spec)
     skipped: list[CheckpointInfo] = []
     abandon: list[CheckpointInfo] = []
+    # deep: every file's checksum, as the trainer verifies before it loads, so both name the same step
     if from_step is not None:
         try:
-            info: CheckpointInfo | None = find_step(ckdir, from_step)
+            info: CheckpointInfo | None = find_step(ckdir, from_step, deep=True)
         except CheckpointError as e:
             raise UsageError(e.message, hint=e.hint) from e
         abandon = [i for i in list_checkpoints(ckdir) if i.step > from_step]
     else:
-        info = latest_valid(ckdir, skipped=skipped)
+        info = latest_valid(ckdir, deep=True, skipped=skipped)
     logged = [r.get("step") for r in read_jsonl(paths.metrics)]
     last = max((s for s in logged if isinstance(s, int)), default=None)
     if info is not None:
@@ -106,7 +110,45 @@ def plan_resume(run_dir: Path, from_step: int | None = None, overrides: list[str
     if info is not None and info.step >= spec.train.steps:
         raise UsageError(f"checkpoint step {info.step} is already at train.steps={spec.train.steps}: nothing to run",
                          hint=f"train longer with --set train.steps=N (N > {info.step})")
-    return ResumePlan(paths, spec, backend, ckdir, info, skipped, abandon, list(overrides or []), last)
+    return ResumePlan(paths, spec, backend, ckdir, info, skipped, abandon, list(overrides or []), last,
+                      spec_changes(before, spec))
+
+
+# What a change of a field (other than the layout, which layout_changes reports) does to a resumed run.
+CONSEQUENCE = {
+    "train.steps": "the LR schedule is a function of train.steps: its warm-up stays, its decay stretches or "
+                   "shrinks from here on",
+    "train.global_batch": "more or fewer sequences per step from here on; the data position is kept in "
+                          "sequences and the LR schedule counts steps",
+    "train.lr": "the LR schedule is rescaled from here on", "train.min_lr": "the decay's floor changes",
+    "train.warmup": "the LR schedule changes from here on",
+    "train.seed": "only a fresh start uses the seed: the resumed model, data order and RNG come from the checkpoint",
+    "model": "another model shape cannot load this checkpoint",
+    "data": "the data position (sequences consumed) is kept and applied to the new data",
+}
+LAYOUT_SECTIONS = ("parallel.", "cluster.")  # reported as layout changes (resharded at load)
+
+
+def spec_changes(before: RunSpec, after: RunSpec) -> list[str]:
+    """'train.steps: 25 -> 45 (consequence)' for every field `--set` changed, the layout aside."""
+    old, new = _flat(resolved_dict(before)), _flat(resolved_dict(after))
+    out = []
+    for key in sorted(set(old) | set(new)):
+        if old.get(key) == new.get(key) or key.startswith(LAYOUT_SECTIONS) or key == "name":
+            continue
+        why = CONSEQUENCE.get(key) or CONSEQUENCE.get(key.split(".", 1)[0])
+        out.append(f"{key}: {old.get(key)!r} -> {new.get(key)!r}" + (f" ({why})" if why else ""))
+    return out
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
 
 
 def prepare(plan: ResumePlan) -> None:
@@ -128,12 +170,3 @@ def prepare(plan: ResumePlan) -> None:
     record_event(paths, "resume_requested", backend=plan.backend,
                  step=plan.checkpoint.step if plan.checkpoint else 0,
                  skipped=[i.step for i in plan.skipped], abandoned=[i.step for i in plan.abandon])
-
-
-def stopped_for_requeue(paths: RunPaths, since: float | None = None) -> bool:
-    """Whether the trainer stopped on a signal after committing a checkpoint (ranks exit 0 under torchrun,
-    75 otherwise: see trainctl.runtime.checkpointing.requeue_code), so launchers read the event."""
-    for e in read_jsonl(paths.events):
-        if e.get("event") == "checkpoint_on_signal" and (since is None or e.get("time", 0) >= since):
-            return True
-    return False

@@ -34,13 +34,14 @@ from pathlib import Path
 from typing import Any
 
 from trainctl.errors import UsageError
+from trainctl.launch.procs import descendants
 from trainctl.rundir import RunPaths
 
 HEARTBEAT_S = 10.0  # the owner touches the lock this often
 STALE_AFTER_S = 120.0  # another host: a lock not touched for this long has lost its owner
 WRITING_GRACE_S = 10.0  # an empty or torn lock file younger than this is still being written
 CHILD_POLL_S = 1.0  # how often the owner looks for new child processes (torchrun, ranks) to record
-MAX_CHILDREN = 256
+MAX_CHILDREN = 256  # recorded in the lock: torchrun and its ranks, with room to spare
 UNKNOWN_START = -1  # a process that exists but whose start time cannot be read (no /proc)
 
 
@@ -64,7 +65,10 @@ def proc_start(pid: int) -> int | None:
     except OSError:
         return UNKNOWN_START
     try:  # the command name (field 2) may hold spaces and parentheses: split after the last ')'
-        return int(stat[stat.rindex(")") + 2:].split()[19])
+        fields = stat[stat.rindex(")") + 2:].split()
+        if fields[0] in ("Z", "X"):  # a zombie (dead, not yet reaped by its parent) or dying: gone
+            return None
+        return int(fields[19])
     except (ValueError, IndexError):
         return UNKNOWN_START
 
@@ -78,26 +82,6 @@ def boot_id() -> str | None:
 
 def hostname() -> str:
     return socket.gethostname()
-
-
-def descendants(pid: int) -> list[int]:
-    """Child processes of `pid`, recursively (Linux /proc; empty elsewhere)."""
-    out: list[int] = []
-    todo = [pid]
-    while todo and len(out) < MAX_CHILDREN:
-        p = todo.pop()
-        try:
-            tasks = os.listdir(f"/proc/{p}/task")
-        except OSError:
-            continue
-        for tid in tasks:
-            try:
-                kids = [int(c) for c in Path(f"/proc/{p}/task/{tid}/children").read_text().split()]
-            except (OSError, ValueError):
-                continue
-            out += kids
-            todo += kids
-    return out[:MAX_CHILDREN]
 
 
 # --- the lock's content and the verdict on it (pure) -----------------------------------------------------
@@ -253,7 +237,7 @@ class RunLock:
         touched = time.monotonic()
         while not self._stop.wait(CHILD_POLL_S) and not self.lost:
             try:
-                kids = tuple((p, proc_start(p)) for p in descendants(self.owner.pid))
+                kids = tuple((p, proc_start(p)) for p in descendants(self.owner.pid)[:MAX_CHILDREN])
                 kids = tuple(k for k in kids if k[1] is not None)
                 changed = {p for p, _ in kids} != {p for p, _ in self.owner.children}
                 if not (changed or time.monotonic() - touched >= HEARTBEAT_S):

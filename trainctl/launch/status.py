@@ -1,8 +1,8 @@
-"""The state of a run directory, for `trainctl status/runs/logs/cancel`. No torch.
+"""What `trainctl status` and `runs` show of a run directory. No torch.
 
-What is read from the run directory (name, steps, loss, MFU, trainer starts) is the same for every
-backend; the job's state comes from the run's backend (`launch/backend.py`), in Slurm's words for all of
-them (PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, REQUEUED, PREEMPTED, TIMEOUT, ...).
+The state is the run-state model's (launch/runstate.py: PENDING, STARTING, RUNNING, STOPPING, STOPPED,
+CANCELLED, COMPLETED, FAILED, DIVERGED), the same for every backend; Slurm's own word for the job is shown
+beside it. Progress (name, steps, loss, MFU, trainer starts) is read from the run directory.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from trainctl.errors import UsageError
-from trainctl.launch.backend import backend_for
+from trainctl.launch.runstate import run_state
 from trainctl.rundir import RunPaths, read_jsonl
 
 TAIL_BYTES = 64 * 1024
@@ -26,9 +26,11 @@ class RunStatus:
     run_dir: str
     name: str
     backend: str
-    state: str
+    state: str  # launch/runstate.py
     job_id: str | None
     reason: str | None
+    job_state: str | None  # the backend's own word (Slurm's JobState), when it has one
+    eligible_at: str | None  # a pending requeue: when Slurm lets it start
     steps_done: int
     steps_total: int | None
     attempts: int  # Slurm attempts (1 + requeues) or local launches
@@ -87,21 +89,31 @@ def spec_steps(paths: RunPaths) -> tuple[str | None, int | None]:
     return data.get("name"), steps if isinstance(steps, int) else None
 
 
+def spec_world_size(paths: RunPaths) -> int | None:
+    """The run's number of ranks, from its frozen spec (None when it cannot be read)."""
+    from trainctl.errors import SpecError
+    from trainctl.spec import load_spec
+
+    try:
+        return load_spec(paths.spec).world_size
+    except (SpecError, OSError):
+        return None
+
+
 def run_status(path: Path) -> RunStatus:
     paths = open_run(path)
     job = read_job_json(paths)
-    backend = backend_for(job)
     name, total = spec_steps(paths)
     events = read_jsonl(paths.events)
     last = last_jsonl(paths.metrics) or {}
     starts = sum(1 for e in events if e.get("event") == "start")
     job_id = job.get("job_id")
-    st = backend.job_state(paths, job, events)
-    return RunStatus(run_dir=str(paths.root), name=name or paths.root.name, backend=backend.name, state=st.state,
-                     job_id=str(job_id) if job_id is not None else None, reason=st.reason,
-                     steps_done=int(last.get("step", 0) or 0), steps_total=total, attempts=st.attempts,
-                     starts=starts, last_loss=last.get("loss"), last_mfu=last.get("mfu"), nodes=st.nodes,
-                     active=st.active)
+    st = run_state(paths, job)
+    return RunStatus(run_dir=str(paths.root), name=name or paths.root.name, backend=st.backend, state=st.state,
+                     job_id=str(job_id) if job_id is not None else None, reason=st.reason, job_state=st.job_state,
+                     eligible_at=st.eligible_at, steps_done=int(last.get("step", 0) or 0), steps_total=total,
+                     attempts=st.attempts, starts=starts, last_loss=last.get("loss"), last_mfu=last.get("mfu"),
+                     nodes=st.nodes, active=st.active)
 
 
 def find_runs(base: Path) -> list[Path]:

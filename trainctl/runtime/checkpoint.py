@@ -65,7 +65,7 @@ from trainctl.checkpoint import (
     write_durable,
 )
 from trainctl.checkpoint.space import DISK_FULL_EVENT, dir_bytes, disk_full_message, free_bytes, is_disk_full
-from trainctl.rundir import RunPaths, record_event
+from trainctl.rundir import RunPaths, read_jsonl, record_event
 from trainctl.runtime import faults
 
 # ZeRO-1/2 optimizer state is saved as ShardedTensors (each DP rank owns a flat range; DCP reshards range
@@ -103,6 +103,7 @@ class CheckpointManager:
         self.keep_last, self.milestone_every = keep_last, milestone_every
         self.async_save = async_save
         self.events = events
+        self._reported: set[Path] = set()  # checkpoints already reported as skipped (once each)
         self.expected_bytes = expected_bytes
         self.distributed = dist.is_available() and dist.is_initialized() and world_size > 1
         if self.distributed and process_group is None:
@@ -493,8 +494,16 @@ class CheckpointManager:
                 print(f"warning: could not record event {kind}: {e}", file=sys.stderr)
 
     def _warn_skipped(self, info: CheckpointInfo) -> None:
-        print(f"warning: skipping checkpoint {info.path}: {info.reason}", file=sys.stderr)
+        """Once per checkpoint: an event, and a console line unless `trainctl resume` already printed it (its
+        `resume_requested` event lists the steps it skipped, found by the same validation)."""
+        if info.path in self._reported:
+            return
+        self._reported.add(info.path)
         self._event("checkpoint_skipped", step=info.step, path=str(info.path), reason=info.reason)
+        told = next((e.get("skipped") or [] for e in reversed(read_jsonl(self.events.events))
+                     if e.get("event") == "resume_requested"), []) if self.events is not None else []
+        if info.step not in told:
+            print(f"warning: skipping checkpoint {info.path}: {info.reason}", file=sys.stderr)
 
 
 def rng_state() -> dict[str, Any]:

@@ -35,7 +35,7 @@ from trainctl.checkpoint import (
     model_of,
     resolve_checkpoint_dir,
 )
-from trainctl.errors import EXIT_OK, EXIT_REQUEUE
+from trainctl.errors import EXIT_OK, EXIT_STOPPED
 from trainctl.plan.checkpoint_size import checkpoint_bytes
 from trainctl.rundir import RunPaths, read_jsonl, record_event
 from trainctl.runtime import faults, metrics, signals, state
@@ -118,10 +118,12 @@ def reshard_memory_problem(parts: state.TrainState, info: CheckpointInfo, from_t
 def requeue_code() -> int:
     """Exit status after a stop signal and its committed checkpoint.
 
-    75 ("requeue me") for srun or a bare run; 0 under torchrun, whose agent restarts the workers after
-    any non-zero exit: they would resume and keep training while the job is being preempted. Launchers
-    read the `checkpoint_on_signal` event instead (trainctl.launch.resume.stopped_for_requeue)."""
-    return EXIT_OK if "TORCHELASTIC_RESTART_COUNT" in os.environ else EXIT_REQUEUE
+    75 ("requeue me") for a bare run. 0 under torchrun, whose agent restarts the workers after any non-zero
+    exit (they would resume and keep training while the job is being preempted), and under srun, which
+    would print "srun: error: ... Exited with exit code 75" for a clean stop. Launchers and the Slurm batch
+    script read the `checkpoint_on_signal` event instead (launch/runstate.py)."""
+    launched = "TORCHELASTIC_RESTART_COUNT" in os.environ or "SLURM_STEP_ID" in os.environ
+    return EXIT_OK if launched else EXIT_STOPPED
 
 
 class Checkpointing:
@@ -139,7 +141,7 @@ class Checkpointing:
                                      expected_bytes=checkpoint_bytes(spec))
         self.schedule = SaveSchedule(ck.every_steps, ck.every_minutes)
         self.blocked_s = 0.0  # the loop was blocked this long by saves since take_blocked_s()
-        self.stop = signals.StopFlag().install()
+        self.stop = signals.STOP.install()  # entry.main installed it already; idempotent
         self.stop_after = signals.stop_after_step()
 
     # -- start ------------------------------------------------------------------------------------------
@@ -219,9 +221,10 @@ class Checkpointing:
             self.save(step, wait=True)
             if self.log:
                 if sig:
-                    record_event(self.paths, "checkpoint_on_signal", step=step, signal=signals.name(sig))
+                    record_event(self.paths, "checkpoint_on_signal", step=step, signal=signals.name(sig),
+                                 reason=signals.why(sig))
                     record_event(self.paths, "preempted", step=step, signal=signals.name(sig),
-                                 reason=f"{signals.name(sig)}: checkpointed step {step}, exit {requeue_code()}")
+                                 reason=f"{signals.why(sig)}: checkpointed step {step}, exit {requeue_code()}")
                 else:
                     record_event(self.paths, "stopped", step=step, reason=f"fault stop_after_step={step}")
                 print(f"trainctl: stopping after step {step} (checkpoint committed)", flush=True)
@@ -230,6 +233,18 @@ class Checkpointing:
         if due and (may_save is None or may_save()):
             self.save(step, wait=False)
         return None
+
+    def stop_before_first_step(self, step: int) -> int | None:
+        """A stop requested during start-up (collective): stop before training, with nothing new to save
+        (`step` is what was loaded, or 0); the exit code, else None."""
+        (sig,) = signals.agree([self.stop.signum], self.parts.par.device)
+        if not sig:
+            return None
+        if self.log:
+            record_event(self.paths, "checkpoint_on_signal", step=step, signal=signals.name(sig),
+                         reason=signals.why(sig), before_first_step=True)
+            print(f"trainctl: stopping before the first step ({signals.why(sig)}); nothing new to save", flush=True)
+        return requeue_code()
 
     def save(self, step: int, wait: bool) -> None:
         t0 = time.perf_counter()
@@ -258,4 +273,3 @@ class Checkpointing:
         if self.schedule.enabled and step > self.schedule.last_step and (may_save is None or may_save()):
             self.save(step, wait=True)
         self.mgr.wait()
-        self.stop.uninstall()

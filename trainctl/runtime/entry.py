@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import sys
 import traceback
 from pathlib import Path
@@ -20,6 +21,7 @@ import torch
 
 from trainctl.errors import SpecError, TrainctlError
 from trainctl.rundir import SPEC, RunPaths, record_event
+from trainctl.runtime import signals
 from trainctl.runtime.distributed import RankEnv, exit_now
 
 USAGE = f"usage: python -m trainctl.runtime RUN_DIR   (RUN_DIR holds the frozen {SPEC})"
@@ -31,6 +33,9 @@ def main(argv: list[str] | None = None) -> NoReturn:
         print(USAGE, file=sys.stderr)
         exit_now(0 if args and args[0] in ("-h", "--help") else 2, barrier=False)
     paths = RunPaths(Path(args[0]))
+    # First thing: a stop request from now on is recorded (the ranks stop at their next step boundary, or
+    # before the first step), and a rank whose parent dies stops itself (runtime/signals.py).
+    signals.STOP.install().watch_parent()
     env = RankEnv.from_env()
     _threads()
     try:
@@ -39,6 +44,9 @@ def main(argv: list[str] | None = None) -> NoReturn:
         spec = load_spec(paths.spec)
     except SpecError as e:
         print(f"trainctl: rank {env.rank}: {e}", file=sys.stderr)
+        with contextlib.suppress(OSError):  # a failure of the run, not of its start (launch/runstate.py)
+            record_event(paths, "failure", rank=env.rank, host=socket.gethostname(),
+                         error=f"SpecError: {str(e).splitlines()[0]}")
         exit_now(2, barrier=False)
     try:
         from trainctl.runtime.distributed import init
@@ -53,16 +61,32 @@ def main(argv: list[str] | None = None) -> NoReturn:
         print(f"trainctl: rank {env.rank} failed: {e.message}" + (f" (hint: {e.hint})" if e.hint else ""),
               file=sys.stderr)
         with contextlib.suppress(OSError):
-            record_event(paths, "failure", rank=env.rank, error=e.message.splitlines()[0])
+            record_event(paths, "failure", rank=env.rank, host=socket.gethostname(), error=e.message.splitlines()[0])
         exit_now(1, barrier=False)
     except BaseException as e:  # every failure ends in one clear line and exit status 1
         traceback.print_exc()
-        summary = f"{type(e).__name__}: {e}".splitlines()[0] if str(e) else type(e).__name__
+        summary = failure_summary(e)
         print(f"trainctl: rank {env.rank} failed: {summary}", file=sys.stderr)
         with contextlib.suppress(OSError):  # an unwritable run dir must not hide the real error
-            record_event(paths, "failure", rank=env.rank, error=summary)
+            record_event(paths, "failure", rank=env.rank, host=socket.gethostname(), error=summary)
         exit_now(1, barrier=False)
     exit_now(code, barrier=True)  # 0, or checkpointing.requeue_code() after a stop signal
+
+
+def _first_line(e: BaseException) -> str:
+    text = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "")
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def failure_summary(e: BaseException) -> str:
+    """One line: the exception and, when it wraps another (pipelining re-raises a peer's lost connection as
+    "Failed to run stage backward"), the root of its chain, whose words tell a first cause from the
+    consequence of another rank's death (launch/runstate.py)."""
+    root = e
+    while (nxt := root.__cause__ or root.__context__) is not None and nxt is not root:
+        root = nxt
+    outer = _first_line(e)
+    return outer if root is e else f"{outer} (caused by {_first_line(root)})"
 
 
 def _threads() -> None:

@@ -9,6 +9,7 @@ itself. An unknown name is an error, so a typo cannot silently switch a test's f
 from __future__ import annotations
 
 import os
+import sys
 
 ENV = "TRAINCTL_FAULTS"
 
@@ -26,6 +27,9 @@ FAULTS: dict[str, str] = {
                    "divergence guard must skip them); tied to the data position, so a rollback that skips "
                    "the window does not meet it again",
     "nan_rank": "the rank whose gradients nan_at_step poisons (default: the last rank)",
+    "start_fail_attempts": "Slurm: these attempts of the job (SLURM_RESTART_COUNT, `+`-separated) fail to "
+                           "launch: srun starts a program that does not exist, as a revoked credential or a lost "
+                           "node fails a launch (the batch script must retry)",
 }
 
 
@@ -68,3 +72,16 @@ def encode(**faults: object) -> dict[str, str]:
     if unknown:
         raise KeyError(f"no fault named {sorted(unknown)}")
     return {ENV: ",".join(f"{k}={v}" for k, v in faults.items())}
+
+
+def main(argv: list[str]) -> int:
+    """`python -m trainctl.runtime.faults get NAME`: the value (or nothing), for the Slurm batch script."""
+    if len(argv) != 2 or argv[0] != "get" or argv[1] not in FAULTS:
+        print(f"usage: python -m trainctl.runtime.faults get {{{'|'.join(FAULTS)}}}", file=sys.stderr)
+        return 2
+    print(get(argv[1]) or "")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -102,8 +102,13 @@ def prove_placement(spec: RunSpec, paths: RunPaths, rank: int, local_rank: int,
         tmp = paths.placement.with_name(f".{paths.placement.name}.tmp")
         tmp.write_text(json.dumps(mapping, indent=1) + "\n", encoding="utf-8")
         os.replace(tmp, paths.placement)
+        # Per attempt (placement.json keeps only the latest): rendezvous may order the nodes differently in
+        # every attempt, and `trainctl logs --rank N` finds a rank's files of each attempt from this.
         record_event(paths, "placement", nodes=mapping["nodes"],
-                     tp_groups_across_nodes=len(mapping["tp_groups_across_nodes"]))
+                     tp_groups_across_nodes=len(mapping["tp_groups_across_nodes"]),
+                     ranks=[[x["node"], x["local_rank"]] for x in mapping["ranks"]],
+                     job_id=os.environ.get("SLURM_JOB_ID"), slurm_restart=os.environ.get("SLURM_RESTART_COUNT", "0"),
+                     torchrun_restart=os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     check(mapping)  # the same decision on every rank: all stop together
     return mapping
 

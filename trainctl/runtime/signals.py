@@ -5,11 +5,19 @@ of a step). At each step boundary every rank contributes its flag to one tiny al
 signal delivered to ANY rank (Slurm may signal only the batch step, a user only one pid) stops every
 rank after the same step. The same all-reduce carries the "a timed checkpoint is due" flag, whose clock
 differs per rank.
+
+The flag is one per process (`STOP`), installed by the rank's entry point before anything else, so a
+stop request during start-up (process groups, model build, checkpoint load) is kept, not fatal: the ranks
+then stop before their first step. A rank whose parent goes away (torchrun killed, its launcher with it)
+raises the same flag itself, as SIGHUP ("hang-up: the controlling process died"), so a killed launcher
+never leaves ranks training on (docs/ARCHITECTURE.md, "Signal chain").
 """
 
 from __future__ import annotations
 
+import os
 import signal
+import threading
 from types import FrameType
 
 import torch
@@ -18,28 +26,48 @@ import torch.distributed as dist
 from trainctl.runtime import faults
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+PARENT_GONE = signal.SIGHUP  # what the parent watch records: the process that started this rank is gone
+PARENT_POLL_S = 0.5
 
 
 class StopFlag:
-    """Which stop signal this process received (0 = none); installed once per trainer process."""
+    """Which stop signal this process received (0 = none)."""
 
     def __init__(self) -> None:
         self.signum = 0
-        self._old: dict[int, object] = {}
+        self._installed = False
 
     def install(self) -> StopFlag:
-        for s in STOP_SIGNALS:
-            self._old[s] = signal.signal(s, self._handle)
+        """Idempotent; the handlers stay until the process exits (os._exit), so a late signal during the
+        final save or barrier is recorded, never fatal."""
+        if not self._installed:
+            for s in STOP_SIGNALS:
+                signal.signal(s, self._handle)
+            self._installed = True
         return self
 
-    def uninstall(self) -> None:
-        for s, h in self._old.items():
-            signal.signal(s, h)  # type: ignore[arg-type]
-        self._old.clear()
-
-    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+    def request(self, signum: int) -> None:
         if not self.signum:
             self.signum = signum
+
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+        self.request(signum)
+
+    def watch_parent(self) -> None:
+        """A daemon thread raising the flag (PARENT_GONE) when this process is re-parented: its parent died."""
+        parent = os.getppid()
+
+        def watch() -> None:
+            stopped = threading.Event()
+            while not stopped.wait(PARENT_POLL_S):
+                if os.getppid() != parent:
+                    self.request(PARENT_GONE)
+                    return
+
+        threading.Thread(target=watch, name="trainctl-parent-watch", daemon=True).start()
+
+
+STOP = StopFlag()  # the process's one stop flag: entry.main installs it first thing
 
 
 def stop_after_step() -> int:
@@ -61,3 +89,8 @@ def name(signum: int) -> str:
         return signal.Signals(signum).name
     except ValueError:
         return str(signum)
+
+
+def why(signum: int) -> str:
+    """The stop request in words, for events and the console."""
+    return "the launcher or torchrun was killed" if signum == PARENT_GONE else name(signum)

@@ -167,8 +167,8 @@ class Trainer:
         parts = TrainState(par, self.modules, self.opt, self.sync, self.loader, self.scaler)  # what a checkpoint holds
         ckpt = Checkpointing(spec, self.paths, parts)  # CheckpointError: the checkpoint dir is unusable
         first = ckpt.resume().step  # the newest valid checkpoint, if any (0: a fresh start)
+        stop: int | None = ckpt.stop_before_first_step(first)  # Ctrl-C / SIGTERM during start-up
         self.memory_steps = range(first, first + MEMORY_STEPS)
-        stop: int | None = None
         fail_step, fail_rank = _fail_knob(par.world_size)
         self.steptimes = stragglers.StepTimeLog(self.paths, par.rank, par.env.local_rank, str(par.device))
         hang_at = watchdog.hang_step(par.rank)
@@ -177,7 +177,7 @@ class Trainer:
         last: dict[str, Any] = {}
         step = first
         try:
-            while step < spec.train.steps:
+            while stop is None and step < spec.train.steps:
                 if step + 1 == fail_step and par.rank == fail_rank:
                     raise InjectedFailure(f"fault fail_at_step={fail_step}: failing rank {par.rank} on purpose")
                 if step + 1 == hang_at:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import faulthandler
 import json
 import os
+import socket
 import sys
 import threading
 import time
@@ -94,8 +95,8 @@ class Watchdog:
             pass
         try:
             self._write_heartbeat("hung")
-            record_event(self.paths, "hang", rank=self.rank, step=self.step, idle_s=round(idle, 3),
-                         timeout_s=self.timeout_s)
+            record_event(self.paths, "hang", rank=self.rank, host=socket.gethostname(), step=self.step,
+                         idle_s=round(idle, 3), timeout_s=self.timeout_s)
         except OSError:
             pass
         os._exit(HANG_EXIT_CODE)  # not sys.exit: the main thread is stuck and would never unwind

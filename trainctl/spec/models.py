@@ -265,6 +265,10 @@ class LauncherSpec(Strict):
     )
     mode: Literal["torchrun", "srun"] = "torchrun"
     max_restarts: Annotated[int, Field(ge=0, le=1000)] = 0
+    start_retries: Annotated[int, Field(ge=0, le=100)] = Field(
+        3, description="Slurm: an attempt whose step fails to start (a launch failure, a revoked credential, a "
+        "node lost at start: the trainer never began) requeues the job, after Slurm's requeue delay, at most "
+        "this many times per job; 0 ends the run at the first such failure")
     srun_args: list[str] = Field(default_factory=list)
     sbatch_args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)

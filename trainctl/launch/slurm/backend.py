@@ -50,7 +50,7 @@ class SlurmBackend(Backend[SlurmLaunch, RunPaths]):
                   note(("sbatch script", "bold")), verbatim(launch.script.removesuffix("\n"))]
         return lines
 
-    def start(self, launch: SlurmLaunch, say: Say) -> int:
+    def start(self, launch: SlurmLaunch, say: Say, *, verbose: bool = False) -> int:
         cluster.require_cluster_fits(launch.spec)
         paths = submit.create(launch)
         job_id = submit.submit(launch, paths)
@@ -72,7 +72,7 @@ class SlurmBackend(Backend[SlurmLaunch, RunPaths]):
     def resume_dry_run(self, relaunch: RunPaths) -> list[Line]:
         return []
 
-    def resume(self, relaunch: RunPaths, say: Say) -> int:
+    def resume(self, relaunch: RunPaths, say: Say, *, verbose: bool = False) -> int:
         job_id = submit.resubmit(relaunch)
         say(note(f"submitted job {job_id}"))
         return EXIT_OK
@@ -87,9 +87,14 @@ class SlurmBackend(Backend[SlurmLaunch, RunPaths]):
         seen = {(str(e.get("job_id")), e.get("attempt")) for e in events if e.get("event") == "slurm_start"}
         earlier = sum(1 for j, _ in seen if j != str(job_id))
         attempts = max(len(seen), earlier + (info["restarts"] or 0) + 1 if info["restarts"] is not None else 0)
-        if info["restarts"] and state == jobs.PENDING:
+        pending = state in jobs.WAITING
+        eligible = info.get("eligible") if pending and reason == "BeginTime" else None
+        if info["restarts"] and pending:
             reason = f"requeued ({reason})" if reason else "requeued"
-        return JobState(state, reason, attempts=attempts, active=jobs.is_active(state), nodes=info["nodes"])
+        if eligible:
+            reason = f"{reason}; eligible to start at {eligible}"
+        return JobState(state, reason, attempts=attempts, active=jobs.is_active(state), nodes=info["nodes"],
+                        pending=pending, eligible_at=eligible, state_hint=jobs.RUN_STATE_OF.get(state))
 
     def log_files(self, paths: RunPaths, job: dict[str, Any], rank: int | None) -> LogFiles:
         outputs = slurm_outputs(paths, job)
@@ -140,9 +145,22 @@ def slurm_outputs(paths: RunPaths, job: dict[str, Any]) -> list[Path]:
 
 
 def torchrun_rank_logs(paths: RunPaths, rank: int) -> list[Path]:
-    """torchrun's files of a global rank, oldest attempt first: its node and local rank are what the rank
-    reported at start (placement.json), since rendezvous order decides them (docs/ARCHITECTURE.md,
-    "Rank order")."""
+    """torchrun's files of a global rank, oldest attempt first. Rendezvous order decides a rank's node and
+    local rank, in every attempt anew (docs/ARCHITECTURE.md, "Rank order"): each attempt's `placement` event
+    says where the rank ran then; a run without them falls back to placement.json (the latest attempt)."""
+    from trainctl.rundir import TORCHRUN_RANK_LOGS, read_jsonl
+
+    found: list[Path] = []
+    for e in read_jsonl(paths.events):
+        where = e.get("ranks") if e.get("event") == "placement" and e.get("job_id") else None
+        if not where or rank >= len(where):
+            continue
+        node, local = where[rank]
+        base = paths.torchrun_attempt_logs(str(e["job_id"]), str(e.get("slurm_restart", "0"))) / str(node)
+        pattern = TORCHRUN_RANK_LOGS.replace("attempt_*", f"attempt_{e.get('torchrun_restart', '0')}")
+        found += sorted(base.glob(pattern.format(local_rank=local)))
+    if found:
+        return found
     try:
         data = json.loads(paths.placement.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):

@@ -30,6 +30,14 @@ TERMINAL = frozenset({COMPLETED, FAILED, CANCELLED, "TIMEOUT", "NODE_FAIL", "OUT
 WAITING = frozenset({PENDING, REQUEUED, "REQUEUE_HOLD", "REQUEUE_FED"})
 
 
+# How an ended job ended, in the run-state model's words (launch/runstate.py), for a job whose trainer left
+# no record of it (cancelled while pending, killed at its time limit, a node lost): the trainer's own
+# events win when there are any.
+RUN_STATE_OF = {COMPLETED: "FAILED", FAILED: "FAILED", CANCELLED: "CANCELLED", "TIMEOUT": "FAILED",
+                "NODE_FAIL": "FAILED", "OUT_OF_MEMORY": "FAILED", "BOOT_FAIL": "FAILED", "DEADLINE": "FAILED",
+                "PREEMPTED": "STOPPED", "SPECIAL_EXIT": "FAILED", UNKNOWN: "FAILED"}
+
+
 def is_active(state: str) -> bool:
     """Queued, running, or anything else Slurm has not ended (an unknown job counts as ended)."""
     return state not in TERMINAL and state != UNKNOWN
@@ -92,7 +100,7 @@ def job_state(job_id: str) -> dict[str, Any]:
     if rec is not None:
         return {"state": rec.get("JobState", UNKNOWN), "reason": rec.get("Reason"),
                 "restarts": int(rec.get("Restarts", "0") or 0), "nodes": rec.get("NodeList"),
-                "source": "scontrol"}
+                "eligible": rec.get("EligibleTime"), "source": "scontrol"}
     rec = jobcomp_record(job_id)
     if rec is not None:
         return {"state": rec.get("JobState", UNKNOWN), "reason": None, "restarts": None,

@@ -92,6 +92,7 @@ def render_launch(spec: RunSpec, root: Path, *, grace_s: int, python: str | None
         mode=lz.mode, python=python or sys.executable, request_gpus=c.gpu != "cpu",
         cpus_per_rank=c.cpus_per_task, mem=c.mem, time=c.time, partition=c.partition, account=c.account,
         qos=c.qos, constraint=c.constraint, exclude=c.exclude, max_restarts=lz.max_restarts, grace_s=grace_s,
+        start_retries=lz.start_retries,
         srun_args=tuple(lz.srun_args), sbatch_args=tuple(lz.sbatch_args), env=dict(lz.env),
         trainer_module=trainer_module,
         header=f"trainctl launch (slurm, {lz.mode} mode): {c.nodes} node(s) x {c.gpus_per_node} rank(s); "

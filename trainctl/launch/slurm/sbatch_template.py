@@ -61,6 +61,7 @@ class SbatchRequest:
     constraint: str | None = None
     exclude: str | None = None
     max_restarts: int = 0
+    start_retries: int = 3  # launcher.start_retries
     grace_s: int = DEFAULT_GRACE_S
     srun_args: Sequence[str] = ()
     sbatch_args: Sequence[str] = ()
@@ -137,15 +138,20 @@ def step_command(req: SbatchRequest) -> list[str]:
     user = [q(a) for a in req.srun_args]
     if req.mode == "srun":
         return ["srun", f"--nodes={req.nodes}", f"--ntasks={req.nodes * G}", f"--ntasks-per-node={G}",
-                *common, *user, '"$PYTHON"', "-u", "-m", q(req.trainer_module), '"$RUN_DIR"']
+                *common, *user, '"$STEP_PYTHON"', "-u", "-m", q(req.trainer_module), '"$RUN_DIR"']
     # torchrun mode. The wrapper (a fixed string; its arguments are passed as "$@", never parsed):
-    # USR1 reaches every process of the step and would kill torchrun (not a signal it handles), so
-    # torchrun ignores it; the workers inherit SIG_IGN until the trainer installs its own handler.
-    # PET_LOG_DIR (torchrun's --log-dir) is per node, so `trainctl logs --rank N` can find a rank.
-    wrapper = 'trap "" USR1; export PET_LOG_DIR="$0/$SLURMD_NODENAME"; exec "$@"'
+    # USR1 and TERM reach every process of the step (proctrack). USR1 would kill torchrun (not a signal it
+    # handles); on TERM torchrun raises SignalException, SIGTERMs its workers and SIGKILLs them 30 s later,
+    # with tracebacks. So torchrun ignores both (TORCHELASTIC_SIGNALS_TO_HANDLE keeps it from installing its
+    # own TERM handler over the inherited SIG_IGN) while the ranks, which install their handler first thing,
+    # save after the same step and exit 0, and torchrun ends with them. Slurm's SIGKILL after KillWait
+    # still ends a hung job. PET_LOG_DIR (torchrun's --log-dir) is per node, so `trainctl logs --rank N`
+    # can find a rank.
+    wrapper = ('trap "" USR1 TERM; export TORCHELASTIC_SIGNALS_TO_HANDLE=SIGINT,SIGHUP,SIGQUIT '
+               'PET_LOG_DIR="$0/$SLURMD_NODENAME"; exec "$@"')
     return ["srun", f"--nodes={req.nodes}", f"--ntasks={req.nodes}", "--ntasks-per-node=1", *common, *user,
             "bash", "-c", q(wrapper), f'"{RUN.torchrun_attempt_logs("$SLURM_JOB_ID", "${SLURM_RESTART_COUNT:-0}")}"',
-            '"$PYTHON"', "-m", "torch.distributed.run", "--nnodes=$SLURM_NNODES", f"--nproc-per-node={G}",
+            '"$STEP_PYTHON"', "-m", "torch.distributed.run", "--nnodes=$SLURM_NNODES", f"--nproc-per-node={G}",
             "--rdzv-backend=c10d", '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"', '--rdzv-id="$SLURM_JOB_ID"',
             f"--max-restarts={req.max_restarts}", "--redirects=3", "--tee=3",
             "-m", q(req.trainer_module), '"$RUN_DIR"']
@@ -206,6 +212,10 @@ def render(req: SbatchRequest) -> SbatchRender:
         f'    tail -n +"$((events_at_start + 1))" "{RUN.events}" 2>/dev/null |',
         '        grep -qs "\\"event\\": *\\"$1\\""',
         "}",
+        "event_step() {  # the step of this attempt's last event $1",
+        f'    tail -n +"$((events_at_start + 1))" "{RUN.events}" 2>/dev/null | grep "\\"event\\": *\\"$1\\"" |',
+        "        tail -n 1 | grep -o '\"step\": *[0-9]*' | grep -o '[0-9]*$'",
+        "}",
         "on_usr1() {  # Slurm's warning (--signal=B:USR1) or `scancel --batch --signal=USR1`",
         '    echo "trainctl: SIGUSR1: the ranks checkpoint and stop; then this job requeues itself"',
         "    requeue=1",
@@ -221,14 +231,47 @@ def render(req: SbatchRequest) -> SbatchRender:
         "trap on_usr1 USR1",
         "trap on_term TERM",
         "",
+        "# The test-only start-failure fault (trainctl/runtime/faults.py): this attempt's launch fails for real.",
+        'STEP_PYTHON="$PYTHON"',
+        'for a in $("$PYTHON" -m trainctl.runtime.faults get start_fail_attempts 2>/dev/null | tr "+" " "); do',
+        '    if [ "$a" = "$attempt" ]; then STEP_PYTHON=/nonexistent/trainctl-fault/python; fi',
+        "done",
+        "",
         " \\\n    ".join(_wrap(step)) + " &",
         "step_pid=$!",
         "# wait returns early (status > 128) for every trapped signal: wait until srun is really gone.",
         'while :; do wait "$step_pid"; rc=$?; kill -0 "$step_pid" 2>/dev/null || break; done',
         'wait "$step_pid"; rc=$?',
-        'echo "trainctl: the training step exited with status $rc"',
         'event step_exit ",\\"exit_code\\":$rc"',
+        "# One line that says what happened (the ranks' events), not only an exit status.",
+        "if this_attempt finish; then",
+        '    echo "trainctl: every step done"',
+        "elif this_attempt checkpoint_on_signal; then",
+        '    echo "trainctl: the ranks stopped after step $(event_step checkpoint_on_signal) with a committed'
+        ' checkpoint"',
+        "elif this_attempt diverged; then",
+        '    echo "trainctl: diverged at step $(event_step diverged) (see the lines above)"',
+        "else",
+        '    echo "trainctl: the training step failed (status $rc); `trainctl status $RUN_DIR` names the first'
+        ' cause"',
+        "fi",
         "",
+        "# The step failed to start (srun could not launch it: a revoked credential, a node lost at start, a",
+        "# program missing on a node): the trainer never began and recorded no failure. Requeue, at most",
+        f"# launcher.start_retries = {req.start_retries} times per job; Slurm holds a requeued job ~2 minutes.",
+        'if [ "$rc" != 0 ] && [ "$terminated" = 0 ] && ! this_attempt start && ! this_attempt failure; then',
+        '    tries=$(grep -c "\\"event\\":\\"start_failed\\".*\\"job_id\\":\\"$SLURM_JOB_ID\\"" \\',
+        f'        "{RUN.events}" 2>/dev/null)',
+        f'    if [ "${{tries:-0}}" -lt {req.start_retries} ]; then',
+        '        echo "trainctl: the step failed to start (status $rc, srun\'s words above): requeue $((tries + 1)) of'
+        f' {req.start_retries}"',
+        '        event start_failed ",\\"exit_code\\":$rc,\\"retry\\":$((tries + 1))"',
+        "        requeue=1",
+        "    else",
+        f'        echo "trainctl: the step failed to start {req.start_retries + 1} times; giving up (status $rc)"',
+        '        event start_failed ",\\"exit_code\\":$rc,\\"gave_up\\":true"',
+        "    fi",
+        "fi",
         "# Preempted (PreemptTime set): Slurm signalled the ranks, not us, and will not requeue a job that ends",
         "# by itself.",
         'if [[ "$(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null)" =~ PreemptTime=[0-9] ]]; then requeue=1; fi',

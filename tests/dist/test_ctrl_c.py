@@ -1,0 +1,178 @@
+"""What the person at the terminal sees and keeps, through `trainctl launch` with real torchrun, real ranks and
+real signals (docs/ARCHITECTURE.md, "Signal chain" and "Run states"): Ctrl-C saves and stops with no step
+lost, a second Ctrl-C kills at once, a SIGKILLed launcher leaves no process behind and a resumable run, a rank
+killed by SIGKILL is named as the first cause, and `status` agrees with the launcher's last line. Two ranks
+(DP 2): enough for "every rank stops after the same step"."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from paths import REPO
+
+from trainctl.checkpoint import list_checkpoints
+from trainctl.errors import EXIT_RUN_FAILED, EXIT_STOPPED
+from trainctl.rundir import read_jsonl
+from trainctl.runtime import faults
+
+pytestmark = pytest.mark.slow
+
+TINY = REPO / "recipes" / "tiny-cpu.yaml"
+DP2 = ["--set", "parallel.tp=1", "--set", "parallel.pp=1", "--set", "parallel.dp=2",
+       "--set", "parallel.sequence_parallel=false", "--set", "cluster.gpus_per_node=2"]
+LONG = ["--set", "train.steps=100000", "--set", "checkpoint.every_steps=100000"]  # no save unless asked
+TORCHRUN_LOG_LINE = re.compile(r"^[WEI]\d{4} ")  # torchrun's glog-style lines
+GONE_WITHIN_S = 60.0  # a liveness bound, not a timing claim: "within seconds" is what is printed
+
+
+def launch(run: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "trainctl", "launch", str(TINY), "--run-dir", str(run), *DP2, *LONG,
+                             *extra], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **(env or {})})
+
+
+def wait_for_step(run: Path, proc: subprocess.Popen[str], step: int) -> None:
+    deadline = time.time() + 180
+    while not any(m.get("step", 0) >= step for m in read_jsonl(run / "metrics.jsonl")):
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        assert time.time() < deadline, "the run did not reach its step"
+        time.sleep(0.2)
+
+
+def processes_of(run: Path) -> list[int]:
+    """Live (not zombie) processes whose command line names the run directory: torchrun and the ranks."""
+    pids = []
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit() or int(p.name) == os.getpid():
+            continue
+        try:
+            cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (p / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if str(run) in cmd and state not in ("Z", "X"):
+            pids.append(int(p.name))
+    return pids
+
+
+def wait_gone(run: Path) -> float:
+    t0 = time.monotonic()
+    while processes_of(run):
+        assert time.monotonic() - t0 < GONE_WITHIN_S, f"processes left: {processes_of(run)}"
+        time.sleep(0.1)
+    return time.monotonic() - t0
+
+
+def status(run: Path) -> dict[str, Any]:
+    r = subprocess.run([sys.executable, "-m", "trainctl", "status", str(run), "--json"], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def assert_clean(out: str) -> None:
+    """Only trainctl's own lines: no Python traceback, no torchrun log lines or failure block."""
+    assert "Traceback" not in out and "ChildFailedError" not in out and "Root Cause" not in out, out[-3000:]
+    assert not [ln for ln in out.splitlines() if TORCHRUN_LOG_LINE.match(ln)], out[-3000:]
+
+
+def valid_steps(run: Path) -> list[int]:
+    return [c.step for c in list_checkpoints(run / "checkpoints") if c.valid]
+
+
+def test_ctrl_c_saves_after_the_current_step_and_loses_none(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    proc = launch(run)
+    wait_for_step(run, proc, 3)
+    proc.send_signal(signal.SIGINT)  # what the terminal sends the foreground launcher
+    out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == EXIT_STOPPED, out[-3000:]
+    wait_gone(run)
+    last = max(m["step"] for m in read_jsonl(run / "metrics.jsonl"))
+    # the checkpoint is of the last step any rank ran: no step is lost
+    assert valid_steps(run) == [last]
+    assert f"stopped at step {last}, checkpoint saved; `trainctl resume {run}` continues" in out, out[-2000:]
+    assert "press Ctrl-C again to kill at once" in out
+    assert_clean(out)
+    st = status(run)
+    assert (st["state"], st["steps_done"]) == ("STOPPED", last) and "Ctrl-C" in st["reason"], st
+    # every rank stopped after that step
+    for f in (run / "logs").glob("steptimes-rank*.jsonl"):
+        assert max(r["step"] for r in read_jsonl(f) if "step_s" in r) == last, f
+
+
+def test_second_ctrl_c_kills_at_once(tmp_path: Path) -> None:
+    """The first stop request is a SIGHUP (the terminal closed: handled as Ctrl-C) and its save is slowed (the
+    writer sleeps 30 s before the commit): a Ctrl-C then kills every process before the commit, and the run
+    stays resumable from what was committed before (nothing here)."""
+    run = tmp_path / "run"
+    proc = launch(run, env=faults.encode(slow_write_s=30))
+    wait_for_step(run, proc, 2)
+    proc.send_signal(signal.SIGHUP)
+    deadline = time.time() + 120
+    while not any(e["event"] == "stop_requested" for e in read_jsonl(run / "events.jsonl")):
+        assert time.time() < deadline
+        time.sleep(0.1)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    gone = wait_gone(run)
+    assert proc.returncode == EXIT_STOPPED, out[-3000:]
+    assert "SIGHUP: every rank saves a checkpoint after its current step" in out
+    assert "SIGINT again: killing torchrun and every rank now" in out
+    assert "killed before the ranks could save" in out and valid_steps(run) == []
+    assert_clean(out)
+    assert status(run)["state"] == "STOPPED"
+    print(f"second Ctrl-C: every process gone {gone:.2f} s after the launcher returned")
+
+
+def test_sigkilled_launcher_leaves_no_orphan_and_a_resumable_run(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    proc = launch(run)
+    wait_for_step(run, proc, 3)
+    t0 = time.monotonic()
+    proc.kill()  # SIGKILL: no handler runs in the launcher
+    proc.communicate(timeout=30)
+    wait_gone(run)
+    print(f"SIGKILLed launcher: torchrun and its ranks gone after {time.monotonic() - t0:.2f} s")
+    last = max(m["step"] for m in read_jsonl(run / "metrics.jsonl"))
+    assert valid_steps(run) == [last]  # the ranks saw their parent go and saved after the same step
+    st = status(run)
+    assert st["state"] == "STOPPED" and "the launcher or torchrun was killed" in st["reason"], st
+    # the lock left by the dead launcher is stale: resume takes it over and continues from that step
+    r = subprocess.run([sys.executable, "-m", "trainctl", "resume", str(run), "--set", f"train.steps={last + 1}"],
+                       cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "took over the stale lock" in r.stdout and f"from step {last}" in r.stdout
+    assert status(run)["state"] == "COMPLETED"
+
+
+def test_rank_killed_by_sigkill_is_the_first_cause(tmp_path: Path) -> None:
+    """The survivors fail with gloo's "connection closed by peer", which is not the cause: torchrun's record of
+    the SIGKILL names the rank. The launcher's last line and `status` say the same."""
+    run = tmp_path / "run"
+    proc = launch(run)
+    wait_for_step(run, proc, 2)
+    pids = {}
+    for pid in processes_of(run):
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        rank = next((v.split(b"=", 1)[1] for v in env if v.startswith(b"RANK=")), None)
+        if rank is not None and any(v.startswith(b"LOCAL_RANK=") for v in env):
+            pids[int(rank)] = pid
+    os.kill(pids[1], signal.SIGKILL)
+    out, _ = proc.communicate(timeout=180)
+    wait_gone(run)
+    assert proc.returncode == EXIT_RUN_FAILED, out[-3000:]
+    assert re.search(r"run failed: rank 1 on \S+: signal: killed by SIGKILL", out), out[-2000:]
+    assert_clean(out)
+    st = status(run)
+    assert st["state"] == "FAILED" and "rank 1" in st["reason"] and "SIGKILL" in st["reason"], st

@@ -1,0 +1,248 @@
+"""One truth about a run: its state, derived in one place from the run directory and its backend. No torch.
+
+`trainctl status`, `runs`, `cancel`, `logs -f`, `resume`, `mfu-report` and the local launcher's last line all
+read it (docs/ARCHITECTURE.md, "Run states", has the transition table). The states:
+
+- PENDING    submitted, not running (Slurm's queue, or a requeued job waiting for its eligible time)
+- STARTING   the job runs, the trainer has not begun training (torchrun, process groups, checkpoint load)
+- RUNNING    training
+- STOPPING   a stop was asked for (Ctrl-C, SIGTERM, `trainctl cancel`); every rank saves after its step
+- STOPPED    stopped after committing a checkpoint (Ctrl-C, SIGTERM, a killed launcher): `trainctl resume`
+- CANCELLED  stopped by `trainctl cancel` or scancel (with a checkpoint when the ranks had time): resumable
+- COMPLETED  every step done
+- FAILED     a rank failed: the first cause names the rank, its node, what happened and the log
+- DIVERGED   the divergence guard stopped it (runtime/divergence.py)
+
+An *attempt* is one start of the job: a local `launch` or `resume` (the launcher's event), or one Slurm
+allocation of a job (the batch script's `slurm_start`). Its outcome comes from the events written after it
+began; the backend says whether anything still runs (the run lock's processes, or Slurm's job state).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainctl.errors import EXIT_DIVERGED, EXIT_OK, EXIT_RUN_FAILED, EXIT_STOPPED
+from trainctl.rundir import RunPaths, read_jsonl
+
+PENDING = "PENDING"
+STARTING = "STARTING"
+RUNNING = "RUNNING"
+STOPPING = "STOPPING"
+STOPPED = "STOPPED"
+CANCELLED = "CANCELLED"
+COMPLETED = "COMPLETED"
+FAILED = "FAILED"
+DIVERGED = "DIVERGED"
+
+ACTIVE = frozenset({PENDING, STARTING, RUNNING, STOPPING})
+RESUMABLE = frozenset({STOPPED, CANCELLED, FAILED, DIVERGED})  # and COMPLETED with more train.steps
+EXIT_CODE = {COMPLETED: EXIT_OK, STOPPED: EXIT_STOPPED, CANCELLED: EXIT_STOPPED, DIVERGED: EXIT_DIVERGED,
+             FAILED: EXIT_RUN_FAILED}
+
+LAUNCHER_SIGNAL = {"SIGINT": "Ctrl-C", "SIGTERM": "SIGTERM to the launcher", "SIGHUP": "the terminal closed"}
+BEGIN_EVENTS = ("launch", "resume", "slurm_start")  # one attempt begins (launcher / batch script)
+STOP_EVENTS = ("stop_requested", "cancel_requested")
+
+# A failure whose message says a peer went away is the consequence of another rank's death, not its cause.
+SECONDARY = re.compile(r"Connection (closed|reset) by peer|Broken pipe|connectFullMesh|Socket Timeout|"
+                       r"NCCL communicator was aborted|ProcessGroupNCCL.*(abort|timeout)|"
+                       r"Timed out waiting|final barrier failed|Connection refused|RecvMsg|SendMsg",
+                       re.IGNORECASE)
+
+
+LOST_PEER = "lost a peer"  # a Cause kind: this rank saw another one die
+
+
+@dataclass(frozen=True)
+class Cause:
+    """The first cause of a failed attempt."""
+
+    kind: str  # "exception", "out of memory", "disk full", "hang", "signal", "stopped by the launcher"
+    message: str
+    rank: int | None = None
+    host: str | None = None
+
+    def line(self) -> str:
+        where = "" if self.rank is None else f"rank {self.rank}" + (f" on {self.host}" if self.host else "")
+        return f"{where + ': ' if where else ''}{self.kind}: {self.message}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "message": self.message, "rank": self.rank, "host": self.host}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one attempt ended, from its events alone (None from `outcome` while nothing says so)."""
+
+    state: str  # COMPLETED, STOPPED, CANCELLED, DIVERGED, FAILED
+    step: int | None  # the step it ended after (the checkpoint a stop committed; where it diverged)
+    reason: str
+    cause: Cause | None = None
+    kept: int | None = None  # DIVERGED: the last finite checkpoint
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODE[self.state]
+
+
+@dataclass
+class RunState:
+    """What `trainctl status` shows, and what every other command decides by."""
+
+    state: str
+    reason: str | None
+    active: bool  # something of the run still runs or waits: cancel has something to stop
+    backend: str
+    job_state: str | None  # the backend's own word (Slurm's), when it has one
+    attempts: int
+    outcome: Outcome | None = None  # of the latest attempt, once it ended
+    eligible_at: str | None = None  # a pending requeue: when Slurm lets it start
+    nodes: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# --- one attempt ----------------------------------------------------------------------------------------
+
+def attempt_begin(events: list[dict[str, Any]]) -> float:
+    """When the latest attempt began (0.0: none recorded)."""
+    return max((float(e.get("time", 0.0)) for e in events if e.get("event") in BEGIN_EVENTS), default=0.0)
+
+
+def since(events: list[dict[str, Any]], t: float) -> list[dict[str, Any]]:
+    return [e for e in events if float(e.get("time", 0.0)) >= t]
+
+
+def _last(events: list[dict[str, Any]], kind: str) -> dict[str, Any] | None:
+    return next((e for e in reversed(events) if e.get("event") == kind), None)
+
+
+def outcome(events: list[dict[str, Any]], killed: bool = False) -> Outcome | None:
+    """The outcome of an attempt from its events (those written after it began), or None while none is
+    recorded. `killed`: the local launcher killed the ranks (a second Ctrl-C); once it has returned, its own
+    verdict is in its `launcher_exit` event."""
+    if (fin := _last(events, "finish")) is not None:
+        return Outcome(COMPLETED, fin.get("steps"), "every step done")
+    if (div := _last(events, "diverged")) is not None:
+        kept = div.get("last_finite_checkpoint")
+        return Outcome(DIVERGED, div.get("step"), f"the loss or gradient norm was NaN/inf for "
+                       f"{div.get('skipped_in_row')} steps in a row (since step {div.get('first_skipped_step')}); "
+                       f"last finite checkpoint {f'step {kept}' if kept else 'none'}", kept=kept)
+    cancelled = _last(events, "cancel_requested") is not None
+    if (sig := _last(events, "checkpoint_on_signal")) is not None or (sig := _last(events, "stopped")) is not None:
+        step = sig.get("step")
+        saved = "nothing new to save" if sig.get("before_first_step") else f"checkpoint step {step} committed"
+        asked = _last(events, "stop_requested")
+        by = (LAUNCHER_SIGNAL.get(asked.get("signal"), f"{asked.get('signal')} to the launcher") if asked
+              else sig.get("reason") or sig.get("signal"))
+        why = "cancelled" if cancelled else f"stopped ({by})"
+        return Outcome(CANCELLED if cancelled else STOPPED, step, f"{why}; {saved}")
+    cause = first_cause(events)
+    ex = _last(events, "launcher_exit")
+    if ex is not None and ex.get("state") in EXIT_CODE and (cause is None or cause.kind == LOST_PEER):
+        # the local launcher's verdict: a kill, or torchrun's own record of a rank that died by a signal
+        recorded = Cause(**ex["cause"]) if isinstance(ex.get("cause"), dict) else None
+        return Outcome(ex["state"], ex.get("step"), str(ex.get("reason") or ""), recorded)
+    if cause is not None:
+        return Outcome(FAILED, _last_step(events), cause.line(), cause)
+    if killed:
+        return Outcome(CANCELLED if cancelled else STOPPED, None,
+                       "killed before the ranks could save (a second Ctrl-C); steps after the newest valid "
+                       "checkpoint are lost")
+    if ex is not None:  # a launcher of an older trainctl, or one that recorded no verdict
+        return Outcome(FAILED, _last_step(events), "the trainer exited without recording why (see the logs)")
+    return None
+
+
+def _last_step(events: list[dict[str, Any]]) -> int | None:
+    steps = [e.get("step") for e in events if isinstance(e.get("step"), int)]
+    return steps[-1] if steps else None
+
+
+def first_cause(events: list[dict[str, Any]]) -> Cause | None:
+    """The failure that came first and was not the consequence of another (a peer's "connection closed"),
+    from the events of one attempt: a full disk, a rank's exception, a hang, then a peer-loss error."""
+    if (full := _last(events, "disk_full")) is not None:
+        return Cause("disk full", str(full.get("message") or "no space left for a checkpoint"))
+    if (gave_up := _last(events, "start_failed")) is not None and gave_up.get("gave_up"):
+        return Cause("launch failure", f"the step failed to start (srun exit status {gave_up.get('exit_code')}) "
+                     "and launcher.start_retries requeues were used up; the job's log has srun's words")
+    failures = [e for e in events if e.get("event") == "failure"]
+    primary = [e for e in failures if not SECONDARY.search(str(e.get("error") or ""))]
+    hangs = [e for e in events if e.get("event") == "hang"]
+    pick = primary[:1] or hangs[:1] or failures[:1]
+    if not pick:
+        return None
+    e = pick[0]
+    if e.get("event") == "hang":
+        return Cause("hang", f"no step progress for {e.get('idle_s')} s at step {e.get('step')} (watchdog)",
+                     e.get("rank"), e.get("host"))
+    msg = str(e.get("error") or "failed")
+    kind = ("out of memory" if re.search(r"out of memory|OutOfMemoryError", msg, re.IGNORECASE)
+            else LOST_PEER if SECONDARY.search(msg) else "exception")
+    return Cause(kind, msg, e.get("rank"), e.get("host"))
+
+
+# --- the run ---------------------------------------------------------------------------------------------
+
+def stop_requested(events: list[dict[str, Any]]) -> dict[str, Any] | None:
+    return next((e for e in reversed(events) if e.get("event") in STOP_EVENTS), None)
+
+
+def run_state(paths: RunPaths, job: dict[str, Any]) -> RunState:
+    """The run's state now (asks the backend: Slurm's job state, or whether the local launcher lives)."""
+    from trainctl.launch.backend import backend_for
+
+    backend = backend_for(job)
+    events = sorted(read_jsonl(paths.events), key=lambda e: float(e.get("time", 0.0)))
+    js = backend.job_state(paths, job, events)
+    current = since(events, attempt_begin(events))
+    attempts = job.get("attempts") or []
+    ended = outcome(current)
+    base = dict(backend=backend.name, job_state=js.state if backend.name != "local" else None,
+                attempts=js.attempts, nodes=js.nodes, eligible_at=js.eligible_at)
+    if js.active:
+        if js.pending:
+            return RunState(PENDING, js.reason, True, **base)
+        if stop_requested(current) is not None or (ended is not None and ended.state != COMPLETED):
+            return RunState(STOPPING, "the ranks save a checkpoint after their current step, then exit", True,
+                            outcome=ended, **base)
+        if any(e.get("event") == "start" for e in current):
+            return RunState(RUNNING, js.reason if backend.name != "local" else None, True, **base)
+        return RunState(STARTING, "the job runs; the trainer has not started training yet", True, **base)
+    if ended is not None:
+        if ended.state == STOPPED and js.state_hint == CANCELLED:  # scancel'ed by hand: the ranks saw a SIGTERM
+            ended = Outcome(CANCELLED, ended.step, ended.reason.replace("stopped", "cancelled", 1))
+        return RunState(ended.state, ended.reason, False, outcome=ended, **base)
+    if js.state_hint is not None:  # the backend knows how it ended (Slurm: CANCELLED, TIMEOUT, NODE_FAIL...)
+        return RunState(js.state_hint, js.reason, False, **base)
+    if not attempts and not current:
+        return RunState(PENDING, "not started", False, **base)
+    return RunState(FAILED, js.reason or "the launcher is gone without a record of how the run ended "
+                    "(killed?); `trainctl resume` continues from the newest valid checkpoint", False, **base)
+
+
+# --- torchrun's own record -------------------------------------------------------------------------------
+
+_FAILURE = re.compile(r"^\s*host\s*:\s*(?P<host>\S+)\s*\n\s*rank\s*:\s*(?P<rank>\d+).*\n"
+                      r"\s*exitcode\s*:\s*(?P<code>-?\d+)(?:\s*\(pid: \d+\))?\s*(?:\((?P<sig>SIG\w+)\))?",
+                      re.MULTILINE)
+
+
+def torchrun_root_cause(console: str) -> Cause | None:
+    """A rank that died by a signal (SIGKILL from the kernel's OOM killer, a segfault) writes no event: take
+    it from the "Root Cause (first observed failure)" entry of torchrun's ChildFailedError block ("host :
+    ..., rank : N (local_rank: ...), exitcode : -9 (pid: P) (SIGKILL)", torch 2.x's format) in the console of
+    one attempt. Only that entry: torchrun SIGKILLs the ranks that outlive it, so every other one reads -9."""
+    block = console.rsplit("Root Cause (first observed failure):", 1)
+    m = _FAILURE.search(block[1]) if len(block) == 2 else None
+    if m is None:
+        return None
+    code = int(m["code"])
+    if code < 0:
+        sig = m["sig"] or f"signal {-code}"
+        why = " (the kernel's out-of-memory killer, or a kill -9)" if sig == "SIGKILL" else ""
+        return Cause("signal", f"killed by {sig}{why}", int(m["rank"]), m["host"])
+    return Cause("exception", f"exited with status {code}", int(m["rank"]), m["host"])
