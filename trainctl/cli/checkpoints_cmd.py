@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -12,6 +11,7 @@ from rich.table import Table
 from trainctl.checkpoint import describe_layout, list_checkpoints, newest_valid, resolve_checkpoint_dir
 from trainctl.cli.app import app
 from trainctl.cli.console import make_console
+from trainctl.cli.jsonout import print_json
 from trainctl.cli.options import JsonOpt
 from trainctl.errors import UsageError
 from trainctl.report.render import size
@@ -32,8 +32,8 @@ def checkpoints(
     infos = list_checkpoints(directory, deep=deep)
     latest = newest_valid(infos)  # what `trainctl resume` would load (shallow check unless --deep)
     if as_json:
-        print(json.dumps({"directory": str(directory), "latest_valid": latest.step if latest else None,
-                          "checkpoints": [i.to_json() for i in infos]}, indent=2))
+        print_json({"directory": str(directory), "latest_valid": latest.step if latest else None,
+                    "checkpoints": [i.to_json() for i in infos]})
         return
     con = make_console()
     if not infos:

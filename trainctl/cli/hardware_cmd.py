@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict
 from typing import Any
 
@@ -10,6 +9,7 @@ from rich.table import Table
 
 from trainctl.cli.app import app
 from trainctl.cli.console import make_console
+from trainctl.cli.jsonout import print_json
 from trainctl.cli.options import JsonOpt
 from trainctl.hardware.catalog import ACCELERATORS, FABRICS
 from trainctl.hardware.detect import detect_gpus
@@ -43,7 +43,7 @@ def catalog_dict() -> dict[str, Any]:
 def hardware(as_json: bool = JsonOpt) -> None:
     """List the accelerator and interconnect catalog (dense peaks, memory, NVLink) and local GPUs."""
     if as_json:
-        print(json.dumps(catalog_dict(), indent=2))
+        print_json(catalog_dict())
         return
     console = make_console()
 

@@ -7,7 +7,6 @@ with `--strict`, 1 when the plan has an error-level warning (does not fit, or a 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +17,7 @@ from rich.table import Table
 
 from trainctl.cli.app import app
 from trainctl.cli.console import make_console
+from trainctl.cli.jsonout import print_json
 from trainctl.cli.options import JsonOpt, SetOpt, SpecArg, read_spec
 
 if TYPE_CHECKING:
@@ -274,7 +274,7 @@ def plan(
 
         res = search(run, top=top)
         if as_json:
-            print(json.dumps(res.to_json(), indent=2))
+            print_json(res.to_json())
         else:
             render_auto(res, console)
         if strict and not res.top:
@@ -287,8 +287,7 @@ def plan(
     if as_json:
         out: dict[str, Any] = p.to_json(ranks=ranks)
         # With --ranks the rank lists dominate (millions of numbers at 16k GPUs): print them compactly.
-        print(json.dumps(out, separators=(",", ":")) if ranks and p.world > RANKS_FULL_LIMIT
-              else json.dumps(out, indent=2))
+        print_json(out, compact=ranks and p.world > RANKS_FULL_LIMIT)
     else:
         render_plan(p, console, ranks)
     if strict and p.errors:

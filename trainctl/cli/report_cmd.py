@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
 
 from trainctl.cli.app import app
 from trainctl.cli.console import make_console
+from trainctl.cli.jsonout import print_json
 from trainctl.cli.options import JsonOpt
 
 
@@ -29,7 +29,7 @@ def mfu_report(
 
         report["plot"] = str(plot(report, plot_file))
     if as_json:
-        print(json.dumps(report, indent=2, default=str))
+        print_json(report)
         return
     from trainctl.report.render import render
 

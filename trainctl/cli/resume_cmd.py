@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
 
 from trainctl.cli.app import app
 from trainctl.cli.console import make_console, sayer, show
+from trainctl.cli.jsonout import print_json
 from trainctl.cli.options import JsonOpt, SetOpt, StrictOpt, check_disk_space
 
 
@@ -46,7 +46,7 @@ def resume(
     backend = backend_for(plan.backend)
     relaunch = backend.prepare_resume(plan.spec, plan.paths)
     if as_json:
-        print(json.dumps({**plan.to_json(), **backend.resume_details(relaunch)}, indent=2))
+        print_json({**plan.to_json(), **backend.resume_details(relaunch)})
     if dry_run:
         if not as_json:
             for line in backend.resume_dry_run(relaunch):

@@ -110,7 +110,7 @@ def create_run_dir(root: Path, spec: RunSpec, *, backend: str, command: Sequence
     write_atomic(paths.plan, build_plan_json(spec))
     created = now_iso()
     write_atomic(paths.launch_script, render_script(command, env, f"trainctl launch ({backend}), {created}"),
-                 mode=0o755)
+                 executable=True)
     write_job(paths, {"backend": backend, "command": list(command), "env": dict(env), "git": git_info(),
                       "created": created, "attempts": []})
     return paths
