@@ -118,6 +118,12 @@ def test_two_runs_side_by_side_and_plot(runs, tmp_path):
     assert "rank 1 on " in out
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
+    # a file name matplotlib cannot write: one line naming it, exit 2, no traceback
+    for name, why in (("report.txt", "matplotlib cannot write 'txt' files"), ("report", "no suffix")):
+        p = report(runs["plain"], extra=("--plot", str(tmp_path / name)))
+        assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+        (error,) = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
+        assert f"--plot {tmp_path / name}: {why}" in error and not (tmp_path / name).exists()
 
 
 def test_hung_rank_is_ended_by_the_watchdog(tmp_path):

@@ -15,6 +15,7 @@ from trainctl.cli.jsonout import print_json
 from trainctl.cli.options import JsonOpt
 from trainctl.errors import UsageError
 from trainctl.report.render import size
+from trainctl.rundir import RunPaths
 
 
 @app.command()
@@ -26,9 +27,16 @@ def checkpoints(
 ) -> None:
     """List a run's checkpoints: step, size, validity (and why not), milestone, layout, time."""
     if directory is None:
+        paths = RunPaths(run)
         if not run.is_dir():
             raise UsageError(f"{run}: no such run directory", hint="give the directory `trainctl launch` created")
+        if not paths.spec.is_file() and not paths.job.is_file():
+            raise UsageError(f"{run}: not a run directory (no {paths.spec.name} or {paths.job.name})",
+                             hint="give the directory `trainctl launch` created, or a checkpoints directory "
+                                  "with --dir")
         directory = resolve_checkpoint_dir(run)
+    elif not directory.is_dir():
+        raise UsageError(f"--dir {directory}: no such directory", hint="give the run's checkpoint directory")
     infos = list_checkpoints(directory, deep=deep)
     latest = newest_valid(infos)  # what `trainctl resume` would load (shallow check unless --deep)
     if as_json:

@@ -23,6 +23,10 @@ def mfu_report(
     """MFU, HFU and throughput vs the plan; where the time went; goodput across restarts; stragglers."""
     from trainctl.report import build_report
 
+    if plot_file is not None:
+        from trainctl.report.plot import check_target
+
+        check_target(plot_file)  # before the report's work: a wrong suffix is a usage error, not a traceback
     report = build_report(runs)
     if plot_file is not None:
         from trainctl.report.plot import plot
