@@ -56,6 +56,19 @@ def run_trainer(run: Path, nproc: int, env: dict[str, str] | None = None, timeou
     return subprocess.run(cmd, cwd=ROOT, env=e, capture_output=True, text=True, timeout=timeout)
 
 
+def processes_mentioning(text: str) -> list[int]:
+    """Pids of the live processes whose command line contains `text` (e.g. a run directory: its ranks)."""
+    pids = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                if text in (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                    pids.append(int(p.name))
+            except OSError:
+                continue
+    return pids
+
+
 def metrics(run: Path) -> list[dict[str, Any]]:
     from trainctl.rundir import read_jsonl
 

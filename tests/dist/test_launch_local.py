@@ -22,6 +22,7 @@ from trainctl.rundir import RunPaths, read_jsonl
 from trainctl.spec import load_spec, resolved_dict
 
 from paths import REPO
+from trainer_utils import processes_mentioning
 TINY = REPO / "recipes" / "tiny-cpu.yaml"
 PLANNER = (REPO / "trainctl" / "plan" / "plan.py").exists()
 
@@ -257,18 +258,6 @@ def test_launch_on_prepared_sample_text(tmp_path: Path) -> None:
     assert load_spec(run_dir / "spec.yaml").data.path == str(tokens)
 
 
-def _processes_mentioning(text: str) -> list[int]:
-    pids = []
-    for p in Path("/proc").iterdir():
-        if p.name.isdigit():
-            try:
-                if text in (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
-                    pids.append(int(p.name))
-            except OSError:
-                continue
-    return pids
-
-
 @pytest.mark.slow
 @needs_trainer
 def test_ctrl_c_stops_every_rank_and_exits_1(tmp_path: Path) -> None:
@@ -288,7 +277,7 @@ def test_ctrl_c_stops_every_rank_and_exits_1(tmp_path: Path) -> None:
             proc.kill()
     assert proc.returncode == 1, out[-3000:]
     time.sleep(1)
-    assert _processes_mentioning(str(run_dir)) == []  # no orphaned rank
+    assert processes_mentioning(str(run_dir)) == []  # no orphaned rank
     job = json.loads((run_dir / "job.json").read_text())
     # torchrun passes the interrupt on to the ranks as SIGTERM; whether they reach a step boundary and
     # checkpoint before torchrun gives up on them is a race, and both outcomes are correct.

@@ -8,9 +8,10 @@ import typer
 
 from trainctl.cli.app import app
 from trainctl.cli.console import make_console, sayer, show
-from trainctl.cli.options import OptionalSpecArg, SetOpt, StrictOpt, check_disk_space, read_spec
+from trainctl.cli.options import OptionalSpecArg, SetOpt, StrictOpt, check_disk_space, read_spec, say_held_back
 from trainctl.launch.backend import DEFAULT_GRACE_S, backend_for
 from trainctl.launch.create import default_run_dir
+from trainctl.launch.secrets import credential_names
 
 
 @app.command()
@@ -27,6 +28,7 @@ def launch(
     """Launch a run: freeze the spec into a run directory and start the trainer on every rank."""
     console = make_console()
     run = read_spec(spec, set_)
+    say_held_back(console, credential_names(run.launcher.env))
     backend = backend_for(run)
     launch = backend.prepare(run, run_dir, grace_s=grace)
     check_disk_space(console, run, run_dir or default_run_dir(run), strict)

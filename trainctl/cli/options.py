@@ -42,5 +42,13 @@ def check_disk_space(console: Console, spec: RunSpec, run_dir: Path, strict: boo
     console.print(f"[yellow]warning:[/yellow] {problem} (--strict refuses)", soft_wrap=True)
 
 
+def say_held_back(console: Console, names: list[str]) -> None:
+    """Say that these launcher.env credentials reach the ranks without being written (launch/secrets.py)."""
+    for name in names:
+        console.print(f"[yellow]note:[/yellow] launcher.env.{name} looks like a credential: the ranks get its value "
+                      "through the environment and it is not written to the run directory (spec.yaml lists it "
+                      f"under launcher.env_passthrough, so `trainctl resume` needs {name} exported)", soft_wrap=True)
+
+
 def read_spec(path: Path | None, overrides: list[str] | None) -> RunSpec:
     return load_spec(path if path is not None else default_spec_path(), overrides or [])

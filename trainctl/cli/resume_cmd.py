@@ -9,7 +9,7 @@ import typer
 from trainctl.cli.app import app
 from trainctl.cli.console import make_console, sayer, show
 from trainctl.cli.jsonout import print_json
-from trainctl.cli.options import JsonOpt, SetOpt, StrictOpt, check_disk_space
+from trainctl.cli.options import JsonOpt, SetOpt, StrictOpt, check_disk_space, say_held_back
 
 
 @app.command()
@@ -28,6 +28,7 @@ def resume(
 
     console = make_console(stderr=as_json)
     plan = rs.plan_resume(run, from_step, set_)
+    say_held_back(console, plan.held_back)
     for i in plan.skipped:
         console.print(f"[yellow]skipping invalid checkpoint[/yellow] step {i.step} ({i.path.name}): {i.reason}",
                       soft_wrap=True)

@@ -267,7 +267,12 @@ class LauncherSpec(Strict):
     max_restarts: Annotated[int, Field(ge=0, le=1000)] = 0
     srun_args: list[str] = Field(default_factory=list)
     sbatch_args: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict, description="Variables set for every rank; a name that "
+                                "looks like a credential (TOKEN, KEY, SECRET, PASSWORD...) is passed through the "
+                                "environment instead and its value never written to the run directory")
+    env_passthrough: list[str] = Field(default_factory=list, description="Names of variables every rank takes "
+                                       "from the environment trainctl launch/resume runs in (e.g. [HF_TOKEN, "
+                                       "WANDB_API_KEY]); only the names are written to the run directory")
 
 
 class EstimateSpec(Strict):
