@@ -16,8 +16,9 @@ SetOpt = typer.Option(
     help="Override a spec field, e.g. --set parallel.tp=4 (repeatable).",
 )
 JsonOpt = typer.Option(False, "--json", help="Print machine-readable JSON instead of tables.")
-StrictOpt = typer.Option(False, "--strict", help="Refuse (exit 2) what would otherwise be a warning, e.g. too "
-                         "little free space for the checkpoints (keep_last + 1 of the planned size).")
+StrictOpt = typer.Option(False, "--strict", help="Refuse (exit 2) what would otherwise be a warning: too little "
+                         "free space for the checkpoints (keep_last + 1 of the planned size), a GPU spec on a "
+                         "machine without GPUs.")
 
 
 OptionalSpecArg = typer.Argument(
@@ -30,16 +31,18 @@ def default_spec_path() -> Path:
     return Path(__file__).resolve().parents[1] / "recipes" / "tiny-cpu.yaml"
 
 
-def check_disk_space(console: Console, spec: RunSpec, run_dir: Path, strict: bool) -> None:
-    """Before training: warn (refuse under --strict, exit 2) when the checkpoint directory is too small."""
+def check_before_training(console: Console, spec: RunSpec, run_dir: Path, strict: bool) -> None:
+    """Before training: warn (refuse under --strict, exit 2) when the checkpoint directory is too small, or
+    when a spec for GPUs would train on this machine's CPU."""
+    from trainctl.launch.device_check import cpu_fallback_problem
     from trainctl.launch.diskspace import space_problem
 
-    problem = space_problem(spec, run_dir)
-    if problem is None:
-        return
-    if strict:
-        raise UsageError(problem)
-    console.print(f"[yellow]warning:[/yellow] {problem} (--strict refuses)", soft_wrap=True)
+    for problem in (cpu_fallback_problem(spec), space_problem(spec, run_dir)):
+        if problem is None:
+            continue
+        if strict:
+            raise UsageError(problem)
+        console.print(f"[yellow]warning:[/yellow] {problem} (--strict refuses)", soft_wrap=True)
 
 
 def say_held_back(console: Console, names: list[str]) -> None:

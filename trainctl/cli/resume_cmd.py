@@ -9,7 +9,7 @@ import typer
 from trainctl.cli.app import app
 from trainctl.cli.console import make_console, sayer, show
 from trainctl.cli.jsonout import print_json
-from trainctl.cli.options import JsonOpt, SetOpt, StrictOpt, check_disk_space, say_held_back
+from trainctl.cli.options import JsonOpt, SetOpt, StrictOpt, check_before_training, say_held_back
 
 
 @app.command()
@@ -43,7 +43,7 @@ def resume(
     if plan.abandon:
         console.print(f"checkpoints after step {from_step} are moved aside: {[i.step for i in plan.abandon]}",
                       soft_wrap=True)
-    check_disk_space(console, plan.spec, plan.paths.root, strict)
+    check_before_training(console, plan.spec, plan.paths.root, strict)
     backend = backend_for(plan.backend)
     relaunch = backend.prepare_resume(plan.spec, plan.paths)
     if as_json:

@@ -63,7 +63,9 @@ def _summary_rows() -> list[Row]:
     def plan(r: dict[str, Any]) -> str:
         p = s(r)["plan"]
         if not p.get("available"):
-            return "no prediction (CPU peak is measured)" if "CPU" in p.get("note", "") else p.get("note", "-")
+            return {"no_prediction": "no prediction (CPU peak is measured)", "no_plan": "no plan",
+                    "other_hardware": f"not comparable: ran on {p.get('ran_on')}, planned for {p.get('planned_for')}",
+                    }.get(p.get("reason", ""), p.get("note", "-"))
         gap = p.get("mfu_gap_points")
         return f"{pct(p['mfu'])} (gap {gap:+.2f} pts)" if gap is not None else pct(p["mfu"])
 
