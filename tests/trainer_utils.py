@@ -69,6 +69,12 @@ def processes_mentioning(text: str) -> list[int]:
     return pids
 
 
+def files_containing(root: Path, *needles: str) -> list[str]:
+    """The files under `root` (a run directory) that hold any of `needles`, e.g. a credential's value."""
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()
+                  and any(n.encode() in p.read_bytes() for n in needles))
+
+
 def metrics(run: Path) -> list[dict[str, Any]]:
     from trainctl.rundir import read_jsonl
 

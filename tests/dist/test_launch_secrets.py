@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from trainer_utils import ROOT, processes_mentioning
+from trainer_utils import ROOT, files_containing, processes_mentioning
 
 from trainctl.rundir import read_jsonl
 from trainctl.spec import load_spec
@@ -43,11 +43,6 @@ def launch_watching_ranks(run: Path, args: list[str], env: dict[str, str]) -> tu
     out, err = proc.communicate()
     ranks = [v for v in seen.values() if "RANK" in v]  # the workers (torchrun itself has no RANK)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), ranks
-
-
-def files_containing(root: Path, *needles: str) -> list[str]:
-    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()
-                  and any(n.encode() in p.read_bytes() for n in needles))
 
 
 def test_credentials_reach_the_ranks_never_the_run_directory(tmp_path: Path) -> None:

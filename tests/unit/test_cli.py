@@ -85,7 +85,7 @@ def test_spec_errors_exit_2_with_one_clear_line(args, needle):
 
 def test_checkpoints_of_a_directory_that_is_not_a_run_exits_2(tmp_path: Path):
     (tmp_path / "notes.txt").write_text("not a run")
-    cases = [([str(tmp_path)], "not a run directory (no spec.yaml or job.json)"),
+    cases = [([str(tmp_path)], "not a run directory (no spec.yaml, job.json or checkpoints/)"),
              ([str(tmp_path / "missing")], "no such run directory"),
              ([str(tmp_path), "--dir", str(tmp_path / "missing")], "no such directory")]
     for args, needle in cases:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from paths import REPO
+from trainer_utils import files_containing
 
 from trainctl.errors import UsageError
 from trainctl.launch.slurm import cluster, job_state, render, submit
@@ -457,11 +458,6 @@ def test_trainctl_resume_on_slurm_rerenders_a_changed_spec(tmp_path: Path, fake_
 # --- credentials: to the job through sbatch's environment, never into the run directory -----------------
 
 SECRETS = {"HF_TOKEN": "hf-value-6f1c", "WANDB_API_KEY": "wandb-value-93ab"}
-
-
-def files_containing(root: Path, *needles: str) -> list[str]:
-    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()
-                  and any(n.encode() in p.read_bytes() for n in needles))
 
 
 def test_credentials_reach_the_job_but_no_file_of_the_run(tmp_path: Path, fake_slurm: Path,

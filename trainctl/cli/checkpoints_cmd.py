@@ -30,8 +30,9 @@ def checkpoints(
         paths = RunPaths(run)
         if not run.is_dir():
             raise UsageError(f"{run}: no such run directory", hint="give the directory `trainctl launch` created")
-        if not paths.spec.is_file() and not paths.job.is_file():
-            raise UsageError(f"{run}: not a run directory (no {paths.spec.name} or {paths.job.name})",
+        if not (paths.spec.is_file() or paths.job.is_file() or paths.checkpoints.is_dir()):
+            raise UsageError(f"{run}: not a run directory (no {paths.spec.name}, {paths.job.name} or "
+                             f"{paths.checkpoints.name}/)",
                              hint="give the directory `trainctl launch` created, or a checkpoints directory "
                                   "with --dir")
         directory = resolve_checkpoint_dir(run)
