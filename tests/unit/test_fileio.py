@@ -1,4 +1,4 @@
-"""Atomic writes (trainctl/fileio.py) give files the umask's mode, as open() would: others on the cluster read
+"""Atomic writes (trainctl/fileio.py) and `data prepare` give files the umask's mode, as open() would: others on the
 run directories (0644 under umask 022), and a private umask (077) keeps them private."""
 
 from __future__ import annotations
@@ -31,3 +31,17 @@ def test_write_atomic_respects_the_umask(tmp_path: Path, mask: int) -> None:
     # what open() gives a new file under the same umask
     (tmp_path / "plain").write_text("x")
     assert modes["job.json"] == stat.S_IMODE((tmp_path / "plain").stat().st_mode)
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o077])
+def test_data_prepare_output_gets_the_umask_mode(tmp_path: Path, mask: int) -> None:
+    import subprocess
+    import sys
+
+    from trainctl.data_prep import sample_text_path
+
+    out = tmp_path / "sample.bin"
+    r = subprocess.run([sys.executable, "-m", "trainctl", "data", "prepare", str(sample_text_path()), str(out)],
+                       capture_output=True, text=True, timeout=120, preexec_fn=lambda: os.umask(mask))
+    assert r.returncode == 0, r.stderr
+    assert stat.S_IMODE(out.stat().st_mode) == 0o666 & ~mask
