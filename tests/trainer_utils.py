@@ -56,6 +56,29 @@ def run_trainer(run: Path, nproc: int, env: dict[str, str] | None = None, timeou
     return subprocess.run(cmd, cwd=ROOT, env=e, capture_output=True, text=True, timeout=timeout)
 
 
+def processes_mentioning(text: str) -> list[int]:
+    """Pids of the live (not zombie) processes other than this one whose command line contains `text` (e.g. a
+    run directory: torchrun and its ranks)."""
+    pids = []
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit() or int(p.name) == os.getpid():
+            continue
+        try:
+            cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (p / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if text in cmd and state not in ("Z", "X"):
+            pids.append(int(p.name))
+    return pids
+
+
+def files_containing(root: Path, *needles: str) -> list[str]:
+    """The files under `root` (a run directory) that hold any of `needles`, e.g. a credential's value."""
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()
+                  and any(n.encode() in p.read_bytes() for n in needles))
+
+
 def metrics(run: Path) -> list[dict[str, Any]]:
     from trainctl.rundir import read_jsonl
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 from trainctl.errors import UsageError
+from trainctl.fileio import default_mode
 from trainctl.token_files import ITEMSIZE, MegatronWriter, TokenFile, open_token_file
 
 if TYPE_CHECKING:
@@ -168,17 +169,11 @@ def _atomic_output(out: Path) -> Iterator[BinaryIO]:
             yield dst
             dst.flush()
             os.fsync(dst.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a token file is read by the whole team
+        os.chmod(tmp, default_mode())  # mkstemp makes 0600; a token file is read by the whole team
         os.replace(tmp, out)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def prepare(text_path: str | Path, out_path: str | Path, dtype: str = "uint16") -> Prepared:

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from paths import REPO
+from trainer_utils import processes_mentioning
 
 from trainctl.checkpoint import list_checkpoints
 from trainctl.errors import EXIT_RUN_FAILED, EXIT_STOPPED
@@ -49,19 +50,7 @@ def wait_for_step(run: Path, proc: subprocess.Popen[str], step: int) -> None:
 
 
 def processes_of(run: Path) -> list[int]:
-    """Live (not zombie) processes whose command line names the run directory: torchrun and the ranks."""
-    pids = []
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit() or int(p.name) == os.getpid():
-            continue
-        try:
-            cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = (p / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if str(run) in cmd and state not in ("Z", "X"):
-            pids.append(int(p.name))
-    return pids
+    return processes_mentioning(str(run))
 
 
 def wait_gone(run: Path) -> float:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from data_utils import write_bpe_tokenizer, write_jsonl_corpus
 from resume_utils import curve, straight_and_resumed
 from trainer_utils import ROOT, make_run, metrics, run_trainer
 
@@ -112,19 +113,12 @@ def test_megatron_and_flat_blend_trains_and_resumes_exactly(tmp_path: Path) -> N
 
 @pytest.mark.slow
 def test_bpe_tokenizer_prepares_the_sample_and_a_run_trains_on_it(tmp_path: Path) -> None:
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(vocab_size=500, special_tokens=["<unk>", "<|endoftext|>"], show_progress=False)
-    tok.train([str(sample_text_path())], trainer)  # offline: the shipped public-domain sample
-    tok.save(str(tmp_path / "tokenizer.json"))
+    tok = write_bpe_tokenizer(tmp_path / "tokenizer.json")  # offline: the shipped public-domain sample
     vocab = tok.get_vocab_size()
     eot = tok.token_to_id("<|endoftext|>")
 
     jsonl = tmp_path / "docs.jsonl"
-    paragraphs = [p for p in sample_text_path().read_text().split("\n\n") if p.strip()]
-    jsonl.write_text("".join(json.dumps({"text": p}) + "\n" for p in paragraphs))
+    paragraphs = write_jsonl_corpus(jsonl)
     for fmt, out in (("flat", tmp_path / "sample.bin"), ("megatron", tmp_path / "sample_text_document")):
         r = subprocess.run([sys.executable, "-m", "trainctl", "data", "prepare", str(jsonl), str(out), "--tokenizer",
                             str(tmp_path / "tokenizer.json"), "--format", fmt], capture_output=True, text=True,

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+from json_utils import strict_loads
 from trainer_utils import ROOT, make_run, metrics, run_trainer
 
 from trainctl.checkpoint import list_checkpoints
@@ -87,14 +88,23 @@ def test_lr_1e9_dp2_diverges_with_exit_3_and_keeps_the_finite_checkpoint(tmp_pat
                "--set", "cluster.gpus_per_node=2", "--set", "train.steps=12", "--set", "checkpoint.every_steps=1",
                "--set", "train.divergence.max_consecutive_skips=3", *DIVERGE)
     assert_diverged(run, proc, first_bad=2, in_row=3, kept=1, tmp=tmp_path)
-    # mfu-report marks the skipped steps and the divergence (strict JSON of the section)
+    # mfu-report marks the skipped steps and the divergence
     rep = cli("mfu-report", str(run), "--json")
     assert rep.returncode == 0, rep.stderr
-    r = json.loads(rep.stdout)["runs"][0]
+    r = strict_loads(rep.stdout)["runs"][0]
     assert r["divergence"]["skipped_steps"] == [2, 3, 4]
     assert r["divergence"]["diverged"]["step"] == 4
     assert [s["step"] for s in r["series"] if s["skipped"]] == [2, 3, 4]
     assert any("diverged at step 4" in w for w in r["warnings"])
+    # Every --json output of this run is strict RFC 8259 JSON: the skipped steps' NaN loss becomes null.
+    assert math.isnan(metrics(run)[-1]["loss"])
+    assert r["summary"]["final_loss"] is None and [s["loss"] for s in r["series"]][1:] == [None] * 3
+    for args in (["checkpoints", str(run)], ["resume", str(run), "--dry-run", "--set", "train.steps=13"],
+                 ["validate", str(run / "spec.yaml")], ["plan", str(run / "spec.yaml")],
+                 ["plan", str(run / "spec.yaml"), "--ranks"]):
+        out = cli(*args, "--json")
+        assert out.returncode == 0, (args, out.stderr)
+        assert strict_loads(out.stdout), args
 
 
 def test_lr_1e9_pp2_diverges_on_every_stage(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from trainctl.rundir import RunPaths, read_jsonl
 from trainctl.spec import load_spec, resolved_dict
 
 from paths import REPO
+from trainer_utils import processes_mentioning
 TINY = REPO / "recipes" / "tiny-cpu.yaml"
 PLANNER = (REPO / "trainctl" / "plan" / "plan.py").exists()
 
@@ -220,38 +221,8 @@ needs_trainer = pytest.mark.skipif(not (REPO / "trainctl" / "runtime" / "__main_
                                    reason="the trainer entry point trainctl.runtime is not there yet")
 
 
-@pytest.mark.slow
-@needs_trainer
-def test_launch_tiny_cpu_recipe(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    r = run_cli("launch", str(TINY), "--run-dir", str(run_dir), "--set", "train.steps=3")
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    paths = RunPaths(run_dir.resolve())
-    steps = [m["step"] for m in read_jsonl(paths.metrics)]
-    assert steps == [1, 2, 3]
-    spec = load_spec(paths.spec)  # the frozen spec round-trips
-    assert resolved_dict(spec) == yaml.safe_load(paths.spec.read_text()) and spec.train.steps == 3
-    job = json.loads(paths.job.read_text())
-    assert job["attempts"][0]["status"] == "completed" and job["attempts"][0]["exit_code"] == 0
-    assert "step 3" in r.stdout and "[default0]" not in r.stdout  # rank 0 streamed, unprefixed
-    rank_logs = sorted(p.parent.name for p in paths.logs.glob("*/attempt_0/*/stdout.log"))
-    assert rank_logs == [str(i) for i in range(8)]  # every rank's output is in a file
-    assert (paths.logs / "launcher.log").stat().st_size > 0
-    events = [e["event"] for e in read_jsonl(paths.events)]
-    assert events[0] == "launch" and events[-1] == "launcher_exit"
-    # the parameters the trainer built (TP x PP x ZeRO-1 here) are the ones the plan predicted
-    (start,) = [e for e in read_jsonl(paths.events) if e["event"] == "start"]
-    planned = json.loads(run_cli("plan", str(paths.spec), "--json").stdout)["params"]
-    assert start["params"] == {"total": planned["total"], "per_rank": planned["per_rank"]}
-    assert planned["total"] == 217_664  # the tiny preset, LayerNorm without bias (tests/unit/test_params_built.py)
-    # mfu-report holds the measured memory against the plan, per pipeline rank and component
-    report = json.loads(run_cli("mfu-report", str(run_dir), "--json").stdout)
-    mem = report["runs"][0]["memory"]
-    assert mem["available"] and {x["pp_rank"] for x in mem["rows"]} == {0, 1}
-    for row in mem["rows"]:
-        limit = 0.10 if row["component"] == "activations" else 0.01  # states: bucket padding, step counters
-        assert abs(row["error"]) <= limit, row
-    assert "largest gap" in mem["largest_gap"]
+# The default recipe's real launch (8 ranks, TP2 x PP2 x DP2) is the README's walkthrough, run and checked in
+# tests/dist/test_readme_examples.py (test_quick_run_directory).
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from trainctl.hardware.detect import has_gpu
 from trainctl.rundir import read_jsonl
 from trainctl.runtime import faults
 
@@ -52,8 +53,10 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     out = {"slow": root / "slow", "plain": root / "plain"}
     p = launch(out["slow"], "train.steps=8", "name=slowed", env=faults.encode(slow_rank=f"1:{SLOW_S}"))
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
-    p = launch(out["plain"], "train.steps=6", "name=plain")
+    # "plain" is an H100 spec launched on this machine without a GPU: it trains on the CPU
+    p = launch(out["plain"], "train.steps=6", "name=plain", "cluster.gpu=h100-sxm")
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    (root / "plain.launch.out").write_text(p.stdout)
     return out
 
 
@@ -107,6 +110,27 @@ def test_run_without_slow_rank_has_no_injected_straggler(runs):
     assert all(abs(p["excess_median_s"]) < SLOW_S / 4 for p in st["per_rank"])
 
 
+@pytest.mark.skipif(has_gpu(), reason="the H100 spec would train on this machine's GPU")
+def test_gpu_spec_on_a_machine_without_gpus_is_not_held_against_its_plan(runs):
+    """The launch warns before anything starts; mfu-report says why the H100 plan's step time and MFU are not
+    compared with a CPU run instead of printing them (the plan predicts microseconds, the CPU takes tens of
+    milliseconds: 'measured 5000x' is no finding)."""
+    launched = (runs["plain"].parent / "plain.launch.out").read_text()
+    warning = launched.split("run dir")[0]  # before the run directory is even created
+    assert "warning: cluster.gpu = h100-sxm, but this machine has no GPU: the 2 ranks train on the CPU" in warning
+    (r,) = json.loads(report(runs["plain"], extra=("--json",)).stdout)["runs"]
+    plan = r["summary"]["plan"]
+    assert (plan["available"], plan["reason"], plan["planned_for"], plan["ran_on"]) == (
+        False, "other_hardware", "h100-sxm", "cpu")
+    assert "mfu_gap_points" not in plan and "measured_over_predicted_step" not in plan
+    (exposed,) = [i for i in r["time_breakdown"]["items"] if i["name"] == "exposed communication"]
+    assert exposed["seconds"] is None and "not comparable" in exposed["source"]
+    text = report(runs["plain"]).stdout
+    assert "not comparable: ran on cpu, planned for h100-sxm" in text and "measured" not in text.split(
+        "plan: predicted step")[1].splitlines()[0]
+    assert "the run trained on the CPU (no GPU where it ran) but its plan is for h100-sxm" in text
+
+
 def test_two_runs_side_by_side_and_plot(runs, tmp_path):
     png = tmp_path / "report.png"
     p = report(runs["slow"], runs["plain"], extra=("--plot", str(png)))
@@ -118,6 +142,12 @@ def test_two_runs_side_by_side_and_plot(runs, tmp_path):
     assert "rank 1 on " in out
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
+    # a file name matplotlib cannot write: one line naming it, exit 2, no traceback
+    for name, why in (("report.txt", "matplotlib cannot write 'txt' files"), ("report", "no suffix")):
+        p = report(runs["plain"], extra=("--plot", str(tmp_path / name)))
+        assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+        (error,) = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
+        assert f"--plot {tmp_path / name}: {why}" in error and not (tmp_path / name).exists()
 
 
 def test_hung_rank_is_ended_by_the_watchdog(tmp_path):

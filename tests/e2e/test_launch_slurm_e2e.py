@@ -105,6 +105,7 @@ def test_two_node_job_completes_with_local_losses(slurm_cluster: SlurmCluster, t
 
 
 EVIL = "x; touch MARK $(touch MARK) `touch MARK` \" ' |"
+SECRET = "hf-value-e2e-5c0d"
 
 
 def test_shell_metacharacters_run_exactly_what_was_asked(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
@@ -118,7 +119,7 @@ def test_shell_metacharacters_run_exactly_what_was_asked(slurm_cluster: SlurmClu
             "--set", "parallel.tp=1", "--set", "parallel.pp=1", "--set", "parallel.dp=2",
             "--set", f"name={json.dumps(EVIL)}",
             "--set", f"launcher.srun_args={json.dumps(['--comment=' + evil])}",
-            "--set", f"launcher.env={json.dumps({'TRAINCTL_EVIL': evil})}",
+            "--set", f"launcher.env={json.dumps({'TRAINCTL_EVIL': evil, 'HF_TOKEN': SECRET})}",
             "--run-dir", str(run))
     assert r.returncode == 0, r.stdout + r.stderr
     jid = job_id(run)
@@ -128,6 +129,8 @@ def test_shell_metacharacters_run_exactly_what_was_asked(slurm_cluster: SlurmClu
     assert st["steps_done"] == 2
     assert not mark.exists() and not (REPO / "MARK").exists() and not (run / "MARK").exists()
     assert (run / "logs" / f"slurm-{jid}.out").exists()
+    # a credential reached the job (its batch script stops without it) through sbatch's environment, never a file
+    assert not [f for f in run.rglob("*") if f.is_file() and SECRET.encode() in f.read_bytes()]
 
 
 def test_dry_run_submits_nothing(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:

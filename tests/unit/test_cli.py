@@ -83,6 +83,23 @@ def test_spec_errors_exit_2_with_one_clear_line(args, needle):
     assert "Traceback" not in out.stderr
 
 
+def test_checkpoints_of_a_directory_that_is_not_a_run_exits_2(tmp_path: Path):
+    (tmp_path / "notes.txt").write_text("not a run")
+    cases = [([str(tmp_path)], "not a run directory (no spec.yaml, job.json or checkpoints/)"),
+             ([str(tmp_path / "missing")], "no such run directory"),
+             ([str(tmp_path), "--dir", str(tmp_path / "missing")], "no such directory")]
+    for args, needle in cases:
+        for extra in ([], ["--json"]):
+            out = trainctl("checkpoints", *args, *extra)
+            assert out.returncode == 2 and out.stdout == "", (args, out.stdout)
+            errors = [ln for ln in out.stderr.splitlines() if ln.startswith("error:")]
+            assert len(errors) == 1 and needle in errors[0], out.stderr
+    # a run directory that has no checkpoints yet is a run: an empty list, exit 0
+    (tmp_path / "spec.yaml").write_text(Path(TINY).read_text())
+    out = trainctl("checkpoints", str(tmp_path))
+    assert out.returncode == 0 and "no checkpoints in" in out.stdout, out.stderr
+
+
 def test_usage_error_exits_2():
     out = trainctl("validate")
     assert out.returncode == 2 and "Missing argument" in out.stderr

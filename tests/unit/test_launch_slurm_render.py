@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from paths import REPO
+from trainer_utils import files_containing
 
 from trainctl.errors import UsageError
 from trainctl.launch.slurm import cluster, job_state, render, submit
@@ -368,6 +369,7 @@ def test_preempted_job_requeues_itself(tmp_path: Path) -> None:
 FAKE_SBATCH = r"""#!/bin/bash
 n=$(( $(cat "$FAKE_DIR/next" 2>/dev/null || echo 100) + 1 )); echo "$n" >"$FAKE_DIR/next"
 printf '%s\n' "$@" >"$FAKE_DIR/sbatch-$n.argv"
+env >"$FAKE_DIR/sbatch-$n.env"  # what the job gets: sbatch exports its environment (--export=ALL)
 echo "$n"
 """
 FAKE_SINFO = "#!/bin/bash\nprintf '%s' \"$FAKE_SINFO\"\n"
@@ -479,3 +481,78 @@ def test_rank_logs_follow_each_attempts_placement(tmp_path: Path) -> None:
                      for f in ("stderr.log", "stdout.log")]
     paths.placement.write_text(_json.dumps({"ranks": [{"rank": 0, "node": "n1", "local_rank": 0}]}))
     assert torchrun_rank_logs(paths, 0) == expected
+
+
+# --- credentials: to the job through sbatch's environment, never into the run directory -----------------
+
+SECRETS = {"HF_TOKEN": "hf-value-6f1c", "WANDB_API_KEY": "wandb-value-93ab"}
+
+
+def test_credentials_reach_the_job_but_no_file_of_the_run(tmp_path: Path, fake_slurm: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """HF_TOKEN written in launcher.env and WANDB_API_KEY passed through by name: sbatch's environment (which
+    Slurm exports to the job and keeps for requeues) holds both values, the run directory neither; the batch
+    script stops with a clear message where one is missing, and hands both to srun where they are set."""
+    monkeypatch.delenv("HF_TOKEN", raising=False)  # launch puts it into this process's environment: undone
+    monkeypatch.setenv("WANDB_API_KEY", SECRETS["WANDB_API_KEY"])
+    launch, paths = _submitted_run(tmp_path, **{
+        "launcher.env": f"{{HF_TOKEN: {SECRETS['HF_TOKEN']}, MY_SETTING: visible}}",
+        "launcher.env_passthrough": "[WANDB_API_KEY]", "launcher.mode": "srun"})
+    job_env = dict(ln.split("=", 1) for ln in (fake_slurm / "sbatch-101.env").read_text().splitlines() if "=" in ln)
+    assert {k: job_env.get(k) for k in SECRETS} == SECRETS
+    assert files_containing(paths.root, *SECRETS.values()) == []
+    script = paths.launch_script.read_text()
+    assert "export MY_SETTING=visible" in script and ': "${HF_TOKEN:?' in script and ': "${WANDB_API_KEY:?' in script
+    assert load_spec(paths.spec).launcher.env_passthrough == ["WANDB_API_KEY", "HF_TOKEN"]
+    # the batch script under bash, with a stand-in srun that reports what it received
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "scontrol").write_text(FAKE_SCONTROL)
+    (bindir / "srun").write_text('#!/bin/bash\nprintenv HF_TOKEN WANDB_API_KEY >"$FAKE_OUT"\n')
+    for f in bindir.iterdir():
+        f.chmod(0o755)
+    out = tmp_path / "srun-saw"
+    base = {"PATH": f"{bindir}:/usr/bin:/bin", "SLURM_JOB_ID": "101", "SLURM_JOB_NODELIST": "n[1-2]",
+            "SLURM_NNODES": "2", "FAKE_OUT": str(out), "FAKE_CALLS": str(tmp_path / "calls")}
+    missing = subprocess.run(["bash", str(paths.launch_script)], env={**base, "HF_TOKEN": SECRETS["HF_TOKEN"]},
+                             capture_output=True, text=True, timeout=30)
+    assert missing.returncode != 0 and "WANDB_API_KEY: is not set: launcher.env_passthrough" in missing.stderr
+    assert not out.exists()
+    ok = subprocess.run(["bash", str(paths.launch_script)], env={**base, **SECRETS}, capture_output=True, text=True,
+                        timeout=30)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert out.read_text().split() == [SECRETS["HF_TOKEN"], SECRETS["WANDB_API_KEY"]]
+
+
+def test_resubmit_takes_passthrough_credentials_from_the_environment(tmp_path: Path, fake_slurm: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainctl.cli.app import main
+
+    for name in SECRETS:  # launch and resume put them into this process's environment: undone afterwards
+        monkeypatch.delenv(name, raising=False)
+    _, paths = _submitted_run(tmp_path, **{"launcher.env": f"{{HF_TOKEN: {SECRETS['HF_TOKEN']}}}"})
+    monkeypatch.delenv("HF_TOKEN")  # a new shell: the value was never written, so it must be exported again
+    with pytest.raises(UsageError, match="HF_TOKEN is not set in this environment"):
+        submit.resubmit(paths)
+    monkeypatch.setenv("HF_TOKEN", "hf-value-rotated")
+    with pytest.raises(SystemExit) as e:  # also a new credential --set at resume: redacted where recorded
+        main(["resume", str(paths.root), "--set", "launcher.env.WANDB_API_KEY=wandb-value-new"])
+    assert e.value.code == 0
+    job_env = (fake_slurm / "sbatch-102.env").read_text().splitlines()
+    assert "HF_TOKEN=hf-value-rotated" in job_env and "WANDB_API_KEY=wandb-value-new" in job_env
+    assert files_containing(paths.root, "hf-value", "wandb-value") == []
+    assert "launcher.env.WANDB_API_KEY=<redacted>" in (paths.root / "events.jsonl").read_text()
+
+
+@pytest.mark.parametrize("args", [["--export=NONE"], ["--export=PATH,HOME"]])
+def test_an_export_that_keeps_passthrough_variables_from_the_job_is_refused(tmp_path: Path, args: list[str],
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    monkeypatch.setenv("WANDB_API_KEY", "x")
+    s = spec(**{"launcher.env_passthrough": "[WANDB_API_KEY]", "launcher.sbatch_args": json.dumps(args)})
+    with pytest.raises(UsageError, match="launcher.sbatch_args --export=.*keeps WANDB_API_KEY"):
+        render.plan_slurm(s, tmp_path / "run")
+    ok = spec(**{"launcher.env_passthrough": "[WANDB_API_KEY]",
+                 "launcher.sbatch_args": '["--export=ALL,EXTRA=1"]'})
+    assert ': "${WANDB_API_KEY:?' in render.plan_slurm(ok, tmp_path / "run2").script

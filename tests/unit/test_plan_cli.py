@@ -7,6 +7,7 @@ Sources: the issue's output contract (--json with every figure in plain units, -
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -56,8 +57,62 @@ def test_plan_ranks_json_has_placement_and_groups():
 def test_plan_tables_and_ranks():
     out = trainctl("plan", TINY, "--ranks")
     assert out.returncode == 0, out.stderr
-    for word in ("Memory per GPU", "Communication", "Prediction", "Assumptions", "Rank placement", "TP groups"):
+    for word in ("Memory per rank", "Communication", "Prediction", "Assumptions", "Rank placement", "TP groups"):
         assert word in out.stdout
+
+
+def narrow(*args: str, columns: int = 80) -> str:
+    """The command's output at COLUMNS=columns through a pipe, as `COLUMNS=80 trainctl ... | less` shows it."""
+    import os
+
+    out = subprocess.run([sys.executable, "-m", "trainctl", *args], capture_output=True, text=True, cwd=ROOT,
+                         timeout=120, env={**os.environ, "COLUMNS": str(columns)})
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+@pytest.mark.parametrize("args", [
+    ["plan", TINY, "--ranks"], ["plan", str(ROOT / "recipes" / "llama3-405b.yaml"), "--ranks"],
+    ["plan", str(ROOT / "recipes" / "mixtral-8x7b.yaml")], ["plan", str(ROOT / "recipes" / "llama3-70b.yaml"),
+                                                            "--auto", "--top", "5"], ["hardware"]])
+@pytest.mark.parametrize("columns", [80, 60])
+def test_output_fits_the_width_it_is_given(args: list[str], columns: int) -> None:
+    text = narrow(*args, columns=columns)
+    too_long = [ln for ln in text.splitlines() if len(ln) > columns]
+    assert not too_long, too_long[:3]
+
+
+def test_tiny_plan_uses_units_that_fit_and_names_no_gpu_fabric() -> None:
+    """Every memory and communication figure of the tiny plan in the unit that fits it (bytes from --json, in
+    decimal units as the planner counts them), a step time that is not '0.0 ms', and a header that describes
+    CPU ranks instead of an NVLink domain and an InfiniBand fabric."""
+    sets = ["--set", "cluster.peak_tflops=0.5"]  # a peak, so the tiny plan predicts a step time
+    data = json.loads(trainctl("plan", TINY, *sets, "--json").stdout)
+    text = narrow("plan", TINY, *sets, columns=120)
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"│ ([a-z][a-z /()]+?) +│ ([^│]+?) +│", text)}
+    mem = data["memory"]
+    for label, key in (("weights", "weights"), ("optimizer state", "optimizer"), ("activations", "activations"),
+                       ("total", "total")):
+        value = mem[key]
+        assert 1e3 <= value < 1e7, (key, value)  # kilobytes to megabytes: the case that printed 0.00 GB
+        unit, div = ("MB", 1e6) if value >= 1e6 else ("kB", 1e3)
+        assert rows[label] == f"{value / div:,.2f} {unit}", (label, rows[label])
+    step = data["prediction"]["step_time_s"]
+    assert 1e-4 < step < 1.0, step
+    shown = re.fullmatch(r"([\d.]+) (ms|µs)", rows["step time"])
+    assert shown, rows["step time"]
+    assert float(shown.group(1)) * {"ms": 1e-3, "µs": 1e-6}[shown.group(2)] == pytest.approx(step, rel=0.01)
+    header = text.splitlines()[0]
+    assert header.startswith("tiny-cpu: 8 CPU ranks = tp 2 x pp 2 x dp 2 on 1 node x 8 ranks")
+    for word in ("NVLink", "nvlink", "fabric", "ndr", "InfiniBand"):
+        assert word not in text, word
+    assert "Memory per rank" in text and "Communication per rank per step" in text and "GPU" not in header
+
+
+def test_auto_table_spells_recompute_out() -> None:
+    text = narrow("plan", str(ROOT / "recipes" / "llama3-70b.yaml"), "--auto", "--top", "5")
+    modes = {ln.split()[5] for ln in text.splitlines() if re.match(r"\s*\d+\s+\d+(sp)?/\d+/\d+ ", ln)}
+    assert modes and modes <= {"none", "selective", "full"} and "selective" in modes, modes
 
 
 def test_bad_tp_exits_2_with_one_clear_line():

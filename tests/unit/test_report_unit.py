@@ -155,3 +155,16 @@ def test_not_a_run_dir_is_a_usage_error(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(UsageError, match="no metrics.jsonl"):
         load_run(tmp_path / "empty")
+
+
+def test_report_prose_fits_a_narrow_terminal(tmp_path):
+    """Notes, warnings, restart causes and memory gaps wrap to the console's width (tables fit by themselves)."""
+    run = interrupted_run(tmp_path)
+    m = [_step(k, float(k), mfu=1.3, mfu_bug=True) for k in range(1, 5)]  # a long warning line as well
+    bug = _write(tmp_path / "bug", m, [{"time": 0.0, "event": "launch"}])
+    buf = io.StringIO()
+    render(build_report([run, bug]), Console(file=buf, width=80, soft_wrap=True))  # cli/console.py's settings
+    lines = buf.getvalue().splitlines()
+    assert max(map(len, lines)) <= 80, [ln for ln in lines if len(ln) > 80][:3]
+    words = " ".join(" ".join(lines).split())
+    assert "restart -> attempt 1" in words and "a FLOPs-accounting or timing bug" in words

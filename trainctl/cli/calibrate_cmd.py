@@ -9,7 +9,7 @@ import typer
 
 from trainctl.cli.app import app
 from trainctl.cli.console import make_console, sayer
-from trainctl.cli.options import OptionalSpecArg, SetOpt, read_spec
+from trainctl.cli.options import OptionalSpecArg, SetOpt, read_spec, say_held_back
 from trainctl.errors import UsageError
 
 
@@ -30,6 +30,7 @@ def calibrate(
     """Measure matmul rates, collectives and a layer on the spec's cluster; write the planner's profile."""
     from trainctl.launch.calibrate import calibrate as measure
     from trainctl.launch.calibrate import default_out
+    from trainctl.launch.secrets import credential_names
     from trainctl.plan.calibration import profile as prof
 
     console = make_console()
@@ -54,6 +55,7 @@ def calibrate(
         raise UsageError("--base goes with --from-run")
     else:
         run = read_spec(spec, set_)
+        say_held_back(console, credential_names(run.launcher.env))
         target = out or default_out(run)
         console.print(f"[bold]calibrating[/bold] {run.name}: {run.world_size} ranks ({run.cluster.gpus_per_node} per "
                       f"node, cluster.gpu {run.cluster.gpu}) with the {run.backend} backend")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -12,9 +11,11 @@ from rich.table import Table
 from trainctl.checkpoint import describe_layout, list_checkpoints, newest_valid, resolve_checkpoint_dir
 from trainctl.cli.app import app
 from trainctl.cli.console import make_console
+from trainctl.cli.jsonout import print_json
 from trainctl.cli.options import JsonOpt
 from trainctl.errors import UsageError
 from trainctl.report.render import size
+from trainctl.rundir import RunPaths
 
 
 @app.command()
@@ -26,14 +27,22 @@ def checkpoints(
 ) -> None:
     """List a run's checkpoints: step, size, validity (and why not), milestone, layout, time."""
     if directory is None:
+        paths = RunPaths(run)
         if not run.is_dir():
             raise UsageError(f"{run}: no such run directory", hint="give the directory `trainctl launch` created")
+        if not (paths.spec.is_file() or paths.job.is_file() or paths.checkpoints.is_dir()):
+            raise UsageError(f"{run}: not a run directory (no {paths.spec.name}, {paths.job.name} or "
+                             f"{paths.checkpoints.name}/)",
+                             hint="give the directory `trainctl launch` created, or a checkpoints directory "
+                                  "with --dir")
         directory = resolve_checkpoint_dir(run)
+    elif not directory.is_dir():
+        raise UsageError(f"--dir {directory}: no such directory", hint="give the run's checkpoint directory")
     infos = list_checkpoints(directory, deep=deep)
     latest = newest_valid(infos)  # what `trainctl resume` would load (shallow check unless --deep)
     if as_json:
-        print(json.dumps({"directory": str(directory), "latest_valid": latest.step if latest else None,
-                          "checkpoints": [i.to_json() for i in infos]}, indent=2))
+        print_json({"directory": str(directory), "latest_valid": latest.step if latest else None,
+                    "checkpoints": [i.to_json() for i in infos]})
         return
     con = make_console()
     if not infos:

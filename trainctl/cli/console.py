@@ -1,12 +1,15 @@
 """The one way CLI commands make a rich Console.
 
-Lines never wrap (``soft_wrap``): a run directory path or a job id cut in two breaks copy-paste and
-every script that greps our output. When stdout is not a terminal (CI logs, pipes) rich assumes 80
-columns; tables get at least 120 so they stay readable in logs.
+Lines never wrap by default (``soft_wrap``): a run directory path or a job id cut in two breaks copy-paste
+and every script that greps our output. Tables fit the width, and so does prose that holds no such token
+(`trainctl.prose`: the plan's notes and warnings, wrapped with a hanging indent). The width is the
+terminal's, or COLUMNS when set; when stdout is not a terminal and COLUMNS is not set (CI logs, pipes) rich
+assumes 80 columns, and tables get 120 so they stay readable in logs.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -20,8 +23,9 @@ MIN_PIPED_WIDTH = 120
 
 
 def make_console(*, stderr: bool = False) -> Console:
-    probe = Console(stderr=stderr)
-    width = probe.width if probe.is_terminal else max(MIN_PIPED_WIDTH, probe.width)
+    probe = Console(stderr=stderr)  # rich reads COLUMNS itself
+    asked = os.environ.get("COLUMNS", "").strip().isdigit()
+    width = probe.width if probe.is_terminal or asked else max(MIN_PIPED_WIDTH, probe.width)
     return Console(stderr=stderr, soft_wrap=True, highlight=False, width=width)
 
 

@@ -67,6 +67,7 @@ def check_cmd(
 
     from trainctl.data_check import other_dtype_fits, scan, uint32_read_as_uint16
     from trainctl.errors import UsageError
+    from trainctl.report.render import decimal_size, dur
     from trainctl.token_files import open_token_file
 
     if dtype not in ("uint16", "uint32"):
@@ -82,7 +83,7 @@ def check_cmd(
         result = scan(token_file, dtype, vocab, progress=lambda done, _total: bar.update(task, completed=done))
     dt = time.perf_counter() - t0
     console.print(f"{token_file}: {result.count:,} {dtype} tokens, min {result.min}, max {result.max} "
-                  f"(scanned {size / 1e9:.2f} GB in {dt:.2f} s, {size / 1e9 / max(dt, 1e-9):.2f} GB/s)")
+                  f"(scanned {decimal_size(size)} in {dur(dt)}, {decimal_size(size / max(dt, 1e-9))}/s)")
     if result.out_of_range == 0:
         if tf.format == "flat" and uint32_read_as_uint16(token_file, dtype):
             console.print("[red]every second token is 0[/red]: the file looks like uint32 tokens; try --dtype uint32")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict
 from typing import Any
 
@@ -10,9 +9,11 @@ from rich.table import Table
 
 from trainctl.cli.app import app
 from trainctl.cli.console import make_console
+from trainctl.cli.jsonout import print_json
 from trainctl.cli.options import JsonOpt
 from trainctl.hardware.catalog import ACCELERATORS, FABRICS
 from trainctl.hardware.detect import detect_gpus
+from trainctl.prose import prose
 
 
 def _num(x: float | None, digits: int = 2) -> str:
@@ -43,13 +44,14 @@ def catalog_dict() -> dict[str, Any]:
 def hardware(as_json: bool = JsonOpt) -> None:
     """List the accelerator and interconnect catalog (dense peaks, memory, NVLink) and local GPUs."""
     if as_json:
-        print(json.dumps(catalog_dict(), indent=2))
+        print_json(catalog_dict())
         return
     console = make_console()
 
     # Short headers and the long name last, so the numbers stay readable in an 80-column pipe.
-    acc = Table(title="Accelerators per GPU: dense TFLOP/s (no sparsity), memory GB, NVLink domain "
-                "(GPUs) and GB/s one direction")
+    prose(console, "[italic]Accelerators per GPU: dense TFLOP/s (no sparsity), memory GB, NVLink domain (GPUs) "
+                   "and GB/s one direction[/italic]")
+    acc = Table()
     for col in ("key", "BF16", "TF32", "FP32", "mem", "domain", "GB/s", "name"):
         acc.add_column(col, justify="left" if col in ("key", "name") else "right", no_wrap=col != "name")
     for a in ACCELERATORS.values():
@@ -58,9 +60,8 @@ def hardware(as_json: bool = JsonOpt) -> None:
         acc.add_row(a.key, _num(a.peak_bf16_tflops), tf32, _num(a.peak_fp32_tflops),
                     _num(a.memory_gb, 0), domain, f"{a.nvlink_gbps:,.0f} {a.link}", a.name)
     console.print(acc)
-    console.print("[dim]V100 has no BF16/TF32: its BF16 column is the FP16 tensor peak. "
-                  "Override any figure in the spec: cluster.peak_tflops, memory_gb, nvlink_domain, "
-                  "nvlink_gbps.[/dim]")
+    prose(console, "[dim]V100 has no BF16/TF32: its BF16 column is the FP16 tensor peak. Override any figure in "
+                   "the spec: cluster.peak_tflops, memory_gb, nvlink_domain, nvlink_gbps.[/dim]")
 
     fab = Table(title="Inter-node fabrics per GPU (one NIC per GPU), one direction")
     for col in ("key", "Gb/s", "GB/s", "name"):
@@ -71,7 +72,7 @@ def hardware(as_json: bool = JsonOpt) -> None:
 
     gpus = detect_gpus()
     if not gpus:
-        console.print("Local GPUs: none detected (no NVIDIA driver / NVML on this machine).")
+        prose(console, "none detected (no NVIDIA driver / NVML on this machine).", "Local GPUs: ")
         return
     local = Table(title="Local GPUs (NVML)")
     for col in ("index", "name", "memory GB", "catalog key"):

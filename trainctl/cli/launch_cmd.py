@@ -8,9 +8,18 @@ import typer
 
 from trainctl.cli.app import app
 from trainctl.cli.console import make_console, sayer, show
-from trainctl.cli.options import OptionalSpecArg, SetOpt, StrictOpt, VerboseOpt, check_disk_space, read_spec
+from trainctl.cli.options import (
+    OptionalSpecArg,
+    SetOpt,
+    StrictOpt,
+    VerboseOpt,
+    check_before_training,
+    read_spec,
+    say_held_back,
+)
 from trainctl.launch.backend import DEFAULT_GRACE_S, backend_for
 from trainctl.launch.create import default_run_dir
+from trainctl.launch.secrets import credential_names
 
 
 @app.command()
@@ -31,9 +40,10 @@ def launch(
     (exit 75; `trainctl resume RUN` continues); a second Ctrl-C kills at once."""
     console = make_console()
     run = read_spec(spec, set_)
+    say_held_back(console, credential_names(run.launcher.env))
     backend = backend_for(run)
     launch = backend.prepare(run, run_dir, grace_s=grace)
-    check_disk_space(console, run, run_dir or default_run_dir(run), strict)
+    check_before_training(console, run, run_dir or default_run_dir(run), strict)
     if dry_run:
         for line in backend.dry_run(launch):
             show(console, line)

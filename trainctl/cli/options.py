@@ -16,8 +16,9 @@ SetOpt = typer.Option(
     help="Override a spec field, e.g. --set parallel.tp=4 (repeatable).",
 )
 JsonOpt = typer.Option(False, "--json", help="Print machine-readable JSON instead of tables.")
-StrictOpt = typer.Option(False, "--strict", help="Refuse (exit 2) what would otherwise be a warning, e.g. too "
-                         "little free space for the checkpoints (keep_last + 1 of the planned size).")
+StrictOpt = typer.Option(False, "--strict", help="Refuse (exit 2) what would otherwise be a warning: too little "
+                         "free space for the checkpoints (keep_last + 1 of the planned size), a GPU spec on a "
+                         "machine without GPUs.")
 
 
 VerboseOpt = typer.Option(False, "--verbose", "-v", help="Show everything torchrun and every rank print, as it "
@@ -33,16 +34,26 @@ def default_spec_path() -> Path:
     return Path(__file__).resolve().parents[1] / "recipes" / "tiny-cpu.yaml"
 
 
-def check_disk_space(console: Console, spec: RunSpec, run_dir: Path, strict: bool) -> None:
-    """Before training: warn (refuse under --strict, exit 2) when the checkpoint directory is too small."""
+def check_before_training(console: Console, spec: RunSpec, run_dir: Path, strict: bool) -> None:
+    """Before training: warn (refuse under --strict, exit 2) when the checkpoint directory is too small, or
+    when a spec for GPUs would train on this machine's CPU."""
+    from trainctl.launch.device_check import cpu_fallback_problem
     from trainctl.launch.diskspace import space_problem
 
-    problem = space_problem(spec, run_dir)
-    if problem is None:
-        return
-    if strict:
-        raise UsageError(problem)
-    console.print(f"[yellow]warning:[/yellow] {problem} (--strict refuses)", soft_wrap=True)
+    for problem in (cpu_fallback_problem(spec), space_problem(spec, run_dir)):
+        if problem is None:
+            continue
+        if strict:
+            raise UsageError(problem)
+        console.print(f"[yellow]warning:[/yellow] {problem} (--strict refuses)", soft_wrap=True)
+
+
+def say_held_back(console: Console, names: list[str]) -> None:
+    """Say that these launcher.env credentials reach the ranks without being written (launch/secrets.py)."""
+    for name in names:
+        console.print(f"[yellow]note:[/yellow] launcher.env.{name} looks like a credential: the ranks get its value "
+                      "through the environment and it is not written to the run directory (spec.yaml lists it "
+                      f"under launcher.env_passthrough, so `trainctl resume` needs {name} exported)", soft_wrap=True)
 
 
 def read_spec(path: Path | None, overrides: list[str] | None) -> RunSpec:

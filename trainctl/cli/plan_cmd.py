@@ -7,18 +7,21 @@ with `--strict`, 1 when the plan has an error-level warning (does not fit, or a 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from trainctl.cli.app import app
 from trainctl.cli.console import make_console
+from trainctl.cli.jsonout import print_json
 from trainctl.cli.options import JsonOpt, SetOpt, SpecArg, read_spec
+from trainctl.prose import prose
+from trainctl.report.render import decimal_size, dur, tflops
 
 if TYPE_CHECKING:
     from trainctl.plan.auto import AutoResult
@@ -37,27 +40,31 @@ def _si(x: float | None, unit: str = "") -> str:
     return f"{x:.3g} {unit}".rstrip()
 
 
-def _gb(x: float | None) -> str:
-    return "unknown" if x is None else f"{x / 1e9:,.2f} GB"
+def _bytes(x: float | None) -> str:
+    return "unknown" if x is None else decimal_size(x)
 
 
 def _s(x: float | None) -> str:
-    if x is None:
-        return "unknown"
-    return f"{x * 1e3:,.1f} ms" if x < 1 else f"{x:,.3f} s"
+    return "unknown" if x is None else dur(x)
 
 
 def _pct(x: float | None, digits: int = 1) -> str:
     return "unknown" if x is None else f"{x:.{digits}%}"
 
 
-def _kv_table(title: str, rows: list[tuple[str, str]], note: str | None = None) -> Table:
-    t = Table(title=title, show_header=False, title_justify="left", caption=note, caption_justify="left")
+def _title(console: Console, title: str) -> None:
+    """A table's title on its own lines: rich would neither wrap it (soft_wrap) nor cut it to the table."""
+    prose(console, f"[italic]{title}[/italic]")
+
+
+def _print_kv(console: Console, title: str, rows: list[tuple[str, str]]) -> None:
+    _title(console, title)
+    t = Table(show_header=False)
     t.add_column("", style="bold")
     t.add_column("")
     for k, v in rows:
         t.add_row(k, v)
-    return t
+    console.print(t)
 
 
 def _stage_summary(layers: list[int]) -> str:
@@ -66,16 +73,27 @@ def _stage_summary(layers: list[int]) -> str:
     return " ".join(map(str, layers[:6])) + f" … ({len(layers)} stages) … " + " ".join(map(str, layers[-3:]))
 
 
+def _where(j: dict[str, Any]) -> str:
+    """The header's machine: GPUs with their NVLink domain and fabric, or CPU ranks (shared memory, and the
+    network between nodes: gloo has no NVLink or InfiniBand transport)."""
+    L, hw = j["layout"], j["hardware"]
+    nodes = f"{L['nodes']} node" + ("s" if L["nodes"] != 1 else "")
+    grid = f"tp {L['tp']} x pp {L['pp']} x dp {L['dp']}"
+    if hw["gpu"] == "cpu":
+        return (f"{j['world_size']} CPU ranks = {grid} on {nodes} x {L['gpus_per_node']} ranks (gloo: shared "
+                f"memory inside a node{', the network between nodes' if L['nodes'] > 1 else ''})")
+    return (f"{j['world_size']} GPUs = {grid} on {nodes} x {L['gpus_per_node']} {hw['gpu']} (NVLink domain "
+            f"{L['nvlink_domain']}, fabric {hw['fabric']})")
+
+
 def render_plan(plan: Plan, console: Console, ranks: bool) -> None:
     j = plan.to_json()
     L, hw = j["layout"], j["hardware"]
-    nodes = f"{L['nodes']} node" + ("s" if L["nodes"] != 1 else "")
-    console.print(f"[bold]{plan.name}[/bold]: {plan.world} GPUs = tp {L['tp']} x pp {L['pp']} x dp {L['dp']} on "
-                  f"{nodes} x {L['gpus_per_node']} {hw['gpu']} (NVLink domain {L['nvlink_domain']}, "
-                  f"fabric {hw['fabric']})")
+    per = "rank" if hw["gpu"] == "cpu" else "GPU"  # a CPU rank is no GPU
+    prose(console, f"[bold]{plan.name}[/bold]: {_where(j)}")
 
     sched = L["schedule"] + (f", {L['virtual_stages']} chunks per rank" if L["schedule"] == "interleaved" else "")
-    console.print(_kv_table("Layout", [
+    _print_kv(console, "Layout", [
         ("tensor parallel", f"{L['tp']}" + (" + sequence parallel" if L["sequence_parallel"] else "")
          + ("" if L["tp_fits_nvlink"] else "  [red](crosses the NVLink domain)[/red]")),
         ("pipeline parallel", f"{L['pp']} ({sched})"),
@@ -86,10 +104,10 @@ def render_plan(plan: Plan, console: Console, ranks: bool) -> None:
         ("precision / recompute", f"{L['precision']} / {L['recompute']}"),
         ("layers per stage", _stage_summary(L["stage_layers"])),
         ("vocabulary (padded)", f"{plan.ctx.shape.vocab:,} ({L['padded_vocab']:,})"),
-    ]))
+    ])
 
     p, f = j["params"], j["flops"]
-    console.print(_kv_table("Model and FLOPs", [
+    _print_kv(console, "Model and FLOPs", [
         ("parameters", f"{p['total']:,} ({_si(p['total'])})"),
         *([("active parameters per token (MoE)", f"{p['active']:,} ({_si(p['active'])}); "
             f"{j['moe']['num_experts']} experts, top-{j['moe']['top_k']}, {j['moe']['moe_layers']} MoE layers")]
@@ -99,27 +117,28 @@ def render_plan(plan: Plan, console: Console, ranks: bool) -> None:
         ("model FLOPs per step", _si(f["model_per_step"], "FLOP")),
         ("hardware FLOPs per step (+ recompute)", _si(f["hardware_per_step"], "FLOP")),
         ("tokens per step", f"{f['tokens_per_step']:,}"),
-    ]))
+    ])
 
     mem = j["memory"]
     fits = mem["fits"]
     head = mem["headroom_fraction"]
     head_style = "red" if not fits else ("yellow" if head is not None and head < 0.10 else "green")
     rows = [
-        ("weights", _gb(mem["weights"])), ("gradients", _gb(mem["gradients"])),
-        ("optimizer state", _gb(mem["optimizer"])), ("model states", _gb(mem["model_states"])),
-        ("activations", _gb(mem["activations"])), ("transient buffers", _gb(mem["transient"])),
-        ("total", f"[bold]{_gb(mem['total'])}[/bold]"),
-        ("capacity", _gb(mem["capacity"]) if mem["capacity"] else "unknown (no fit check)"),
+        ("weights", _bytes(mem["weights"])), ("gradients", _bytes(mem["gradients"])),
+        ("optimizer state", _bytes(mem["optimizer"])), ("model states", _bytes(mem["model_states"])),
+        ("activations", _bytes(mem["activations"])), ("transient buffers", _bytes(mem["transient"])),
+        ("total", f"[bold]{_bytes(mem['total'])}[/bold]"),
+        ("capacity", _bytes(mem["capacity"]) if mem["capacity"] else "unknown (no fit check)"),
     ]
     if mem["capacity"]:
         verdict = "fits" if fits else "DOES NOT FIT"
-        rows.append(("headroom", f"[{head_style}]{_gb(mem['headroom'])} ({_pct(head)}) — {verdict}[/{head_style}]"))
-    console.print(_kv_table(f"Memory per GPU (worst: pipeline rank {mem['worst_pp_rank']}, "
-                            f"{mem['params_per_gpu']:,.0f} params)", rows))
+        rows.append(("headroom", f"[{head_style}]{_bytes(mem['headroom'])} ({_pct(head)}) — {verdict}[/{head_style}]"))
+    _print_kv(console, f"Memory per {per} (worst: pipeline rank {mem['worst_pp_rank']}, "
+                       f"{mem['params_per_gpu']:,.0f} params)", rows)
 
     c = j["communication"]
-    ct = Table(title="Communication per GPU per step (busiest GPU of each kind)", title_justify="left")
+    _title(console, f"Communication per {per} per step (busiest {per} of each kind)")
+    ct = Table()
     for col in ("kind", "link", "bytes", "time at link rate"):
         ct.add_column(col, justify="left" if col in ("kind", "link") else "right")
     names = {"tp": "TP collectives", "pp": "PP point-to-point", "dp": f"DP (ZeRO-{L['zero']})",
@@ -128,9 +147,10 @@ def render_plan(plan: Plan, console: Console, ranks: bool) -> None:
     for kind, v in c["per_kind"].items():
         if v["bytes"]:
             link = hw["intra_domain_link"] if v["link"] == "nvlink" else f"inter-node ({hw['fabric']})"
-            ct.add_row(names[kind], link, _gb(v["bytes"]), _s(v["seconds"]))
+            ct.add_row(names[kind], link, _bytes(v["bytes"]), _s(v["seconds"]))
     for link, b in c["per_link"].items():
-        ct.add_row(f"[bold]total {link.replace('_', '-')}[/bold]", "", f"[bold]{_gb(b)}[/bold]", "")
+        name = hw["intra_domain_link"] if link == "nvlink" else link.replace("_", "-")
+        ct.add_row(f"[bold]total {name}[/bold]", "", f"[bold]{_bytes(b)}[/bold]", "")
     console.print(ct)
 
     pr, pl = j["prediction"], j["pipeline"]
@@ -143,28 +163,29 @@ def render_plan(plan: Plan, console: Console, ranks: bool) -> None:
         ("DP exposed", f"{_s(pr['dp_exposed_s'])} of {_s(pr['dp_s'])}"),
         ("step time", f"[bold]{_s(pr['step_time_s'])}[/bold]"),
         ("tokens/s", "unknown" if pr["tokens_per_s"] is None else f"{pr['tokens_per_s']:,.0f}"),
-        ("model TFLOP/s per GPU", "unknown" if pr["model_flops_per_s_per_gpu"] is None
-         else f"{pr['model_flops_per_s_per_gpu'] / 1e12:,.1f}"),
+        (f"model TFLOP/s per {per}", "unknown" if pr["model_flops_per_s_per_gpu"] is None
+         else tflops(pr["model_flops_per_s_per_gpu"] / 1e12)),
         ("MFU (HFU)", f"[bold]{_pct(pr['mfu'])}[/bold] ({_pct(pr['hfu'])})"),
     ]
     peak = hw["peak_flops"]
     pred.append(("calibration", calibration_line(j["calibration"])))
-    console.print(_kv_table("Prediction (roofline)", pred,
-                            note=f"peak {_si(peak, 'FLOP/s') if peak else 'unknown (measured at run time)'} "
-                                 f"dense {'TF32' if L['precision'] == 'fp32' else 'BF16'} per GPU"))
+    _print_kv(console, "Prediction (roofline)", pred)
+    prose(console, f"peak {_si(peak, 'FLOP/s') if peak else 'unknown (measured at run time)'} "
+                   + (f"dense {'TF32' if L['precision'] == 'fp32' else 'BF16'} per GPU" if per == "GPU"
+                      else "per rank: the matmul rate where the ranks run"))
 
     a = j["assumptions"]
-    console.print(f"[bold]Assumptions[/bold] (estimate.* in the spec): compute_efficiency {a['compute_efficiency']}, "
-                  f"comm_efficiency {a['comm_efficiency']}, dp_overlap {a['dp_overlap']}, "
-                  f"tp_overlap {a['tp_overlap']}", highlight=False)
+    prose(console, f"[bold]Assumptions[/bold] (estimate.* in the spec): compute_efficiency {a['compute_efficiency']}, "
+                   f"comm_efficiency {a['comm_efficiency']}, dp_overlap {a['dp_overlap']}, "
+                   f"tp_overlap {a['tp_overlap']}")
     for line in [a["roofline"], *a["notes"]]:
-        console.print(f"  [dim]- {line}[/dim]", highlight=False)
+        prose(console, f"[dim]{escape(line)}[/dim]", "  [dim]-[/dim] ")
 
     if plan.warnings:
         console.print("[bold]Warnings[/bold]")
         for w in plan.warnings:
             style = LEVEL_STYLE[w.level]
-            console.print(f"  [{style}]{w.level.upper():8}[/{style}] {w.code}: {w.message}", highlight=False)
+            prose(console, f"{w.code}: {escape(w.message)}", f"  [{style}]{w.level.upper():8}[/{style}] ")
     if not fits:
         console.print("[bold red]This layout does not fit in GPU memory.[/bold red]")
     if ranks:
@@ -177,9 +198,9 @@ def render_ranks(plan: Plan, console: Console) -> None:
     layout = plan.layout
     world = layout.world_size
     info = placement(layout)[: world if world <= RANKS_FULL_LIMIT else layout.gpus_per_node]
-    t = Table(title="Rank placement (Megatron order: tp fastest, then dp, then pp; ep is the fast part of dp)"
-              + ("" if world <= RANKS_FULL_LIMIT else f" — first node of {layout.nodes}; the full map is in --json"),
-              title_justify="left")
+    _title(console, "Rank placement (Megatron order: tp fastest, then dp, then pp; ep is the fast part of dp)"
+           + ("" if world <= RANKS_FULL_LIMIT else f" — first node of {layout.nodes}; the full map is in --json"))
+    t = Table()
     moe = ("ep", "edp") if layout.ep > 1 else ()  # EP is carved from DP: dp = ep + ep_size * edp
     for col in ("rank", "node", "gpu", "tp", "dp", *moe, "pp", "nvlink domain"):
         t.add_column(col, justify="right")
@@ -195,7 +216,8 @@ def render_ranks(plan: Plan, console: Console) -> None:
                                           layout.world_size // layout.edp)) if moe else ())):
         first = getattr(Groups(layout), kind)[0] if world <= RANKS_FULL_LIMIT else list(range(0, stride * size, stride))
         shown = ", ".join(map(str, first[:8])) + (", …" if len(first) > 8 else "")
-        console.print(f"  {kind.upper()} groups: {count} of {size} ranks, stride {stride}; the first: [{shown}]")
+        prose(console, f"{count} of {size} ranks, stride {stride}; the first: \\[{shown}]",
+              f"  {kind.upper()} groups: ")
 
 
 def calibration_line(cal: dict[str, Any]) -> str:
@@ -206,16 +228,16 @@ def calibration_line(cal: dict[str, Any]) -> str:
             f"{cal['created']})")
 
 
-def render_auto(res: AutoResult, console: Console) -> None:
-    console.print(f"[bold]{res.name}[/bold] --auto: {res.evaluated:,} valid layouts evaluated on {res.world:,} GPUs, "
-                  f"{res.fitting:,} fit in memory ({res.elapsed_s * 1e3:.0f} ms). Ranked by predicted MFU, ties by "
-                  "less memory.")
+def render_auto(res: AutoResult, console: Console, on_cpu: bool = False) -> None:
+    prose(console, f"[bold]{res.name}[/bold] --auto: {res.evaluated:,} valid layouts evaluated on {res.world:,} "
+                   f"{'CPU ranks' if on_cpu else 'GPUs'}, {res.fitting:,} fit in "
+                   f"memory ({res.elapsed_s * 1e3:.0f} ms). Ranked by predicted MFU, ties by less memory.")
     if not res.peak_known:
-        console.print("[yellow]Peak FLOP/s unknown for this accelerator: ranked with a nominal 1 TFLOP/s; "
-                      "MFU and step times are not shown (set cluster.peak_tflops, or calibrate).[/yellow]")
-    console.print(f"Times: {calibration_line(res.calibration)}")
-    t = Table(title="Best layouts (sp: sequence parallel; il v: interleaved, v chunks per rank; m: micro-batches)",
-              title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0))
+        prose(console, "[yellow]Peak FLOP/s unknown for this accelerator: ranked with a nominal 1 TFLOP/s; "
+                       "MFU and step times are not shown (set cluster.peak_tflops, or calibrate).[/yellow]")
+    prose(console, calibration_line(res.calibration), "Times: ")
+    _title(console, "Best layouts (sp: sequence parallel; il v: interleaved, v chunks per rank; m: micro-batches)")
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0))
     for col in ("#", "tp/pp/dp", "sched", "ZeRO", "mb/m", "recomp", "GB/GPU", "bubble", "step", "MFU"):
         t.add_column(col, justify="left" if col in ("sched", "recomp") else "right", no_wrap=True)
     for i, (s, _, _codes) in enumerate(res.top, 1):
@@ -223,7 +245,7 @@ def render_auto(res: AutoResult, console: Console) -> None:
         sched = f"il {c.virtual_stages}" if c.schedule == "interleaved" else c.schedule
         t.add_row(str(i), f"{c.tp}{'sp' if c.sequence_parallel else ''}/{c.pp}/{c.dp}"
                   + (f" ep{c.ep}" if c.ep > 1 else ""), sched, str(c.zero),
-                  f"{c.micro_batch}/{e.micro_batches}", c.recompute[:4], f"{e.memory_total / 1e9:.1f}",
+                  f"{c.micro_batch}/{e.micro_batches}", c.recompute, f"{e.memory_total / 1e9:.1f}",
                   _pct(e.bubble_fraction), f"{e.step_time:.3g} s" if res.peak_known and e.step_time else "—",
                   _pct(s.mfu) if res.peak_known else "—")
     console.print(t)
@@ -232,24 +254,24 @@ def render_auto(res: AutoResult, console: Console) -> None:
         if codes:
             by_codes.setdefault(tuple(codes), []).append(f"#{i}")
     for codes, rows in by_codes.items():
-        console.print(f"  [yellow]{' '.join(rows)}:[/yellow] {', '.join(codes)}", highlight=False)
+        prose(console, ", ".join(codes), f"  [yellow]{' '.join(rows)}:[/yellow] ")
     if not res.top:
         console.print("[bold red]No valid layout fits in memory on this cluster.[/bold red]")
     if res.rejected:
         console.print("[bold]Best-looking layouts rejected[/bold]")
         for s, why in res.rejected:
             mfu = f"MFU {_pct(s.mfu)}" if res.peak_known else "relative"
-            console.print(f"  [red]✗[/red] {s.cand.describe()} ({mfu}): {why}", highlight=False)
+            prose(console, escape(f"{s.cand.describe()} ({mfu}): {why}"), "  [red]✗[/red] ")
     if res.skipped:
         skipped = "; ".join(f"{k} ({v})" for k, v in sorted(res.skipped.items()))
-        console.print(f"[dim]Combinations left out by the spec rules: {skipped}.[/dim]")
+        prose(console, f"[dim]Combinations left out by the spec rules: {escape(skipped)}.[/dim]")
     if res.invalid:
         console.print(f"[bold red]{len(res.invalid)} enumerated layouts failed validation (a planner bug); not "
                       "shown.[/bold red]")
     a = res.assumptions
-    console.print(f"[dim]Assumptions: compute_efficiency {a['compute_efficiency']}, comm_efficiency "
-                  f"{a['comm_efficiency']}, dp_overlap {a['dp_overlap']}, tp_overlap {a['tp_overlap']}. "
-                  "Run `trainctl plan SPEC --set parallel.tp=...` on a row for its full plan.[/dim]")
+    prose(console, f"[dim]Assumptions: compute_efficiency {a['compute_efficiency']}, comm_efficiency "
+                   f"{a['comm_efficiency']}, dp_overlap {a['dp_overlap']}, tp_overlap {a['tp_overlap']}. "
+                   "Run `trainctl plan SPEC --set parallel.tp=...` on a row for its full plan.[/dim]")
 
 
 @app.command()
@@ -274,9 +296,9 @@ def plan(
 
         res = search(run, top=top)
         if as_json:
-            print(json.dumps(res.to_json(), indent=2))
+            print_json(res.to_json())
         else:
-            render_auto(res, console)
+            render_auto(res, console, on_cpu=run.cluster.gpu == "cpu")
         if strict and not res.top:
             raise typer.Exit(1)
         return
@@ -287,8 +309,7 @@ def plan(
     if as_json:
         out: dict[str, Any] = p.to_json(ranks=ranks)
         # With --ranks the rank lists dominate (millions of numbers at 16k GPUs): print them compactly.
-        print(json.dumps(out, separators=(",", ":")) if ranks and p.world > RANKS_FULL_LIMIT
-              else json.dumps(out, indent=2))
+        print_json(out, compact=ranks and p.world > RANKS_FULL_LIMIT)
     else:
         render_plan(p, console, ranks)
     if strict and p.errors:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
 
 from trainctl.cli.app import app
 from trainctl.cli.console import make_console
+from trainctl.cli.jsonout import print_json
 from trainctl.cli.options import JsonOpt
 
 
@@ -23,13 +23,17 @@ def mfu_report(
     """MFU, HFU and throughput vs the plan; where the time went; goodput across restarts; stragglers."""
     from trainctl.report import build_report
 
+    if plot_file is not None:
+        from trainctl.report.plot import check_target
+
+        check_target(plot_file)  # before the report's work: a wrong suffix is a usage error, not a traceback
     report = build_report(runs)
     if plot_file is not None:
         from trainctl.report.plot import plot
 
         report["plot"] = str(plot(report, plot_file))
     if as_json:
-        print(json.dumps(report, indent=2, default=str))
+        print_json(report)
         return
     from trainctl.report.render import render
 

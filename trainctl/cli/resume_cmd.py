@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
 
 from trainctl.cli.app import app
 from trainctl.cli.console import make_console, sayer, show
-from trainctl.cli.options import JsonOpt, SetOpt, StrictOpt, VerboseOpt, check_disk_space
+from trainctl.cli.jsonout import print_json
+from trainctl.cli.options import JsonOpt, SetOpt, StrictOpt, VerboseOpt, check_before_training, say_held_back
 
 
 @app.command()
@@ -29,6 +29,7 @@ def resume(
 
     console = make_console(stderr=as_json)
     plan = rs.plan_resume(run, from_step, set_)
+    say_held_back(console, plan.held_back)
     for i in plan.skipped:
         console.print(f"[yellow]skipping invalid checkpoint[/yellow] step {i.step} ({i.path.name}): {i.reason}",
                       soft_wrap=True)
@@ -45,11 +46,11 @@ def resume(
     if plan.abandon:
         console.print(f"checkpoints after step {from_step} are moved aside: {[i.step for i in plan.abandon]}",
                       soft_wrap=True)
-    check_disk_space(console, plan.spec, plan.paths.root, strict)
+    check_before_training(console, plan.spec, plan.paths.root, strict)
     backend = backend_for(plan.backend)
     relaunch = backend.prepare_resume(plan.spec, plan.paths)
     if as_json:
-        print(json.dumps({**plan.to_json(), **backend.resume_details(relaunch)}, indent=2))
+        print_json({**plan.to_json(), **backend.resume_details(relaunch)})
     if dry_run:
         if not as_json:
             for line in backend.resume_dry_run(relaunch):

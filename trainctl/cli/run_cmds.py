@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import time
@@ -14,6 +13,7 @@ from rich.table import Table
 
 from trainctl.cli.app import app
 from trainctl.cli.console import make_console
+from trainctl.cli.jsonout import print_json
 from trainctl.cli.options import JsonOpt
 from trainctl.errors import UsageError
 from trainctl.rundir import record_event
@@ -42,7 +42,7 @@ def status(run: Path = RunArg, json_: bool = JsonOpt) -> None:
 
     st = run_status(run)
     if json_:
-        print(json.dumps(st.to_json(), indent=2))
+        print_json(st.to_json())
         return
     console = make_console()
     color = STATE_COLOR.get(st.state, "red")
@@ -75,7 +75,7 @@ def runs(base: Path = typer.Argument(Path("runs"), help="Directory holding run d
     if not found:
         raise UsageError(f"no run directories under {base}", hint="`trainctl launch` makes them under runs/")
     if json_:
-        print(json.dumps([s.to_json() for s in found], indent=2))
+        print_json([s.to_json() for s in found])
         return
     table = Table(box=box.SIMPLE)
     for col in ("run", "name", "backend", "job", "state", "steps", "MFU"):

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
 
 from trainctl.cli.app import app
 from trainctl.cli.console import make_console
+from trainctl.cli.jsonout import print_json
 from trainctl.cli.options import JsonOpt, SetOpt, SpecArg, read_spec
 from trainctl.spec import resolved_dict
 
@@ -18,7 +18,7 @@ def validate(spec: Path = SpecArg, set_: list[str] = SetOpt, as_json: bool = Jso
     """Check a run spec; print it with every default filled in."""
     run = read_spec(spec, set_)
     if as_json:
-        print(json.dumps(resolved_dict(run), indent=2))
+        print_json(resolved_dict(run))
         return
     make_console().print(f"[green]ok[/green] {spec}: {run.name} — world {run.world_size} = "
                     f"tp {run.parallel.tp} x pp {run.parallel.pp} x dp {run.dp}")
@@ -29,7 +29,7 @@ def schema() -> None:
     """Print the JSON Schema of the run spec (for editor completion and checking)."""
     from trainctl.spec.models import RunSpec
 
-    print(json.dumps(RunSpec.model_json_schema(by_alias=True), indent=2))
+    print_json(RunSpec.model_json_schema(by_alias=True))
 
 
 __all__ = ["validate", "schema", "typer"]

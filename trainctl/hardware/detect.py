@@ -7,6 +7,7 @@ with a driver, and returns [] anywhere without one.
 from __future__ import annotations
 
 import contextlib
+import glob
 import re
 from dataclasses import dataclass
 
@@ -92,3 +93,9 @@ def detect_gpus() -> list[DetectedGPU]:
     finally:
         with contextlib.suppress(pynvml.NVMLError):
             pynvml.nvmlShutdown()
+
+
+def has_gpu() -> bool:
+    """Whether this machine has a GPU the trainer could use: NVML sees one, or an NVIDIA or AMD (ROCm's
+    /dev/kfd) device node exists (a container may lack NVML but have the devices)."""
+    return bool(detect_gpus()) or bool(glob.glob("/dev/nvidia[0-9]*")) or bool(glob.glob("/dev/kfd"))

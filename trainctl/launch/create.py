@@ -19,6 +19,7 @@ import yaml
 
 from trainctl.errors import UsageError
 from trainctl.fileio import write_atomic
+from trainctl.launch import secrets
 from trainctl.rundir import RunPaths
 from trainctl.spec import RunSpec, resolved_dict
 
@@ -51,7 +52,10 @@ def check_run_dir(path: Path) -> None:
 
 
 def freeze_spec(spec: RunSpec) -> RunSpec:
-    """The spec as the ranks will read it: relative data paths made absolute (ranks may start elsewhere)."""
+    """The spec as the ranks will read it: relative data paths made absolute (ranks may start elsewhere), and
+    credentials in launcher.env held back: their values go to the ranks through this process's environment,
+    never into the run directory (trainctl.launch.secrets)."""
+    spec = secrets.hold_back(spec)
     path = spec.data.path
     if path and not os.path.isabs(path):
         data = spec.data.model_copy(update={"path": str(Path(path).resolve())})
@@ -88,9 +92,12 @@ def build_plan_json(spec: RunSpec) -> str:
     return data if isinstance(data, str) else json.dumps(data, indent=2) + "\n"
 
 
-def render_script(command: Sequence[str], env: Mapping[str, str], header: str) -> str:
-    """A bash script that re-runs exactly `command` with `env`; every word shell-quoted."""
+def render_script(command: Sequence[str], env: Mapping[str, str], header: str,
+                  passthrough: Sequence[str] = ()) -> str:
+    """A bash script that re-runs exactly `command` with `env` (and the `passthrough` variables of the
+    environment it runs in); every word shell-quoted."""
     lines = ["#!/usr/bin/env bash", f"# {header}", "set -euo pipefail"]
+    lines += secrets.require_lines(passthrough, "this script runs in")
     lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
     lines.append("exec " + shlex.join(command))
     return "\n".join(lines) + "\n"
@@ -102,15 +109,20 @@ def now_iso() -> str:
 
 def create_run_dir(root: Path, spec: RunSpec, *, backend: str, command: Sequence[str],
                    env: Mapping[str, str]) -> RunPaths:
-    """Make RUN/ with spec.yaml, plan.json (when the planner exists), launch.sh, job.json and logs/."""
+    """Make RUN/ with spec.yaml, plan.json (when the planner exists), launch.sh, job.json and logs/.
+
+    `spec` is frozen (`freeze_spec`) and `env` built from it: neither holds a credential's value."""
     check_run_dir(root)
+    leaked = secrets.credential_names({**spec.launcher.env, **env})
+    if leaked:  # a caller that skipped freeze_spec: refuse rather than publish the value
+        raise RuntimeError(f"credential {', '.join(leaked)} would be written to {root}: freeze the spec first")
     paths = RunPaths(root.resolve())
     paths.logs.mkdir(parents=True, exist_ok=True)
     write_atomic(paths.spec, yaml.safe_dump(resolved_dict(spec), sort_keys=False))
     write_atomic(paths.plan, build_plan_json(spec))
     created = now_iso()
-    write_atomic(paths.launch_script, render_script(command, env, f"trainctl launch ({backend}), {created}"),
-                 mode=0o755)
+    write_atomic(paths.launch_script, render_script(command, env, f"trainctl launch ({backend}), {created}",
+                                                    spec.launcher.env_passthrough), executable=True)
     write_job(paths, {"backend": backend, "command": list(command), "env": dict(env), "git": git_info(),
                       "created": created, "attempts": []})
     return paths

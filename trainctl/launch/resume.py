@@ -34,8 +34,9 @@ from trainctl.checkpoint import (
 )
 from trainctl.errors import UsageError
 from trainctl.fileio import write_atomic
+from trainctl.launch import secrets
 from trainctl.launch.backend import backend_for
-from trainctl.launch.create import read_job
+from trainctl.launch.create import freeze_spec, read_job
 from trainctl.rundir import RunPaths, read_jsonl, record_event
 from trainctl.spec import RunSpec, load_spec, resolved_dict
 
@@ -49,9 +50,10 @@ class ResumePlan:
     checkpoint: CheckpointInfo | None  # what the trainer will load (None: it starts from step 0)
     skipped: list[CheckpointInfo] = field(default_factory=list)  # invalid ones newer than it
     abandon: list[CheckpointInfo] = field(default_factory=list)  # --from-step: newer ones moved aside
-    overrides: list[str] = field(default_factory=list)
+    overrides: list[str] = field(default_factory=list)  # as recorded: a credential's value redacted
     last_logged_step: int | None = None
     spec_changes: list[str] = field(default_factory=list)  # `--set` changes that are not layout changes
+    held_back: list[str] = field(default_factory=list)  # credentials of launcher.env --set now: not written
 
     def layout_changes(self) -> list[str]:
         """'tp 2 -> 4' for every parallel setting that differs from the checkpoint's (resharded at load)."""
@@ -83,8 +85,9 @@ def plan_resume(run_dir: Path, from_step: int | None = None, overrides: list[str
     if not paths.spec.exists() or not paths.job.exists():
         raise UsageError(f"{run_dir}: not a run directory (no spec.yaml or job.json)",
                          hint="give the directory `trainctl launch` created")
-    before = load_spec(paths.spec)
-    spec = load_spec(paths.spec, overrides or []) if overrides else before
+    before = load_spec(paths.spec)  # as frozen: what the run ran with so far
+    loaded = load_spec(paths.spec, overrides or [])
+    spec = freeze_spec(loaded)  # what is written back (--set): credentials held back, data paths absolute
     try:
         backend = str(read_job(paths).get("backend") or spec.backend)
     except (OSError, ValueError) as e:
@@ -110,8 +113,9 @@ def plan_resume(run_dir: Path, from_step: int | None = None, overrides: list[str
     if info is not None and info.step >= spec.train.steps:
         raise UsageError(f"checkpoint step {info.step} is already at train.steps={spec.train.steps}: nothing to run",
                          hint=f"train longer with --set train.steps=N (N > {info.step})")
-    return ResumePlan(paths, spec, backend, ckdir, info, skipped, abandon, list(overrides or []), last,
-                      spec_changes(before, spec))
+    return ResumePlan(paths, spec, backend, ckdir, info, skipped, abandon,
+                      [secrets.redact_override(o) for o in overrides or []], last,
+                      spec_changes(before, spec), held_back=secrets.credential_names(loaded.launcher.env))
 
 
 # What a change of a field (other than the layout, which layout_changes reports) does to a resumed run.

@@ -7,6 +7,7 @@ from typing import Any
 
 from trainctl.report.attempts import median
 from trainctl.report.load import RunData
+from trainctl.report.summary import other_hardware
 
 
 def _frac(x: float | None, step: float | None) -> float | None:
@@ -28,7 +29,10 @@ def time_breakdown(run: RunData, steady: list[dict[str, Any]], step: float | Non
         items.append({"name": "pipeline bubble", "source": "plan: (p-1)/(v*m+p-1) of the measured step",
                       "seconds": est, "fraction": bubble_frac})
 
-    if pred.get("dp_exposed_s") is not None:
+    if other_hardware(run):  # the plan's link times are another machine's (report/summary.py)
+        exposed = None
+        src = f"not comparable: planned for {(plan.get('hardware') or {}).get('gpu')}, ran on the CPU"
+    elif pred.get("dp_exposed_s") is not None:
         exposed = sum(pred.get(k) or 0.0 for k in ("tp_exposed_s", "p2p_s", "dp_exposed_s", "embedding_sync_s"))
         src = "plan: TP (not overlapped) + pipeline p2p + exposed DP + tied-embedding sync"
     elif comm:  # no compute estimate (CPU): the DP overlap is unknown, so count all of it (an upper bound)

@@ -24,6 +24,20 @@ def _pyplot() -> Any:
     return plt
 
 
+def check_target(out: Path) -> None:
+    """Refuse, before any work, a file name matplotlib cannot write: its format comes from the suffix."""
+    plt = _pyplot()
+    formats = sorted(plt.figure().canvas.get_supported_filetypes())
+    plt.close("all")
+    suffix = out.suffix.lower().lstrip(".")
+    if suffix not in formats:
+        what = f"matplotlib cannot write {suffix!r} files" if suffix else "no suffix to take the format from"
+        raise UsageError(f"--plot {out}: {what}",
+                         hint=f"name the file with one of: {', '.join('.' + f for f in formats)} (e.g. plot.png)")
+    if out.is_dir():
+        raise UsageError(f"--plot {out} is a directory", hint="give a file name such as plot.png")
+
+
 def _locator() -> Any:
     from matplotlib.ticker import MaxNLocator
 
@@ -78,7 +92,12 @@ def plot(report: dict[str, Any], out: Path) -> Path:
     names = ", ".join(r["name"] for r in report["runs"])
     axes[0].set_title(f"trainctl mfu-report: {names}" + ("  (dashed: attempts later replayed/restarted)"
                       if any(r["goodput"].get("restarts") for r in report["runs"]) else ""), fontsize=11)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, dpi=110)
+    except OSError as e:
+        raise UsageError(f"--plot {out}: cannot write it ({e.strerror or e})",
+                         hint="give a path in a directory you can write") from e
+    finally:
+        plt.close(fig)
     return out

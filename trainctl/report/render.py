@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -10,18 +11,24 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from trainctl.prose import prose
 from trainctl.report.divergence import cell as divergence_cell
 
 
+def _sig3(v: float) -> str:
+    """Three significant digits, no exponent: 1.08, 12.4, 452."""
+    return f"{v:.{max(0, 2 - math.floor(math.log10(abs(v))))}f}" if v else "0"
+
+
 def dur(s: float | None) -> str:
+    """A duration in the unit that fits it: ns, µs, ms (three significant digits), s, then minutes, hours."""
     if s is None:
         return "-"
     if s == 0:
         return "0 s"
-    if abs(s) < 1e-3:
-        return f"{s * 1e6:.0f} µs"
-    if abs(s) < 1:
-        return f"{s * 1e3:.1f} ms"
+    for unit, scale in (("ns", 1e-9), ("µs", 1e-6), ("ms", 1e-3)):
+        if abs(s) < scale * 999.5:  # 999.7 ms reads as 1.00 s
+            return f"{_sig3(s / scale)} {unit}"
     if abs(s) < 120:
         return f"{s:.2f} s"
     m, sec = divmod(s, 60)
@@ -41,8 +48,9 @@ def si(x: float | None, unit: str = "") -> str:
     return f"{x:.3g} {unit}".rstrip()
 
 
-def _tflops(x: float | None) -> str:
-    return "-" if x is None else (f"{x:.2f}" if x >= 1 else f"{x:.3g}")
+def tflops(x: float | None) -> str:
+    """TFLOP/s: two decimals from 1 up, three significant digits below (a CPU's 0.00795)."""
+    return "-" if x is None else (f"{x:,.2f}" if x >= 1 else f"{x:.3g}")
 
 
 Row = tuple[str, Callable[[dict[str, Any]], Any]]  # a cell: str (escaped) or rich Text
@@ -63,7 +71,9 @@ def _summary_rows() -> list[Row]:
     def plan(r: dict[str, Any]) -> str:
         p = s(r)["plan"]
         if not p.get("available"):
-            return "no prediction (CPU peak is measured)" if "CPU" in p.get("note", "") else p.get("note", "-")
+            return {"no_prediction": "no prediction (CPU peak is measured)", "no_plan": "no plan",
+                    "other_hardware": f"not comparable: ran on {p.get('ran_on')}, planned for {p.get('planned_for')}",
+                    }.get(p.get("reason", ""), p.get("note", "-"))
         gap = p.get("mfu_gap_points")
         return f"{pct(p['mfu'])} (gap {gap:+.2f} pts)" if gap is not None else pct(p["mfu"])
 
@@ -87,10 +97,10 @@ def _summary_rows() -> list[Row]:
         ("step time median", lambda r: dur(s(r)["step_time_s"]["median"])),
         ("step time p10 / p90", lambda r: f"{dur(s(r)['step_time_s']['p10'])} / {dur(s(r)['step_time_s']['p90'])}"),
         ("tokens/s (per GPU)", lambda r: f"{si(s(r)['tokens_per_s'])} ({si(s(r)['tokens_per_s_per_gpu'])})"),
-        ("TFLOP/s per GPU", lambda r: _tflops(s(r)["tflops_per_gpu"])),
+        ("TFLOP/s per GPU", lambda r: tflops(s(r)["tflops_per_gpu"])),
         ("MFU median / best 10%", mfu("mfu")),
         ("HFU median / best 10%", mfu("hfu")),
-        ("peak TFLOP/s per GPU", lambda r: _tflops(s(r)["peak"]["tflops_per_gpu"])),
+        ("peak TFLOP/s per GPU", lambda r: tflops(s(r)["peak"]["tflops_per_gpu"])),
         ("peak source", lambda r: s(r)["peak"]["source"]),
         ("plan: predicted MFU", plan),
         ("plan: predicted step", plan_step),
@@ -158,48 +168,49 @@ def render(report: dict[str, Any], console: Console | None = None) -> None:
     runs = report["runs"]
     for r in runs:
         for w in r["warnings"]:
-            con.print(f"[bold red]warning[/bold red] ({escape(r['name'])}): {escape(w)}")
+            prose(con, escape(w), f"[bold red]warning[/bold red] ({escape(r['name'])}): ")
     con.print(_table("MFU report", runs, _summary_rows()))
     for r in runs:
         s = r["summary"]
-        con.print(f"[dim]{escape(r['name'])}: stats over {s['steps_in_stats']} steps ({s['stats_note']}); "
-                  f"MFU = model FLOPs / (step time x {s['world_size']} ranks x peak)[/dim]")
+        prose(con, f"[dim]stats over {s['steps_in_stats']} steps ({s['stats_note']}); MFU = model FLOPs / (step "
+                   f"time x {s['world_size']} ranks x peak)[/dim]", f"[dim]{escape(r['name'])}:[/dim] ")
         if not s["plan"].get("available"):
-            con.print(f"[dim]{escape(r['name'])}: {escape(s['plan']['note'])}[/dim]")
+            prose(con, f"[dim]{escape(s['plan']['note'])}[/dim]", f"[dim]{escape(r['name'])}:[/dim] ")
     con.print(_table("Where the time of a median step went", runs, _breakdown_rows(runs)))
     con.print(_table("Goodput (whole run, across restarts)", runs, _goodput_rows()))
     for r in runs:
         for x in r["goodput"].get("restarts", []):
             cause = x["cause"] if len(x["cause"]) < 300 else x["cause"][:300] + "..."
-            con.print(f"  {r['name']}: restart -> attempt {x['attempt']} (resumed after step "
-                      f"{x['resumed_at_step']}, gap {dur(x['gap_s'])}, {x['replayed_steps']} steps replayed): "
-                      f"{cause}", markup=False)
+            prose(con, escape(f"restart -> attempt {x['attempt']} (resumed after step {x['resumed_at_step']}, gap "
+                              f"{dur(x['gap_s'])}, {x['replayed_steps']} steps replayed): {cause}"),
+                  f"  {escape(r['name'])}: ")
     _render_memory(con, runs)
     con.print("[bold]Stragglers[/bold]")
     for r in runs:
         st = r["stragglers"]
         if not st.get("available"):
-            con.print(f"  {r['name']}: {st['note']}", markup=False)
+            prose(con, escape(st["note"]), f"  {escape(r['name'])}: ")
         elif not st["stragglers"]:
-            con.print(f"  {r['name']}: none over {st['steps_sampled']} steps x {st['ranks']} ranks "
-                      f"(median rank busy {dur(st['median_busy_s'])} per step)")
+            prose(con, f"none over {st['steps_sampled']} steps x {st['ranks']} ranks (median rank busy "
+                       f"{dur(st['median_busy_s'])} per step)", f"  {escape(r['name'])}: ")
         if st.get("logging_overhead_s_per_step") is not None:
-            con.print(f"  [dim]{r['name']}: per-rank step-time logging cost at most "
-                      f"{dur(st['logging_overhead_s_per_step'])} per step on a rank[/dim]")
+            prose(con, f"[dim]per-rank step-time logging cost at most {dur(st['logging_overhead_s_per_step'])} per "
+                       "step on a rank[/dim]", f"  [dim]{escape(r['name'])}:[/dim] ")
         for x in st.get("stragglers", []):
-            con.print(f"  {escape(r['name'])}: [yellow]{escape(x['where'])}[/yellow]: "
-                      f"busy {dur(x['busy_median_s'])} per step vs "
-                      f"median {dur(st['median_busy_s'])}, above in {x['steps_above']}/{st['steps_sampled']} steps; "
-                      f"cost {dur(x['cost_s'])} ({pct(x['cost_fraction'], 1)} of the step time)")
+            prose(con, f"[yellow]{escape(x['where'])}[/yellow]: busy {dur(x['busy_median_s'])} per step vs median "
+                       f"{dur(st['median_busy_s'])}, above in {x['steps_above']}/{st['steps_sampled']} steps; cost "
+                       f"{dur(x['cost_s'])} ({pct(x['cost_fraction'], 1)} of the step time)",
+                  f"  {escape(r['name'])}: ")
             if x.get("note"):
-                con.print(f"    ranks {', '.join(map(str, x['ranks']))}: {x['note']}", markup=False)
+                prose(con, escape(x["note"]), f"    ranks {', '.join(map(str, x['ranks']))}: ")
 
 
 def _render_memory(con: Console, runs: list[dict[str, Any]]) -> None:
     for r in runs:
         mem = r.get("memory") or {}
         if not mem.get("available"):
-            con.print(f"[dim]{escape(r['name'])}: memory: {escape(mem.get('note', 'not measured'))}[/dim]")
+            prose(con, f"[dim]{escape(mem.get('note', 'not measured'))}[/dim]",
+                  f"[dim]{escape(r['name'])}: memory:[/dim] ")
             continue
         t = Table(title=f"Memory per GPU, predicted vs measured ({r['name']})", title_justify="left")
         for col in ("pipeline rank", "component", "predicted", "measured", "error"):
@@ -210,7 +221,18 @@ def _render_memory(con: Console, runs: list[dict[str, Any]]) -> None:
                       err)
         con.print(t)
         if mem.get("largest_gap"):
-            con.print(f"  {escape(r['name'])}: {escape(mem['largest_gap'])}")
+            prose(con, escape(mem["largest_gap"]), f"  {escape(r['name'])}: ")
+
+
+def decimal_size(n: float | None) -> str:
+    """Bytes in decimal units that fit the size (B, kB, MB, GB, TB; 10^3 steps), as the planner and the GPU
+    catalog count them (an H100's 80 GB)."""
+    if n is None:
+        return "-"
+    for unit, div in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= div:
+            return f"{n / div:,.2f} {unit}"
+    return f"{n:,.0f} B"
 
 
 def size(n: float | None) -> str:

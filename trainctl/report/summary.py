@@ -70,12 +70,34 @@ def summarize(run: RunData, final: list[dict[str, Any]], attempts: list[Attempt]
     return out
 
 
+def devices(run: RunData) -> set[str]:
+    """Where the ranks really computed ("cpu", "cuda"), from their step-time headers; empty if not recorded."""
+    return {str(h.get("device", "")).partition(":")[0] for rs in run.steptimes.values() for h in rs.headers
+            if h.get("device")}
+
+
+def other_hardware(run: RunData) -> str | None:
+    """Why the plan's times cannot be held against this run: it was planned for GPUs but ran on the CPU (a GPU
+    spec launched on a machine without one trains there); None when it ran where it was planned for."""
+    planned = ((run.plan or {}).get("hardware") or {}).get("gpu")
+    if not planned or planned == "cpu" or devices(run) != {"cpu"}:
+        return None
+    return (f"the run trained on the CPU (no GPU where it ran) but its plan is for {planned}: a CPU step says "
+            f"nothing about a step on {planned}, so the plan's step time and MFU are not compared with it (launch "
+            "where the GPUs are, or plan for this machine with cluster.gpu: cpu and `trainctl calibrate`)")
+
+
 def plan_comparison(run: RunData, s: dict[str, Any]) -> dict[str, Any]:
+    """The plan's prediction beside the measurement, or why there is none to compare ("reason")."""
     pred = (run.plan or {}).get("prediction") or {}
     if not run.plan:
-        return {"available": False, "note": f"no {PLAN} in the run directory"}
+        return {"available": False, "reason": "no_plan", "note": f"no {PLAN} in the run directory"}
     if pred.get("mfu") is None:
-        return {"available": False, "note": CPU_NO_PREDICTION}
+        return {"available": False, "reason": "no_prediction", "note": CPU_NO_PREDICTION}
+    mismatch = other_hardware(run)
+    if mismatch:
+        return {"available": False, "reason": "other_hardware", "note": mismatch,
+                "planned_for": run.plan["hardware"]["gpu"], "ran_on": "cpu"}
     measured = (s.get("mfu") or {}).get("median")
     step = s["step_time_s"]["median"]
     return {

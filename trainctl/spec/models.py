@@ -271,7 +271,12 @@ class LauncherSpec(Strict):
         "this many times per job; 0 ends the run at the first such failure")
     srun_args: list[str] = Field(default_factory=list)
     sbatch_args: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict, description="Variables set for every rank; a name that "
+                                "looks like a credential (TOKEN, KEY, SECRET, PASSWORD...) is passed through the "
+                                "environment instead and its value never written to the run directory")
+    env_passthrough: list[str] = Field(default_factory=list, description="Names of variables every rank takes "
+                                       "from the environment trainctl launch/resume runs in (e.g. [HF_TOKEN, "
+                                       "WANDB_API_KEY]); only the names are written to the run directory")
 
 
 class EstimateSpec(Strict):

@@ -14,6 +14,7 @@ from trainctl.hardware.topology import aligned_groups_fit, nvlink_domain_size
 from trainctl.spec.models import RunSpec
 from trainctl.token_files import megatron_prefix
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^\d+-\d+$|^(infinite|UNLIMITED)$")
 
 
@@ -239,6 +240,14 @@ def _data_and_launcher(spec: RunSpec) -> Iterator[str]:
     if spec.launcher.backend == "local" and c.nodes > 1:
         yield problem("cluster.nodes", c.nodes, "the local backend runs on this one machine",
                       "set cluster.nodes: 1 or launcher.backend: slurm")
+    for name in spec.launcher.env_passthrough:
+        if not _ENV_NAME.fullmatch(name):
+            yield problem("launcher.env_passthrough", name, "not an environment variable name",
+                          "use letters, digits and underscores, not starting with a digit")
+        elif name in spec.launcher.env:
+            yield problem("launcher.env_passthrough", name, "also set in launcher.env",
+                          f"keep one: launcher.env.{name} sets a value, env_passthrough takes it from your "
+                          "environment")
 
 
 def trainer_unsupported(spec: RunSpec) -> list[str]:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from trainctl.data_prep import check_data
 from trainctl.errors import UsageError
+from trainctl.launch import secrets
 from trainctl.launch.backend import DEFAULT_GRACE_S, TRAINER_MODULE
 from trainctl.launch.create import check_run_dir, default_run_dir, freeze_spec
 from trainctl.launch.slurm import NAME
@@ -82,6 +83,13 @@ def render_launch(spec: RunSpec, root: Path, *, grace_s: int, python: str | None
             raise UsageError(f"launcher.env key {k!r} is not a valid environment variable name",
                              hint="use letters, digits and underscores, not starting with a digit")
         _check_text(f"launcher.env.{k}", v)
+    for field_name, args in (("launcher.sbatch_args", lz.sbatch_args), ("launcher.srun_args", lz.srun_args)):
+        blocked = secrets.export_conflicts(args, lz.env_passthrough)
+        if blocked:
+            raise UsageError(f"{field_name} {blocked}: keeps {', '.join(lz.env_passthrough)} "
+                             "(launcher.env_passthrough) from the job, which receives it only through the "
+                             "submitting environment",
+                             hint="drop --export, or use --export=ALL")
     if c.time is not None and parse_time(c.time) is None:
         raise UsageError(f"cluster.time = {c.time!r} is not a Slurm time",
                          hint="use minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (e.g. 12:00:00)")
@@ -94,6 +102,7 @@ def render_launch(spec: RunSpec, root: Path, *, grace_s: int, python: str | None
         qos=c.qos, constraint=c.constraint, exclude=c.exclude, max_restarts=lz.max_restarts, grace_s=grace_s,
         start_retries=lz.start_retries,
         srun_args=tuple(lz.srun_args), sbatch_args=tuple(lz.sbatch_args), env=dict(lz.env),
+        passthrough=tuple(lz.env_passthrough),
         trainer_module=trainer_module,
         header=f"trainctl launch (slurm, {lz.mode} mode): {c.nodes} node(s) x {c.gpus_per_node} rank(s); "
                f"{SPEC} and {PLAN} are next to this script",

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainctl.errors import EXIT_DIVERGED
+from trainctl.launch import secrets
 from trainctl.launch.backend import DEFAULT_GRACE_S, TRAINER_MODULE
 from trainctl.rundir import COMMANDS, EVENTS, RunPaths
 
@@ -66,6 +67,7 @@ class SbatchRequest:
     srun_args: Sequence[str] = ()
     sbatch_args: Sequence[str] = ()
     env: Mapping[str, str] = field(default_factory=dict)
+    passthrough: Sequence[str] = ()  # variables the job takes from sbatch's environment (never written here)
     trainer_module: str = TRAINER_MODULE
     header: str = "trainctl launch (slurm)"
 
@@ -194,6 +196,7 @@ def render(req: SbatchRequest) -> SbatchRender:
         "export TORCH_NCCL_BLOCKING_WAIT=0",
         "export NCCL_DEBUG=WARN",
         *[f"export {k}={q(v)}" for k, v in req.env.items()],
+        *secrets.require_lines(req.passthrough, "sbatch ran in (trainctl launch/resume)"),
         "",
         'attempt="${SLURM_RESTART_COUNT:-0}"',
         f"event() {{  # event KIND [EXTRA_JSON]: one line of RUN/{EVENTS} (values are ours: numbers, words)",

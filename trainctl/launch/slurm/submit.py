@@ -24,7 +24,7 @@ def create(launch: SlurmLaunch) -> RunPaths:
     """The run directory: spec.yaml, plan.json, launch.sh (the sbatch script), commands.txt, job.json."""
     argv = launch.submit_argv()
     paths = create_run_dir(launch.run_dir, launch.spec, backend=NAME, command=argv, env=dict(launch.request.env))
-    write_atomic(paths.launch_script, launch.script, mode=0o755)
+    write_atomic(paths.launch_script, launch.script, executable=True)
     write_atomic(paths.commands, commands_text(launch))
     job = read_job(paths)
     job["slurm"] = {"mode": launch.request.mode, "script": paths.launch_script.name,
@@ -131,7 +131,7 @@ def _replace_script(paths: RunPaths, launch: SlurmLaunch, current: str | None) -
             n += 1
         kept = paths.previous_launch_script(n)
         os.replace(paths.launch_script, kept)
-    write_atomic(paths.launch_script, launch.script, mode=0o755)
+    write_atomic(paths.launch_script, launch.script, executable=True)
     write_atomic(paths.commands, commands_text(launch))
     job = read_job(paths)
     sl = job.setdefault("slurm", {})

@@ -1,0 +1,250 @@
+"""Every example in README.md, run as a user would follow it, top to bottom in one working directory.
+
+- A `$ trainctl ...` line of a ```text block is run as written; the lines under it are what the README says
+  it prints, and they must appear in the output in that order (the README may leave lines out, and `...` in
+  a line stands for any text). Spacing is compared loosely (tables pad columns). In a command that measures
+  something (it trains, times, scans or prices with a measured profile) a figure with a unit of time or
+  size, a decimal, a percentage, a throughput and a date or time stamp may differ from the README's; every
+  other number (steps, ranks, counts, exit codes) must be exactly the README's.
+- A `trainctl ...` line of a ```bash block must run and exit 0. Those that would train run with --dry-run
+  (the `$` examples train the same recipes for real); the Llama 3 70B recipe's data and Slurm cluster are
+  not on this machine (synthetic data, and no sinfo query of the shared test cluster). ADAPTED says so.
+- Exit codes other than 0 are the ones the README names (EXIT).
+
+The quick run the walkthrough builds (launch, then resume) is also checked in depth (test_quick_run_directory).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import yaml
+from data_utils import write_bpe_tokenizer, write_jsonl_corpus
+from paths import REPO
+
+from trainctl.rundir import RunPaths, read_jsonl
+from trainctl.spec import load_spec, resolved_dict
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+
+README = REPO / "README.md"
+EXIT = {  # what the README says these exit with
+    "trainctl validate recipes/llama3-8b.yaml --set parallel.micro_batch=3": 2,
+    "trainctl validate recipes/llama3-70b.yaml --set parallel.tp=16 --set parallel.dp=4": 2,
+    "trainctl data check sample.bin --vocab 100": 1,
+    "trainctl launch --set train.lr=1e9 --set train.grad_clip=null --set checkpoint.every_steps=1": 3,
+}
+MEASURING = ("launch", "resume", "calibrate", "mfu-report", "checkpoints", "data check")
+SLURM_ELSEWHERE = "recipes/llama3-70b.yaml"
+
+
+@dataclass
+class Example:
+    command: str  # as the README writes it, without "$ " and a trailing "# comment"
+    expected: list[str] | None  # the output lines the README shows; None for a ```bash line
+    line: int  # 1-based line in README.md
+    args: list[str] = field(default_factory=list)  # what runs (ADAPTED applied)
+    why: str = ""  # the adaptation, if any
+
+    @property
+    def measuring(self) -> bool:
+        words = self.command.split()[1:3]
+        return any(" ".join(words).startswith(m) for m in MEASURING) or "--calibration" in self.command
+
+
+def examples(text: str) -> list[Example]:
+    """The README's examples, in order."""
+    out: list[Example] = []
+    block: str | None = None
+    current: Example | None = None  # the $ example of this block whose output lines follow
+    for n, raw in enumerate(text.splitlines(), 1):
+        if raw.startswith("```"):
+            block = raw[3:].strip() if block is None else None
+            current = None
+            continue
+        if block == "text" and raw.startswith("$ trainctl "):
+            current = Example(_command(raw[2:]), [], n)
+            out.append(current)
+        elif block == "text" and raw.startswith("$ "):
+            raise AssertionError(f"README.md:{n}: a $ example this test cannot run: {raw}")
+        elif current is not None and current.expected is not None and raw.strip():
+            current.expected.append(raw)
+        elif block == "bash" and raw.startswith("trainctl "):
+            out.append(Example(_command(raw), None, n))
+    for ex in out:
+        ex.args, ex.why = adapted(ex)
+    return out
+
+
+def _command(text: str) -> str:
+    words = shlex.split(text, comments=True)
+    return shlex.join(words)
+
+
+def adapted(ex: Example) -> tuple[list[str], str]:
+    """ADAPTED: what a ```bash command runs here, and why it differs from the README's line."""
+    args = shlex.split(ex.command)[1:]
+    why = []
+    slurm = args[0] == "launch" and SLURM_ELSEWHERE in args
+    if ex.expected is None and args[0] in ("launch", "resume") and "--dry-run" not in args:
+        args.append("--dry-run")
+        why.append("--dry-run: it would submit to Slurm" if slurm else "--dry-run: the `$` examples train")
+    if slurm:
+        args += ["--set", "data={synthetic: true}"]
+        why.append("its data and its Slurm cluster are elsewhere: synthetic data, no sinfo")
+    return args, "; ".join(why)
+
+
+# --- comparing output with the README ---------------------------------------------------------------------
+
+_NUM = r"\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?k?"
+_TIME = r"(?:{n} ?(?:ns|µs|us|ms|s)|\d+m \d+s|\d+h \d+m)".format(n=_NUM)
+_SIZE = r"{n} ?(?:B|kB|MB|GB|TB|KiB|MiB|GiB|TiB)".format(n=_NUM)
+# A README token that varies with the machine or the moment, and the pattern its place accepts.
+_VARYING = [
+    (r"\.\.\.|…", r".*?"),
+    (r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:[+-]\d{2}:\d{2}|Z)?", r"\S+"),
+    (r"\d{4}-\d{2}-\d{2}", r"\d{4}-\d{2}-\d{2}"),
+    (r"\d{2}:\d{2}:\d{2}", r"\d{2}:\d{2}:\d{2}"),
+    (r"(?<=-)\d{8}-\d{6}(?:-\d+)?", r"\d{8}-\d{6}(?:-\d+)?"),  # runs/<name>-<YYYYmmdd-HHMMSS>
+    (r"(?<![\w.])(?:\d+m \d+s|\d+h \d+m|{n} ?(?:ns|µs|us|ms|s))(?![\w/])".format(n=_NUM), _TIME),
+    (r"(?<![\w.]){n} ?(?:B|kB|MB|GB|TB|KiB|MiB|GiB|TiB)(?!\w)".format(n=_NUM), _SIZE),
+    (r"(?<![\w.])(?:\d[\d,]*\.\d+(?:e[-+]?\d+)?k?|\d{1,3}(?:,\d{3})+|\d+(?=%|k\b| ?tok/s|/gpu))", _NUM),
+]
+_VARYING_RE = re.compile("|".join(f"({p})" for p, _ in _VARYING))
+
+
+def normal(line: str) -> str:
+    return " ".join(line.replace("┃", "│").split())
+
+
+def pattern(expected: str, measuring: bool) -> re.Pattern[str]:
+    """The README line as a regex: literal text; `...` any text; in a measuring command also the varying
+    figures (see the module docstring)."""
+    out, pos = [], 0
+    for m in _VARYING_RE.finditer(expected):
+        group = next(i for i, g in enumerate(m.groups()) if g is not None)
+        if group != 0 and not measuring:
+            continue  # an exact command: only `...` stands for something else
+        out += [re.escape(expected[pos:m.start()]), _VARYING[group][1]]
+        pos = m.end()
+    out.append(re.escape(expected[pos:]))
+    return re.compile("".join(out))
+
+
+def mismatch(ex: Example, output: str) -> str | None:
+    """None when every README line appears in `output`, in order; else what is missing, with context."""
+    lines = [normal(x) for x in output.splitlines()]
+    at = 0
+    for want in ex.expected or []:
+        w = normal(want)
+        if w in ("...", "…"):
+            continue
+        rx = pattern(w, ex.measuring)
+        hit = next((i for i in range(at, len(lines)) if rx.fullmatch(lines[i])), None)
+        if hit is None:
+            seen = "\n    ".join(lines[at:at + 12])
+            return f"README.md:{ex.line}: `{ex.command}` did not print\n    {w}\n  after that point it printed\n    {seen}"
+        at = hit + 1
+    return None
+
+
+# --- running the walkthrough ------------------------------------------------------------------------------
+
+@dataclass
+class Result:
+    example: Example
+    returncode: int
+    output: str
+
+
+def run(ex: Example, cwd: Path) -> Result:
+    env = {k: v for k, v in os.environ.items() if k not in ("TRAINCTL_FAULTS", "TRAINCTL_WATCHDOG_S")}
+    env["COLUMNS"] = "120"  # the width the README's tables were printed at
+    if "data={synthetic: true}" in ex.args:  # the Slurm recipe (adapted)
+        env["PATH"] = str(Path(sys.executable).parent)  # no sinfo: the shared Slurm test cluster is not ours
+    p = subprocess.run([sys.executable, "-m", "trainctl", *ex.args], cwd=cwd, env=env, capture_output=True,
+                       text=True, timeout=600)
+    # the README shows paths relative to the directory it is followed in
+    output = (p.stdout + p.stderr).replace(f"{cwd}/", "")
+    return Result(ex, p.returncode, output)
+
+
+@pytest.fixture(scope="module")
+def walkthrough(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Result]]:
+    cwd = tmp_path_factory.mktemp("readme")
+    for name in ("recipes", "trainctl"):  # the README is followed from the repository root
+        (cwd / name).symlink_to(REPO / name)
+    # the files the Megatron example names (a local tokenizer.json and a .jsonl corpus)
+    write_bpe_tokenizer(cwd / "tokenizer.json")
+    write_jsonl_corpus(cwd / "corpus.jsonl")
+    return cwd, [run(ex, cwd) for ex in examples(README.read_text())]
+
+
+def test_the_readme_examples_are_all_found() -> None:
+    found = examples(README.read_text())
+    commands = [ex.command.split()[1] for ex in found]
+    for cmd in ("validate", "plan", "data", "launch", "checkpoints", "resume", "calibrate", "mfu-report"):
+        assert cmd in commands, cmd
+    assert sum(ex.expected is not None for ex in found) >= 12
+    assert all(ex.expected for ex in found if ex.expected is not None), "a $ example shows no output"
+
+
+def test_every_readme_example_does_what_the_readme_says(walkthrough: tuple[Path, list[Result]]) -> None:
+    _, results = walkthrough
+    problems = []
+    for r in results:
+        ex = r.example
+        want = EXIT.get(ex.command, 0)
+        if r.returncode != want or "Traceback" in r.output:
+            how = ex.why or "as written"
+            problems.append(f"README.md:{ex.line}: `{ex.command}` ran as {shlex.join(ex.args)} ({how}) and exited "
+                            f"{r.returncode}, not {want}:\n{r.output[-2000:]}")
+        elif ex.expected is not None and (why := mismatch(ex, r.output)):
+            problems.append(why)
+    assert not problems, "\n\n".join(problems)
+
+
+def test_quick_run_directory(walkthrough: tuple[Path, list[Result]]) -> None:
+    """The walkthrough's runs/quick (the default recipe, 8 ranks, TP2 x PP2 x DP2: 3 steps, then resumed to 6):
+    what the launch and the resume left in the run directory."""
+    cwd, _ = walkthrough
+    paths = RunPaths((cwd / "runs" / "quick").resolve())
+    steps = [m["step"] for m in read_jsonl(paths.metrics)]
+    assert steps == [1, 2, 3, 4, 5, 6]
+    spec = load_spec(paths.spec)  # the frozen spec round-trips (as the resume rewrote it)
+    assert resolved_dict(spec) == yaml.safe_load(paths.spec.read_text()) and spec.train.steps == 6
+    assert load_spec(paths.previous_spec(1)).train.steps == 3
+    job = json.loads(paths.job.read_text())
+    assert [(a["kind"], a["status"], a["exit_code"]) for a in job["attempts"]] == [
+        ("launch", "completed", 0), ("resume", "completed", 0)]
+    rank_logs = sorted(p.parent.name for p in paths.logs.glob("*/attempt_0/*/stdout.log"))
+    assert rank_logs == sorted([str(i) for i in range(8)] * 2)  # every rank's output is in a file, both launches
+    assert (paths.logs / "launcher.log").stat().st_size > 0
+    events = read_jsonl(paths.events)
+    assert events[0]["event"] == "launch" and events[-1]["event"] == "launcher_exit"
+    # the parameters the trainer built (TP x PP x ZeRO-1 here) are the ones the plan predicted
+    starts = [e for e in events if e["event"] == "start"]
+    plan = subprocess.run([sys.executable, "-m", "trainctl", "plan", str(paths.spec), "--json"], capture_output=True,
+                          text=True, timeout=120)
+    planned = json.loads(plan.stdout)["params"]
+    assert len(starts) == 2 and all(s["params"] == {"total": planned["total"], "per_rank": planned["per_rank"]}
+                                    for s in starts)
+    assert planned["total"] == 217_664  # the tiny preset, LayerNorm without bias (tests/unit/test_params_built.py)
+    # mfu-report holds the measured memory against the plan, per pipeline rank and component
+    report = subprocess.run([sys.executable, "-m", "trainctl", "mfu-report", str(paths.root), "--json"],
+                            capture_output=True, text=True, timeout=120)
+    mem = json.loads(report.stdout)["runs"][0]["memory"]
+    assert mem["available"] and {x["pp_rank"] for x in mem["rows"]} == {0, 1}
+    for row in mem["rows"]:
+        limit = 0.10 if row["component"] == "activations" else 0.01  # states: bucket padding, step counters
+        assert abs(row["error"]) <= limit, row
+    assert "largest gap" in mem["largest_gap"]
