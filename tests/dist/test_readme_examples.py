@@ -42,7 +42,7 @@ EXIT = {  # what the README says these exit with
     "trainctl data check sample.bin --vocab 100": 1,
     "trainctl launch --set train.lr=1e9 --set train.grad_clip=null --set checkpoint.every_steps=1": 3,
 }
-MEASURING = ("launch", "resume", "calibrate", "mfu-report", "checkpoints", "data check")
+MEASURING = ("launch", "resume", "calibrate", "mfu-report", "checkpoints", "data check", "status", "runs")
 SLURM_ELSEWHERE = "recipes/llama3-70b.yaml"
 
 

@@ -53,7 +53,7 @@ def test_srun_mode_script(tmp_path: Path) -> None:
     step = " ".join(launch.rendered.step)
     assert step.startswith("srun --nodes=2 --ntasks=8 --ntasks-per-node=4 --kill-on-bad-exit=1 --label "
                            "--cpus-per-task=2")
-    assert step.endswith('"$PYTHON" -u -m trainctl.runtime "$RUN_DIR"')
+    assert step.endswith('"$STEP_PYTHON" -u -m trainctl.runtime "$RUN_DIR"')
     for env in ("OMP_NUM_THREADS=\"${SLURM_CPUS_PER_TASK:-1}\"", "TORCH_NCCL_ASYNC_ERROR_HANDLING=1",
                 "NCCL_DEBUG=WARN", "TORCH_NCCL_BLOCKING_WAIT=0", "PYTHONUNBUFFERED=1"):
         assert f"export {env}" in script
@@ -221,7 +221,7 @@ def test_slurm_dry_run_and_run_commands_do_not_import_torch(tmp_path: Path) -> N
         "    try:\n"
         "        main(argv)\n"
         "    except SystemExit as e:\n"
-        "        assert e.code in (0, None), (argv, e.code)\n"
+        "        assert e.code in ((2,) if argv[0] == 'runs' else (0, None)), (argv, e.code)  # no runs: 2\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy'))\n"
         "assert not bad, bad\n"
     )
@@ -252,10 +252,13 @@ def test_placement_map_follows_what_ranks_report() -> None:
 # --- the batch script's signal chain, run by bash against a fake srun/scontrol ------------------------
 
 FAKE_SRUN = r"""#!/bin/bash
-# Stands in for the training step: FAKE_EVENTS are appended to events.jsonl at start (this attempt's);
-# with FAKE_WAIT=1 it runs until USR1/TERM, then appends FAKE_ON_SIGNAL; it exits FAKE_RC.
+# Stands in for the training step: like the trainer it records "start" (unless FAKE_NO_START=1: the step
+# never started), then FAKE_EVENTS; with FAKE_WAIT=1 it runs until USR1/TERM, then appends FAKE_ON_SIGNAL;
+# it exits FAKE_RC.
 run_dir="${@: -1}"
 ev() { [ -n "$1" ] && printf '{"time":1,"event":"%s","pid":%d}\n' "$1" "$$" >>"$run_dir/events.jsonl"; }
+[ "${FAKE_NO_START:-0}" = 1 ] && exit "$FAKE_RC"
+ev start
 for e in ${FAKE_EVENTS:-}; do ev "$e"; done
 stop() { echo "srun got $1" >>"$run_dir/fake.log"; for e in ${FAKE_ON_SIGNAL:-}; do ev "$e"; done; exit "$FAKE_RC"; }
 trap 'stop USR1' USR1
@@ -276,7 +279,7 @@ esac
 
 def _run_batch_script(tmp_path: Path, mode: str, *, signal: str | None = None, rc: int = 0, wait: bool = False,
                       events: str = "", on_signal: str = "", show_job: str = "", before: str = "",
-                      ) -> tuple[int, list[str], list[str]]:
+                      no_start: bool = False) -> tuple[int, list[str], list[str]]:
     """Run the rendered script under bash with fake srun/scontrol; (exit code, scontrol calls, events)."""
     import json
     import signal as sig
@@ -296,7 +299,8 @@ def _run_batch_script(tmp_path: Path, mode: str, *, signal: str | None = None, r
     calls = tmp_path / "calls"
     env = {"PATH": f"{bindir}:/usr/bin:/bin", "SLURM_JOB_ID": "123", "SLURM_JOB_NODELIST": "n[1-2]",
            "SLURM_NNODES": "2", "FAKE_RC": str(rc), "FAKE_WAIT": "1" if wait else "0", "FAKE_EVENTS": events,
-           "FAKE_ON_SIGNAL": on_signal, "FAKE_SHOW_JOB": show_job, "FAKE_CALLS": str(calls)}
+           "FAKE_ON_SIGNAL": on_signal, "FAKE_SHOW_JOB": show_job, "FAKE_CALLS": str(calls),
+           "FAKE_NO_START": "1" if no_start else "0"}
     proc = subprocess.Popen(["bash", str(script)], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
@@ -322,7 +326,7 @@ def test_usr1_to_the_batch_script_forwards_it_and_requeues(tmp_path: Path, mode:
                                            on_signal="checkpoint_on_signal preempted")
     assert (code, calls) == (0, ["requeue 123"])
     assert "srun got USR1" in (tmp_path / "run" / "fake.log").read_text()
-    assert kinds == ["slurm_start", "signal", "checkpoint_on_signal", "preempted", "step_exit", "requeue"]
+    assert kinds == ["slurm_start", "start", "signal", "checkpoint_on_signal", "preempted", "step_exit", "requeue"]
 
 
 def test_a_run_that_finished_is_not_requeued_by_a_late_usr1(tmp_path: Path) -> None:
@@ -362,6 +366,15 @@ def test_preempted_job_requeues_itself(tmp_path: Path) -> None:
     assert (code, calls) == (0, ["requeue 123"])
     code, calls, _ = _run_batch_script(tmp_path / "b", "srun", rc=1)  # a plain failure: no requeue
     assert (code, calls) == (1, [])
+
+
+def test_a_step_that_never_started_is_requeued_up_to_the_bound(tmp_path: Path) -> None:
+    """srun could not start the step (the trainer recorded nothing): requeue, start_retries (3) times per job."""
+    code, calls, kinds = _run_batch_script(tmp_path, "srun", rc=1, no_start=True)
+    assert (code, calls) == (0, ["requeue 123"]) and kinds[-2:] == ["start_failed", "requeue"]
+    earlier = '{"time":1,"event":"start_failed","job_id":"123","pid":1}\n' * 3
+    code, calls, kinds = _run_batch_script(tmp_path / "b", "srun", rc=1, no_start=True, before=earlier)
+    assert (code, calls) == (1, []) and kinds[-1] == "start_failed"
 
 
 # --- resubmitting a run directory (`trainctl resume RUN` on Slurm), against fake sbatch/sinfo/scontrol --

@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from trainctl.errors import EXIT_OK
+from trainctl.errors import EXIT_OK, RunError
 from trainctl.launch.backend import (
     DEFAULT_GRACE_S,
     TRAINER_MODULE,
@@ -39,16 +39,25 @@ class SlurmBackend(Backend[SlurmLaunch, RunPaths]):
     def dry_run(self, launch: SlurmLaunch) -> list[Line]:
         lines = [note(("run dir (not created)", "bold"), f" {launch.run_dir}")]
         lines += [note(text) for text in plan_summary(launch.spec)]
-        if shutil.which("sinfo"):
-            problems = cluster.check_cluster(launch.spec, cluster.query_sinfo())
-            lines += [note(("cluster check:", "red"), f" {p}") for p in problems]
-            if not problems:
-                lines.append(note("cluster check (sinfo): ok"))
-        else:
-            lines.append(note(("sinfo not found: cluster checks skipped", "dim")))
+        lines += self._cluster_check(launch)
         lines += [note(("submit with", "bold")), verbatim(shlex.join(launch.submit_argv())),
                   note(("sbatch script", "bold")), verbatim(launch.script.removesuffix("\n"))]
         return lines
+
+    @staticmethod
+    def _cluster_check(launch: SlurmLaunch) -> list[Line]:
+        # A dry run shows what would be submitted even where the controller cannot be reached;
+        # `launch` itself refuses then (require_cluster_fits).
+        if not shutil.which("sinfo"):
+            return [note(("sinfo not found: cluster checks skipped", "dim"))]
+        try:
+            nodes = cluster.query_sinfo()
+        except RunError as e:
+            return [note(("cluster checks skipped:", "yellow"), f" {e}")]
+        problems = cluster.check_cluster(launch.spec, nodes)
+        if not problems:
+            return [note("cluster check (sinfo): ok")]
+        return [note(("cluster check:", "red"), f" {p}") for p in problems]
 
     def start(self, launch: SlurmLaunch, say: Say, *, verbose: bool = False) -> int:
         cluster.require_cluster_fits(launch.spec)

@@ -144,18 +144,19 @@ def step_command(req: SbatchRequest) -> list[str]:
     # torchrun mode. The wrapper (a fixed string; its arguments are passed as "$@", never parsed):
     # USR1 and TERM reach every process of the step (proctrack). USR1 would kill torchrun (not a signal it
     # handles); on TERM torchrun raises SignalException, SIGTERMs its workers and SIGKILLs them 30 s later,
-    # with tracebacks. So torchrun ignores both (TORCHELASTIC_SIGNALS_TO_HANDLE keeps it from installing its
-    # own TERM handler over the inherited SIG_IGN) while the ranks, which install their handler first thing,
+    # with tracebacks. So torchrun ignores both (--signals-to-handle without SIGTERM keeps it from installing
+    # its own TERM handler over the inherited SIG_IGN; torchrun overwrites TORCHELASTIC_SIGNALS_TO_HANDLE from
+    # that option, so the variable alone does nothing) while the ranks, which install their handler first thing,
     # save after the same step and exit 0, and torchrun ends with them. Slurm's SIGKILL after KillWait
     # still ends a hung job. PET_LOG_DIR (torchrun's --log-dir) is per node, so `trainctl logs --rank N`
     # can find a rank.
-    wrapper = ('trap "" USR1 TERM; export TORCHELASTIC_SIGNALS_TO_HANDLE=SIGINT,SIGHUP,SIGQUIT '
-               'PET_LOG_DIR="$0/$SLURMD_NODENAME"; exec "$@"')
+    wrapper = 'trap "" USR1 TERM; export PET_LOG_DIR="$0/$SLURMD_NODENAME"; exec "$@"'
     return ["srun", f"--nodes={req.nodes}", f"--ntasks={req.nodes}", "--ntasks-per-node=1", *common, *user,
             "bash", "-c", q(wrapper), f'"{RUN.torchrun_attempt_logs("$SLURM_JOB_ID", "${SLURM_RESTART_COUNT:-0}")}"',
             '"$STEP_PYTHON"', "-m", "torch.distributed.run", "--nnodes=$SLURM_NNODES", f"--nproc-per-node={G}",
             "--rdzv-backend=c10d", '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"', '--rdzv-id="$SLURM_JOB_ID"',
             f"--max-restarts={req.max_restarts}", "--redirects=3", "--tee=3",
+            "--signals-to-handle=SIGINT,SIGHUP,SIGQUIT",
             "-m", q(req.trainer_module), '"$RUN_DIR"']
 
 
