@@ -259,7 +259,7 @@ class GradSync:
                 for info in b.params:
                     if info.param.grad is not None:
                         self._on_grad(info.param)
-        if self.zero == 2:
+        if self.zero == 2 and buckets:
             for b in buckets[self._next_in_stage[stage]:]:
                 self._reduce_micro_batch(b)
             self._next_in_stage[stage] = 0
