@@ -347,6 +347,23 @@ def stage_params_per_gpu(m: ModelShape, tp: int, layers: int, first: bool, last:
     return out
 
 
+def largest_param_per_gpu(m: ModelShape, tp: int, layers: int, first: bool, last: bool) -> int:
+    """Elements of the largest single parameter one GPU of a stage holds: the vocab-parallel embedding or LM
+    head, the learned positions, or a layer's fused QKV or MLP up (+ gate) matrix. The trainer's ZeRO-2
+    bucket buffers are sized by it (plan/memory.py `zero2_slot_numel`). Dense layers only: an MoE layer's
+    routed experts are not counted."""
+    h = m.hidden
+    out = 0
+    if layers:
+        out = max((h + 2 * m.kv_width) * h, (m.mlp_matrices - 1) * m.ffn_hidden * h) // tp
+    vocab_shard = m.padded_vocab(tp) * h // tp
+    if first:
+        out = max(out, vocab_shard, m.seq_len * h if m.learned_pos else 0)
+    if last:  # the LM head, or its tied copy of the embedding
+        out = max(out, vocab_shard)
+    return out
+
+
 # --- FLOPs -----------------------------------------------------------------------------------------
 
 

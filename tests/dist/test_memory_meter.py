@@ -17,15 +17,27 @@ N = L * PER_LAYER + V * H + S * H + H  # + token table (the tied head), position
 STEP_COUNTERS = 64 * 4  # AdamW keeps a 4-byte step tensor per parameter (or ZeRO fragment): < 64 here
 
 
-def spec(**parallel) -> dict:
+BF16 = {"precision": "bf16", "low_precision_on_cpu": True}
+BUCKET_NUMEL = 4000  # run_matrix's TRAINCTL_BUCKET_NUMEL
+# ZeRO-2's bucket buffers hold the largest bucket: here the token table alone (V*H = 8160 > BUCKET_NUMEL;
+# every other bucket closes below BUCKET_NUMEL), padded to dp = 2. Two slots, each the fp32 bucket and the
+# fp32 half its reduce-scatter returns.
+SLOT = V * H
+ZERO2_BUFFERS = 2 * (4 * SLOT + 4 * SLOT // 2)
+
+
+def spec(train: dict | None = None, **parallel) -> dict:
     world = parallel.get("tp", 1) * parallel.get("pp", 1) * parallel.get("dp", 1)
-    return deep_update(BASE, {"parallel": {"micro_batch": 4, **parallel}, "train": {"steps": 3},
+    return deep_update(BASE, {"parallel": {"micro_batch": 4, **parallel}, "train": {"steps": 3, **(train or {})},
                               "cluster": {"gpus_per_node": world}})
 
 
 def test_model_state_bytes_are_exact_and_activations_measured(tmp_path: Path) -> None:
+    """Bytes per parameter of every path, from independent arithmetic (docs/ARCHITECTURE.md, "Memory model")."""
     cases = {"one": spec(), "zero1": spec(dp=2, zero=1), "zero2": spec(dp=2, zero=2), "zero3": spec(dp=2, zero=3),
-             "full": deep_update(spec(), {"train": {"recompute": "full"}})}
+             "full": spec({"recompute": "full"}),
+             "zero1-bf16": spec(BF16, dp=2, zero=1), "zero2-bf16": spec(BF16, dp=2, zero=2),
+             "zero3-bf16": spec(BF16, dp=2, zero=3)}
     run_matrix([{"id": k, "spec": v} for k, v in cases.items()], tmp_path, timeout=600, nproc=2)
     mem = {}
     for k in cases:
@@ -39,18 +51,32 @@ def test_model_state_bytes_are_exact_and_activations_measured(tmp_path: Path) ->
     z1 = mem["zero1"]["max"]
     assert z1["weights"] == z1["gradients"] == 4 * N
     assert 0 <= z1["optimizer"] - 12 * N // 2 < STEP_COUNTERS  # moments + fp32 master of this rank's half
-    # ZeRO-2 as the trainer runs it today: the full bucket buffer stays beside the reduced shard
-    assert mem["zero2"]["max"]["gradients"] == 4 * N + 4 * N // 2
+    # ZeRO-2 keeps no full gradient buffer: its fp32 half, and the two bucket buffers micro-batches pass through
+    z2 = mem["zero2"]["max"]
+    assert z2["weights"] == 4 * N
+    assert 0 <= z2["gradients"] - (4 * N // 2 + ZERO2_BUFFERS) < 4 * N // BUCKET_NUMEL + 8  # + bucket padding
+    assert 0 <= z2["optimizer"] - 12 * N // 2 < STEP_COUNTERS
     z3 = mem["zero3"]["max"]
     assert z3["weights"] == pytest.approx(4 * N / 2, rel=0.01)  # FSDP pads each dim-0 shard evenly
     assert z3["gradients"] == z3["weights"]
+    # bf16 under ZeRO-1/2: bf16 weights, the fp32 gradient buffer (ZeRO-1) or half (ZeRO-2), fp32 master +
+    # moments of half: 2 + 4 + 12/dp, Megatron's distributed optimizer, and 2 + 16/dp (+ buffers)
+    b1, b2 = mem["zero1-bf16"]["max"], mem["zero2-bf16"]["max"]
+    assert b1["weights"] == b2["weights"] == 2 * N
+    assert b1["gradients"] == 4 * N
+    assert b2["gradients"] == z2["gradients"]
+    assert b1["optimizer"] == z1["optimizer"] and b2["optimizer"] == z2["optimizer"]
+    # FSDP2 under bf16 keeps fp32 shards (it gathers them in bf16 for the compute)
+    assert mem["zero3-bf16"]["max"]["weights"] == z3["weights"]
     # activations: saved for backward, several times smaller when every block is recomputed
     assert one["activations_peak"] > 3 * mem["full"]["max"]["activations_peak"] > 0
+    table = {k: {c: mem[k]["max"][c] / N for c in ("weights", "gradients", "optimizer")} for k in cases}
+    print("bytes per parameter (dp 2 where sharded):", table)
 
 
 # Layouts across ZeRO 0-3, TP(+SP), PP schedules with m = pp and m = 4pp, and the recompute modes, for both
 # model families (global batch 16: micro_batch 8 gives m = pp = 2 at dp 1, micro_batch 2 gives m = 4pp).
-PLAN_CASES = {
+PLAN_CASES: dict[str, tuple] = {
     "gpt-one": ("gpt", "one-rank", "4", "none"),
     "gpt-dp2-zero1-selective": ("gpt", "dp2-zero1", "4", "selective"),
     "llama-dp2-zero2": ("llama", "dp2-zero2", "2", "none"),
@@ -63,11 +89,14 @@ PLAN_CASES = {
     "llama-pp2-interleaved-m=4pp": ("llama", "pp2-interleaved", "2", "none"),
     "gpt-pp2-gpipe": ("gpt", "pp2-gpipe", "4", "full"),
     "llama-tp2-pp2-sp": ("llama", "tp2-pp2-sp-1f1b", "2", "none"),
+    # bf16 parameters under ZeRO-1/2, fp32 FSDP2 shards gathered in bf16 under ZeRO-3
+    "llama-dp2-zero1-bf16": ("llama", "dp2-zero1", "4", "none", BF16),
+    "gpt-dp2-zero2-bf16": ("gpt", "dp2-zero2", "2", "selective", BF16),
+    "gpt-dp2-zero3-bf16": ("gpt", "dp2-zero3", "4", "none", BF16),
 }
-BUCKET_NUMEL = 4000  # run_matrix's TRAINCTL_BUCKET_NUMEL
 
 
-def test_plan_memory_is_the_trainers_measured_memory(tmp_path: Path) -> None:
+def test_plan_memory_is_the_trainers_measured_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """docs/ARCHITECTURE.md, "Memory model": the plan's weights, gradients and optimizer bytes are what the
     trainer holds (up to bucket padding and AdamW's step counters), its activations within 10% of the
     measured saved-for-backward peak."""
@@ -76,8 +105,9 @@ def test_plan_memory_is_the_trainers_measured_memory(tmp_path: Path) -> None:
     from trainctl.plan.plan import build_plan
     from trainctl.spec.loader import validate_spec
 
-    specs = {k: case_spec(dict(zip(("model", "layout", "micro_batch", "recompute"), row, strict=True)),
-                          steps=2) for k, row in PLAN_CASES.items()}
+    monkeypatch.setenv("TRAINCTL_BUCKET_NUMEL", str(BUCKET_NUMEL))  # the plan sizes ZeRO-2's buffers by it
+    specs = {k: case_spec(dict(zip(("model", "layout", "micro_batch", "recompute"), row[:4], strict=True)),
+                          steps=2, **(row[4] if len(row) > 4 else {})) for k, row in PLAN_CASES.items()}
     run_matrix([{"id": k, "spec": v} for k, v in specs.items()], tmp_path, timeout=600, nproc=4)
     worst_act = 0.0
     for k, raw in specs.items():

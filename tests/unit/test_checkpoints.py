@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from paths import REPO as ROOT
 
@@ -208,3 +208,25 @@ def test_cli_lists_json_without_torch(tmp_path):
                            text=True, cwd=ROOT, timeout=120, env={**os.environ, "COLUMNS": "200"})
     assert table.returncode == 0 and "latest" in table.stdout and "truncated" in table.stdout, table.stderr
     assert "tp2 pp2 (v2) dp4 zero1" in table.stdout  # step 1's layout, from its manifest
+
+
+@settings(deadline=None)  # the first example imports torch
+@given(rows=st.integers(1, 9), cols=st.integers(1, 9), data=st.data())
+def test_zero_master_ranges_become_rectangles_that_tile_them(rows, cols, data):
+    """A ZeRO-1/2 rank's master covers a flat range [lo, hi) of a parameter; the checkpoint saves it as the
+    parameter-shaped rectangles that range covers (runtime/state.py). They must tile the range exactly, in
+    order, each a block of the row-major layout."""
+    from trainctl.runtime.state import _rectangles
+
+    n = rows * cols
+    lo = data.draw(st.integers(0, n))
+    hi = data.draw(st.integers(lo, n))
+    rects = _rectangles(lo, hi, (rows, cols))
+    assert len(rects) <= 3
+    covered = []
+    for (r0, c0), (nr, nc), a, b in rects:
+        cells = [(r0 + i) * cols + c0 + j for i in range(nr) for j in range(nc)]
+        assert cells == list(range(a, b))  # a rectangle is a contiguous run of the flattening
+        covered += cells
+    assert covered == list(range(lo, hi))
+    assert _rectangles(lo, hi, (n,)) == ([([lo], [hi - lo], lo, hi)] if hi > lo else [])

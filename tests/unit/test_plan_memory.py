@@ -8,6 +8,9 @@ Sources:
   (activation bytes per layer) and Sec. 4.2.3 (first pipeline stage holds p micro-batches; interleaving
   scales that by 1 + (p-1)/(p*m)); model shapes from its Table 3. Each formula is written out again
   here rather than calling the planner's helper.
+- Megatron Core developer guide, "Distributed Optimizer" (Megatron-LM docs/source/api-guide/
+  distrib_optimizer.md): theoretical bytes per parameter, d = data-parallel size, for "float16 param, fp32
+  grads" 18 without and 6 + 12/d with the distributed optimizer; "fp32 param, fp32 grads" 16 and 8 + 8/d.
 """
 
 from __future__ import annotations
@@ -19,8 +22,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trainctl.model_shape import ModelShape
+from trainctl.plan import comm
 from trainctl.plan.estimate import Candidate, Evaluator
-from trainctl.plan.memory import layer_activation_bytes, model_state_bytes, trainer_layer_activation_bytes
+from trainctl.plan.memory import (
+    layer_activation_bytes,
+    model_state_bytes,
+    trainer_layer_activation_bytes,
+    trainer_state_bytes,
+    zero2_buffer_bytes,
+    zero2_slot_numel,
+)
 from trainctl.plan.plan import context_from_spec
 from trainctl.spec import load_spec_text
 
@@ -41,6 +52,65 @@ def test_zero_paper_figure_1(zero, expected_gb, printed):
 
 def test_fp32_training_is_4_4_8():
     assert model_state_bytes(1.0, 0, 8, "fp32") == (4, 4, 8)
+
+
+@pytest.mark.parametrize("d", [2, 4, 8, 64])
+def test_bf16_sharded_optimizer_is_megatrons_distributed_optimizer_or_better(d):
+    """bf16 compute: ZeRO-1 keeps bf16 weights, the fp32 gradient buffer (main_grad) and the fp32 master +
+    moments of 1/d: Megatron's 6 + 12/d exactly. ZeRO-2 also shards the gradient: 2 + 16/d, never more.
+    Below d = 2 there is nothing to shard; ZeRO-0 keeps fp32 weights that are their own master: 16 < 18."""
+    assert sum(trainer_state_bytes(1, d, "bf16")) == pytest.approx(6 + 12 / d, rel=1e-15)
+    assert sum(trainer_state_bytes(2, d, "bf16")) == pytest.approx(2 + 16 / d, rel=1e-15)
+    assert sum(trainer_state_bytes(2, d, "bf16")) <= 6 + 12 / d
+    assert sum(trainer_state_bytes(0, d, "bf16")) == 16 < 18
+    # fp32 runs keep fp32 weights beside the fp32 master slice (Megatron's fp32 param needs no master:
+    # 8 + 8/d); the redundant 4/d is the fp32 ZeRO-1 layout's, kept from before (docs/ARCHITECTURE.md)
+    assert sum(trainer_state_bytes(1, d, "fp32")) == pytest.approx(8 + 8 / d + 4 / d, rel=1e-15)
+
+
+@pytest.mark.parametrize("zero,paper_gb,extra_bytes_per_param", [
+    (0, 120.0, 0.0),  # the baseline: 2 + 2 + 12 (ours: fp32 weights = master, fp32 grads, moments)
+    (1, 31.40625, 2.0),  # P_os: ours adds the fp32 (not 16-bit) gradient buffer, 2 bytes more per parameter
+    (2, 16.640625, 2.0 / 64),  # P_os+g: ours shards an fp32 (not 16-bit) gradient: 2/Nd more
+    (3, 1.875, 0.0),  # P_os+g+p
+])
+def test_bf16_trainer_against_zero_paper_figure_1(zero, paper_gb, extra_bytes_per_param):
+    """The trainer's bf16 model states for the ZeRO paper's Figure 1 model (Psi = 7.5B, Nd = 64): the paper's
+    figures plus exactly what accumulating gradients in fp32 costs (ZeRO-2's bucket buffers come on top,
+    a fixed size per GPU: test below)."""
+    psi, nd = 7.5e9, 64
+    ours = sum(trainer_state_bytes(zero, nd, "bf16")) * psi
+    assert ours == pytest.approx((paper_gb + extra_bytes_per_param * psi / 1e9) * 1e9, rel=1e-12)
+
+
+def test_zero2_buffers_are_two_buckets():
+    """Two bucket-sized fp32 buffers and the 1/dp slices their reduce-scatter returns: the largest bucket
+    is the bucket size unless one parameter is larger, and never more than the rank's parameters."""
+    assert zero2_slot_numel(10**9, 10**6, 8, 4_000_000) == 4_000_000
+    assert zero2_slot_numel(10**9, 525_336_576, 8, 4_000_000) == 525_336_576  # Llama 3 8B's vocab table
+    assert zero2_slot_numel(217_667, 16_384, 4, 4_000_000) == 217_668  # a tiny model: one bucket, padded
+    s, dp = 4_000_000, 8
+    assert zero2_buffer_bytes(s, dp) == 2 * (4 * s + 4 * s // dp)
+    assert zero2_buffer_bytes(s, dp, reduce_bf16=True) == 2 * (4 * s + 2 * s + 2 * s // dp)
+
+
+@pytest.mark.parametrize("dp", [2, 8])
+def test_dp_traffic_follows_the_zero_paper(dp):
+    """ZeRO paper Sec. 7.2: all-reduce = reduce-scatter + all-gather = 2*Psi*(Nd-1)/Nd per rank. The trainer's
+    ZeRO-2 reduce-scatters every micro-batch (m times), then all-gathers the weights once; under bf16 ZeRO-1/2
+    the all-gather moves 2-byte weights."""
+    psi, m = 1e9, 4
+    ring = (dp - 1) / dp
+
+    def total(traffic):
+        return sum(b for _, b, _ in traffic)
+
+    assert total(comm.dp_traffic(psi, 0, dp, m, 4, 4)) == pytest.approx(2 * 4 * psi * ring)
+    assert total(comm.dp_traffic(psi, 2, dp, 1, 4, 4)) == pytest.approx(2 * 4 * psi * ring)  # = all-reduce
+    z2 = comm.dp_traffic(psi, 2, dp, m, 4, 2)
+    assert z2 == [("reduce_scatter", pytest.approx(m * 4 * psi * ring), m),
+                  ("all_gather", pytest.approx(2 * psi * ring), 1)]
+    assert total(comm.dp_traffic(psi, 1, dp, m, 4, 2)) == pytest.approx(2 * 4 * psi * ring + 2 * psi * ring)
 
 
 # Korthikanti et al. 2022, Table 3: (name, heads a, hidden h, layers L, tp t, pp p, micro-batch b); s = 2048.

@@ -73,24 +73,31 @@ def pp_link(pp: int, world: int, domain: int) -> str:
     return NVLINK if world <= domain else INTER_NODE
 
 
-def dp_step_bytes(params: float, zero: int, dp: int, micro_batches: int, reduce_bf16: bool = False) -> float:
-    """Bytes one GPU sends per optimizer step for data parallelism over `params` local parameters, as the
-    trainer communicates (fp32 weights; fp32 gradients, or bf16 with parallel.grad_reduce_dtype: bf16).
+def dp_traffic(params: float, zero: int, dp: int, micro_batches: int, grad_bytes: float, weight_bytes: float,
+               units: int = 1) -> list[tuple[str, float, float]]:
+    """(collective, bytes one GPU sends, calls) per optimizer step for data parallelism over `params` local
+    parameters, as the trainer communicates: gradients of `grad_bytes` each (fp32, or bf16 with
+    parallel.grad_reduce_dtype: bf16), weights of `weight_bytes` (what the all-gather moves: bf16 parameters
+    under bf16 ZeRO-1/2, FSDP2's gathered dtype under ZeRO-3). Calls count collectives, not buckets.
 
     ZeRO paper (Rajbhandari et al. 2020, Sec. 7): an all-reduce of the gradients is 2*Psi per rank, a
-    reduce-scatter plus an all-gather the same. The trainer accumulates every micro-batch into its full
-    gradient buffer and reduces once per step: ZeRO-0 all-reduces it, ZeRO-1 all-reduces it too (each rank
-    then updates its slice) and all-gathers the updated weights, ZeRO-2 reduce-scatters it and all-gathers
-    the weights. ZeRO-3 (FSDP2) gathers the weights for every micro-batch's forward and again for its
-    backward and reduce-scatters every micro-batch's gradients.
+    reduce-scatter plus an all-gather the same. ZeRO-0 accumulates every micro-batch into its full gradient
+    buffer and all-reduces it once per step; ZeRO-1 too, then all-gathers the updated weights; ZeRO-2 keeps
+    no full buffer, so it reduce-scatters every micro-batch's gradients (DeepSpeed's stage 2), then
+    all-gathers the weights; ZeRO-3 (FSDP2) gathers the weights for every micro-batch's forward and again
+    for its backward and reduce-scatters every micro-batch's gradients, per FSDP unit.
     """
-    grads, weights = params * (2 if reduce_bf16 else 4), params * 4
     if dp == 1:
-        return 0.0
+        return []
+    grads, weights = params * grad_bytes, params * weight_bytes
     if zero == 0:
-        return all_reduce_bytes(grads, dp)
+        return [("all_reduce", all_reduce_bytes(grads, dp), 1.0)]
     if zero == 1:
-        return all_reduce_bytes(grads, dp) + gather_bytes(weights, dp)
+        return [("all_reduce", all_reduce_bytes(grads, dp), 1.0), ("all_gather", gather_bytes(weights, dp), 1.0)]
     if zero == 2:
-        return gather_bytes(grads, dp) + gather_bytes(weights, dp)
-    return micro_batches * (gather_bytes(grads, dp) + 2 * gather_bytes(weights, dp))
+        return [("reduce_scatter", micro_batches * gather_bytes(grads, dp), float(micro_batches)),
+                ("all_gather", gather_bytes(weights, dp), 1.0)]
+    calls = float(micro_batches * units)
+    return [("reduce_scatter", micro_batches * gather_bytes(grads, dp), calls),
+            ("all_gather", micro_batches * gather_bytes(weights, dp), calls),  # forward
+            ("all_gather", micro_batches * gather_bytes(weights, dp), calls)]  # backward

@@ -37,7 +37,7 @@ from trainctl.model_shape import ModelShape
 from trainctl.plan import comm, memory, schedule
 from trainctl.plan.comm import INTER_NODE, NVLINK
 from trainctl.plan.pipeline import balanced_split
-from trainctl.plan.rates import DP_OPS, EMBEDDING_OPS, EP_OPS, PP_OPS, TP_OPS, AssumedRates, MeasuredRates, Ops
+from trainctl.plan.rates import EMBEDDING_OPS, EP_OPS, PP_OPS, TP_OPS, AssumedRates, MeasuredRates, Ops
 
 # Load-imbalance allowance of dropless routing: the busiest EP rank receives this many times the mean
 # tokens and sets the pace of the expert MLPs (and holds that much more of their activations). Trained
@@ -91,12 +91,6 @@ class Context:
 def assumed_rates(hw: Hardware, a: Assumptions) -> AssumedRates:
     return AssumedRates(hw.peak_flops, {NVLINK: hw.nvlink_bw, INTER_NODE: hw.inter_node_bw}, a.compute_efficiency,
                         a.comm_efficiency)
-
-
-def dp_calls(zero: int, n_micro: int, dp_bytes: float, units: int) -> float:
-    """Calls of each DP collective per step: once (buckets not counted); under ZeRO-3 once per FSDP unit
-    (each layer, and the root) and micro-batch."""
-    return 0.0 if not dp_bytes else float(n_micro * units if zero >= 3 else 1)
 
 
 @dataclass(frozen=True)
@@ -237,6 +231,7 @@ class _Base:
     prof: _Profile
     params: tuple[float, ...]  # per pp rank, every parameter on one GPU
     experts: tuple[float, ...]  # per pp rank, of those the routed experts' (split over ep)
+    largest: tuple[int, ...]  # per pp rank, the largest single parameter on one GPU
     max_params: float  # the most non-expert parameters of a pp rank (the DP traffic)
     max_experts: float  # the most expert parameters of a pp rank (the expert-DP traffic)
     load: _Load
@@ -273,7 +268,7 @@ class Evaluator:
         self.model_flops_per_token = model.model_flops_per_token_of(m)
         self.tokens_per_step = ctx.global_batch * m.seq_len
         self.act_bytes = memory.activation_bytes(ctx.precision)
-        self.w_bytes = 4  # the trainer's weights and gradients are fp32 (plan.memory.trainer_state_bytes)
+        self.grad_bytes = 4  # the trainer's gradients are fp32 (plan.memory.trainer_state_bytes)
         self._default_split = lru_cache(maxsize=None)(self._split)
         self._profile = lru_cache(maxsize=None)(self._make_profile)
         self._rank_params = lru_cache(maxsize=None)(self._make_rank_params)
@@ -315,26 +310,29 @@ class Evaluator:
                         tuple(sends))
 
     def _make_rank_params(self, tp: int, pp: int, v: int, layers: tuple[int, ...], ep: int
-                          ) -> tuple[tuple[float, ...], tuple[float, ...], tuple[int, ...]]:
-        """Per pipeline rank: (every parameter on one GPU, the routed experts' of them, MoE layers)."""
+                          ) -> tuple[tuple[float, ...], tuple[float, ...], tuple[int, ...], tuple[int, ...]]:
+        """Per pipeline rank: (every parameter on one GPU, the routed experts' of them, MoE layers, the
+        largest single parameter)."""
         prof = self._profile(pp, v, layers)
         m = self.ctx.shape
         n_stages = pp * v
         starts = [sum(layers[:g]) for g in range(n_stages)]
-        totals, experts, moe_layers = [], [], []
+        totals, experts, moe_layers, largest = [], [], [], []
         for r in range(pp):
             total = expert = 0.0
-            n_moe = 0
+            n_moe = big = 0
             for c, n in enumerate(prof.layers[r]):
                 g = c * pp + r
                 k = m.moe_layers_in(starts[g], starts[g] + n)
                 total += model.stage_params_per_gpu(m, tp, n, g == 0, g == n_stages - 1, k, ep)
                 expert += model.layers_params_per_gpu(m, tp, n, k, ep)[1]
                 n_moe += k
+                big = max(big, model.largest_param_per_gpu(m, tp, n, g == 0, g == n_stages - 1))
             totals.append(total)
             experts.append(expert)
             moe_layers.append(n_moe)
-        return tuple(totals), tuple(experts), tuple(moe_layers)
+            largest.append(big)
+        return tuple(totals), tuple(experts), tuple(moe_layers), tuple(largest)
 
     def _make_units(self, schedule_: str, pp: int, v: int, n_micro: int,
                     layers: tuple[int, ...]) -> tuple[tuple[int, ...], int, int]:
@@ -394,7 +392,7 @@ class Evaluator:
         n_micro = ctx.global_batch // (mb * dp)
         layers = self.stage_layers(c)
         prof = self._profile(pp, v, layers)
-        params, experts, moe_layers = self._rank_params(tp, pp, v, layers, c.ep)
+        params, experts, moe_layers, largest = self._rank_params(tp, pp, v, layers, c.ep)
         load = self._load(tp, pp, v, layers, c.recompute)
         vp = self.padded_vocab(tp)
         world = ctx.world
@@ -429,7 +427,7 @@ class Evaluator:
         tp_ar = comm.all_reduce_bytes(tp_msg, tp)
         pp_msg = tp_msg / (tp if sp else 1)  # with SP each TP rank sends its sequence shard
         p2p_mb_bytes = max(prof.sends) * pp_msg if pp > 1 else 0.0
-        emb_bytes = vp * m.hidden / tp * self.w_bytes if (m.tied_embeddings and pp > 1) else 0.0
+        emb_bytes = vp * m.hidden / tp * self.grad_bytes if (m.tied_embeddings and pp > 1) else 0.0
         # MoE token exchange: each TP rank dispatches its sequence shard under SP (Megatron-Core needs SP
         # with TP for MoE); on the rank with the most MoE layers
         ep_layer = (comm.all_to_all_bytes(tokens_mb / (tp if sp else 1), m.moe.top_k, m.hidden, self.act_bytes,
@@ -450,7 +448,7 @@ class Evaluator:
             compute_mb = load.flops[load.slow] * tokens_mb / rate
             slot = compute_mb + tp_mb_time + ep_mb_time + p2p
         return _Base(
-            n_micro=n_micro, layers=layers, prof=prof, params=params, experts=experts,
+            n_micro=n_micro, layers=layers, prof=prof, params=params, experts=experts, largest=largest,
             max_params=max(p - e for p, e in zip(params, experts, strict=True)), max_experts=max(experts),
             load=load, vp=vp, acts=tuple(acts), transient=transient, links=links,
             ops={"tp": TP_OPS[sp], "pp": PP_OPS, "embedding": EMBEDDING_OPS, "ep": EP_OPS},
@@ -468,27 +466,42 @@ class Evaluator:
     def _with_zero(self, b: _Base, zero: int, dp: int, ep: int = 1) -> _Zero:
         """The ZeRO-dependent part: bytes per parameter, the worst pipeline rank, DP traffic and the step."""
         ctx, a = self.ctx, self.ctx.assume
-        dense = memory.trainer_state_bytes(zero, dp, ctx.grad_reduce_bf16)
+        dense = memory.trainer_state_bytes(zero, dp, ctx.precision, ctx.grad_reduce_bf16)
         # expert weights replicate over the expert-data-parallel group only: ZeRO shards their state over dp/ep
-        expert = memory.trainer_state_bytes(zero, dp // ep, ctx.grad_reduce_bf16)
+        expert = memory.trainer_state_bytes(zero, dp // ep, ctx.precision, ctx.grad_reduce_bf16)
         per_dense, per_expert = sum(dense), sum(expert)
         edp = dp // ep
-        gather = 2 * b.layer_params_gpu * self.w_bytes if zero >= 3 else 0.0  # ZeRO-3 prefetch buffers
-        totals = [(p - e) * per_dense + e * per_expert + x + t
-                  for p, e, x, t in zip(b.params, b.experts, b.acts, b.transient, strict=True)]
+        sharded = zero >= 3 and dp > 1
+        gather = 2 * b.layer_params_gpu * memory.fsdp_gather_bytes(ctx.precision) if sharded else 0.0  # prefetch
+        # ZeRO-2's bucket buffers (gradients), and the one parameter's gradient autograd hands over at a time
+        # when the trainer adds it into its fp32 buffer (transient)
+        buffers = tuple(self._zero2_buffers(p - e, big, dp) if zero == 2 and dp > 1 else 0.0
+                        for p, e, big in zip(b.params, b.experts, b.largest, strict=True))
+        handed = tuple(big * memory.copied_grad_bytes(zero, dp, ctx.precision) for big in b.largest)
+        totals = [(p - e) * per_dense + e * per_expert + buf + x + t + h
+                  for p, e, x, t, buf, h in zip(b.params, b.experts, b.acts, b.transient, buffers, handed, strict=True)]
         worst = max(range(len(totals)), key=totals.__getitem__)
-        dp_bytes = comm.dp_step_bytes(b.max_params, zero, dp, b.n_micro, ctx.grad_reduce_bf16)
-        edp_bytes = comm.dp_step_bytes(b.max_experts, zero, edp, b.n_micro, ctx.grad_reduce_bf16)
-        t_dp = self.rates.comm(b.links["dp"], DP_OPS[zero], dp_bytes, dp_calls(zero, b.n_micro, dp_bytes, b.units))
-        t_dp += self.rates.comm(b.links["expert_dp"], DP_OPS[zero], edp_bytes,
-                                dp_calls(zero, b.n_micro, edp_bytes, b.units))
-        out = _Zero(dense, expert, gather, worst, totals[worst] + gather, dp_bytes, edp_bytes, None, None)
+        weight_bytes = memory.fsdp_gather_bytes(ctx.precision) if zero >= 3 else dense[0] if zero >= 1 else 4
+        grad_bytes = 2 if ctx.grad_reduce_bf16 else 4
+        dp_traffic = comm.dp_traffic(b.max_params, zero, dp, b.n_micro, grad_bytes, weight_bytes, b.units)
+        edp_traffic = comm.dp_traffic(b.max_experts, zero, edp, b.n_micro, grad_bytes, weight_bytes, b.units)
+        t_dp = self._dp_time(b.links["dp"], dp_traffic)
+        t_edp = self._dp_time(b.links["expert_dp"], edp_traffic)
+        out = _Zero(dense, expert, gather, buffers, handed, worst, totals[worst] + gather,
+                    sum(x for _, x, _ in dp_traffic), sum(x for _, x, _ in edp_traffic), t_dp, t_edp, None, None)
         if b.slot is None:
             return out
         window = b.slot if zero <= 1 else b.n_micro * b.slot
-        dp_exposed = t_dp - min(a.dp_overlap * t_dp, window)
+        dp_exposed = (t_dp + t_edp) - min(a.dp_overlap * (t_dp + t_edp), window)
         step = b.slot * (b.n_micro + b.bubble_slots) + dp_exposed + b.emb_time
         return replace(out, dp_exposed=dp_exposed, step=step)
+
+    def _zero2_buffers(self, params: float, largest: int, dp: int) -> float:
+        slot = memory.zero2_slot_numel(round(params), largest, dp, memory.dp_bucket_numel())
+        return float(memory.zero2_buffer_bytes(slot, dp, self.ctx.grad_reduce_bf16))
+
+    def _dp_time(self, link: str, traffic: list[tuple[str, float, float]]) -> float:
+        return sum(self.rates.comm(link, ((op, 1.0),), nbytes, calls) for op, nbytes, calls in traffic)
 
     def score(self, c: Candidate) -> tuple[float | None, float]:
         """(predicted step seconds, worst pipeline rank's bytes per GPU): what `--auto` ranks by; the same
@@ -505,17 +518,18 @@ class Evaluator:
         def rank_memory(r: int) -> RankMemory:
             p, e = b.params[r], b.experts[r]
             (wd, gd, od), (we, ge, oe) = z.dense, z.expert
-            return RankMemory(r, p, (p - e) * wd + e * we, (p - e) * gd + e * ge, (p - e) * od + e * oe, b.acts[r],
-                              b.transient[r] + z.gather, e)
+            return RankMemory(r, p, (p - e) * wd + e * we, (p - e) * gd + e * ge + z.buffers[r], (p - e) * od + e * oe,
+                              b.acts[r], b.transient[r] + z.handed[r] + z.gather, e)
 
         ranks = tuple(rank_memory(r) for r in range(c.pp)) if detail else ()
         comm_bytes = {"tp": b.tp_bytes, "pp": b.pp_bytes, "dp": z.dp_bytes, "embedding": b.emb_bytes}
-        ops = {**b.ops, "dp": DP_OPS[c.zero], "expert_dp": DP_OPS[c.zero]}
-        calls = {**b.calls, "dp": dp_calls(c.zero, b.n_micro, z.dp_bytes, b.units),
-                 "expert_dp": dp_calls(c.zero, b.n_micro, z.edp_bytes, b.units)}
         if m.moe is not None:
             comm_bytes.update(ep=b.ep_bytes, expert_dp=z.edp_bytes)
-        comm_time = {k: self.rates.comm(b.links[k], ops[k], comm_bytes[k], calls[k]) for k in comm_bytes}
+        comm_time = {k: self.rates.comm(b.links[k], b.ops[k], comm_bytes[k], b.calls[k]) for k in comm_bytes
+                     if k not in ("dp", "expert_dp")}
+        comm_time["dp"] = z.dp_time
+        if m.moe is not None:
+            comm_time["expert_dp"] = z.edp_time
         return Estimate(
             cand=c, micro_batches=b.n_micro, stage_layers=b.layers,
             model_flops=self.model_flops_per_token * self.tokens_per_step,
@@ -530,7 +544,7 @@ class Evaluator:
             compute_time=None if b.compute_mb is None else b.n_micro * b.compute_mb,
             tp_exposed_time=b.tp_exposed, p2p_time=b.n_micro * b.p2p,
             bubble_time=None if b.slot is None else b.slot * b.bubble_slots,
-            dp_time=comm_time["dp"] + comm_time.get("expert_dp", 0.0), dp_exposed_time=z.dp_exposed,
+            dp_time=z.dp_time + z.edp_time, dp_exposed_time=z.dp_exposed,
             embedding_sync_time=b.emb_time, step_time=z.step,
             extra={"tokens_per_step": float(self.tokens_per_step), "ep_time": b.n_micro * b.ep_mb_time,
                    "expert_pace": self.expert_pace},
@@ -544,9 +558,13 @@ class _Zero:
     dense: tuple[float, float, float]  # (weights, gradients, optimizer) bytes per non-expert parameter
     expert: tuple[float, float, float]  # the same per routed-expert parameter (sharded over dp/ep)
     gather: float  # ZeRO-3 gather buffers
+    buffers: tuple[float, ...]  # per pipeline rank: ZeRO-2's bucket buffers (gradients)
+    handed: tuple[float, ...]  # per pipeline rank: one parameter's gradient handed over by autograd (transient)
     worst: int  # the pipeline rank with the most bytes
     total: float  # its bytes per GPU
     dp_bytes: float
     edp_bytes: float
+    dp_time: float
+    edp_time: float
     dp_exposed: float | None
     step: float | None

@@ -29,6 +29,8 @@ attention core's s x s tensors are materialised, as in the paper.
 
 from __future__ import annotations
 
+import os
+
 from trainctl.model_shape import ModelShape
 
 # (weights, gradients, optimizer state) bytes per parameter in the ZeRO paper.
@@ -40,25 +42,84 @@ GIB = 2**30
 GPU_RESERVE_BYTES = 3 * GIB
 
 
-def trainer_state_bytes(zero: int, dp: int, reduce_bf16: bool = False) -> tuple[float, float, float]:
-    """(weights, gradients, optimizer) bytes per parameter as the trainer allocates them, any precision.
+# The trainer's data-parallel gradient buckets (runtime/data_parallel.py): 16 MB of fp32 gradients per collective
+# (DDP's default is 25 MB). TRAINCTL_BUCKET_NUMEL overrides it, for the trainer and the plan alike (tests use
+# small buckets so that a tiny model has several).
+DP_BUCKET_NUMEL = 4_000_000
+# ZeRO-2 reduces each micro-batch's gradients through this many bucket-sized buffers: one filling while the
+# previous one's reduce-scatter runs (DeepSpeed stage 2's double buffer).
+ZERO2_SLOTS = 2
 
-    The trainer keeps fp32 weights (bf16/fp16 runs autocast the compute), accumulates gradients in an
-    fp32 buffer and runs AdamW in fp32 (two moments). One DP replica runs plain (ZeRO off). ZeRO-1: each
-    DP rank keeps an fp32 master copy and the moments of its 1/dp slice of every bucket; ZeRO-2 the same
-    plus its reduce-scattered gradient slice beside the full bucket buffer; ZeRO-3 (FSDP2) shards weights,
-    gradients and moments, the optimizer updating the fp32 shards in place. A bf16 gradient reduction
-    adds a 2-byte copy of the buffer it sends (and of the slice it receives under ZeRO-2)."""
+
+def dp_bucket_numel() -> int:
+    return int(os.environ.get("TRAINCTL_BUCKET_NUMEL", DP_BUCKET_NUMEL))
+
+
+def bf16_params(precision: str, zero: int, dp: int) -> bool:
+    """Whether the trainer keeps its parameters in bf16: bf16 compute with a sharded optimizer (ZeRO-1/2 and
+    dp > 1), whose fp32 master slice is the truth. Otherwise parameters are fp32 (and themselves the master:
+    4 + 4 + 8 bytes at ZeRO-0 is less than Megatron's 18 with a separate master); FSDP2 (ZeRO-3) keeps fp32
+    shards and gathers them in bf16 for the compute (`fsdp_gather_bytes`)."""
+    return precision == "bf16" and zero in (1, 2) and dp > 1
+
+
+def trainer_state_bytes(zero: int, dp: int, precision: str = "fp32", reduce_bf16: bool = False
+                        ) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer) bytes per parameter as the trainer allocates them.
+
+    `precision` is the one the trainer computes in (`compute_precision`). One DP replica runs plain (ZeRO
+    off): fp32 weights, one fp32 gradient buffer, AdamW's two fp32 moments. ZeRO-1: each DP rank keeps the
+    fp32 master and moments of its 1/dp slice of every bucket, and the full fp32 gradient buffer that every
+    micro-batch accumulates into (Megatron's main_grad); the weights are bf16 under bf16 compute (the
+    all-gather after the step moves bf16), else fp32. ZeRO-2: the same, but each micro-batch's gradients are
+    reduce-scattered as their buckets complete and accumulated into this rank's fp32 shard, so only the shard
+    stays, plus ZERO2_SLOTS transient bucket buffers per rank (`zero2_buffer_bytes`, not per parameter).
+    ZeRO-3 (FSDP2) shards fp32 weights, gradients and moments, the optimizer updating the shards in place. A
+    bf16 gradient reduction (ZeRO 0-1) adds a 2-byte copy of the buffer it sends; ZeRO-2's is in its buffers."""
     if dp == 1:
         zero = 0
-    comm = 2.0 if reduce_bf16 and zero < 3 else 0.0
+    w = 2.0 if bf16_params(precision, zero, dp) else 4.0
+    comm = 2.0 if reduce_bf16 and dp > 1 and zero < 2 else 0.0
     if zero == 0:
         return 4.0, 4.0 + comm, 8.0
     if zero == 1:
-        return 4.0, 4.0 + comm, 12.0 / dp
+        return w, 4.0 + comm, 12.0 / dp
     if zero == 2:
-        return 4.0, 4.0 + 4.0 / dp + comm * (1 + 1 / dp), 12.0 / dp
+        return w, 4.0 / dp, 12.0 / dp
     return 4.0 / dp, 4.0 / dp, 8.0 / dp
+
+
+def zero2_slot_numel(params: int, largest_param: int, dp: int, bucket_numel: int) -> int:
+    """Elements of one ZeRO-2 bucket buffer on a rank holding `params` parameters, the largest `largest_param`:
+    the largest bucket there can be (buckets close before `bucket_numel` unless one parameter alone is larger,
+    and never hold more than the rank's parameters), padded to a multiple of dp like every bucket."""
+    n = min(max(bucket_numel, largest_param), params)
+    return -(-n // dp) * dp
+
+
+def zero2_buffer_bytes(slot_numel: int, dp: int, reduce_bf16: bool = False) -> int:
+    """Bytes of ZeRO-2's transient buffers on one rank: ZERO2_SLOTS slots, each an fp32 bucket the micro-batch's
+    gradients are added into and the 1/dp slice its reduce-scatter returns (fp32), or with a bf16 reduction
+    a bf16 copy of the bucket for the wire and a bf16 slice."""
+    recv = slot_numel // dp
+    per_slot = 4 * slot_numel + (2 * slot_numel + 2 * recv if reduce_bf16 else 4 * recv)
+    return ZERO2_SLOTS * per_slot
+
+
+def copied_grad_bytes(zero: int, dp: int, precision: str) -> float:
+    """Bytes per element of the gradient autograd hands over for one parameter at a time when the trainer adds
+    it into its fp32 buffer and drops it (bf16 parameters; ZeRO-2), else 0 (it accumulates in place)."""
+    if dp == 1 or zero not in (1, 2):
+        return 0.0
+    if bf16_params(precision, zero, dp):
+        return 2.0
+    return 4.0 if zero == 2 else 0.0
+
+
+def fsdp_gather_bytes(precision: str) -> int:
+    """Bytes per element of the weights FSDP2 gathers for the compute: bf16 under bf16 compute
+    (MixedPrecisionPolicy param_dtype), else fp32."""
+    return 2 if precision == "bf16" else 4
 
 
 def compute_precision(precision: str, on_cpu: bool, low_precision_on_cpu: bool) -> str:

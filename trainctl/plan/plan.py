@@ -30,8 +30,9 @@ NOTES = (
     "model FLOPs per token = 6*N + 12*L*h*s (N: every matmul weight incl. the LM head, no embedding "
     "lookups; causal attention not halved; recompute not counted); hardware FLOPs add recompute and the "
     "padded vocabulary",
-    "memory: what the trainer allocates: fp32 weights and gradient buffer, fp32 AdamW (ZeRO-1/2: master "
-    "and moments of a 1/dp slice; ZeRO-2 keeps the full buffer beside its slice; ZeRO-3 shards all); "
+    "memory: what the trainer allocates: weights (fp32; bf16 under bf16 ZeRO-1/2), an fp32 gradient buffer, "
+    "fp32 AdamW (ZeRO-1/2: fp32 master and moments of a 1/dp slice; ZeRO-2 keeps only its fp32 gradient "
+    "slice plus two bucket buffers, reduce-scattering every micro-batch; ZeRO-3 shards all); "
     "activations as its autograd saves them (scaled_dot_product_attention: no s x s scores) times the "
     "micro-batches in flight on each pipeline rank; capacity is the catalog's GB (10^9 bytes) less a "
     "3 GiB reserve on GPUs (CUDA context, NCCL buffers, fragmentation)",

@@ -10,8 +10,9 @@ Which collective carries what, as (op, share of the bytes), each entry making th
   TP        all-reduce, or reduce-scatter + all-gather under sequence parallelism (same volume)
   PP        send/recv;  tied embedding: all-reduce;  EP (MoE token dispatch/combine): all-to-all
   expert DP the DP collectives of the ZeRO stage, over the expert-data-parallel group
-  DP        ZeRO-0 all-reduce; ZeRO-1 all-reduce of the gradients (2/3 of the bytes) + all-gather of the
-            weights; ZeRO-2 reduce-scatter + all-gather; ZeRO-3 reduce-scatter + two all-gathers, per FSDP
+  DP        each collective of plan/comm.py `dp_traffic` priced with its own bytes and calls: ZeRO-0
+            all-reduce; ZeRO-1 all-reduce of the gradients + all-gather of the weights; ZeRO-2 a
+            reduce-scatter per micro-batch + all-gather; ZeRO-3 reduce-scatter + two all-gathers, per FSDP
             unit and micro-batch
 """
 
@@ -30,12 +31,6 @@ TP_OPS: dict[bool, Ops] = {False: (("all_reduce", 1.0),), True: (("reduce_scatte
 PP_OPS: Ops = (("send_recv", 1.0),)
 EMBEDDING_OPS: Ops = (("all_reduce", 1.0),)
 EP_OPS: Ops = (("all_to_all", 1.0),)  # MoE token dispatch and combine
-DP_OPS: dict[int, Ops] = {
-    0: (("all_reduce", 1.0),),
-    1: (("all_reduce", 2 / 3), ("all_gather", 1 / 3)),
-    2: (("reduce_scatter", 0.5), ("all_gather", 0.5)),
-    3: (("reduce_scatter", 1 / 3), ("all_gather", 1 / 3), ("all_gather", 1 / 3)),  # gathered for fwd and bwd
-}
 PROFILE_LINK = {NVLINK: INTRA, INTER_NODE: INTER}  # the planner's link classes -> the profile's
 UNCALIBRATED = ("catalog peak x estimate.compute_efficiency, catalog link bandwidth x estimate.comm_efficiency, "
                 "no latency term; `trainctl calibrate SPEC` measures them")

@@ -1,19 +1,34 @@
-"""Data parallelism: bucketed gradient all-reduce overlapped with backward, ZeRO-1/2, FSDP2 for ZeRO-3.
+"""Data parallelism: bucketed gradient reduction overlapped with backward, ZeRO-1/2, FSDP2 for ZeRO-3.
 
-Why the gradient all-reduce is written by hand instead of DDP: DDP combined with
-torch.distributed.pipelining crashes (reducer.cpp internal assert, see the CPU notes), and composable
-`replicate()` gives silently wrong losses with TP or PP. A post-accumulate-grad hook per parameter counts
-the micro-batch backwards of the step; when a parameter has seen all of them its gradient is final, and
-when every parameter of a bucket is final the bucket's collective is launched asynchronously, strictly in
-bucket order so every DP rank issues the same collectives in the same order. This works unchanged under
-the pipeline schedules (the last micro-batch's backward of each stage completes the buckets).
+Why the gradient reduction is written by hand instead of DDP: DDP combined with torch.distributed.pipelining
+crashes (reducer.cpp internal assert, see the CPU notes), and composable `replicate()` gives silently wrong
+losses with TP or PP. A post-accumulate-grad hook per parameter sees each micro-batch's gradient; buckets
+(flat runs of parameters in roughly the order backward produces them, never spanning two stage modules,
+each padded to a multiple of dp) are reduced asynchronously, strictly in bucket order so every DP rank
+issues the same collectives in the same order. This works unchanged under the pipeline schedules.
 
-Gradients live in flat per-bucket buffers (`param.grad` is a view, accumulated in place by autograd, as
-DDP's gradient_as_bucket_view does), so a bucket is one collective. Every bucket is padded to a multiple
-of dp: for ZeRO-1/2 DP rank r owns the r-th slice of every bucket (Megatron's distributed optimizer
-layout), keeps the fp32 master copy and AdamW state of that slice only, and all-gathers the updated slice
-into the shared flat parameter buffer (parameters are views of it) after the step. ZeRO-2 reduce-scatters
-the bucket instead of all-reducing it, so only the owned slice of the summed gradient exists.
+How a gradient reaches its bucket (docs/ARCHITECTURE.md, "Memory model"):
+- in place (fp32 parameters, ZeRO-0/1): `param.grad` is a view of the bucket's flat fp32 buffer and autograd
+  accumulates every micro-batch into it (DDP's gradient_as_bucket_view);
+- handed over (bf16 parameters; ZeRO-2): the hook adds the micro-batch's gradient into an fp32 buffer and
+  drops it (`param.grad = None`), Megatron's main_grad. Zero-bubble schedules assign weight gradients
+  outside autograd's accumulation (pipelining's W pass), where no hook fires: `backward_done` hands those
+  over.
+
+When a bucket is reduced:
+- ZeRO-0/1: once per step, when every parameter of the bucket has seen all micro-batches: an all-reduce of
+  its full fp32 buffer (a bf16 copy of it with grad_reduce_dtype bf16).
+- ZeRO-2: once per micro-batch (DeepSpeed's stage 2): the gradients are added into one of ZERO2_SLOTS
+  bucket-sized buffers, which is reduce-scattered into a slice-sized buffer and added into this rank's fp32
+  gradient slice; no full-size gradient buffer exists. The executor reports the end of each stage module's
+  backward of a micro-batch (`backward_done`), which reduces every bucket of that module not reduced yet in
+  this round, so each bucket is reduced exactly once per micro-batch on every DP rank, even when one of its
+  parameters got no gradient.
+
+ZeRO-1/2 use Megatron's distributed-optimizer layout: DP rank r owns the r-th slice of every bucket, keeps
+the fp32 master and AdamW state of that slice only, and all-gathers the updated slice into the flat
+parameter buffer (the parameters are views of it) after the step. Under bf16 compute that buffer is bf16
+(plan/memory.py `bf16_params`): the all-gather moves bf16 and the fp32 master is the weights' only fp32 copy.
 
 Tied embedding/LM-head weights on different pipeline ranks get a bucket of their own, so the bucket (and
 its dp slices) has the same layout on the first and the last stage; after the DP reduction it is summed
@@ -22,7 +37,7 @@ over the placement's `embedding` group (sum commutes with the DP reduction).
 
 from __future__ import annotations
 
-import os
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -30,18 +45,12 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from trainctl.plan.memory import ZERO2_SLOTS, dp_bucket_numel, zero2_slot_numel
 from trainctl.runtime.distributed import Parallel
 from trainctl.runtime.optim import decays
 
 _reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-
-DEFAULT_BUCKET_NUMEL = 4_000_000  # 16 MB of fp32 gradients per collective (DDP's default is 25 MB)
-
-
-def default_bucket_numel() -> int:
-    """Env TRAINCTL_BUCKET_NUMEL overrides (tests use small buckets to exercise overlap and slicing)."""
-    return int(os.environ.get("TRAINCTL_BUCKET_NUMEL", DEFAULT_BUCKET_NUMEL))
 
 
 @dataclass(frozen=True)
@@ -53,6 +62,16 @@ class ParamInfo:
     tp_replicated: bool  # same values on every TP rank: counted on TP rank 0 only
     tied: bool  # a tied embedding/LM-head weight whose grad is summed over the embedding group (pp > 1)
     tied_copy: bool  # the LM head's copy of a tied embedding on the last stage: counted on the first stage
+    stage: int = 0  # which of this rank's stage modules holds it (a bucket never spans two)
+
+
+@dataclass
+class Slot:
+    """ZeRO-2: one transient bucket-sized buffer and the slice-sized result of its reduce-scatter."""
+
+    buf: Tensor  # the micro-batch's gradients of one bucket, fp32 (zero while free)
+    recv: Tensor  # this rank's slice of the reduced bucket (the reduction's dtype)
+    comm: Tensor | None  # a bf16 copy of buf on the wire (grad_reduce_dtype bf16)
 
 
 @dataclass
@@ -60,40 +79,60 @@ class Bucket:
     params: list[ParamInfo]
     offsets: list[int]
     numel: int  # padded to a multiple of dp
-    grad: Tensor
     tied: bool
+    stage: int
+    grad: Tensor | None = None  # the full fp32 gradient buffer (ZeRO-0/1; ZeRO-2 has none)
     pending: int = 0
     work: dist.Work | None = None
-    launched: bool = False
     shard: tuple[int, int] = (0, 0)
     grad_shard: Tensor | None = None
     param_flat: Tensor | None = None
     master: Tensor | None = None
     fragments: list[tuple[ParamInfo, Tensor, Tensor]] = field(default_factory=list)  # (info, master, grad)
     comm: Tensor | None = None  # low-precision copy the DP collective runs on (grad_reduce_dtype bf16)
-    comm_shard: Tensor | None = None  # ZeRO-2: its reduce-scatter output
+    slot: Slot | None = None  # ZeRO-2: where this micro-batch's gradients are being added
+    reported: int = 0  # ZeRO-2: parameters handed over since the bucket was last reduced
 
 
 class GradSync:
-    """Per-step DP gradient reduction (zero 0/1: all-reduce; zero 2: reduce-scatter) plus the tied sync."""
+    """Per-step DP gradient reduction (zero 0/1: all-reduce per step; zero 2: reduce-scatter per micro-batch)
+    plus the tied sync."""
 
     def __init__(self, infos: list[ParamInfo], par: Parallel, zero: int, micro_batches: int,
-                 bucket_numel: int | None = None, reduce_dtype: torch.dtype | None = None):
+                 bucket_numel: int | None = None, reduce_dtype: torch.dtype | None = None,
+                 param_dtype: torch.dtype | None = None):
         self.par = par
         self.reduce_dtype = reduce_dtype  # None: reduce in the gradients' own dtype (fp32)
         self.dp = par.dp
         self.zero = zero if par.dp > 1 else 0  # one replica: nothing to shard
+        # 16-bit parameters need the fp32 master slice that only a sharded optimizer keeps
+        self.param_dtype = param_dtype if self.zero in (1, 2) and param_dtype != torch.float32 else None
+        self.handover = self.dp > 1 and (self.zero == 2 or self.param_dtype is not None)
         self.micro_batches = micro_batches
         self.infos = infos
+        p0 = infos[0].param if infos else None
+        self.grad_dtype = torch.float64 if p0 is not None and p0.dtype == torch.float64 else torch.float32
+        bucket_numel = bucket_numel or dp_bucket_numel()
         # one replica: no DP collective, so no flat buffers either; grads are set to None each step and
         # autograd's first accumulation steals its result (no zeroing, no in-place add: bare-loop speed)
-        self.buckets = self._make_buckets(infos, bucket_numel or default_bucket_numel()) if self.dp > 1 else []
-        self._bucket_of: dict[int, Bucket] = {}
-        self._counts: dict[int, int] = {}
+        self.buckets = self._make_buckets(infos, bucket_numel) if self.dp > 1 else []
+        self._where: dict[int, tuple[Bucket, int]] = {}
+        self._stage_buckets: dict[int, list[Bucket]] = {}
         for b in self.buckets:
-            for info in b.params:
-                self._bucket_of[id(info.param)] = b
+            self._stage_buckets.setdefault(b.stage, []).append(b)
+            for info, off in zip(b.params, b.offsets, strict=True):
+                self._where[id(info.param)] = (b, off)
+        self._counts: dict[int, int] = {}
         self._next = 0
+        self._next_in_stage = dict.fromkeys(self._stage_buckets, 0)  # ZeRO-2: the round's next bucket
+        self.slots: list[Slot] = []
+        self._free: list[Slot] = []
+        self._in_flight: deque[tuple[Bucket, Slot, dist.Work]] = deque()
+        if self.zero == 2:
+            n = zero2_slot_numel(sum(i.param.numel() for i in infos), max(i.param.numel() for i in infos),
+                                 self.dp, bucket_numel)
+            for _ in range(ZERO2_SLOTS):
+                self._add_slot(n)
         if self.dp > 1:
             for info in infos:
                 info.param.register_post_accumulate_grad_hook(self._on_grad)
@@ -108,7 +147,7 @@ class GradSync:
             if info.tied:
                 groups.append(([info], True))
                 continue
-            if current and size + n > bucket_numel:
+            if current and (size + n > bucket_numel or info.stage != current[0].stage):
                 groups.append((current, False))
                 current, size = [], 0
             current.append(info)
@@ -123,89 +162,178 @@ class GradSync:
             offsets.append(total)
             total += info.param.numel()
         padded = -(-total // self.dp) * self.dp
-        p0 = infos[0].param
-        grad = torch.zeros(padded, dtype=torch.float32 if p0.dtype != torch.float64 else p0.dtype, device=p0.device)
-        for info, off in zip(infos, offsets, strict=True):
-            # autograd accumulates in place into an existing .grad, so the bucket sees every micro-batch
-            info.param.grad = grad[off:off + info.param.numel()].view_as(info.param)
-        b = Bucket(infos, offsets, padded, grad, tied)
+        device = infos[0].param.device
+        b = Bucket(infos, offsets, padded, tied, infos[0].stage)
+        if self.zero < 2:
+            b.grad = torch.zeros(padded, dtype=self.grad_dtype, device=device)
+            if not self.handover:
+                for info, off in zip(infos, offsets, strict=True):
+                    # autograd accumulates in place into an existing .grad, so the bucket sees every micro-batch
+                    info.param.grad = b.grad[off:off + info.param.numel()].view_as(info.param)
+            if self.reduce_dtype is not None and self.reduce_dtype != b.grad.dtype:
+                b.comm = torch.empty(padded, dtype=self.reduce_dtype, device=device)
         per = padded // self.dp
         b.shard = (self.par.dp_rank * per, (self.par.dp_rank + 1) * per)
         if self.zero >= 1:
             self._shard_bucket(b)
-        if self.reduce_dtype is not None and self.reduce_dtype != grad.dtype:
-            b.comm = torch.empty(padded, dtype=self.reduce_dtype, device=grad.device)
-            if self.zero == 2:
-                b.comm_shard = torch.empty(per, dtype=self.reduce_dtype, device=grad.device)
         return b
 
     def _shard_bucket(self, b: Bucket) -> None:
         a, e = b.shard
-        flat = torch.zeros(b.numel, dtype=b.params[0].param.dtype, device=b.grad.device)
+        flat = torch.zeros(b.numel, dtype=b.params[0].param.dtype, device=b.params[0].param.device)
         for info, off in zip(b.params, b.offsets, strict=True):
-            n = info.param.numel()
-            flat[off:off + n].copy_(info.param.detach().reshape(-1))
-            info.param.data = flat[off:off + n].view_as(info.param)  # all-gather writes the params
-        b.param_flat = flat
+            flat[off:off + info.param.numel()].copy_(info.param.detach().reshape(-1))
         b.master = flat[a:e].detach().clone().float()  # fp32 master weights of the owned slice
-        b.grad_shard = b.grad[a:e] if self.zero == 1 else torch.zeros(e - a, dtype=b.grad.dtype, device=b.grad.device)
+        if self.param_dtype is not None:
+            flat = flat.to(self.param_dtype)  # the weights the compute reads; the master is the truth
+        for info, off in zip(b.params, b.offsets, strict=True):
+            info.param.data = flat[off:off + info.param.numel()].view_as(info.param)  # all-gather writes them
+        b.param_flat = flat
+        if self.zero == 1:
+            assert b.grad is not None
+            b.grad_shard = b.grad[a:e]
+        else:
+            b.grad_shard = torch.zeros(e - a, dtype=self.grad_dtype, device=flat.device)
         for info, off in zip(b.params, b.offsets, strict=True):
             lo, hi = max(off, a), min(off + info.param.numel(), e)
             if lo < hi:
                 b.fragments.append((info, b.master[lo - a:hi - a], b.grad_shard[lo - a:hi - a]))
 
+    def _add_slot(self, numel: int) -> Slot:
+        device = self.infos[0].param.device
+        low = self.reduce_dtype is not None and self.reduce_dtype != self.grad_dtype
+        slot = Slot(buf=torch.zeros(numel, dtype=self.grad_dtype, device=device),
+                    recv=torch.empty(numel // self.dp, dtype=self.reduce_dtype if low else self.grad_dtype,
+                                     device=device),
+                    comm=torch.empty(numel, dtype=self.reduce_dtype, device=device) if low else None)
+        self.slots.append(slot)
+        self._free.append(slot)
+        return slot
+
     # -- per step --------------------------------------------------------------------------------
     def start_step(self) -> None:
-        if self.dp == 1:
+        if self.dp == 1 or self.handover:
             for info in self.infos:
                 info.param.grad = None
         for b in self.buckets:
-            b.grad.zero_()
+            if b.grad is not None:
+                b.grad.zero_()
+            elif b.grad_shard is not None:
+                b.grad_shard.zero_()
             b.pending = len(b.params)
-            b.launched = False
             b.work = None
+            b.reported = 0
         self._counts = {id(i.param): 0 for i in self.infos}
         self._next = 0
+        self._next_in_stage = dict.fromkeys(self._stage_buckets, 0)
 
     def _on_grad(self, p: Tensor) -> None:
+        b, off = self._where[id(p)]
+        if self.handover:
+            g, p.grad = p.grad, None
+            if g is None:
+                return
+            target = b.grad if self.zero < 2 else self._filling(b)
+            assert target is not None
+            target[off:off + g.numel()].add_(g.reshape(-1))
+        if self.zero == 2:
+            b.reported += 1
+            if b.reported == len(b.params):
+                self._reduce_ready(b.stage)
+            return
         key = id(p)
         self._counts[key] += 1
         if self._counts[key] == self.micro_batches:
-            self._bucket_of[key].pending -= 1
+            b.pending -= 1
             self._launch_ready()
 
+    def backward_done(self, stage: int) -> None:
+        """The executor's report that stage module `stage` of this rank finished the backward of a micro-batch:
+        hand over gradients that arrived without a hook (pipelining's W pass), and under ZeRO-2 reduce every
+        bucket of the module not reduced yet in this round."""
+        if self.dp == 1:
+            return
+        buckets = self._stage_buckets.get(stage, [])
+        if self.handover:
+            for b in buckets:
+                for info in b.params:
+                    if info.param.grad is not None:
+                        self._on_grad(info.param)
+        if self.zero == 2 and buckets:
+            for b in buckets[self._next_in_stage[stage]:]:
+                self._reduce_micro_batch(b)
+            self._next_in_stage[stage] = 0
+
+    # ZeRO-0/1: once per step
     def _launch_ready(self, force: bool = False) -> None:
         while self._next < len(self.buckets) and (force or self.buckets[self._next].pending == 0):
             self._launch(self.buckets[self._next])
             self._next += 1
 
     def _launch(self, b: Bucket) -> None:
+        assert b.grad is not None
         b.grad.div_(self.dp)  # pre-divide (in fp32): gloo has no AVG; sum of grad/dp is the DP mean
         send = b.grad
         if b.comm is not None:
             send = b.comm.copy_(b.grad)  # the accumulated fp32 gradient, rounded once for the wire
-        if self.zero == 2:
-            out = b.comm_shard if b.comm_shard is not None else b.grad_shard
-            b.work = _reduce_scatter_single(out, send, group=self.par.dp_group, async_op=True)
-        else:
-            b.work = dist.all_reduce(send, group=self.par.dp_group, async_op=True)
-        b.launched = True
+        b.work = dist.all_reduce(send, group=self.par.dp_group, async_op=True)
 
-    def _land(self, b: Bucket) -> None:
-        """After a low-precision reduction: the result back into the fp32 gradient the optimizer reads."""
-        if b.comm_shard is not None:
-            b.grad_shard.copy_(b.comm_shard)
-        elif b.comm is not None:
-            b.grad.copy_(b.comm)
+    # ZeRO-2: once per micro-batch
+    def _filling(self, b: Bucket) -> Tensor:
+        if b.slot is None:
+            b.slot = self._take_slot()
+        return b.slot.buf
+
+    def _take_slot(self) -> Slot:
+        if self._free:
+            return self._free.pop()
+        if self._in_flight:  # wait for the oldest reduction: its buffer is the next free one
+            self._land_oldest()
+            return self._free.pop()
+        # every slot is being filled (gradients of more buckets than slots arrived interleaved): one more
+        self._add_slot(self.slots[0].buf.numel())
+        return self._free.pop()
+
+    def _reduce_ready(self, stage: int) -> None:
+        buckets, i = self._stage_buckets[stage], self._next_in_stage[stage]
+        while i < len(buckets) and buckets[i].reported == len(buckets[i].params):
+            self._reduce_micro_batch(buckets[i])
+            i += 1
+        self._next_in_stage[stage] = i
+
+    def _reduce_micro_batch(self, b: Bucket) -> None:
+        slot = b.slot if b.slot is not None else self._take_slot()  # no gradient this round: zeros
+        b.slot, b.reported = None, 0
+        n = b.numel
+        buf = slot.buf[:n].div_(self.dp)  # pre-divide in fp32 (gloo has no AVG)
+        send = slot.comm[:n].copy_(buf) if slot.comm is not None else buf
+        work = _reduce_scatter_single(slot.recv[:n // self.dp], send, group=self.par.dp_group, async_op=True)
+        self._in_flight.append((b, slot, work))
+
+    def _land_oldest(self) -> None:
+        b, slot, work = self._in_flight.popleft()
+        work.wait()
+        assert b.grad_shard is not None
+        b.grad_shard.add_(slot.recv[:b.numel // self.dp])  # fp32 accumulation over the micro-batches
+        slot.buf[:b.numel].zero_()
+        self._free.append(slot)
 
     def finish(self) -> None:
         """Wait for the DP reductions (launching any bucket whose params got no grad) and sum tied grads."""
-        if self.dp > 1:
+        if self.dp > 1 and self.zero == 2:
+            for stage, buckets in self._stage_buckets.items():  # a round the executor did not close
+                if self._next_in_stage[stage] or any(b.slot is not None for b in buckets):
+                    self.backward_done(stage)
+            while self._in_flight:
+                self._land_oldest()
+        elif self.dp > 1:
             self._launch_ready(force=True)
             for b in self.buckets:
                 if b.work is not None:
                     b.work.wait()
-                    self._land(b)
+                    if b.comm is not None:
+                        assert b.grad is not None
+                        b.grad.copy_(b.comm)  # the reduced bf16 gradient back into the fp32 buffer
         if self.par.embedding_group is not None:
             for b in self.buckets:
                 if b.tied:
@@ -234,10 +362,10 @@ class GradSync:
     def all_grads(self) -> list[Tensor]:
         """Every gradient tensor the optimizer reads (for clipping)."""
         if self.zero >= 1:
-            return [b.grad_shard for b in self.buckets]
+            return [b.grad_shard for b in self.buckets if b.grad_shard is not None]
         if self.dp == 1:
             return [i.param.grad for i in self.infos if i.param.grad is not None]
-        return [b.grad for b in self.buckets]
+        return [b.grad for b in self.buckets if b.grad is not None]
 
     def optimizer_groups(self) -> list[tuple[list[Tensor], bool]]:
         """(tensors, decays) for AdamW: the owned fp32 master fragments (ZeRO) or the parameters."""
@@ -253,24 +381,40 @@ class GradSync:
 
     def held(self) -> dict[str, list[Tensor]]:
         """Every buffer this sync keeps, by memory component: the gradient buffers (full buckets, ZeRO
-        shards, low-precision reduction copies) and the optimizer's fp32 master slices (ZeRO)."""
+        slices, ZeRO-2's bucket buffers, low-precision reduction copies) and the fp32 master slices (ZeRO)."""
         if self.dp == 1:
             return {"gradients": [i.param.grad for i in self.infos if i.param.grad is not None], "master": []}
-        grads = [t for b in self.buckets for t in (b.grad, b.grad_shard, b.comm, b.comm_shard) if t is not None]
+        grads = [t for b in self.buckets for t in (b.grad, b.grad_shard, b.comm) if t is not None]
+        grads += [t for s in self.slots for t in (s.buf, s.recv, s.comm) if t is not None]
         return {"gradients": grads, "master": [b.master for b in self.buckets if b.master is not None]}
 
     def after_step(self) -> None:
-        """ZeRO: write the updated owned slices back into every replica's parameters."""
+        """ZeRO: write the updated owned slices back into every replica's parameters (rounded to their dtype)."""
         if self.zero == 0:
             return
         works = []
         for b in self.buckets:
+            assert b.param_flat is not None and b.master is not None
             a, e = b.shard
             b.param_flat[a:e].copy_(b.master)  # the local slice (the all-gather overwrites it with itself)
             works.append(_all_gather_single(b.param_flat, b.param_flat[a:e].clone(), group=self.par.dp_group,
                                             async_op=True))
         for w in works:
             w.wait()
+
+    def full_master(self) -> dict[int, Tensor]:
+        """The full fp32 weights by id(parameter), gathered from every DP rank's master slice (a collective
+        over dp); {} when the parameters are fp32 themselves (then they equal the master)."""
+        if self.param_dtype is None:
+            return {}
+        out: dict[int, Tensor] = {}
+        for b in self.buckets:
+            assert b.master is not None
+            full = torch.empty(b.numel, dtype=b.master.dtype, device=b.master.device)
+            _all_gather_single(full, b.master, group=self.par.dp_group)
+            for info, off in zip(b.params, b.offsets, strict=True):
+                out[id(info.param)] = full[off:off + info.param.numel()].view(info.param.shape)
+        return out
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -279,7 +423,7 @@ class GradSync:
 
 
 def apply_fsdp(modules: list[nn.Module], par: Parallel, reduce_dtype: torch.dtype | None = None,
-               reshard_after_forward: bool = True) -> None:
+               reshard_after_forward: bool = True, param_dtype: torch.dtype | None = None) -> None:
     """fully_shard each transformer block, then the stage root, over this rank's DP group.
 
     Native FSDP2 here: sharding parameters themselves (gather before use, free after) is what FSDP2 does
@@ -291,8 +435,15 @@ def apply_fsdp(modules: list[nn.Module], par: Parallel, reduce_dtype: torch.dtyp
     dp_ranks = par.ranks["dp"]
     mesh = DeviceMesh.from_group(par.dp_group, par.device.type, mesh=torch.tensor(dp_ranks),
                                  mesh_dim_names=("dp",))
-    # parameters stay fp32 (autocast does the compute casts); only the gradient reduce-scatter may be bf16
-    mp = MixedPrecisionPolicy(reduce_dtype=reduce_dtype)
+    # The sharded parameters stay fp32 (they are the master); under bf16 compute FSDP gathers them in bf16
+    # (param_dtype) and reduce-scatters the gradients in fp32 (or bf16 with grad_reduce_dtype), which it
+    # also accumulates over micro-batches in fp32. The blocks' inputs keep their dtype (the residual stream
+    # is fp32 in every layout: docs/ARCHITECTURE.md, "Memory model").
+    if param_dtype is not None:
+        mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype or torch.float32,
+                                  cast_forward_inputs=False)
+    else:
+        mp = MixedPrecisionPolicy(reduce_dtype=reduce_dtype)
     for m in modules:
         blocks = getattr(m, "layers", None)  # the model keeps its blocks in an nn.ModuleDict
         if blocks is not None:
@@ -311,6 +462,9 @@ class FsdpSync:
     def start_step(self) -> None:
         for info in self.infos:
             info.param.grad = None
+
+    def backward_done(self, stage: int) -> None:
+        pass  # FSDP reduces its gradients itself
 
     def finish(self) -> None:
         # the tied copies are sharded identically over dp on both stages: sum the local shards
@@ -337,6 +491,9 @@ class FsdpSync:
 
     def after_step(self) -> None:
         pass
+
+    def full_master(self) -> dict[int, Tensor]:
+        return {}  # the fp32 shards are the parameters
 
 
 def _local(t: Tensor) -> Tensor:

@@ -78,10 +78,11 @@ class Norm(nn.Module):
             self.register_parameter("bias", None)
 
     def forward(self, x: Tensor) -> Tensor:
-        w = sp_param(self.weight, self.tp)
+        # 16-bit weights (bf16 ZeRO-1/2, FSDP's gathered bf16) normalise the fp32 residual stream in fp32
+        w = sp_param(self.weight, self.tp).to(x.dtype)
         if self.kind == "rmsnorm":
             return F.rms_norm(x, self.shape, w, self.eps)
-        b = sp_param(self.bias, self.tp) if self.bias is not None else None
+        b = sp_param(self.bias, self.tp).to(x.dtype) if self.bias is not None else None
         return F.layer_norm(x, self.shape, w, b, self.eps)
 
 
@@ -222,6 +223,9 @@ class Embedding(nn.Module):
 
     def forward(self, ids: Tensor) -> Tensor:
         h = self.tok(ids)
+        if h.dtype in (torch.bfloat16, torch.float16):
+            # the residual stream is fp32 whatever the weights' dtype (docs/ARCHITECTURE.md, "Memory model")
+            h = h.float()
         if self.learned_pos:
             seq = ids.shape[1]
             if seq > self.cfg.seq_len:

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
+BackwardDone = Callable[[int], None]  # this rank's stage module i finished a micro-batch's weight gradients
 
 
 class Executor(Protocol):
@@ -41,8 +42,9 @@ class Accumulate:
     """pp=1: forward + backward one micro-batch at a time, gradients accumulating in place."""
 
     def __init__(self, model: nn.Module, loss_fn: LossFn, micro_batches: int, device: torch.device,
-                 autocast_dtype: torch.dtype | None, fsdp: bool):
+                 autocast_dtype: torch.dtype | None, fsdp: bool, on_backward: BackwardDone = lambda _stage: None):
         self.model = model
+        self.on_backward = on_backward
         self.loss_fn = loss_fn
         self.micro_batches = micro_batches
         self.device = device
@@ -58,6 +60,7 @@ class Accumulate:
                 logits = self.model(inputs[i])
                 loss = self.loss_fn(logits, targets[i]) / self.micro_batches
             loss.backward()
+            self.on_backward(0)
             total += loss.detach()
         return total
 
@@ -95,7 +98,7 @@ class Pipelined:
 
     def __init__(self, modules: list[nn.Module], stage_ids: list[int], n_stages: int, schedule: str,
                  loss_fn: LossFn, micro_batches: int, device: torch.device, pp_group,
-                 autocast_dtype: torch.dtype | None):
+                 autocast_dtype: torch.dtype | None, on_backward: BackwardDone = lambda _stage: None):
         from torch.distributed.pipelining import (
             PipelineStage,
             Schedule1F1B,
@@ -111,8 +114,9 @@ class Pipelined:
         self.has_last = n_stages - 1 in stage_ids
         for m, s in zip(modules, stage_ids, strict=True):
             contiguous_boundaries(m, first=s == 0, last=s == n_stages - 1)
-        stages = [PipelineStage(m, s, n_stages, device, group=pp_group) for m, s in zip(modules, stage_ids,
-                                                                                            strict=True)]
+        stage_cls = _reporting_stage(PipelineStage)
+        stages = [stage_cls(m, s, n_stages, device, group=pp_group, on_backward=lambda i=i: on_backward(i))
+                  for i, (m, s) in enumerate(zip(modules, stage_ids, strict=True))]
 
         def scaled_loss(out: Tensor, target: Tensor) -> Tensor:
             return loss_fn(out, target) / micro_batches
@@ -137,3 +141,29 @@ class Pipelined:
         if not self.has_last:
             return None
         return torch.stack([loss.detach() for loss in losses]).sum()
+
+
+def _reporting_stage(base: type) -> type:
+    """A PipelineStage that reports when a micro-batch's weight gradients are complete (data_parallel.GradSync
+    `backward_done`): after a full backward, or after the weight pass of a split one (zero-bubble schedules,
+    whose weight pass assigns `.grad` outside autograd's accumulation, so no gradient hook fires there)."""
+
+    class ReportingStage(base):  # type: ignore[misc, valid-type]
+        def __init__(self, *args, on_backward: Callable[[], None], **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self._on_backward = on_backward
+
+        def backward_one_chunk(self, bwd_chunk_id: int, loss=None, full_backward: bool = True,
+                               last_backward: bool = False):
+            out = super().backward_one_chunk(bwd_chunk_id, loss=loss, full_backward=full_backward,
+                                             last_backward=last_backward)
+            if full_backward:
+                self._on_backward()
+            return out
+
+        def backward_weight_one_chunk(self, bwd_chunk_id: int, last_backward: bool = False):
+            out = super().backward_weight_one_chunk(bwd_chunk_id, last_backward=last_backward)
+            self._on_backward()
+            return out
+
+    return ReportingStage

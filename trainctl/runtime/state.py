@@ -2,8 +2,11 @@
 
 Layout of the DCP part (`app_state`), every key independent of dp, pp, zero and the bucket layout:
 
-    model.<name>[@tp<r>of<t>]          the parameter in its (TP-local) shape; replicated over DP, so DCP
-                                       keeps one copy; FSDP2 parameters are DTensors (DCP reshards them)
+    model.<name>[@tp<r>of<t>]          the fp32 weights in the parameter's (TP-local) shape: the parameter,
+                                       replicated over DP so DCP keeps one copy (ZeRO-0); FSDP2's DTensor
+                                       (ZeRO-3); under ZeRO-1/2 the fp32 master, a ShardedTensor whose chunks
+                                       are the rectangles that this DP rank's [lo, hi) of the flattened
+                                       parameter covers (the parameters may be bf16: the master is the truth)
     optim.<name>[@tp..].exp_avg        AdamW moments, always FLATTENED to 1-D (numel of the TP-local
     optim.<name>[@tp..].exp_avg_sq     parameter): plain tensors under ZeRO-0, ShardedTensors whose chunks
                                        are this DP rank's [lo, hi) range under ZeRO-1/2 (a slice of a flat
@@ -20,8 +23,9 @@ and moments, read whole) stay under a byte budget, and each batch is loaded (`ol
 into place (`apply_old_shards`) before the next is read. Host memory for the reshard is one batch per rank.
 Per-rank state (RNG streams) goes beside DCP as rank_state (DCP would dedup it).
 
-The fp32 master copy of ZeRO-1/2 is not saved: parameters are fp32 in this trainer and the master slice
-equals them bit for bit after every step (the all-gather copies it), so it is rebuilt from them on load.
+Under ZeRO-1/2 the model's weights are saved from, and loaded into, the fp32 master slices; the parameters
+are then written from them (`GradSync.after_step`), so a bf16 ZeRO-1 checkpoint resumed at ZeRO-0 loses
+nothing (its parameters are fp32 again).
 """
 
 from __future__ import annotations
@@ -74,6 +78,7 @@ class Entry:
     meta: ParamMeta | None  # how the parameter is TP-sharded; None: not known, treated as replicated
     param: Tensor  # the model parameter (plain or DTensor)
     opt_param: Tensor  # what AdamW steps: the parameter, or its fp32 master fragment (ZeRO-1/2)
+    master: Tensor | None  # ZeRO-1/2: this rank's fp32 master fragment, [lo, hi) of the parameter (maybe empty)
     numel: int  # full (TP-local) numel of the parameter: the length of the flattened state
     lo: int  # this rank's range of the flattened state
     hi: int
@@ -115,8 +120,9 @@ def entries(ts: TrainState) -> list[Entry]:
                     c_lo, c_hi = max(off, r * per) - off, min(off + n, (r + 1) * per) - off
                     if c_lo < c_hi:
                         chunks.append((c_lo, c_hi, grank))
+                assert b.master is not None
                 out.append(Entry(key, name, meta, info.param, master if master is not None else info.param,
-                                 n, lo, hi, chunks))
+                                 master if master is not None else b.master[:0], n, lo, hi, chunks))
         return out
     fsdp = isinstance(sync, data_parallel.FsdpSync)
     for m in ts.modules:
@@ -138,9 +144,9 @@ def entries(ts: TrainState) -> list[Entry]:
                 local = q.to_local()
                 if local.numel() != mine[1] - mine[0]:
                     raise RuntimeError(f"{key}: FSDP shard has {local.numel()} elements, expected {mine}")
-                out.append(Entry(key, name, meta, q, q, q.numel(), mine[0], mine[1], chunks))
+                out.append(Entry(key, name, meta, q, q, None, q.numel(), mine[0], mine[1], chunks))
             else:
-                out.append(Entry(key, name, meta, q, q, q.numel(), 0, q.numel(), []))
+                out.append(Entry(key, name, meta, q, q, None, q.numel(), 0, q.numel(), []))
     return out
 
 
@@ -150,18 +156,47 @@ def _flat_local(t: Tensor) -> Tensor:
     return local.view(-1)
 
 
-def _sharded(local: Tensor, e: Entry) -> Tensor:
-    """`local` (this rank's [lo, hi) of a 1-D state of length e.numel) as a DCP-reshardable ShardedTensor."""
+def _sharded(local: Tensor, e: Entry, shape: tuple[int, ...] | None = None) -> Tensor:
+    """`local` (this rank's [lo, hi) of a flattened state of e.numel elements) as a DCP-reshardable
+    ShardedTensor: 1-D, or in `shape` (1-D or 2-D) as the rectangles that each rank's range covers."""
     from torch.distributed._shard.metadata import ShardMetadata
     from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor
     from torch.distributed._shard.sharded_tensor.metadata import ShardedTensorMetadata, TensorProperties
 
+    shape = shape or (e.numel,)
     dev = str(local.device)  # checked against the local shard only (peers may use another index)
-    mds = [ShardMetadata([lo], [hi - lo], f"rank:{r}/{dev}") for lo, hi, r in e.chunks]
-    meta = ShardedTensorMetadata(mds, torch.Size([e.numel]), TensorProperties(dtype=local.dtype))
+    mds = [ShardMetadata(off, size, f"rank:{r}/{dev}") for lo, hi, r in e.chunks
+           for off, size, _, _ in _rectangles(lo, hi, shape)]
+    meta = ShardedTensorMetadata(mds, torch.Size(shape), TensorProperties(dtype=local.dtype))
     rank = torch.distributed.get_rank()
-    shards = [Shard(local, ShardMetadata([e.lo], [e.hi - e.lo], f"rank:{rank}/{dev}"))] if e.hi > e.lo else []
+    shards = [Shard(local[a - e.lo:b - e.lo].view(size), ShardMetadata(off, size, f"rank:{rank}/{dev}"))
+              for off, size, a, b in _rectangles(e.lo, e.hi, shape)]
     return ShardedTensor._init_from_local_shards_and_global_metadata(shards, meta)
+
+
+def _rectangles(lo: int, hi: int, shape: tuple[int, ...]) -> list[tuple[list[int], list[int], int, int]]:
+    """[lo, hi) of the row-major flattening of a 1-D or 2-D `shape` as (offsets, sizes, flat lo, flat hi) of
+    at most three rectangles: the rest of a first partial row, whole rows, the start of a last row."""
+    if hi <= lo:
+        return []
+    if len(shape) == 1:
+        return [([lo], [hi - lo], lo, hi)]
+    if len(shape) != 2:
+        raise ValueError(f"ZeRO checkpoint chunks of a {len(shape)}-D parameter are not supported")
+    cols = shape[1]
+    out = []
+    r0, c0 = divmod(lo, cols)
+    if c0 and lo + (cols - c0) > hi:  # inside one row
+        return [([r0, c0], [1, hi - lo], lo, hi)]
+    if c0:
+        out.append(([r0, c0], [1, cols - c0], lo, lo + cols - c0))
+        lo, r0 = lo + cols - c0, r0 + 1
+    r1 = hi // cols
+    if r1 > r0:
+        out.append(([r0, 0], [r1 - r0, cols], lo, r1 * cols))
+    if hi > r1 * cols:
+        out.append(([r1, 0], [1, hi - r1 * cols], r1 * cols, hi))
+    return out
 
 
 def ensure_optimizer_state(opt: torch.optim.Optimizer) -> None:
@@ -201,7 +236,14 @@ def app_state(ts: TrainState, step: int, from_tp: int | None = None) -> dict[str
     for e in entries(ts):
         if retp and _tp_sharded(e):
             continue
-        model[e.key] = e.param.detach() if not hasattr(e.param, "to_local") else e.param
+        if e.master is not None:
+            # a rank that owns none of it leaves the key out, as for the moments (DCP drops a ShardedTensor
+            # without local shards, and a dropped key that the checkpoint has sends its loader down the
+            # pre-2.4 key format path)
+            if e.hi > e.lo:
+                model[e.key] = _sharded(e.master, e, tuple(e.param.shape))
+        else:
+            model[e.key] = e.param.detach() if not hasattr(e.param, "to_local") else e.param
         st = ts.opt.state.get(e.opt_param, {})
         for k in _moments(ts, e):
             local = _flat_local(st[k])
@@ -222,10 +264,15 @@ def _old_shape(e: Entry, old_tp: int) -> tuple[int, ...]:
     return e.meta.shard.for_tp(old_tp).local_shape(e.meta.full_shape, old_tp)
 
 
+def _saved_like(e: Entry) -> Tensor:
+    """A tensor of the dtype and device the checkpoint holds `e` in: the fp32 master, or the parameter."""
+    return e.master if e.master is not None else _flat_local(e.param)
+
+
 def _old_shards_bytes(ts: TrainState, e: Entry, old_tp: int) -> int:
     """Bytes of every old TP shard of `e`, weights and moments: what reading it whole allocates."""
     numel = math.prod(_old_shape(e, old_tp)) * old_tp
-    return numel * _flat_local(e.param).element_size() * (1 + len(_moments(ts, e)))
+    return numel * _saved_like(e).element_size() * (1 + len(_moments(ts, e)))
 
 
 def tp_reshard_batches(ts: TrainState, old_tp: int, budget_bytes: int) -> list[list[Entry]]:
@@ -255,7 +302,7 @@ def old_shards_state(ts: TrainState, batch: list[Entry], old_tp: int) -> dict[st
     model: dict[str, Tensor] = {}
     optim: dict[str, Tensor] = {}
     for e in batch:
-        like, shape = _flat_local(e.param), _old_shape(e, old_tp)
+        like, shape = _saved_like(e), _old_shape(e, old_tp)
         for key in _old_tp_keys(e, old_tp):
             model[key] = like.new_empty(shape)
             for k in _moments(ts, e):
@@ -278,8 +325,12 @@ def apply_old_shards(ts: TrainState, batch: list[Entry], state: dict[str, Any], 
             return shard_tensor(unshard_tensors(shards, old), new, tp_rank, tp).reshape(-1)
 
         flat = mine([state["model"][k] for k in keys])
-        # A DTensor (FSDP2) holds rows [lo, hi) of the flattened TP shard; a plain parameter all of it.
-        _flat_local(e.param).copy_(flat[e.lo:e.hi] if hasattr(e.param, "to_local") else flat)
+        # The ZeRO-1/2 master and a DTensor (FSDP2) hold [lo, hi) of the flattened TP shard; a plain parameter
+        # all of it (restore() writes ZeRO's parameters from the master).
+        if e.master is not None:
+            e.master.copy_(flat[e.lo:e.hi])
+        else:
+            _flat_local(e.param).copy_(flat[e.lo:e.hi] if hasattr(e.param, "to_local") else flat)
         st = ts.opt.state.get(e.opt_param, {})
         for k in _moments(ts, e):
             _flat_local(st[k]).copy_(mine([state["optim"][f"{key}.{k}"].view(shape) for key in keys])[e.lo:e.hi])
@@ -293,11 +344,7 @@ def restore(ts: TrainState, state: dict[str, Any]) -> int:
     for st in ts.opt.state.values():
         if "step" in st:
             st["step"].fill_(step_t)
-    sync = ts.sync
-    if isinstance(sync, data_parallel.GradSync) and sync.zero >= 1:
-        for b in sync.buckets:  # the master slice is the (loaded, fp32) parameters' slice
-            a, e = b.shard
-            b.master.copy_(b.param_flat[a:e])
+    ts.sync.after_step()  # ZeRO-1/2: the parameters from the loaded fp32 master slices (a collective)
     ts.loader.load_state_dict(extra["loader"])
     ts.scaler.scale = float(extra["scaler"]["scale"])
     ts.scaler.good = int(extra["scaler"]["good"])

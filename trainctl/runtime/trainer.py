@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 from trainctl.model_shape import ModelShape
-from trainctl.plan.memory import compute_precision
+from trainctl.plan.memory import bf16_params, compute_precision
 from trainctl.plan.pipeline import stage_layer_ranges, stages_of_pp_rank
 from trainctl.rundir import RunPaths, append_jsonl, record_event
 from trainctl.runtime import data_parallel, divergence, faults, memory_meter, metrics, optim, peak, stragglers, watchdog
@@ -65,6 +65,7 @@ class Trainer:
         t, p = spec.train, spec.parallel
         self.log = par.rank == 0
         torch.manual_seed(t.seed)  # same stream on every rank: replicated dropout masks agree over TP
+        self.precision = compute_precision(t.precision, par.device.type != "cuda", t.low_precision_on_cpu)
         self.autocast_dtype, self.scaler = self._precision()
         self.cfg = ModelShape.from_spec(spec.model)
         self.tp = (TPContext.from_group(par.tp_group, p.sequence_parallel) if par.tp > 1 else TPContext.single())
@@ -79,14 +80,18 @@ class Trainer:
         self.micro_batches = spec.micro_batches
         fsdp = p.zero == 3 and par.dp > 1
         reduce_dtype = torch.bfloat16 if p.grad_reduce_dtype == "bf16" else None
+        bf16 = torch.bfloat16 if self.autocast_dtype == torch.bfloat16 else None
         if fsdp:
             # zero-bubble schedules run weight-gradient passes after later forwards: with FSDP2's default
             # resharding they train on wrong weights (docs/ARCHITECTURE.md, "Checked facts: PyTorch ...")
             data_parallel.apply_fsdp(self.modules, par, reduce_dtype,
-                                     reshard_after_forward=p.schedule != "zero-bubble")
+                                     reshard_after_forward=p.schedule != "zero-bubble", param_dtype=bf16)
         infos = self._param_infos()
+        # bf16 parameters under bf16 ZeRO-1/2: the fp32 master slice is the truth (plan/memory.py bf16_params)
+        param_dtype = torch.bfloat16 if bf16_params(self.precision, p.zero, par.dp) else None
         self.sync = (data_parallel.FsdpSync(infos, par) if fsdp
-                     else data_parallel.GradSync(infos, par, p.zero, self.micro_batches, reduce_dtype=reduce_dtype))
+                     else data_parallel.GradSync(infos, par, p.zero, self.micro_batches, reduce_dtype=reduce_dtype,
+                                                 param_dtype=param_dtype))
         self.opt = optim.adamw(self.sync.optimizer_groups(), t)
 
         def scaled_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -95,10 +100,11 @@ class Trainer:
         self.executor: Executor
         if par.pp == 1:
             self.executor = Accumulate(self.modules[0], scaled_loss, self.micro_batches, par.device,
-                                       self.autocast_dtype, fsdp)
+                                       self.autocast_dtype, fsdp, self.sync.backward_done)
         else:
             self.executor = Pipelined(self.modules, self.stage_ids, n_stages, p.schedule, scaled_loss,
-                                      self.micro_batches, par.device, par.pp_group, self.autocast_dtype)
+                                      self.micro_batches, par.device, par.pp_group, self.autocast_dtype,
+                                      self.sync.backward_done)
         self.holds_last = (n_stages - 1) in self.stage_ids
         self.loader = build_loader(spec, par.dp_rank, par.dp, t.seed)
         self.flops: metrics.FlopsModel | None = None
@@ -118,7 +124,7 @@ class Trainer:
     # -- set-up helpers ----------------------------------------------------------------------------
     def _precision(self) -> tuple[torch.dtype | None, LossScaler]:
         t = self.spec.train
-        prec = compute_precision(t.precision, self.par.device.type != "cuda", t.low_precision_on_cpu)
+        prec = self.precision
         if prec != t.precision and self.log:
             metrics.warn(f"train.precision={t.precision} on CPU: training in fp32 (no fast {t.precision} matmuls "
                          f"here; train.low_precision_on_cpu: true runs {t.precision} autocast anyway)")
@@ -140,14 +146,14 @@ class Trainer:
     def _param_infos(self) -> list[data_parallel.ParamInfo]:
         infos = []
         tied_sync = self.par.embedding_group is not None
-        for m in self.modules:
+        for stage, m in enumerate(self.modules):
             meta = m.named_param_meta()
             tied = _tied_names(m) if tied_sync else set()
             for name, q in m.named_parameters():
                 is_tied = name in tied
                 infos.append(data_parallel.ParamInfo(
                     name, q, tp_replicated=meta[name].shard is None if name in meta else True,
-                    tied=is_tied, tied_copy=is_tied and m.last and not m.first))
+                    tied=is_tied, tied_copy=is_tied and m.last and not m.first, stage=stage))
         return infos
 
     # -- the loop ------------------------------------------------------------------------------------
@@ -326,11 +332,14 @@ class Trainer:
         """Full-over-DP, per-TP-shard final weights of this (pp, tp) rank, with their TP shard layout."""
         params: dict[str, torch.Tensor] = {}
         shards: dict[str, Any] = {}
+        masters = self.sync.full_master()  # bf16 ZeRO-1/2: the fp32 truth, not the bf16 parameters
         for m in self.modules:
             meta = m.named_param_meta()
             tied_copy = bool(m.last and not m.first and m.tied_parameters())
             for name, q in m.named_parameters():
-                full = q.full_tensor() if hasattr(q, "full_tensor") else q.detach()  # collective under FSDP
+                full = masters.get(id(q))
+                if full is None:
+                    full = q.full_tensor() if hasattr(q, "full_tensor") else q.detach()  # collective under FSDP
                 if tied_copy and name in _tied_names(m):
                     continue
                 params[name] = full.detach().cpu().clone()
