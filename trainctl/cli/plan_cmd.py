@@ -177,25 +177,31 @@ def render_ranks(plan: Plan, console: Console) -> None:
     layout = plan.layout
     world = layout.world_size
     info = placement(layout)[: world if world <= RANKS_FULL_LIMIT else layout.gpus_per_node]
-    t = Table(title="Rank placement (Megatron order: tp fastest, then dp, then pp; ep is the fast part of dp)"
-              + ("" if world <= RANKS_FULL_LIMIT else f" — first node of {layout.nodes}; the full map is in --json"),
-              title_justify="left")
+    cp = ("cp",) if layout.cp > 1 else ()
+    t = Table(title="Rank placement (Megatron-Core order: tp fastest, then cp, then dp, then pp; ep is the fast part "
+              "of dp)" + ("" if world <= RANKS_FULL_LIMIT else f" — first node of {layout.nodes}; the full map is in "
+                          "--json"), title_justify="left")
     moe = ("ep", "edp") if layout.ep > 1 else ()  # EP is carved from DP: dp = ep + ep_size * edp
-    for col in ("rank", "node", "gpu", "tp", "dp", *moe, "pp", "nvlink domain"):
+    for col in ("rank", "node", "gpu", "tp", *cp, "dp", *moe, "pp", "nvlink domain"):
         t.add_column(col, justify="right")
     for r in info:
-        t.add_row(*(str(x) for x in (r.rank, r.node, r.local_gpu, r.tp, r.dp, *((r.ep, r.edp) if moe else ()), r.pp,
-                                     r.nvlink_domain)))
+        t.add_row(*(str(x) for x in (r.rank, r.node, r.local_gpu, r.tp, *((r.cp,) if cp else ()), r.dp,
+                                     *((r.ep, r.edp) if moe else ()), r.pp, r.nvlink_domain)))
     console.print(t)
-    for kind, stride, size, count in (("tp", 1, layout.tp, layout.dp * layout.pp),
-                                      ("dp", layout.tp, layout.dp, layout.tp * layout.pp),
-                                      ("pp", layout.tp * layout.dp, layout.pp, layout.tp * layout.dp),
-                                      *((("ep", layout.tp, layout.ep, layout.world_size // layout.ep),
-                                         ("expert_dp", layout.tp * layout.ep, layout.edp,
-                                          layout.world_size // layout.edp)) if moe else ())):
+    inner = layout.tp * layout.cp  # ranks of one (dp, pp) position
+    for kind, stride, size, count in (("tp", 1, layout.tp, world // layout.tp),
+                                      *((("cp", layout.tp, layout.cp, world // layout.cp),) if cp else ()),
+                                      ("dp", inner, layout.dp, world // layout.dp),
+                                      *((("dp_cp", layout.tp, layout.dp * layout.cp, layout.tp * layout.pp),)
+                                        if cp else ()),
+                                      ("pp", inner * layout.dp, layout.pp, world // layout.pp),
+                                      *((("ep", inner, layout.ep, world // layout.ep),
+                                         ("expert_dp", inner * layout.ep, layout.edp, world // layout.edp))
+                                        if moe else ())):
         first = getattr(Groups(layout), kind)[0] if world <= RANKS_FULL_LIMIT else list(range(0, stride * size, stride))
         shown = ", ".join(map(str, first[:8])) + (", …" if len(first) > 8 else "")
-        console.print(f"  {kind.upper()} groups: {count} of {size} ranks, stride {stride}; the first: [{shown}]")
+        label = {"dp_cp": "DP x CP (gradient reduction, ZeRO)"}.get(kind, kind.upper())
+        console.print(f"  {label} groups: {count} of {size} ranks, stride {stride}; the first: [{shown}]")
 
 
 def calibration_line(cal: dict[str, Any]) -> str:

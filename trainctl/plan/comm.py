@@ -40,6 +40,13 @@ def dp_link(tp: int, dp: int, world: int, domain: int) -> str:
     return NVLINK if aligned_groups_fit(tp * dp, world, domain) else INTER_NODE
 
 
+def cp_link(tp: int, cp: int, world: int, domain: int) -> str:
+    """A CP group is cp ranks at stride tp inside an aligned block of tp*cp ranks (tp-cp-ep-dp-pp order)."""
+    if cp == 1:
+        return NVLINK
+    return NVLINK if aligned_groups_fit(tp * cp, world, domain) else INTER_NODE
+
+
 def ep_link(tp: int, ep: int, world: int, domain: int) -> str:
     """An EP group is ep ranks at stride tp inside an aligned block of tp*ep ranks (tp-cp-ep-dp-pp order)."""
     if ep == 1:
