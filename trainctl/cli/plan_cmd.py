@@ -70,7 +70,8 @@ def render_plan(plan: Plan, console: Console, ranks: bool) -> None:
     j = plan.to_json()
     L, hw = j["layout"], j["hardware"]
     nodes = f"{L['nodes']} node" + ("s" if L["nodes"] != 1 else "")
-    console.print(f"[bold]{plan.name}[/bold]: {plan.world} GPUs = tp {L['tp']} x pp {L['pp']} x dp {L['dp']} on "
+    cp = f"cp {L['cp']} x " if L["cp"] > 1 else ""
+    console.print(f"[bold]{plan.name}[/bold]: {plan.world} GPUs = tp {L['tp']} x {cp}pp {L['pp']} x dp {L['dp']} on "
                   f"{nodes} x {L['gpus_per_node']} {hw['gpu']} (NVLink domain {L['nvlink_domain']}, "
                   f"fabric {hw['fabric']})")
 
@@ -78,6 +79,7 @@ def render_plan(plan: Plan, console: Console, ranks: bool) -> None:
     console.print(_kv_table("Layout", [
         ("tensor parallel", f"{L['tp']}" + (" + sequence parallel" if L["sequence_parallel"] else "")
          + ("" if L["tp_fits_nvlink"] else "  [red](crosses the NVLink domain)[/red]")),
+        *([("context parallel", _cp_line(j["context_parallel"], hw))] if "context_parallel" in j else []),
         ("pipeline parallel", f"{L['pp']} ({sched})"),
         ("data parallel", f"{L['dp']}, ZeRO-{L['zero']}"
          + (f"; expert parallel {L['ep']} x expert-data-parallel {L['expert_dp']}" if L["ep"] > 1 else "")),
@@ -124,7 +126,8 @@ def render_plan(plan: Plan, console: Console, ranks: bool) -> None:
         ct.add_column(col, justify="left" if col in ("kind", "link") else "right")
     names = {"tp": "TP collectives", "pp": "PP point-to-point", "dp": f"DP (ZeRO-{L['zero']})",
              "embedding": "tied-embedding sync", "ep": "EP all-to-all (MoE)",
-             "expert_dp": f"expert DP (ZeRO-{L['zero']}, dp/ep = {L['expert_dp']})"}
+             "expert_dp": f"expert DP (ZeRO-{L['zero']}, dp/ep = {L['expert_dp']})",
+             "cp": "CP K/V all-gather"}
     for kind, v in c["per_kind"].items():
         if v["bytes"]:
             link = hw["intra_domain_link"] if v["link"] == "nvlink" else f"inter-node ({hw['fabric']})"
@@ -139,9 +142,12 @@ def render_plan(plan: Plan, console: Console, ranks: bool) -> None:
                             f"({_pct(pl['bubble_over_ideal'])} of the ideal compute time)"),
         ("stage imbalance", f"busiest pipeline rank {_pct(pl['stage_imbalance'])} above the mean"),
         ("compute", _s(pr["compute_s"])), ("TP exposed", _s(pr["tp_exposed_s"])),
+        *([("CP K/V exchange", _s(pr["cp_s"]))] if L["cp"] > 1 else []),
         ("PP point-to-point", _s(pr["p2p_s"])), ("bubble", _s(pr["bubble_s"])),
         ("DP exposed", f"{_s(pr['dp_exposed_s'])} of {_s(pr['dp_s'])}"),
         ("step time", f"[bold]{_s(pr['step_time_s'])}[/bold]"),
+        *([("dominated by", f"{pr['dominant']['part']}: {_s(pr['dominant']['seconds'])} "
+                            f"({_pct(pr['dominant']['share'])} of the step)")] if pr["dominant"] else []),
         ("tokens/s", "unknown" if pr["tokens_per_s"] is None else f"{pr['tokens_per_s']:,.0f}"),
         ("model TFLOP/s per GPU", "unknown" if pr["model_flops_per_s_per_gpu"] is None
          else f"{pr['model_flops_per_s_per_gpu'] / 1e12:,.1f}"),
@@ -169,6 +175,14 @@ def render_plan(plan: Plan, console: Console, ranks: bool) -> None:
         console.print("[bold red]This layout does not fit in GPU memory.[/bold red]")
     if ranks:
         render_ranks(plan, console)
+
+
+def _cp_line(cpj: dict, hw: dict) -> str:
+    link = hw["intra_domain_link"] if cpj["link"] == "nvlink" else f"inter-node ({hw['fabric']})"
+    return (f"{cpj['cp']}: {cpj['chunks']} chunks of {cpj['chunk_tokens']:,} tokens, {cpj['tokens_per_rank']:,} per "
+            f"GPU (causal work max/mean {cpj['causal_balance']:.2f}; a contiguous split: "
+            f"{cpj['contiguous_split_balance']:.2f}); K/V all-gather on {link}; gradients over dp x cp = "
+            f"{cpj['dp_cp']}")
 
 
 def render_ranks(plan: Plan, console: Console) -> None:
@@ -222,12 +236,12 @@ def render_auto(res: AutoResult, console: Console) -> None:
     console.print(f"Times: {calibration_line(res.calibration)}")
     t = Table(title="Best layouts (sp: sequence parallel; il v: interleaved, v chunks per rank; m: micro-batches)",
               title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0))
-    for col in ("#", "tp/pp/dp", "sched", "ZeRO", "mb/m", "recomp", "GB/GPU", "bubble", "step", "MFU"):
+    for col in ("#", "tp/cp/pp/dp", "sched", "ZeRO", "mb/m", "recomp", "GB/GPU", "bubble", "step", "MFU"):
         t.add_column(col, justify="left" if col in ("sched", "recomp") else "right", no_wrap=True)
     for i, (s, _, _codes) in enumerate(res.top, 1):
         c, e = s.cand, s.est
         sched = f"il {c.virtual_stages}" if c.schedule == "interleaved" else c.schedule
-        t.add_row(str(i), f"{c.tp}{'sp' if c.sequence_parallel else ''}/{c.pp}/{c.dp}"
+        t.add_row(str(i), f"{c.tp}{'sp' if c.sequence_parallel else ''}/{c.cp}/{c.pp}/{c.dp}"
                   + (f" ep{c.ep}" if c.ep > 1 else ""), sched, str(c.zero),
                   f"{c.micro_batch}/{e.micro_batches}", c.recompute[:4], f"{e.memory_total / 1e9:.1f}",
                   _pct(e.bubble_fraction), f"{e.step_time:.3g} s" if res.peak_known and e.step_time else "—",

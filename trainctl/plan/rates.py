@@ -9,6 +9,7 @@ lacks is priced as the assumed rates would. The Evaluator (plan/estimate.py) ask
 Which collective carries what, as (op, share of the bytes), each entry making the kind's calls:
   TP        all-reduce, or reduce-scatter + all-gather under sequence parallelism (same volume)
   PP        send/recv;  tied embedding: all-reduce;  EP (MoE token dispatch/combine): all-to-all
+  CP        K/V all-gather (forward, and again under recompute) + reduce-scatter of their gradients
   expert DP the DP collectives of the ZeRO stage, over the expert-data-parallel group
   DP        ZeRO-0 all-reduce; ZeRO-1 all-reduce of the gradients (2/3 of the bytes) + all-gather of the
             weights; ZeRO-2 reduce-scatter + all-gather; ZeRO-3 reduce-scatter + two all-gathers, per FSDP
@@ -30,6 +31,9 @@ TP_OPS: dict[bool, Ops] = {False: (("all_reduce", 1.0),), True: (("reduce_scatte
 PP_OPS: Ops = (("send_recv", 1.0),)
 EMBEDDING_OPS: Ops = (("all_reduce", 1.0),)
 EP_OPS: Ops = (("all_to_all", 1.0),)  # MoE token dispatch and combine
+# context parallelism's K/V exchange: all-gather forward (and again under recompute), reduce-scatter backward
+CP_OPS: dict[bool, Ops] = {False: (("all_gather", 1 / 2), ("reduce_scatter", 1 / 2)),
+                           True: (("all_gather", 2 / 3), ("reduce_scatter", 1 / 3))}
 DP_OPS: dict[int, Ops] = {
     0: (("all_reduce", 1.0),),
     1: (("all_reduce", 2 / 3), ("all_gather", 1 / 3)),
