@@ -44,15 +44,16 @@ def test_selective_and_full_recompute_activations_fall_exactly_by_cp(preset: str
 @pytest.mark.parametrize("position", ["learned", "rope"])
 def test_without_recompute_cp_adds_the_gathered_kv(position: str) -> None:
     """What the all-gather attention keeps beyond 1/cp of the one-rank layer, by hand (per TP rank, 2-byte
-    values): the whole sequence's K and V (2*s*b*kv_width) and the joined output of the two chunk calls
-    (s/cp*b*h). With RoPE the rotated K of the rank's tokens (s/cp*b*kv_width) is no longer kept, and neither is
-    the fused QKV output (s/cp*b*(h + 2*kv_width)): Q and K are rotated copies and V goes into the gather."""
+    values, t = s/cp tokens): the whole sequence's K and V (2*s*b*kv_width), the chunk calls' queries (t*b*h)
+    and the joined output of the two calls (t*b*h); no longer kept: the fused QKV output (t*b*(h + 2*kv_width))
+    and, with RoPE, the rotated Q and K (t*b*(h + kv_width))."""
     s, b, tp, cp = 131072, 1, 8, 16
+    t = s // cp
     m = shape("llama3-405b", seq_len=s, position=position)
     h, kvw = m.hidden, m.kv_width  # 16384, 8 KV heads x 128 = 1024
-    extra = 2 * s * b * kvw + s // cp * b * h
+    extra = 2 * s * b * kvw + 2 * t * b * h - t * b * (h + 2 * kvw)
     if position == "rope":
-        extra -= s // cp * b * kvw + s // cp * b * (h + 2 * kvw)
+        extra -= t * b * (h + kvw)
     got = memory.trainer_layer_activation_bytes(m, b, tp, True, "none", "bf16", cp)
     one = memory.trainer_layer_activation_bytes(m, b, tp, True, "none", "bf16")
     assert got - one / cp == pytest.approx(2 * extra / tp, rel=1e-12)

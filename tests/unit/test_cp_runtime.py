@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainctl.runtime.context_parallel import CPContext, causal_mask, split_sequence
+from trainctl.runtime.context_parallel import CPContext, _chunk_attention, reversed_causal_mask, split_sequence
 from trainctl.runtime.data import BatchLoader, SyntheticSource
 
 T = 16
@@ -48,13 +48,30 @@ def test_causal_work_is_balanced() -> None:
 
 
 def test_mask_is_the_full_causal_mask_restricted_to_the_chunk() -> None:
+    """Row r of chunk j's mask is query c-1-r (queries reversed); it must be the one-rank causal mask's rows
+    of chunk j over the keys before the chunk's end, from a storage of a few values, not c x (j+1)c."""
     cp, c = 2, 4
     full = torch.ones(2 * cp * c, 2 * cp * c, dtype=torch.bool).tril()
     for j in range(2 * cp):
-        mask = causal_mask(c, j, torch.float32, torch.device("cpu"))
+        mask = reversed_causal_mask(c, j, torch.float32, torch.device("cpu")).flip(0)
         want = full[j * c:(j + 1) * c, :(j + 1) * c]
         assert torch.equal(mask == 0, want) and bool(torch.isinf(mask[~want]).all())
-        assert causal_mask(c, j, torch.float32, torch.device("cpu")) is mask  # one tensor shared by every layer
+        shared = reversed_causal_mask(c, j, torch.float32, torch.device("cpu"))
+        assert shared.untyped_storage().nbytes() == 4 * (c + (j + 1) * c - 1)  # one vector seen through strides
+        assert reversed_causal_mask(c, j, torch.float32, torch.device("cpu")) is shared  # shared by every layer
+
+
+def test_chunk_attention_equals_the_one_rank_rows() -> None:
+    """A query chunk against its key prefix gives the rows of full causal attention (torch's own SDPA)."""
+    torch.manual_seed(0)
+    cp, c, d = 2, 8, 16
+    T = 2 * cp * c
+    q, k, v = torch.randn(2, 4, T, d), torch.randn(2, 2, T, d), torch.randn(2, 2, T, d)
+    full = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    for j in range(2 * cp):
+        rows = slice(j * c, (j + 1) * c)
+        got = _chunk_attention(q[:, :, rows], k[:, :, :(j + 1) * c], v[:, :, :(j + 1) * c], j, True)
+        assert torch.allclose(got, full[:, :, rows], atol=1e-6)
 
 
 def test_split_refuses_a_sequence_that_does_not_cut_into_2cp_chunks() -> None:

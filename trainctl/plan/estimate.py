@@ -436,9 +436,6 @@ class Evaluator:
         acts = [u * per_layer for u in units]
         acts[prof.has_first.index(True)] += first_flight * emb_act
         acts[prof.has_last.index(True)] += last_flight * head_act
-        if ctx.hw.gpu == "cpu":  # the CPU attention's shared causal masks (GPUs apply them in the kernel)
-            mask = memory.cp_mask_bytes(m, cp, ctx.precision)
-            acts = [a + (mask if n else 0.0) for a, n in zip(acts, prof.rank_layers, strict=True)]
         transient = tuple(working if n else 0.0 for n in prof.rank_layers)
 
         # communication that does not depend on ZeRO

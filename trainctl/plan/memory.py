@@ -80,12 +80,14 @@ def trainer_layer_activation_bytes(m: ModelShape, micro_batch: int, tp: int, sp:
     4 in fp32.
 
     Context parallelism (runtime/context_parallel.py): every per-token tensor holds this rank's s/cp tokens.
-    Without recompute the attention adds what its K/V all-gather and two chunk calls keep: the gathered K and
-    V of the whole sequence (2*s*b*kv_width values, split over TP), which replace the rotated K of RoPE, and
-    the concatenated output of the two chunk calls (sbh/cp, the projection's input, besides the calls'
-    own outputs); with RoPE nothing then keeps the fused QKV output. Selective recompute re-runs the exchange in
-    backward and keeps none of it. Not counted: RoPE's angle rows of the rank's positions (2*s/cp*head_dim
-    fp32 per micro-batch, shared by the layers of a stage)."""
+    Without recompute the attention keeps, instead of the fused QKV output and RoPE's rotated Q and K: the
+    gathered K and V of the whole sequence (2*s*b*kv_width values, split over TP), the two chunk calls'
+    queries (sbh/cp: the CPU path reverses them, a copy; on a GPU the rotated Q or the QKV output of the
+    same size) and, besides the calls' outputs, their joined output (sbh/cp, the projection's input).
+    Selective recompute re-runs the exchange in backward and keeps none of it, so recompute keeps exactly
+    1/cp of the one-rank bytes. Not counted: RoPE's angle rows of the rank's positions (2*s/cp*head_dim fp32
+    per micro-batch, shared by the layers of a stage) and the CPU's causal mask vectors (about 2*s values per
+    rank, shared by every layer)."""
     act = activation_bytes(precision)
     s, b, h = m.seq_len // cp, micro_batch, m.hidden  # this rank's tokens of each sequence
     sb = s * b
@@ -105,12 +107,10 @@ def trainer_layer_activation_bytes(m: ModelShape, micro_batch: int, tp: int, sp:
     split = (qkv + sbh + mlp) * act
     if recompute != "selective":  # what the attention core keeps (selective recomputes it)
         split += m.heads * sb * 4  # the log-sum-exp, fp32
-        if m.position == "rope":
-            split += (sbh + (sb * m.kv_width if cp == 1 else 0)) * act  # the rotated Q and K
-        if cp > 1:
-            split += (2 * m.seq_len * b * m.kv_width + sbh) * act  # the gathered K and V; the joined output
-            if m.position == "rope":
-                split -= qkv * act  # nothing keeps the fused QKV output: Q and K are rotated, V is gathered
+        if cp > 1:  # the chunk calls' queries, the gathered K and V and the joined output; no QKV output
+            split += (sbh + 2 * m.seq_len * b * m.kv_width + sbh - qkv) * act
+        elif m.position == "rope":
+            split += (sbh + sb * m.kv_width) * act  # the rotated Q and K
         if m.dropout:
             scores = m.heads * s * s * b
             split += scores * act + scores * (1 + act)
@@ -159,15 +159,6 @@ def trainer_head_activation_bytes(m: ModelShape, micro_batch: int, tp: int, sp: 
     act = activation_bytes(precision)
     sb = m.seq_len // cp * micro_batch
     return _norm_saved_bytes(m, sb) / (tp if sp else 1) + sb * m.hidden * act + 4 * sb * padded_vocab / tp
-
-
-def cp_mask_bytes(m: ModelShape, cp: int, precision: str) -> float:
-    """The CPU trainer's bottom-right causal masks of its two query chunks (c x (j+1)c each, c = s/(2cp)), kept
-    once per rank and shared by every layer and micro-batch; on a GPU the fused kernels need none."""
-    if cp == 1:
-        return 0.0
-    c = m.seq_len // (2 * cp)
-    return c * c * (2 * cp + 1) * activation_bytes(precision)  # chunks i and 2cp-1-i: (i+1) + (2cp-i) blocks
 
 
 def reserve_bytes(on_gpu: bool) -> float:

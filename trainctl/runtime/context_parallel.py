@@ -10,7 +10,8 @@ K/V exchange: one all-gather of this rank's K and V per layer over the CP group 
 of their gradients), chosen by measurement (bench/bench_cp.py) over a ring of send/recv; with grouped-query
 attention K and V are kv_heads/heads of the query's width, which is why the Llama 3 paper all-gathers them.
 Each local query chunk j then attends to the key prefix [0, (j+1)*c) with a causal mask aligned to the
-bottom right (query a sees keys b <= a + j*c): two attention calls per layer, no s x s tensor.
+bottom right (query a sees keys b <= a + j*c): two attention calls per layer, no s x s tensor (on the CPU the
+mask is a strided view of one short vector, `reversed_causal_mask`).
 
 Everything else in the model is per token (norms, MLP, the LM head and the loss over this rank's tokens), so
 only attention and the positions (RoPE's angles, learned position rows) need to know the layout. The loss on
@@ -114,23 +115,34 @@ def gather_sequence(x: Tensor, cp: CPContext) -> Tensor:
 _masks: dict[tuple[int, int, torch.dtype, str], Tensor] = {}
 
 
-def causal_mask(c: int, j: int, dtype: torch.dtype, device: torch.device) -> Any:
-    """Query chunk j (c tokens) against the key prefix [0, (j+1)*c): causal, aligned to the bottom right.
+def reversed_causal_mask(c: int, j: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """The additive mask of query chunk j (c tokens, in REVERSED order) against the key prefix [0, (j+1)*c).
 
-    On a GPU torch's `causal_lower_right` lets the fused kernels apply it without any mask tensor. On the CPU
-    it would be materialised at every call and saved for backward by every layer, so the trainer keeps one
-    additive mask per (chunk, dtype) that every layer and micro-batch share (scaled_dot_product_attention
-    saves the tensor it is given)."""
-    if device.type == "cuda":
-        from torch.nn.attention.bias import causal_lower_right
-
-        return causal_lower_right(c, (j + 1) * c)
+    Query a (row c-1-a here) sees key b when b <= a + j*c, i.e. when row + b <= c-1 + j*c: the mask depends on
+    row + b only, so it is one vector u of c + (j+1)*c - 1 values seen through strides (1, 1). A [c, (j+1)*c]
+    mask would be saved for backward by every layer (the CPU kernel keeps the tensor it is given) and would
+    cost more than the activations CP saves; this view's storage is a few KB, shared by every layer and
+    micro-batch. Strides cannot be negative, hence the reversed queries."""
     key = (c, j, dtype, str(device))
     mask = _masks.get(key)
     if mask is None:
-        visible = torch.ones(c, (j + 1) * c, dtype=torch.bool, device=device).tril(diagonal=j * c)
-        mask = _masks[key] = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill(~visible, -torch.inf)
+        keys = (j + 1) * c
+        u = torch.zeros(c + keys - 1, dtype=dtype, device=device)
+        u[c + j * c:] = -torch.inf  # row + b > c-1 + j*c: a later key
+        mask = _masks[key] = u.as_strided((c, keys), (1, 1))
     return mask
+
+
+def _chunk_attention(q: Tensor, k: Tensor, v: Tensor, j: int, gqa: bool) -> Tensor:
+    """Query chunk j ([B, heads, c, d]) against the key prefix k, v ([B, kv_heads, (j+1)*c, d]), causal aligned
+    to the bottom right (query a sees key b <= a + j*c)."""
+    c = q.shape[2]
+    if q.device.type == "cuda":  # the fused kernels take the alignment itself, no mask tensor
+        from torch.nn.attention.bias import causal_lower_right
+
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(c, k.shape[2]), enable_gqa=gqa)
+    mask = reversed_causal_mask(c, j, q.dtype, q.device)
+    return F.scaled_dot_product_attention(q.flip(2), k, v, attn_mask=mask, enable_gqa=gqa).flip(2)
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, cp: CPContext) -> Tensor:
@@ -145,8 +157,6 @@ def attention(q: Tensor, k: Tensor, v: Tensor, cp: CPContext) -> Tensor:
     outs = []
     for half, j in enumerate(cp.chunks()):
         keys = (j + 1) * c
-        mask = causal_mask(c, j, q.dtype, q.device)
-        y = F.scaled_dot_product_attention(q[:, :, half * c:(half + 1) * c], kv[0, :, :, :keys], kv[1, :, :, :keys],
-                                           attn_mask=mask, enable_gqa=gqa)
+        y = _chunk_attention(q[:, :, half * c:(half + 1) * c], kv[0, :, :, :keys], kv[1, :, :, :keys], j, gqa)
         outs.append(y.transpose(1, 2))
     return torch.cat(outs, dim=1).transpose(1, 2)
