@@ -61,17 +61,31 @@ def test_mask_is_the_full_causal_mask_restricted_to_the_chunk() -> None:
         assert reversed_causal_mask(c, j, torch.float32, torch.device("cpu")) is shared  # shared by every layer
 
 
-def test_chunk_attention_equals_the_one_rank_rows() -> None:
-    """A query chunk against its key prefix gives the rows of full causal attention (torch's own SDPA)."""
+@pytest.mark.parametrize("device,dtype,tol", [
+    ("cpu", torch.float32, 1e-6),
+    pytest.param("cuda", torch.bfloat16, 2e-2, marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                        reason="needs a GPU (causal_lower_right)")),
+])
+def test_chunk_attention_equals_the_one_rank_rows(device: str, dtype: torch.dtype, tol: float) -> None:
+    """A query chunk against its key prefix gives the rows of full causal attention (torch's own SDPA), values
+    and gradients; on a GPU through causal_lower_right, on the CPU through the reversed strided mask."""
     torch.manual_seed(0)
     cp, c, d = 2, 8, 16
     T = 2 * cp * c
-    q, k, v = torch.randn(2, 4, T, d), torch.randn(2, 2, T, d), torch.randn(2, 2, T, d)
+    q, k, v = (torch.randn(2, n, T, d, device=device, dtype=dtype, requires_grad=True) for n in (4, 2, 2))
     full = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    g = torch.randn_like(full)
+    want = torch.autograd.grad(full, (q, k, v), g)
     for j in range(2 * cp):
-        rows = slice(j * c, (j + 1) * c)
-        got = _chunk_attention(q[:, :, rows], k[:, :, :(j + 1) * c], v[:, :, :(j + 1) * c], j, True)
-        assert torch.allclose(got, full[:, :, rows], atol=1e-6)
+        rows, keys = slice(j * c, (j + 1) * c), (j + 1) * c
+        qj, kj, vj = (x.detach()[:, :, sl].requires_grad_() for x, sl in ((q, rows), (k, slice(0, keys)),
+                                                                           (v, slice(0, keys))))
+        got = _chunk_attention(qj, kj, vj, j, True)
+        assert torch.allclose(got.float(), full[:, :, rows].float(), atol=tol)
+        gq, gk, gv = torch.autograd.grad(got, (qj, kj, vj), g[:, :, rows])
+        # the chunk's queries' own gradient; keys and values get this chunk's share of theirs
+        assert torch.allclose(gq.float(), want[0][:, :, rows].float(), atol=tol)
+        assert gk.shape == (2, 2, keys, d) and gv.shape == (2, 2, keys, d)
 
 
 def test_split_refuses_a_sequence_that_does_not_cut_into_2cp_chunks() -> None:
