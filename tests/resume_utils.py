@@ -27,7 +27,7 @@ def set_spec(run: Path, **sections: dict[str, Any]) -> None:
     spec = yaml.safe_load((run / "spec.yaml").read_text())
     spec = deep_update(spec, sections)
     p = spec["parallel"]
-    spec["cluster"]["gpus_per_node"] = p["tp"] * p["pp"] * p.get("dp", 1)
+    spec["cluster"]["gpus_per_node"] = p["tp"] * p.get("cp", 1) * p["pp"] * p.get("dp", 1)
     (run / "spec.yaml").write_text(yaml.safe_dump(spec))
 
 

@@ -39,7 +39,7 @@ def make_run(root: Path, name: str, **sections: dict[str, Any]) -> tuple[Path, i
     """A run directory with spec.yaml = TINY updated by `sections`; returns (dir, world size)."""
     spec = deep_update(TINY, sections)
     p = spec["parallel"]
-    world = p["tp"] * p["pp"] * p.get("dp", 1)
+    world = p["tp"] * p.get("cp", 1) * p["pp"] * p.get("dp", 1)
     spec["cluster"]["gpus_per_node"] = world
     run = root / name
     run.mkdir(parents=True, exist_ok=True)

@@ -403,6 +403,28 @@ def layer_flops_per_token(m: ModelShape, recompute: str, expert_factor: float = 
     return base
 
 
+def attention_flops_per_pair(m: ModelShape) -> float:
+    """FLOPs of one (query, key) pair of attention in one layer, forward + backward: QK^T and A*V are
+    2*heads*head_dim each forward, x3 with backward (the 12*h*s per token of the MFU convention is this for
+    every key of the sequence)."""
+    return 12 * m.heads * m.head_dim
+
+
+def causal_pairs_per_rank(seq_len: int, cp: int, balanced: bool = True) -> list[int]:
+    """(query, key) pairs each CP rank computes under a causal mask, for one sequence of seq_len tokens.
+
+    Balanced (what the trainer does; runtime/context_parallel.py): 2*cp chunks of c tokens, rank i holds chunks
+    i and 2cp-1-i; chunk j's queries see the j whole chunks before it (j*c*c pairs) and the causal triangle of
+    their own (c*(c+1)/2). A contiguous split instead gives rank k the k-th of cp chunks: the last rank does
+    about (2*cp-1)/cp times the mean (k + 1/2 chunk-squares against a mean of cp/2)."""
+    if balanced:
+        c = seq_len // (2 * cp)
+        own = c * (c + 1) // 2
+        return [sum(j * c * c + own for j in (i, 2 * cp - 1 - i)) for i in range(cp)]
+    c = seq_len // cp
+    return [k * c * c + c * (c + 1) // 2 for k in range(cp)]
+
+
 def head_flops_per_token(m: ModelShape, vocab: int) -> float:
     """LM head (output projection) forward + backward per token; the loss itself is negligible."""
     return 6 * vocab * m.hidden

@@ -93,6 +93,11 @@ PLAN_CASES: dict[str, tuple] = {
     "llama-dp2-zero1-bf16": ("llama", "dp2-zero1", "4", "none", BF16),
     "gpt-dp2-zero2-bf16": ("gpt", "dp2-zero2", "2", "selective", BF16),
     "gpt-dp2-zero3-bf16": ("gpt", "dp2-zero3", "4", "none", BF16),
+    # context parallelism: each rank's s/cp tokens, the whole sequence's gathered K/V, ZeRO over dp x cp
+    "llama-cp2": ("llama", "cp2", "4", "none"),
+    "gpt-cp4": ("gpt", "cp4", "2", "none"),
+    "llama-cp2-tp2-sp-selective": ("llama", "cp2-tp2-sp", "4", "selective"),
+    "gpt-cp2-dp2-zero1-full": ("gpt", "cp2-dp2-zero1", "2", "full"),
 }
 
 
@@ -114,7 +119,7 @@ def test_plan_memory_is_the_trainers_measured_memory(tmp_path: Path, monkeypatch
         spec = validate_spec(raw)
         planned = build_plan(spec).to_json()["memory"]["per_pp_rank"]
         (line,) = [m for m in metrics(tmp_path / k) if "memory" in m]
-        tp, dp = spec.parallel.tp, spec.dp
+        tp, dp = spec.parallel.tp, spec.dp * spec.parallel.cp  # ZeRO shards and buckets pad over dp x cp
         for rank, got in enumerate(line["memory"]["per_rank"]):
             want = planned[rank // (tp * dp)]  # Megatron rank order: pp varies slowest
             # each DP bucket is padded to a multiple of dp (at most dp-1 elements of 4 bytes)

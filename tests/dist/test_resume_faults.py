@@ -40,7 +40,7 @@ def assert_layout_chain_stays_on_the_curve(tmp_path: Path, layouts: list[dict[st
     for i, layout in enumerate(layouts):
         if i:
             set_spec(run, parallel=layout)
-        nproc = layout.get("tp", 1) * layout.get("pp", 1) * layout.get("dp", 1)
+        nproc = layout.get("tp", 1) * layout.get("cp", 1) * layout.get("pp", 1) * layout.get("dp", 1)
         last = i == len(layouts) - 1
         ok(run_trainer(run, nproc, env=env if last else {**env, **stop_after(2 * i + 2)}, dump=False), str(layout))
     got, want = curve(run), curve(straight)

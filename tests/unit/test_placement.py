@@ -1,9 +1,9 @@
-"""Rank placement and process groups (Megatron order: tp fastest, then dp, then pp).
+"""Rank placement and process groups (Megatron-Core order tp-cp-ep-dp-pp: tp fastest, then cp, then dp, then pp).
 
 Properties from the issue's "Done when": placement is a bijection between ranks and (node, gpu); every
 kind of group partitions the ranks; TP groups lie inside an NVLink domain iff tp_fits_nvlink. Also the
 planner's closed forms for which link class each group kind uses (trainctl.plan.comm), checked against
-the explicit groups. Megatron-LM's order: megatron/core/parallel_state.py (RankGenerator, "tp-dp-pp").
+the explicit groups. Megatron-LM's order: megatron/core/parallel_state.py (RankGenerator, "tp-cp-ep-dp-pp").
 """
 
 from __future__ import annotations
@@ -16,6 +16,9 @@ from trainctl.plan.placement import (
     Groups,
     Layout,
     coords,
+    cp_coord,
+    cp_fits_nvlink,
+    cp_groups_outside_nvlink,
     placement,
     placement_table,
     rank_of,
@@ -24,9 +27,9 @@ from trainctl.plan.placement import (
 )
 
 layouts = st.builds(
-    lambda tp, pp, dp, g, dom: Layout(tp, pp, dp, g, dom),
+    lambda tp, pp, dp, g, dom, cp: Layout(tp, pp, dp, g, dom, cp=cp),
     tp=st.sampled_from([1, 2, 3, 4, 8]), pp=st.integers(1, 4), dp=st.integers(1, 6),
-    g=st.sampled_from([1, 2, 4, 8]), dom=st.sampled_from([1, 2, 3, 4, 8, 16, 72]),
+    g=st.sampled_from([1, 2, 4, 8]), dom=st.sampled_from([1, 2, 3, 4, 8, 16, 72]), cp=st.sampled_from([1, 1, 2, 4]),
 )
 
 
@@ -41,9 +44,9 @@ def test_placement_is_a_bijection(layout):
     assert all(0 <= r.local_gpu < layout.gpus_per_node and 0 <= r.node < layout.nodes for r in ranks)
     for r in ranks:
         assert r.node * layout.gpus_per_node + r.local_gpu == r.rank  # and back: (node, gpu) -> rank
-        assert (r.tp, r.dp, r.pp) == coords(r.rank, layout)
-        assert rank_of(r.tp, r.dp, r.pp, layout) == r.rank
-    assert len({(r.tp, r.dp, r.pp) for r in ranks}) == world
+        assert (r.tp, r.dp, r.pp) == coords(r.rank, layout) and r.cp == cp_coord(r.rank, layout)
+        assert rank_of(r.tp, r.dp, r.pp, layout, r.cp) == r.rank
+    assert len({(r.tp, r.cp, r.dp, r.pp) for r in ranks}) == world
     assert len(placement_table(layout)) == world
 
 
@@ -52,7 +55,8 @@ def test_placement_is_a_bijection(layout):
 def test_every_kind_of_group_partitions_the_ranks(layout):
     g = Groups(layout)
     world = layout.world_size
-    sizes = {"tp": layout.tp, "dp": layout.dp, "pp": layout.pp, "model_parallel": layout.tp * layout.pp}
+    sizes = {"tp": layout.tp, "dp": layout.dp, "pp": layout.pp, "cp": layout.cp, "dp_cp": layout.dp * layout.cp,
+             "model_parallel": layout.tp * layout.cp * layout.pp}
     for kind, size in sizes.items():
         groups = getattr(g, kind)
         flat = [r for grp in groups for r in grp]
@@ -80,7 +84,10 @@ def test_link_classes_match_the_explicit_groups(layout):
     """comm.tp_link / dp_link / pp_link (closed forms used by the planner and --auto) against the groups."""
     g, d, w = Groups(layout), layout.nvlink_domain, layout.world_size
     assert (comm.tp_link(layout.tp, w, d) == comm.NVLINK) == _inside(g.tp, d)
-    assert (comm.dp_link(layout.tp, layout.dp, w, d) == comm.NVLINK) == _inside(g.dp, d)
+    assert (comm.dp_link(layout.tp * layout.cp, layout.dp, w, d) == comm.NVLINK) == _inside(g.dp, d)
+    assert (comm.dp_link(layout.tp, layout.dp * layout.cp, w, d) == comm.NVLINK) == _inside(g.dp_cp, d)
+    assert (comm.cp_link(layout.tp, layout.cp, w, d) == comm.NVLINK) == _inside(g.cp, d) == cp_fits_nvlink(layout)
+    assert (not cp_groups_outside_nvlink(layout)) == cp_fits_nvlink(layout)
     # PP: every pair of neighbouring stages inside one domain.
     edges = [[a, b] for chain in g.pp for a, b in zip(chain, chain[1:], strict=False)]
     assert (comm.pp_link(layout.pp, w, d) == comm.NVLINK) == _inside(edges, d)
@@ -101,3 +108,23 @@ def test_of_rank_for_a_middle_pipeline_stage():
     groups = Groups(layout)
     assert groups.of_rank(1)["embedding"] == [1]
     assert groups.of_rank(0)["embedding"] == [0, 3] and groups.of_rank(2)["pp"] == [0, 1, 2, 3]
+
+
+def test_context_parallel_groups_in_megatron_core_order():
+    """tp 2 x cp 2 x dp 2: r = tp + 2*(cp + 2*dp) (Megatron-Core RankGenerator, order "tp-cp-ep-dp-pp")."""
+    layout = Layout(tp=2, pp=1, dp=2, gpus_per_node=8, nvlink_domain=8, cp=2)
+    g = Groups(layout)
+    assert g.cp[:2] == [[0, 2], [1, 3]]  # CP rank varies right after TP
+    assert sorted(g.dp) == [[0, 4], [1, 5], [2, 6], [3, 7]]  # replicas of one (tp, cp) position
+    assert g.dp_cp == [[0, 2, 4, 6], [1, 3, 5, 7]]  # gradients of every parameter reduce over dp x cp
+    assert (coords(6, layout), cp_coord(6, layout)) == ((0, 1, 0), 1)
+    assert {"cp", "dp_cp"} <= set(g.as_dict()) and "cp" not in Groups(Layout(2, 1, 4, 8, 8)).as_dict()
+
+
+def test_llama3_405b_long_context_layout_groups():
+    """The 131K-token stage: TP 8 x CP 16 x PP 16 x DP 8 = 16,384 GPUs (Llama 3 paper, Table 4). TP fills a
+    node; each CP group spans 16 nodes (one GPU of each, stride 8), so its K/V exchange is inter-node."""
+    layout = Layout(tp=8, pp=16, dp=8, gpus_per_node=8, nvlink_domain=8, cp=16)
+    assert layout.world_size == 16_384 and tp_fits_nvlink(layout) and not cp_fits_nvlink(layout)
+    assert comm.cp_link(8, 16, layout.world_size, 8) == comm.INTER_NODE
+    assert Groups(layout).cp[0] == list(range(0, 8 * 16, 8))

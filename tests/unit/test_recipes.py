@@ -36,7 +36,7 @@ def test_recipe_tp_stays_inside_the_nvlink_domain(path: Path) -> None:
 @pytest.mark.parametrize("path", [p for p in RECIPE_FILES if p.stem.startswith("llama3")], ids=lambda p: p.stem)
 def test_llama_token_files_are_uint32(path: Path) -> None:
     spec = load_spec(path)
-    assert spec.model.vocab == 128256 and spec.model.seq_len == 8192
+    assert spec.model.vocab == 128256 and spec.model.seq_len == (131072 if "long-context" in path.stem else 8192)
     assert spec.data.synthetic or spec.data.dtype == "uint32"
 
 

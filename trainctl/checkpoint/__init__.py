@@ -46,6 +46,7 @@ from trainctl.checkpoint.meta import (
     layout_of,
     model_differences,
     model_of,
+    same_layout,
 )
 from trainctl.checkpoint.retention import is_milestone, to_delete
 from trainctl.checkpoint.schedule import SaveSchedule
@@ -55,6 +56,6 @@ __all__ = [
     "abandoned_dirname", "code_version", "describe_layout", "different_model", "digest_problem", "file_digest",
     "find_step", "fsync_path", "inspect_checkpoint", "is_milestone", "latest_valid", "layout_changes", "layout_of",
     "list_checkpoints", "manifest_bytes", "marker_bytes", "model_differences", "model_of", "newest_valid",
-    "parse_step", "rank_state_filename", "read_manifest", "resolve_checkpoint_dir", "stale_dirs", "staging_dirname",
-    "step_dirname", "to_delete", "trash_dirname", "validate", "write_durable",
+    "parse_step", "rank_state_filename", "read_manifest", "resolve_checkpoint_dir", "same_layout", "stale_dirs",
+    "staging_dirname", "step_dirname", "to_delete", "trash_dirname", "validate", "write_durable",
 ]

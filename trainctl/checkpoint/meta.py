@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 def layout_of(spec: RunSpec) -> dict[str, Any]:
     """The parallel layout a checkpoint was written with (manifest meta "layout")."""
     p = spec.parallel
-    return {"tp": p.tp, "pp": p.pp, "dp": spec.dp, "zero": p.zero, "schedule": p.schedule,
+    return {"tp": p.tp, "cp": p.cp, "pp": p.pp, "dp": spec.dp, "zero": p.zero, "schedule": p.schedule,
             "virtual_stages": p.virtual_stages, "sequence_parallel": p.sequence_parallel,
             "micro_batch": p.micro_batch, "world_size": spec.world_size}
 
@@ -39,9 +39,20 @@ def different_model(spec: RunSpec, info: CheckpointInfo) -> str | None:
     return f"{info.path}: checkpoint of step {info.step} is for a different model shape ({'; '.join(diffs)})"
 
 
+def saved_layout(meta: dict[str, Any]) -> dict[str, Any]:
+    """A manifest's layout; checkpoints written before context parallelism have no "cp": it was 1."""
+    old = meta.get("layout") or {}
+    return {"cp": 1, **old} if old else {}
+
+
+def same_layout(spec: RunSpec, meta: dict[str, Any]) -> bool:
+    """The checkpoint was written with this spec's layout (its per-rank state, RNG included, applies as is)."""
+    return saved_layout(meta) == layout_of(spec)
+
+
 def layout_changes(spec: RunSpec, meta: dict[str, Any]) -> list[str]:
     """'tp 2 -> 4' for every layout setting that differs from the checkpoint's (resharded at load)."""
-    old = meta.get("layout") or {}
+    old = saved_layout(meta)
     return [f"{k} {old[k]} -> {v}" for k, v in layout_of(spec).items() if k in old and old[k] != v]
 
 
@@ -51,4 +62,5 @@ def describe_layout(layout: dict[str, Any] | None) -> str:
         return "-"
     v = layout.get("virtual_stages") or 1
     pp = f"pp{layout.get('pp')}" + (f" (v{v})" if v > 1 else "")
-    return f"tp{layout.get('tp')} {pp} dp{layout.get('dp')} zero{layout.get('zero')}"
+    cp = f"cp{layout['cp']} " if (layout.get("cp") or 1) > 1 else ""
+    return f"tp{layout.get('tp')} {cp}{pp} dp{layout.get('dp')} zero{layout.get('zero')}"

@@ -78,7 +78,8 @@ def _where(j: dict[str, Any]) -> str:
     network between nodes: gloo has no NVLink or InfiniBand transport)."""
     L, hw = j["layout"], j["hardware"]
     nodes = f"{L['nodes']} node" + ("s" if L["nodes"] != 1 else "")
-    grid = f"tp {L['tp']} x pp {L['pp']} x dp {L['dp']}"
+    cp = f"cp {L['cp']} x " if L["cp"] > 1 else ""
+    grid = f"tp {L['tp']} x {cp}pp {L['pp']} x dp {L['dp']}"
     if hw["gpu"] == "cpu":
         return (f"{j['world_size']} CPU ranks = {grid} on {nodes} x {L['gpus_per_node']} ranks (gloo: shared "
                 f"memory inside a node{', the network between nodes' if L['nodes'] > 1 else ''})")
@@ -96,6 +97,7 @@ def render_plan(plan: Plan, console: Console, ranks: bool) -> None:
     _print_kv(console, "Layout", [
         ("tensor parallel", f"{L['tp']}" + (" + sequence parallel" if L["sequence_parallel"] else "")
          + ("" if L["tp_fits_nvlink"] else "  [red](crosses the NVLink domain)[/red]")),
+        *([("context parallel", _cp_line(j["context_parallel"], hw))] if "context_parallel" in j else []),
         ("pipeline parallel", f"{L['pp']} ({sched})"),
         ("data parallel", f"{L['dp']}, ZeRO-{L['zero']}"
          + (f"; expert parallel {L['ep']} x expert-data-parallel {L['expert_dp']}" if L["ep"] > 1 else "")),
@@ -143,7 +145,8 @@ def render_plan(plan: Plan, console: Console, ranks: bool) -> None:
         ct.add_column(col, justify="left" if col in ("kind", "link") else "right")
     names = {"tp": "TP collectives", "pp": "PP point-to-point", "dp": f"DP (ZeRO-{L['zero']})",
              "embedding": "tied-embedding sync", "ep": "EP all-to-all (MoE)",
-             "expert_dp": f"expert DP (ZeRO-{L['zero']}, dp/ep = {L['expert_dp']})"}
+             "expert_dp": f"expert DP (ZeRO-{L['zero']}, dp/ep = {L['expert_dp']})",
+             "cp": "CP K/V all-gather"}
     for kind, v in c["per_kind"].items():
         if v["bytes"]:
             link = hw["intra_domain_link"] if v["link"] == "nvlink" else f"inter-node ({hw['fabric']})"
@@ -159,9 +162,12 @@ def render_plan(plan: Plan, console: Console, ranks: bool) -> None:
                             f"({_pct(pl['bubble_over_ideal'])} of the ideal compute time)"),
         ("stage imbalance", f"busiest pipeline rank {_pct(pl['stage_imbalance'])} above the mean"),
         ("compute", _s(pr["compute_s"])), ("TP exposed", _s(pr["tp_exposed_s"])),
+        *([("CP K/V exchange", _s(pr["cp_s"]))] if L["cp"] > 1 else []),
         ("PP point-to-point", _s(pr["p2p_s"])), ("bubble", _s(pr["bubble_s"])),
         ("DP exposed", f"{_s(pr['dp_exposed_s'])} of {_s(pr['dp_s'])}"),
         ("step time", f"[bold]{_s(pr['step_time_s'])}[/bold]"),
+        *([("dominated by", f"{pr['dominant']['part']}: {_s(pr['dominant']['seconds'])} "
+                            f"({_pct(pr['dominant']['share'])} of the step)")] if pr["dominant"] else []),
         ("tokens/s", "unknown" if pr["tokens_per_s"] is None else f"{pr['tokens_per_s']:,.0f}"),
         (f"model TFLOP/s per {per}", "unknown" if pr["model_flops_per_s_per_gpu"] is None
          else tflops(pr["model_flops_per_s_per_gpu"] / 1e12)),
@@ -192,32 +198,46 @@ def render_plan(plan: Plan, console: Console, ranks: bool) -> None:
         render_ranks(plan, console)
 
 
+def _cp_line(cpj: dict, hw: dict) -> str:
+    link = hw["intra_domain_link"] if cpj["link"] == "nvlink" else f"inter-node ({hw['fabric']})"
+    return (f"{cpj['cp']}: {cpj['chunks']} chunks of {cpj['chunk_tokens']:,} tokens, {cpj['tokens_per_rank']:,} per "
+            f"GPU (causal work max/mean {cpj['causal_balance']:.2f}; a contiguous split: "
+            f"{cpj['contiguous_split_balance']:.2f}); K/V all-gather on {link}; gradients over dp x cp = "
+            f"{cpj['dp_cp']}")
+
+
 def render_ranks(plan: Plan, console: Console) -> None:
     from trainctl.plan.placement import Groups, placement
 
     layout = plan.layout
     world = layout.world_size
     info = placement(layout)[: world if world <= RANKS_FULL_LIMIT else layout.gpus_per_node]
-    _title(console, "Rank placement (Megatron order: tp fastest, then dp, then pp; ep is the fast part of dp)"
-           + ("" if world <= RANKS_FULL_LIMIT else f" — first node of {layout.nodes}; the full map is in --json"))
+    cp = ("cp",) if layout.cp > 1 else ()
+    _title(console, "Rank placement (Megatron-Core order: tp fastest, then cp, then dp, then pp; ep is the fast "
+           "part of dp)" + ("" if world <= RANKS_FULL_LIMIT else f" — first node of {layout.nodes}; the full map "
+                            "is in --json"))
     t = Table()
     moe = ("ep", "edp") if layout.ep > 1 else ()  # EP is carved from DP: dp = ep + ep_size * edp
-    for col in ("rank", "node", "gpu", "tp", "dp", *moe, "pp", "nvlink domain"):
+    for col in ("rank", "node", "gpu", "tp", *cp, "dp", *moe, "pp", "nvlink domain"):
         t.add_column(col, justify="right")
     for r in info:
-        t.add_row(*(str(x) for x in (r.rank, r.node, r.local_gpu, r.tp, r.dp, *((r.ep, r.edp) if moe else ()), r.pp,
-                                     r.nvlink_domain)))
+        t.add_row(*(str(x) for x in (r.rank, r.node, r.local_gpu, r.tp, *((r.cp,) if cp else ()), r.dp,
+                                     *((r.ep, r.edp) if moe else ()), r.pp, r.nvlink_domain)))
     console.print(t)
-    for kind, stride, size, count in (("tp", 1, layout.tp, layout.dp * layout.pp),
-                                      ("dp", layout.tp, layout.dp, layout.tp * layout.pp),
-                                      ("pp", layout.tp * layout.dp, layout.pp, layout.tp * layout.dp),
-                                      *((("ep", layout.tp, layout.ep, layout.world_size // layout.ep),
-                                         ("expert_dp", layout.tp * layout.ep, layout.edp,
-                                          layout.world_size // layout.edp)) if moe else ())):
+    inner = layout.tp * layout.cp  # ranks of one (dp, pp) position
+    for kind, stride, size, count in (("tp", 1, layout.tp, world // layout.tp),
+                                      *((("cp", layout.tp, layout.cp, world // layout.cp),) if cp else ()),
+                                      ("dp", inner, layout.dp, world // layout.dp),
+                                      *((("dp_cp", layout.tp, layout.dp * layout.cp, layout.tp * layout.pp),)
+                                        if cp else ()),
+                                      ("pp", inner * layout.dp, layout.pp, world // layout.pp),
+                                      *((("ep", inner, layout.ep, world // layout.ep),
+                                         ("expert_dp", inner * layout.ep, layout.edp, world // layout.edp))
+                                        if moe else ())):
         first = getattr(Groups(layout), kind)[0] if world <= RANKS_FULL_LIMIT else list(range(0, stride * size, stride))
         shown = ", ".join(map(str, first[:8])) + (", …" if len(first) > 8 else "")
-        prose(console, f"{count} of {size} ranks, stride {stride}; the first: \\[{shown}]",
-              f"  {kind.upper()} groups: ")
+        label = {"dp_cp": "DP x CP (gradient reduction, ZeRO)"}.get(kind, kind.upper())
+        prose(console, f"{count} of {size} ranks, stride {stride}; the first: \\[{shown}]", f"  {label} groups: ")
 
 
 def calibration_line(cal: dict[str, Any]) -> str:
@@ -238,12 +258,12 @@ def render_auto(res: AutoResult, console: Console, on_cpu: bool = False) -> None
     prose(console, calibration_line(res.calibration), "Times: ")
     _title(console, "Best layouts (sp: sequence parallel; il v: interleaved, v chunks per rank; m: micro-batches)")
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0))
-    for col in ("#", "tp/pp/dp", "sched", "ZeRO", "mb/m", "recomp", "GB/GPU", "bubble", "step", "MFU"):
+    for col in ("#", "tp/cp/pp/dp", "sched", "ZeRO", "mb/m", "recomp", "GB/GPU", "bubble", "step", "MFU"):
         t.add_column(col, justify="left" if col in ("sched", "recomp") else "right", no_wrap=True)
     for i, (s, _, _codes) in enumerate(res.top, 1):
         c, e = s.cand, s.est
         sched = f"il {c.virtual_stages}" if c.schedule == "interleaved" else c.schedule
-        t.add_row(str(i), f"{c.tp}{'sp' if c.sequence_parallel else ''}/{c.pp}/{c.dp}"
+        t.add_row(str(i), f"{c.tp}{'sp' if c.sequence_parallel else ''}/{c.cp}/{c.pp}/{c.dp}"
                   + (f" ep{c.ep}" if c.ep > 1 else ""), sched, str(c.zero),
                   f"{c.micro_batch}/{e.micro_batches}", c.recompute, f"{e.memory_total / 1e9:.1f}",
                   _pct(e.bubble_fraction), f"{e.step_time:.3g} s" if res.peak_known and e.step_time else "—",

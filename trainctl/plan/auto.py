@@ -1,7 +1,9 @@
 """`trainctl plan --auto`: search every valid layout for the spec's model and cluster.
 
 Enumerated: tp (divides heads, kv_heads and the world; inside the NVLink domain unless the spec allows
-otherwise), pp (divides world/tp, at most one stage per layer), dp = world/(tp*pp) (global batch
+otherwise), for long sequences (LONG_SEQUENCE tokens and more) cp (powers of two that divide world/tp and
+split the sequence into 2*cp chunks, leaving each rank at least MIN_CP_TOKENS tokens; a dense model without
+dropout), pp (divides world/(tp*cp), at most one stage per layer), dp = world/(tp*cp*pp) (global batch
 divisible by micro_batch*dp), for an MoE model ep (divides dp and the number of experts), micro_batch,
 schedule 1f1b or interleaved with every virtual_stages v >= 2
 that leaves each model chunk a layer (micro-batches divisible by pp), ZeRO 0-3, recompute
@@ -17,6 +19,7 @@ always one `trainctl plan` accepts.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -30,6 +33,8 @@ from trainctl.spec.loader import validate_spec
 from trainctl.spec.models import RunSpec
 
 RECOMPUTE = ("none", "selective", "full")
+LONG_SEQUENCE = 32_768  # context parallelism is searched from here (long-context training: 32K-1M tokens)
+MIN_CP_TOKENS = 4_096  # tokens per CP rank below which the K/V exchange outweighs what CP saves
 NOMINAL_PEAK = 1e12  # FLOP/s used to rank layouts when the peak is unknown (CPU); times are then relative
 
 
@@ -67,7 +72,8 @@ class AutoResult:
         def row(s: Scored) -> dict[str, Any]:
             c, e = s.cand, s.est
             return {
-                "tp": c.tp, "pp": c.pp, "dp": c.dp, "ep": c.ep, "virtual_stages": c.virtual_stages, "zero": c.zero,
+                "tp": c.tp, "cp": c.cp, "pp": c.pp, "dp": c.dp, "ep": c.ep, "virtual_stages": c.virtual_stages,
+                "zero": c.zero,
                 "micro_batch": c.micro_batch, "micro_batches": e.micro_batches, "schedule": c.schedule,
                 "sequence_parallel": c.sequence_parallel, "recompute": c.recompute,
                 "mfu": s.mfu if self.peak_known else None,
@@ -93,10 +99,9 @@ class AutoResult:
 
 def enumerate_candidates(spec: RunSpec, skipped: dict[str, int]) -> list[Candidate]:
     """Every layout the spec rules accept for this model and cluster (see the module docstring)."""
-    m, t, c = spec.model, spec.train, spec.cluster
+    m, c = spec.model, spec.cluster
     world = c.world_size
     kv = m.kv_heads or m.heads
-    gb = t.global_batch
     from trainctl.plan.placement import Layout
 
     domain = Layout.from_spec(spec).nvlink_domain
@@ -113,37 +118,64 @@ def enumerate_candidates(spec: RunSpec, skipped: dict[str, int]) -> list[Candida
         if not allow and tp_link(tp, world, domain) != "nvlink":
             skip("tp larger than the NVLink domain (parallel.allow_tp_across_nodes is off)")
             continue
-        sp = tp > 1 and m.seq_len % tp == 0
-        for pp in divisors(world // tp):
-            if pp > m.layers:
-                skip("pp above the number of layers")
+        for cp in context_parallel_sizes(spec, world // tp, skip):
+            sp = tp > 1 and m.seq_len % (tp * cp) == 0
+            out += _with_tp_cp(spec, world, tp, cp, sp, skip)
+    return out
+
+
+def context_parallel_sizes(spec: RunSpec, ranks: int, skip: Callable[[str], None]) -> list[int]:
+    """cp values to search with `ranks` = world/tp GPUs left: 1, and for a long sequence the powers of two
+    that the rules accept and that leave each rank MIN_CP_TOKENS tokens or more."""
+    m = spec.model
+    if m.seq_len < LONG_SEQUENCE or m.moe is not None or m.dropout:
+        return [1]
+    out = [1]
+    cp = 2
+    while cp <= ranks and m.seq_len // cp >= MIN_CP_TOKENS:
+        if ranks % cp == 0 and m.seq_len % (2 * cp) == 0:
+            out.append(cp)
+        else:
+            skip("cp does not divide world/tp or split the sequence into 2*cp chunks")
+        cp *= 2
+    return out
+
+
+def _with_tp_cp(spec: RunSpec, world: int, tp: int, cp: int, sp: bool, skip: Callable[[str], None]
+                ) -> list[Candidate]:
+    """Every (pp, dp, ep, micro-batch, schedule, recompute, ZeRO) for one tp and cp."""
+    m, gb = spec.model, spec.train.global_batch
+    out: list[Candidate] = []
+    for pp in divisors(world // (tp * cp)):
+        if pp > m.layers:
+            skip("pp above the number of layers")
+            continue
+        dp = world // (tp * cp * pp)
+        if gb % dp:
+            skip("global_batch not divisible by dp")
+            continue
+        eps = [1] if m.moe is None else [e for e in divisors(dp) if m.moe.num_experts % e == 0]
+        for ep, mb in ((e, b) for e in eps for b in divisors(gb // dp)):
+            n_micro = gb // (mb * dp)
+            if pp > 1 and n_micro < pp:
+                skip("fewer micro-batches than pp")
                 continue
-            dp = world // (tp * pp)
-            if gb % dp:
-                skip("global_batch not divisible by dp")
-                continue
-            eps = [1] if m.moe is None else [e for e in divisors(dp) if m.moe.num_experts % e == 0]
-            for ep, mb in ((e, b) for e in eps for b in divisors(gb // dp)):
-                n_micro = gb // (mb * dp)
-                if pp > 1 and n_micro < pp:
-                    skip("fewer micro-batches than pp")
-                    continue
-                schedules = [("1f1b", 1)]
-                if pp > 1 and n_micro % pp == 0:
-                    schedules += [("interleaved", v) for v in range(2, m.layers // pp + 1)]
-                elif pp > 1:
-                    skip("interleaved: micro-batches not divisible by pp")
-                for sched, v in schedules:
-                    for rec in RECOMPUTE:
-                        for zero in (0, 1, 2, 3):
-                            out.append(Candidate(tp, pp, dp, zero, mb, rec, sp, sched, v, None, ep))
+            schedules = [("1f1b", 1)]
+            if pp > 1 and n_micro % pp == 0:
+                schedules += [("interleaved", v) for v in range(2, m.layers // pp + 1)]
+            elif pp > 1:
+                skip("interleaved: micro-batches not divisible by pp")
+            for sched, v in schedules:
+                for rec in RECOMPUTE:
+                    for zero in (0, 1, 2, 3):
+                        out.append(Candidate(tp, pp, dp, zero, mb, rec, sp, sched, v, None, ep, cp))
     return out
 
 
 def _spec_for(spec: RunSpec, c: Candidate, base: dict[str, Any]) -> RunSpec:
     data = dict(base)
     data["parallel"] = {
-        **base["parallel"], "tp": c.tp, "pp": c.pp, "dp": c.dp, "ep": c.ep, "zero": c.zero,
+        **base["parallel"], "tp": c.tp, "cp": c.cp, "pp": c.pp, "dp": c.dp, "ep": c.ep, "zero": c.zero,
         "micro_batch": c.micro_batch,
         "sequence_parallel": c.sequence_parallel, "schedule": c.schedule, "virtual_stages": c.virtual_stages,
         "stage_layers": None,
@@ -161,12 +193,12 @@ def _oom_reason(e: Estimate) -> str:
 
 
 def _distinct(ranked: list[tuple[float, float, Candidate]], n: int) -> list[tuple[float, float, Candidate]]:
-    """The best of each (tp, pp, ep, micro_batch, recompute, schedule): near-duplicates that differ only in
+    """The best of each (tp, cp, pp, ep, micro_batch, recompute, schedule): near-duplicates that differ only in
     ZeRO stage or number of chunks would otherwise fill the list with one lesson."""
     seen, out = set(), []
     for s in ranked:
         c = s[2]
-        key = (c.tp, c.pp, c.ep, c.micro_batch, c.recompute, c.schedule)
+        key = (c.tp, c.cp, c.pp, c.ep, c.micro_batch, c.recompute, c.schedule)
         if key not in seen:
             seen.add(key)
             out.append(s)

@@ -56,6 +56,20 @@ def advise(ev: Evaluator, est: Estimate) -> list[PlanWarning]:  # noqa: C901 - a
             f"sequence_parallel would divide the norm/dropout activations by tp={c.tp} at the same TP "
             "communication volume")
 
+    # context parallelism
+    if c.cp > 1 and est.comm_link.get("cp") == INTER_NODE:
+        add("CP_ACROSS_NVLINK", "warning",
+            f"CP groups of {c.cp} (x tp {c.tp} = {c.cp * c.tp} GPUs) leave the NVLink domain of "
+            f"{ctx.hw.nvlink_domain} GPUs: every layer's K/V all-gather ({_gb(est.comm_bytes.get('cp', 0.0))} per "
+            "GPU per step) crosses the inter-node fabric; keep tp*cp within the domain if memory allows")
+    exchange, attention = est.extra.get("cp_layer_time", 0.0), est.extra.get("attn_layer_time", 0.0)
+    if c.cp > 1 and attention and exchange > attention:
+        s = ctx.shape.seq_len
+        add("CP_CHUNK_SHORT", "warning",
+            f"a layer's K/V exchange ({exchange * 1e3:.3g} ms) outlasts this rank's attention on its {s // c.cp:,} "
+            f"tokens ({attention * 1e3:.3g} ms): chunks of {s // (2 * c.cp):,} tokens are too short to hide the "
+            "exchange behind attention; lower parallel.cp (or use it only for longer sequences)")
+
     # expert parallelism
     if c.ep > 1 and est.comm_link.get("ep") == INTER_NODE:
         add("EP_ACROSS_NVLINK", "warning",

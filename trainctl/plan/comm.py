@@ -40,6 +40,13 @@ def dp_link(tp: int, dp: int, world: int, domain: int) -> str:
     return NVLINK if aligned_groups_fit(tp * dp, world, domain) else INTER_NODE
 
 
+def cp_link(tp: int, cp: int, world: int, domain: int) -> str:
+    """A CP group is cp ranks at stride tp inside an aligned block of tp*cp ranks (tp-cp-ep-dp-pp order)."""
+    if cp == 1:
+        return NVLINK
+    return NVLINK if aligned_groups_fit(tp * cp, world, domain) else INTER_NODE
+
+
 def ep_link(tp: int, ep: int, world: int, domain: int) -> str:
     """An EP group is ep ranks at stride tp inside an aligned block of tp*ep ranks (tp-cp-ep-dp-pp order)."""
     if ep == 1:
@@ -63,6 +70,19 @@ def all_to_all_bytes(tokens: float, top_k: int, hidden: int, act_bytes: int, ep:
     if ep == 1:
         return 0.0
     return passes * tokens * top_k * hidden * act_bytes * (ep - 1) / ep
+
+
+def cp_exchange_bytes(seq_len: int, micro_batch: int, kv_width: float, act_bytes: int, cp: int,
+                      passes: int = 2) -> float:
+    """Bytes one GPU sends in one layer's K/V exchange over its CP group, per micro-batch, as the trainer
+    exchanges them (runtime/context_parallel.py): an all-gather of K and V, which are kv_width values per
+    token each (this TP rank's KV heads) and seq_len*micro_batch tokens for the whole sequence, so each rank
+    sends (cp-1)/cp of 2*s*b*kv_width values; backward reduce-scatters their gradients (the same volume);
+    recompute gathers them again (passes = 3). A ring (ring attention) sends the same K/V blocks forward,
+    in cp-1 steps, and K/V plus their gradients around again in backward: 3 passes without recompute."""
+    if cp == 1:
+        return 0.0
+    return passes * gather_bytes(2 * seq_len * micro_batch * kv_width * act_bytes, cp)
 
 
 def pp_link(pp: int, world: int, domain: int) -> str:

@@ -23,6 +23,10 @@ forward and backward; on the critical path, not overlapped); the routed experts'
 the load-imbalance allowance (MOE_IMBALANCE, or the capacity factor when one is set); the expert weights
 are split over ep and their gradients and optimizer state reduced/sharded over the expert-data-parallel
 group (dp/ep), which adds the "expert_dp" traffic (time summed with dp's).
+Context parallelism: each rank computes s/cp tokens of every sequence (compute, TP and PP bytes, activations
+divided by cp); the slot adds the K/V exchange of the rank's layers (all-gather, reduce-scatter in backward,
+again under recompute; on the critical path, not overlapped) on the link the CP group sits on; gradients are
+reduced and ZeRO shards over dp*cp ranks.
 Not modelled: the optimizer update itself, kernel launch and Python overheads, data loading,
 hierarchical (NVLS/tree) collectives, network congestion. MFU = model FLOPs / (step * GPUs * peak).
 """
@@ -37,7 +41,7 @@ from trainctl.model_shape import ModelShape
 from trainctl.plan import comm, memory, schedule
 from trainctl.plan.comm import INTER_NODE, NVLINK
 from trainctl.plan.pipeline import balanced_split
-from trainctl.plan.rates import EMBEDDING_OPS, EP_OPS, PP_OPS, TP_OPS, AssumedRates, MeasuredRates, Ops
+from trainctl.plan.rates import CP_OPS, EMBEDDING_OPS, EP_OPS, PP_OPS, TP_OPS, AssumedRates, MeasuredRates, Ops
 
 # Load-imbalance allowance of dropless routing: the busiest EP rank receives this many times the mean
 # tokens and sets the pace of the expert MLPs (and holds that much more of their activations). Trained
@@ -108,10 +112,12 @@ class Candidate:
     virtual_stages: int = 1
     stage_layers: tuple[int, ...] | None = None  # None = default balanced split
     ep: int = 1  # expert-parallel size, carved from dp
+    cp: int = 1  # context-parallel size
 
     def describe(self) -> str:
         sched = f"{self.schedule} v={self.virtual_stages}" if self.schedule == "interleaved" else self.schedule
-        return (f"tp={self.tp} pp={self.pp} dp={self.dp}{f' ep={self.ep}' if self.ep > 1 else ''} zero={self.zero} "
+        return (f"tp={self.tp}{f' cp={self.cp}' if self.cp > 1 else ''} pp={self.pp} dp={self.dp}"
+                f"{f' ep={self.ep}' if self.ep > 1 else ''} zero={self.zero} "
                 f"mb={self.micro_batch} "
                 f"{'sp ' if self.sequence_parallel else ''}{sched} recompute={self.recompute}")
 
@@ -246,9 +252,13 @@ class _Base:
     pp_bytes: float
     emb_bytes: float
     ep_bytes: float
+    cp_bytes: float
     tp_exposed: float
     p2p: float
     ep_mb_time: float  # the MoE all-to-all per micro-batch on the slot (not overlapped)
+    cp_mb_time: float  # the CP K/V exchange per micro-batch on the slot (not overlapped)
+    cp_layer_time: float  # one layer's K/V exchange per micro-batch
+    attn_layer_time: float | None  # one layer's causal attention compute of this rank per micro-batch
     bubble_slots: float
     slot: float | None
     compute_mb: float | None
@@ -377,7 +387,7 @@ class Evaluator:
 
     def _base(self, c: Candidate) -> _Base:
         key = (c.tp, c.pp, c.dp, c.virtual_stages, c.micro_batch, c.recompute, c.sequence_parallel and c.tp > 1,
-               c.schedule, c.stage_layers, c.ep)
+               c.schedule, c.stage_layers, c.ep, c.cp)
         hit = self._base_cache.get(key)
         if hit is None:
             if len(self._base_cache) > 4096:
@@ -387,7 +397,7 @@ class Evaluator:
 
     def _make_base(self, c: Candidate) -> _Base:
         ctx, m, hw, a = self.ctx, self.ctx.shape, self.ctx.hw, self.ctx.assume
-        tp, pp, dp, v, mb = c.tp, c.pp, c.dp, c.virtual_stages, c.micro_batch
+        tp, pp, dp, v, mb, cp = c.tp, c.pp, c.dp, c.virtual_stages, c.micro_batch, c.cp
         sp = c.sequence_parallel and tp > 1
         n_micro = ctx.global_batch // (mb * dp)
         layers = self.stage_layers(c)
@@ -396,19 +406,19 @@ class Evaluator:
         load = self._load(tp, pp, v, layers, c.recompute)
         vp = self.padded_vocab(tp)
         world = ctx.world
-        tokens_mb = mb * m.seq_len
+        tokens_mb = mb * m.seq_len / cp  # this rank's tokens of a micro-batch
 
         # memory that does not depend on ZeRO: activations in flight + the recompute working set
         # an MoE layer keeps more than a dense one; charged on average over the model's layers
         moe_share = m.moe_layers / m.layers
 
         def layer_act(recompute: str) -> float:
-            return (memory.trainer_layer_activation_bytes(m, mb, tp, sp, recompute, ctx.precision) + moe_share
+            return (memory.trainer_layer_activation_bytes(m, mb, tp, sp, recompute, ctx.precision, cp) + moe_share
                     * memory.moe_layer_activation_delta(m, mb, tp, sp, recompute, ctx.precision, self.expert_pace))
 
         per_layer = layer_act(c.recompute)
-        emb_act = memory.embedding_activation_bytes(m, mb, tp, sp)
-        head_act = memory.trainer_head_activation_bytes(m, mb, tp, sp, vp, ctx.precision)
+        emb_act = memory.embedding_activation_bytes(m, mb, tp, sp, cp)
+        head_act = memory.trainer_head_activation_bytes(m, mb, tp, sp, vp, ctx.precision, cp)
         working = layer_act("none") if c.recompute == "full" else 0.0  # the layer being recomputed, all its tensors
         units, first_flight, last_flight = self._units(c.schedule, pp, v, n_micro, layers)
         acts = [u * per_layer for u in units]
@@ -420,7 +430,8 @@ class Evaluator:
         domain = hw.nvlink_domain
         pp_link = comm.pp_link(pp, world, domain)
         links = {"tp": comm.tp_link(tp, world, domain), "pp": pp_link,
-                 "dp": comm.dp_link(tp, dp, world, domain), "embedding": pp_link,
+                 "dp": comm.dp_link(tp, dp * cp, world, domain), "embedding": pp_link,
+                 "cp": comm.cp_link(tp, cp, world, domain),
                  "ep": comm.ep_link(tp, c.ep, world, domain),
                  "expert_dp": comm.expert_dp_link(tp, dp, c.ep, world, domain)}
         tp_msg = tokens_mb * m.hidden * self.act_bytes
@@ -434,6 +445,8 @@ class Evaluator:
                                           c.ep, 6 if c.recompute == "full" else 4) if m.moe is not None else 0.0)
         ep_mb_bytes = max(moe_layers) * ep_layer
         ep_calls_mb = max(moe_layers) * (6 if c.recompute == "full" else 4) if ep_mb_bytes else 0
+        cp_passes = 2 if c.recompute == "none" else 3  # recompute gathers K/V again in backward
+        cp_layer = comm.cp_exchange_bytes(m.seq_len, mb, m.kv_width / tp, self.act_bytes, cp, cp_passes)
 
         # times of the roofline (module docstring) that do not depend on ZeRO
         rates, tp_calls, sends = self.rates, load.collectives[load.slow], max(prof.sends) if pp > 1 else 0
@@ -441,30 +454,38 @@ class Evaluator:
         tp_mb_time = rates.comm(links["tp"], TP_OPS[sp], tp_mb_slow, tp_calls) * (1 - a.tp_overlap)
         p2p = rates.comm(pp_link, PP_OPS, p2p_mb_bytes, sends)
         ep_mb_time = rates.comm(links["ep"], EP_OPS, ep_mb_bytes, ep_calls_mb)
+        cp_ops = CP_OPS[cp_passes == 3]
+        cp_layer_time = rates.comm(links["cp"], cp_ops, cp_layer, cp_passes if cp_layer else 0)
+        cp_mb_time = prof.rank_layers[load.slow] * cp_layer_time
         bubble_slots = (pp - 1) / v if pp > 1 else 0.0
-        slot = compute_mb = None
+        slot = compute_mb = attn_layer_time = None
         rate = rates.compute(tp)
         if rate:
             compute_mb = load.flops[load.slow] * tokens_mb / rate
-            slot = compute_mb + tp_mb_time + ep_mb_time + p2p
+            pairs = max(model.causal_pairs_per_rank(m.seq_len, cp))  # the same on every rank: balanced chunks
+            attn_layer_time = mb * pairs * model.attention_flops_per_pair(m) / tp / rate
+            slot = compute_mb + tp_mb_time + ep_mb_time + cp_mb_time + p2p
         return _Base(
             n_micro=n_micro, layers=layers, prof=prof, params=params, experts=experts, largest=largest,
             max_params=max(p - e for p, e in zip(params, experts, strict=True)), max_experts=max(experts),
             load=load, vp=vp, acts=tuple(acts), transient=transient, links=links,
-            ops={"tp": TP_OPS[sp], "pp": PP_OPS, "embedding": EMBEDDING_OPS, "ep": EP_OPS},
+            ops={"tp": TP_OPS[sp], "pp": PP_OPS, "embedding": EMBEDDING_OPS, "ep": EP_OPS, "cp": cp_ops},
             calls={"tp": n_micro * max(load.collectives), "pp": n_micro * sends, "embedding": float(emb_bytes > 0),
-                   "ep": float(n_micro * ep_calls_mb)},
+                   "ep": float(n_micro * ep_calls_mb),
+                   "cp": float(n_micro * max(prof.rank_layers) * cp_passes if cp_layer else 0)},
             units=max(prof.rank_layers) + 1,
             tp_bytes=n_micro * max(load.collectives) * tp_ar, pp_bytes=n_micro * p2p_mb_bytes, emb_bytes=emb_bytes,
-            ep_bytes=n_micro * ep_mb_bytes,
-            tp_exposed=n_micro * tp_mb_time, p2p=p2p, ep_mb_time=ep_mb_time, bubble_slots=bubble_slots, slot=slot,
+            ep_bytes=n_micro * ep_mb_bytes, cp_bytes=n_micro * max(prof.rank_layers) * cp_layer,
+            tp_exposed=n_micro * tp_mb_time, p2p=p2p, ep_mb_time=ep_mb_time, cp_mb_time=cp_mb_time,
+            cp_layer_time=cp_layer_time, attn_layer_time=attn_layer_time, bubble_slots=bubble_slots, slot=slot,
             compute_mb=compute_mb, emb_time=rates.comm(pp_link, EMBEDDING_OPS, emb_bytes, float(emb_bytes > 0)),
             layer_params_gpu=max(model.layer_params_per_gpu(m, tp),
                                  sum(model.layers_params_per_gpu(m, tp, 1, 1, c.ep)) if m.moe is not None else 0.0),
         )
 
     def _with_zero(self, b: _Base, zero: int, dp: int, ep: int = 1) -> _Zero:
-        """The ZeRO-dependent part: bytes per parameter, the worst pipeline rank, DP traffic and the step."""
+        """The ZeRO-dependent part: bytes per parameter, the worst pipeline rank, DP traffic and the step.
+        `dp` is the gradient-reduction group's size: data x context parallel."""
         ctx, a = self.ctx, self.ctx.assume
         dense = memory.trainer_state_bytes(zero, dp, ctx.precision, ctx.grad_reduce_bf16)
         # expert weights replicate over the expert-data-parallel group only: ZeRO shards their state over dp/ep
@@ -506,14 +527,14 @@ class Evaluator:
     def score(self, c: Candidate) -> tuple[float | None, float]:
         """(predicted step seconds, worst pipeline rank's bytes per GPU): what `--auto` ranks by; the same
         numbers as evaluate(c).step_time and evaluate(c).memory_total."""
-        z = self._with_zero(self._base(c), c.zero, c.dp, c.ep)
+        z = self._with_zero(self._base(c), c.zero, c.dp * c.cp, c.ep)
         return z.step, z.total
 
     def evaluate(self, c: Candidate, detail: bool = True) -> Estimate:
         """All figures of one layout. detail=False skips the per-rank memory table."""
         ctx, m = self.ctx, self.ctx.shape
         b = self._base(c)
-        z = self._with_zero(b, c.zero, c.dp, c.ep)
+        z = self._with_zero(b, c.zero, c.dp * c.cp, c.ep)  # gradients reduce, ZeRO shards, over dp x cp
 
         def rank_memory(r: int) -> RankMemory:
             p, e = b.params[r], b.experts[r]
@@ -525,6 +546,8 @@ class Evaluator:
         comm_bytes = {"tp": b.tp_bytes, "pp": b.pp_bytes, "dp": z.dp_bytes, "embedding": b.emb_bytes}
         if m.moe is not None:
             comm_bytes.update(ep=b.ep_bytes, expert_dp=z.edp_bytes)
+        if c.cp > 1:
+            comm_bytes["cp"] = b.cp_bytes
         comm_time = {k: self.rates.comm(b.links[k], b.ops[k], comm_bytes[k], b.calls[k]) for k in comm_bytes
                      if k not in ("dp", "expert_dp")}
         comm_time["dp"] = z.dp_time
@@ -535,7 +558,7 @@ class Evaluator:
             model_flops=self.model_flops_per_token * self.tokens_per_step,
             hardware_flops=(m.layers * self._layer_flops[c.recompute]
                             + model.head_flops_per_token(m, b.vp)) * self.tokens_per_step,
-            hardware_flops_per_gpu_max=max(b.load.flops) * self.tokens_per_step / c.dp,
+            hardware_flops_per_gpu_max=max(b.load.flops) * self.tokens_per_step / (c.dp * c.cp),
             stage_imbalance=b.load.imbalance, rank_flops_per_token=b.load.flops,
             ranks=ranks, worst=ranks[z.worst] if detail else rank_memory(z.worst), capacity=ctx.hw.usable_bytes,
             comm_bytes=comm_bytes, comm_link={k: b.links[k] for k in comm_bytes}, comm_time=comm_time,
@@ -547,7 +570,8 @@ class Evaluator:
             dp_time=z.dp_time + z.edp_time, dp_exposed_time=z.dp_exposed,
             embedding_sync_time=b.emb_time, step_time=z.step,
             extra={"tokens_per_step": float(self.tokens_per_step), "ep_time": b.n_micro * b.ep_mb_time,
-                   "expert_pace": self.expert_pace},
+                   "expert_pace": self.expert_pace, "cp_time": b.n_micro * b.cp_mb_time,
+                   "cp_layer_time": b.cp_layer_time, "attn_layer_time": b.attn_layer_time or 0.0},
         )
 
 

@@ -128,7 +128,7 @@ def compute_precision(precision: str, on_cpu: bool, low_precision_on_cpu: bool) 
 
 
 def trainer_layer_activation_bytes(m: ModelShape, micro_batch: int, tp: int, sp: bool, recompute: str,
-                                   precision: str) -> float:
+                                   precision: str, cp: int = 1) -> float:
     """Bytes one transformer layer keeps for backward per micro-batch, as the trainer's autograd saves them.
 
     Differences from Korthikanti et al. 2022 (`layer_activation_bytes`), each measured with saved-tensor
@@ -138,9 +138,19 @@ def trainer_layer_activation_bytes(m: ModelShape, micro_batch: int, tp: int, sp:
     attention output (the head transpose); each norm keeps its per-token statistics in fp32 (mean and
     rstd for LayerNorm, rstd for RMSNorm); the residual stream is fp32 (the weights are), so the two norm
     inputs are 4 bytes per value under mixed precision too. Values are 2 bytes under bf16/fp16 autocast,
-    4 in fp32."""
+    4 in fp32.
+
+    Context parallelism (runtime/context_parallel.py): every per-token tensor holds this rank's s/cp tokens.
+    Without recompute the attention keeps, instead of the fused QKV output and RoPE's rotated Q and K: the
+    gathered K and V of the whole sequence (2*s*b*kv_width values, split over TP), the two chunk calls'
+    queries (sbh/cp: the CPU path reverses them, a copy; on a GPU the rotated Q or the QKV output of the
+    same size) and, besides the calls' outputs, their joined output (sbh/cp, the projection's input).
+    Selective recompute re-runs the exchange in backward and keeps none of it, so recompute keeps exactly
+    1/cp of the one-rank bytes. Not counted: RoPE's angle rows of the rank's positions (2*s/cp*head_dim fp32
+    per micro-batch, shared by the layers of a stage) and the CPU's causal mask vectors (about 2*s values per
+    rank, shared by every layer)."""
     act = activation_bytes(precision)
-    s, b, h = m.seq_len, micro_batch, m.hidden
+    s, b, h = m.seq_len // cp, micro_batch, m.hidden  # this rank's tokens of each sequence
     sb = s * b
     sbh = sb * h
     if recompute == "full":
@@ -158,7 +168,9 @@ def trainer_layer_activation_bytes(m: ModelShape, micro_batch: int, tp: int, sp:
     split = (qkv + sbh + mlp) * act
     if recompute != "selective":  # what the attention core keeps (selective recomputes it)
         split += m.heads * sb * 4  # the log-sum-exp, fp32
-        if m.position == "rope":
+        if cp > 1:  # the chunk calls' queries, the gathered K and V and the joined output; no QKV output
+            split += (sbh + 2 * m.seq_len * b * m.kv_width + sbh - qkv) * act
+        elif m.position == "rope":
             split += (sbh + sb * m.kv_width) * act  # the rotated Q and K
         if m.dropout:
             scores = m.heads * s * s * b
@@ -201,12 +213,12 @@ def _norm_saved_bytes(m: ModelShape, tokens: int) -> float:
 
 
 def trainer_head_activation_bytes(m: ModelShape, micro_batch: int, tp: int, sp: bool, padded_vocab: int,
-                                  precision: str) -> float:
+                                  precision: str, cp: int = 1) -> float:
     """Last stage, per micro-batch in flight: the final norm's fp32 input and stats (sequence-sharded under
     SP), the LM head's input (gathered: full sequence) and the fp32 vocab-parallel logits the cross
-    entropy keeps (Korthikanti Sec. 4.3)."""
+    entropy keeps (Korthikanti Sec. 4.3); of this CP rank's s/cp tokens."""
     act = activation_bytes(precision)
-    sb = m.seq_len * micro_batch
+    sb = m.seq_len // cp * micro_batch
     return _norm_saved_bytes(m, sb) / (tp if sp else 1) + sb * m.hidden * act + 4 * sb * padded_vocab / tp
 
 
@@ -260,9 +272,9 @@ def layer_activation_bytes(m: ModelShape, micro_batch: int, tp: int, sp: bool, r
     return replicated + split / tp
 
 
-def embedding_activation_bytes(m: ModelShape, micro_batch: int, tp: int, sp: bool) -> float:
+def embedding_activation_bytes(m: ModelShape, micro_batch: int, tp: int, sp: bool, cp: int = 1) -> float:
     """First stage, per micro-batch in flight: the embedding dropout mask (Korthikanti Sec. 4.3)."""
-    return m.seq_len * micro_batch * m.hidden / (tp if sp else 1) if m.dropout else 0.0
+    return m.seq_len // cp * micro_batch * m.hidden / (tp if sp else 1) if m.dropout else 0.0
 
 
 def head_activation_bytes(m: ModelShape, micro_batch: int, tp: int, sp: bool, padded_vocab: int,

@@ -21,10 +21,11 @@ from trainctl.spec.models import RunSpec
 
 ROOFLINE = (
     "step = slot*(m + (p-1)/v) + exposed DP + tied-embedding sync; slot = max over pipeline ranks of "
-    "(hardware FLOPs per micro-batch / FLOP/s + TP time * (1-tp_overlap)) + pipeline p2p and MoE all-to-all "
-    "per micro-batch (not overlapped); exposed DP = DP time - min(dp_overlap*DP time, one slot for ZeRO 0/1 "
-    "or all m slots for ZeRO 2/3); FLOP/s = peak*compute_efficiency and link time = bytes / (link*comm_efficiency), or "
-    "with a calibration profile the measured FLOP/s and latency*calls + bytes / measured bandwidth"
+    "(hardware FLOPs per micro-batch / FLOP/s + TP time * (1-tp_overlap)) + pipeline p2p, MoE all-to-all "
+    "and CP K/V exchange per micro-batch (not overlapped); exposed DP = DP time - min(dp_overlap*DP time, one "
+    "slot for ZeRO 0/1 or all m slots for ZeRO 2/3); FLOP/s = peak*compute_efficiency and link time = bytes / "
+    "(link*comm_efficiency), or with a calibration profile the measured FLOP/s and latency*calls + bytes / "
+    "measured bandwidth"
 )
 NOTES = (
     "model FLOPs per token = 6*N + 12*L*h*s (N: every matmul weight incl. the LM head, no embedding "
@@ -40,6 +41,10 @@ NOTES = (
     "weights split over ep (x tp), their gradients and optimizer state over the expert-data-parallel group "
     "(dp/ep); the all-to-all (dispatch + combine, forward + backward) sits on the slot unoverlapped; the routed "
     "experts' compute and activations are charged x the load-imbalance allowance (or the capacity factor)",
+    "context parallelism: each GPU computes s/cp tokens of every sequence (2*cp chunks, rank i holds chunks i "
+    "and 2cp-1-i: causal work balanced); K/V all-gathered per layer over the CP group (reduce-scatter in backward, "
+    "gathered again under recompute), whole-sequence K/V kept for backward; gradients reduced and ZeRO sharded "
+    "over dp*cp",
     "not modelled: optimizer step time, kernel launch overheads, data loading, hierarchical collectives, "
     "network congestion",
 )
@@ -78,7 +83,7 @@ def candidate_from_spec(spec: RunSpec) -> Candidate:
     return Candidate(
         tp=p.tp, pp=p.pp, dp=spec.dp, zero=p.zero, micro_batch=p.micro_batch, recompute=spec.train.recompute,
         sequence_parallel=p.sequence_parallel, schedule=p.schedule, virtual_stages=p.virtual_stages,
-        stage_layers=tuple(p.stage_layers) if p.stage_layers is not None else None, ep=p.ep,
+        stage_layers=tuple(p.stage_layers) if p.stage_layers is not None else None, ep=p.ep, cp=p.cp,
     )
 
 
@@ -123,6 +128,14 @@ class Plan:
         sharding): the trainer records the same list in its start event."""
         return [round(r.params) for r in self.est.ranks]
 
+    def dominant(self) -> dict[str, Any] | None:
+        """The largest part of the predicted step and its share."""
+        parts = self.breakdown()
+        if not parts or not self.est.step_time:
+            return None
+        name = max(parts, key=parts.__getitem__)
+        return {"part": name, "seconds": parts[name], "share": parts[name] / self.est.step_time}
+
     @property
     def errors(self) -> list[PlanWarning]:
         return [w for w in self.warnings if w.level == "error"]
@@ -130,6 +143,35 @@ class Plan:
     @property
     def fits(self) -> bool:
         return self.est.fits
+
+    def breakdown(self) -> dict[str, float] | None:
+        """Where the predicted step goes (seconds, summing to the step), or None when times are unknown."""
+        e = self.est
+        if e.step_time is None or e.compute_time is None:
+            return None
+        parts = {"compute": e.compute_time, "TP exposed": e.tp_exposed_time, "CP K/V exchange": e.extra["cp_time"],
+                 "MoE all-to-all": e.extra["ep_time"], "PP point-to-point": e.p2p_time,
+                 "pipeline bubble": e.bubble_time or 0.0, "DP exposed": e.dp_exposed_time or 0.0,
+                 "tied-embedding sync": e.embedding_sync_time}
+        return {k: v for k, v in parts.items() if v}
+
+    def _cp_json(self) -> dict[str, Any]:
+        e, m, c = self.est, self.ctx.shape, self.cand
+        per_rank = model_shape.causal_pairs_per_rank(m.seq_len, c.cp)
+        contiguous = model_shape.causal_pairs_per_rank(m.seq_len, c.cp, balanced=False)
+        flops_pair = model_shape.attention_flops_per_pair(m) / c.tp
+        return {
+            "cp": c.cp, "chunks": 2 * c.cp, "chunk_tokens": m.seq_len // (2 * c.cp),
+            "tokens_per_rank": m.seq_len // c.cp, "dp_cp": c.dp * c.cp,
+            "causal_attention_flops_per_rank_per_layer": max(per_rank) * c.micro_batch * flops_pair,
+            "causal_balance": max(per_rank) / (sum(per_rank) / c.cp),
+            "contiguous_split_balance": max(contiguous) / (sum(contiguous) / c.cp),
+            "exchange": "all_gather", "link": e.comm_link["cp"],
+            "bytes_per_layer_per_micro_batch": e.comm_bytes["cp"] / (e.micro_batches * max(_layers_per_rank(e))),
+            "bytes_per_step": e.comm_bytes["cp"], "seconds_per_step": e.extra["cp_time"],
+            "seconds_per_layer": e.extra["cp_layer_time"],
+            "attention_seconds_per_layer": e.extra["attn_layer_time"] if e.step_time is not None else None,
+        }
 
     def _moe_json(self) -> dict[str, Any]:
         e, m, c = self.est, self.ctx.shape, self.cand
@@ -164,7 +206,7 @@ class Plan:
                 "gpus_per_node": hw.gpus_per_node, "nvlink_domain": hw.nvlink_domain,
                 "padded_vocab": m.padded_vocab(c.tp),
                 "tp_fits_nvlink": e.comm_link["tp"] == "nvlink",
-                "ep": c.ep, "expert_dp": c.dp // c.ep,
+                "ep": c.ep, "expert_dp": c.dp // c.ep, "cp": c.cp,
             },
             "hardware": {
                 "gpu": hw.gpu, "peak_flops": hw.peak_flops, "memory_bytes": hw.memory_bytes,
@@ -211,7 +253,8 @@ class Plan:
                 "p2p_s": e.p2p_time, "bubble_s": e.bubble_time, "dp_s": e.dp_time,
                 "dp_exposed_s": e.dp_exposed_time, "embedding_sync_s": e.embedding_sync_time,
                 "tokens_per_s": e.tokens_per_s, "model_flops_per_s_per_gpu": self.model_flops_per_s_per_gpu,
-                "mfu": self.mfu, "hfu": self.hfu,
+                "mfu": self.mfu, "hfu": self.hfu, "cp_s": e.extra["cp_time"],
+                "breakdown_s": self.breakdown(), "dominant": self.dominant(),
             },
             "assumptions": {**asdict(self.ctx.assume), "roofline": ROOFLINE, "notes": list(NOTES)},
             "calibration": describe(self.ctx.rates),
@@ -219,10 +262,18 @@ class Plan:
         }
         if m.moe is not None:
             out["moe"] = self._moe_json()
+        if c.cp > 1:
+            out["context_parallel"] = self._cp_json()
         if ranks:
             out["placement"] = placement_table(self.layout)
             out["groups"] = Groups(self.layout).as_dict()
         return out
+
+
+def _layers_per_rank(e: Estimate) -> list[int]:
+    """Transformer layers on each pipeline rank."""
+    n = e.cand.pp
+    return [sum(e.stage_layers[r::n]) for r in range(n)]
 
 
 def build_plan(spec: RunSpec) -> Plan:

@@ -9,6 +9,7 @@ lacks is priced as the assumed rates would. The Evaluator (plan/estimate.py) ask
 Which collective carries what, as (op, share of the bytes), each entry making the kind's calls:
   TP        all-reduce, or reduce-scatter + all-gather under sequence parallelism (same volume)
   PP        send/recv;  tied embedding: all-reduce;  EP (MoE token dispatch/combine): all-to-all
+  CP        K/V all-gather (forward, and again under recompute) + reduce-scatter of their gradients
   expert DP the DP collectives of the ZeRO stage, over the expert-data-parallel group
   DP        each collective of plan/comm.py `dp_traffic` priced with its own bytes and calls: ZeRO-0
             all-reduce; ZeRO-1 all-reduce of the gradients + all-gather of the weights; ZeRO-2 a
@@ -31,6 +32,9 @@ TP_OPS: dict[bool, Ops] = {False: (("all_reduce", 1.0),), True: (("reduce_scatte
 PP_OPS: Ops = (("send_recv", 1.0),)
 EMBEDDING_OPS: Ops = (("all_reduce", 1.0),)
 EP_OPS: Ops = (("all_to_all", 1.0),)  # MoE token dispatch and combine
+# context parallelism's K/V exchange: all-gather forward (and again under recompute), reduce-scatter backward
+CP_OPS: dict[bool, Ops] = {False: (("all_gather", 1 / 2), ("reduce_scatter", 1 / 2)),
+                           True: (("all_gather", 2 / 3), ("reduce_scatter", 1 / 3))}
 PROFILE_LINK = {NVLINK: INTRA, INTER_NODE: INTER}  # the planner's link classes -> the profile's
 UNCALIBRATED = ("catalog peak x estimate.compute_efficiency, catalog link bandwidth x estimate.comm_efficiency, "
                 "no latency term; `trainctl calibrate SPEC` measures them")

@@ -34,6 +34,7 @@ from trainctl.checkpoint import (
     layout_of,
     model_of,
     resolve_checkpoint_dir,
+    same_layout,
 )
 from trainctl.errors import EXIT_OK, EXIT_STOPPED
 from trainctl.plan.checkpoint_size import checkpoint_bytes
@@ -176,8 +177,8 @@ class Checkpointing:
             self._reshard_tp(info, built["from_tp"], built["batches"])
         step = state.restore(parts, built["state"])
         load_s = time.perf_counter() - t0  # checksums, DCP read and any resharding
-        same_layout = info.meta.get("layout") == layout_of(self.spec)
-        if same_layout and rank_state is not None:
+        same = same_layout(self.spec, info.meta)
+        if same and rank_state is not None:
             set_rng_state(rank_state["rng"])
         elif self.log:
             changes = ", ".join(layout_changes(self.spec, info.meta)) or "another world size"
@@ -185,8 +186,8 @@ class Checkpointing:
                          "model, optimizer and data position are resharded; RNG streams start afresh")
         self.schedule.mark(step)
         if self.log:
-            self._report_resume(step, info, same_layout, load_s)
-        return Resumed(step, info, same_layout)
+            self._report_resume(step, info, same, load_s)
+        return Resumed(step, info, same)
 
     def _reshard_tp(self, info: CheckpointInfo, old_tp: int, batches: list[list[state.Entry]]) -> None:
         """Load the old TP shards batch by batch (collective: every rank runs as many loads as the rank

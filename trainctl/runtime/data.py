@@ -9,6 +9,10 @@ A slot maps to its sequence in O(1) (no replay), so the loader state is just the
 - token file: slot g is window perm_e[g mod W] of epoch e = g // W, where W = (tokens-1) // seq_len
   non-overlapping windows of seq_len+1 tokens and perm_e is a permutation seeded by (seed, e);
 - synthetic: slot g's tokens are a pure function of (seed, g), a counter-based hash.
+
+Under context parallelism the CP ranks of one replica read the same slots and keep their own chunks of each
+sequence, inputs and targets alike (runtime/context_parallel.split_sequence): the data position is the same
+counter whatever cp is, so a resume may change cp.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import torch
 
 from trainctl.data_prep import check_token_file
 from trainctl.errors import UsageError
+from trainctl.runtime.context_parallel import CPContext, split_sequence
 from trainctl.spec import RunSpec
 
 STATE_VERSION = 1
@@ -160,7 +165,7 @@ class BatchLoader:
     """Yields this DP rank's share of each optimizer step's global batch; its state is one counter."""
 
     def __init__(self, source: SyntheticSource | TokenFileSource | BlendedSource, *, global_batch: int, dp_rank: int,
-                 dp_size: int, micro_batch: int, seq_len: int, seed: int) -> None:
+                 dp_size: int, micro_batch: int, seq_len: int, seed: int, cp: CPContext | None = None) -> None:
         if dp_size < 1 or not 0 <= dp_rank < dp_size:
             raise UsageError(f"data loader: dp_rank {dp_rank} is not in 0..{dp_size - 1}")
         if global_batch % (dp_size * micro_batch):
@@ -172,6 +177,7 @@ class BatchLoader:
         self.per_rank = global_batch // dp_size
         self.micro_batch, self.micro_batches = micro_batch, self.per_rank // micro_batch
         self.seq_len, self.seed = seq_len, seed
+        self.cp = cp or CPContext.single()  # this rank keeps its context-parallel chunks of each sequence
         self.step = 0  # optimizer steps consumed
         self.consumed = 0  # global sequence slots consumed (all ranks); the next step starts here
 
@@ -181,10 +187,11 @@ class BatchLoader:
         slots = np.arange(start, start + self.per_rank, dtype=np.int64)
         win = torch.from_numpy(self.source.windows(slots))
         win = win.view(self.micro_batches, self.micro_batch, self.seq_len + 1)
-        return win[..., :-1].contiguous(), win[..., 1:].contiguous()
+        return split_sequence(win[..., :-1], self.cp).contiguous(), split_sequence(win[..., 1:], self.cp).contiguous()
 
     def next_step(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(inputs, targets), int64 [micro_batches, micro_batch, seq_len]; targets are inputs shifted by one."""
+        """(inputs, targets), int64 [micro_batches, micro_batch, seq_len/cp]; targets are inputs shifted by one
+        (before this rank's chunks are taken)."""
         out = self.batch_at(self.consumed)
         self.consumed += self.global_batch
         self.step += 1
@@ -212,8 +219,8 @@ class BatchLoader:
         self.consumed = int(state["consumed"])
 
 
-def build_loader(spec: RunSpec, dp_rank: int, dp_size: int, seed: int) -> BatchLoader:
-    """The loader for one DP rank; micro_batches = global_batch / (dp_size * micro_batch)."""
+def build_loader(spec: RunSpec, dp_rank: int, dp_size: int, seed: int, cp: CPContext | None = None) -> BatchLoader:
+    """The loader for one DP replica (and CP rank); micro_batches = global_batch / (dp_size * micro_batch)."""
     seq_len = spec.model.seq_len
     source: SyntheticSource | TokenFileSource | BlendedSource
     if spec.data.synthetic:
@@ -227,4 +234,4 @@ def build_loader(spec: RunSpec, dp_rank: int, dp_size: int, seed: int) -> BatchL
         assert spec.data.path is not None  # the spec model guarantees one source
         source = TokenFileSource(spec.data.path, spec.data.dtype, seq_len, spec.model.vocab, seed, spec.data.format)
     return BatchLoader(source, global_batch=spec.train.global_batch, dp_rank=dp_rank, dp_size=dp_size,
-                       micro_batch=spec.parallel.micro_batch, seq_len=seq_len, seed=seed)
+                       micro_batch=spec.parallel.micro_batch, seq_len=seq_len, seed=seed, cp=cp)

@@ -432,7 +432,7 @@ def apply_fsdp(modules: list[nn.Module], par: Parallel, reduce_dtype: torch.dtyp
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    dp_ranks = par.ranks["dp"]
+    dp_ranks = par.dp_ranks  # data x context parallel
     mesh = DeviceMesh.from_group(par.dp_group, par.device.type, mesh=torch.tensor(dp_ranks),
                                  mesh_dim_names=("dp",))
     # The sharded parameters stay fp32 (they are the master); under bf16 compute FSDP gathers them in bf16

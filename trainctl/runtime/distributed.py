@@ -15,7 +15,7 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
-from trainctl.plan.placement import Groups, Layout, coords
+from trainctl.plan.placement import Groups, Layout, coords, cp_coord
 from trainctl.spec.models import RunSpec
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -68,7 +68,12 @@ def timeout_s() -> float:
 
 @dataclass
 class Parallel:
-    """This rank's place in the 3-D layout and its process groups (None where the group is trivial)."""
+    """This rank's place in the layout and its process groups (None where the group is trivial).
+
+    `dp_rank`, `dp_group` and `dp` are the group gradients are reduced over and ZeRO/FSDP shard over: data x
+    context parallel (Megatron-Core's data-parallel group with context parallelism; plan/placement.py
+    `Groups.dp_cp`), index cp_rank + cp * replica. With cp = 1 that is the data-parallel group. The data
+    loader deals batches over the `replicas` (layout.dp) by `replica`; CP ranks of one replica share them."""
 
     env: RankEnv
     layout: Layout
@@ -82,6 +87,8 @@ class Parallel:
     embedding_group: dist.ProcessGroup | None  # first + last pipeline stage, for tied embeddings
     ranks: dict[str, list[int]]
     world_group: dist.ProcessGroup | None = None  # all ranks of the layout (None: the default group)
+    cp_rank: int = 0
+    cp_group: dist.ProcessGroup | None = None  # the ranks holding the other chunks of the same sequences
 
     @property
     def rank(self) -> int:
@@ -97,6 +104,25 @@ class Parallel:
 
     @property
     def dp(self) -> int:
+        """Size of the gradient-reduction group: data x context parallel."""
+        return self.layout.dp * self.layout.cp
+
+    @property
+    def dp_ranks(self) -> list[int]:
+        """Global ranks of the gradient-reduction group, in dp_rank order."""
+        return self.ranks.get("dp_cp", self.ranks["dp"])
+
+    @property
+    def cp(self) -> int:
+        return self.layout.cp
+
+    @property
+    def replica(self) -> int:
+        """Which data-parallel replica this rank belongs to (the batch share it reads)."""
+        return self.dp_rank // self.layout.cp
+
+    @property
+    def replicas(self) -> int:
         return self.layout.dp
 
     @property
@@ -107,7 +133,7 @@ class Parallel:
 def init(spec: RunSpec, env: RankEnv) -> Parallel:
     layout = Layout.from_spec(spec)
     if layout.world_size != env.world_size:
-        raise RuntimeError(f"the spec's layout tp*pp*dp = {layout.tp}*{layout.pp}*{layout.dp} = "
+        raise RuntimeError(f"the spec's layout tp*cp*pp*dp = {layout.tp}*{layout.cp}*{layout.pp}*{layout.dp} = "
                            f"{layout.world_size} ranks but {env.world_size} processes were started; "
                            "fix cluster.nodes/gpus_per_node or the launcher's process count")
     device = start_process_group(env)
@@ -141,14 +167,15 @@ def parallel_groups(layout: Layout, env: RankEnv, device: torch.device) -> Paral
     if layout.world_size > world:
         raise RuntimeError(f"layout needs {layout.world_size} ranks, the process group has {world}")
     groups = Groups(layout)
-    made = {kind: _subgroup(getattr(groups, kind), env.rank) for kind in ("tp", "dp", "pp", "embedding")}
+    made = {kind: _subgroup(getattr(groups, kind), env.rank) for kind in ("tp", "dp_cp", "pp", "embedding", "cp")}
     world_group = None if layout.world_size == world else _subgroup([list(range(layout.world_size))], env.rank)
     if env.rank >= layout.world_size:
         return None
     t, d, p = coords(env.rank, layout)
+    c = cp_coord(env.rank, layout)
     sub_env = RankEnv(env.rank, env.local_rank, layout.world_size)
-    return Parallel(sub_env, layout, device, t, d, p, made["tp"], made["dp"], made["pp"], made["embedding"],
-                    groups.of_rank(env.rank), world_group)
+    return Parallel(sub_env, layout, device, t, c + layout.cp * d, p, made["tp"], made["dp_cp"], made["pp"],
+                    made["embedding"], groups.of_rank(env.rank), world_group, c, made["cp"])
 
 
 _made_groups: dict[tuple[tuple[int, ...], ...], dist.ProcessGroup | None] = {}

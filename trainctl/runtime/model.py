@@ -24,7 +24,9 @@ named `embed.tok.weight` (same name, so same init and same checkpoint key); the 
 grads over the embedding group (`tied_parameters()`).
 
 Activations are [B, T, H]; under sequence parallelism a stage's hidden-state input/output is this TP rank's
-sequence chunk [B, T/tp, H]. The last stage returns vocab-parallel logits [B, T, V_padded/tp].
+sequence chunk [B, T/tp, H]. The last stage returns vocab-parallel logits [B, T, V_padded/tp]. Under context
+parallelism (trainctl.runtime.context_parallel) T is this CP rank's T/cp tokens (chunks i and 2cp-1-i of each
+sequence): attention all-gathers K/V over the CP group and positions are those of the rank's chunks.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from trainctl.model_shape import ModelShape
+from trainctl.runtime import context_parallel
+from trainctl.runtime.context_parallel import CPContext
 from trainctl.runtime.init import init_parameters, iter_param_meta
 from trainctl.runtime.tensor_parallel import (
     ColumnParallelLinear,
@@ -97,9 +101,13 @@ class Rotary(nn.Module):
         self.register_buffer("cos", emb.cos().float(), persistent=False)
         self.register_buffer("sin", emb.sin().float(), persistent=False)
 
-    def forward(self, seq_len: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        if seq_len > self.cos.shape[0]:
+    def forward(self, seq_len: int, dtype: torch.dtype, cp: CPContext | None = None) -> tuple[Tensor, Tensor]:
+        """cos/sin of the first seq_len positions, or of this CP rank's positions (seq_len = T/cp)."""
+        if seq_len * (cp.size if cp else 1) > self.cos.shape[0]:
             raise ValueError(f"sequence length {seq_len} exceeds the model's seq_len {self.cos.shape[0]}")
+        if cp is not None and cp.enabled:
+            pos = cp.positions(seq_len, self.cos.device)
+            return self.cos[pos].to(dtype), self.sin[pos].to(dtype)
         return self.cos[:seq_len].to(dtype), self.sin[:seq_len].to(dtype)
 
 
@@ -117,10 +125,12 @@ class Attention(nn.Module):
     """Causal self-attention; QKV column-parallel (heads/tp query and kv_heads/tp kv heads per rank), output
     projection row-parallel. The core (rotary + softmax attention) is what selective recompute recomputes."""
 
-    def __init__(self, cfg: ModelShape, tp: TPContext, out_std: float, recompute_core: bool):
+    def __init__(self, cfg: ModelShape, tp: TPContext, out_std: float, recompute_core: bool,
+                 cp: CPContext | None = None):
         super().__init__()
         self.cfg = cfg
         self.tp = tp
+        self.cp = cp or CPContext.single()
         self.recompute_core = recompute_core
         hd = cfg.head_dim
         self.head_dim = hd
@@ -136,6 +146,8 @@ class Attention(nn.Module):
             q = apply_rotary(q, cos, sin)
             k = apply_rotary(k, cos, sin)
         p = self.cfg.dropout if self.training else 0.0
+        if self.cp.enabled:  # the spec rules refuse dropout with cp
+            return context_parallel.attention(q, k, v, self.cp)
         gqa = q.shape[1] != k.shape[1]
         if p > 0.0 and self.tp.enabled:
             # attention heads are sharded over TP: dropout masks must differ across TP ranks
@@ -181,13 +193,13 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-norm transformer block: x + drop(attn(norm(x))), then + drop(mlp(norm(x)))."""
 
-    def __init__(self, cfg: ModelShape, tp: TPContext, recompute: str):
+    def __init__(self, cfg: ModelShape, tp: TPContext, recompute: str, cp: CPContext | None = None):
         super().__init__()
         self.cfg = cfg
         self.tp = tp
         out_std = cfg.init_std / math.sqrt(2 * cfg.layers)
         self.attn_norm = Norm(cfg, tp)
-        self.attn = Attention(cfg, tp, out_std, recompute_core=recompute == "selective")
+        self.attn = Attention(cfg, tp, out_std, recompute_core=recompute == "selective", cp=cp)
         self.mlp_norm = Norm(cfg, tp)
         self.mlp = MLP(cfg, tp, out_std)
 
@@ -210,10 +222,11 @@ class Embedding(nn.Module):
     """Token (+ learned position) embedding of the first stage; on a separate last stage with tied
     embeddings, only the token table (`lookup=False`) as the LM head's weight."""
 
-    def __init__(self, cfg: ModelShape, tp: TPContext, lookup: bool = True):
+    def __init__(self, cfg: ModelShape, tp: TPContext, lookup: bool = True, cp: CPContext | None = None):
         super().__init__()
         self.cfg = cfg
         self.tp = tp
+        self.cp = cp or CPContext.single()
         self.learned_pos = lookup and cfg.position == "learned"
         # without learned positions the token lookup can reduce-scatter straight into the SP region
         self.tok = VocabParallelEmbedding(cfg.vocab, cfg.padded_vocab(tp.size), cfg.hidden, tp, std=cfg.init_std,
@@ -228,9 +241,10 @@ class Embedding(nn.Module):
             h = h.float()
         if self.learned_pos:
             seq = ids.shape[1]
-            if seq > self.cfg.seq_len:
+            if seq * self.cp.size > self.cfg.seq_len:
                 raise ValueError(f"sequence length {seq} exceeds the model's seq_len {self.cfg.seq_len}")
-            h = h + self.pos.weight[:seq]
+            pos = self.pos.weight[self.cp.positions(seq, ids.device)] if self.cp.enabled else self.pos.weight[:seq]
+            h = h + pos
             if self.tp.sp:
                 h = scatter_to_sp_region(h, self.tp)
         return tp_dropout(h, self.cfg.dropout, self.training, self.tp, sharded=self.tp.sp)
@@ -245,18 +259,19 @@ class StageModule(nn.Module):
     """One pipeline stage: [embedding] + layers[layer_ids] + [final norm + LM head]. See the module docstring."""
 
     def __init__(self, cfg: ModelShape, layer_ids: range, first: bool, last: bool, tp: TPContext,
-                 recompute: str = "none"):
+                 recompute: str = "none", cp: CPContext | None = None):
         super().__init__()
         self.cfg = cfg
         self.recompute = recompute
         self.tp = tp
+        self.cp = cp or CPContext.single()
         self.first = first
         self.last = last
         self.layer_ids = layer_ids
         self.padded_vocab = cfg.padded_vocab(tp.size)
         if first or (last and cfg.tied_embeddings):
-            self.embed = Embedding(cfg, tp, lookup=first)
-        self.layers = nn.ModuleDict({str(i): Block(cfg, tp, recompute) for i in layer_ids})
+            self.embed = Embedding(cfg, tp, lookup=first, cp=self.cp)
+        self.layers = nn.ModuleDict({str(i): Block(cfg, tp, recompute, self.cp) for i in layer_ids})
         if cfg.position == "rope" and len(layer_ids):
             self.rope = Rotary(cfg.head_dim, cfg.seq_len, cfg.rope_theta)
         if last:
@@ -280,7 +295,7 @@ class StageModule(nn.Module):
             rope = None
             if self.cfg.position == "rope":
                 T = x.shape[1] * (self.tp.size if self.tp.sp else 1)
-                rope = self.rope(T, x.dtype)
+                rope = self.rope(T, x.dtype, self.cp)
             for block in self.layers.values():
                 x = self._block(block, x, rope)
         if self.last:
@@ -304,11 +319,12 @@ class StageModule(nn.Module):
 
 def build_stage(cfg: ModelShape, layer_ids: range, first: bool, last: bool, tp: TPContext, seed: int,
                 *, recompute: str = "none", device: torch.device | str | None = None,
-                dtype: torch.dtype | None = None) -> StageModule:
+                dtype: torch.dtype | None = None, cp: CPContext | None = None) -> StageModule:
     """Build a stage and initialise it deterministically and layout-independently (trainctl.runtime.init).
 
-    The shape was checked by the spec rules (divisibility by tp, even rotary head_dim, ...)."""
-    stage = StageModule(cfg, layer_ids, first, last, tp, recompute)
+    The shape was checked by the spec rules (divisibility by tp, even rotary head_dim, ...). Nothing of the
+    model is sharded by context parallelism: `cp` only changes what attention and positions do."""
+    stage = StageModule(cfg, layer_ids, first, last, tp, recompute, cp)
     if device is not None or dtype is not None:
         stage.to(device=device, dtype=dtype)
     init_parameters(stage, seed, tp)

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainctl.plan.placement import Groups, Layout, coords, tp_groups_across_nodes
+from trainctl.plan.placement import Groups, Layout, coords, cp_coord, tp_groups_across_nodes
 from trainctl.rundir import PLACEMENT, RunPaths, record_event
 from trainctl.spec.models import RunSpec
 
@@ -50,7 +50,7 @@ def report(local_rank: int) -> dict[str, Any]:
 
 
 def build_map(reports: list[dict[str, Any]], layout: Layout) -> dict[str, Any]:
-    """Rank -> (host, node, gpu, tp, dp, pp), and the TP groups that really span nodes. Pure."""
+    """Rank -> (host, node, gpu, tp, cp, dp, pp), and the TP groups that really span nodes. Pure."""
     order: list[str] = []  # node index by the lowest rank on it: node 0 holds rank 0
     for r in reports:
         if r["node"] not in order:
@@ -60,7 +60,7 @@ def build_map(reports: list[dict[str, Any]], layout: Layout) -> dict[str, Any]:
         t, d, p = coords(rank, layout)
         ranks.append({"rank": rank, "host": r["host"], "node": r["node"], "node_index": order.index(r["node"]),
                       "slurm_node_id": r.get("slurm_node_id"), "local_rank": r["local_rank"], "gpu": r["gpu"],
-                      "tp": t, "dp": d, "pp": p, "pid": r.get("pid")})
+                      "tp": t, "cp": cp_coord(rank, layout), "dp": d, "pp": p, "pid": r.get("pid")})
     groups = Groups(layout)
     across = [g for g in groups.tp if len({reports[x]["node"] for x in g}) > 1]
     seen: dict[tuple[str, str], list[int]] = {}
@@ -68,7 +68,7 @@ def build_map(reports: list[dict[str, Any]], layout: Layout) -> dict[str, Any]:
         if x["gpu"] is not None:
             seen.setdefault((x["node"], x["gpu"]), []).append(x["rank"])
     shared = {f"{n}:{g}": rs for (n, g), rs in seen.items() if len(rs) > 1}
-    return {"world_size": len(reports), "layout": {"tp": layout.tp, "dp": layout.dp, "pp": layout.pp,
+    return {"world_size": len(reports), "layout": {"tp": layout.tp, "cp": layout.cp, "dp": layout.dp, "pp": layout.pp,
                                                    "gpus_per_node": layout.gpus_per_node},
             "nodes": order, "ranks": ranks, "tp_groups_across_nodes": across,
             "tp_groups_across_nodes_planned": tp_groups_across_nodes(layout), "shared_gpus": shared}

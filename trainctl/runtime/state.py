@@ -116,7 +116,7 @@ def entries(ts: TrainState) -> list[Entry]:
                 lo, hi = (lo, hi) if lo < hi else (0, 0)  # this rank owns none of it
                 master = next((m for i, m, _g in b.fragments if i is info), None)
                 chunks = []
-                for r, grank in enumerate(par.ranks["dp"]):
+                for r, grank in enumerate(par.dp_ranks):
                     c_lo, c_hi = max(off, r * per) - off, min(off + n, (r + 1) * per) - off
                     if c_lo < c_hi:
                         chunks.append((c_lo, c_hi, grank))
@@ -136,7 +136,7 @@ def entries(ts: TrainState) -> list[Entry]:
                 cols = q.numel() // rows if rows else 0
                 size = -(-rows // par.dp)  # torch.chunk / DTensor Shard(0) split of the rows
                 chunks = []
-                for r, grank in enumerate(par.ranks["dp"]):
+                for r, grank in enumerate(par.dp_ranks):
                     r0, r1 = min(r * size, rows), min((r + 1) * size, rows)
                     if r0 < r1:
                         chunks.append((r0 * cols, r1 * cols, grank))

@@ -20,6 +20,7 @@ from trainctl.rundir import RunPaths, append_jsonl, record_event
 from trainctl.runtime import data_parallel, divergence, faults, memory_meter, metrics, optim, peak, stragglers, watchdog
 from trainctl.runtime.checkpointing import Checkpointing
 from trainctl.runtime.comm_wait import COMM, time_pipeline_receives
+from trainctl.runtime.context_parallel import CPContext
 from trainctl.runtime.data import build_loader
 from trainctl.runtime.distributed import Parallel
 from trainctl.runtime.model import build_stage, loss_fn, params_built, params_record
@@ -69,12 +70,13 @@ class Trainer:
         self.autocast_dtype, self.scaler = self._precision()
         self.cfg = ModelShape.from_spec(spec.model)
         self.tp = (TPContext.from_group(par.tp_group, p.sequence_parallel) if par.tp > 1 else TPContext.single())
+        self.cp = CPContext.from_group(par.cp_group)
         ranges = stage_layer_ranges(spec)
         n_stages = len(ranges)
         self.stage_ids = stages_of_pp_rank(par.pp_rank, spec)
         self.modules: list[nn.Module] = [
             build_stage(self.cfg, ranges[s], s == 0, s == n_stages - 1, self.tp, t.seed, recompute=t.recompute,
-                        device=par.device)
+                        device=par.device, cp=self.cp)
             for s in self.stage_ids]
         self.params = self._params_record()  # before FSDP turns the parameters into shards
         self.micro_batches = spec.micro_batches
@@ -106,7 +108,7 @@ class Trainer:
                                       self.micro_batches, par.device, par.pp_group, self.autocast_dtype,
                                       self.sync.backward_done)
         self.holds_last = (n_stages - 1) in self.stage_ids
-        self.loader = build_loader(spec, par.dp_rank, par.dp, t.seed)
+        self.loader = build_loader(spec, par.replica, par.replicas, t.seed, self.cp)
         self.flops: metrics.FlopsModel | None = None
         self.steptimes: stragglers.StepTimeLog | None = None  # this rank's step times (set by run())
         self.slow_s = stragglers.slow_seconds(par.rank)  # the slow_rank fault
@@ -165,7 +167,8 @@ class Trainer:
         if self.log:
             # The attempt counters make every restart explicit in events.jsonl (torchrun: worker restarts;
             # Slurm: requeues), which goodput and `trainctl status` count.
-            record_event(self.paths, "start", world_size=par.world_size, tp=par.tp, pp=par.pp, dp=par.dp,
+            record_event(self.paths, "start", world_size=par.world_size, tp=par.tp, cp=par.cp, pp=par.pp,
+                         dp=par.replicas,
                          zero=spec.parallel.zero, schedule=spec.parallel.schedule, peak_source=source,
                          params=self.params,
                          torchrun_restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),

@@ -116,6 +116,9 @@ class ModelSpec(Strict):
 
 class ParallelSpec(Strict):
     tp: Count = 1
+    cp: Count = Field(1, description="Context-parallel size: each sequence is split into 2*cp chunks and CP rank i "
+                      "holds chunks i and 2*cp-1-i (balanced causal work); K/V are all-gathered over the CP group "
+                      "(Megatron-Core order tp-cp-ep-dp-pp). Gradients are reduced, and ZeRO shards, over dp x cp")
     pp: Count = 1
     dp: Count | Literal["auto"] = "auto"
     ep: Count = Field(1, description="Expert-parallel size: the routed experts are split over ep ranks carved from "
@@ -307,8 +310,13 @@ class RunSpec(Strict):
     def dp(self) -> int:
         """The data-parallel size, with `auto` resolved from the cluster (rules guarantee it divides)."""
         if self.parallel.dp == "auto":
-            return max(1, self.cluster.world_size // (self.parallel.tp * self.parallel.pp))
+            return max(1, self.cluster.world_size // self.model_parallel)
         return self.parallel.dp
+
+    @property
+    def model_parallel(self) -> int:
+        """Ranks of one data-parallel replica: tp x cp x pp."""
+        return self.parallel.tp * self.parallel.cp * self.parallel.pp
 
     @property
     def world_size(self) -> int:

@@ -34,7 +34,7 @@ def _largest_divisor_at_most(n: int, limit: int) -> int:
 def check(spec: RunSpec) -> list[str]:
     """Every independent problem at once: a rule group stops early only where its later rules would just
     repeat its first mistake (no dp, no micro-batch count)."""
-    groups = (_hardware, _model_vs_tp, _layout, _moe, _training, _data_and_launcher)
+    groups = (_hardware, _model_vs_tp, _context_parallel, _layout, _moe, _training, _data_and_launcher)
     return [line for group in groups for line in group(spec)]
 
 
@@ -74,10 +74,11 @@ def _model_vs_tp(spec: RunSpec) -> Iterator[str]:
     if m.position == "rope" and m.hidden % m.heads == 0 and (m.hidden // m.heads) % 2:
         yield problem("model.hidden", m.hidden, "rotary embeddings need an even head_dim",
                       "choose hidden/heads even")
-    if p.sequence_parallel and m.seq_len % p.tp:
+    if p.sequence_parallel and m.seq_len % (p.tp * p.cp):
+        where = f"each CP rank's {m.seq_len}/cp tokens" if p.cp > 1 else "the sequence"
         yield problem("model.seq_len", m.seq_len,
-                      f"sequence_parallel splits the sequence over tp={p.tp} ranks but it does not divide",
-                      f"use a seq_len divisible by {p.tp}")
+                      f"sequence_parallel splits {where} over tp={p.tp} ranks but it does not divide",
+                      f"use a seq_len divisible by {p.tp * p.cp}" + (f" (tp*cp = {p.tp}*{p.cp})" if p.cp > 1 else ""))
 
     domain = nvlink_domain_size(c)
     if not p.allow_tp_across_nodes and not aligned_groups_fit(p.tp, world, domain):
@@ -89,20 +90,45 @@ def _model_vs_tp(spec: RunSpec) -> Iterator[str]:
                       "or set parallel.allow_tp_across_nodes: true if you really mean it")
 
 
+def _context_parallel(spec: RunSpec) -> Iterator[str]:
+    """Context parallelism (runtime/context_parallel.py; docs/ARCHITECTURE.md, "Context parallelism")."""
+    m, p = spec.model, spec.parallel
+    if p.cp == 1:
+        return
+    chunks = 2 * p.cp
+    if m.seq_len % chunks:
+        lo = chunks * max(1, m.seq_len // chunks)
+        yield problem("model.seq_len", m.seq_len,
+                      f"context parallelism splits each sequence into 2*cp = {chunks} chunks (CP rank i holds "
+                      f"chunks i and {chunks - 1}-i, so causal attention work is balanced) but it does not divide",
+                      f"use a seq_len divisible by {chunks}, e.g. {lo} or {lo + chunks}, or a smaller parallel.cp")
+    if m.dropout:
+        yield problem("model.dropout", m.dropout,
+                      f"context parallelism (cp={p.cp}) supports causal attention without dropout: each CP rank "
+                      "holds other tokens, and the trainer draws no per-CP-rank dropout masks",
+                      "set model.dropout: 0 (as Llama-style pretraining does), or parallel.cp: 1")
+    if m.moe is not None:
+        yield problem("parallel.cp", p.cp,
+                      "context parallelism with a mixture-of-experts model is not supported yet (the MoE trainer "
+                      "and CP are combined after both land)", "set parallel.cp: 1 for an MoE model")
+
+
 def _layout(spec: RunSpec) -> Iterator[str]:  # noqa: C901 - world size, batch and pipeline, in that order
     m, p, t, c = spec.model, spec.parallel, spec.train, spec.cluster
     world = c.world_size
-    model_parallel = p.tp * p.pp
+    model_parallel = spec.model_parallel
+    # the product as the user wrote it: cp appears only when it is used
+    names, values = ("tp*cp*pp", f"{p.tp}*{p.cp}*{p.pp}") if p.cp > 1 else ("tp*pp", f"{p.tp}*{p.pp}")
     if p.dp == "auto":
         if world % model_parallel:
-            yield problem("parallel", f"tp={p.tp} pp={p.pp}",
-                          f"tp*pp = {model_parallel} does not divide the {world} GPUs "
+            yield problem("parallel", f"tp={p.tp} {f'cp={p.cp} ' if p.cp > 1 else ''}pp={p.pp}",
+                          f"{names} = {model_parallel} does not divide the {world} GPUs "
                           f"(cluster.nodes={c.nodes} x cluster.gpus_per_node={c.gpus_per_node})",
-                          f"choose tp*pp among the divisors of {world}: {_divisors(world)}")
+                          f"choose {names} among the divisors of {world}: {_divisors(world)}")
             return  # dp is undefined; the rules below would only repeat this mistake
     elif model_parallel * p.dp != world:
         yield problem("parallel.dp", p.dp,
-                      f"tp*pp*dp = {p.tp}*{p.pp}*{p.dp} = {model_parallel * p.dp} but the cluster has "
+                      f"{names}*dp = {values}*{p.dp} = {model_parallel * p.dp} but the cluster has "
                       f"{c.nodes} node{'s' if c.nodes != 1 else ''} x {c.gpus_per_node} GPUs = {world}",
                       f"set parallel.dp to {world // model_parallel if world % model_parallel == 0 else 'auto'}"
                       " or change cluster.nodes")
@@ -189,7 +215,7 @@ def _moe(spec: RunSpec) -> Iterator[str]:  # noqa: C901 - a flat list of indepen
             yield problem(f"model.moe.{field}", size, f"experts are split over tp={p.tp} ranks (expert TP = tp) "
                           "but it does not divide", f"use a size divisible by {p.tp}, e.g. {p.tp * -(-size // p.tp)}")
     world = spec.cluster.world_size
-    if p.ep > 1 and (p.dp != "auto" or world % (p.tp * p.pp) == 0):  # else dp is undefined (_layout says so)
+    if p.ep > 1 and (p.dp != "auto" or world % spec.model_parallel == 0):  # else dp is undefined (_layout says so)
         dp = spec.dp
         if dp % p.ep:
             yield problem("parallel.ep", p.ep, f"expert parallelism is carved from the data-parallel group, and "
