@@ -61,6 +61,8 @@ class MoEShape:
     first_dense: int = 0
     router: str = "topk_softmax"  # topk_softmax (Mixtral) | softmax_topk (OLMoE, Qwen-MoE)
     capacity_factor: float | None = None  # None: dropless
+    aux_loss_coeff: float = 0.0  # load-balancing loss coefficient (the trainer's; no FLOPs or parameters)
+    z_loss_coeff: float | None = None  # router z-loss coefficient; None: off
 
     def __post_init__(self) -> None:
         if self.shared_ffn_hidden is None:

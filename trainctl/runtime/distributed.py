@@ -15,7 +15,7 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
-from trainctl.plan.placement import Groups, Layout, coords
+from trainctl.plan.placement import Groups, Layout, coords, expert_coords
 from trainctl.spec.models import RunSpec
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -82,6 +82,8 @@ class Parallel:
     embedding_group: dist.ProcessGroup | None  # first + last pipeline stage, for tied embeddings
     ranks: dict[str, list[int]]
     world_group: dist.ProcessGroup | None = None  # all ranks of the layout (None: the default group)
+    ep_group: dist.ProcessGroup | None = None  # expert parallelism: the ranks that exchange tokens
+    expert_dp_group: dist.ProcessGroup | None = None  # the replicas of this rank's experts (dp/ep ranks)
 
     @property
     def rank(self) -> int:
@@ -102,6 +104,19 @@ class Parallel:
     @property
     def pp(self) -> int:
         return self.layout.pp
+
+    @property
+    def ep(self) -> int:
+        return self.layout.ep
+
+    @property
+    def ep_rank(self) -> int:
+        return expert_coords(self.dp_rank, self.layout)[0]
+
+    @property
+    def edp_rank(self) -> int:
+        """Expert-data-parallel rank (this rank's place among the replicas of its experts)."""
+        return expert_coords(self.dp_rank, self.layout)[1]
 
 
 def init(spec: RunSpec, env: RankEnv) -> Parallel:
@@ -141,14 +156,15 @@ def parallel_groups(layout: Layout, env: RankEnv, device: torch.device) -> Paral
     if layout.world_size > world:
         raise RuntimeError(f"layout needs {layout.world_size} ranks, the process group has {world}")
     groups = Groups(layout)
-    made = {kind: _subgroup(getattr(groups, kind), env.rank) for kind in ("tp", "dp", "pp", "embedding")}
+    kinds = ("tp", "dp", "pp", "embedding") + (("ep", "expert_dp") if layout.ep > 1 else ())
+    made = {kind: _subgroup(getattr(groups, kind), env.rank) for kind in kinds}
     world_group = None if layout.world_size == world else _subgroup([list(range(layout.world_size))], env.rank)
     if env.rank >= layout.world_size:
         return None
     t, d, p = coords(env.rank, layout)
     sub_env = RankEnv(env.rank, env.local_rank, layout.world_size)
     return Parallel(sub_env, layout, device, t, d, p, made["tp"], made["dp"], made["pp"], made["embedding"],
-                    groups.of_rank(env.rank), world_group)
+                    groups.of_rank(env.rank), world_group, made.get("ep"), made.get("expert_dp"))
 
 
 _made_groups: dict[tuple[tuple[int, ...], ...], dist.ProcessGroup | None] = {}
