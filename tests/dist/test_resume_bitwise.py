@@ -11,10 +11,14 @@ from resume_utils import assert_same_weights, curve, events, straight_and_resume
 pytestmark = pytest.mark.slow
 
 SMALL_BUCKETS = {"TRAINCTL_BUCKET_NUMEL": "20000"}  # several buckets: ZeRO slices cut through parameters
+# A mixture of experts (4 experts, top-2, a shared expert, balance and z losses), Llama family
+MOE_MODEL = {"norm": "rmsnorm", "position": "rope", "activation": "swiglu", "tied_embeddings": False,
+             "moe": {"num_experts": 4, "top_k": 2, "expert_ffn_hidden": 64, "shared_experts": 1,
+                     "aux_loss_coeff": 0.01, "z_loss_coeff": 0.001}}
 
 # Each case is a distinct save/load path; a path that a larger case already exercises is not run again alone
 # (TP2 x PP2 x DP2 covers PP 1F1B, SP and ZeRO-1; TP2 x DP2 covers plain DP buckets and TP without SP).
-CASES: dict[str, tuple[dict, dict, int]] = {
+CASES: dict[str, tuple[dict, dict, int] | tuple[dict, dict, int, dict]] = {
     "tp2-dp2": ({"tp": 2, "dp": 2, "micro_batch": 4}, SMALL_BUCKETS, 6),
     "zero2-dp2": ({"dp": 2, "zero": 2}, SMALL_BUCKETS, 6),
     "pp2-interleaved": ({"pp": 2, "schedule": "interleaved", "virtual_stages": 2}, {}, 6),
@@ -22,13 +26,15 @@ CASES: dict[str, tuple[dict, dict, int]] = {
     # the one 8-rank case (slow on 2 cores): TP2 x PP2 x DP2 (1F1B) with sequence parallelism and ZeRO-1
     "tp2-pp2-dp2": ({"tp": 2, "pp": 2, "dp": 2, "sequence_parallel": True, "micro_batch": 2, "zero": 1},
                     SMALL_BUCKETS, 4),
+    # expert parallelism: the experts' ZeRO-1 slices over an expert-DP group of 2, the dense ones over DP 4
+    "moe-dp4-ep2-zero1": ({"dp": 4, "ep": 2, "zero": 1, "micro_batch": 2}, SMALL_BUCKETS, 4, {"model": MOE_MODEL}),
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_resume_is_bitwise(case: str, tmp_path: Path) -> None:
-    parallel, env, steps = CASES[case]
-    straight, resumed = straight_and_resumed(tmp_path, parallel, steps, env=env)
+    parallel, env, steps, *sections = CASES[case]
+    straight, resumed = straight_and_resumed(tmp_path, parallel, steps, env=env, **(sections[0] if sections else {}))
     want, got = curve(straight), curve(resumed)
     assert [s for s, _, _ in got] == list(range(1, steps + 1))  # no step repeated or skipped
     assert got == want, (got, want)  # loss and grad norm, bitwise (==)

@@ -80,7 +80,7 @@ def check_against(ours: MoE, hf, x: torch.Tensor, renormalise: bool, shared_hf=N
         assert torch.allclose(m.fc1.weight.grad, hf.experts.gate_up_proj.grad[int(e)], rtol=0, atol=1e-14)
         assert torch.allclose(m.fc2.weight.grad, hf.experts.down_proj.grad[int(e)], rtol=0, atol=1e-14)
     if shared_hf is not None:
-        m = ours.shared[0]
+        m = ours.shared
         want = torch.cat([shared_hf.gate_proj.weight.grad, shared_hf.up_proj.weight.grad])
         assert torch.allclose(m.fc1.weight.grad, want, rtol=0, atol=1e-14)
         assert torch.allclose(m.fc2.weight.grad, shared_hf.down_proj.weight.grad, rtol=0, atol=1e-14)
@@ -121,7 +121,7 @@ def test_softmax_topk_with_shared_expert_equals_qwen2_moe() -> None:
                                                hidden_act="silu", norm_topk_prob=False))
     with torch.no_grad():
         hf.gate.weight.copy_(ours.router.weight)
-        s = ours.shared[0]
+        s = ours.shared
         gate, up = s.fc1.weight.chunk(2)
         hf.shared_expert.gate_proj.weight.copy_(gate)
         hf.shared_expert.up_proj.weight.copy_(up)

@@ -19,7 +19,7 @@ Parameter names (global, identical in every layout):
     layers.<i>.mlp.fc2.{weight,bias}     row-parallel
     layers.<i>.mlp.router.weight         an MoE layer's gate [E, H] (replicated; runtime/moe.py), then
     layers.<i>.mlp.experts.<e>.fc{1,2}.* routed expert e (global index: only this EP rank's experts exist)
-    layers.<i>.mlp.shared.<j>.fc{1,2}.*  shared expert j (a dense MLP)
+    layers.<i>.mlp.shared.fc{1,2}.*      the shared experts (one dense MLP)
     final_norm.{weight,bias}
     head.weight                 untied LM head [V, H] (vocab-sharded)
 With tied embeddings and the first and last stage in different modules, the last stage holds its own copy
@@ -211,12 +211,13 @@ class Block(nn.Module):
 
 def _moe_mlp(cfg: ModelShape, tp: TPContext, ctx: MoEContext, out_std: float, layer: int) -> MoE:
     """An MoE layer's MLP: this EP rank's routed experts (each the dense MLP's shape at expert_ffn_hidden,
-    named by global expert index) and the shared experts (dense MLPs of shared_ffn_hidden)."""
+    named by global expert index) and the shared experts, one dense MLP of shared_experts x shared_ffn_hidden
+    (DeepSeek-MoE's: n MLPs side by side are one MLP n times as wide)."""
     e = cfg.moe
     assert e is not None
     experts = {i: MLP(cfg, tp, out_std, ffn=e.expert_ffn_hidden, tp_region=False)
                for i in ctx.ep.experts_of(e.num_experts)}
-    shared = [MLP(cfg, tp, out_std, ffn=e.shared_ffn_hidden) for _ in range(e.shared_experts)]
+    shared = MLP(cfg, tp, out_std, ffn=e.shared_experts * e.shared_ffn_hidden) if e.shared_experts else None
     return MoE(cfg, tp, ctx, experts, shared, layer)
 
 

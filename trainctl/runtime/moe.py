@@ -18,7 +18,7 @@ One forward, for this rank's tokens x [B, T', H] (T' = T/tp under sequence paral
 5. Experts: this EP rank's num_experts/ep experts (dense MLPs of expert_ffn_hidden, split over TP, named
    by global expert index), each on its contiguous slice; fc2's bias is added after the TP reduction.
 6. Combine: the reverse all-to-all, each output weighted by its routing weight and summed per token; the
-   shared experts (dense MLPs) are added.
+   shared experts (one dense MLP, shared_experts x shared_ffn_hidden wide) are added.
 
 Auxiliary losses, per sequence (each sequence is whole in every layout, so the loss does not depend on the
 layout or the micro-batch size; the form of DeepSeek-V3's sequence-wise balance loss), then averaged over
@@ -336,14 +336,14 @@ class MoE(nn.Module):
     """An MoE layer's MLP (the module docstring): router, routed experts of this EP rank, shared experts."""
 
     def __init__(self, cfg: ModelShape, tp: TPContext, ctx: MoEContext, experts: dict[int, nn.Module],
-                 shared: list[nn.Module], layer: int):
+                 shared: nn.Module | None, layer: int):
         super().__init__()
         assert cfg.moe is not None
         self.spec = cfg.moe
         self.tp, self.ctx, self.layer = tp, ctx, layer
         self.router = Router(cfg, tp)
         self.experts = RoutedExperts(experts, tp, cfg.bias)
-        self.shared = nn.ModuleList(shared)
+        self.shared = shared
         self.bias = cfg.bias
 
     # -- routing ---------------------------------------------------------------------------------
@@ -383,8 +383,11 @@ class MoE(nn.Module):
             if tp.sp:
                 with COMM:
                     dist.all_reduce(counts, group=tp.group)
-        balance = E / (k * T * T) * (counts * probs.view(B, Tl, E).sum(1)).sum(1)
-        z = torch.logsumexp(logits, -1).pow(2).view(B, Tl).sum(1) / T
+        # a loss without a coefficient is only reported: no graph, so autograd keeps none of its inputs
+        with torch.set_grad_enabled(torch.is_grad_enabled() and bool(self.spec.aux_loss_coeff)):
+            balance = E / (k * T * T) * (counts * probs.view(B, Tl, E).sum(1)).sum(1)
+        with torch.set_grad_enabled(torch.is_grad_enabled() and bool(self.spec.z_loss_coeff)):
+            z = torch.logsumexp(logits, -1).pow(2).view(B, Tl).sum(1) / T
         return balance, z
 
     # -- dispatch and combine ----------------------------------------------------------------------
@@ -427,8 +430,8 @@ class MoE(nn.Module):
         if torch.is_autocast_enabled(x.device.type):  # the tokens travel in the compute dtype
             dispatch = tokens.to(torch.get_autocast_dtype(x.device.type))
         out = self._routed(dispatch, idx, weights, keep).view(B, Tl, H)
-        for mlp in self.shared:
-            out = out + mlp(x)
+        if self.shared is not None:
+            out = out + self.shared(x)
         self._record(idx, keep, balance, z, B)
         loss = spec_loss(balance, z, self.ctx.shape)
         if loss is not None:
