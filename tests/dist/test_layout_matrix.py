@@ -1,14 +1,16 @@
 """Every model family on every layout trains what one process trains: the equivalence matrix.
 
-Factors: the model (the GPT and Llama families whole, and the Llama family with one feature switched back
-to GPT's: norm, positions, activation, tied embeddings, bias, attention heads), the layout (TP with and
-without SP, each pipeline schedule, TP x PP with and without SP, DP with ZeRO 0-3, TP x PP x DP), the
-micro-batch size and the recompute mode. The default suite runs a covering design: every pair of values
-of any two factors at least once. `pytest -m matrix_full` runs the full product. Each configuration is held
+Factors: the model (the GPT and Llama families whole, the Llama family with one feature switched back
+to GPT's: norm, positions, activation, tied embeddings, bias, attention heads, and a mixture of experts of
+each family), the layout (TP with and without SP, each pipeline schedule, TP x PP with and without SP, DP
+with ZeRO 0-3, TP x PP x DP, and expert parallelism with each of those kinds, for the MoE models only), the
+micro-batch size and the recompute mode. The default suite runs a covering design: every allowed pair of
+values of any two factors at least once (206 configurations, 70 of them MoE). `pytest -m matrix_full` runs the full product. Each configuration is held
 against one rank on the same global batch: losses and grad norms over 4 steps within 1e-5 relative, final
 weights within 1e-5 absolute (fp32: only the summation order differs; measured over the pairwise design:
 losses 1.8e-7, grad norms 2.8e-7, weights 8e-6, the last on one SwiGLU element whose near-zero gradient
-Adam's normalisation magnifies, identical in every TP layout).
+Adam's normalisation magnifies, identical in every TP layout). Dropless routing makes the MoE models exact
+up to summation order too: over their 70 configurations losses 1.7e-7, grad norms 1.4e-7, weights 1.9e-6.
 
 bf16 (train.low_precision_on_cpu runs the real autocast path on the CPU): the Llama family under
 TP2 x PP2 x DP2 + SP is held against one rank in bf16 within 2e-3 relative per step (losses and grad

@@ -57,6 +57,29 @@ from trainctl.runtime.tensor_parallel import (
 
 A2A = CommWait()  # seconds in the EP all-to-alls (and their count exchanges): metrics `moe.a2a_s`
 
+
+@dataclass
+class A2ATraffic:
+    """Bytes of token rows this rank hands to the EP all-to-alls (dispatch and combine, forward, backward and
+    any recomputed forward; the pipeline's shape inference too): `off_rank` goes to the other EP ranks,
+    `total` includes the rows that stay (those for its own experts). Metrics `moe.a2a_bytes`."""
+
+    off_rank: int = 0
+    total: int = 0
+
+    def add(self, x: Tensor, in_splits: list[int], me: int) -> None:
+        row = x.element_size() * math.prod(x.shape[1:])
+        self.total += row * sum(in_splits)
+        self.off_rank += row * (sum(in_splits) - in_splits[me])
+
+    def take(self) -> tuple[int, int]:
+        out = (self.off_rank, self.total)
+        self.off_rank = self.total = 0
+        return out
+
+
+TRAFFIC = A2ATraffic()
+
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
@@ -104,6 +127,7 @@ class MoEStats:
     def start_step(self) -> None:
         self.records = {}
         A2A.take()
+        TRAFFIC.take()
 
     def record(self, layer: int, row: Tensor) -> None:
         if torch._C._current_graph_task_id() != -1:  # inside backward: a recomputed forward
@@ -116,11 +140,12 @@ class MoEStats:
         buf = torch.zeros(len(self.row), E + 4, dtype=torch.float64, device=device)
         for layer, rows in self.records.items():
             buf[self.row[layer]] += torch.stack(rows[-micro_batches:]).double().sum(0)
-        a2a = torch.tensor([A2A.take()], dtype=torch.float64, device=device)
+        a2a = torch.tensor([A2A.take(), *TRAFFIC.take()], dtype=torch.float64, device=device)
         flat = torch.cat([buf.reshape(-1), a2a])
         if world > 1:
             dist.all_reduce(flat, group=group)
-        buf = flat[:-1].view(len(self.row), E + 4)
+        seconds, off_rank, total = flat[-3:].tolist()
+        buf = flat[:-3].view(len(self.row), E + 4)
         counts, extra = buf[:, :E], buf[:, E:]
         seqs = extra[:, _SEQS].clamp(min=1)
         mean = counts.mean(1).clamp(min=1e-12)
@@ -131,7 +156,9 @@ class MoEStats:
                                   "mean": float(counts.mean())},
             "imbalance": float((counts.max(1).values / mean).max()),  # max/mean, worst layer
             "dropped": int(extra[:, _DROPPED].sum()),
-            "a2a_s": float(flat[-1]) / world,  # per rank, mean over ranks
+            "a2a_s": seconds / world,  # per rank, mean over ranks
+            "a2a_bytes": off_rank / world,  # token rows sent to other EP ranks, per rank, mean over ranks
+            "a2a_off_rank": off_rank / total if total else 0.0,  # of the rows dispatched, the share that left
         }
 
 
@@ -166,8 +193,9 @@ class MoEContext:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _all_to_all(x: Tensor, out_splits: list[int], in_splits: list[int], group: Any) -> Tensor:
+def _all_to_all(x: Tensor, out_splits: list[int], in_splits: list[int], group: Any, me: int) -> Tensor:
     out = x.new_empty((sum(out_splits), *x.shape[1:]))
+    TRAFFIC.add(x, in_splits, me)
     with COMM, A2A:
         dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
     return out
@@ -175,14 +203,14 @@ def _all_to_all(x: Tensor, out_splits: list[int], in_splits: list[int], group: A
 
 class _AllToAll(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor, out_splits: list[int], in_splits: list[int], group: Any) -> Tensor:
-        ctx.splits, ctx.group = (out_splits, in_splits), group
-        return _all_to_all(x, out_splits, in_splits, group)
+    def forward(ctx, x: Tensor, out_splits: list[int], in_splits: list[int], group: Any, me: int) -> Tensor:
+        ctx.splits, ctx.group, ctx.me = (out_splits, in_splits), group, me
+        return _all_to_all(x, out_splits, in_splits, group, me)
 
     @staticmethod
     def backward(ctx, g: Tensor):
         out_splits, in_splits = ctx.splits
-        return _all_to_all(g, in_splits, out_splits, ctx.group), None, None, None
+        return _all_to_all(g, in_splits, out_splits, ctx.group, ctx.me), None, None, None, None
 
 
 def _gather_rows(x: Tensor, counts: list[int], tp: TPContext) -> Tensor:
@@ -410,12 +438,13 @@ class MoE(nn.Module):
         x = tokens.index_select(0, token_of)  # top_k copies, grouped by expert
         send_rows, recv_rows = send.sum(1).tolist(), recv.sum(1).tolist()
         if ep.size > 1:
-            x = _AllToAll.apply(x, recv_rows, send_rows, ep.group)  # [source EP rank][expert] chunks
+            x = _AllToAll.apply(x, recv_rows, send_rows, ep.group, ep.rank)  # [source EP rank][expert] chunks
         y = self.experts(x, recv)
         if ep.size > 1:
-            y = _AllToAll.apply(y, send_rows, recv_rows, ep.group)  # back in `order`
+            y = _AllToAll.apply(y, send_rows, recv_rows, ep.group, ep.rank)  # back in `order`
         w = weights.reshape(-1).index_select(0, order).to(y.dtype)
-        return y.new_zeros((N, y.shape[-1])).index_add(0, token_of, y * w.unsqueeze(1))
+        # index_put keeps only the index for backward (index_add would keep the weighted outputs too)
+        return y.new_zeros((N, y.shape[-1])).index_put((token_of,), y * w.unsqueeze(1), accumulate=True)
 
     def forward(self, x: Tensor) -> Tensor:
         B, Tl, H = x.shape
