@@ -372,7 +372,6 @@ class MoE(nn.Module):
         self.router = Router(cfg, tp)
         self.experts = RoutedExperts(experts, tp, cfg.bias)
         self.shared = shared
-        self.bias = cfg.bias
 
     # -- routing ---------------------------------------------------------------------------------
     def _top_k(self, logits: Tensor, probs: Tensor) -> tuple[Tensor, Tensor]:
@@ -462,7 +461,7 @@ class MoE(nn.Module):
         if self.shared is not None:
             out = out + self.shared(x)
         self._record(idx, keep, balance, z, B)
-        loss = spec_loss(balance, z, self.ctx.shape)
+        loss = _aux_loss(balance, z, self.spec)
         if loss is not None:
             out = _AttachLoss.apply(out, loss, self.ctx.aux_grad_scale)
         return out
@@ -481,7 +480,7 @@ class MoE(nn.Module):
         self.ctx.stats.record(self.layer, row)
 
 
-def spec_loss(balance: Tensor, z: Tensor, spec: MoEShape) -> Tensor | None:
+def _aux_loss(balance: Tensor, z: Tensor, spec: MoEShape) -> Tensor | None:
     """aux_loss_coeff * balance + z_loss_coeff * z, mean over the micro-batch's sequences (None: both off)."""
     loss = None
     if spec.aux_loss_coeff:

@@ -34,7 +34,7 @@ from trainctl.runtime.comm_wait import COMM, time_pipeline_receives
 from trainctl.runtime.data import build_loader
 from trainctl.runtime.distributed import Parallel
 from trainctl.runtime.model import build_stage, loss_fn, params_built, params_record
-from trainctl.runtime.moe import EPContext, MoEContext, is_expert_param
+from trainctl.runtime.moe import A2A, EPContext, MoEContext, is_expert_param
 from trainctl.runtime.schedules import Accumulate, Executor, Pipelined
 from trainctl.runtime.state import TrainState
 from trainctl.runtime.tensor_parallel import TPContext
@@ -121,6 +121,7 @@ class Trainer:
         self.steptimes: stragglers.StepTimeLog | None = None  # this rank's step times (set by run())
         self.slow_s = stragglers.slow_seconds(par.rank)  # the slow_rank fault
         COMM.use_cuda(par.device.type == "cuda")
+        A2A.use_cuda(par.device.type == "cuda")  # the EP all-to-all's share of COMM (runtime/moe.py)
         if par.pp > 1:
             time_pipeline_receives()
         self.ckpt_block_s = 0.0  # checkpoint-save blocking since the last metrics line (outside step time)
