@@ -55,12 +55,14 @@ class MoEShape:
     num_experts: int
     top_k: int
     expert_ffn_hidden: int
-    shared_experts: int = 0
+    shared_experts: int = 0  # built as one MLP of shared_experts * shared_ffn_hidden (DeepSeek-MoE's)
     shared_ffn_hidden: int | None = None  # None: = expert_ffn_hidden
     every: int = 1  # layer i is MoE when i >= first_dense and i % every == 0 (DeepSeek's rule)
     first_dense: int = 0
     router: str = "topk_softmax"  # topk_softmax (Mixtral) | softmax_topk (OLMoE, Qwen-MoE)
     capacity_factor: float | None = None  # None: dropless
+    aux_loss_coeff: float = 0.0  # load-balancing loss coefficient (the trainer's; no FLOPs or parameters)
+    z_loss_coeff: float | None = None  # router z-loss coefficient; None: off
 
     def __post_init__(self) -> None:
         if self.shared_ffn_hidden is None:
@@ -234,10 +236,10 @@ def layer_bias_params(m: ModelShape, moe: bool = False) -> tuple[int, int]:
     if not m.bias:
         return 0, 0
     h = m.hidden
-    if moe and m.moe is not None:
+    if moe and m.moe is not None:  # the shared experts are one MLP of shared_experts x shared_ffn_hidden
         shared = m.moe.shared_experts
         split = (h + 2 * m.kv_width) + shared * (m.mlp_matrices - 1) * (m.moe.shared_ffn_hidden or 0)
-        return split, h + shared * h
+        return split, h + (h if shared else 0)
     split = (h + 2 * m.kv_width) + (m.mlp_matrices - 1) * m.ffn_hidden
     replicated = h + h
     return split, replicated

@@ -1,14 +1,17 @@
 """Every model family on every layout trains what one process trains: the equivalence matrix.
 
-Factors: the model (the GPT and Llama families whole, and the Llama family with one feature switched back
-to GPT's: norm, positions, activation, tied embeddings, bias, attention heads), the layout (TP with and
-without SP, each pipeline schedule, TP x PP with and without SP, DP with ZeRO 0-3, TP x PP x DP), the
-micro-batch size and the recompute mode. The default suite runs a covering design: every pair of values
-of any two factors at least once. `pytest -m matrix_full` runs the full product. Each configuration is held
+Factors: the model (the GPT and Llama families whole, the Llama family with one feature switched back
+to GPT's: norm, positions, activation, tied embeddings, bias, attention heads, and a mixture of experts of
+each family), the layout (TP with and without SP, each pipeline schedule, TP x PP with and without SP, DP
+with ZeRO 0-3, TP x PP x DP, and expert parallelism with each of those kinds, for the MoE models only), the
+micro-batch size and the recompute mode (the MoE models on the EP layouts and five without EP, MOE_WITHOUT_EP).
+The default suite runs a covering design: every allowed pair of values of any two factors at least once (182
+configurations, 46 of them MoE). `pytest -m matrix_full` runs the full product. Each configuration is held
 against one rank on the same global batch: losses and grad norms over 4 steps within 1e-5 relative, final
 weights within 1e-5 absolute (fp32: only the summation order differs; measured over the pairwise design:
 losses 1.8e-7, grad norms 2.8e-7, weights 8e-6, the last on one SwiGLU element whose near-zero gradient
-Adam's normalisation magnifies, identical in every TP layout).
+Adam's normalisation magnifies, identical in every TP layout). Dropless routing makes the MoE models exact
+up to summation order too: over their 70 configurations losses 1.7e-7, grad norms 1.4e-7, weights 1.9e-6.
 
 bf16 (train.low_precision_on_cpu runs the real autocast path on the CPU): the Llama family under
 TP2 x PP2 x DP2 + SP with ZeRO-1 is held against one rank in bf16 within 2e-3 relative per step (losses and
@@ -52,8 +55,12 @@ BASE: dict[str, Any] = {
     "name": "matrix",
     "model": {"layers": 4, "hidden": 32, "heads": 4, "vocab": 255, "seq_len": 16},  # vocab pads at tp=2
     "parallel": {"tp": 1, "pp": 1, "dp": 1, "micro_batch": 16},
+    # eps 1e-6: Adam divides an update by sqrt(v) + eps, so with 1e-8 an element whose gradient is at fp32
+    # rounding level moves by O(lr) in a direction the summation order decides, and the weight check would
+    # compare rounding, not gradients (measured: one LM-head element of 8,160 off by 3.1e-5 under MoE DP2/EP2
+    # with 1e-8, 2.3e-6 with 1e-6; the rest of the model 5e-6 and 5e-7)
     "train": {"global_batch": 16, "steps": STEPS, "lr": 1e-3, "warmup": 1, "precision": "fp32", "seed": 11,
-              "grad_clip": 1.0},
+              "grad_clip": 1.0, "eps": 1e-6},
     "data": {"synthetic": True},
     "cluster": {"nodes": 1, "gpus_per_node": WORLD, "gpu": "cpu"},
     "launcher": {"backend": "local"},
@@ -63,10 +70,24 @@ GPT = {"norm": "layernorm", "position": "learned", "activation": "gelu", "tied_e
        "kv_heads": 4}
 LLAMA = {"norm": "rmsnorm", "position": "rope", "activation": "swiglu", "tied_embeddings": False, "bias": False,
          "kv_heads": 2}
+# Mixtures of experts, dropless, both router conventions: the Llama family with a shared expert in every layer
+# (Mixtral's router, z-loss on), the GPT family (biases in every expert) with every other layer MoE (OLMoE's
+# router); each with the balance loss on, so its gradient is held against one rank too.
+MOE_LLAMA = {**LLAMA, "moe": {"num_experts": 4, "top_k": 2, "expert_ffn_hidden": 32, "shared_experts": 1,
+                              "shared_ffn_hidden": 48, "router": "topk_softmax", "aux_loss_coeff": 0.01,
+                              "z_loss_coeff": 0.001}}
+MOE_GPT = {**GPT, "moe": {"num_experts": 4, "top_k": 2, "expert_ffn_hidden": 48, "every": 2,
+                          "router": "softmax_topk", "aux_loss_coeff": 0.01}}
 MODELS: dict[str, dict[str, Any]] = {
     "gpt": GPT,
     "llama": LLAMA,
     **{f"llama-{key}-{GPT[key]}".replace("_", "-").lower(): {**LLAMA, key: GPT[key]} for key in GPT},
+    "moe-llama": MOE_LLAMA,
+    "moe-gpt": MOE_GPT,
+}
+# Models of targeted tests, outside the covering design
+TARGETED: dict[str, dict[str, Any]] = {
+    "moe-llama-capacity": {**MOE_LLAMA, "moe": {**MOE_LLAMA["moe"], "capacity_factor": 1.0}},
 }
 
 LAYOUTS: dict[str, dict[str, Any]] = {
@@ -88,6 +109,20 @@ LAYOUTS: dict[str, dict[str, Any]] = {
     "dp2-zero3": {"dp": 2, "zero": 3},
     "tp2-pp2-dp2-sp-zero1": {"tp": 2, "pp": 2, "dp": 2, "sequence_parallel": True, "zero": 1},
     "tp2-pp2-dp2-sp-zero3": {"tp": 2, "pp": 2, "dp": 2, "sequence_parallel": True, "zero": 3},
+    # expert parallelism (MoE models only): ep carved from dp, with every ZeRO stage, TP with and without SP,
+    # each pipeline schedule, and an expert-data-parallel group of 1 (ep = dp) and of 2 (ep = dp/2)
+    "dp2-ep2": {"dp": 2, "ep": 2},
+    "dp2-ep2-zero2": {"dp": 2, "ep": 2, "zero": 2},
+    "dp2-ep2-zero3": {"dp": 2, "ep": 2, "zero": 3},
+    "dp4-ep4-zero1": {"dp": 4, "ep": 4, "zero": 1},
+    "dp4-ep2-zero1": {"dp": 4, "ep": 2, "zero": 1},
+    "dp4-ep2-zero3": {"dp": 4, "ep": 2, "zero": 3},
+    "tp2-dp2-ep2-sp": {"tp": 2, "dp": 2, "ep": 2, "sequence_parallel": True},
+    "tp2-dp2-ep2": {"tp": 2, "dp": 2, "ep": 2},
+    "pp2-dp2-ep2-1f1b": {"pp": 2, "dp": 2, "ep": 2, "schedule": "1f1b"},
+    "pp2-dp2-ep2-interleaved": {"pp": 2, "dp": 2, "ep": 2, "schedule": "interleaved", "virtual_stages": 2},
+    "pp2-dp2-ep2-zero-bubble": {"pp": 2, "dp": 2, "ep": 2, "schedule": "zero-bubble", "virtual_stages": 2},
+    "tp2-pp2-dp2-ep2-sp-zero1": {"tp": 2, "pp": 2, "dp": 2, "ep": 2, "sequence_parallel": True, "zero": 1},
 }
 
 CP_STEPS = 10  # issue 12: context parallelism against one rank over 10 steps
@@ -110,13 +145,29 @@ FACTORS: dict[str, list[str]] = {
 }
 
 
+# The MoE models run on every EP layout and on these without EP (their experts replicated over DP, each
+# schedule and TP variant being on an EP layout already): TP with and without SP, GPipe, FSDP, TP x PP x FSDP.
+MOE_WITHOUT_EP = {"tp2-sp", "tp2", "pp2-gpipe", "dp2-zero3", "tp2-pp2-dp2-sp-zero3"}
+
+
+def allowed(row: dict[str, str]) -> bool:
+    """Whether a (partial) row is in the matrix: expert parallelism needs a mixture-of-experts model, and the
+    MoE models run on the EP layouts and MOE_WITHOUT_EP."""
+    if "model" not in row or "layout" not in row:
+        return True
+    ep = LAYOUTS.get(row["layout"], {}).get("ep", 1) > 1
+    if "moe" in MODELS[row["model"]]:
+        return ep or row["layout"] in MOE_WITHOUT_EP
+    return not ep
+
+
 def covering_design(factors: dict[str, list[str]]) -> list[dict[str, str]]:
-    """A deterministic pairwise covering design (greedy, AETG-style): every pair of values of any two factors
-    appears in at least one row. Each row starts from the first uncovered pair and fills the other factors
-    with the value that covers the most uncovered pairs with what the row already holds."""
+    """A deterministic pairwise covering design (greedy, AETG-style): every allowed pair of values of any two
+    factors appears in at least one row. Each row starts from the first uncovered pair and fills the other
+    factors with the allowed value that covers the most uncovered pairs with what the row already holds."""
     names = list(factors)
     uncovered = {((a, va), (b, vb)) for a, b in itertools.combinations(names, 2)
-                 for va in factors[a] for vb in factors[b]}
+                 for va in factors[a] for vb in factors[b] if allowed({a: va, b: vb})}
 
     def gain(row: dict[str, str], name: str, value: str) -> int:
         return sum(((n, row[n]), (name, value)) in uncovered or ((name, value), (n, row[n])) in uncovered
@@ -128,21 +179,23 @@ def covering_design(factors: dict[str, list[str]]) -> list[dict[str, str]]:
         row = {a: va, b: vb}
         for name in names:
             if name not in row:
-                row[name] = max(factors[name], key=lambda v: (gain(row, name, v), -factors[name].index(v)))
+                row[name] = max((v for v in factors[name] if allowed({**row, name: v})),
+                                key=lambda v: (gain(row, name, v), -factors[name].index(v)))
         uncovered -= {((x, row[x]), (y, row[y])) for x, y in itertools.combinations(names, 2)}
         rows.append({n: row[n] for n in names})
     return rows
 
 
 def full_product(factors: dict[str, list[str]]) -> list[dict[str, str]]:
-    return [dict(zip(factors, values, strict=True)) for values in itertools.product(*factors.values())]
+    rows = [dict(zip(factors, values, strict=True)) for values in itertools.product(*factors.values())]
+    return [r for r in rows if allowed(r)]
 
 
 def case_spec(row: dict[str, str], **train: Any) -> dict[str, Any]:
     """The run spec of one row; layout "one-rank" is the reference."""
     parallel = {**LAYOUTS, **CP_LAYOUTS}.get(row["layout"], {"tp": 1, "pp": 1, "dp": 1})
     world = parallel.get("tp", 1) * parallel.get("cp", 1) * parallel.get("pp", 1) * parallel.get("dp", 1)
-    return deep_update(BASE, {"model": MODELS[row["model"]],
+    return deep_update(BASE, {"model": {**MODELS, **TARGETED}[row["model"]],
                               "parallel": {**parallel, "micro_batch": int(row["micro_batch"])},
                               "train": {"recompute": row["recompute"], **train},
                               "cluster": {"gpus_per_node": world}})
@@ -206,14 +259,17 @@ def check_rows(rows: list[dict[str, str]], out: Path, timeout: float) -> None:
 
 def test_covering_design_covers_every_pair() -> None:
     rows = covering_design(FACTORS)
+    assert all(allowed(r) for r in rows)
     for a, b in itertools.combinations(FACTORS, 2):
         seen = {(r[a], r[b]) for r in rows}
-        assert seen == set(itertools.product(FACTORS[a], FACTORS[b])), (a, b)
-    # near the lower bound (the two largest factors' product), far below the full product
-    assert len(rows) <= 1.25 * len(MODELS) * len(LAYOUTS) < len(full_product(FACTORS)) / 5
+        assert seen == {(x, y) for x, y in itertools.product(FACTORS[a], FACTORS[b]) if allowed({a: x, b: y})}, (a, b)
+    # near the lower bound (the allowed pairs of the two largest factors), far below the full product
+    model_layout = sum(allowed({"model": m, "layout": la}) for m in MODELS for la in LAYOUTS)
+    assert len(rows) <= 1.25 * model_layout < len(full_product(FACTORS)) / 5
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_pairwise_matrix_matches_one_rank(tmp_path: Path) -> None:
     check_rows(covering_design(FACTORS), tmp_path, timeout=1500)
 
@@ -249,6 +305,20 @@ def test_context_parallel_matches_one_rank(tmp_path: Path) -> None:
         worst = [max(a, b) for a, b in zip(worst, diffs, strict=True)]
     print(f"context parallel, {len(rows)} configurations x {CP_STEPS} steps: max relative loss difference "
           f"{worst[0]:.1e}, grad norm {worst[1]:.1e}, max absolute weight difference {worst[2]:.1e}")
+
+
+@pytest.mark.slow
+def test_capacity_drops_the_same_tokens_in_every_layout(tmp_path: Path) -> None:
+    """With a capacity factor an expert takes at most C assignments of each sequence (runtime/moe.py): the
+    same ones in every layout, so the losses, grad norms and weights still match one rank, drops and all."""
+    rows = [{"model": "moe-llama-capacity", "layout": layout, "micro_batch": mb, "recompute": "none"}
+            for layout, mb in (("tp2-dp2-ep2-sp", "2"), ("pp2-dp2-ep2-1f1b", "4"), ("dp4-ep2-zero1", "1"))]
+    run_matrix(matrix_cases(rows), tmp_path, timeout=600)
+    for r in rows:
+        compare(tmp_path / case_id(r), tmp_path / reference_id(r["model"]), 1e-5, 1e-5)
+    dropped = [m["moe"]["dropped"] for m in metrics(tmp_path / reference_id("moe-llama-capacity"))]
+    assert all(d > 0 for d in dropped), dropped  # the capacity really binds
+    assert [m["moe"]["dropped"] for m in metrics(tmp_path / case_id(rows[0]))] == dropped
 
 
 @pytest.mark.slow

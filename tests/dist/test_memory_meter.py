@@ -75,7 +75,8 @@ def test_model_state_bytes_are_exact_and_activations_measured(tmp_path: Path) ->
 
 
 # Layouts across ZeRO 0-3, TP(+SP), PP schedules with m = pp and m = 4pp, and the recompute modes, for both
-# model families (global batch 16: micro_batch 8 gives m = pp = 2 at dp 1, micro_batch 2 gives m = 4pp).
+# model families and their mixtures of experts (global batch 16: micro_batch 8 gives m = pp = 2 at dp 1,
+# micro_batch 2 gives m = 4pp).
 PLAN_CASES: dict[str, tuple] = {
     "gpt-one": ("gpt", "one-rank", "4", "none"),
     "gpt-dp2-zero1-selective": ("gpt", "dp2-zero1", "4", "selective"),
@@ -98,6 +99,13 @@ PLAN_CASES: dict[str, tuple] = {
     "gpt-cp4": ("gpt", "cp4", "2", "none"),
     "llama-cp2-tp2-sp-selective": ("llama", "cp2-tp2-sp", "4", "selective"),
     "gpt-cp2-dp2-zero1-full": ("gpt", "cp2-dp2-zero1", "2", "full"),
+    # mixtures of experts: experts over EP with ZeRO-1 (expert-DP 2) and FSDP (expert-DP 1), TP with and without
+    # SP, a pipeline with full recompute
+    "moe-llama-dp4-ep2-zero1": ("moe-llama", "dp4-ep2-zero1", "2", "none"),
+    "moe-gpt-tp2-sp-ep2-selective": ("moe-gpt", "tp2-dp2-ep2-sp", "4", "selective"),
+    "moe-llama-tp2-ep2-selective": ("moe-llama", "tp2-dp2-ep2", "2", "selective"),
+    "moe-llama-pp2-ep2-full": ("moe-llama", "pp2-dp2-ep2-1f1b", "2", "full"),
+    "moe-gpt-dp2-ep2-zero3": ("moe-gpt", "dp2-ep2-zero3", "4", "none"),
 }
 
 

@@ -16,6 +16,10 @@ pytestmark = pytest.mark.slow
 
 SMALL_BUCKETS = {"TRAINCTL_BUCKET_NUMEL": "20000"}  # several buckets: ZeRO slices cut through parameters
 BF16 = {"train": {"precision": "bf16", "low_precision_on_cpu": True}}
+# A mixture of experts (4 experts, top-2, a shared expert, balance and z losses), Llama family
+MOE_MODEL = {"norm": "rmsnorm", "position": "rope", "activation": "swiglu", "tied_embeddings": False,
+             "moe": {"num_experts": 4, "top_k": 2, "expert_ffn_hidden": 64, "shared_experts": 1,
+                     "aux_loss_coeff": 0.01, "z_loss_coeff": 0.001}}
 
 # Each case is a distinct save/load path; a path that a larger case already exercises is not run again alone
 # (TP2 x PP2 x DP2 covers PP 1F1B, SP and ZeRO-1; TP2 x DP2 covers plain DP buckets and TP without SP).
@@ -28,6 +32,8 @@ CASES: dict[str, tuple[dict, dict, int] | tuple[dict, dict, int, dict]] = {
     # the one 8-rank case (slow on 2 cores): TP2 x PP2 x DP2 (1F1B) with sequence parallelism and ZeRO-1
     "tp2-pp2-dp2": ({"tp": 2, "pp": 2, "dp": 2, "sequence_parallel": True, "micro_batch": 2, "zero": 1},
                     SMALL_BUCKETS, 4),
+    # expert parallelism: the experts' ZeRO-1 slices over an expert-DP group of 2, the dense ones over DP 4
+    "moe-dp4-ep2-zero1": ({"dp": 4, "ep": 2, "zero": 1, "micro_batch": 2}, SMALL_BUCKETS, 4, {"model": MOE_MODEL}),
 }
 
 

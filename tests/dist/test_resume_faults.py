@@ -1,5 +1,6 @@
 """Resume under faults and changed allocations, through the real trainer: a rank SIGKILLed mid async save,
-damaged checkpoints, a different model, tp 2 -> 4 -> 1, an unusable checkpoint directory, DP 4 -> 2 (and PP) changes."""
+damaged checkpoints, a different model, tp 2 -> 4 -> 1, an unusable checkpoint directory, DP 4 -> 2 (and PP)
+changes, ep 2 -> 2 (dp 4, FSDP) -> 1 (tp 2)."""
 
 from __future__ import annotations
 
@@ -83,6 +84,19 @@ def test_tp_change_reshards_and_stays_on_the_curve(tmp_path: Path, chain: str) -
     # on the two pipeline stages (the collective loads must still pair up).
     env = {"TRAINCTL_RESHARD_BATCH_BYTES": "200000"} if "pp2" in chain else {}
     assert_layout_chain_stays_on_the_curve(tmp_path, layouts, chain, model=model, env=env)
+
+
+def test_ep_change_moves_experts_and_stays_on_the_curve(tmp_path: Path) -> None:
+    """Experts are saved by global index: EP 2 / ZeRO-1 (each expert on one rank: its state unsliced) ->
+    DP 4 / EP 2 / ZeRO-3 (experts row-sharded over an expert-DP mesh of 2) -> TP 2 + SP without EP (every
+    expert on every rank, split over TP): every expert's weights and moments change hands twice."""
+    model = {"norm": "rmsnorm", "position": "rope", "activation": "swiglu", "tied_embeddings": False,
+             "moe": {"num_experts": 4, "top_k": 2, "expert_ffn_hidden": 64, "shared_experts": 1,
+                     "aux_loss_coeff": 0.01, "z_loss_coeff": 0.001}}
+    assert_layout_chain_stays_on_the_curve(tmp_path, [
+        {"dp": 2, "ep": 2, "zero": 1}, {"dp": 4, "ep": 2, "zero": 3},
+        {"tp": 2, "dp": 1, "ep": 1, "zero": 0, "sequence_parallel": True}], "ep2 -> dp4-ep2-fsdp -> tp2-sp",
+        model=model)
 
 
 def test_sigkill_mid_async_save_resumes_from_the_previous_checkpoint(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
 """The `model.moe` section and `parallel.ep`: defaults, presets, the rules (each bad input exits 2 with one
-clear line through `trainctl validate`), and `trainctl launch` refusing MoE until the trainer has it."""
+clear line through `trainctl validate`), and `trainctl launch` accepting an MoE spec."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from paths import RECIPES, REPO
 
 from trainctl.errors import SpecError
 from trainctl.spec import load_spec
-from trainctl.spec.rules import trainer_unsupported
 
 TINY_MOE = str(RECIPES / "tiny-moe-cpu.yaml")
 TINY = str(RECIPES / "tiny-cpu.yaml")
@@ -86,13 +85,8 @@ def test_rules_accept_every_ep_that_divides_experts_and_dp() -> None:
         load_spec(TINY_MOE, overrides=["parallel.ep=3"])
 
 
-def test_launch_refuses_moe_with_one_line_until_the_trainer_has_it(tmp_path) -> None:
-    assert trainer_unsupported(load_spec(TINY)) == []
-    assert len(trainer_unsupported(load_spec(TINY_MOE))) == 1
+def test_launch_takes_an_moe_spec(tmp_path) -> None:
+    """The bundled trainer trains MoE (tests/dist/test_moe_launch.py runs it); launch has no refusal left."""
     out = trainctl("launch", TINY_MOE, "--run-dir", str(tmp_path / "run"), "--dry-run")
-    assert out.returncode == 2, out.stdout + out.stderr
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and "not yet in the bundled trainer" in lines[0] and "trainctl plan" in lines[0]
-    assert not (tmp_path / "run").exists()
-    ok = trainctl("validate", TINY_MOE)
-    assert ok.returncode == 0, ok.stderr
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "--nproc-per-node=4" in out.stdout and "trainctl.runtime" in out.stdout

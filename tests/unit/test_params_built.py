@@ -13,18 +13,11 @@ from trainctl.model_shape import ModelShape, param_counts
 from trainctl.plan.pipeline import stage_layer_ranges, stages_of_pp_rank
 from trainctl.plan.plan import build_plan
 from trainctl.runtime.model import StageModule, params_built, params_record
+from trainctl.runtime.moe import EPContext, MoEContext
 from trainctl.runtime.tensor_parallel import TPContext
 from trainctl.spec import load_spec
 
 RECIPE_FILES = sorted(RECIPES.glob("*.yaml"))
-NO_MOE_TRAINER = ("the bundled trainer has no MoE block yet (issue 11, trainer half): nothing to build on the meta "
-                  "device; the planner's MoE counts are checked against the papers in test_moe_plan.py")
-
-
-def _recipe_params(paths: list[Path]) -> list:
-    """Every recipe; the mixture-of-experts ones skipped, with the reason, until the trainer builds them."""
-    return [pytest.param(p, marks=pytest.mark.skip(reason=NO_MOE_TRAINER)) if load_spec(p).model.moe is not None
-            else p for p in paths]
 
 # Layouts of the embedded tiny model that move the embedding, the LM head and the vocabulary padding:
 # a tied copy on a separate last stage, interleaved chunks, a vocabulary that tp does not divide, untied.
@@ -36,10 +29,20 @@ TINY_LAYOUTS = [
     ["model.tied_embeddings=false", "model.bias=true"],
     ["model.norm=rmsnorm", "model.position=rope", "model.activation=swiglu", "model.kv_heads=2"],
 ]
+# Mixture-of-experts layouts of tiny-moe-cpu: experts split over ep, dense first layer, biases in every expert
+# (split and replicated over TP), two shared experts of their own size, a pipeline rank without MoE layers.
+MOE_LAYOUTS = [
+    ["parallel.ep=1"],
+    ["parallel.tp=1", "parallel.sequence_parallel=false", "parallel.dp=4", "parallel.ep=4"],
+    ["model.moe.first_dense=1", "model.bias=true", "model.norm=layernorm", "model.moe.shared_experts=2",
+     "model.moe.shared_ffn_hidden=32"],
+    ["parallel.pp=2", "parallel.dp=1", "parallel.ep=1", "model.moe.every=2", "model.moe.first_dense=2"],
+]
 
 
 def built_record(spec) -> dict:
-    """What the trainer records (Trainer._params_record), one rank per pipeline rank, on the meta device."""
+    """What the trainer records (Trainer._params_record), one rank per pipeline rank (each EP rank's experts:
+    the trainer gathers their names over the EP group), on the meta device."""
     shape = ModelShape.from_spec(spec.model)
     p = spec.parallel
     tp = TPContext(None, p.tp, 0, p.sequence_parallel)
@@ -47,9 +50,13 @@ def built_record(spec) -> dict:
     by_pp_rank = {}
     with torch.device("meta"):
         for r in range(p.pp):
-            stages = [StageModule(shape, ranges[s], s == 0, s == len(ranges) - 1, tp)
-                      for s in stages_of_pp_rank(r, spec)]
-            by_pp_rank[r] = params_built(stages)
+            built = []
+            for e in range(p.ep):
+                moe = MoEContext.build(shape, EPContext(None, p.ep, e)) if shape.moe is not None else None
+                stages = [StageModule(shape, ranges[s], s == 0, s == len(ranges) - 1, tp, moe=moe)
+                          for s in stages_of_pp_rank(r, spec)]
+                built.append(params_built(stages))
+            by_pp_rank[r] = (built[0][0], {k: v for _, names in built for k, v in names.items()})
     return params_record(by_pp_rank)
 
 
@@ -60,7 +67,7 @@ def _check(spec) -> None:
     assert built["per_rank"] == planned["per_rank"]
 
 
-@pytest.mark.parametrize("path", _recipe_params(RECIPE_FILES), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", RECIPE_FILES, ids=lambda p: p.stem)
 def test_recipe_plan_counts_what_the_trainer_builds(path: Path) -> None:
     _check(load_spec(path))
 
@@ -68,6 +75,11 @@ def test_recipe_plan_counts_what_the_trainer_builds(path: Path) -> None:
 @pytest.mark.parametrize("overrides", TINY_LAYOUTS, ids=lambda o: ",".join(o))
 def test_layout_plan_counts_what_the_trainer_builds(overrides: list[str]) -> None:
     _check(load_spec(TINY_RECIPE, overrides=overrides))
+
+
+@pytest.mark.parametrize("overrides", MOE_LAYOUTS, ids=lambda o: ",".join(o))
+def test_moe_layout_plan_counts_what_the_trainer_builds(overrides: list[str]) -> None:
+    _check(load_spec(RECIPES / "tiny-moe-cpu.yaml", overrides=overrides))
 
 
 def test_layernorm_bias_only_with_bias() -> None:

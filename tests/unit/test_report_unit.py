@@ -168,3 +168,32 @@ def test_report_prose_fits_a_narrow_terminal(tmp_path):
     assert max(map(len, lines)) <= 80, [ln for ln in lines if len(ln) > 80][:3]
     words = " ".join(" ".join(lines).split())
     assert "restart -> attempt 1" in words and "a FLOPs-accounting or timing bug" in words
+
+
+def _moe(imbalance: float, a2a_s: float, aux: float, dropped: int = 0) -> dict[str, Any]:
+    return {"aux_loss": aux, "z_loss": 2.0, "imbalance": imbalance, "dropped": dropped, "a2a_s": a2a_s,
+            "tokens_per_expert": {"min": 40.0, "max": 40.0 * imbalance, "mean": 64.0}}
+
+
+def test_routing_imbalance_and_all_to_all_share(tmp_path):
+    """Steps 2-5 are steady (step 1 is warm-up): imbalance median of 1.3, 1.2, 1.25, 1.15 = 1.225, above the
+    planner's 1.1; the all-to-all takes 0.1 s of each 0.5 s step (20%); drops summed over every step."""
+    imb = [1.8, 1.3, 1.2, 1.25, 1.15]
+    m = [_step(k, float(k), dt=0.5, moe=_moe(imb[k - 1], 0.1, 1.1 - 0.02 * k, dropped=k)) for k in range(1, 6)]
+    report = build_report([_write(tmp_path / "moe", m, [{"time": 0.0, "event": "launch"}]),
+                           _write(tmp_path / "dense", [_step(k, float(k)) for k in range(1, 6)],
+                                  [{"time": 0.0, "event": "launch"}])])
+    moe, dense = report["runs"]
+    r = moe["routing"]
+    assert r["imbalance"]["median"] == pytest.approx(1.225) and r["imbalance"]["max"] == pytest.approx(1.3)
+    assert r["imbalance"]["first"] == 1.8 and r["imbalance"]["last"] == 1.15
+    assert r["a2a_share"] == pytest.approx(0.2) and r["dropped"] == 15
+    assert r["aux_loss"]["first"] == pytest.approx(1.08) and r["aux_loss"]["last"] == pytest.approx(1.0)
+    assert any("routing imbalance 1.23" in w for w in moe["warnings"])
+    a2a = next(i for i in moe["time_breakdown"]["items"] if i["name"] == "EP all-to-all (measured)")
+    assert a2a["fraction"] == pytest.approx(0.2)
+    assert not dense["routing"]["available"] and not any("routing" in w for w in dense["warnings"])
+    buf = io.StringIO()
+    render(report, Console(file=buf, width=200))
+    out = buf.getvalue()
+    assert "Mixture-of-experts routing" in out and "1.23 / 1.30 (planned 1.10)" in out and "(20.0%)" in out

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 def layout_of(spec: RunSpec) -> dict[str, Any]:
     """The parallel layout a checkpoint was written with (manifest meta "layout")."""
     p = spec.parallel
-    return {"tp": p.tp, "cp": p.cp, "pp": p.pp, "dp": spec.dp, "zero": p.zero, "schedule": p.schedule,
+    return {"tp": p.tp, "cp": p.cp, "pp": p.pp, "dp": spec.dp, "ep": p.ep, "zero": p.zero, "schedule": p.schedule,
             "virtual_stages": p.virtual_stages, "sequence_parallel": p.sequence_parallel,
             "micro_batch": p.micro_batch, "world_size": spec.world_size}
 
@@ -63,4 +63,6 @@ def describe_layout(layout: dict[str, Any] | None) -> str:
     v = layout.get("virtual_stages") or 1
     pp = f"pp{layout.get('pp')}" + (f" (v{v})" if v > 1 else "")
     cp = f"cp{layout['cp']} " if (layout.get("cp") or 1) > 1 else ""
-    return f"tp{layout.get('tp')} {cp}{pp} dp{layout.get('dp')} zero{layout.get('zero')}"
+    ep = layout.get("ep") or 1
+    dp = f"dp{layout.get('dp')}" + (f" ep{ep}" if ep > 1 else "")
+    return f"tp{layout.get('tp')} {cp}{pp} {dp} zero{layout.get('zero')}"

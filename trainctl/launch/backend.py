@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from trainctl.errors import SpecError, UsageError
+from trainctl.errors import UsageError
 from trainctl.rundir import RunPaths
 
 if TYPE_CHECKING:
@@ -161,10 +161,6 @@ def backend_for(source: RunSpec | Mapping[str, Any] | str) -> Backend[Any, Any]:
         name = str(source.get("backend") or DEFAULT_BACKEND)
     else:
         name = source.backend
-        from trainctl.spec.rules import trainer_unsupported  # a spec the trainer cannot run yet: exit 2
-
-        if problems := trainer_unsupported(source):
-            raise SpecError(problems)
     where = BACKENDS.get(name)
     if where is None:
         raise UsageError(f"unknown launch backend {name!r}", hint=f"known backends: {', '.join(BACKENDS)}")

@@ -409,12 +409,15 @@ class Evaluator:
         tokens_mb = mb * m.seq_len / cp  # this rank's tokens of a micro-batch
 
         # memory that does not depend on ZeRO: activations in flight + the recompute working set
-        # an MoE layer keeps more than a dense one; charged on average over the model's layers
+        # an MoE layer keeps more than a dense one; charged on average over the model's layers. The busiest
+        # EP rank receives more rows than its share (with ep = 1 one rank takes every row, exactly)
         moe_share = m.moe_layers / m.layers
+        rows_factor = self.expert_pace if c.ep > 1 else 1.0
 
         def layer_act(recompute: str) -> float:
             return (memory.trainer_layer_activation_bytes(m, mb, tp, sp, recompute, ctx.precision, cp) + moe_share
-                    * memory.moe_layer_activation_delta(m, mb, tp, sp, recompute, ctx.precision, self.expert_pace))
+                    * memory.moe_layer_activation_delta(m, mb, tp, sp, recompute, ctx.precision, rows_factor,
+                                                        c.ep))
 
         per_layer = layer_act(c.recompute)
         emb_act = memory.embedding_activation_bytes(m, mb, tp, sp, cp)

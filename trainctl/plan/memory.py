@@ -181,26 +181,50 @@ def trainer_layer_activation_bytes(m: ModelShape, micro_batch: int, tp: int, sp:
 
 
 def moe_layer_activation_delta(m: ModelShape, micro_batch: int, tp: int, sp: bool, recompute: str, precision: str,
-                               expert_factor: float = 1.0) -> float:
-    """Bytes an MoE layer keeps beyond a dense layer of the same shape, per micro-batch (0 for a dense model
-    or full recompute, where a block keeps only its input). An estimate from the Megatron-Core MoE layer
-    (alltoall dispatcher, expert TP = tp), until the bundled trainer's MoE block is measured:
-    the router's fp32 logits and probabilities (2 x 4 bytes x tokens x E, tokens per TP rank: s*b/tp under
-    SP), the permuted expert inputs and the expert outputs the combine keeps (2 x top_k x s*b x h, gathered
-    over TP), the experts' inner tensors (top_k x s*b x (GELU 2, SwiGLU 4) x f_e / tp) times the load
-    allowance `expert_factor` (the busiest EP rank receives more than its share), the shared experts' inner
-    tensors, less the dense MLP's inner tensors this layer does not have."""
+                               expert_factor: float = 1.0, ep: int = 1) -> float:
+    """Bytes an MoE layer keeps beyond a dense layer of the same shape, per micro-batch: its MLP part as the
+    trainer's MoE block saves it (runtime/moe.py; checked with saved-tensor hooks) less the dense MLP's. 0 under
+    full recompute, where a block keeps only its input.
+
+    N = s*b/tp tokens are routed on a rank under SP (else s*b); the experts of a rank see k*s*b rows (under SP
+    all TP ranks' rows, gathered), times `expert_factor` (the busiest EP rank receives more than its share).
+      router     the fp32 input (N x h; the shared experts' input when it is the same tensor), top-k indices
+                 (int64), with topk_softmax the softmax over the top-k logits, the softmax over all experts
+                 when the balance loss or softmax_topk needs it, the logits and log-sum-exp with the z-loss
+      dispatch   the assignment order and token indices (int64, k*N each); the permutation that groups each
+                 expert's rows and its inverse (int64, per expert row) with EP or SP; with biases each received
+                 row's expert (int64)
+      experts    each row's input and the MLP's inner tensors (GELU 2, SwiGLU 4 x f_e/tp)
+      combine    the expert outputs and routing weights the weighted sum keeps (k*N rows)
+      shared     as a dense MLP of shared_experts x shared_ffn_hidden
+    Exact at ep = 1 (fp32); under bf16 autocast the weights' bf16 copies are not counted (as for a dense
+    layer)."""
     e = m.moe
     if e is None or recompute == "full":
         return 0.0
     act = activation_bytes(precision)
-    sb = m.seq_len * micro_batch
     inner = 4 if m.swiglu else 2
-    router = 8 * sb * e.num_experts / (tp if sp else 1)
-    routed = expert_factor * e.top_k * sb * (2 * m.hidden + inner * e.expert_ffn_hidden / tp) * act
-    shared = e.shared_experts * sb * inner * (e.shared_ffn_hidden or 0) / tp * act
-    dense = sb * inner * m.ffn_hidden / tp * act
-    return router + routed + shared - dense
+    h, k, E = m.hidden, e.top_k, e.num_experts
+    rows = m.seq_len * micro_batch  # the sequence, gathered
+    n = rows / (tp if sp else 1)  # tokens routed here
+    # the router's fp32 input is the shared experts' input itself when nothing casts or gathers it
+    shared_is_router_input = e.shared_experts > 0 and act == 4 and not sp
+    router = 4 * n * h * (0 if shared_is_router_input else 1) + 8 * n * k
+    if e.router == "topk_softmax":
+        router += 4 * n * k
+    if e.aux_loss_coeff or e.router == "softmax_topk":
+        router += 4 * n * E + (4 * micro_batch * E if e.aux_loss_coeff else 0)
+    if e.z_loss_coeff:
+        router += 4 * n * E + 4 * n
+    expert_rows = expert_factor * k * rows
+    dispatch = 16 * k * n + (16 * expert_rows if ep > 1 or sp else 0) + (8 * expert_factor * k * n if m.bias else 0)
+    experts = expert_rows * (h + inner * e.expert_ffn_hidden / tp) * act
+    combine = k * n * (h + 1) * act
+    shared = 0.0
+    if e.shared_experts:
+        shared = rows * (h + inner * e.shared_experts * (e.shared_ffn_hidden or 0) / tp) * act
+    dense = rows * (h + inner * m.ffn_hidden / tp) * act  # the dense MLP's input and inner tensors
+    return router + dispatch + experts + combine + shared - dense
 
 
 def _norm_saved_bytes(m: ModelShape, tokens: int) -> float:

@@ -12,6 +12,8 @@ from trainctl.report.divergence import warnings as divergence_warnings
 from trainctl.report.goodput import goodput
 from trainctl.report.load import RunData, load_run
 from trainctl.report.memory import memory_vs_plan
+from trainctl.report.routing import routing
+from trainctl.report.routing import warnings as routing_warnings
 from trainctl.report.stragglers import stragglers
 from trainctl.report.summary import steady_steps, summarize
 
@@ -29,6 +31,8 @@ def analyze(run: RunData) -> dict[str, Any]:
         warnings.append(summary["mfu_bug"]["message"])
     div = divergence(run, final)  # skipped steps, rollbacks, divergence, loss spikes
     warnings += divergence_warnings(div)
+    moe = routing(steady, final)  # mixture of experts: imbalance, dropped tokens, all-to-all share
+    warnings += routing_warnings(moe)
     spikes = {s["step"] for s in div["loss_spikes"]}
     final_ids = {id(r) for r in final}
     return {
@@ -42,6 +46,7 @@ def analyze(run: RunData) -> dict[str, Any]:
                     "step_time_s": r.get("step_time_s"), "skipped": bool(r.get("skipped")),
                     "spike": r["step"] in spikes and id(r) in final_ids} for a in attempts for r in a.records],
         "divergence": div,
+        "routing": moe,
         "warnings": warnings,
     }
 

@@ -48,6 +48,11 @@ def time_breakdown(run: RunData, steady: list[dict[str, Any]], step: float | Non
     if sync is not None:
         items.append({"name": "gradient sync + wait (measured)", "source": "rank 0: DP sync and final all-reduce, "
                       "including waiting for peers", "seconds": sync, "fraction": _frac(sync, step)})
+    a2a = median([float(r["moe"]["a2a_s"]) for r in steady if r.get("moe")])
+    if a2a is not None:
+        items.append({"name": "EP all-to-all (measured)", "source": "metrics moe.a2a_s: dispatch and combine, "
+                      "forward and backward, mean over ranks, including waiting for peers", "seconds": a2a,
+                      "fraction": _frac(a2a, step)})
     data = median([float(r["data_wait_s"]) for r in steady if r.get("data_wait_s") is not None])
     items.append({"name": "data-loader wait (measured)", "source": "metrics data_wait_s" if data is not None else
                   "not recorded", "seconds": data, "fraction": _frac(data, step)})

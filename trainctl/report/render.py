@@ -185,6 +185,9 @@ def render(report: dict[str, Any], console: Console | None = None) -> None:
                               f"{dur(x['gap_s'])}, {x['replayed_steps']} steps replayed): {cause}"),
                   f"  {escape(r['name'])}: ")
     _render_memory(con, runs)
+    moe = [r for r in runs if (r.get("routing") or {}).get("available")]
+    if moe:
+        con.print(_table("Mixture-of-experts routing", moe, _routing_rows()))
     con.print("[bold]Stragglers[/bold]")
     for r in runs:
         st = r["stragglers"]
@@ -203,6 +206,28 @@ def render(report: dict[str, Any], console: Console | None = None) -> None:
                   f"  {escape(r['name'])}: ")
             if x.get("note"):
                 prose(con, escape(x["note"]), f"    ranks {', '.join(map(str, x['ranks']))}: ")
+
+
+def _routing_rows() -> list[Row]:
+    def m(r: dict[str, Any]) -> dict[str, Any]:
+        return r["routing"]
+
+    def trend(key: str) -> Callable[[dict[str, Any]], str]:
+        return lambda r: f"{m(r)[key]['first']:.3f} -> {m(r)[key]['last']:.3f}"
+
+    return [
+        ("imbalance (busiest expert / mean), median / max",
+         lambda r: f"{m(r)['imbalance']['median']:.2f} / {m(r)['imbalance']['max']:.2f} "
+                   f"(planned {m(r)['imbalance']['planned']:.2f})"),
+        ("imbalance first -> last step", trend("imbalance")),
+        ("tokens per expert per step, min / max", lambda r: f"{m(r)['tokens_per_expert']['min']:.0f} / "
+                                                            f"{m(r)['tokens_per_expert']['max']:.0f} (mean "
+                                                            f"{m(r)['tokens_per_expert']['mean']:.0f})"),
+        ("balance loss first -> last (1 = even)", trend("aux_loss")),
+        ("router z-loss first -> last", trend("z_loss")),
+        ("dropped tokens (capacity)", lambda r: f"{m(r)['dropped']:,}"),
+        ("EP all-to-all per step (share)", lambda r: f"{dur(m(r)['a2a_s'])} ({pct(m(r)['a2a_share'], 1)})"),
+    ]
 
 
 def _render_memory(con: Console, runs: list[dict[str, Any]]) -> None:

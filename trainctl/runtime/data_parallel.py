@@ -430,7 +430,7 @@ def apply_fsdp(modules: list[nn.Module], par: Parallel, reduce_dtype: torch.dtyp
     well and checked on CPU/gloo with TP and every PP schedule we use (docs/ARCHITECTURE.md, "Checked
     facts"). DP mesh built from the placement's DP group so its ranks are the plan's."""
     from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import fully_shard
 
     dp_ranks = par.dp_ranks  # data x context parallel
     mesh = DeviceMesh.from_group(par.dp_group, par.device.type, mesh=torch.tensor(dp_ranks),
@@ -439,17 +439,23 @@ def apply_fsdp(modules: list[nn.Module], par: Parallel, reduce_dtype: torch.dtyp
     # (param_dtype) and reduce-scatters the gradients in fp32 (or bf16 with grad_reduce_dtype), which it
     # also accumulates over micro-batches in fp32. The blocks' inputs keep their dtype (the residual stream
     # is fp32 in every layout: docs/ARCHITECTURE.md, "Memory model").
-    if param_dtype is not None:
-        mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype or torch.float32,
-                                  cast_forward_inputs=False)
-    else:
-        mp = MixedPrecisionPolicy(reduce_dtype=reduce_dtype)
+    mp = fsdp_policy(reduce_dtype, param_dtype)
     for m in modules:
         blocks = getattr(m, "layers", None)  # the model keeps its blocks in an nn.ModuleDict
         if blocks is not None:
             for block in blocks.values():
                 fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
         fully_shard(m, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+
+
+def fsdp_policy(reduce_dtype: torch.dtype | None, param_dtype: torch.dtype | None):
+    """FSDP2's mixed-precision policy for the trainer's shards (fp32 master, `apply_fsdp`'s comment)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if param_dtype is None:
+        return MixedPrecisionPolicy(reduce_dtype=reduce_dtype)
+    return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype or torch.float32,
+                                cast_forward_inputs=False)
 
 
 class FsdpSync:

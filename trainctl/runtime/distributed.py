@@ -15,7 +15,7 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
-from trainctl.plan.placement import Groups, Layout, coords, cp_coord
+from trainctl.plan.placement import Groups, Layout, coords, cp_coord, expert_coords
 from trainctl.spec.models import RunSpec
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -89,6 +89,8 @@ class Parallel:
     world_group: dist.ProcessGroup | None = None  # all ranks of the layout (None: the default group)
     cp_rank: int = 0
     cp_group: dist.ProcessGroup | None = None  # the ranks holding the other chunks of the same sequences
+    ep_group: dist.ProcessGroup | None = None  # expert parallelism: the ranks that exchange tokens
+    expert_dp_group: dist.ProcessGroup | None = None  # the replicas of this rank's experts (dp/ep ranks)
 
     @property
     def rank(self) -> int:
@@ -129,6 +131,19 @@ class Parallel:
     def pp(self) -> int:
         return self.layout.pp
 
+    @property
+    def ep(self) -> int:
+        return self.layout.ep
+
+    @property
+    def ep_rank(self) -> int:
+        return expert_coords(self.replica, self.layout)[0]
+
+    @property
+    def edp_rank(self) -> int:
+        """Expert-data-parallel rank (this rank's place among the replicas of its experts)."""
+        return expert_coords(self.replica, self.layout)[1]
+
 
 def init(spec: RunSpec, env: RankEnv) -> Parallel:
     layout = Layout.from_spec(spec)
@@ -167,7 +182,8 @@ def parallel_groups(layout: Layout, env: RankEnv, device: torch.device) -> Paral
     if layout.world_size > world:
         raise RuntimeError(f"layout needs {layout.world_size} ranks, the process group has {world}")
     groups = Groups(layout)
-    made = {kind: _subgroup(getattr(groups, kind), env.rank) for kind in ("tp", "dp_cp", "pp", "embedding", "cp")}
+    kinds = ("tp", "dp_cp", "pp", "embedding", "cp") + (("ep", "expert_dp") if layout.ep > 1 else ())
+    made = {kind: _subgroup(getattr(groups, kind), env.rank) for kind in kinds}
     world_group = None if layout.world_size == world else _subgroup([list(range(layout.world_size))], env.rank)
     if env.rank >= layout.world_size:
         return None
@@ -175,7 +191,8 @@ def parallel_groups(layout: Layout, env: RankEnv, device: torch.device) -> Paral
     c = cp_coord(env.rank, layout)
     sub_env = RankEnv(env.rank, env.local_rank, layout.world_size)
     return Parallel(sub_env, layout, device, t, c + layout.cp * d, p, made["tp"], made["dp_cp"], made["pp"],
-                    made["embedding"], groups.of_rank(env.rank), world_group, c, made["cp"])
+                    made["embedding"], groups.of_rank(env.rank), world_group, cp_rank=c, cp_group=made["cp"],
+                    ep_group=made.get("ep"), expert_dp_group=made.get("expert_dp"))
 
 
 _made_groups: dict[tuple[tuple[int, ...], ...], dist.ProcessGroup | None] = {}

@@ -82,10 +82,14 @@ def console_line(r: dict[str, Any]) -> str:
     # Above 100% of the peak is an accounting bug: never print it as if it were a result.
     util = ("MFU BUG (>100% of peak: FLOPs/timing accounting error)" if r.get("mfu_bug") else
             f"MFU {100 * r['mfu']:.2f}% | HFU {100 * r['hfu']:.2f}%")
+    moe = r.get("moe")
+    routing = "" if not moe else (f" | aux {moe['aux_loss']:.3f} imbalance {moe['imbalance']:.2f}"
+                                  + (f" dropped {moe['dropped']}" if moe["dropped"] else "")
+                                  + f" a2a {moe['a2a_s'] * 1e3:.1f} ms")
     return (f"step {r['step']:>{width}}/{r['steps']} | loss {r['loss']:.4f} | lr {r['lr']:.2e} | "
             f"gnorm {r['grad_norm']:.3f} | {r['step_time_s'] * 1e3:7.1f} ms | "
             f"{_si(r['tokens_per_s'])} tok/s ({_si(r['tokens_per_s_per_gpu'])}/gpu) | "
-            f"{r['tflops_per_gpu']:.3g} TFLOP/s/gpu | {util} | mem {r['peak_mem_bytes'] / 2**30:.2f} GiB")
+            f"{r['tflops_per_gpu']:.3g} TFLOP/s/gpu | {util} | mem {r['peak_mem_bytes'] / 2**30:.2f} GiB{routing}")
 
 
 def warn(msg: str) -> None:

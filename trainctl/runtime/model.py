@@ -17,6 +17,9 @@ Parameter names (global, identical in every layout):
     layers.<i>.mlp_norm.{weight,bias}
     layers.<i>.mlp.fc1.{weight,bias}     column-parallel; SwiGLU fuses [gate; up]
     layers.<i>.mlp.fc2.{weight,bias}     row-parallel
+    layers.<i>.mlp.router.weight         an MoE layer's gate [E, H] (replicated; runtime/moe.py), then
+    layers.<i>.mlp.experts.<e>.fc{1,2}.* routed expert e (global index: only this EP rank's experts exist)
+    layers.<i>.mlp.shared.fc{1,2}.*      the shared experts (one dense MLP)
     final_norm.{weight,bias}
     head.weight                 untied LM head [V, H] (vocab-sharded)
 With tied embeddings and the first and last stage in different modules, the last stage holds its own copy
@@ -43,6 +46,7 @@ from trainctl.model_shape import ModelShape
 from trainctl.runtime import context_parallel
 from trainctl.runtime.context_parallel import CPContext
 from trainctl.runtime.init import init_parameters, iter_param_meta
+from trainctl.runtime.moe import MoE, MoEContext
 from trainctl.runtime.tensor_parallel import (
     ColumnParallelLinear,
     ParamMeta,
@@ -172,13 +176,19 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelShape, tp: TPContext, out_std: float):
+    """The dense MLP (inner size `ffn`, default the model's), also one shared expert. `tp_region=False` makes
+    it a routed expert: its input is already in the TP region and it returns the partial sum of fc2 without
+    the bias, which the MoE block reduces for all its experts at once (runtime/moe.py)."""
+
+    def __init__(self, cfg: ModelShape, tp: TPContext, out_std: float, ffn: int | None = None,
+                 tp_region: bool = True):
         super().__init__()
         self.swiglu = cfg.activation == "swiglu"
-        f = cfg.ffn_hidden
+        f = cfg.ffn_hidden if ffn is None else ffn
         self.fc1 = ColumnParallelLinear(cfg.hidden, 2 * f if self.swiglu else f, tp, bias=cfg.bias,
-                                        parts=(f, f) if self.swiglu else None, std=cfg.init_std)
-        self.fc2 = RowParallelLinear(f, cfg.hidden, tp, bias=cfg.bias, std=out_std)
+                                        parts=(f, f) if self.swiglu else None, std=cfg.init_std,
+                                        gather_input=tp_region)
+        self.fc2 = RowParallelLinear(f, cfg.hidden, tp, bias=cfg.bias, std=out_std, reduce_output=tp_region)
 
     def forward(self, x: Tensor) -> Tensor:
         h = self.fc1(x)
@@ -193,7 +203,8 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-norm transformer block: x + drop(attn(norm(x))), then + drop(mlp(norm(x)))."""
 
-    def __init__(self, cfg: ModelShape, tp: TPContext, recompute: str, cp: CPContext | None = None):
+    def __init__(self, cfg: ModelShape, tp: TPContext, recompute: str, cp: CPContext | None = None,
+                 moe: MoEContext | None = None, layer: int = 0):
         super().__init__()
         self.cfg = cfg
         self.tp = tp
@@ -201,7 +212,7 @@ class Block(nn.Module):
         self.attn_norm = Norm(cfg, tp)
         self.attn = Attention(cfg, tp, out_std, recompute_core=recompute == "selective", cp=cp)
         self.mlp_norm = Norm(cfg, tp)
-        self.mlp = MLP(cfg, tp, out_std)
+        self.mlp = MLP(cfg, tp, out_std) if moe is None else _moe_mlp(cfg, tp, moe, out_std, layer)
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
         p, train, tp = self.cfg.dropout, self.training, self.tp
@@ -209,6 +220,18 @@ class Block(nn.Module):
         x = x + tp_dropout(self.attn(self.attn_norm(x), rope), p, train, tp, sharded=tp.sp)
         x = x + tp_dropout(self.mlp(self.mlp_norm(x)), p, train, tp, sharded=tp.sp)
         return x
+
+
+def _moe_mlp(cfg: ModelShape, tp: TPContext, ctx: MoEContext, out_std: float, layer: int) -> MoE:
+    """An MoE layer's MLP: this EP rank's routed experts (each the dense MLP's shape at expert_ffn_hidden,
+    named by global expert index) and the shared experts, one dense MLP of shared_experts x shared_ffn_hidden
+    (DeepSeek-MoE's: n MLPs side by side are one MLP n times as wide)."""
+    e = cfg.moe
+    assert e is not None
+    experts = {i: MLP(cfg, tp, out_std, ffn=e.expert_ffn_hidden, tp_region=False)
+               for i in ctx.ep.experts_of(e.num_experts)}
+    shared = MLP(cfg, tp, out_std, ffn=e.shared_experts * e.shared_ffn_hidden) if e.shared_experts else None
+    return MoE(cfg, tp, ctx, experts, shared, layer)
 
 
 class PositionEmbedding(nn.Module):
@@ -259,7 +282,7 @@ class StageModule(nn.Module):
     """One pipeline stage: [embedding] + layers[layer_ids] + [final norm + LM head]. See the module docstring."""
 
     def __init__(self, cfg: ModelShape, layer_ids: range, first: bool, last: bool, tp: TPContext,
-                 recompute: str = "none", cp: CPContext | None = None):
+                 recompute: str = "none", cp: CPContext | None = None, moe: MoEContext | None = None):
         super().__init__()
         self.cfg = cfg
         self.recompute = recompute
@@ -271,7 +294,11 @@ class StageModule(nn.Module):
         self.padded_vocab = cfg.padded_vocab(tp.size)
         if first or (last and cfg.tied_embeddings):
             self.embed = Embedding(cfg, tp, lookup=first, cp=self.cp)
-        self.layers = nn.ModuleDict({str(i): Block(cfg, tp, recompute, self.cp) for i in layer_ids})
+        if cfg.moe is not None and moe is None:
+            moe = MoEContext.single(cfg)  # every expert on this rank (one process, the meta-device builds)
+        self.layers = nn.ModuleDict({str(i): Block(cfg, tp, recompute, self.cp,
+                                                   moe if moe and moe.is_moe_layer(i) else None, layer=i)
+                                     for i in layer_ids})
         if cfg.position == "rope" and len(layer_ids):
             self.rope = Rotary(cfg.head_dim, cfg.seq_len, cfg.rope_theta)
         if last:
@@ -319,12 +346,13 @@ class StageModule(nn.Module):
 
 def build_stage(cfg: ModelShape, layer_ids: range, first: bool, last: bool, tp: TPContext, seed: int,
                 *, recompute: str = "none", device: torch.device | str | None = None,
-                dtype: torch.dtype | None = None, cp: CPContext | None = None) -> StageModule:
+                dtype: torch.dtype | None = None, cp: CPContext | None = None,
+                moe: MoEContext | None = None) -> StageModule:
     """Build a stage and initialise it deterministically and layout-independently (trainctl.runtime.init).
 
     The shape was checked by the spec rules (divisibility by tp, even rotary head_dim, ...). Nothing of the
     model is sharded by context parallelism: `cp` only changes what attention and positions do."""
-    stage = StageModule(cfg, layer_ids, first, last, tp, recompute, cp)
+    stage = StageModule(cfg, layer_ids, first, last, tp, recompute, cp, moe)
     if device is not None or dtype is not None:
         stage.to(device=device, dtype=dtype)
     init_parameters(stage, seed, tp)

@@ -41,6 +41,8 @@ from trainctl.runtime import data_parallel
 from trainctl.runtime.checkpoint import rng_state
 from trainctl.runtime.data import BatchLoader
 from trainctl.runtime.distributed import Parallel
+from trainctl.runtime.expert_sync import ExpertSplitSync
+from trainctl.runtime.moe import is_expert_param
 from trainctl.runtime.tensor_parallel import ParamMeta, shard_tensor, unshard_tensors
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
@@ -64,7 +66,7 @@ class TrainState:
     par: Parallel  # this rank's coordinates: checkpoint keys and ZeRO/FSDP ranges follow from them
     modules: list[nn.Module]  # this rank's model stages
     opt: torch.optim.Optimizer
-    sync: data_parallel.GradSync | data_parallel.FsdpSync  # ZeRO buckets and their fp32 master slices
+    sync: data_parallel.GradSync | data_parallel.FsdpSync | ExpertSplitSync  # ZeRO buckets, fp32 master slices
     loader: BatchLoader  # the data position
     scaler: ScalerState
 
@@ -91,6 +93,48 @@ def param_key(name: str, meta: Any, tp_rank: int, tp: int) -> str:
     return name
 
 
+def _syncs(sync: Any) -> list[Any]:
+    """The gradient syncs behind the trainer's (two under expert parallelism: runtime/expert_sync.py), each
+    with its own data-parallel group in its `par`."""
+    return sync.parts() if isinstance(sync, ExpertSplitSync) else [sync]
+
+
+def _dp_group_of(par: Parallel, name: str) -> tuple[list[int], int]:
+    """(global ranks of the group that replicates parameter `name`, this rank's index in it): the expert-DP
+    group for a routed expert under expert parallelism, else the DP group."""
+    if par.ep > 1 and is_expert_param(name):
+        return par.ranks["expert_dp"], par.edp_rank
+    return par.dp_ranks, par.dp_rank  # data x context parallel
+
+
+def _zero_entries(sync: data_parallel.GradSync, names: dict[int, tuple[str, str, ParamMeta | None]],
+                  seen: set[str]) -> list[Entry]:
+    """The parameters of a ZeRO-1/2 GradSync, with the flat range of each bucket its DP rank owns."""
+    par = sync.par
+    out = []
+    for b in sync.buckets:
+        a, e = b.shard
+        per = b.numel // par.dp
+        for info, off in zip(b.params, b.offsets, strict=True):
+            key, name, meta = names[id(info.param)]
+            if key in seen:
+                continue
+            seen.add(key)
+            n = info.param.numel()
+            lo, hi = max(off, a) - off, min(off + n, e) - off
+            lo, hi = (lo, hi) if lo < hi else (0, 0)  # this rank owns none of it
+            master = next((m for i, m, _g in b.fragments if i is info), None)
+            chunks = []
+            for r, grank in enumerate(par.dp_ranks):
+                c_lo, c_hi = max(off, r * per) - off, min(off + n, (r + 1) * per) - off
+                if c_lo < c_hi:
+                    chunks.append((c_lo, c_hi, grank))
+            assert b.master is not None
+            out.append(Entry(key, name, meta, info.param, master if master is not None else info.param,
+                             master if master is not None else b.master[:0], n, lo, hi, chunks))
+    return out
+
+
 def entries(ts: TrainState) -> list[Entry]:
     """Every parameter this rank holds, once per key (a tied copy on the last stage shares its key)."""
     par = ts.par
@@ -101,46 +145,29 @@ def entries(ts: TrainState) -> list[Entry]:
         meta = m.named_param_meta()
         for name, q in m.named_parameters():
             names[id(q)] = (param_key(name, meta.get(name), par.tp_rank, par.tp), name, meta.get(name))
-    sync = ts.sync
-    if isinstance(sync, data_parallel.GradSync) and sync.zero >= 1:
-        for b in sync.buckets:
-            a, e = b.shard
-            per = b.numel // par.dp
-            for info, off in zip(b.params, b.offsets, strict=True):
-                key, name, meta = names[id(info.param)]
-                if key in seen:
-                    continue
-                seen.add(key)
-                n = info.param.numel()
-                lo, hi = max(off, a) - off, min(off + n, e) - off
-                lo, hi = (lo, hi) if lo < hi else (0, 0)  # this rank owns none of it
-                master = next((m for i, m, _g in b.fragments if i is info), None)
-                chunks = []
-                for r, grank in enumerate(par.dp_ranks):
-                    c_lo, c_hi = max(off, r * per) - off, min(off + n, (r + 1) * per) - off
-                    if c_lo < c_hi:
-                        chunks.append((c_lo, c_hi, grank))
-                assert b.master is not None
-                out.append(Entry(key, name, meta, info.param, master if master is not None else info.param,
-                                 master if master is not None else b.master[:0], n, lo, hi, chunks))
-        return out
-    fsdp = isinstance(sync, data_parallel.FsdpSync)
+    in_buckets: set[int] = set()
+    for sync in _syncs(ts.sync):
+        if isinstance(sync, data_parallel.GradSync) and sync.zero >= 1:
+            out += _zero_entries(sync, names, seen)
+            in_buckets |= {id(i.param) for i in sync.infos}
+    fsdp = isinstance(ts.sync, data_parallel.FsdpSync)
     for m in ts.modules:
         for _name, q in m.named_parameters():
             key, name, meta = names[id(q)]
-            if key in seen:
+            if key in seen or id(q) in in_buckets:
                 continue
             seen.add(key)
             if fsdp:
+                dp_ranks, dp_rank = _dp_group_of(par, name)
                 rows = q.shape[0]
                 cols = q.numel() // rows if rows else 0
-                size = -(-rows // par.dp)  # torch.chunk / DTensor Shard(0) split of the rows
+                size = -(-rows // len(dp_ranks))  # torch.chunk / DTensor Shard(0) split of the rows
                 chunks = []
-                for r, grank in enumerate(par.dp_ranks):
+                for r, grank in enumerate(dp_ranks):
                     r0, r1 = min(r * size, rows), min((r + 1) * size, rows)
                     if r0 < r1:
                         chunks.append((r0 * cols, r1 * cols, grank))
-                mine = min(par.dp_rank * size, rows) * cols, min((par.dp_rank + 1) * size, rows) * cols
+                mine = min(dp_rank * size, rows) * cols, min((dp_rank + 1) * size, rows) * cols
                 local = q.to_local()
                 if local.numel() != mine[1] - mine[0]:
                     raise RuntimeError(f"{key}: FSDP shard has {local.numel()} elements, expected {mine}")

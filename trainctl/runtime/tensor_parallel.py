@@ -23,6 +23,8 @@ Layers:
                            output sharded on the last dim; never gathers its output.
     RowParallelLinear      weight [out, in/tp]: input sharded on the last dim; output all-reduced
                            (or reduce-scattered along T with SP); bias added after the reduction.
+                           `reduce_output=False` returns the partial sum without the bias (the MoE block
+                           reduces all its experts' outputs at once).
     VocabParallelEmbedding weight [V_padded/tp, H]: each rank looks up the ids in its vocab range.
     vocab_parallel_cross_entropy: softmax cross-entropy over vocab-sharded logits with three small
                            all-reduces ([B, T] max, sum-exp and target logit); padded columns are masked.
@@ -438,11 +440,12 @@ class RowParallelLinear(nn.Module):
     [B, T, out] all-reduced (or this rank's [B, T/tp, out] reduce-scattered along T under SP)."""
 
     def __init__(self, in_features: int, out_features: int, tp: TPContext, bias: bool = False,
-                 std: float = 0.02):
+                 std: float = 0.02, reduce_output: bool = True):
         super().__init__()
         self.tp = tp
         self.in_features = in_features
         self.out_features = out_features
+        self.reduce_output = reduce_output
         self.local_in = _check_div(in_features, tp.size, "input features")
         self.weight = nn.Parameter(torch.empty(out_features, self.local_in))
         self.param_meta = {"weight": ParamMeta((out_features, in_features), ShardSpec(1, (in_features,)),
@@ -455,6 +458,8 @@ class RowParallelLinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         y = F.linear(x, self.weight)
+        if not self.reduce_output:  # the caller reduces (and adds the bias): routed experts, runtime/moe.py
+            return y
         y = reduce_scatter_to_sp_region(y, self.tp) if self.tp.sp else reduce_from_tp_region(y, self.tp)
         if self.bias is not None:
             y = y + sp_param(self.bias, self.tp)

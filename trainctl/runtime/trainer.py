@@ -14,16 +14,28 @@ import torch.distributed as dist
 from torch import nn
 
 from trainctl.model_shape import ModelShape
-from trainctl.plan.memory import bf16_params, compute_precision
+from trainctl.plan.memory import compute_precision
 from trainctl.plan.pipeline import stage_layer_ranges, stages_of_pp_rank
 from trainctl.rundir import RunPaths, append_jsonl, record_event
-from trainctl.runtime import data_parallel, divergence, faults, memory_meter, metrics, optim, peak, stragglers, watchdog
+from trainctl.runtime import (
+    data_parallel,
+    divergence,
+    expert_sync,
+    faults,
+    memory_meter,
+    metrics,
+    optim,
+    peak,
+    stragglers,
+    watchdog,
+)
 from trainctl.runtime.checkpointing import Checkpointing
 from trainctl.runtime.comm_wait import COMM, time_pipeline_receives
 from trainctl.runtime.context_parallel import CPContext
 from trainctl.runtime.data import build_loader
 from trainctl.runtime.distributed import Parallel
 from trainctl.runtime.model import build_stage, loss_fn, params_built, params_record
+from trainctl.runtime.moe import A2A, EPContext, MoEContext, is_expert_param
 from trainctl.runtime.schedules import Accumulate, Executor, Pipelined
 from trainctl.runtime.state import TrainState
 from trainctl.runtime.tensor_parallel import TPContext
@@ -74,9 +86,12 @@ class Trainer:
         ranges = stage_layer_ranges(spec)
         n_stages = len(ranges)
         self.stage_ids = stages_of_pp_rank(par.pp_rank, spec)
+        # mixture of experts: this rank's experts and its EP group (runtime/moe.py)
+        self.moe = (MoEContext.build(self.cfg, EPContext(par.ep_group, par.ep, par.ep_rank))
+                    if self.cfg.moe is not None else None)
         self.modules: list[nn.Module] = [
             build_stage(self.cfg, ranges[s], s == 0, s == n_stages - 1, self.tp, t.seed, recompute=t.recompute,
-                        device=par.device, cp=self.cp)
+                        device=par.device, cp=self.cp, moe=self.moe)
             for s in self.stage_ids]
         self.params = self._params_record()  # before FSDP turns the parameters into shards
         self.micro_batches = spec.micro_batches
@@ -86,14 +101,13 @@ class Trainer:
         if fsdp:
             # zero-bubble schedules run weight-gradient passes after later forwards: with FSDP2's default
             # resharding they train on wrong weights (docs/ARCHITECTURE.md, "Checked facts: PyTorch ...")
-            data_parallel.apply_fsdp(self.modules, par, reduce_dtype,
-                                     reshard_after_forward=p.schedule != "zero-bubble", param_dtype=bf16)
+            reshard = p.schedule != "zero-bubble"
+            for shard in (expert_sync.shard_experts, data_parallel.apply_fsdp):  # experts first, over expert-DP
+                shard(self.modules, par, reduce_dtype, reshard_after_forward=reshard, param_dtype=bf16)
         infos = self._param_infos()
         # bf16 parameters under bf16 ZeRO-1/2: the fp32 master slice is the truth (plan/memory.py bf16_params)
-        param_dtype = torch.bfloat16 if bf16_params(self.precision, p.zero, par.dp) else None
         self.sync = (data_parallel.FsdpSync(infos, par) if fsdp
-                     else data_parallel.GradSync(infos, par, p.zero, self.micro_batches, reduce_dtype=reduce_dtype,
-                                                 param_dtype=param_dtype))
+                     else expert_sync.grad_sync(infos, par, p.zero, self.micro_batches, reduce_dtype, self.precision))
         self.opt = optim.adamw(self.sync.optimizer_groups(), t)
 
         def scaled_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -113,6 +127,7 @@ class Trainer:
         self.steptimes: stragglers.StepTimeLog | None = None  # this rank's step times (set by run())
         self.slow_s = stragglers.slow_seconds(par.rank)  # the slow_rank fault
         COMM.use_cuda(par.device.type == "cuda")
+        A2A.use_cuda(par.device.type == "cuda")  # the EP all-to-all's share of COMM (runtime/moe.py)
         if par.pp > 1:
             time_pipeline_receives()
         self.ckpt_block_s = 0.0  # checkpoint-save blocking since the last metrics line (outside step time)
@@ -137,8 +152,14 @@ class Trainer:
         return None, LossScaler(False)
 
     def _params_record(self) -> dict[str, Any]:
-        """The parameters this layout really built (model.params_record), gathered over the pipeline."""
-        mine = (self.par.pp_rank, params_built(self.modules))
+        """The parameters this layout really built (model.params_record), gathered over the pipeline (and over
+        the EP group, whose ranks build different experts)."""
+        local, names = params_built(self.modules)
+        if self.par.ep_group is not None:
+            peers: list[dict[str, int]] = [{}] * self.par.ep
+            dist.all_gather_object(peers, names, group=self.par.ep_group)
+            names = {k: v for peer in peers for k, v in peer.items()}
+        mine = (self.par.pp_rank, (local, names))
         every = [mine]
         if self.par.pp_group is not None:
             every = [None] * self.par.pp
@@ -168,7 +189,7 @@ class Trainer:
             # The attempt counters make every restart explicit in events.jsonl (torchrun: worker restarts;
             # Slurm: requeues), which goodput and `trainctl status` count.
             record_event(self.paths, "start", world_size=par.world_size, tp=par.tp, cp=par.cp, pp=par.pp,
-                         dp=par.replicas,
+                         dp=par.replicas, ep=par.ep,
                          zero=spec.parallel.zero, schedule=spec.parallel.schedule, peak_source=source,
                          params=self.params,
                          torchrun_restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
@@ -240,6 +261,9 @@ class Trainer:
         data_wait = time.perf_counter() - td
         stragglers.maybe_slow(self.slow_s)
         self.sync.start_step()
+        if self.moe is not None:  # the aux losses' backward starts as the LM loss's does (runtime/moe.py)
+            self.moe.aux_grad_scale = self.scaler.scale / self.micro_batches
+            self.moe.stats.start_step()
         # the window's last step only: the first step of an attempt also runs the pipeline's shape inference
         measuring = step == self.memory_steps.stop - 1
         with self.saved.measuring() if measuring else contextlib.nullcontext():
@@ -261,6 +285,7 @@ class Trainer:
         dt, cpu = time.perf_counter() - t0, time.process_time() - c0
         if ev is not None:
             sync_s = max(0.0, dt - ev[0].elapsed_time(ev[1]) / 1e3)
+        routing = self._routing_record() if self.moe is not None else None  # a collective: every rank, every step
         comm_s = COMM.take()  # waits inside the step: counted apart from this rank's own work
         if self.steptimes is not None:
             self.steptimes.record(step + 1, dt, sync_s, comm_s)
@@ -277,6 +302,8 @@ class Trainer:
             rec["cpu_time_s"] = cpu  # this process's CPU time: robust to a busy shared machine (benchmarks)
             rec["data_wait_s"] = data_wait  # inside step_time_s
             rec["ckpt_block_s"], self.ckpt_block_s = self.ckpt_block_s, 0.0  # outside step_time_s
+            if routing is not None:
+                rec["moe"] = routing
             if self._memory_rec is not None:
                 rec["memory"], self._memory_rec = self._memory_rec, None
             append_jsonl(self.paths.metrics, rec)
@@ -286,6 +313,12 @@ class Trainer:
                              "bug, not a result")
                 record_event(self.paths, "mfu_bug", step=step + 1, mfu=rec["mfu"])
         return rec
+
+    def _routing_record(self) -> dict[str, Any]:
+        """The step's MoE routing, reduced over every rank (runtime/moe.py MoEStats): aux and z losses, tokens
+        per expert, imbalance, dropped tokens, seconds in the EP all-to-all."""
+        assert self.moe is not None
+        return self.moe.stats.reduce(self.micro_batches, self.par.world_group, self.par.device, self.par.world_size)
 
     def _measured_memory(self) -> dict[str, Any] | None:
         """This rank's exact model-state bytes and activation peak, gathered from every rank (a collective);
@@ -347,6 +380,13 @@ class Trainer:
                     continue
                 params[name] = full.detach().cpu().clone()
                 shards[name] = meta[name].shard if name in meta else None
+        if self.par.ep_group is not None and self.par.edp_rank == 0:  # the other EP ranks' experts
+            mine = {n: (params[n], shards[n]) for n in params if is_expert_param(n)}
+            peers: list[dict[str, Any]] = [{}] * self.par.ep
+            dist.all_gather_object(peers, mine, group=self.par.ep_group)
+            for peer in peers:
+                for n, (t, sh) in peer.items():
+                    params[n], shards[n] = t, sh
         if self.par.dp_rank == 0:
             out.mkdir(parents=True, exist_ok=True)
             torch.save({"params": params, "shards": shards}, out / f"pp{self.par.pp_rank}-tp{self.par.tp_rank}.pt")

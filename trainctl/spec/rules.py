@@ -275,15 +275,3 @@ def _data_and_launcher(spec: RunSpec) -> Iterator[str]:
                           f"keep one: launcher.env.{name} sets a value, env_passthrough takes it from your "
                           "environment")
 
-
-def trainer_unsupported(spec: RunSpec) -> list[str]:
-    """What a valid spec asks of the bundled trainer that it cannot do yet: `validate` and `plan` accept
-    such a spec, `launch` and `calibrate` refuse it with these lines (exit 2)."""
-    out = []
-    moe = spec.model.moe
-    if moe is not None:
-        out.append(problem("model.moe", f"{moe.num_experts} experts, top-{moe.top_k}",
-                           "mixture-of-experts training is not yet in the bundled trainer (issue 11); "
-                           "`trainctl validate` and `trainctl plan` work for this spec",
-                           "plan it with `trainctl plan`; to train now, remove model.moe (a dense model)"))
-    return out
