@@ -32,7 +32,7 @@ def shape(router: str, shared: int = 0, activation: str = "swiglu", **moe) -> Mo
 
 
 def our_block(cfg: ModelShape, seed: int = 3) -> MoE:
-    block = Block(cfg, TPContext.single(), "none", MoEContext.single(cfg), layer=0)
+    block = Block(cfg, TPContext.single(), "none", moe=MoEContext.single(cfg), layer=0)
     init_parameters(block, seed, TPContext.single())
     return block.mlp.double()
 

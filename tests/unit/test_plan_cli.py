@@ -111,7 +111,7 @@ def test_tiny_plan_uses_units_that_fit_and_names_no_gpu_fabric() -> None:
 
 def test_auto_table_spells_recompute_out() -> None:
     text = narrow("plan", str(ROOT / "recipes" / "llama3-70b.yaml"), "--auto", "--top", "5")
-    modes = {ln.split()[5] for ln in text.splitlines() if re.match(r"\s*\d+\s+\d+(sp)?/\d+/\d+ ", ln)}
+    modes = {ln.split()[5] for ln in text.splitlines() if re.match(r"\s*\d+\s+\d+(sp)?/\d+/\d+/\d+ ", ln)}
     assert modes and modes <= {"none", "selective", "full"} and "selective" in modes, modes
 
 

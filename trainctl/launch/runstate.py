@@ -231,15 +231,35 @@ _FAILURE = re.compile(r"^\s*host\s*:\s*(?P<host>\S+)\s*\n\s*rank\s*:\s*(?P<rank>
                       re.MULTILINE)
 
 
-def torchrun_root_cause(console: str) -> Cause | None:
+def lost_peer_ranks(events: list[dict[str, Any]]) -> set[int]:
+    """Ranks whose recorded failure is only the loss of a peer ("connection closed by peer")."""
+    return {int(e["rank"]) for e in events if e.get("event") == "failure" and isinstance(e.get("rank"), int)
+            and SECONDARY.search(str(e.get("error") or ""))}
+
+
+def torchrun_root_cause(console: str, lost_peer: set[int] | frozenset[int] = frozenset()) -> Cause | None:
     """A rank that died by a signal (SIGKILL from the kernel's OOM killer, a segfault) writes no event: take
-    it from the "Root Cause (first observed failure)" entry of torchrun's ChildFailedError block ("host :
-    ..., rank : N (local_rank: ...), exitcode : -9 (pid: P) (SIGKILL)", torch 2.x's format) in the console of
-    one attempt. Only that entry: torchrun SIGKILLs the ranks that outlive it, so every other one reads -9."""
-    block = console.rsplit("Root Cause (first observed failure):", 1)
-    m = _FAILURE.search(block[1]) if len(block) == 2 else None
+    it from torchrun's ChildFailedError block ("host : ..., rank : N (local_rank: ...), exitcode : -9 (pid: P)
+    (SIGKILL)", torch 2.x's format) in the console of one attempt. The "Root Cause (first observed failure)"
+    entry first: torchrun SIGKILLs the ranks that outlive it, so most others read -9. But torchrun orders by
+    the time it has for each failure, a rank's own error file for a rank that raised and the moment it looked
+    for one killed by a signal, so a survivor that raised on the lost connection (`lost_peer`) can come
+    first; then the cause is the rank among the other failures that a signal killed and that recorded no
+    failure itself."""
+    head, sep, root = console.rpartition("Root Cause (first observed failure):")
+    m = _FAILURE.search(root) if sep else None
     if m is None:
         return None
+    cause = _torchrun_cause(m)
+    if cause.kind == "exception" and cause.rank in lost_peer:
+        others = head.rsplit("Failures:", 1)[-1]
+        killed = [x for x in _FAILURE.finditer(others) if int(x["code"]) < 0 and int(x["rank"]) not in lost_peer]
+        if killed:
+            return _torchrun_cause(killed[0])
+    return cause
+
+
+def _torchrun_cause(m: re.Match[str]) -> Cause:
     code = int(m["code"])
     if code < 0:
         sig = m["sig"] or f"signal {-code}"

@@ -51,6 +51,10 @@ class ExpertSplitSync:
         for s in self.parts():
             s.start_step()
 
+    def backward_done(self, stage: int) -> None:
+        for s in self.parts():
+            s.backward_done(stage)
+
     def finish(self) -> None:
         for s in self.parts():
             s.finish()
@@ -79,6 +83,9 @@ class ExpertSplitSync:
     def after_step(self) -> None:
         for s in self.parts():
             s.after_step()
+
+    def full_master(self) -> dict[int, Tensor]:
+        return {k: v for s in self.parts() for k, v in s.full_master().items()}
 
 
 def grad_sync(infos: list[ParamInfo], par: Parallel, zero: int, micro_batches: int,

@@ -203,7 +203,7 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-norm transformer block: x + drop(attn(norm(x))), then + drop(mlp(norm(x)))."""
 
-    def __init__(self, cfg: ModelShape, tp: TPContext, recompute: str, cp: CPContext | None = None,
+    def __init__(self, cfg: ModelShape, tp: TPContext, recompute: str, *, cp: CPContext | None = None,
                  moe: MoEContext | None = None, layer: int = 0):
         super().__init__()
         self.cfg = cfg
@@ -282,7 +282,7 @@ class StageModule(nn.Module):
     """One pipeline stage: [embedding] + layers[layer_ids] + [final norm + LM head]. See the module docstring."""
 
     def __init__(self, cfg: ModelShape, layer_ids: range, first: bool, last: bool, tp: TPContext,
-                 recompute: str = "none", cp: CPContext | None = None, moe: MoEContext | None = None):
+                 recompute: str = "none", *, cp: CPContext | None = None, moe: MoEContext | None = None):
         super().__init__()
         self.cfg = cfg
         self.recompute = recompute
@@ -296,8 +296,8 @@ class StageModule(nn.Module):
             self.embed = Embedding(cfg, tp, lookup=first, cp=self.cp)
         if cfg.moe is not None and moe is None:
             moe = MoEContext.single(cfg)  # every expert on this rank (one process, the meta-device builds)
-        self.layers = nn.ModuleDict({str(i): Block(cfg, tp, recompute, self.cp,
-                                                   moe if moe and moe.is_moe_layer(i) else None, layer=i)
+        self.layers = nn.ModuleDict({str(i): Block(cfg, tp, recompute, cp=self.cp,
+                                                   moe=moe if moe and moe.is_moe_layer(i) else None, layer=i)
                                      for i in layer_ids})
         if cfg.position == "rope" and len(layer_ids):
             self.rope = Rotary(cfg.head_dim, cfg.seq_len, cfg.rope_theta)
@@ -352,7 +352,7 @@ def build_stage(cfg: ModelShape, layer_ids: range, first: bool, last: bool, tp: 
 
     The shape was checked by the spec rules (divisibility by tp, even rotary head_dim, ...). Nothing of the
     model is sharded by context parallelism: `cp` only changes what attention and positions do."""
-    stage = StageModule(cfg, layer_ids, first, last, tp, recompute, cp, moe)
+    stage = StageModule(cfg, layer_ids, first, last, tp, recompute, cp=cp, moe=moe)
     if device is not None or dtype is not None:
         stage.to(device=device, dtype=dtype)
     init_parameters(stage, seed, tp)

@@ -97,7 +97,11 @@ class SlurmBackend(Backend[SlurmLaunch, RunPaths]):
         earlier = sum(1 for j, _ in seen if j != str(job_id))
         attempts = max(len(seen), earlier + (info["restarts"] or 0) + 1 if info["restarts"] is not None else 0)
         pending = state in jobs.WAITING
-        eligible = info.get("eligible") if pending and reason == "BeginTime" else None
+        if reason in ("None", ""):  # scontrol's word for no reason (e.g. just after a requeue)
+            reason = None
+        # a requeued job is held until its EligibleTime (BeginTime, ~2 minutes); the Reason may lag behind
+        held = pending and (reason == "BeginTime" or jobs.in_future(info.get("eligible")))
+        eligible = info.get("eligible") if held else None
         if info["restarts"] and pending:
             reason = f"requeued ({reason})" if reason else "requeued"
         if eligible:

@@ -9,6 +9,7 @@ cluster has no accounting; docs/ARCHITECTURE.md, "Checked facts: Slurm"), then `
 
 from __future__ import annotations
 
+import datetime
 import re
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,15 @@ def sacct_state(job_id: str) -> str | None:
         return None
     lines = [ln.strip() for ln in proc.stdout.splitlines() if ln.strip()]
     return lines[-1].split()[0] if proc.returncode == 0 and lines else None
+
+
+def in_future(stamp: str | None) -> bool:
+    """Whether a Slurm time stamp (2026-11-24T16:38:12, the controller's local time) is later than now;
+    False for "Unknown", "None" or anything else."""
+    try:
+        return datetime.datetime.fromisoformat(stamp or "") > datetime.datetime.now()
+    except ValueError:
+        return False
 
 
 def job_state(job_id: str) -> dict[str, Any]:
