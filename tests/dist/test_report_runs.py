@@ -6,6 +6,7 @@ in the log, a failed-and-resumed run has goodput below 100% with the lost time a
 from __future__ import annotations
 
 import json
+import statistics
 import os
 import subprocess
 import sys
@@ -98,6 +99,15 @@ def test_slowed_rank_is_named_exactly_under_tp_and_pp(tmp_path):
     assert worst["rank"] == 2 and worst["ranks"] == [2] and worst["note"] is None, st
     assert 3 not in [x["rank"] for x in st["stragglers"]]  # the TP peer is not blamed
     assert worst["cost_s"] == pytest.approx(SLOW_S * st["steps_sampled"], rel=0.5)
+    # the first stage (ranks 0, 1) waits for the slowed second stage in its pipeline receives: pp_s, a part
+    # of comm_s, carries the slow rank's delay; mfu-report's measured parts make up the measured step
+    first = [r for r in read_jsonl(run / "logs" / "steptimes-rank0.jsonl") if "step" in r][1:]
+    assert all(0 <= r["pp_s"] <= r["comm_s"] for r in first)
+    assert statistics.median(r["pp_s"] for r in first) >= 0.5 * SLOW_S
+    measured = json.loads(p.stdout)["runs"][0]["measured"]
+    parts = measured["components_s"]
+    assert parts["pipeline bubble + point-to-point"] > 0 and parts["collectives (TP, CP, EP)"] > 0
+    assert sum(parts.values()) == pytest.approx(measured["step_time_s"], rel=1e-6)
 
 
 def test_run_without_slow_rank_has_no_injected_straggler(runs):

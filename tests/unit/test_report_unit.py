@@ -197,3 +197,47 @@ def test_routing_imbalance_and_all_to_all_share(tmp_path):
     render(report, Console(file=buf, width=200))
     out = buf.getvalue()
     assert "Mixture-of-experts routing" in out and "1.23 / 1.30 (planned 1.10)" in out and "(20.0%)" in out
+
+
+def test_step_time_predicted_vs_measured_per_component(tmp_path):
+    """Two ranks, 6 steps; step 1 is warm-up. Rank 0: step 1.0 s, DP sync 0.1, collectives+pipeline 0.3 of
+    which pipeline 0.2; rank 1: 1.0, 0.2, 0.1, 0.0. Data wait 0.05 (rank 0's metrics). Means over ranks:
+    sync 0.15, comm 0.2, pp 0.1, so collectives 0.1 and compute 1.0 - 0.15 - 0.2 - 0.05 = 0.6.
+    The plan: compute 0.5, TP 0.05 + CP 0.05, bubble 0.1 + p2p 0.02, DP 0.08 = step 0.8."""
+    m = [_step(k, float(k), data_wait_s=0.05, **({"ckpt_block_s": 0.3} if k == 4 else {})) for k in range(1, 7)]
+    breakdown = {"compute": 0.5, "TP exposed": 0.05, "CP K/V exchange": 0.05, "pipeline bubble": 0.1,
+                 "PP point-to-point": 0.02, "DP exposed": 0.08}
+    plan = {"prediction": {"mfu": 0.5, "hfu": 0.6, "step_time_s": 0.8, "breakdown_s": breakdown},
+            "hardware": {"gpu": "h100-sxm", "peak_flops": 1.25e12}, "layout": {"pp": 2}}
+    run = _write(tmp_path / "vs", m, [{"time": 0.0, "event": "launch"}], plan=plan)
+    (run / "logs").mkdir()
+    per_rank = {0: (0.1, 0.3, 0.2), 1: (0.2, 0.1, 0.0)}
+    for rank, (sync, comm, pp) in per_rank.items():
+        lines = [{"header": True, "rank": rank, "host": "n", "local_rank": rank, "device": f"cuda:{rank}"}]
+        lines += [{"step": s, "time": s, "step_s": 9.0 if s == 1 else 1.0, "sync_s": sync, "comm_s": comm,
+                   "pp_s": pp} for s in range(1, 7)]
+        (run / "logs" / f"steptimes-rank{rank}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    r = analyze(load_run(run))
+    v = r["step_vs_plan"]
+    got = {x["component"]: (x["predicted_s"], x["measured_s"]) for x in v["rows"]}
+    assert got["compute"] == pytest.approx((0.5, 0.6))
+    assert got["collectives (TP, CP, EP)"] == pytest.approx((0.1, 0.1))
+    assert got["pipeline bubble + point-to-point"] == pytest.approx((0.12, 0.1))
+    assert got["DP gradient sync (exposed)"] == pytest.approx((0.08, 0.15))
+    assert got["data-loader wait"] == pytest.approx((0.0, 0.05))
+    assert sum(p for p, _ in got.values()) == pytest.approx(0.8)  # the plan's parts make its step
+    assert sum(m for _, m in got.values()) == pytest.approx(1.0)  # and the measured ones the measured step
+    assert r["prediction"]["step_time_s"] == 0.8 and r["measured"]["step_time_s"] == pytest.approx(1.0)
+    assert v["step_error"] == pytest.approx(0.25) and v["checkpoint_block_s_per_save"] == pytest.approx(0.3)
+    # compute is the largest gap: +100 ms of the step's +200 ms
+    assert v["largest_gap"].startswith("compute took 100 ms longer than predicted (+20%); 50% of the step's gap")
+    buf = io.StringIO()
+    render(build_report([run]), Console(file=buf, width=200))
+    out = buf.getvalue()
+    assert "Step time, predicted vs measured" in out and "+25.0%" in out and "largest gap: compute" in out
+    # a run whose plan has no step time (a CPU without a calibration profile) still shows what was measured
+    plan["prediction"] = {"mfu": None, "step_time_s": None}
+    (run / "plan.json").write_text(json.dumps(plan))
+    v = analyze(load_run(run))["step_vs_plan"]
+    assert v["prediction"] is None and "no step-time prediction" in v["no_prediction"]
+    assert v["measured"]["components_s"]["compute"] == pytest.approx(0.6) and v["largest_gap"] is None

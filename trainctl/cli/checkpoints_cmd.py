@@ -14,8 +14,8 @@ from trainctl.cli.console import make_console
 from trainctl.cli.jsonout import print_json
 from trainctl.cli.options import JsonOpt
 from trainctl.errors import UsageError
-from trainctl.report.render import size
 from trainctl.rundir import RunPaths
+from trainctl.units import size
 
 
 @app.command()

@@ -67,8 +67,8 @@ def check_cmd(
 
     from trainctl.data_check import other_dtype_fits, scan, uint32_read_as_uint16
     from trainctl.errors import UsageError
-    from trainctl.report.render import decimal_size, dur
     from trainctl.token_files import open_token_file
+    from trainctl.units import decimal_size, dur
 
     if dtype not in ("uint16", "uint32"):
         raise UsageError(f"--dtype {dtype!r}: use uint16 or uint32")

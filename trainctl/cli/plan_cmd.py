@@ -21,7 +21,7 @@ from trainctl.cli.console import make_console
 from trainctl.cli.jsonout import print_json
 from trainctl.cli.options import JsonOpt, SetOpt, SpecArg, read_spec
 from trainctl.prose import prose
-from trainctl.report.render import decimal_size, dur, tflops
+from trainctl.units import decimal_size, dur, tflops
 
 if TYPE_CHECKING:
     from trainctl.plan.auto import AutoResult

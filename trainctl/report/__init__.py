@@ -14,6 +14,7 @@ from trainctl.report.load import RunData, load_run
 from trainctl.report.memory import memory_vs_plan
 from trainctl.report.routing import routing
 from trainctl.report.routing import warnings as routing_warnings
+from trainctl.report.step_vs_plan import step_vs_plan
 from trainctl.report.stragglers import stragglers
 from trainctl.report.summary import steady_steps, summarize
 
@@ -33,12 +34,16 @@ def analyze(run: RunData) -> dict[str, Any]:
     warnings += divergence_warnings(div)
     moe = routing(steady, final)  # mixture of experts: imbalance, dropped tokens, all-to-all share
     warnings += routing_warnings(moe)
+    vs_plan = step_vs_plan(run, steady)
     spikes = {s["step"] for s in div["loss_spikes"]}
     final_ids = {id(r) for r in final}
     return {
         "run": str(run.root), "name": run.name,
         "summary": summary,
         "time_breakdown": time_breakdown(run, steady, summary["step_time_s"]["median"], startup),
+        "step_vs_plan": vs_plan,
+        "prediction": vs_plan["prediction"],  # the plan's step and its parts (None: no time prediction)
+        "measured": vs_plan["measured"],  # the same parts as the ranks measured them
         "goodput": gp,
         "stragglers": stragglers(run),
         "memory": memory_vs_plan(run),

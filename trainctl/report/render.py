@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -13,45 +12,7 @@ from rich.text import Text
 
 from trainctl.prose import prose
 from trainctl.report.divergence import cell as divergence_cell
-
-
-def _sig3(v: float) -> str:
-    """Three significant digits, no exponent: 1.08, 12.4, 452."""
-    return f"{v:.{max(0, 2 - math.floor(math.log10(abs(v))))}f}" if v else "0"
-
-
-def dur(s: float | None) -> str:
-    """A duration in the unit that fits it: ns, µs, ms (three significant digits), s, then minutes, hours."""
-    if s is None:
-        return "-"
-    if s == 0:
-        return "0 s"
-    for unit, scale in (("ns", 1e-9), ("µs", 1e-6), ("ms", 1e-3)):
-        if abs(s) < scale * 999.5:  # 999.7 ms reads as 1.00 s
-            return f"{_sig3(s / scale)} {unit}"
-    if abs(s) < 120:
-        return f"{s:.2f} s"
-    m, sec = divmod(s, 60)
-    return f"{int(m) // 60}h {int(m) % 60:02d}m" if m >= 60 else f"{int(m)}m {sec:02.0f}s"
-
-
-def pct(x: float | None, digits: int = 2) -> str:
-    return "-" if x is None else f"{100 * x:.{digits}f}%"
-
-
-def si(x: float | None, unit: str = "") -> str:
-    if x is None:
-        return "-"
-    for suffix, div in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(x) >= div:
-            return f"{x / div:.2f} {suffix}{unit}"
-    return f"{x:.3g} {unit}".rstrip()
-
-
-def tflops(x: float | None) -> str:
-    """TFLOP/s: two decimals from 1 up, three significant digits below (a CPU's 0.00795)."""
-    return "-" if x is None else (f"{x:,.2f}" if x >= 1 else f"{x:.3g}")
-
+from trainctl.units import dur, pct, si, size, tflops
 
 Row = tuple[str, Callable[[dict[str, Any]], Any]]  # a cell: str (escaped) or rich Text
 
@@ -177,6 +138,7 @@ def render(report: dict[str, Any], console: Console | None = None) -> None:
         if not s["plan"].get("available"):
             prose(con, f"[dim]{escape(s['plan']['note'])}[/dim]", f"[dim]{escape(r['name'])}:[/dim] ")
     con.print(_table("Where the time of a median step went", runs, _breakdown_rows(runs)))
+    _render_step_vs_plan(con, runs)
     con.print(_table("Goodput (whole run, across restarts)", runs, _goodput_rows()))
     for r in runs:
         for x in r["goodput"].get("restarts", []):
@@ -230,6 +192,36 @@ def _routing_rows() -> list[Row]:
     ]
 
 
+def _render_step_vs_plan(con: Console, runs: list[dict[str, Any]]) -> None:
+    for r in runs:
+        v = r["step_vs_plan"]
+        name = escape(r["name"])
+        if v["measured"] is None:
+            prose(con, "[dim]no per-rank step times in the run directory[/dim]", f"[dim]{name}: step vs plan:[/dim] ")
+            continue
+        pred, meas = v["prediction"], v["measured"]
+        t = Table(title=f"Step time, predicted vs measured ({r['name']}, mean over {meas['ranks']} ranks)",
+                  title_justify="left")
+        for col in ("component", "predicted", "measured", "difference"):
+            t.add_column(col, justify="left" if col == "component" else "right")
+        for x in v["rows"]:
+            diff = "-" if x["error_s"] is None else ("+" if x["error_s"] >= 0 else "-") + dur(abs(x["error_s"]))
+            t.add_row(x["component"], dur(x["predicted_s"]), dur(x["measured_s"]), diff)
+        step_diff = "-" if v["step_error"] is None else f"{v['step_error']:+.1%}"
+        t.add_row("[bold]step[/bold]", dur(pred["step_time_s"]) if pred else "-", dur(meas["step_time_s"]),
+                  step_diff)
+        if v["checkpoint_saves"]:
+            t.add_row("checkpoint blocking (per save, outside the step)", "0 s",
+                      dur(v["checkpoint_block_s_per_save"]), f"{v['checkpoint_saves']} saves")
+        con.print(t)
+        if v["no_prediction"]:
+            prose(con, f"[dim]{escape(v['no_prediction'])}[/dim]", f"  [dim]{name}: no prediction:[/dim] ")
+        if meas.get("note"):
+            prose(con, f"[dim]{escape(meas['note'])}[/dim]", f"  [dim]{name}:[/dim] ")
+        if v["largest_gap"]:
+            prose(con, escape(v["largest_gap"]), f"  {name}: largest gap: ")
+
+
 def _render_memory(con: Console, runs: list[dict[str, Any]]) -> None:
     for r in runs:
         mem = r.get("memory") or {}
@@ -249,23 +241,3 @@ def _render_memory(con: Console, runs: list[dict[str, Any]]) -> None:
             prose(con, escape(mem["largest_gap"]), f"  {escape(r['name'])}: ")
 
 
-def decimal_size(n: float | None) -> str:
-    """Bytes in decimal units that fit the size (B, kB, MB, GB, TB; 10^3 steps), as the planner and the GPU
-    catalog count them (an H100's 80 GB)."""
-    if n is None:
-        return "-"
-    for unit, div in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(n) >= div:
-            return f"{n / div:,.2f} {unit}"
-    return f"{n:,.0f} B"
-
-
-def size(n: float | None) -> str:
-    """Bytes in binary units (memory, checkpoint sizes)."""
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"

@@ -58,6 +58,9 @@ class CommWait:
 
 
 COMM = CommWait()
+# The pipeline receives' share of COMM (bubble and point-to-point waits): `mfu-report` holds it against the
+# plan's bubble + p2p, and COMM minus it against the plan's TP/CP/EP collectives.
+PP_WAIT = CommWait()
 
 _hooked = False
 
@@ -77,7 +80,7 @@ def time_pipeline_receives() -> None:
         return
 
     def timed_wait(work: Any) -> Any:
-        with COMM:
+        with COMM, PP_WAIT:
             return original(work)
 
     schedules._wait_batch_p2p = timed_wait

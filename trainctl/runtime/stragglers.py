@@ -6,12 +6,13 @@ the lines are buffered and written with one write() every `every` steps, measure
 per step (see `trainctl mfu-report`'s straggler section and tests/dist/test_report_runs.py).
 
 Each attempt starts with a header line {"header": true, "rank", "host", "local_rank", "device", "attempt"},
-then one line per step {"step", "time", "step_s", "sync_s", "comm_s"}, and (when the loop ends normally) a
-footer {"footer": true, "steps", "overhead_s"} with the time spent logging. `sync_s` is the time this rank spent
-in the step's gradient synchronisation and final all-reduce, `comm_s` the time inside tensor-parallel
-collectives and pipeline receives (trainctl.runtime.comm_wait); both include waiting for the slowest peer, so
-busy = step_s - sync_s - comm_s is the rank's own work and the straggler is the rank with the largest busy
-time (its peers' extra time shows up as waiting). No torch import: the trainer passes the device as text.
+then one line per step {"step", "time", "step_s", "sync_s", "comm_s", "pp_s"}, and (when the loop ends
+normally) a footer {"footer": true, "steps", "overhead_s"} with the time spent logging. `sync_s` is the time
+this rank spent in the step's gradient synchronisation and final all-reduce, `comm_s` the time inside
+tensor-parallel collectives and pipeline receives (trainctl.runtime.comm_wait), `pp_s` the pipeline
+receives' part of it; all include waiting for the slowest peer, so busy = step_s - sync_s - comm_s is the
+rank's own work and the straggler is the rank with the largest busy time (its peers' extra time shows up
+as waiting). No torch import: the trainer passes the device as text.
 """
 
 from __future__ import annotations
@@ -50,11 +51,11 @@ class StepTimeLog:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         self.overhead_s = 0.0  # time spent in record()/flush(): what this costs the step
 
-    def record(self, step: int, step_s: float, sync_s: float, comm_s: float = 0.0) -> None:
+    def record(self, step: int, step_s: float, sync_s: float, comm_s: float = 0.0, pp_s: float = 0.0) -> None:
         t0 = time.perf_counter()
         # an f-string, not json.dumps: 3 us instead of 25 us on a slow core, and this runs every step
         self.buf.append(f'{{"step":{int(step)},"time":{time.time():.4f},"step_s":{step_s:.6f},'
-                        f'"sync_s":{sync_s:.6f},"comm_s":{comm_s:.6f}}}\n')
+                        f'"sync_s":{sync_s:.6f},"comm_s":{comm_s:.6f},"pp_s":{pp_s:.6f}}}\n')
         self.pending += 1
         self.steps += 1
         if self.pending >= self.every:

@@ -30,7 +30,7 @@ from trainctl.runtime import (
     watchdog,
 )
 from trainctl.runtime.checkpointing import Checkpointing
-from trainctl.runtime.comm_wait import COMM, time_pipeline_receives
+from trainctl.runtime.comm_wait import COMM, PP_WAIT, time_pipeline_receives
 from trainctl.runtime.context_parallel import CPContext
 from trainctl.runtime.data import build_loader
 from trainctl.runtime.distributed import Parallel
@@ -127,6 +127,7 @@ class Trainer:
         self.steptimes: stragglers.StepTimeLog | None = None  # this rank's step times (set by run())
         self.slow_s = stragglers.slow_seconds(par.rank)  # the slow_rank fault
         COMM.use_cuda(par.device.type == "cuda")
+        PP_WAIT.use_cuda(par.device.type == "cuda")
         A2A.use_cuda(par.device.type == "cuda")  # the EP all-to-all's share of COMM (runtime/moe.py)
         if par.pp > 1:
             time_pipeline_receives()
@@ -256,6 +257,7 @@ class Trainer:
         if ev is not None:
             ev[0].record()
         COMM.take()  # from here on: this step's time in TP collectives and pipeline receives
+        PP_WAIT.take()
         td = time.perf_counter()
         inputs, targets = self.loader.next_step()
         data_wait = time.perf_counter() - td
@@ -287,8 +289,9 @@ class Trainer:
             sync_s = max(0.0, dt - ev[0].elapsed_time(ev[1]) / 1e3)
         routing = self._routing_record() if self.moe is not None else None  # a collective: every rank, every step
         comm_s = COMM.take()  # waits inside the step: counted apart from this rank's own work
+        pp_s = PP_WAIT.take()  # the pipeline receives' part of comm_s
         if self.steptimes is not None:
-            self.steptimes.record(step + 1, dt, sync_s, comm_s)
+            self.steptimes.record(step + 1, dt, sync_s, comm_s, pp_s)
         if measuring:
             self._activation_peak = max(self._activation_peak, self.saved.peak)
             if step + 1 == self.memory_steps.stop:

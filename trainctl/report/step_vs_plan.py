@@ -1,0 +1,131 @@
+"""Predicted vs measured step time per component: the plan's `prediction.breakdown_s` beside what the ranks
+measured in their steps (RUN/logs/steptimes-rank<r>.jsonl, written by trainctl/runtime/stragglers.py, and
+`data_wait_s` in metrics.jsonl).
+
+A rank's step splits into what it waited for and its own work:
+  - collectives inside the step: comm_s - pp_s (TP, CP and EP collectives, waiting for peers included)
+  - pipeline waits: pp_s (receives: the bubble, point-to-point transfers, a slower neighbouring stage)
+  - DP gradient sync: sync_s (gradient reduction and the step's final all-reduce, waiting included)
+  - data-loader wait: data_wait_s (rank 0's; every rank reads the same way)
+  - compute: the rest of the step, this rank's own forward, backward and optimizer work.
+Each is the median over the final attempt's steps after its first (warm-up), averaged over the ranks, and
+held against the plan's matching terms (the planner's parts sum to its step). Checkpoint saves block
+outside the step (metrics `ckpt_block_s`) and are shown per save, against the plan's zero.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainctl.report.attempts import median
+from trainctl.report.load import RunData
+from trainctl.report.summary import other_hardware
+from trainctl.units import dur
+
+# component -> the planner's breakdown_s parts that predict it (plan/plan.py Plan.breakdown)
+COMPONENTS: dict[str, tuple[str, ...]] = {
+    "compute": ("compute",),
+    "collectives (TP, CP, EP)": ("TP exposed", "CP K/V exchange", "MoE all-to-all"),
+    "pipeline bubble + point-to-point": ("pipeline bubble", "PP point-to-point"),
+    "DP gradient sync (exposed)": ("DP exposed", "tied-embedding sync"),
+    "data-loader wait": (),
+}
+WHY = {  # what a gap in each component usually means, in plain words
+    "compute": "the kernels ran at a different FLOP/s than the profile's or the catalog's rate x "
+               "compute_efficiency (recalibrate: `trainctl calibrate SPEC`, or `--from-run` this run)",
+    "collectives (TP, CP, EP)": "the TP/CP/EP collectives, waiting for slower peers included, took a different "
+                                "time than the link rate predicts (latency of small messages, contention)",
+    "pipeline bubble + point-to-point": "the pipeline ranks waited a different time for each other than the "
+                                        "schedule's bubble predicts (unbalanced stages, a slow rank, p2p latency)",
+    "DP gradient sync (exposed)": "less of the gradient reduction hid behind backward than dp_overlap assumes, "
+                                  "or a slow rank kept the others waiting in it",
+    "data-loader wait": "the data loader did not keep up (the plan assumes it always does)",
+}
+
+
+def _final_rows(run: RunData) -> dict[int, list[dict[str, Any]]]:
+    """Each rank's step rows of the last attempt, without that attempt's first step when others remain."""
+    out = {}
+    for rank, rs in run.steptimes.items():
+        if not rs.rows:
+            continue
+        last = max(r["attempt"] for r in rs.rows)
+        rows = [r for r in rs.rows if r["attempt"] == last]
+        out[rank] = rows[1:] if len(rows) > 1 else rows
+    return out
+
+
+def measured_components(run: RunData, steady: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Seconds per component of a median step, mean over ranks; None without per-rank step times."""
+    rows = _final_rows(run)
+    if not rows:
+        return None
+    data = median([float(r["data_wait_s"]) for r in steady if r.get("data_wait_s") is not None]) or 0.0
+    has_pp = all("pp_s" in r for rs in rows.values() for r in rs)
+
+    def mean_over_ranks(field: str) -> float:
+        meds = [median([float(r.get(field) or 0.0) for r in rs]) or 0.0 for rs in rows.values()]
+        return sum(meds) / len(meds)
+
+    step, sync, comm = mean_over_ranks("step_s"), mean_over_ranks("sync_s"), mean_over_ranks("comm_s")
+    pp = mean_over_ranks("pp_s") if has_pp else None
+    parts = {
+        "compute": max(0.0, step - sync - comm - data),
+        "collectives (TP, CP, EP)": comm - (pp or 0.0) if has_pp else None,
+        "pipeline bubble + point-to-point": pp,
+        "DP gradient sync (exposed)": sync,
+        "data-loader wait": data,
+    }
+    return {"step_time_s": step, "components_s": parts, "ranks": len(rows),
+            "note": None if has_pp else "collectives and pipeline waits are one figure in this run (no pp_s: "
+                                        "written by an older trainctl); compute is still separated"}
+
+
+def predicted_components(run: RunData) -> tuple[dict[str, Any] | None, str | None]:
+    """The plan's step and its parts grouped as COMPONENTS, or (None, why there is none)."""
+    plan = run.plan or {}
+    if not plan:
+        return None, "no plan.json in the run directory"
+    mismatch = other_hardware(run)
+    if mismatch:
+        return None, mismatch
+    pred = plan.get("prediction") or {}
+    parts = pred.get("breakdown_s")
+    if pred.get("step_time_s") is None or parts is None:
+        return None, ("the plan has no step-time prediction (no catalog peak for this accelerator and no "
+                      "calibration profile: `trainctl calibrate SPEC`, then plan or launch with "
+                      "cluster.calibration)")
+    return {"step_time_s": pred["step_time_s"],
+            "components_s": {c: sum(parts.get(k) or 0.0 for k in keys) for c, keys in COMPONENTS.items()}}, None
+
+
+def step_vs_plan(run: RunData, steady: list[dict[str, Any]]) -> dict[str, Any]:
+    """Predicted and measured step, per component, the step's error and the largest gap in plain words."""
+    measured = measured_components(run, steady)
+    predicted, why_not = predicted_components(run)
+    ck = [float(r["ckpt_block_s"]) for r in run.metrics if r.get("ckpt_block_s")]
+    rows = []
+    for c in COMPONENTS:
+        p = predicted["components_s"][c] if predicted else None
+        m = measured["components_s"][c] if measured else None
+        rows.append({"component": c, "predicted_s": p, "measured_s": m,
+                     "error_s": m - p if m is not None and p is not None else None})
+    out: dict[str, Any] = {
+        "rows": rows,
+        "checkpoint_block_s_per_save": sum(ck) / len(ck) if ck else None, "checkpoint_saves": len(ck),
+        "prediction": predicted, "measured": measured, "no_prediction": why_not,
+        "step_error": None, "largest_gap": None,
+    }
+    if predicted is None or measured is None or not predicted["step_time_s"]:
+        return out
+    p_step, m_step = predicted["step_time_s"], measured["step_time_s"]
+    out["step_error"] = m_step / p_step - 1
+    worst = max((r for r in rows if r["error_s"] is not None), key=lambda r: abs(r["error_s"]), default=None)
+    if worst is not None and worst["error_s"]:
+        gap = m_step - p_step
+        share = f"; {abs(worst['error_s'] / gap):.0%} of the step's gap" if abs(gap) > 1e-12 else ""
+        more = "longer" if worst["error_s"] > 0 else "shorter"
+        rel = (f" ({worst['measured_s'] / worst['predicted_s'] - 1:+.0%})" if worst["predicted_s"] else "")
+        out["largest_gap"] = (f"{worst['component']} took {dur(abs(worst['error_s']))} {more} than predicted"
+                              f"{rel}{share}: {WHY[worst['component']]}")
+    return out

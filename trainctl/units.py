@@ -1,0 +1,69 @@
+"""How trainctl writes quantities for people: durations, percentages, SI counts, TFLOP/s and byte sizes.
+One home for each format, used by the report, the plan and the CLI (no rich, no torch)."""
+
+from __future__ import annotations
+
+import math
+
+
+def _sig3(v: float) -> str:
+    """Three significant digits, no exponent: 1.08, 12.4, 452."""
+    if not v:
+        return "0"
+    v = float(f"{v:.3g}")  # round first: 99.99 is 100, not 100.0
+    return f"{v:.{max(0, 2 - math.floor(math.log10(abs(v))))}f}"
+
+
+def dur(s: float | None) -> str:
+    """A duration in the unit that fits it: ns, µs, ms (three significant digits), s, then minutes, hours."""
+    if s is None:
+        return "-"
+    if s == 0:
+        return "0 s"
+    for unit, scale in (("ns", 1e-9), ("µs", 1e-6), ("ms", 1e-3)):
+        if abs(s) < scale * 999.5:  # 999.7 ms reads as 1.00 s
+            return f"{_sig3(s / scale)} {unit}"
+    if abs(s) < 120:
+        return f"{s:.2f} s"
+    m, sec = divmod(s, 60)
+    return f"{int(m) // 60}h {int(m) % 60:02d}m" if m >= 60 else f"{int(m)}m {sec:02.0f}s"
+
+
+def pct(x: float | None, digits: int = 2) -> str:
+    return "-" if x is None else f"{100 * x:.{digits}f}%"
+
+
+def si(x: float | None, unit: str = "") -> str:
+    if x is None:
+        return "-"
+    for suffix, div in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= div:
+            return f"{x / div:.2f} {suffix}{unit}"
+    return f"{x:.3g} {unit}".rstrip()
+
+
+def tflops(x: float | None) -> str:
+    """TFLOP/s: two decimals from 1 up, three significant digits below (a CPU's 0.00795)."""
+    return "-" if x is None else (f"{x:,.2f}" if x >= 1 else f"{x:.3g}")
+
+
+def decimal_size(n: float | None) -> str:
+    """Bytes in decimal units that fit the size (B, kB, MB, GB, TB; 10^3 steps), as the planner and the GPU
+    catalog count them (an H100's 80 GB)."""
+    if n is None:
+        return "-"
+    for unit, div in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= div:
+            return f"{n / div:,.2f} {unit}"
+    return f"{n:,.0f} B"
+
+
+def size(n: float | None) -> str:
+    """Bytes in binary units (memory, checkpoint sizes)."""
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
