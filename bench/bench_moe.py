@@ -80,7 +80,7 @@ def make_steps(a: argparse.Namespace, x) -> tuple[dict, dict]:
     tp = TPContext.single()
 
     def variant(cfg, ctx):
-        block = Block(cfg, tp, "none", ctx, layer=0)
+        block = Block(cfg, tp, "none", moe=ctx, layer=0)
         init_parameters(block, SEED, tp)
         mlp = block.mlp
         x_ = x.clone().requires_grad_()

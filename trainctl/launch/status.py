@@ -48,6 +48,8 @@ class RunStatus:
 
 def open_run(path: Path) -> RunPaths:
     paths = RunPaths(path.absolute())
+    if not path.is_dir():
+        raise UsageError(f"{path}: no such run directory", hint="give the directory `trainctl launch` created")
     if not paths.job.exists():
         raise UsageError(f"{path} is not a run directory (no {paths.job.name})",
                          hint="give the directory `trainctl launch` printed (e.g. runs/<name>-<time>)")

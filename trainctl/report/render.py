@@ -212,7 +212,8 @@ def _render_step_vs_plan(con: Console, runs: list[dict[str, Any]]) -> None:
                   step_diff)
         if v["checkpoint_saves"]:
             t.add_row("checkpoint blocking (per save, outside the step)", "0 s",
-                      dur(v["checkpoint_block_s_per_save"]), f"{v['checkpoint_saves']} saves")
+                      dur(v["checkpoint_block_s_per_save"]),
+                      f"{v['checkpoint_saves']} save" + ("s" if v["checkpoint_saves"] != 1 else ""))
         con.print(t)
         if v["no_prediction"]:
             prose(con, f"[dim]{escape(v['no_prediction'])}[/dim]", f"  [dim]{name}: no prediction:[/dim] ")
