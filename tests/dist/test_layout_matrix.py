@@ -129,7 +129,7 @@ LAYOUTS: dict[str, dict[str, Any]] = {
     "tp2-pp2-dp2-ep2-sp-zero1": {"tp": 2, "pp": 2, "dp": 2, "ep": 2, "sequence_parallel": True, "zero": 1},
 }
 
-CP_STEPS = 10  # issues 11 and 12: expert and context parallelism against one rank over 10 steps
+LONG_STEPS = 10  # issues 11 and 12: expert and context parallelism against one rank over 10 steps
 CP_LAYOUTS: dict[str, dict[str, Any]] = {
     "cp2": {"cp": 2},
     "cp4": {"cp": 4},
@@ -296,19 +296,24 @@ CP_ROWS = [
 ]
 
 
-@pytest.mark.slow
-def test_context_parallel_matches_one_rank(tmp_path: Path) -> None:
-    rows = [dict(zip(FACTORS, row, strict=True)) for row in CP_ROWS]
-    cases = [{"id": reference_id(m), "spec": case_spec({"model": m, **ONE_RANK}, steps=CP_STEPS)}
-             for m in ("gpt", "llama")]
-    cases += [{"id": case_id(r), "spec": case_spec(r, steps=CP_STEPS)} for r in rows]
+def check_rows_over(rows: list[tuple[str, str, str, str]], tmp_path: Path, what: str) -> None:
+    """Each (model, layout, micro_batch, recompute) row against one rank of its model over LONG_STEPS steps."""
+    cases_rows = [dict(zip(FACTORS, row, strict=True)) for row in rows]
+    models = sorted({r["model"] for r in cases_rows})
+    cases = [{"id": reference_id(m), "spec": case_spec({"model": m, **ONE_RANK}, steps=LONG_STEPS)} for m in models]
+    cases += [{"id": case_id(r), "spec": case_spec(r, steps=LONG_STEPS)} for r in cases_rows]
     run_matrix(cases, tmp_path, timeout=900, nproc=4)
     worst = [0.0, 0.0, 0.0]
-    for r in rows:
-        diffs = compare(tmp_path / case_id(r), tmp_path / reference_id(r["model"]), 1e-5, 1e-5, steps=CP_STEPS)
-        worst = [max(a, b) for a, b in zip(worst, diffs, strict=True)]
-    print(f"context parallel, {len(rows)} configurations x {CP_STEPS} steps: max relative loss difference "
+    for r in cases_rows:
+        diffs = compare(tmp_path / case_id(r), tmp_path / reference_id(r["model"]), 1e-5, 1e-5, steps=LONG_STEPS)
+        worst = [max(x, y) for x, y in zip(worst, diffs, strict=True)]
+    print(f"{what}, {len(rows)} configurations x {LONG_STEPS} steps: max relative loss difference "
           f"{worst[0]:.1e}, grad norm {worst[1]:.1e}, max absolute weight difference {worst[2]:.1e}")
+
+
+@pytest.mark.slow
+def test_context_parallel_matches_one_rank(tmp_path: Path) -> None:
+    check_rows_over(CP_ROWS, tmp_path, "context parallel")
 
 
 # issue 11's done-when: EP2, EP2 x TP2 (+SP), EP2 x PP2 and EP4 with ZeRO-1 over 10 steps, both router
@@ -323,17 +328,7 @@ MOE_ROWS = [
 
 @pytest.mark.slow
 def test_expert_parallel_matches_one_rank_over_ten_steps(tmp_path: Path) -> None:
-    rows = [dict(zip(FACTORS, row, strict=True)) for row in MOE_ROWS]
-    cases = [{"id": reference_id(m), "spec": case_spec({"model": m, **ONE_RANK}, steps=CP_STEPS)}
-             for m in ("moe-gpt", "moe-llama")]
-    cases += [{"id": case_id(r), "spec": case_spec(r, steps=CP_STEPS)} for r in rows]
-    run_matrix(cases, tmp_path, timeout=900, nproc=4)
-    worst = [0.0, 0.0, 0.0]
-    for r in rows:
-        diffs = compare(tmp_path / case_id(r), tmp_path / reference_id(r["model"]), 1e-5, 1e-5, steps=CP_STEPS)
-        worst = [max(a, b) for a, b in zip(worst, diffs, strict=True)]
-    print(f"expert parallel, {len(rows)} configurations x {CP_STEPS} steps: max relative loss difference "
-          f"{worst[0]:.1e}, grad norm {worst[1]:.1e}, max absolute weight difference {worst[2]:.1e}")
+    check_rows_over(MOE_ROWS, tmp_path, "expert parallel")
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ began; the backend says whether anything still runs (the run lock's processes, o
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from trainctl.errors import EXIT_DIVERGED, EXIT_OK, EXIT_RUN_FAILED, EXIT_STOPPED
@@ -37,8 +37,6 @@ COMPLETED = "COMPLETED"
 FAILED = "FAILED"
 DIVERGED = "DIVERGED"
 
-ACTIVE = frozenset({PENDING, STARTING, RUNNING, STOPPING})
-RESUMABLE = frozenset({STOPPED, CANCELLED, FAILED, DIVERGED})  # and COMPLETED with more train.steps
 EXIT_CODE = {COMPLETED: EXIT_OK, STOPPED: EXIT_STOPPED, CANCELLED: EXIT_STOPPED, DIVERGED: EXIT_DIVERGED,
              FAILED: EXIT_RUN_FAILED}
 
@@ -101,7 +99,6 @@ class RunState:
     outcome: Outcome | None = None  # of the latest attempt, once it ended
     eligible_at: str | None = None  # a pending requeue: when Slurm lets it start
     nodes: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 # --- one attempt ----------------------------------------------------------------------------------------

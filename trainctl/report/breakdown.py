@@ -14,6 +14,16 @@ def _frac(x: float | None, step: float | None) -> float | None:
     return x / step if x is not None and step else None
 
 
+def data_wait(steady: list[dict[str, Any]]) -> float | None:
+    """Median data-loader wait of a step (metrics `data_wait_s`, rank 0's; inside the step)."""
+    return median([float(r["data_wait_s"]) for r in steady if r.get("data_wait_s") is not None])
+
+
+def checkpoint_blocks(run: RunData) -> list[float]:
+    """Seconds each blocking checkpoint save held the ranks (metrics `ckpt_block_s`; outside the step)."""
+    return [float(r["ckpt_block_s"]) for r in run.metrics if r.get("ckpt_block_s")]
+
+
 def time_breakdown(run: RunData, steady: list[dict[str, Any]], step: float | None,
                    startup_s: float | None) -> dict[str, Any]:
     plan = run.plan or {}
@@ -53,10 +63,10 @@ def time_breakdown(run: RunData, steady: list[dict[str, Any]], step: float | Non
         items.append({"name": "EP all-to-all (measured)", "source": "metrics moe.a2a_s: dispatch and combine, "
                       "forward and backward, mean over ranks, including waiting for peers", "seconds": a2a,
                       "fraction": _frac(a2a, step)})
-    data = median([float(r["data_wait_s"]) for r in steady if r.get("data_wait_s") is not None])
+    data = data_wait(steady)
     items.append({"name": "data-loader wait (measured)", "source": "metrics data_wait_s" if data is not None else
                   "not recorded", "seconds": data, "fraction": _frac(data, step)})
-    ck = [float(r["ckpt_block_s"]) for r in run.metrics if r.get("ckpt_block_s")]
+    ck = checkpoint_blocks(run)
     items.append({"name": "checkpoint blocking (measured)", "source": (f"metrics ckpt_block_s, {len(ck)} saves, "
                   f"{sum(ck):.3f} s in all" if ck else "no blocking save recorded"),
                   "seconds": (sum(ck) / len(ck)) if ck else (0.0 if _has(run, "ckpt_block_s") else None),

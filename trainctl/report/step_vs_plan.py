@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainctl.report.attempts import median
+from trainctl.report.breakdown import checkpoint_blocks, data_wait
 from trainctl.report.load import RunData
 from trainctl.report.summary import other_hardware
 from trainctl.units import dur
@@ -60,7 +61,7 @@ def measured_components(run: RunData, steady: list[dict[str, Any]]) -> dict[str,
     rows = _final_rows(run)
     if not rows:
         return None
-    data = median([float(r["data_wait_s"]) for r in steady if r.get("data_wait_s") is not None]) or 0.0
+    data = data_wait(steady) or 0.0
     has_pp = all("pp_s" in r for rs in rows.values() for r in rs)
 
     def mean_over_ranks(field: str) -> float:
@@ -103,7 +104,7 @@ def step_vs_plan(run: RunData, steady: list[dict[str, Any]]) -> dict[str, Any]:
     """Predicted and measured step, per component, the step's error and the largest gap in plain words."""
     measured = measured_components(run, steady)
     predicted, why_not = predicted_components(run)
-    ck = [float(r["ckpt_block_s"]) for r in run.metrics if r.get("ckpt_block_s")]
+    ck = checkpoint_blocks(run)
     rows = []
     for c in COMPONENTS:
         p = predicted["components_s"][c] if predicted else None

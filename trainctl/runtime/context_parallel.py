@@ -30,9 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from trainctl.runtime.comm_wait import COMM  # time in CP collectives counts as communication wait
-
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+from trainctl.runtime.tensor_parallel import _all_gather_single, _reduce_scatter_single  # torch's renames, one home
 
 
 @dataclass(frozen=True)

@@ -48,9 +48,7 @@ from torch import Tensor, nn
 from trainctl.plan.memory import ZERO2_SLOTS, dp_bucket_numel, zero2_slot_numel
 from trainctl.runtime.distributed import Parallel
 from trainctl.runtime.optim import decays
-
-_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+from trainctl.runtime.tensor_parallel import _all_gather_single, _reduce_scatter_single  # torch's renames, one home
 
 
 @dataclass(frozen=True)

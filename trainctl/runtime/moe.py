@@ -46,9 +46,11 @@ from torch import Tensor, nn
 
 from trainctl.model_shape import ModelShape, MoEShape
 from trainctl.runtime.comm_wait import COMM, CommWait
-from trainctl.runtime.tensor_parallel import (
+from trainctl.runtime.tensor_parallel import (  # the all-gather/reduce-scatter aliases: torch's renames, one home
     ParamMeta,
     TPContext,
+    _all_gather_single,
+    _reduce_scatter_single,
     copy_to_tp_region,
     gather_from_sp_region,
     reduce_from_tp_region,
@@ -80,8 +82,6 @@ class A2ATraffic:
 
 TRAFFIC = A2ATraffic()
 
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def is_expert_param(name: str) -> bool:
