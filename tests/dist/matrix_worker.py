@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -60,11 +61,12 @@ def main(cases_file: str, out_dir: str) -> None:
     for case in cases:
         if case in refs:
             continue
-        if env.rank == 0:
-            print(f"case {case['id']}", flush=True)
+        start = time.perf_counter()
         par = parallel_groups(Layout.from_spec(validate_spec(case["spec"])), env, device)
         if par is not None:
             train(case, par, out)
+        if env.rank == 0:  # where a slow matrix spends its time
+            print(f"case {case['id']} {time.perf_counter() - start:.2f}s", flush=True)
     dist.barrier()
 
 

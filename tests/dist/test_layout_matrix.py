@@ -5,13 +5,12 @@ to GPT's: norm, positions, activation, tied embeddings, bias, attention heads, a
 each family), the layout (TP with and without SP, each pipeline schedule, TP x PP with and without SP, DP
 with ZeRO 0-3, TP x PP x DP, and expert parallelism with each of those kinds, for the MoE models only), the
 micro-batch size and the recompute mode (the MoE models on the EP layouts and five without EP, MOE_WITHOUT_EP).
-The default suite runs a covering design: every allowed pair of values of any two factors at least once (182
-configurations, 46 of them MoE). `pytest -m matrix_full` runs the full product. Each configuration is held
-against one rank on the same global batch: losses and grad norms over 4 steps within 1e-5 relative, final
-weights within 1e-5 absolute (fp32: only the summation order differs; measured over the pairwise design:
-losses 1.8e-7, grad norms 2.8e-7, weights 8e-6, the last on one SwiGLU element whose near-zero gradient
-Adam's normalisation magnifies, identical in every TP layout). Dropless routing makes the MoE models exact
-up to summation order too: over their 70 configurations losses 1.7e-7, grad norms 1.4e-7, weights 1.9e-6.
+The default suite runs a covering design: every allowed pair of values of any two factors at least once, the
+values no pair decides spread evenly (182 configurations, 46 of them MoE). `pytest -m matrix_full` runs the full
+product. Each configuration is held against one rank on the same global batch (two micro-batches per pipeline
+stage on each DP rank: global_batch()): losses and grad norms over 4 steps within 1e-5 relative, final weights
+within 1e-5 absolute (fp32: only the summation order differs; measured over the pairwise design: losses 1.8e-7,
+grad norms 3.8e-7, weights 2.3e-6). Dropless routing makes the MoE models exact up to summation order too.
 
 bf16 (train.low_precision_on_cpu runs the real autocast path on the CPU): the Llama family under
 TP2 x PP2 x DP2 + SP with ZeRO-1 is held against one rank in bf16 within 2e-3 relative per step (losses and
@@ -32,7 +31,7 @@ for the Llama family (RoPE, GQA: 2 KV heads for 4 query heads) and the GPT famil
 CP2 with the other pipeline schedules (GPipe, interleaved, zero-bubble) and with FSDP, are held against one
 rank over 10 steps with the same tolerances, the rows spread over micro-batch sizes and recompute modes
 (selective and full recompute re-run the K/V all-gather in backward); at most 4 ranks, so the run stays
-cheap. Measured: losses 1.6e-7, grad norms 2.5e-7, weights 6.0e-6.
+cheap. Measured: losses 1.8e-7, grad norms 2.4e-7, weights 4.8e-7.
 
 Expert parallelism (issue 11's done-when): EP2, EP2 x TP2 + SP, EP2 x PP2 and EP4 with ZeRO-1, for both MoE
 models (both router conventions, a shared expert), over 10 steps with the same tolerances. Measured:
@@ -178,15 +177,18 @@ def covering_design(factors: dict[str, list[str]]) -> list[dict[str, str]]:
                    for n in row)
 
     rows: list[dict[str, str]] = []
+    used = {(name, v): 0 for name in names for v in factors[name]}
     while uncovered:
         (a, va), (b, vb) = min(uncovered, key=lambda p: (names.index(p[0][0]), names.index(p[1][0]), p))
         row = {a: va, b: vb}
         for name in names:
             if name not in row:
                 row[name] = max((v for v in factors[name] if allowed({**row, name: v})),
-                                key=lambda v: (gain(row, name, v), -factors[name].index(v)))
+                                key=lambda v: (gain(row, name, v), -used[name, v], -factors[name].index(v)))
         uncovered -= {((x, row[x]), (y, row[y])) for x, y in itertools.combinations(names, 2)}
         rows.append({n: row[n] for n in names})
+        for name in names:
+            used[name, row[name]] += 1
     return rows
 
 
@@ -195,9 +197,22 @@ def full_product(factors: dict[str, list[str]]) -> list[dict[str, str]]:
     return [r for r in rows if allowed(r)]
 
 
+def layout_of(row: dict[str, str]) -> dict[str, Any]:
+    return {**LAYOUTS, **CP_LAYOUTS}.get(row["layout"], {"tp": 1, "pp": 1, "dp": 1})
+
+
+def global_batch(row: dict[str, str]) -> int:
+    """A row's global batch: two micro-batches per pipeline stage on each DP rank. Gradient accumulation and
+    every schedule's warm-up, steady state and cool-down all happen (interleaved and zero-bubble need a
+    multiple of pp), and no step runs more micro-batches than that proves anything with: the matrix's time
+    goes into micro-batches, not into configurations."""
+    parallel = layout_of(row)
+    return parallel.get("dp", 1) * int(row["micro_batch"]) * 2 * parallel.get("pp", 1)
+
+
 def case_spec(row: dict[str, str], **train: Any) -> dict[str, Any]:
     """The run spec of one row; layout "one-rank" is the reference."""
-    parallel = {**LAYOUTS, **CP_LAYOUTS}.get(row["layout"], {"tp": 1, "pp": 1, "dp": 1})
+    parallel = layout_of(row)
     world = parallel.get("tp", 1) * parallel.get("cp", 1) * parallel.get("pp", 1) * parallel.get("dp", 1)
     return deep_update(BASE, {"model": {**MODELS, **TARGETED}[row["model"]],
                               "parallel": {**parallel, "micro_batch": int(row["micro_batch"])},
@@ -208,12 +223,26 @@ def case_spec(row: dict[str, str], **train: Any) -> dict[str, Any]:
 ONE_RANK = {"layout": "one-rank", "micro_batch": "16", "recompute": "none"}
 
 
-def case_id(row: dict[str, str], prefix: str = "") -> str:
-    return prefix + "_".join(row[n] for n in FACTORS)
+def case_id(row: dict[str, str]) -> str:
+    return "_".join(row[n] for n in FACTORS)
 
 
-def reference_id(model: str, prefix: str = "") -> str:
-    return f"{prefix}ref-{model}"
+def reference_id(row: dict[str, str]) -> str:
+    """The one-rank run a row is held against: its model on its global batch (one micro-batch)."""
+    return f"ref-{row['model']}-gb{global_batch(row)}"
+
+
+def reference_case(row: dict[str, str], **train: Any) -> dict[str, Any]:
+    gb = global_batch(row)
+    one = {**ONE_RANK, "model": row["model"], "micro_batch": str(gb)}
+    return {"id": reference_id(row), "spec": case_spec(one, global_batch=gb, **train)}
+
+
+def row_cases(rows: list[dict[str, str]], **train: Any) -> list[dict[str, Any]]:
+    """The rows' runs and, first, the distinct one-rank references they are held against."""
+    refs = {reference_id(r): reference_case(r, **train) for r in rows}
+    return [*refs.values(), *({"id": case_id(r), "spec": case_spec(r, global_batch=global_batch(r), **train)}
+                              for r in rows)]
 
 
 def run_matrix(cases: list[dict[str, Any]], out: Path, timeout: float, nproc: int = WORLD) -> None:
@@ -225,6 +254,7 @@ def run_matrix(cases: list[dict[str, Any]], out: Path, timeout: float, nproc: in
     r = subprocess.run([TORCHRUN, "--standalone", f"--nproc-per-node={nproc}", str(Path(__file__).with_name("matrix_worker.py")),
                         str(out / "cases.json"), str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=timeout)
+    (out / "worker.log").write_text(r.stdout)
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-6000:])
 
 
@@ -245,17 +275,11 @@ def compare(run: Path, ref: Path, loss_tol: float, weight_tol: float | None,
     return loss, gnorm, worst
 
 
-def matrix_cases(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
-    refs = [{"id": reference_id(m), "spec": case_spec({"model": m, **ONE_RANK})}
-            for m in sorted({r["model"] for r in rows})]
-    return refs + [{"id": case_id(r), "spec": case_spec(r)} for r in rows]
-
-
 def check_rows(rows: list[dict[str, str]], out: Path, timeout: float) -> None:
-    run_matrix(matrix_cases(rows), out, timeout)
+    run_matrix(row_cases(rows), out, timeout)
     worst = [0.0, 0.0, 0.0]
     for r in rows:
-        diffs = compare(out / case_id(r), out / reference_id(r["model"]), 1e-5, 1e-5)
+        diffs = compare(out / case_id(r), out / reference_id(r), 1e-5, 1e-5)
         worst = [max(a, b) for a, b in zip(worst, diffs, strict=True)]
     print(f"{len(rows)} configurations: max relative loss difference {worst[0]:.1e}, grad norm {worst[1]:.1e}, "
           f"max absolute weight difference {worst[2]:.1e}")
@@ -299,13 +323,10 @@ CP_ROWS = [
 def check_rows_over(rows: list[tuple[str, str, str, str]], tmp_path: Path, what: str) -> None:
     """Each (model, layout, micro_batch, recompute) row against one rank of its model over LONG_STEPS steps."""
     cases_rows = [dict(zip(FACTORS, row, strict=True)) for row in rows]
-    models = sorted({r["model"] for r in cases_rows})
-    cases = [{"id": reference_id(m), "spec": case_spec({"model": m, **ONE_RANK}, steps=LONG_STEPS)} for m in models]
-    cases += [{"id": case_id(r), "spec": case_spec(r, steps=LONG_STEPS)} for r in cases_rows]
-    run_matrix(cases, tmp_path, timeout=900, nproc=4)
+    run_matrix(row_cases(cases_rows, steps=LONG_STEPS), tmp_path, timeout=900, nproc=4)
     worst = [0.0, 0.0, 0.0]
     for r in cases_rows:
-        diffs = compare(tmp_path / case_id(r), tmp_path / reference_id(r["model"]), 1e-5, 1e-5, steps=LONG_STEPS)
+        diffs = compare(tmp_path / case_id(r), tmp_path / reference_id(r), 1e-5, 1e-5, steps=LONG_STEPS)
         worst = [max(x, y) for x, y in zip(worst, diffs, strict=True)]
     print(f"{what}, {len(rows)} configurations x {LONG_STEPS} steps: max relative loss difference "
           f"{worst[0]:.1e}, grad norm {worst[1]:.1e}, max absolute weight difference {worst[2]:.1e}")
@@ -337,12 +358,12 @@ def test_capacity_drops_the_same_tokens_in_every_layout(tmp_path: Path) -> None:
     same ones in every layout, so the losses, grad norms and weights still match one rank, drops and all."""
     rows = [{"model": "moe-llama-capacity", "layout": layout, "micro_batch": mb, "recompute": "none"}
             for layout, mb in (("tp2-dp2-ep2-sp", "2"), ("pp2-dp2-ep2-1f1b", "4"), ("dp4-ep2-zero1", "1"))]
-    run_matrix(matrix_cases(rows), tmp_path, timeout=600)
+    run_matrix(row_cases(rows), tmp_path, timeout=600)
     for r in rows:
-        compare(tmp_path / case_id(r), tmp_path / reference_id(r["model"]), 1e-5, 1e-5)
-    dropped = [m["moe"]["dropped"] for m in metrics(tmp_path / reference_id("moe-llama-capacity"))]
-    assert all(d > 0 for d in dropped), dropped  # the capacity really binds
-    assert [m["moe"]["dropped"] for m in metrics(tmp_path / case_id(rows[0]))] == dropped
+        compare(tmp_path / case_id(r), tmp_path / reference_id(r), 1e-5, 1e-5)
+        dropped = [m["moe"]["dropped"] for m in metrics(tmp_path / reference_id(r))]
+        assert all(d > 0 for d in dropped), dropped  # the capacity really binds
+        assert [m["moe"]["dropped"] for m in metrics(tmp_path / case_id(r))] == dropped
 
 
 @pytest.mark.slow
