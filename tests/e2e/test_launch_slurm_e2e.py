@@ -158,6 +158,11 @@ def test_sinfo_checks_reject_before_submitting(slurm_cluster: SlurmCluster, tmp_
     assert not (tmp_path / "run").exists() and squeue_ids() == before
 
 
+# the stub trainer's jobs: TP 2 x PP 2 over two nodes (TP inside a node, PP across), 4 ranks
+STUB_LAYOUT = {"cluster.nodes": 2, "cluster.gpus_per_node": 2, "parallel.dp": 1}
+STUB_RANKS = 4
+
+
 def _start_now(jid: str) -> None:
     time.sleep(2)  # not in the second of the requeue: "Job credential revoked" (slurm/README.md)
     wait_for(lambda: subprocess.run(["scontrol", "update", f"jobid={jid}", "StartTime=now"],
@@ -169,20 +174,20 @@ def test_usr1_reaches_every_rank_and_the_job_requeues_itself(slurm_cluster: Slur
     script -> every rank (through srun and torchrun) -> the job requeues itself -> attempt 2 runs. Also the
     placement proof under torchrun's join-order rendezvous."""
     spec = load_spec(TINY, [f"{k}={v}" for k, v in {
-        "cluster.nodes": 2, "cluster.gpus_per_node": 4, "launcher.backend": "slurm", "cluster.gpu": "h100-sxm",
+        **STUB_LAYOUT, "launcher.backend": "slurm", "cluster.gpu": "h100-sxm",
         "launcher.env": json.dumps({"PYTHONPATH": str(Path(__file__).parent)})}.items()])
     launch = render.plan_slurm(spec, tmp_path / "run", trainer_module="slurm_stub_trainer")
     paths = submit.create(launch)
     jid = submit.submit(launch, paths)
     marks = paths.root / "stub"
-    wait_for(lambda: len(list(marks.glob("up-*-0"))) == 8, "8 ranks up", 120)
+    wait_for(lambda: len(list(marks.glob("up-*-0"))) == STUB_RANKS, "every rank up", 120)
     subprocess.run(["scancel", "--batch", "--signal=USR1", jid], check=True)  # what --signal=B:USR1@T sends
     wait_for(lambda: status(paths.root)["state"] == "PENDING", "the job to requeue itself", 60)
-    assert sorted(p.name for p in marks.glob("usr1-*")) == sorted(f"usr1-{r}-0" for r in range(8))
+    assert sorted(p.name for p in marks.glob("usr1-*")) == sorted(f"usr1-{r}-0" for r in range(STUB_RANKS))
     _start_now(jid)
     st = wait_done(paths.root, timeout=120)
     assert st["attempts"] == 2
-    assert len(list(marks.glob("done-*-1"))) == 8
+    assert len(list(marks.glob("done-*-1"))) == STUB_RANKS
     kinds = [e["event"] for e in read_jsonl(paths.events)]
     assert kinds.count("slurm_start") == 2 and "requeue" in kinds
     placement = json.loads((paths.root / "placement.json").read_text())
@@ -190,19 +195,19 @@ def test_usr1_reaches_every_rank_and_the_job_requeues_itself(slurm_cluster: Slur
     assert sorted(placement["nodes"]) == ["n1", "n2"]
     for r in placement["ranks"]:  # what each rank reported, not rank // gpus_per_node
         assert r["node"] == (marks / f"up-{r['rank']}-1").read_text()
-        assert r["gpu"] in {"0", "1", "2", "3"}
+        assert r["gpu"] in {"0", "1"}
     out = (paths.logs / f"slurm-{jid}.out").read_text()
     assert "SIGUSR1" in out and "requeueing job" in out and out.count("attempt 1 on") == 1
 
 
 def test_cancel_and_logs_of_a_running_job(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     spec = load_spec(TINY, [f"{k}={v}" for k, v in {
-        "cluster.nodes": 2, "cluster.gpus_per_node": 4, "launcher.backend": "slurm", "launcher.mode": "srun",
+        **STUB_LAYOUT, "launcher.backend": "slurm", "launcher.mode": "srun",
         "launcher.env": json.dumps({"PYTHONPATH": str(Path(__file__).parent)})}.items()])
     launch = render.plan_slurm(spec, tmp_path / "run", trainer_module="slurm_stub_trainer")
     paths = submit.create(launch)
     submit.submit(launch, paths)
-    wait_for(lambda: len(list((paths.root / "stub").glob("up-*-0"))) == 8, "8 ranks up", 120)
+    wait_for(lambda: len(list((paths.root / "stub").glob("up-*-0"))) == STUB_RANKS, "every rank up", 120)
     assert status(paths.root)["state"] == "RUNNING"
     r = cli("cancel", str(paths.root))
     assert r.returncode == 0 and "cancelled Slurm job" in r.stdout, r.stderr
@@ -216,17 +221,21 @@ def test_cancel_and_logs_of_a_running_job(slurm_cluster: SlurmCluster, tmp_path:
 
 # --- preemption, requeue, a dead rank, `trainctl resume`: the real trainer, its checkpoints -------------
 
-LONG_STEPS = 30  # long enough to act in the middle (~0.4 s a step here), short enough for the test budget
-LONG = ["--set", "cluster.nodes=2", "--set", "cluster.gpus_per_node=4", "--set", "launcher.backend=slurm",
-        "--set", f"train.steps={LONG_STEPS}", "--set", "checkpoint.every_steps=4"]
+LONG_STEPS = 30  # long enough to act in the middle (~0.2 s a step here), short enough for the test budget
+# TP 2 (+ SP) x PP 2 on half the ranks and half the batch of the recipe: what these tests prove (signals,
+# requeues, restarts and resumes across two nodes, the stage boundary crossing them) needs no more, and 4
+# processes start and step in half the time of 8 on two cores
+LONG_RUN = ["--set", f"train.steps={LONG_STEPS}", "--set", "checkpoint.every_steps=4", "--set", "parallel.dp=1",
+            "--set", "train.global_batch=8"]
+LONG = ["--set", "cluster.nodes=2", "--set", "cluster.gpus_per_node=2", "--set", "launcher.backend=slurm",
+        *LONG_RUN]
 
 
 @pytest.fixture(scope="module")
 def reference_losses(tmp_path_factory) -> list[float]:
     """The same spec run uninterrupted on this machine (torchrun --standalone): the loss of every step."""
     run = tmp_path_factory.mktemp("reference") / "run"
-    r = cli("launch", str(TINY), "--set", f"train.steps={LONG_STEPS}", "--set", "checkpoint.every_steps=4",
-            "--run-dir", str(run), timeout=300)
+    r = cli("launch", str(TINY), *LONG_RUN, "--set", "cluster.gpus_per_node=4", "--run-dir", str(run), timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     out = losses(run)
     assert len(out) == LONG_STEPS
@@ -337,7 +346,7 @@ def test_killed_rank_restarts_then_cancel_and_trainctl_resume(slurm_cluster: Slu
     jid = job_id(run)
     wait_step(run, 6)
     first_ckpt = wait_for(lambda: events(run, "checkpoint_committed"), "a periodic checkpoint", 60)[0]["step"]
-    os.kill(rank_pid(run, 5), signal.SIGKILL)
+    os.kill(rank_pid(run, 3), signal.SIGKILL)  # on the second node
     wait_for(lambda: len(events(run, "resume_from")) == 1, "the workers to restart and resume", 120)
     [start0, start1] = events(run, "start")
     killed_at = max(r["step"] for r in read_jsonl(run / "metrics.jsonl") if r["time"] < start1["time"])
