@@ -4,6 +4,7 @@ ranks started directly (srun-style, no torchrun) so each rank's own exit status 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -12,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from trainer_utils import ROOT, deep_update, final_weights, metrics, run_trainer
+from trainer_utils import ROOT, deep_update, final_weights, make_run, metrics, run_trainer
 
+from trainctl.checkpoint import abandoned_dirname, list_checkpoints
 from trainctl.runtime import faults
 
 
@@ -57,17 +59,37 @@ def assert_same_weights(a: Path, b: Path) -> None:
 
 def straight_and_resumed(root: Path, parallel: dict[str, Any], steps: int, env: dict[str, str] | None = None,
                          **sections: dict[str, Any]) -> tuple[Path, Path]:
-    """The same run twice: straight through `steps`, and stopped after steps/2 + resumed; (straight, resumed)."""
-    from trainer_utils import make_run
-
-    sections = deep_update({"train": {"steps": steps}, "checkpoint": {"every_steps": 2}}, sections)
+    """One run straight through `steps`, checkpointing after steps/2 and at the end without stopping, and a
+    copy of its directory rewound to steps/2 (the newer checkpoint moved aside, as `trainctl resume
+    --from-step` does) resumed in fresh processes: (straight, resumed). The resume must retrace the straight
+    run's second half bit for bit (assert_resumed_bitwise). Saving while the run goes on also checks that a
+    checkpoint is the state at its step, not what the next steps made of it; stopping after a checkpoint and
+    resuming is what the layout-change chains do (test_resume_faults)."""
+    sections = deep_update({"train": {"steps": steps}, "checkpoint": {"every_steps": steps // 2, "keep_last": 2}},
+                           sections)
     straight, world = make_run(root, "straight", parallel=parallel, **sections)
     ok(run_trainer(straight, world, env=env), "straight run")
-    resumed, _ = make_run(root, "resumed", parallel=parallel, **sections)
-    ok(run_trainer(resumed, world, env={**(env or {}), **stop_after(steps // 2)}, dump=False), "first half")
-    assert [s for s, _, _ in curve(resumed)] == list(range(1, steps // 2 + 1))
+    resumed = root / "resumed"
+    shutil.copytree(straight, resumed, ignore=shutil.ignore_patterns("final_weights"))
+    for info in list_checkpoints(resumed / "checkpoints"):
+        if info.step > steps // 2:
+            os.replace(info.path, info.path.with_name(abandoned_dirname(info.step, "rewound")))
     ok(run_trainer(resumed, world, env=env), "resumed half")
     return straight, resumed
+
+
+def assert_resumed_bitwise(straight: Path, resumed: Path, steps: int) -> dict[str, Any]:
+    """The resumed copy's steps after steps/2 equal the straight run's: losses, grad norms (==) and final
+    weights (torch.equal); returns its resume_from event."""
+    want, got = curve(straight), curve(resumed)
+    half = steps // 2
+    assert [s for s, _, _ in want] == list(range(1, steps + 1))
+    assert [s for s, _, _ in got[steps:]] == list(range(half + 1, steps + 1))  # nothing repeated or skipped
+    assert got[steps:] == want[half:], (got[steps:], want[half:])
+    assert_same_weights(straight, resumed)
+    (ev,) = [e for e in events(resumed) if e["event"] == "resume_from"]
+    assert ev["step"] == half and ev["same_layout"] and ev["replayed_steps"] == steps - half, ev
+    return ev
 
 
 def free_port() -> int:

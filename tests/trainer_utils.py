@@ -1,4 +1,4 @@
-"""Helpers for the trainer's multi-process tests: a run directory with a tiny spec, a torchrun launch,
+"""Helpers for the trainer's multi-process tests: a run directory with a tiny spec, its ranks started,
 the metrics it wrote and its final weights gathered into full tensors by parameter name."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from paths import REPO as ROOT
 
 VENV_BIN = Path(sys.executable).parent
 TORCHRUN = str(VENV_BIN / "torchrun")
+FORK_RANKS = Path(__file__).with_name("fork_ranks.py")
 
 TINY: dict[str, Any] = {
     "name": "tiny",
@@ -49,10 +50,12 @@ def make_run(root: Path, name: str, **sections: dict[str, Any]) -> tuple[Path, i
 
 def run_trainer(run: Path, nproc: int, env: dict[str, str] | None = None, timeout: float = 300,
                 dump: bool = True) -> subprocess.CompletedProcess:
+    """The run's ranks, srun-style, forked from one interpreter that imported torch once (fork_ranks.py);
+    exit status 0 when every rank exited 0, else 1 (as torchrun's)."""
     e = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **(env or {})}
     if dump:
         e["TRAINCTL_DUMP_WEIGHTS"] = "1"
-    cmd = [TORCHRUN, "--standalone", f"--nproc-per-node={nproc}", "-m", "trainctl.runtime", str(run)]
+    cmd = [sys.executable, str(FORK_RANKS), str(nproc), str(run)]
     return subprocess.run(cmd, cwd=ROOT, env=e, capture_output=True, text=True, timeout=timeout)
 
 

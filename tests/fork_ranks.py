@@ -1,0 +1,73 @@
+"""Start a run's ranks as srun does (RANK, WORLD_SIZE, MASTER_*: no torchrun agent), forked from one interpreter
+that has already imported torch and the trainer:
+
+    python tests/fork_ranks.py NPROC RUN_DIR
+
+Each rank is a real process running `trainctl.runtime.entry.main` (what `python -m trainctl.runtime RUN_DIR`
+runs), with its own gloo connections, checkpoints and exit status; only the 3 s of imports per rank are paid
+once. On two cores those imports were most of the cost of a resume test. The tests of the trainer's numbers
+(resume, resharding, faults inside the trainer) start their ranks this way (trainer_utils.run_trainer); the
+tests of launching itself keep torchrun and `trainctl launch`.
+
+As torchrun does, the first rank that fails makes the others get SIGTERM (SIGKILL 30 s later), and the exit
+status is 0 when every rank exited 0, else 1.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+
+from trainctl.runtime import entry
+from trainctl.runtime.trainer import Trainer  # noqa: F401  (imported here, once, before the fork)
+
+KILL_AFTER_S = 30.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(nproc: int, run_dir: str) -> dict[int, int]:
+    port = str(free_port())
+    ranks: dict[int, int] = {}
+    for rank in range(nproc):
+        pid = os.fork()
+        if pid == 0:
+            os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
+                              LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+            entry.main([run_dir])  # ends the process (os._exit)
+        ranks[pid] = rank
+    return ranks
+
+
+def wait(ranks: dict[int, int]) -> int:
+    live = dict(ranks)
+    failed = False
+    kill_at: float | None = None
+    while live:
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if pid == 0:
+            if kill_at is not None and time.monotonic() > kill_at:
+                for p in live:
+                    os.kill(p, signal.SIGKILL)
+                kill_at = None
+            time.sleep(0.05)
+            continue
+        live.pop(pid, None)
+        if os.waitstatus_to_exitcode(status) != 0 and not failed:
+            failed = True
+            for p in live:
+                os.kill(p, signal.SIGTERM)
+            kill_at = time.monotonic() + KILL_AFTER_S
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.stdout.flush()
+    sys.exit(wait(start(int(sys.argv[1]), sys.argv[2])))
