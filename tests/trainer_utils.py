@@ -55,8 +55,15 @@ def run_trainer(run: Path, nproc: int, env: dict[str, str] | None = None, timeou
     e = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **(env or {})}
     if dump:
         e["TRAINCTL_DUMP_WEIGHTS"] = "1"
-    cmd = [sys.executable, str(FORK_RANKS), str(nproc), str(run)]
-    return subprocess.run(cmd, cwd=ROOT, env=e, capture_output=True, text=True, timeout=timeout)
+    return fork_ranks(nproc, ["-m", "trainctl.runtime", str(run)], env=e, timeout=timeout)
+
+
+def fork_ranks(nproc: int, target: list[str], env: dict[str, str] | None = None,
+               timeout: float = 300) -> subprocess.CompletedProcess:
+    """NPROC ranks of `-m MODULE ARGS` or `SCRIPT ARGS` (fork_ranks.py), run from the repository root."""
+    e = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run([sys.executable, str(FORK_RANKS), str(nproc), *target], cwd=ROOT, env=e,
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def processes_mentioning(text: str) -> list[int]:

@@ -1,4 +1,4 @@
-"""Multi-process checkpoint test worker: `torchrun --standalone --nproc-per-node=N tests/dist/ckpt_worker.py MODE ...`.
+"""Multi-process checkpoint test worker: `python tests/fork_ranks.py N tests/dist/ckpt_worker.py MODE ...` (or torchrun).
 
 An MLP + AdamW, replicated over DP ranks with hand-written gradient averaging (every rank holds the full
 state), or with --fsdp sharded by FSDP2 (DTensor parameters and moments).

@@ -1,6 +1,6 @@
 """The DTensor tensor-parallel reference for the hand-written Megatron TP, and its test worker.
 
-`torchrun --standalone --nproc-per-node=2 tests/dist/dtensor_ref_worker.py OUT.json`
+`python tests/fork_ranks.py 2 tests/dist/dtensor_ref_worker.py OUT.json` (or torchrun)
 
 Why this exists (issue 3): PyTorch-native building blocks are the default; trainctl hand-writes Megatron TP
 (trainctl/runtime/tensor_parallel.py) because DTensor's per-op dispatch overhead made it 2-5x slower on the tiny

@@ -1,6 +1,6 @@
-"""Train many configurations inside one torchrun process group, one after another.
+"""Train many configurations inside one process group, one after another.
 
-    torchrun --nproc-per-node=W tests/dist/matrix_worker.py CASES.json OUT_DIR
+    python tests/fork_ranks.py W tests/dist/matrix_worker.py CASES.json OUT_DIR   (or torchrun)
 
 CASES.json is a list of {"id": str, "spec": {...a whole run spec...}}. A case whose layout has one rank is a
 reference: the ranks share the references out round-robin and train them side by side, each alone. The

@@ -1,4 +1,4 @@
-"""Checkpoint save/load with torch: real torchrun processes (DP=2, reshard to 1, SIGKILL mid-save) and
+"""Checkpoint save/load with torch: real multi-process runs (DP=2, reshard to 1, SIGKILL mid-save) and
 in-process single-rank cases (corruption, retention, unwritable or full directories, async snapshot)."""
 
 from __future__ import annotations
@@ -20,18 +20,19 @@ from trainctl.runtime import faults  # noqa: E402
 from trainctl.runtime.checkpoint import CheckpointManager, rng_state, set_rng_state  # noqa: E402
 
 from paths import REPO as ROOT
+from trainer_utils import fork_ranks
 WORKER = str(Path(__file__).with_name("ckpt_worker.py"))
-TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 OPTS = StateDictOptions(flatten_optimizer_state_dict=True)
 # pytest resets warning filters per test; the runtime module's own filter is for real runs.
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 
 
 def torchrun(nproc: int, *args: str, check: bool = True, env: dict[str, str] | None = None):
-    cmd = [TORCHRUN, "--standalone", f"--nproc-per-node={nproc}", WORKER, *args] if nproc > 1 else \
-        [sys.executable, WORKER, *args]
-    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300,
-                         env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+    if nproc > 1:
+        out = fork_ranks(nproc, [str(WORKER), *args], env=env)
+    else:
+        out = subprocess.run([sys.executable, WORKER, *args], capture_output=True, text=True, cwd=ROOT, timeout=300,
+                             env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
     if check:
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out

@@ -49,7 +49,7 @@ from typing import Any
 
 import pytest
 import torch
-from trainer_utils import ROOT, TORCHRUN, deep_update, final_weights, max_rel_diff, metrics
+from trainer_utils import deep_update, final_weights, fork_ranks, max_rel_diff, metrics
 
 STEPS = 4
 WORLD = 8  # the largest layout below; smaller ones run on ranks [0, world)
@@ -249,11 +249,9 @@ def run_matrix(cases: list[dict[str, Any]], out: Path, timeout: float, nproc: in
     out.mkdir(parents=True, exist_ok=True)
     (out / "cases.json").write_text(json.dumps(cases))
     # small DP buckets: several per model, so bucket overlap, ordering and ZeRO slicing are exercised
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "TRAINCTL_TIMEOUT_S": "300",
-           "TRAINCTL_BUCKET_NUMEL": "4000"}
-    r = subprocess.run([TORCHRUN, "--standalone", f"--nproc-per-node={nproc}", str(Path(__file__).with_name("matrix_worker.py")),
-                        str(out / "cases.json"), str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
-                       timeout=timeout)
+    env = {"TRAINCTL_TIMEOUT_S": "300", "TRAINCTL_BUCKET_NUMEL": "4000"}
+    r = fork_ranks(nproc, [str(Path(__file__).with_name("matrix_worker.py")), str(out / "cases.json"), str(out)],
+                   env=env, timeout=timeout)
     (out / "worker.log").write_text(r.stdout)
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-6000:])
 

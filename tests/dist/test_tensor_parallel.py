@@ -1,4 +1,4 @@
-"""Tensor parallelism with real processes (torchrun, gloo, CPU, fp64): TP=2 and TP=4 reproduce one process.
+"""Tensor parallelism with real processes (gloo, CPU, fp64; started by tests/fork_ranks.py): TP=2 and TP=4 reproduce one process.
 
 Each TP size launches tests/dist/tp_worker.py once (all cases in one run, ~7-14 s); the tests below assert on its
 JSON results. See the worker's docstring for what each case does.
@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from paths import REPO
+from trainer_utils import fork_ranks
 WORKER = Path(__file__).with_name("tp_worker.py")
-TORCHRUN = Path(sys.executable).with_name("torchrun")
 
 pytestmark = pytest.mark.slow
 
@@ -26,9 +25,7 @@ EQUIV_CASES = ["gpt2", "gpt2_sp", "llama", "llama_sp", "gpt2_sp_deferred", "gpt2
 
 def _run_worker(nproc: int, tmp_path: Path) -> dict:
     out = tmp_path / f"tp{nproc}.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([str(TORCHRUN), "--standalone", f"--nproc-per-node={nproc}", str(WORKER), str(out)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    proc = fork_ranks(nproc, [str(WORKER), str(out)])
     assert proc.returncode == 0, f"worker failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     return json.loads(out.read_text())
 

@@ -1,7 +1,7 @@
 """The hand-written Megatron TP equals the PyTorch-native DTensor TP reference (issue 3: "keep the other as the
 checked reference").
 
-tests/dist/dtensor_ref_worker.py runs at TP=2 (torchrun, gloo, CPU, fp64), for a GPT-2-like model (LayerNorm with
+tests/dist/dtensor_ref_worker.py runs at TP=2 (real processes, gloo, CPU, fp64), for a GPT-2-like model (LayerNorm with
 biases, learned positions, GELU, tied embeddings) and a Llama-like one (RMSNorm, rope, SwiGLU, GQA, untied head),
 each with and without sequence parallelism, plus a vocab that tp does not divide: trainctl's StageModule (fused
 QKV / gate-up, hand-written f/g, vocab-parallel CE) and an unfused model parallelized with `parallelize_module`
@@ -18,9 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from paths import REPO
+from trainer_utils import fork_ranks
 WORKER = Path(__file__).with_name("dtensor_ref_worker.py")
-TORCHRUN = Path(sys.executable).with_name("torchrun")
 
 pytestmark = pytest.mark.slow
 
@@ -31,9 +30,7 @@ TP = 2
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("dtensor_ref") / "out.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([str(TORCHRUN), "--standalone", f"--nproc-per-node={TP}", str(WORKER), str(out)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    proc = fork_ranks(TP, [str(WORKER), str(out)])
     assert proc.returncode == 0, f"worker failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     return json.loads(out.read_text())
 

@@ -1,4 +1,4 @@
-"""Worker for the tensor-parallel tests: `torchrun --standalone --nproc-per-node=N tests/dist/tp_worker.py OUT.json`.
+"""Worker for the tensor-parallel tests: `python tests/fork_ranks.py N tests/dist/tp_worker.py OUT.json` (or torchrun).
 
 Every rank builds the tensor-parallel model (TP = world size, gloo, fp64) AND the single-process reference model
 (TPContext.single(), same seed, same data) in the same process, runs forward + backward on both, gathers the
