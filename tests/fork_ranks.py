@@ -19,19 +19,14 @@ from __future__ import annotations
 import os
 import runpy
 import signal
-import socket
 import sys
 import time
+
+from trainer_utils import free_port  # tests/ is sys.path[0]: this file runs as a script
 
 from trainctl.runtime.trainer import Trainer  # noqa: F401  (imported here, once, before the fork)
 
 KILL_AFTER_S = 30.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_main(target: list[str]) -> int:
@@ -55,9 +50,9 @@ def run_main(target: list[str]) -> int:
         return 1
 
 
-def start(nproc: int, target: list[str]) -> dict[int, int]:
+def start(nproc: int, target: list[str]) -> list[int]:
     port = str(free_port())
-    ranks: dict[int, int] = {}
+    pids: list[int] = []
     for rank in range(nproc):
         pid = os.fork()
         if pid == 0:
@@ -67,12 +62,12 @@ def start(nproc: int, target: list[str]) -> dict[int, int]:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)  # never back into the parent's loop
-        ranks[pid] = rank
-    return ranks
+        pids.append(pid)
+    return pids
 
 
-def wait(ranks: dict[int, int]) -> int:
-    live = dict(ranks)
+def wait(pids: list[int]) -> int:
+    live = set(pids)
     failed = False
     kill_at: float | None = None
     while live:
@@ -84,7 +79,7 @@ def wait(ranks: dict[int, int]) -> int:
                 kill_at = None
             time.sleep(0.05)
             continue
-        live.pop(pid, None)
+        live.discard(pid)
         if os.waitstatus_to_exitcode(status) != 0 and not failed:
             failed = True
             for p in live:

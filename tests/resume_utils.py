@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -13,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from trainer_utils import ROOT, deep_update, final_weights, make_run, metrics, run_trainer
+from trainer_utils import ROOT, deep_update, final_weights, free_port, make_run, metrics, run_trainer
 
 from trainctl.checkpoint import abandoned_dirname, list_checkpoints
 from trainctl.runtime import faults
@@ -90,12 +89,6 @@ def assert_resumed_bitwise(straight: Path, resumed: Path, steps: int) -> dict[st
     (ev,) = [e for e in events(resumed) if e["event"] == "resume_from"]
     assert ev["step"] == half and ev["same_layout"] and ev["replayed_steps"] == steps - half, ev
     return ev
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def spawn_ranks(run: Path, nproc: int, env: dict[str, str] | None = None) -> list[subprocess.Popen]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -48,14 +49,18 @@ def make_run(root: Path, name: str, **sections: dict[str, Any]) -> tuple[Path, i
     return run, world
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def run_trainer(run: Path, nproc: int, env: dict[str, str] | None = None, timeout: float = 300,
                 dump: bool = True) -> subprocess.CompletedProcess:
     """The run's ranks, srun-style, forked from one interpreter that imported torch once (fork_ranks.py);
     exit status 0 when every rank exited 0, else 1 (as torchrun's)."""
-    e = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **(env or {})}
-    if dump:
-        e["TRAINCTL_DUMP_WEIGHTS"] = "1"
-    return fork_ranks(nproc, ["-m", "trainctl.runtime", str(run)], env=e, timeout=timeout)
+    extra = {**(env or {}), **({"TRAINCTL_DUMP_WEIGHTS": "1"} if dump else {})}
+    return fork_ranks(nproc, ["-m", "trainctl.runtime", str(run)], env=extra, timeout=timeout)
 
 
 def fork_ranks(nproc: int, target: list[str], env: dict[str, str] | None = None,

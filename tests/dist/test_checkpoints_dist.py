@@ -27,7 +27,7 @@ OPTS = StateDictOptions(flatten_optimizer_state_dict=True)
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 
 
-def torchrun(nproc: int, *args: str, check: bool = True, env: dict[str, str] | None = None):
+def run_worker(nproc: int, *args: str, check: bool = True, env: dict[str, str] | None = None):
     if nproc > 1:
         out = fork_ranks(nproc, [str(WORKER), *args], env=env)
     else:
@@ -55,14 +55,14 @@ def assert_same_state(a: dict, b: dict) -> None:
 def test_dp2_save_load_bitwise_async_snapshot_and_reshard_to_one(tmp_path):
     ck, out = tmp_path / "ck", tmp_path / "out"
     # ~70 MB of state (weights + AdamW moments); step 4 is saved async while training goes on to 6.
-    torchrun(2, "train", str(ck), str(out), "--hidden", "2400", "--steps", "6", "--save-at", "2,4",
+    run_worker(2, "train", str(ck), str(out), "--hidden", "2400", "--steps", "6", "--save-at", "2,4",
              "--async-at", "4")
     timing = json.loads((out / "timing-rank0.json").read_text())
     print(f"\nsync save call {timing['save-2']['call_s']:.3f}s, async save call {timing['save-4']['call_s']:.3f}s "
           f"(background write {timing['last_async_stats']['write_s']:.3f}s)")
     assert [i.step for i in list_checkpoints(ck) if i.valid] == [2, 4]
 
-    torchrun(2, "load", str(ck), str(tmp_path / "l2"), "--hidden", "2400")  # latest valid = 4, same layout
+    run_worker(2, "load", str(ck), str(tmp_path / "l2"), "--hidden", "2400")  # latest valid = 4, same layout
     for r in (0, 1):
         got, want = load_pt(tmp_path / "l2" / f"loaded-rank{r}.pt"), load_pt(out / f"saved-4-rank{r}.pt")
         assert got["step"] == 4 and got["extra"] == {"step": 4, "tokens": 64} and got["meta"] == {"tokens": 64}
@@ -70,7 +70,7 @@ def test_dp2_save_load_bitwise_async_snapshot_and_reshard_to_one(tmp_path):
         rs, ws = got["rank_state"], want["rank_state"]
         assert torch.equal(rs["torch"], ws["torch"]) and rs["python"] == ws["python"] and rs["data_pos"] == 64
 
-    torchrun(1, "load", str(ck), str(tmp_path / "l1"), "--hidden", "2400", "--step", "2")  # 2 ranks → 1
+    run_worker(1, "load", str(ck), str(tmp_path / "l1"), "--hidden", "2400", "--step", "2")  # 2 ranks → 1
     got, want = load_pt(tmp_path / "l1" / "loaded-rank0.pt"), load_pt(out / "saved-2-rank0.pt")
     assert_same_state(got["state"], want["state"])
     assert got["rank_state"] is None  # world size changed: per-rank RNG streams do not map
@@ -79,11 +79,11 @@ def test_dp2_save_load_bitwise_async_snapshot_and_reshard_to_one(tmp_path):
 @pytest.mark.slow
 def test_fsdp2_async_save_reshards_to_one_rank_and_back(tmp_path):
     ck, out = tmp_path / "ck", tmp_path / "out"
-    torchrun(2, "train", str(ck), str(out), "--fsdp", "--steps", "5", "--save-at", "2,4", "--async-at", "4")
+    run_worker(2, "train", str(ck), str(out), "--fsdp", "--steps", "5", "--save-at", "2,4", "--async-at", "4")
     want = load_pt(out / "saved-4-rank0.pt")["state"]  # full tensors gathered at save time
-    torchrun(1, "load", str(ck), str(tmp_path / "l1"))  # DTensor shards → one plain model
+    run_worker(1, "load", str(ck), str(tmp_path / "l1"))  # DTensor shards → one plain model
     assert_same_state(load_pt(tmp_path / "l1" / "loaded-rank0.pt")["state"], want)
-    torchrun(2, "load", str(ck), str(tmp_path / "l2"), "--fsdp")  # and back into FSDP2 at DP=2
+    run_worker(2, "load", str(ck), str(tmp_path / "l2"), "--fsdp")  # and back into FSDP2 at DP=2
     for r in (0, 1):
         assert_same_state(load_pt(tmp_path / "l2" / f"loaded-rank{r}.pt")["state"], want)
 
@@ -91,14 +91,14 @@ def test_fsdp2_async_save_reshards_to_one_rank_and_back(tmp_path):
 @pytest.mark.slow
 def test_sigkill_during_async_save_leaves_previous_as_latest(tmp_path):
     ck, out = tmp_path / "ck", tmp_path / "out"
-    res = torchrun(2, "train", str(ck), str(out), "--steps", "6", "--save-at", "2,4", "--async-at", "4",
+    res = run_worker(2, "train", str(ck), str(out), "--steps", "6", "--save-at", "2,4", "--async-at", "4",
                    "--slow-at", "4", "--kill-rank", "1", "--kill-after", "1", check=False)
     assert res.returncode != 0 and (out / "killing").exists(), res.stderr[-2000:]
     infos = list_checkpoints(ck)
     assert [(i.step, i.valid) for i in infos] == [(2, True), (4, False)]
     assert "incomplete" in infos[1].reason and not (infos[1].path / MARKER).exists()
     assert not (ck / step_dirname(4)).exists()
-    torchrun(2, "load", str(ck), str(tmp_path / "l2"))
+    run_worker(2, "load", str(ck), str(tmp_path / "l2"))
     got = load_pt(tmp_path / "l2" / "loaded-rank0.pt")
     assert got["step"] == 2
     assert_same_state(got["state"], load_pt(out / "saved-2-rank0.pt")["state"])

@@ -1,4 +1,4 @@
-"""Tensor parallelism with real processes (gloo, CPU, fp64; started by tests/fork_ranks.py): TP=2 and TP=4 reproduce one process.
+"""Tensor parallelism with real processes (gloo, CPU, fp64): TP=2 and TP=4 reproduce one process.
 
 Each TP size launches tests/dist/tp_worker.py once (all cases in one run, ~7-14 s); the tests below assert on its
 JSON results. See the worker's docstring for what each case does.
