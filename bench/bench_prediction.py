@@ -1,12 +1,20 @@
-"""Benchmark: the planner's predicted step time against measured runs, for several layouts of one recipe.
+"""Benchmark: the planner's predicted step time against measured runs, 8 layouts of two model sizes.
 
-Calibrates this machine once (`trainctl calibrate`), launches each layout of recipes/tiny-cpu.yaml for a few
-steps (`trainctl launch`, every layout on the same 8 ranks), and prints the plan's predicted step time with
-the micro-benchmark profile next to the measured median step time (steps after the first two), and the
-relative error. With --refit, also the prediction from a profile refitted from the first layout's run
-(`trainctl calibrate --from-run`, links from the micro-benchmark profile): does one run's rate carry over?
+For each model size (recipes/tiny-cpu.yaml as shipped, hidden 64; and the same at hidden 256) and each rank
+count the layouts use, calibrates the cluster once (`trainctl calibrate` with that size and those ranks: the
+profile must describe the ranks it prices), launches each layout for a few steps (`trainctl launch`) and
+prints the plan's predicted step time (`plan --calibration`) next to the measured median step time (steps
+after the first two) and the relative error.
 
-    .venv/bin/python bench/bench_prediction.py [--steps 8] [--refit] [--json results.json]
+Rank counts: every layout that two ranks can express runs on two (DP, ZeRO-1, ZeRO-3, TP+SP, and the three
+pipeline schedules): one rank per core on the 2-core machines here, as one rank per GPU on a cluster;
+TP x PP x DP needs eight, so it runs oversubscribed here and its profile is measured oversubscribed too.
+With --slurm, two layouts more (DP ZeRO-1 and PP 1F1B) run across the two nodes of the local Slurm cluster
+(`slurm/local-cluster.sh up`), one rank per node, calibrated through Slurm too. With --refit, also the
+prediction from a profile refitted from each group's first run (`trainctl calibrate --from-run`, links
+from the micro-benchmark profile): does one run's rate carry over to the other layouts?
+
+    .venv/bin/python bench/bench_prediction.py [--steps 8] [--sizes h64,h256] [--slurm] [--refit] [--json F]
 """
 
 from __future__ import annotations
@@ -19,43 +27,87 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "recipes" / "tiny-cpu.yaml")
 
-# name -> --set overrides of the tiny recipe (8 ranks: global batch 16, micro-batch 2)
-LAYOUTS: dict[str, list[str]] = {
-    "TP2 x PP2 x DP2 (recipe)": [],
-    "DP8": ["parallel.tp=1", "parallel.pp=1", "parallel.dp=8", "parallel.zero=0", "parallel.sequence_parallel=false"],
-    "DP8 ZeRO-1": ["parallel.tp=1", "parallel.pp=1", "parallel.dp=8", "parallel.zero=1",
-                   "parallel.sequence_parallel=false"],
-    "DP8 ZeRO-3": ["parallel.tp=1", "parallel.pp=1", "parallel.dp=8", "parallel.zero=3",
-                   "parallel.sequence_parallel=false"],
-    "TP2+SP x DP4": ["parallel.tp=2", "parallel.pp=1", "parallel.dp=4", "parallel.sequence_parallel=true"],
-    "PP2 1F1B x DP4": ["parallel.tp=1", "parallel.pp=2", "parallel.dp=4", "parallel.sequence_parallel=false"],
-    "PP2 interleaved v2 x DP4": ["parallel.tp=1", "parallel.pp=2", "parallel.dp=4", "parallel.schedule=interleaved",
-                                 "parallel.virtual_stages=2", "parallel.sequence_parallel=false"],
-    "PP2 GPipe x DP4": ["parallel.tp=1", "parallel.pp=2", "parallel.dp=4", "parallel.schedule=gpipe",
-                        "parallel.sequence_parallel=false"],
+# model sizes: --set overrides of the tiny recipe's model (h64 is the recipe itself)
+SIZES: dict[str, list[str]] = {
+    "h64": [],
+    "h256": ["model.hidden=256", "model.ffn_hidden=1024", "model.heads=8"],
 }
+ONE_D = ["parallel.tp=1", "parallel.pp=1", "parallel.dp=1", "parallel.sequence_parallel=false", "parallel.zero=1"]
 
 
-def trainctl(*args: str) -> subprocess.CompletedProcess[str]:
-    out = subprocess.run([sys.executable, "-m", "trainctl", *args], capture_output=True, text=True, cwd=ROOT)
+@dataclass(frozen=True)
+class Cluster:
+    """Where a layout runs; one calibration per (model size, cluster)."""
+
+    name: str
+    overrides: tuple[str, ...]
+
+
+LOCAL2 = Cluster("local, 2 ranks", ("cluster.nodes=1", "cluster.gpus_per_node=2", "launcher.backend=local"))
+LOCAL8 = Cluster("local, 8 ranks", ("cluster.nodes=1", "cluster.gpus_per_node=8", "launcher.backend=local"))
+SLURM2 = Cluster("Slurm, 2 nodes x 1", ("cluster.nodes=2", "cluster.gpus_per_node=1", "launcher.backend=slurm",
+                                        "launcher.mode=srun"))
+
+
+@dataclass
+class Layout:
+    name: str
+    cluster: Cluster
+    overrides: list[str] = field(default_factory=list)
+
+
+LOCAL_LAYOUTS = [
+    Layout("DP2", LOCAL2, [*ONE_D, "parallel.dp=2", "parallel.zero=0"]),
+    Layout("DP2 ZeRO-1", LOCAL2, [*ONE_D, "parallel.dp=2", "parallel.zero=1"]),
+    Layout("DP2 ZeRO-3", LOCAL2, [*ONE_D, "parallel.dp=2", "parallel.zero=3"]),
+    Layout("TP2+SP", LOCAL2, [*ONE_D, "parallel.tp=2", "parallel.sequence_parallel=true"]),
+    Layout("PP2 1F1B", LOCAL2, [*ONE_D, "parallel.pp=2"]),
+    Layout("PP2 interleaved v2", LOCAL2, [*ONE_D, "parallel.pp=2", "parallel.schedule=interleaved",
+                                          "parallel.virtual_stages=2"]),
+    Layout("PP2 GPipe", LOCAL2, [*ONE_D, "parallel.pp=2", "parallel.schedule=gpipe"]),
+    Layout("TP2+SP x PP2 x DP2", LOCAL8, []),  # the recipe's own layout
+]
+SLURM_LAYOUTS = [
+    Layout("DP2 ZeRO-1 (2 nodes)", SLURM2, [*ONE_D, "parallel.dp=2"]),
+    Layout("PP2 1F1B (2 nodes)", SLURM2, [*ONE_D, "parallel.pp=2"]),
+]
+
+
+def trainctl(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    out = subprocess.run([sys.executable, "-m", "trainctl", *args], capture_output=True, text=True, cwd=ROOT,
+                         timeout=timeout)
     if out.returncode != 0:
         sys.exit(f"trainctl {' '.join(args)} failed ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
     return out
 
 
-def sets(overrides: list[str]) -> list[str]:
-    return [w for o in overrides for w in ("--set", o)]
+def sets(*overrides: list[str] | tuple[str, ...]) -> list[str]:
+    return [w for group in overrides for o in group for w in ("--set", o)]
 
 
 def predicted(overrides: list[str], profile: Path) -> float:
-    j = json.loads(trainctl("plan", TINY, "--json", "--calibration", str(profile), *sets(overrides)).stdout)
+    j = json.loads(trainctl("plan", TINY, "--json", "--calibration", str(profile), *overrides).stdout)
     return float(j["prediction"]["step_time_s"])
+
+
+def wait_until_done(run: Path, timeout: float = 900) -> None:
+    """A Slurm launch returns once the job is submitted: follow `trainctl status` until it ends."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = json.loads(trainctl("status", str(run), "--json").stdout)["state"]
+        if state == "COMPLETED":
+            return
+        if state in ("FAILED", "CANCELLED", "DIVERGED", "STOPPED"):
+            sys.exit(f"{run}: {state}; see `trainctl logs {run}`")
+        time.sleep(1.0)
+    sys.exit(f"{run}: not done after {timeout:.0f} s")
 
 
 def measured(run: Path) -> float:
@@ -67,42 +119,54 @@ def measured(run: Path) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--refit", action="store_true", help="also predict from a profile refitted from the first run")
+    ap.add_argument("--sizes", default=",".join(SIZES), help=f"comma-separated, of {', '.join(SIZES)}")
+    ap.add_argument("--slurm", action="store_true", help="also two layouts across the local Slurm cluster's nodes")
+    ap.add_argument("--refit", action="store_true", help="also predict from a profile refitted from a run")
     ap.add_argument("--json", type=Path, help="write every figure here")
     args = ap.parse_args()
+    layouts = LOCAL_LAYOUTS + (SLURM_LAYOUTS if args.slurm else [])
     work = Path(tempfile.mkdtemp(prefix="bench-prediction-"))
-    profile = work / "profile.json"
-    t0 = time.perf_counter()
-    trainctl("calibrate", TINY, "--out", str(profile), "--run-dir", str(work / "calibrate"))
-    print(f"calibrated in {time.perf_counter() - t0:.1f} s: {profile}")
     results: list[dict[str, Any]] = []
-    for i, (name, overrides) in enumerate(LAYOUTS.items()):
-        run = work / f"run-{i}"
-        trainctl("launch", TINY, "--run-dir", str(run), "--set", f"train.steps={args.steps}", *sets(overrides))
-        results.append({"layout": name, "overrides": overrides, "run": str(run),
-                        "predicted_s": predicted(overrides, profile), "measured_s": measured(run)})
-        print(f"  {name}: measured {results[-1]['measured_s'] * 1e3:.1f} ms", flush=True)
-    cols = ["predicted"]
-    if args.refit:
-        refit = work / "refit.json"
-        trainctl("calibrate", "--from-run", results[0]["run"], "--base", str(profile), "--out", str(refit))
-        for r in results:
-            r["refit_s"] = predicted(r["overrides"], refit)
-        cols.append(f"refit from {results[0]['layout']}")
+    for size in args.sizes.split(","):
+        for cluster in dict.fromkeys(la.cluster for la in layouts):
+            base = sets(SIZES[size], cluster.overrides)
+            group = f"{size}-{len(results)}"
+            profile = work / f"profile-{group}.json"
+            t0 = time.perf_counter()
+            trainctl("calibrate", TINY, *base, "--out", str(profile), "--run-dir", str(work / f"calibrate-{group}"))
+            print(f"{size}, {cluster.name}: calibrated in {time.perf_counter() - t0:.1f} s", flush=True)
+            first_run: Path | None = None
+            for layout in (la for la in layouts if la.cluster == cluster):
+                run = work / f"run-{len(results)}"
+                overrides = [*base, *sets(layout.overrides)]
+                trainctl("launch", TINY, "--run-dir", str(run), "--set", f"train.steps={args.steps}", *overrides)
+                if "launcher.backend=slurm" in cluster.overrides:
+                    wait_until_done(run)
+                r = {"size": size, "layout": layout.name, "cluster": cluster.name, "run": str(run),
+                     "predicted_s": predicted(overrides, profile), "measured_s": measured(run)}
+                if args.refit:
+                    first_run = first_run or run
+                    refit = work / f"refit-{group}.json"
+                    if first_run == run:
+                        trainctl("calibrate", "--from-run", str(run), "--base", str(profile), "--out", str(refit))
+                    r["refit_s"] = predicted(overrides, refit)
+                results.append(r)
+                print(f"  {size} {layout.name}: measured {r['measured_s'] * 1e3:.1f} ms, "
+                      f"predicted {r['predicted_s'] * 1e3:.1f} ms", flush=True)
     print(f"\ncpus {os.cpu_count()}, load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}; "
           f"{args.steps} steps per run, median of steps 3..{args.steps}")
-    head = f"{'layout':28} {'measured':>10} {'predicted':>10} {'error':>8}"
-    if args.refit:
-        head += f" {'refit':>10} {'error':>8}"
-    print(head)
+    head = f"{'size':5} {'layout':22} {'ranks':20} {'measured':>10} {'predicted':>10} {'error':>7}"
+    print(head + (f" {'refit':>10} {'error':>7}" if args.refit else ""))
     for r in results:
-        line = (f"{r['layout']:28} {r['measured_s'] * 1e3:8.1f}ms {r['predicted_s'] * 1e3:8.1f}ms "
-                f"{r['predicted_s'] / r['measured_s'] - 1:+8.0%}")
+        line = (f"{r['size']:5} {r['layout']:22} {r['cluster']:20} {r['measured_s'] * 1e3:8.1f}ms "
+                f"{r['predicted_s'] * 1e3:8.1f}ms {r['predicted_s'] / r['measured_s'] - 1:+7.0%}")
         if args.refit:
-            line += f" {r['refit_s'] * 1e3:8.1f}ms {r['refit_s'] / r['measured_s'] - 1:+8.0%}"
+            line += f" {r['refit_s'] * 1e3:8.1f}ms {r['refit_s'] / r['measured_s'] - 1:+7.0%}"
         print(line)
+    within = sum(abs(r["predicted_s"] / r["measured_s"] - 1) <= 0.15 for r in results)
+    print(f"{within} of {len(results)} layouts predicted within 15%")
     if args.json:
-        args.json.write_text(json.dumps({"profile": str(profile), "results": results, "columns": cols}, indent=1))
+        args.json.write_text(json.dumps({"results": results}, indent=1))
 
 
 if __name__ == "__main__":

@@ -12,19 +12,36 @@ tests of launching itself keep torchrun and `trainctl launch`.
 
 As torchrun does, the first rank that fails makes the others get SIGTERM (SIGKILL 30 s later), and the exit
 status is 0 when every rank exited 0, else 1.
+
+    python tests/fork_ranks.py --serve SOCKET
+
+keeps one such warmed interpreter for a whole pytest session (trainer_utils.fork_ranks starts it on first
+use): each request on the Unix socket (one JSON line: nproc, target, env, cwd, out, err) forks a job that
+takes the request's environment, working directory and output files, then starts and waits for its ranks
+exactly as above, in a process group of its own (so a timeout kills every rank). The server answers the
+job's pid, then its exit status. It never runs torch itself (forking after a parallel region is unsafe), and
+it exits when its parent (pytest) is gone.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import runpy
 import signal
+import socket
 import sys
 import time
 
+# Imported here, once, before the fork. Besides the trainer, what every rank would import lazily:
+# torch.optim's Optimizer.__init__ imports torch._dynamo (0.7 s of CPU per rank), the pipeline schedules
+# torch.distributed.pipelining.
+import torch._dynamo  # noqa: F401
+import torch.distributed.pipelining  # noqa: F401
 from trainer_utils import free_port  # tests/ is sys.path[0]: this file runs as a script
 
-from trainctl.runtime.trainer import Trainer  # noqa: F401  (imported here, once, before the fork)
+from trainctl.runtime.trainer import Trainer  # noqa: F401
 
 KILL_AFTER_S = 30.0
 
@@ -88,6 +105,62 @@ def wait(pids: list[int]) -> int:
     return 1 if failed else 0
 
 
+def run_job(request: dict) -> None:
+    """In a forked job: take the request's environment, directory and output files, run its ranks, exit."""
+    os.setpgid(0, 0)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.chdir(request["cwd"])
+    for fd, path in ((1, request["out"]), (2, request["err"])):
+        f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(f, fd)
+        os.close(f)
+    try:
+        code = wait(start(int(request["nproc"]), request["target"]))
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def serve(path: str) -> None:
+    parent = os.getppid()
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(path + ".tmp")
+    server.listen()
+    os.rename(path + ".tmp", path)  # the path appears only once it accepts
+    server.settimeout(1.0)
+    while os.getppid() == parent:
+        try:
+            conn, _ = server.accept()
+        except TimeoutError:
+            continue
+        with conn:
+            conn.settimeout(None)
+            request = json.loads(conn.makefile().readline())
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                server.close()
+                conn.close()
+                run_job(request)
+            with contextlib.suppress(OSError):  # also done in the child: whichever runs first
+                os.setpgid(pid, pid)
+            with contextlib.suppress(OSError):
+                conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+            code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+            with contextlib.suppress(OSError):  # the client gave up (timeout) and killed the job
+                conn.sendall(json.dumps({"code": code}).encode() + b"\n")
+
+
 if __name__ == "__main__":
     sys.stdout.flush()
-    sys.exit(wait(start(int(sys.argv[1]), sys.argv[2:])))
+    if sys.argv[1] == "--serve":
+        serve(sys.argv[2])
+    else:
+        sys.exit(wait(start(int(sys.argv[1]), sys.argv[2:])))

@@ -3,11 +3,16 @@ the metrics it wrote and its final weights gathered into full tensors by paramet
 
 from __future__ import annotations
 
+import atexit
 import copy
+import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -65,10 +70,49 @@ def run_trainer(run: Path, nproc: int, env: dict[str, str] | None = None, timeou
 
 def fork_ranks(nproc: int, target: list[str], env: dict[str, str] | None = None,
                timeout: float = 300) -> subprocess.CompletedProcess:
-    """NPROC ranks of `-m MODULE ARGS` or `SCRIPT ARGS` (fork_ranks.py), run from the repository root."""
+    """NPROC ranks of `-m MODULE ARGS` or `SCRIPT ARGS`, run from the repository root, forked by the session's
+    warmed fork_ranks.py server (its imports paid once per session, not once per call)."""
     e = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.run([sys.executable, str(FORK_RANKS), str(nproc), *target], cwd=ROOT, env=e,
-                          capture_output=True, text=True, timeout=timeout)
+    args = [str(nproc), *target]
+    with tempfile.TemporaryDirectory(prefix="fork-ranks-") as tmp:
+        out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
+        request = {"nproc": nproc, "target": target, "env": e, "cwd": str(ROOT), "out": str(out), "err": str(err)}
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(str(_fork_server()))
+            s.sendall(json.dumps(request).encode() + b"\n")
+            replies = s.makefile()
+            pid = json.loads(replies.readline())["pid"]
+            s.settimeout(timeout)
+            try:
+                code = json.loads(replies.readline())["code"]
+            except TimeoutError:
+                os.killpg(pid, signal.SIGKILL)
+                raise subprocess.TimeoutExpired(args, timeout, out.read_text(), err.read_text()) from None
+        return subprocess.CompletedProcess(args, code, out.read_text(errors="replace"),
+                                           err.read_text(errors="replace"))
+
+
+_server: tuple[subprocess.Popen, Path] | None = None
+
+
+def _fork_server() -> Path:
+    """The socket of this session's fork_ranks.py --serve (started on first use, again if it died)."""
+    global _server
+    if _server is None or _server[0].poll() is not None:
+        sock = Path(tempfile.mkdtemp(prefix="fork-server-")) / "socket"
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+        with open(sock.with_name("server.log"), "w") as log:
+            proc = subprocess.Popen([sys.executable, str(FORK_RANKS), "--serve", str(sock)], cwd=ROOT, env=env,
+                                    stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        atexit.register(proc.kill)
+        deadline = time.monotonic() + 120
+        while not sock.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"fork_ranks.py --serve did not start (exit {proc.poll()}): "
+                                   f"{sock.with_name('server.log').read_text()[-2000:]}")
+            time.sleep(0.02)
+        _server = (proc, sock)
+    return _server[1]
 
 
 def processes_mentioning(text: str) -> list[int]:
