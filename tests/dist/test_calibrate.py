@@ -206,3 +206,35 @@ def test_from_run_refits_the_compute_rate(finished_run: Path, calibrated, tmp_pa
     predicted = plan_json("--calibration", str(tmp_path / "both.json"))["prediction"]["step_time_s"]
     assert excess >= 0 and (predicted == pytest.approx(step, rel=1e-3) or excess == 0)
     assert trainctl("calibrate", TINY, "--from-run", str(finished_run)).returncode == 2  # spec comes from the run
+
+
+# --- a finished run held against a profile measured after it -------------------------------------------
+
+@pytest.mark.slow
+def test_mfu_report_prices_a_finished_run_with_a_profile(finished_run: Path, calibrated, tmp_path: Path) -> None:
+    """The run launched uncalibrated: its report has no predicted step; with --calibration the report's
+    prediction is exactly what `plan --calibration` predicts for the run's spec, part by part beside the
+    measured ones; a foreign profile is refused with one line, as by `plan`."""
+    path, _ = calibrated
+
+    def report(*extra: str) -> tuple[dict[str, Any], subprocess.CompletedProcess[str]]:
+        out = trainctl("mfu-report", str(finished_run), *extra)
+        assert out.returncode == 0, out.stdout + out.stderr
+        js = trainctl("mfu-report", str(finished_run), "--json", *extra)
+        return json.loads(js.stdout)["runs"][0], out
+
+    before, _ = report()
+    assert before["prediction"] is None and "calibration profile" in before["step_vs_plan"]["no_prediction"]
+    after, text = report("--calibration", str(path))
+    planned = plan_json("--calibration", str(path), "--set", "train.steps=3")["prediction"]
+    assert after["prediction"]["step_time_s"] == pytest.approx(planned["step_time_s"])
+    assert sum(after["prediction"]["components_s"].values()) == pytest.approx(planned["step_time_s"])
+    assert after["measured"]["step_time_s"] > 0 and after["step_vs_plan"]["step_error"] is not None
+    assert after["step_vs_plan"]["priced_with"].startswith(f"measured: {path} (micro-benchmarks, ")
+    assert "times priced with: measured:" in " ".join(text.stdout.split())
+    assert not (finished_run / "plan.json").read_text().count('"calibrated": true')  # the run's own plan is kept
+    other = json.loads(path.read_text())
+    other["cluster"]["ranks"] = 4
+    (tmp_path / "four.json").write_text(json.dumps(other))
+    out = trainctl("mfu-report", str(finished_run), "--calibration", str(tmp_path / "four.json"))
+    assert out.returncode == 2 and len([x for x in out.stderr.splitlines() if x.startswith("error:")]) == 1, out.stderr

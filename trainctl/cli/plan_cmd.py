@@ -241,11 +241,11 @@ def render_ranks(plan: Plan, console: Console) -> None:
 
 
 def calibration_line(cal: dict[str, Any]) -> str:
-    """Where the time figures come from, in one line."""
-    if not cal.get("calibrated"):
-        return f"[yellow]uncalibrated[/yellow]: {cal['note']}"
-    return (f"measured: {cal['path']} ({cal['source']}, {cal['device']}, {cal['ranks']} ranks, "
-            f"{cal['created']})")
+    """Where the time figures come from, in one line (yellow when uncalibrated)."""
+    from trainctl.plan.rates import calibration_text
+
+    text = escape(calibration_text(cal))
+    return text if cal.get("calibrated") else f"[yellow]{text}[/yellow]"
 
 
 def render_auto(res: AutoResult, console: Console, on_cpu: bool = False) -> None:
@@ -309,7 +309,7 @@ def plan(
     """Plan a run: memory per GPU, FLOPs, communication, pipeline bubble and predicted MFU."""
     run = read_spec(spec, set_)
     if calibration is not None:
-        run = run.model_copy(update={"cluster": run.cluster.model_copy(update={"calibration": str(calibration)})})
+        run = run.with_calibration(calibration)
     console = make_console()
     if auto:
         from trainctl.plan.auto import search

@@ -19,6 +19,9 @@ def mfu_report(
     as_json: bool = JsonOpt,
     plot_file: Path | None = typer.Option(None, "--plot", metavar="FILE.png",
                                           help="Also plot loss, MFU and step time over steps (needs matplotlib)."),
+    calibration: Path | None = typer.Option(None, "--calibration", metavar="PROFILE",
+                                            help="Hold the runs against their plans priced with this `trainctl "
+                                                 "calibrate` profile (e.g. one measured after the launch)."),
 ) -> None:
     """MFU, HFU and throughput vs the plan; where the time went; goodput across restarts; stragglers."""
     from trainctl.report import build_report
@@ -27,7 +30,7 @@ def mfu_report(
         from trainctl.report.plot import check_target
 
         check_target(plot_file)  # before the report's work: a wrong suffix is a usage error, not a traceback
-    report = build_report(runs)
+    report = build_report(runs, calibration)
     if plot_file is not None:
         from trainctl.report.plot import plot
 

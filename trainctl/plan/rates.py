@@ -100,3 +100,11 @@ def measured_rates(spec: RunSpec, fallback: AssumedRates) -> MeasuredRates | Non
 def describe(rates: MeasuredRates | None) -> dict[str, Any]:
     """What `plan --json` says of where its times come from."""
     return rates.describe() if rates is not None else {"calibrated": False, "note": UNCALIBRATED}
+
+
+def calibration_text(cal: dict[str, Any]) -> str:
+    """Where a plan's time figures come from (its `calibration` entry), in one line."""
+    if not cal.get("calibrated"):
+        return f"uncalibrated: {cal.get('note', UNCALIBRATED)}"
+    return (f"measured: {cal['path']} ({cal['source']}, {cal['device']}, {cal['ranks']} ranks, "
+            f"{cal['created']})")

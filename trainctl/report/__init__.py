@@ -56,8 +56,9 @@ def analyze(run: RunData) -> dict[str, Any]:
     }
 
 
-def build_report(runs: list[Path]) -> dict[str, Any]:
-    return {"runs": [analyze(load_run(p)) for p in runs]}
+def build_report(runs: list[Path], calibration: Path | None = None) -> dict[str, Any]:
+    """The report of each run; with `calibration`, each run's plan priced again with that profile."""
+    return {"runs": [analyze(load_run(p, calibration)) for p in runs]}
 
 
 __all__ = ["analyze", "build_report", "load_run"]

@@ -75,7 +75,17 @@ def _placement(paths: RunPaths, plan: dict[str, Any] | None) -> list[dict[str, A
     return []
 
 
-def load_run(root: Path) -> RunData:
+def repriced_plan(paths: RunPaths, profile: Path) -> dict[str, Any]:
+    """The run's plan priced again with a calibration profile (`mfu-report --calibration`): a run launched
+    before its cluster was calibrated is held against the measured rates. A profile for other hardware or
+    another rank count is refused as `plan` refuses it."""
+    from trainctl.launch.create import build_plan_json
+    from trainctl.spec import load_spec
+
+    return json.loads(build_plan_json(load_spec(paths.spec).with_calibration(profile)))
+
+
+def load_run(root: Path, calibration: Path | None = None) -> RunData:
     if not root.is_dir():
         raise UsageError(f"{root}: no such run directory", hint="give the directory `trainctl launch` created")
     paths = RunPaths(root)
@@ -89,7 +99,7 @@ def load_run(root: Path) -> RunData:
     spec = None
     with contextlib.suppress(OSError, yaml.YAMLError):
         spec = yaml.safe_load(paths.spec.read_text(encoding="utf-8"))
-    plan = _json(paths.plan)
+    plan = _json(paths.plan) if calibration is None else repriced_plan(paths, calibration)
     name = (spec or {}).get("name") or root.name
     return RunData(root=root, name=str(name), metrics=metrics, events=events, plan=plan, job=_json(paths.job),
                    spec=spec if isinstance(spec, dict) else None, steptimes=_steptimes(paths),

@@ -215,6 +215,8 @@ def _render_step_vs_plan(con: Console, runs: list[dict[str, Any]]) -> None:
                       dur(v["checkpoint_block_s_per_save"]),
                       f"{v['checkpoint_saves']} save" + ("s" if v["checkpoint_saves"] != 1 else ""))
         con.print(t)
+        if v["priced_with"]:
+            prose(con, f"[dim]{escape(v['priced_with'])}[/dim]", f"  [dim]{name}: times priced with:[/dim] ")
         if v["no_prediction"]:
             prose(con, f"[dim]{escape(v['no_prediction'])}[/dim]", f"  [dim]{name}: no prediction:[/dim] ")
         if meas.get("note"):

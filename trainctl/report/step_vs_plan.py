@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from trainctl.plan.rates import calibration_text
 from trainctl.report.attempts import median
 from trainctl.report.breakdown import checkpoint_blocks, data_wait
 from trainctl.report.load import RunData
@@ -94,8 +95,8 @@ def predicted_components(run: RunData) -> tuple[dict[str, Any] | None, str | Non
     parts = pred.get("breakdown_s")
     if pred.get("step_time_s") is None or parts is None:
         return None, ("the plan has no step-time prediction (no catalog peak for this accelerator and no "
-                      "calibration profile: `trainctl calibrate SPEC`, then plan or launch with "
-                      "cluster.calibration)")
+                      "calibration profile: `trainctl calibrate SPEC`, then `mfu-report --calibration "
+                      "PROFILE`, or launch with cluster.calibration)")
     return {"step_time_s": pred["step_time_s"],
             "components_s": {c: sum(parts.get(k) or 0.0 for k in keys) for c, keys in COMPONENTS.items()}}, None
 
@@ -115,6 +116,7 @@ def step_vs_plan(run: RunData, steady: list[dict[str, Any]]) -> dict[str, Any]:
         "rows": rows,
         "checkpoint_block_s_per_save": sum(ck) / len(ck) if ck else None, "checkpoint_saves": len(ck),
         "prediction": predicted, "measured": measured, "no_prediction": why_not,
+        "priced_with": calibration_text((run.plan or {}).get("calibration") or {}) if predicted else None,
         "step_error": None, "largest_gap": None,
     }
     if predicted is None or measured is None or not predicted["step_time_s"]:

@@ -7,6 +7,7 @@ naming the field, the value and the fix.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -328,6 +329,10 @@ class RunSpec(Strict):
         if self.launcher.backend == "auto":
             return "slurm" if self.cluster.nodes > 1 else "local"
         return self.launcher.backend
+
+    def with_calibration(self, profile: str | Path) -> RunSpec:
+        """This spec priced with another `trainctl calibrate` profile (`plan` and `mfu-report --calibration`)."""
+        return self.model_copy(update={"cluster": self.cluster.model_copy(update={"calibration": str(profile)})})
 
     @property
     def micro_batches(self) -> int:
