@@ -132,11 +132,13 @@ def main() -> None:
             base = sets(SIZES[size], cluster.overrides)
             group = f"{size}-{len(results)}"
             profile = work / f"profile-{group}.json"
-            t0 = time.perf_counter()
-            trainctl("calibrate", TINY, *base, "--out", str(profile), "--run-dir", str(work / f"calibrate-{group}"))
+            mine = [la for la in layouts if la.cluster == cluster]
+            t0 = time.perf_counter()  # a valid spec on these ranks: the group's first layout
+            trainctl("calibrate", TINY, *base, *sets(mine[0].overrides), "--out", str(profile),
+                     "--run-dir", str(work / f"calibrate-{group}"))
             print(f"{size}, {cluster.name}: calibrated in {time.perf_counter() - t0:.1f} s", flush=True)
             first_run: Path | None = None
-            for layout in (la for la in layouts if la.cluster == cluster):
+            for layout in mine:
                 run = work / f"run-{len(results)}"
                 overrides = [*base, *sets(layout.overrides)]
                 trainctl("launch", TINY, "--run-dir", str(run), "--set", f"train.steps={args.steps}", *overrides)
