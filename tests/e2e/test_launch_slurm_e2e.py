@@ -70,33 +70,45 @@ def squeue_ids() -> set[str]:
     return set(subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.split())
 
 
+LONG_STEPS = 30  # long enough to act in the middle (~0.2 s a step here), short enough for the test budget
+# TP 2 (+ SP) x PP 2 on half the ranks and half the batch of the recipe: what these tests prove (signals,
+# requeues, restarts and resumes across two nodes, the stage boundary crossing them) needs no more, and 4
+# processes start and step in half the time of 8 on two cores
+LONG_RUN = ["--set", f"train.steps={LONG_STEPS}", "--set", "checkpoint.every_steps=4", "--set", "parallel.dp=1",
+            "--set", "train.global_batch=8"]
+LONG = ["--set", "cluster.nodes=2", "--set", "cluster.gpus_per_node=2", "--set", "launcher.backend=slurm",
+        *LONG_RUN]
+
+
 @pytest.fixture(scope="module")
-def local_losses(tmp_path_factory) -> list[float]:
-    run = tmp_path_factory.mktemp("local") / "run"
-    r = cli("launch", "--set", f"train.steps={STEPS}", "--run-dir", str(run), timeout=300)
+def reference_losses(tmp_path_factory) -> list[float]:
+    """The same spec run uninterrupted on this machine (torchrun --standalone): the loss of every step."""
+    run = tmp_path_factory.mktemp("reference") / "run"
+    r = cli("launch", str(TINY), *LONG_RUN, "--set", "cluster.gpus_per_node=4", "--run-dir", str(run), timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     out = losses(run)
-    assert len(out) == STEPS
+    assert len(out) == LONG_STEPS
     return out
 
 
 @pytest.mark.parametrize("mode", ["srun", "torchrun"])
 def test_two_node_job_completes_with_local_losses(slurm_cluster: SlurmCluster, tmp_path: Path, mode: str,
-                                                   local_losses: list[float]) -> None:
+                                                   reference_losses: list[float]) -> None:
+    """TP 2 (+ SP) x PP 2 over two nodes (LONG), uninterrupted: every loss the local run's."""
     run = tmp_path / "run"
     extra = ["--set", "cluster.gpu=h100-sxm"] if mode == "srun" else []  # also request the emulated GPUs
-    r = cli("launch", *SLURM, "--set", f"launcher.mode={mode}", *extra, "--run-dir", str(run))
+    r = cli("launch", *LONG, "--set", f"launcher.mode={mode}", *extra, "--run-dir", str(run))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "submitted Slurm job" in r.stdout and "trainctl logs" in r.stdout
     st = wait_done(run)
-    assert st["steps_done"] == STEPS and st["attempts"] == 1 and st["last_mfu"] is not None
-    assert losses(run) == pytest.approx(local_losses, rel=1e-6, abs=1e-6)
+    assert st["steps_done"] == LONG_STEPS and st["attempts"] == 1 and st["last_mfu"] is not None
+    assert losses(run) == pytest.approx(reference_losses, rel=1e-6, abs=1e-6)
     out = (run / "logs" / f"slurm-{job_id(run)}.out").read_text()
-    assert f"step {STEPS}/{STEPS}" in out
+    assert f"step {LONG_STEPS}/{LONG_STEPS}" in out
     kinds = [e["event"] for e in read_jsonl(run / "events.jsonl")]
     assert kinds[:2] == ["submit", "slurm_start"] and "finish" in kinds and kinds[-1] == "step_exit"
     logs = cli("logs", str(run))
-    assert logs.returncode == 0 and f"step {STEPS}/{STEPS}" in logs.stdout
+    assert logs.returncode == 0 and f"step {LONG_STEPS}/{LONG_STEPS}" in logs.stdout
     if TRAINER_PROVES_PLACEMENT:
         placement = json.loads((run / "placement.json").read_text())
         assert placement["tp_groups_across_nodes"] == [] and sorted(placement["nodes"]) == ["n1", "n2"]
@@ -220,27 +232,6 @@ def test_cancel_and_logs_of_a_running_job(slurm_cluster: SlurmCluster, tmp_path:
 
 
 # --- preemption, requeue, a dead rank, `trainctl resume`: the real trainer, its checkpoints -------------
-
-LONG_STEPS = 30  # long enough to act in the middle (~0.2 s a step here), short enough for the test budget
-# TP 2 (+ SP) x PP 2 on half the ranks and half the batch of the recipe: what these tests prove (signals,
-# requeues, restarts and resumes across two nodes, the stage boundary crossing them) needs no more, and 4
-# processes start and step in half the time of 8 on two cores
-LONG_RUN = ["--set", f"train.steps={LONG_STEPS}", "--set", "checkpoint.every_steps=4", "--set", "parallel.dp=1",
-            "--set", "train.global_batch=8"]
-LONG = ["--set", "cluster.nodes=2", "--set", "cluster.gpus_per_node=2", "--set", "launcher.backend=slurm",
-        *LONG_RUN]
-
-
-@pytest.fixture(scope="module")
-def reference_losses(tmp_path_factory) -> list[float]:
-    """The same spec run uninterrupted on this machine (torchrun --standalone): the loss of every step."""
-    run = tmp_path_factory.mktemp("reference") / "run"
-    r = cli("launch", str(TINY), *LONG_RUN, "--set", "cluster.gpus_per_node=4", "--run-dir", str(run), timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
-    out = losses(run)
-    assert len(out) == LONG_STEPS
-    return out
-
 
 def last_step(run: Path) -> int:
     return max((r["step"] for r in read_jsonl(run / "metrics.jsonl")), default=0)
