@@ -4,6 +4,7 @@ the metrics it wrote and its final weights gathered into full tensors by paramet
 from __future__ import annotations
 
 import atexit
+import contextlib
 import copy
 import json
 import os
@@ -85,9 +86,12 @@ def fork_ranks(nproc: int, target: list[str], env: dict[str, str] | None = None,
             s.settimeout(timeout)
             try:
                 code = json.loads(replies.readline())["code"]
-            except TimeoutError:
-                os.killpg(pid, signal.SIGKILL)
-                raise subprocess.TimeoutExpired(args, timeout, out.read_text(), err.read_text()) from None
+            except BaseException as e:  # our timeout, pytest-timeout, Ctrl-C: no rank outlives the call
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+                if isinstance(e, TimeoutError):
+                    raise subprocess.TimeoutExpired(args, timeout, out.read_text(), err.read_text()) from None
+                raise
         return subprocess.CompletedProcess(args, code, out.read_text(errors="replace"),
                                            err.read_text(errors="replace"))
 
