@@ -8,6 +8,7 @@ import contextlib
 import copy
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -103,12 +104,13 @@ def _fork_server() -> Path:
     """The socket of this session's fork_ranks.py --serve (started on first use, again if it died)."""
     global _server
     if _server is None or _server[0].poll() is not None:
-        sock = Path(tempfile.mkdtemp(prefix="fork-server-")) / "socket"
+        # /tmp, not $TMPDIR: a Unix socket path must stay under 108 bytes
+        sock = Path(tempfile.mkdtemp(prefix="fork-server-", dir="/tmp" if os.path.isdir("/tmp") else None)) / "socket"
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
         with open(sock.with_name("server.log"), "w") as log:
             proc = subprocess.Popen([sys.executable, str(FORK_RANKS), "--serve", str(sock)], cwd=ROOT, env=env,
                                     stdin=subprocess.DEVNULL, stdout=log, stderr=log)
-        atexit.register(proc.kill)
+        atexit.register(lambda: (proc.kill(), shutil.rmtree(sock.parent, ignore_errors=True)))
         deadline = time.monotonic() + 120
         while not sock.exists():
             if proc.poll() is not None or time.monotonic() > deadline:
