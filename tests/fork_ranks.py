@@ -33,6 +33,7 @@ import signal
 import socket
 import sys
 import time
+from typing import Any
 
 # Imported here, once, before the fork. Besides the trainer, what every rank would import lazily:
 # torch.optim's Optimizer.__init__ imports torch._dynamo (0.7 s of CPU per rank), the pipeline schedules
@@ -105,7 +106,7 @@ def wait(pids: list[int]) -> int:
     return 1 if failed else 0
 
 
-def run_job(request: dict) -> None:
+def run_job(request: dict[str, Any]) -> None:
     """In a forked job: take the request's environment, directory and output files, run its ranks, exit."""
     os.setpgid(0, 0)
     os.environ.clear()
@@ -128,6 +129,8 @@ def run_job(request: dict) -> None:
 
 
 def serve(path: str) -> None:
+    """Answer requests on the Unix socket `path` one at a time (the suite runs its tests one at a time):
+    fork the job, send its pid, wait for it, send its exit status. Stop once the parent (pytest) is gone."""
     parent = os.getppid()
     server = socket.socket(socket.AF_UNIX)
     server.bind(path + ".tmp")
