@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from trainer_utils import ROOT, deep_update, final_weights, free_port, make_run, metrics, run_trainer
+from trainer_utils import ROOT, deep_update, final_weights, free_port, make_run, metrics, rank_env, run_trainer
 
 from trainctl.checkpoint import abandoned_dirname, list_checkpoints
 from trainctl.runtime import faults
@@ -96,8 +96,8 @@ def spawn_ranks(run: Path, nproc: int, env: dict[str, str] | None = None) -> lis
     port = str(free_port())
     procs = []
     for r in range(nproc):
-        e = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "RANK": str(r), "LOCAL_RANK": str(r),
-             "WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, **(env or {})}
+        e = rank_env({"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1",
+                      "MASTER_PORT": port, **(env or {})})
         log = open(run / f"rank{r}.log", "w")  # noqa: SIM115  (closed by the child's exit)
         procs.append(subprocess.Popen([sys.executable, "-m", "trainctl.runtime", str(run)], cwd=ROOT, env=e,
                                       stdout=log, stderr=subprocess.STDOUT))

@@ -56,6 +56,12 @@ def make_run(root: Path, name: str, **sections: dict[str, Any]) -> tuple[Path, i
     return run, world
 
 
+def rank_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment a test starts ranks in: this one, one OpenMP thread per rank (the ranks share the
+    cores), the repository importable, then `extra`."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **(extra or {})}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -74,7 +80,7 @@ def fork_ranks(nproc: int, target: list[str], env: dict[str, str] | None = None,
                timeout: float = 300) -> subprocess.CompletedProcess:
     """NPROC ranks of `-m MODULE ARGS` or `SCRIPT ARGS`, run from the repository root, forked by the session's
     warmed fork_ranks.py server (its imports paid once per session, not once per call)."""
-    e = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **(env or {})}
+    e = rank_env(env)
     args = [str(nproc), *target]
     with tempfile.TemporaryDirectory(prefix="fork-ranks-") as tmp:
         out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
@@ -106,9 +112,8 @@ def _fork_server() -> Path:
     if _server is None or _server[0].poll() is not None:
         # /tmp, not $TMPDIR: a Unix socket path must stay under 108 bytes
         sock = Path(tempfile.mkdtemp(prefix="fork-server-", dir="/tmp" if os.path.isdir("/tmp") else None)) / "socket"
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
         with open(sock.with_name("server.log"), "w") as log:
-            proc = subprocess.Popen([sys.executable, str(FORK_RANKS), "--serve", str(sock)], cwd=ROOT, env=env,
+            proc = subprocess.Popen([sys.executable, str(FORK_RANKS), "--serve", str(sock)], cwd=ROOT, env=rank_env(),
                                     stdin=subprocess.DEVNULL, stdout=log, stderr=log)
         atexit.register(lambda: (proc.kill(), shutil.rmtree(sock.parent, ignore_errors=True)))
         deadline = time.monotonic() + 120

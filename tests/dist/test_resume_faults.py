@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from resume_utils import curve, events, ok, set_spec, spawn_ranks, stop_after, wait_all
-from trainer_utils import ROOT, make_run, max_rel_diff, run_trainer
+from trainer_utils import ROOT, make_run, max_rel_diff, rank_env, run_trainer
 
 from trainctl.checkpoint import MARKER, list_checkpoints, stale_dirs, step_dirname
 from trainctl.runtime import faults
@@ -223,8 +223,7 @@ def test_torchrun_restart_resumes_by_itself(tmp_path: Path) -> None:
     straight, world = make_run(tmp_path, "straight", parallel={"dp": 2}, **sections)
     ok(run_trainer(straight, world, dump=False))
     run, _ = make_run(tmp_path, "restarted", parallel={"dp": 2}, **sections)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "TRAINCTL_TIMEOUT_S": "60",
-           **faults.encode(fail_at_step=4, fail_rank=1, fail_attempt=0)}
+    env = rank_env({"TRAINCTL_TIMEOUT_S": "60", **faults.encode(fail_at_step=4, fail_rank=1, fail_attempt=0)})
     r = subprocess.run([TORCHRUN, "--standalone", "--nproc-per-node=2", "--max-restarts=1", "-m", "trainctl.runtime",
                         str(run)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     ok(r, "torchrun with one restart")
