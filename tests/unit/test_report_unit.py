@@ -32,11 +32,11 @@ def _write(run: Path, metrics: list[dict[str, Any]], events: list[dict[str, Any]
 
 
 def interrupted_run(root: Path) -> Path:
-    """Attempt 0: launch t=0, steps 1-6 (1 s each; a 0.2 s blocking checkpoint after step 4), rank 1 fails at
-    t=11.5. Attempt 1 (resume from step 4): launch t=13, steps 5-10, finish; launcher exits at t=22.5."""
+    """Attempt 0: launch t=0, steps 1-6 (1 s each; a 0.2 s blocking checkpoint after step 4, logged, as the
+    trainer logs it, with the next step), rank 1 fails at t=11.5. Attempt 1 (resume from step 4): launch t=13,
+    steps 5-10, finish; launcher exits at t=22.5."""
     m = [_step(k, 5 + k) for k in range(1, 5)]
-    m[-1]["ckpt_block_s"] = 0.2
-    m += [_step(5, 10.2), _step(6, 11.2)]
+    m += [_step(5, 10.2, ckpt_block_s=0.2), _step(6, 11.2)]
     m += [_step(k, 12 + k) for k in range(5, 11)]
     ev = [{"time": 0.0, "event": "launch"}, {"time": 4.5, "event": "start"},
           {"time": 9.1, "event": "checkpoint_committed", "step": 4},
@@ -241,3 +241,56 @@ def test_step_time_predicted_vs_measured_per_component(tmp_path):
     v = analyze(load_run(run))["step_vs_plan"]
     assert v["prediction"] is None and "no step-time prediction" in v["no_prediction"]
     assert v["measured"]["components_s"]["compute"] == pytest.approx(0.6) and v["largest_gap"] is None
+
+
+def test_timeline_puts_every_lost_second_where_goodput_counts_it(tmp_path):
+    """The wall-clock timeline (mfu-report --json "timeline", drawn by --plot) adds up to goodput's table, each
+    span where it happened: start-up before step 1, steps 5-6 of attempt 0 replayed, the blocking save between
+    steps 4 and 5 (logged with step 5, as the trainer logs it), the restart gap, the shutdown; no overlaps."""
+    r = analyze(load_run(interrupted_run(tmp_path)))
+    tl, lost = r["timeline"], r["goodput"]["lost_s"]
+    by_kind = tl["seconds_by_kind"]
+    assert by_kind["productive"] == pytest.approx(r["goodput"]["productive_s"])
+    for kind, cause in (("replayed", "replayed_steps"), ("checkpoint", "checkpoint_stalls"),
+                        ("startup", "startup"), ("restart", "restarts"), ("shutdown", "shutdown")):
+        assert by_kind[kind] == pytest.approx(lost[cause]), kind
+    spans = sorted(tl["spans"], key=lambda s: s["start"])
+    assert all(a["end"] <= b["start"] + 1e-9 for a, b in zip(spans, spans[1:], strict=False))
+    (stall,) = [s for s in spans if s["kind"] == "checkpoint"]
+    assert (stall["start"], stall["end"]) == pytest.approx((9.0, 9.2))
+    assert [s["step"] for s in spans if s["kind"] == "replayed"] == [5, 6]
+    (restart,) = tl["restarts"]
+    assert restart["attempt"] == 1 and restart["at_s"] == pytest.approx(16.0)
+    assert restart["cause"] == "rank 1 failed: InjectedFailure: boom"
+    assert [p["kept"] for p in r["series"]] == [True] * 4 + [False] * 2 + [True] * 6
+
+
+def test_plot_draws_replayed_steps_dashed_and_restart_labels_apart(tmp_path):
+    """--plot: only the steps a later attempt ran again are dashed (the kept part of a failed attempt is
+    solid); restart labels at the same step in two runs do not sit on top of each other; the timeline lane
+    of each run has bars of each kind as wide as its seconds."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.colors import to_rgba
+
+    from trainctl.report.plot import KIND_STYLE, figure
+
+    a, b = interrupted_run(tmp_path / "a"), interrupted_run(tmp_path / "b")
+    fig = figure(build_report([a, b]))
+    try:
+        loss, *_, timeline = fig.axes
+        dashed = [ln for ln in loss.get_lines() if ln.get_linestyle() == "--"]
+        assert sorted(tuple(ln.get_xdata()) for ln in dashed) == [(5, 6), (5, 6)]
+        solid_steps = sorted(x for ln in loss.get_lines() if ln.get_linestyle() == "-" for x in ln.get_xdata())
+        assert solid_steps == sorted(list(range(1, 11)) * 2)
+        fig.canvas.draw()
+        boxes = [t.get_window_extent() for t in loss.texts if t.get_text().startswith("restart")]
+        assert len(boxes) == 2 and not boxes[0].overlaps(boxes[1])
+        report = build_report([a])["runs"][0]["timeline"]["seconds_by_kind"]
+        for kind, (colour, _name) in KIND_STYLE.items():
+            widths = [w for c in timeline.collections if tuple(c.get_facecolor()[0]) == to_rgba(colour)
+                      for p in c.get_paths() for w in [p.get_extents().width]]
+            assert sum(widths) == pytest.approx(2 * report[kind], abs=1e-6), kind
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)

@@ -17,6 +17,7 @@ from trainctl.report.routing import warnings as routing_warnings
 from trainctl.report.step_vs_plan import step_vs_plan
 from trainctl.report.stragglers import stragglers
 from trainctl.report.summary import steady_steps, summarize
+from trainctl.report.timeline import timeline
 
 
 def analyze(run: RunData) -> dict[str, Any]:
@@ -45,10 +46,12 @@ def analyze(run: RunData) -> dict[str, Any]:
         "prediction": vs_plan["prediction"],  # the plan's step and its parts (None: no time prediction)
         "measured": vs_plan["measured"],  # the same parts as the ranks measured them
         "goodput": gp,
+        "timeline": timeline(run, attempts, final, gp),
         "stragglers": stragglers(run),
         "memory": memory_vs_plan(run),
         "series": [{"step": r["step"], "attempt": a.index, "loss": r.get("loss"), "mfu": r.get("mfu"),
                     "step_time_s": r.get("step_time_s"), "skipped": bool(r.get("skipped")),
+                    "kept": id(r) in final_ids,
                     "spike": r["step"] in spikes and id(r) in final_ids} for a in attempts for r in a.records],
         "divergence": div,
         "routing": moe,

@@ -24,15 +24,20 @@ def _t(records: list[dict[str, Any]], key: str, weight: int) -> float:
     return sum(float(r.get(key) or 0.0) for r in records) * (weight if key == "step_time_s" else 1)
 
 
-def _queueing(run: RunData) -> tuple[float, bool]:
-    """Seconds between each submit/requeue event and the next launch/start event; known only if recorded."""
-    total, known = 0.0, False
+def queue_intervals(run: RunData) -> list[tuple[float, float]]:
+    """(submitted, started) for each submit/requeue event followed by a launch/start event: time in the queue."""
+    out = []
     for q in run.events_of(*QUEUE_EVENTS):
         nxt = next((e for e in run.events_of(*RUN_EVENTS) if e.get("time", 0) >= q.get("time", 0)), None)
         if nxt is not None:
-            total += nxt["time"] - q["time"]
-            known = True
-    return total, known
+            out.append((float(q["time"]), float(nxt["time"])))
+    return out
+
+
+def _queueing(run: RunData) -> tuple[float, bool]:
+    """Seconds queued in all; known only if recorded."""
+    spans = queue_intervals(run)
+    return sum(b - a for a, b in spans), bool(spans)
 
 
 def describe_cause(prev: Attempt) -> str:
@@ -89,7 +94,7 @@ def goodput(run: RunData, attempts: list[Attempt], final: list[dict[str, Any]],
     lost["other"] = max(0.0, wall - accounted)
     last = attempts[-1]
     return {
-        "available": True, "wall_s": wall, "productive_s": productive,
+        "available": True, "begin_time": begin, "wall_s": wall, "productive_s": productive,
         "goodput": productive / wall if wall > 0 else None,
         "lost_s": lost, "attempts": len(attempts), "restarts": restarts, "final_outcome": last.outcome,
         "note": ("productive = each step's time once (its last run); lost = everything else on the wall clock "

@@ -1,4 +1,5 @@
-"""`--plot FILE.png`: loss, MFU and step time over steps, restarts marked, one colour per run.
+"""`--plot FILE.png`: loss, MFU and step time over steps, restarts marked, one colour per run, and a wall-clock
+timeline of each run (steps, restarts, checkpoint stalls, lost time by cause).
 
 matplotlib is an optional extra (`pip install trainctl[plot]`), imported lazily with the Agg backend so
 the report works on a headless login node and the CLI stays fast without it.
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from trainctl.errors import UsageError
+from trainctl.units import dur, pct
 
 
 def _pyplot() -> Any:
@@ -44,37 +46,53 @@ def _locator() -> Any:
     return MaxNLocator
 
 
-def plot(report: dict[str, Any], out: Path) -> Path:
-    plt = _pyplot()
-    MaxNLocator = _locator()  # noqa: N806 - a class
-    fig, axes = plt.subplots(3, 1, figsize=(10, 9), sharex=True, constrained_layout=True)
+KIND_STYLE = {  # timeline kind -> (colour, legend name)
+    "productive": ("#2ca02c", "productive steps"), "replayed": ("#ff7f0e", "replayed steps"),
+    "checkpoint": ("#d62728", "checkpoint stalls"), "startup": ("#7f7f7f", "start-up"),
+    "restart": ("#9467bd", "restarts"), "queueing": ("#c7c7c7", "queueing"), "shutdown": ("#bcbd22", "shutdown"),
+}
+LABEL_LANES = 3  # restart labels close together are staggered over this many heights instead of stacked
+
+
+def _runs_of(points: list[dict[str, Any]], key: str) -> list[list[dict[str, Any]]]:
+    """Consecutive points with the same `key` value, in order."""
+    groups: list[list[dict[str, Any]]] = []
+    for p in points:
+        if groups and groups[-1][0][key] == p[key]:
+            groups[-1].append(p)
+        else:
+            groups.append([p])
+    return groups
+
+
+def _time_unit(wall_s: float) -> tuple[float, str]:
+    return (1.0, "s") if wall_s < 120 else (60.0, "min") if wall_s < 7200 else (3600.0, "h")
+
+
+def _step_panels(axes: Any, report: dict[str, Any], colours: list[str]) -> None:
+    """Loss, MFU and step time over steps. A step's last run is drawn solid; an earlier run of it that a
+    later attempt replayed (after a restart from an older checkpoint) dashed and faint."""
     panels = [("loss", "loss", 1.0), ("mfu", "MFU (%)", 100.0), ("step_time_s", "step time (ms)", 1e3)]
-    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     unique = len({r["name"] for r in report["runs"]}) == len(report["runs"])
+    markers: list[tuple[float, str, int]] = []
     for i, run in enumerate(report["runs"]):
         c = colours[i % len(colours)]
-        label = run["name"] if unique else f"{run['name']} ({Path(run['run']).name})"
-        series = run["series"]
+        label: str | None = run["name"] if unique else f"{run['name']} ({Path(run['run']).name})"
         bug = bool(run["summary"].get("mfu_bug"))
         for ax, (key, _label, scale) in zip(axes, panels, strict=True):
             if key == "mfu" and bug:
                 continue  # >100% is a bug, not a result: never drawn as one
-            by_attempt: dict[int, list[dict[str, Any]]] = {}
-            for p in series:
-                if p.get(key) is not None:
-                    by_attempt.setdefault(p["attempt"], []).append(p)
-            for a, pts in sorted(by_attempt.items()):
-                ax.plot([p["step"] for p in pts], [p[key] * scale for p in pts], color=c, marker=".",
-                        markersize=4, linewidth=1.3, linestyle="-" if a == max(by_attempt) else "--",
-                        label=label if (key == "loss" and a == max(by_attempt)) else None)
-        for x in run["goodput"].get("restarts", []):
-            step = x.get("resumed_at_step")
-            if step is None:
-                continue
-            for ax in axes:
-                ax.axvline(step + 0.5, color=c, linestyle=":", linewidth=1.5)
-            axes[0].annotate(f"restart {x['attempt']}", xy=(step + 0.5, 1.0), xycoords=("data", "axes fraction"),
-                             xytext=(3, -12), textcoords="offset points", color=c, fontsize=9)
+            for a in sorted({p["attempt"] for p in run["series"]}):
+                pts = [p for p in run["series"] if p["attempt"] == a and p.get(key) is not None]
+                for group in _runs_of(pts, "kept"):
+                    kept = group[0]["kept"]
+                    ax.plot([p["step"] for p in group], [p[key] * scale for p in group], color=c, marker=".",
+                            markersize=4, linewidth=1.3, linestyle="-" if kept else "--", alpha=1.0 if kept else 0.5,
+                            label=label if key == "loss" and kept else None)
+                    if key == "loss" and kept:
+                        label = None
+        markers += [(x["resumed_at_step"] + 0.5, c, x["attempt"]) for x in run["goodput"].get("restarts", [])
+                    if x.get("resumed_at_step") is not None]
         predicted = (run["summary"].get("plan") or {}).get("mfu")
         if predicted is not None and not bug:
             axes[1].axhline(predicted * 100, color=c, linestyle="-.", linewidth=1, alpha=0.7)
@@ -83,15 +101,78 @@ def plot(report: dict[str, Any], out: Path) -> Path:
         if bug:
             axes[1].text(0.5, 0.5, f"{run['name']}: MFU > 100% (accounting bug), not plotted",
                          transform=axes[1].transAxes, ha="center", color="red")
-    for ax, (_key, label, _s) in zip(axes, panels, strict=True):
-        ax.set_ylabel(label)
+    for lane, (x, c, attempt) in enumerate(sorted(markers)):
+        for ax in axes:
+            ax.axvline(x, color=c, linestyle=":", linewidth=1.5)
+        axes[0].annotate(f"restart {attempt}", xy=(x, 1.0), xycoords=("data", "axes fraction"),
+                         xytext=(3, -12 - 11 * (lane % LABEL_LANES)), textcoords="offset points", color=c,
+                         fontsize=9)
+    for ax, (_key, label_, _s) in zip(axes, panels, strict=True):
+        ax.set_ylabel(label_)
         ax.grid(True, alpha=0.3)
     axes[-1].set_xlabel("step")
-    axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
     axes[0].legend(loc="upper right", fontsize=9)
+
+
+def _timeline_panel(ax: Any, report: dict[str, Any], colours: list[str]) -> None:
+    """One lane per run on the wall clock: productive steps, replayed steps, checkpoint stalls, start-up,
+    restarts, queueing and shutdown (report/timeline.py), with the lost time by cause written under it."""
+    runs = [(i, r) for i, r in enumerate(report["runs"]) if r["timeline"].get("available")]
+    wall = max((r["timeline"]["wall_s"] for _, r in runs), default=0.0)
+    div, unit = _time_unit(wall)
+    seen: set[str] = set()
+    for lane, (i, run) in enumerate(runs):
+        tl, y = run["timeline"], -lane
+        for kind, (colour, name) in KIND_STYLE.items():
+            bars = [(s["start"] / div, (s["end"] - s["start"]) / div) for s in tl["spans"] if s["kind"] == kind]
+            if bars:
+                ax.broken_barh(bars, (y - 0.3, 0.6), facecolors=colour,
+                               label=None if kind in seen else name)
+                seen.add(kind)
+        for x in tl["restarts"]:
+            if x["at_s"] is not None:
+                ax.plot([x["at_s"] / div] * 2, [y - 0.38, y + 0.38], color="black", linewidth=1)
+                ax.annotate(str(x["attempt"]), xy=(x["at_s"] / div, y + 0.38), fontsize=8, ha="center",
+                            va="bottom")
+        lost = sorted(((s, k) for k, s in tl["seconds_by_kind"].items() if k != "productive" and s > 0),
+                      reverse=True)
+        text = "lost: " + ", ".join(f"{KIND_STYLE[k][1]} {dur(s)}" for s, k in lost) if lost else "no lost time"
+        ax.annotate(text, xy=(0.003, y - 0.36), xycoords=("axes fraction", "data"), va="top", fontsize=8,
+                    color=colours[i % len(colours)])
+    ax.set_yticks([-i for i in range(len(runs))],
+                  [f"{r['name']}\ngoodput {pct(r['goodput'].get('goodput'), 1)}" for _, r in runs], fontsize=9)
+    ax.set_ylim(-len(runs) + 0.3, 1.15)  # the top holds the legend
+    ax.set_xlim(0, max(wall / div, 1e-9) * 1.01)
+    ax.set_xlabel(f"wall clock since the first launch ({unit}); numbers: restarted attempts")
+    ax.grid(True, axis="x", alpha=0.3)
+    if seen:
+        ax.legend(loc="upper left", ncol=len(seen), fontsize=8, frameon=False, handlelength=1.2,
+                  columnspacing=1.0)
+
+
+def figure(report: dict[str, Any]) -> Any:
+    """The report's figure (a matplotlib Figure; the caller closes it)."""
+    plt = _pyplot()
+    MaxNLocator = _locator()  # noqa: N806 - a class
+    lanes = sum(1 for r in report["runs"] if r["timeline"].get("available"))
+    fig = plt.figure(figsize=(10, 10.5 + 0.7 * lanes), constrained_layout=True)
+    grid = fig.add_gridspec(4, 1, height_ratios=[3, 3, 3, 1.4 + 0.9 * lanes])
+    axes = [fig.add_subplot(grid[0])]
+    axes += [fig.add_subplot(grid[i], sharex=axes[0]) for i in (1, 2)]
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    _step_panels(axes, report, colours)
+    axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
+    if lanes:
+        _timeline_panel(fig.add_subplot(grid[3]), report, colours)
     names = ", ".join(r["name"] for r in report["runs"])
-    axes[0].set_title(f"trainctl mfu-report: {names}" + ("  (dashed: attempts later replayed/restarted)"
+    axes[0].set_title(f"trainctl mfu-report: {names}" + ("  (dashed: steps run again after a restart)"
                       if any(r["goodput"].get("restarts") for r in report["runs"]) else ""), fontsize=11)
+    return fig
+
+
+def plot(report: dict[str, Any], out: Path) -> Path:
+    plt = _pyplot()
+    fig = figure(report)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(out, dpi=110)
