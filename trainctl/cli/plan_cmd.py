@@ -21,7 +21,7 @@ from trainctl.cli.console import make_console
 from trainctl.cli.jsonout import print_json
 from trainctl.cli.options import JsonOpt, SetOpt, SpecArg, read_spec
 from trainctl.prose import prose
-from trainctl.units import decimal_size, dur, tflops
+from trainctl.units import decimal_size, dur, pct, tflops
 
 if TYPE_CHECKING:
     from trainctl.plan.auto import AutoResult
@@ -180,6 +180,8 @@ def render_plan(plan: Plan, console: Console, ranks: bool) -> None:
                    + (f"dense {'TF32' if L['precision'] == 'fp32' else 'BF16'} per GPU" if per == "GPU"
                       else "per rank: the matmul rate where the ranks run"))
 
+    _print_kv(console, "Checkpoints", checkpoint_rows(j["checkpoint"]))
+
     a = j["assumptions"]
     prose(console, f"[bold]Assumptions[/bold] (estimate.* in the spec): compute_efficiency {a['compute_efficiency']}, "
                    f"comm_efficiency {a['comm_efficiency']}, dp_overlap {a['dp_overlap']}, "
@@ -204,6 +206,26 @@ def _cp_line(cpj: dict, hw: dict) -> str:
             f"GPU (causal work max/mean {cpj['causal_balance']:.2f}; a contiguous split: "
             f"{cpj['contiguous_split_balance']:.2f}); K/V all-gather on {link}; gradients over dp x cp = "
             f"{cpj['dp_cp']}")
+
+
+def checkpoint_rows(ck: dict[str, Any]) -> list[tuple[str, str]]:
+    """One save's size and time, the interval asked for and the Young/Daly one (plan/cadence.py)."""
+    cad = ck["cadence"]
+    asked = [f"every {ck['every_steps']} steps"] if ck["every_steps"] else []
+    asked += [f"every {ck['every_minutes']:g} min"] if ck["every_minutes"] else []
+    configured = (" or ".join(asked) or "none scheduled") + (
+        f" = {dur(cad['configured_s'])}" if cad["configured_s"] else "")
+    if cad["loss_configured"] is not None:
+        configured += f"; {pct(cad['loss_configured'], 2)} expected lost"
+    steps = f" (~{cad['optimal_steps']:,} steps)" if cad["optimal_steps"] else ""
+    return [
+        ("size", _bytes(ck["bytes"])),
+        ("save", f"blocks training {dur(ck['blocking_s'])}" + (f", written in {dur(ck['save_s'])} (async)"
+                 if ck["async"] else " (synchronous)") + f" at {ck['write_gbps_per_node']:g} GB/s per node"),
+        ("interval", configured),
+        ("Young/Daly interval", f"{dur(cad['optimal_s'])}{steps}; {pct(cad['loss_optimal'], 2)} expected lost, "
+                                f"MTBF {dur(cad['mtbf_s'])} ({cad['mtbf_source']})"),
+    ]
 
 
 def render_ranks(plan: Plan, console: Console) -> None:

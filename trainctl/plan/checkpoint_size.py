@@ -39,3 +39,17 @@ def checkpoint_bytes(spec: RunSpec) -> int:
     params = param_counts(shape, vocab=shape.padded_vocab(tp)).total
     items = 3 * (TENSORS_PER_LAYER * shape.layers + OTHER_TENSORS) * tp
     return params * BYTES_PER_PARAM + items * ITEM_BYTES + spec.world_size * RANK_STATE_BYTES + METADATA_BYTES
+
+
+def save_seconds(spec: RunSpec) -> tuple[float, float]:
+    """(seconds a save blocks training, seconds until it is committed), at the estimate.* bandwidths.
+
+    DCP writes each distinct shard once, spread over the ranks: a node writes 1/nodes of the checkpoint at
+    `checkpoint_write_gbps`. An async save blocks only for the copy of a GPU's 1/world share to host memory
+    (`checkpoint_stage_gbps`), then writes in the background; a synchronous save blocks for the whole write.
+    """
+    total = checkpoint_bytes(spec)
+    e = spec.estimate
+    write = total / spec.cluster.nodes / (e.checkpoint_write_gbps * 1e9)
+    stage = total / spec.world_size / (e.checkpoint_stage_gbps * 1e9)
+    return (stage, stage + write) if spec.checkpoint.async_save else (write, write)

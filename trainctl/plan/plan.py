@@ -11,6 +11,8 @@ from typing import Any
 from trainctl import model_shape
 from trainctl.hardware.catalog import peak_tflops_for, resolve_accelerator, resolve_fabric
 from trainctl.model_shape import ModelShape, ParamCounts
+from trainctl.plan.cadence import Cadence, configured_interval, job_mtbf
+from trainctl.plan.checkpoint_size import checkpoint_bytes, save_seconds
 from trainctl.plan.checks import PlanWarning, advise
 from trainctl.plan.estimate import Assumptions, Candidate, Context, Estimate, Evaluator, Hardware, assumed_rates
 from trainctl.plan.memory import compute_precision, reserve_bytes
@@ -18,6 +20,7 @@ from trainctl.plan.placement import Groups, Layout, placement_table
 from trainctl.plan.rates import describe, measured_rates
 from trainctl.plan.schedule import BUBBLE_DEFINITION
 from trainctl.spec.models import RunSpec
+from trainctl.units import dur
 
 ROOFLINE = (
     "step = slot*(m + (p-1)/v) + exposed DP + tied-embedding sync; slot = max over pipeline ranks of "
@@ -96,6 +99,7 @@ class Plan:
     params: ParamCounts
     warnings: tuple[PlanWarning, ...]
     layout: Layout
+    checkpoint: dict[str, Any]  # bytes per save, its blocking and total seconds, the Young/Daly cadence
 
     # --- headline figures -----------------------------------------------------------------------------
     @property
@@ -258,6 +262,7 @@ class Plan:
             },
             "assumptions": {**asdict(self.ctx.assume), "roofline": ROOFLINE, "notes": list(NOTES)},
             "calibration": describe(self.ctx.rates),
+            "checkpoint": self.checkpoint,
             "warnings": [x.as_dict() for x in self.warnings],
         }
         if m.moe is not None:
@@ -282,10 +287,32 @@ def build_plan(spec: RunSpec) -> Plan:
     ev = Evaluator(ctx)
     cand = candidate_from_spec(spec)
     est = ev.evaluate(cand)
+    checkpoint, cadence_warning = checkpoint_plan(spec, est.step_time)
     return Plan(
         name=spec.name, ctx=ctx, cand=cand, est=est, params=model_shape.param_counts(ctx.shape),
-        warnings=tuple(advise(ev, est)) + calibration_warnings(ctx), layout=Layout.from_spec(spec),
+        warnings=tuple(advise(ev, est)) + calibration_warnings(ctx) + cadence_warning,
+        layout=Layout.from_spec(spec), checkpoint=checkpoint,
     )
+
+
+def checkpoint_plan(spec: RunSpec, step_time: float | None) -> tuple[dict[str, Any], tuple[PlanWarning, ...]]:
+    """One save's bytes and seconds, and the Young/Daly interval against the configured one (plan/cadence.py)."""
+    blocking, total = save_seconds(spec)
+    ck = spec.checkpoint
+    mtbf, source = job_mtbf(spec.cluster.nodes, ck.mtbf_hours)
+    cadence = Cadence(blocking, mtbf, source, configured_interval(ck.every_steps, ck.every_minutes, step_time),
+                      step_time, run_s=step_time * spec.train.steps if step_time else None)
+    e = spec.estimate
+    out = {"bytes": checkpoint_bytes(spec), "async": ck.async_save, "blocking_s": blocking, "save_s": total,
+           "write_gbps_per_node": e.checkpoint_write_gbps, "stage_gbps_per_gpu": e.checkpoint_stage_gbps,
+           "every_steps": ck.every_steps, "every_minutes": ck.every_minutes, "cadence": cadence.as_dict()}
+    warnings = [PlanWarning("CHECKPOINT_INTERVAL", "warning", line)] if (line := cadence.warning()) else []
+    if ck.async_save and cadence.configured_s is not None and cadence.configured_s < total:
+        warnings.append(PlanWarning("CHECKPOINT_BACKLOG", "warning", (
+            f"a save takes ~{dur(total)} to write but checkpoints are due every {dur(cadence.configured_s)}: "
+            "each save waits for the previous one and blocks training; save less often or raise "
+            "estimate.checkpoint_write_gbps if the filesystem is faster")))
+    return out, tuple(warnings)
 
 
 def calibration_warnings(ctx: Context) -> tuple[PlanWarning, ...]:

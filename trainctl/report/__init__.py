@@ -7,6 +7,7 @@ from typing import Any
 
 from trainctl.report.attempts import final_and_replayed, split_attempts
 from trainctl.report.breakdown import time_breakdown
+from trainctl.report.cadence import measured_cadence
 from trainctl.report.divergence import divergence
 from trainctl.report.divergence import warnings as divergence_warnings
 from trainctl.report.goodput import goodput
@@ -35,6 +36,10 @@ def analyze(run: RunData) -> dict[str, Any]:
     warnings += divergence_warnings(div)
     moe = routing(steady, final)  # mixture of experts: imbalance, dropped tokens, all-to-all share
     warnings += routing_warnings(moe)
+    steps = ((run.spec or {}).get("train") or {}).get("steps")
+    cadence = measured_cadence(run, summary["step_time_s"]["median"], steps)
+    if cadence.get("warning"):
+        warnings.append(cadence["warning"])
     vs_plan = step_vs_plan(run, steady)
     spikes = {s["step"] for s in div["loss_spikes"]}
     final_ids = {id(r) for r in final}
@@ -47,6 +52,7 @@ def analyze(run: RunData) -> dict[str, Any]:
         "measured": vs_plan["measured"],  # the same parts as the ranks measured them
         "goodput": gp,
         "timeline": timeline(run, attempts, final, gp),
+        "checkpoint_cadence": cadence,
         "stragglers": stragglers(run),
         "memory": memory_vs_plan(run),
         "series": [{"step": r["step"], "attempt": a.index, "loss": r.get("loss"), "mfu": r.get("mfu"),

@@ -118,10 +118,26 @@ def _goodput_rows() -> list[Row]:
             return f"{dur(v)} ({pct(v / g['wall_s'], 1)})" if g["wall_s"] else dur(v)
         return f
 
+    def cadence(key: str) -> Callable[[dict[str, Any]], str]:
+        def f(r: dict[str, Any]) -> str:
+            c = r["checkpoint_cadence"]
+            if not c.get("available"):
+                return "-"
+            if key == "save":
+                return f"blocks {dur(c['cost_s'])}, committed after {dur(c['save_s'])} ({c['saves']} saves)"
+            if key == "configured":
+                return "none scheduled" if c["configured_s"] is None else (
+                    f"{dur(c['configured_s'])}: {pct(c['loss_configured'], 2)} expected lost")
+            steps = f" (~{c['optimal_steps']:,} steps)" if c["optimal_steps"] else ""
+            return f"{dur(c['optimal_s'])}{steps}: {pct(c['loss_optimal'], 2)} (MTBF {dur(c['mtbf_s'])})"
+        return f
+
     rows: list[Row] = [("productive step time", lambda r: dur(r["goodput"].get("productive_s"))),
                        ("wall time", lambda r: dur(r["goodput"].get("wall_s"))),
                        ("goodput", lambda r: pct(r["goodput"].get("goodput"), 1))]
-    return rows + [(f"lost: {v}", lost(k)) for k, v in labels.items()]
+    rows += [(f"lost: {v}", lost(k)) for k, v in labels.items()]
+    return rows + [("checkpoint save", cadence("save")), ("checkpoint interval", cadence("configured")),
+                   ("Young/Daly interval", cadence("optimal"))]
 
 
 def render(report: dict[str, Any], console: Console | None = None) -> None:

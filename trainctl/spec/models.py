@@ -234,6 +234,9 @@ class CheckpointSpec(Strict):
     keep_last: Count = 3
     milestone_every: Count | None = Field(None, description="Also keep every N-th step forever")
     async_save: bool = Field(True, alias="async")
+    mtbf_hours: PositiveFloat | None = Field(None, description="The job's mean time between failures, for the "
+                                             "Young/Daly checkpoint interval that plan and mfu-report advise; "
+                                             "default 6,300 h per node / nodes (Llama 3's fleet)")
 
 
 class ClusterSpec(Strict):
@@ -294,6 +297,11 @@ class EstimateSpec(Strict):
     )
     dp_overlap: Fraction = Field(0.8, description="Fraction of DP communication hidden behind backward")
     tp_overlap: Fraction = Field(0.0, description="Fraction of TP communication hidden behind compute")
+    checkpoint_write_gbps: PositiveFloat = Field(2.0, description="Checkpoint write bandwidth per node to the "
+                                                 "checkpoint directory's filesystem, GB/s (a save's total time)")
+    checkpoint_stage_gbps: PositiveFloat = Field(10.0, description="Device-to-host copy per GPU, GB/s: what an "
+                                                 "async save blocks training for (a synchronous one blocks for "
+                                                 "the whole write)")
 
 
 class RunSpec(Strict):

@@ -1,0 +1,102 @@
+"""Checkpoint cadence (plan/cadence.py): the Young/Daly interval in `plan` and `mfu-report`.
+
+Formulas: Young, CACM 17(9) 1974 (T = sqrt(2CM)); Daly, FGCS 22(3) 2006, eq. 37
+(T = sqrt(2CM)(1 + sqrt(C/2M)/3 + (C/2M)/9) - C for C < 2M, else M). The per-node MTBF is Llama 3's
+(Dubey et al. 2024, sec. 3.3.4: 419 unexpected interruptions in 54 days on 16,384 GPUs = 2,048 nodes)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from paths import REPO
+
+from trainctl.plan import cadence
+from trainctl.plan.checkpoint_size import checkpoint_bytes
+from trainctl.plan.plan import build_plan
+from trainctl.report import analyze, load_run
+from trainctl.spec import load_spec
+
+LLAMA_8B = REPO / "recipes" / "llama3-8b.yaml"
+
+
+def test_young_and_daly_against_hand_arithmetic():
+    # C = 5 min, M = 1 day: 2CM = 51,840,000 s^2 -> Young exactly 7,200 s; C/2M = 1/576, sqrt = 1/24
+    c, m = 300.0, 86_400.0
+    assert cadence.young_interval(c, m) == pytest.approx(7200.0)
+    assert cadence.daly_interval(c, m) == pytest.approx(7200 * (1 + 1 / 72 + 1 / 5184) - 300)  # 7,001.39 s
+    assert cadence.daly_interval(2 * m, m) == m  # a save longer than 2 MTBF: Daly's T = M
+    # the first-order loss C/T + T/2M is smallest at Young's interval: 300/7200 + 7200/172800 = 1/12
+    assert cadence.expected_loss(7200.0, c, m) == pytest.approx(1 / 12)
+    assert cadence.expected_loss(6500.0, c, m) > 1 / 12 < cadence.expected_loss(8000.0, c, m)
+
+
+def test_job_mtbf_from_the_node_count_and_llama3_fleet():
+    per_node = 54 * 24 / 419 * 2048  # hours, from the paper's snapshot
+    assert pytest.approx(per_node, rel=0.01) == cadence.NODE_MTBF_HOURS
+    mtbf, source = cadence.job_mtbf(8, None)
+    assert mtbf == pytest.approx(cadence.NODE_MTBF_HOURS / 8 * 3600) and "/ 8 nodes" in source
+    assert cadence.job_mtbf(8, 12.0)[0] == 12 * 3600.0
+
+
+def test_plan_prices_a_save_and_compares_the_interval():
+    spec = load_spec(LLAMA_8B)  # 4 nodes x 8 H100, async saves every 1,000 steps
+    j = build_plan(spec).to_json()
+    ck, step = j["checkpoint"], j["prediction"]["step_time_s"]
+    size = checkpoint_bytes(spec)
+    write = size / 4 / 2e9  # estimate.checkpoint_write_gbps 2 per node
+    stage = size / 32 / 10e9  # estimate.checkpoint_stage_gbps 10 per GPU
+    assert ck["bytes"] == size and ck["blocking_s"] == pytest.approx(stage)
+    assert ck["save_s"] == pytest.approx(stage + write)
+    cad = ck["cadence"]
+    assert cad["configured_s"] == pytest.approx(1000 * step)
+    assert cad["optimal_s"] == pytest.approx(cadence.daly_interval(stage, cadence.NODE_MTBF_HOURS / 4 * 3600))
+    assert cad["optimal_steps"] == round(cad["optimal_s"] / step)
+    assert not [w for w in j["warnings"] if w["code"].startswith("CHECKPOINT")]
+
+
+def test_plan_warns_about_a_wasteful_or_missing_cadence():
+    def warnings(*sets: str) -> dict[str, str]:
+        j = build_plan(load_spec(LLAMA_8B, overrides=sets)).to_json()
+        return {w["code"]: w["message"] for w in j["warnings"] if w["code"].startswith("CHECKPOINT")}
+
+    # synchronous saves every step: each blocks for the whole write (~12 s) of a ~14 s step
+    w = warnings("checkpoint.async=false", "checkpoint.every_steps=1")
+    assert "too often" in w["CHECKPOINT_INTERVAL"] and "Young/Daly" in w["CHECKPOINT_INTERVAL"]
+    # every 100,000 steps (~16 days) against a 2-hour MTBF: far too rarely
+    w = warnings("checkpoint.every_steps=100000", "train.steps=200000", "checkpoint.mtbf_hours=2")
+    assert "too rarely" in w["CHECKPOINT_INTERVAL"]
+    # none scheduled on a run longer than the interval: say so; a short run is left alone
+    w = warnings("checkpoint.every_steps=null", "checkpoint.mtbf_hours=2")
+    assert "no checkpoints scheduled" in w["CHECKPOINT_INTERVAL"]
+    assert warnings("checkpoint.every_steps=null", "train.steps=10", "train.warmup=0") == {}
+    # async saves due faster than the filesystem writes them
+    w = warnings("checkpoint.every_steps=1", "estimate.checkpoint_write_gbps=0.5")
+    assert "each save waits for the previous one" in w["CHECKPOINT_BACKLOG"]
+
+
+def test_plan_prints_the_checkpoint_rows_and_rejects_a_bad_mtbf():
+    run = [sys.executable, "-m", "trainctl", "plan", str(LLAMA_8B)]
+    out = subprocess.run(run, capture_output=True, text=True, cwd=REPO).stdout
+    assert "Young/Daly interval" in out and "every 1000 steps" in out
+    p = subprocess.run([*run, "--set", "checkpoint.mtbf_hours=-1"], capture_output=True, text=True, cwd=REPO)
+    assert p.returncode == 2 and "checkpoint.mtbf_hours" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_mfu_report_measures_the_cadence(tmp_path):
+    """The unit report fixture: a 0.2 s blocking save after step 4 (committed 0.1 s after the step ended),
+    1 s steps; saved every step the loss is 0.2/1 = 20%: warned."""
+    from test_report_unit import interrupted_run
+
+    run = interrupted_run(tmp_path)
+    c = analyze(load_run(run))["checkpoint_cadence"]
+    mtbf = cadence.NODE_MTBF_HOURS * 3600
+    assert (c["cost_s"], c["save_s"], c["saves"]) == pytest.approx((0.2, 0.1, 1))
+    assert c["optimal_s"] == pytest.approx(cadence.daly_interval(0.2, mtbf)) and c["configured_s"] is None
+    (run / "spec.yaml").write_text("name: x\ntrain: {log_every: 1, steps: 10}\ncheckpoint: {every_steps: 1}\n")
+    r = analyze(load_run(run))
+    assert r["checkpoint_cadence"]["loss_configured"] == pytest.approx(0.2 + 1 / (2 * mtbf))
+    assert any("checkpoints every 1.00 s are too often" in w for w in r["warnings"])
+    json.dumps(r, allow_nan=False)
