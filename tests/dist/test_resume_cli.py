@@ -39,6 +39,7 @@ def test_resume_local_appends_and_from_step_rewinds(tmp_path: Path) -> None:
     r = cli("launch", str(spec_file(tmp_path)), "--run-dir", str(run), env=stop_after(3))
     assert r.returncode == EXIT_STOPPED, r.stderr[-3000:]  # stopped with steps left: resumable
     assert [s for s, _, _ in curve(run)] == [1, 2, 3]
+    batch = yaml.safe_load((run / "spec.yaml").read_text())["train"]["global_batch"]
     dry = cli("resume", str(run), "--dry-run", "--json")
     assert dry.returncode == 0, dry.stderr
     plan = json.loads(dry.stdout)
@@ -66,6 +67,12 @@ def test_resume_local_appends_and_from_step_rewinds(tmp_path: Path) -> None:
     # --set: a longer run continues from the final checkpoint with the changed spec frozen in the run dir
     r = cli("resume", str(run), "--set", "train.steps=7", "--dry-run")
     assert r.returncode == 0 and not (run / "spec.prev-1.yaml").exists()
+    assert "warning" not in r.stdout
+    # a new global batch with the old learning rate: the scaling rules are named, the choice left to the user
+    r = cli("resume", str(run), "--set", "train.steps=7", "--set", f"train.global_batch={2 * batch}", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert f"warning: train.global_batch {batch} -> {2 * batch} (x2) with train.lr unchanged" in " ".join(
+        r.stdout.split())
 
     # another model shape is refused before anything is launched or changed; another layout is resharded
     r = cli("resume", str(run), "--set", "train.steps=8", "--set", "model.hidden=128")

@@ -100,3 +100,14 @@ def test_mfu_report_measures_the_cadence(tmp_path):
     assert r["checkpoint_cadence"]["loss_configured"] == pytest.approx(0.2 + 1 / (2 * mtbf))
     assert any("checkpoints every 1.00 s are too often" in w for w in r["warnings"])
     json.dumps(r, allow_nan=False)
+
+
+def test_lr_scaling_rules_for_a_changed_global_batch():
+    """Batch x4 with lr 3e-4 kept: square-root rule (Malladi et al. 2022) 6e-4, linear (Goyal et al. 2017)
+    1.2e-3; an unchanged batch, or an lr the user changed too, is no warning."""
+    from trainctl.plan.lr_scaling import lr_unchanged_warning
+
+    line = lr_unchanged_warning(256, 1024, 3e-4, 3e-4)
+    assert line is not None and "(x4)" in line and "gives 0.0006, the linear rule" in line and "0.0012" in line
+    assert lr_unchanged_warning(256, 256, 3e-4, 3e-4) is None
+    assert lr_unchanged_warning(256, 1024, 3e-4, 6e-4) is None

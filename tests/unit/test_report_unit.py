@@ -294,3 +294,27 @@ def test_plot_draws_replayed_steps_dashed_and_restart_labels_apart(tmp_path):
         import matplotlib.pyplot as plt
 
         plt.close(fig)
+
+
+def test_scaling_efficiency_between_two_runs_of_one_model(tmp_path):
+    """mfu-report RUN_A RUN_B: the same model on 2 and then 4 GPUs. Same global batch (strong scaling), per-GPU
+    throughput 512 -> 350 tokens/s: 350/512 = 68% < 80%, a warning; the per-GPU batch kept (weak scaling) at
+    460 tokens/s per GPU: 90%, no warning; another model is not compared."""
+    def run(name: str, world: int, tokens: int, per_gpu: float, model: str = "{preset: gpt2-124m}") -> Path:
+        m = [_step(k, 2.0 + k, world_size=world, tokens=tokens, tokens_per_s_per_gpu=per_gpu) for k in range(1, 5)]
+        path = _write(tmp_path / name, m, [{"time": 0.0, "event": "launch"}, {"time": 1.5, "event": "start"}])
+        (path / "spec.yaml").write_text(f"name: {name}\nmodel: {model}\ntrain: {{log_every: 1}}\n")
+        return path
+
+    base = run("base", 2, 1024, 512.0)
+    strong, weak, other = run("strong", 4, 1024, 350.0), run("weak", 4, 2048, 460.0), run("other", 4, 1024, 1.0,
+                                                                                          "{preset: llama3-8b}")
+    report = build_report([base, strong, weak, other])
+    (s, w) = report["scaling"]
+    assert (s["run"], s["kind"], s["gpus"], s["baseline_gpus"]) == ("strong", "strong", 4, 2)
+    assert s["efficiency"] == pytest.approx(350 / 512) and s["warning"]
+    assert (w["kind"], w["efficiency"], w["warning"]) == ("weak", pytest.approx(460 / 512), False)
+    out = io.StringIO()
+    render(report, Console(file=out, width=200))
+    assert "warning: strong on 4 GPUs against base on 2: strong scaling efficiency 68%" in out.getvalue()
+    assert "scaling: weak on 4 GPUs against base on 2: weak scaling efficiency 90%" in out.getvalue()

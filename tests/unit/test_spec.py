@@ -259,6 +259,9 @@ def test_tp_beyond_nvlink_domain_is_an_error_unless_allowed():
     nvl = ["cluster.gpus_per_node=4", "cluster.nodes=8", "cluster.nvlink_domain=32"]
     assert load_spec_text(BASE, overrides=nvl).parallel.tp == 8
     assert "would not fit inside a node (h100-sxm)" in one_problem(BASE, *nvl[:2])
+    # A GPU without NVLink (L40S: PCIe only, a domain of 1): the message says so instead of naming a domain.
+    msg = one_problem(BASE, "parallel.tp=2", "cluster.gpu=l40s")
+    assert "l40s has no NVLink" in msg and "PCIe" in msg and "e.g. 1" in msg
 
 
 def _alias_bomb(levels: int, fan: int = 9) -> str:

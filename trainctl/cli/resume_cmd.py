@@ -5,11 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 
 from trainctl.cli.app import app
 from trainctl.cli.console import make_console, sayer, show
 from trainctl.cli.jsonout import print_json
 from trainctl.cli.options import JsonOpt, SetOpt, StrictOpt, VerboseOpt, check_before_training, say_held_back
+from trainctl.prose import prose
 
 
 @app.command()
@@ -43,6 +45,8 @@ def resume(
         console.print(f"layout change: {change} (model, optimizer and data position are resharded at load)")
     for change in plan.spec_changes:
         console.print(f"spec change: {change}", soft_wrap=True)
+    for warning in plan.warnings:
+        prose(console, escape(warning), "[yellow]warning[/yellow]: ")
     if plan.abandon:
         console.print(f"checkpoints after step {from_step} are moved aside: {[i.step for i in plan.abandon]}",
                       soft_wrap=True)

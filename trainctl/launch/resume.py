@@ -37,6 +37,7 @@ from trainctl.fileio import write_atomic
 from trainctl.launch import secrets
 from trainctl.launch.backend import backend_for
 from trainctl.launch.create import freeze_spec, read_job
+from trainctl.plan.lr_scaling import lr_unchanged_warning
 from trainctl.rundir import RunPaths, read_jsonl, record_event
 from trainctl.spec import RunSpec, load_spec, resolved_dict
 
@@ -54,6 +55,7 @@ class ResumePlan:
     last_logged_step: int | None = None
     spec_changes: list[str] = field(default_factory=list)  # `--set` changes that are not layout changes
     held_back: list[str] = field(default_factory=list)  # credentials of launcher.env --set now: not written
+    warnings: list[str] = field(default_factory=list)  # what a careful engineer would ask about the change
 
     def layout_changes(self) -> list[str]:
         """'tp 2 -> 4' for every parallel setting that differs from the checkpoint's (resharded at load)."""
@@ -65,7 +67,7 @@ class ResumePlan:
                 "layout_changes": self.layout_changes(),
                 "skipped": [{"step": i.step, "path": str(i.path), "reason": i.reason} for i in self.skipped],
                 "abandoned": [i.step for i in self.abandon], "overrides": self.overrides,
-                "spec_changes": self.spec_changes,
+                "spec_changes": self.spec_changes, "warnings": self.warnings,
                 "last_logged_step": self.last_logged_step, "steps": self.spec.train.steps}
 
 
@@ -115,7 +117,14 @@ def plan_resume(run_dir: Path, from_step: int | None = None, overrides: list[str
                          hint=f"train longer with --set train.steps=N (N > {info.step})")
     return ResumePlan(paths, spec, backend, ckdir, info, skipped, abandon,
                       [secrets.redact_override(o) for o in overrides or []], last,
-                      spec_changes(before, spec), held_back=secrets.credential_names(loaded.launcher.env))
+                      spec_changes(before, spec), held_back=secrets.credential_names(loaded.launcher.env),
+                      warnings=change_warnings(before, spec))
+
+
+def change_warnings(before: RunSpec, after: RunSpec) -> list[str]:
+    """Warnings about what `--set` changed: a new global batch with the old learning rate."""
+    lr = lr_unchanged_warning(before.train.global_batch, after.train.global_batch, before.train.lr, after.train.lr)
+    return [lr] if lr else []
 
 
 # What a change of a field (other than the layout, which layout_changes reports) does to a resumed run.

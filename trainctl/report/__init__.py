@@ -15,6 +15,7 @@ from trainctl.report.load import RunData, load_run
 from trainctl.report.memory import memory_vs_plan
 from trainctl.report.routing import routing
 from trainctl.report.routing import warnings as routing_warnings
+from trainctl.report.scaling import scaling
 from trainctl.report.step_vs_plan import step_vs_plan
 from trainctl.report.stragglers import stragglers
 from trainctl.report.summary import steady_steps, summarize
@@ -66,8 +67,11 @@ def analyze(run: RunData) -> dict[str, Any]:
 
 
 def build_report(runs: list[Path], calibration: Path | None = None) -> dict[str, Any]:
-    """The report of each run; with `calibration`, each run's plan priced again with that profile."""
-    return {"runs": [analyze(load_run(p, calibration)) for p in runs]}
+    """The report of each run; with `calibration`, each run's plan priced again with that profile; with
+    several runs of one model at different GPU counts, their scaling efficiency."""
+    data = [load_run(p, calibration) for p in runs]
+    reports = [analyze(d) for d in data]
+    return {"runs": reports, "scaling": scaling(data, reports) if len(data) > 1 else []}
 
 
 __all__ = ["analyze", "build_report", "load_run"]

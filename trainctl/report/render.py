@@ -12,6 +12,7 @@ from rich.text import Text
 
 from trainctl.prose import prose
 from trainctl.report.divergence import cell as divergence_cell
+from trainctl.report.scaling import WARN_BELOW
 from trainctl.units import dur, pct, si, size, tflops
 
 Row = tuple[str, Callable[[dict[str, Any]], Any]]  # a cell: str (escaped) or rich Text
@@ -146,6 +147,9 @@ def render(report: dict[str, Any], console: Console | None = None) -> None:
     for r in runs:
         for w in r["warnings"]:
             prose(con, escape(w), f"[bold red]warning[/bold red] ({escape(r['name'])}): ")
+    for x in report.get("scaling", []):
+        prose(con, escape(x["line"] + (f", below {WARN_BELOW:.0%}" if x["warning"] else "")),
+              "[bold red]warning[/bold red]: " if x["warning"] else "scaling: ")
     con.print(_table("MFU report", runs, _summary_rows()))
     for r in runs:
         s = r["summary"]

@@ -82,10 +82,15 @@ def _model_vs_tp(spec: RunSpec) -> Iterator[str]:
 
     domain = nvlink_domain_size(c)
     if not p.allow_tp_across_nodes and not aligned_groups_fit(p.tp, world, domain):
-        where = "a node" if domain == c.gpus_per_node else f"an NVLink domain of {domain} GPUs"
-        yield problem("parallel.tp", p.tp,
-                      f"TP groups would not fit inside {where} ({c.gpu}); TP all-reduces every layer and "
-                      "across the slower inter-node fabric it dominates the step",
+        acc = ACCELERATORS.get(c.gpu)
+        if acc is not None and acc.link == "pcie" and domain == 1:
+            why = (f"{c.gpu} has no NVLink: TP's all-reduces, several per layer, would cross PCIe through the "
+                   "host (or the inter-node fabric) and dominate the step")
+        else:
+            where = "a node" if domain == c.gpus_per_node else f"an NVLink domain of {domain} GPUs"
+            why = (f"TP groups would not fit inside {where} ({c.gpu}); TP all-reduces every layer and across the "
+                   "slower inter-node fabric it dominates the step")
+        yield problem("parallel.tp", p.tp, why,
                       f"use a tp that divides {domain} (e.g. {_largest_divisor_at_most(domain, p.tp)}) and add pp, "
                       "or set parallel.allow_tp_across_nodes: true if you really mean it")
 
