@@ -35,12 +35,13 @@ def default_spec_path() -> Path:
 
 
 def check_before_training(console: Console, spec: RunSpec, run_dir: Path, strict: bool) -> None:
-    """Before training: warn (refuse under --strict, exit 2) when the checkpoint directory is too small, or
-    when a spec for GPUs would train on this machine's CPU."""
+    """Before training: warn (refuse under --strict, exit 2) when the checkpoint directory is too small or, for
+    a multi-node run, node-local, or when a spec for GPUs would train on this machine's CPU."""
+    from trainctl.checkpoint.storage import storage_problem
     from trainctl.launch.device_check import cpu_fallback_problem
     from trainctl.launch.diskspace import space_problem
 
-    for problem in (cpu_fallback_problem(spec), space_problem(spec, run_dir)):
+    for problem in (cpu_fallback_problem(spec), space_problem(spec, run_dir), storage_problem(spec, run_dir)):
         if problem is None:
             continue
         if strict:

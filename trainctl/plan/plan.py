@@ -6,9 +6,11 @@ The JSON carries plain units only: counts, bytes, FLOPs, seconds, bytes/s, FLOP/
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from trainctl import model_shape
+from trainctl.checkpoint.storage import storage_problem
 from trainctl.hardware.catalog import peak_tflops_for, resolve_accelerator, resolve_fabric
 from trainctl.model_shape import ModelShape, ParamCounts
 from trainctl.plan.cadence import Cadence, configured_interval, job_mtbf
@@ -312,6 +314,8 @@ def checkpoint_plan(spec: RunSpec, step_time: float | None) -> tuple[dict[str, A
             f"a save takes ~{dur(total)} to write but checkpoints are due every {dur(cadence.configured_s)}: "
             "each save waits for the previous one and blocks training; save less often or raise "
             "estimate.checkpoint_write_gbps if the filesystem is faster")))
+    if ck.dir is not None and (shared := storage_problem(spec, Path.cwd())):  # else known only at launch
+        warnings.append(PlanWarning("CHECKPOINT_NODE_LOCAL", "warning", shared))
     return out, tuple(warnings)
 
 
