@@ -304,7 +304,7 @@ def render(req: SbatchRequest) -> SbatchRender:
         "elif this_attempt diverged; then",
         '    echo "trainctl: diverged at step $(event_step diverged) (see the lines above)"',
         "else",
-        '    echo "trainctl: the training step failed (status $rc); `trainctl status $RUN_DIR` names the first'
+        '    echo "trainctl: the training step failed (status $rc); \\`trainctl status $RUN_DIR\\` names the first'
         ' cause"',
         "fi",
         "",
