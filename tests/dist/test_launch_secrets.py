@@ -1,10 +1,12 @@
 """Credentials and file modes through real local runs (`trainctl launch` and `trainctl resume`, 2 CPU ranks under
 torchrun): a value of launcher.env whose name looks like a credential, and one passed through by name, reach
 every rank's environment while no file of the run directory holds them; the run directory's files get the
-umask's mode (docs/ARCHITECTURE.md, "Secrets")."""
+umask's mode (docs/ARCHITECTURE.md, "Secrets"). The same launch runs launcher.setup lines and launcher.python,
+and sets launcher.nccl: what they give reaches the ranks too ("Containers and environment")."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -13,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from env_probe import PROBE_VALUE, make_probe
 from trainer_utils import ROOT, files_containing, processes_mentioning
 
 from trainctl.rundir import read_jsonl
@@ -47,15 +50,22 @@ def launch_watching_ranks(run: Path, args: list[str], env: dict[str, str]) -> tu
 
 def test_credentials_reach_the_ranks_never_the_run_directory(tmp_path: Path) -> None:
     run = tmp_path / "run"
+    probe = make_probe(tmp_path / "probe")
     proc, ranks = launch_watching_ranks(run, [
         "launch", "--run-dir", str(run), *DP2, "--set", "train.steps=2", "--set", f"launcher.env.HF_TOKEN={HF}",
-        "--set", "launcher.env.MY_SETTING=visible", "--set", "launcher.env_passthrough=[WANDB_API_KEY]"],
+        "--set", "launcher.env.MY_SETTING=visible", "--set", "launcher.env_passthrough=[WANDB_API_KEY]",
+        "--set", f"launcher.setup={json.dumps(probe.setup)}", "--set", f"launcher.python={probe.python}",
+        "--set", "launcher.nccl.debug=INFO"],
         {"WANDB_API_KEY": WANDB})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "launcher.env.HF_TOKEN looks like a credential" in proc.stdout and HF not in proc.stdout
     assert sorted(r["RANK"] for r in ranks) == ["0", "1"]
     for r in ranks:
         assert (r.get("HF_TOKEN"), r.get("WANDB_API_KEY"), r.get("MY_SETTING")) == (HF, WANDB, "visible")
+        assert (r.get("TRAINCTL_PROBE"), r.get("NCCL_DEBUG")) == (PROBE_VALUE, "INFO")  # setup's export, nccl
+    assert sorted(probe.ranks_saw()) == [0, 1]  # each rank's own start-up saw them (its sitecustomize ran)
+    assert probe.where_setup_ran() == ["none"]  # once, in the launcher's shell before torchrun, not per rank
+    assert probe.python_saw() == [PROBE_VALUE]  # torchrun started by launcher.python, after the setup
     assert files_containing(run, HF, WANDB) == []
     lz = load_spec(run / "spec.yaml").launcher
     assert (lz.env, lz.env_passthrough) == ({"MY_SETTING": "visible"}, ["WANDB_API_KEY", "HF_TOKEN"])

@@ -10,6 +10,7 @@ import contextlib
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,7 +23,7 @@ from typing import Any, TextIO
 
 from trainctl.data_prep import check_data
 from trainctl.errors import RunError, UsageError
-from trainctl.launch import runlock
+from trainctl.launch import environment, runlock
 from trainctl.launch.backend import (
     DEFAULT_GRACE_S,
     TRAINER_MODULE,
@@ -119,10 +120,31 @@ def plan_local(spec: RunSpec, run_dir: Path | None = None, existing: bool = Fals
         # N ranks share the cores; without this each rank starts a thread per core and they thrash.
         "OMP_NUM_THREADS": str(max(1, available_cpus() // nproc)),
         "PYTHONUNBUFFERED": "1",  # step lines reach the log files (and the console) as they happen
-        **spec.launcher.env,
+        **environment.spec_variables(spec),
     }
-    command = torchrun_command(root, nproc, spec.launcher.max_restarts, module=module)
+    lz = spec.launcher
+    if lz.python is not None:
+        check_python(lz.python, after_setup=bool(lz.setup))
+    environment.check_setup(lz.setup)
+    command = torchrun_command(root, nproc, lz.max_restarts, python=lz.python, module=module)
+    if lz.setup:  # the same lines as on Slurm, in the shell that then becomes torchrun (exec: the same pid)
+        command = ["bash", "-c", environment.exec_after_setup(lz.setup, RunPaths(root).events), "trainctl-setup",
+                   *command]
     return LocalLaunch(spec=spec, run_dir=root, nproc=nproc, command=command, env=env, module=module)
+
+
+def check_python(python: str, *, after_setup: bool) -> None:
+    """launcher.python must run here: a path must be an executable file; a bare name must be on PATH, unless
+    launcher.setup may put it there (then the setup's shell reports a missing one)."""
+    if "/" not in python:
+        if shutil.which(python) is None and not after_setup:
+            raise UsageError(f"launcher.python = {python!r} is not on PATH",
+                             hint="give the interpreter's path, or leave launcher.python out to use this one")
+        return
+    if not os.path.isfile(python) or not os.access(python, os.X_OK):
+        why = "is not executable" if os.path.isfile(python) else "does not exist"
+        raise UsageError(f"launcher.python = {python!r} {why}",
+                         hint="give the path of a python with trainctl and torch installed, or leave it out")
 
 
 def create(launch: LocalLaunch) -> RunPaths:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainctl.errors import EXIT_DIVERGED, EXIT_OK, EXIT_RUN_FAILED, EXIT_STOPPED
+from trainctl.launch.environment import SETUP_FAILED
 from trainctl.rundir import RunPaths, read_jsonl
 
 PENDING = "PENDING"
@@ -166,6 +167,10 @@ def first_cause(events: list[dict[str, Any]]) -> Cause | None:
     if (gave_up := _last(events, "start_failed")) is not None and gave_up.get("gave_up"):
         return Cause("launch failure", f"the step failed to start (srun exit status {gave_up.get('exit_code')}) "
                      "and launcher.start_retries requeues were used up; the job's log has srun's words")
+    if (setup := _last(events, SETUP_FAILED)) is not None:  # a launcher.setup line failed: no trainer began
+        where = f" on {setup['host']}" if setup.get("host") else " in the batch script"
+        return Cause("setup failed", f"launcher.setup[{setup.get('item')}] exited with status "
+                     f"{setup.get('exit_code')}{where}; the trainer did not start")
     failures = [e for e in events if e.get("event") == "failure"]
     primary = [e for e in failures if not SECONDARY.search(str(e.get("error") or ""))]
     hangs = [e for e in events if e.get("event") == "hang"]

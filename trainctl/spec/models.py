@@ -266,6 +266,45 @@ class ClusterSpec(Strict):
         return self.nodes * self.gpus_per_node
 
 
+# launcher.nccl field -> the NCCL environment variable it sets (the one owner of this mapping; NCCL's
+# "Environment Variables" documentation names and values).
+NCCL_VARIABLES: dict[str, str] = {
+    "socket_ifname": "NCCL_SOCKET_IFNAME",
+    "ib_hca": "NCCL_IB_HCA",
+    "debug": "NCCL_DEBUG",
+    "debug_subsys": "NCCL_DEBUG_SUBSYS",
+}
+
+
+class NcclSpec(Strict):
+    """NCCL settings, exported to every rank as their variables (NCCL_VARIABLES); unset: NCCL's own choice."""
+
+    socket_ifname: str | None = Field(None, min_length=1, description="NCCL_SOCKET_IFNAME: interfaces for "
+                                      "bootstrap and socket transport, e.g. ib0, ^docker,lo, =eth0")
+    ib_hca: str | None = Field(None, min_length=1, description="NCCL_IB_HCA: InfiniBand HCAs (and ports) to use, "
+                               "e.g. mlx5_0:1,mlx5_1:1 or ^mlx5_2")
+    debug: Literal["VERSION", "WARN", "INFO", "TRACE"] | None = Field(
+        None, description="NCCL_DEBUG; the Slurm batch script sets WARN when this is unset")
+    debug_subsys: str | None = Field(None, min_length=1, description="NCCL_DEBUG_SUBSYS: subsystems logged at "
+                                     "INFO, e.g. INIT,NET or ALL,^COLL")
+
+    def variables(self) -> dict[str, str]:
+        """The NCCL variables this section sets, by name."""
+        return {NCCL_VARIABLES[k]: v for k, v in self.model_dump().items() if v is not None}
+
+
+class ContainerSpec(Strict):
+    """A container for the training step on Slurm, through the pyxis plugin (srun --container-*)."""
+
+    image: str = Field(min_length=1, description="--container-image: an enroot URI (nvcr.io#nvidia/pytorch:24.05-py3)"
+                       " or a squashfs file on the compute nodes")
+    mounts: list[str] = Field(default_factory=list, description="--container-mounts, one SRC[:DST[:FLAGS]] per item "
+                              "(absolute paths; flags joined with +, e.g. ro+rprivate); the run directory, "
+                              "checkpoint directory, data and launcher.python must be visible at the same path")
+    workdir: str | None = Field(None, min_length=1, description="--container-workdir: the working directory "
+                                "inside the container (absolute)")
+
+
 class LauncherSpec(Strict):
     backend: Literal["auto", "local", "slurm"] = Field(
         "auto", description="auto: slurm for multi-node clusters, else local torchrun on this machine"
@@ -284,6 +323,15 @@ class LauncherSpec(Strict):
     env_passthrough: list[str] = Field(default_factory=list, description="Names of variables every rank takes "
                                        "from the environment trainctl launch/resume runs in (e.g. [HF_TOKEN, "
                                        "WANDB_API_KEY]); only the names are written to the run directory")
+    setup: list[str] = Field(default_factory=list, description="Shell lines run before the step, verbatim "
+                             "(module loads, environment activation): in the Slurm batch script and again in each "
+                             "node's task before torchrun (torchrun mode); with a container, in each task inside it "
+                             "instead; locally, before torchrun. A line that fails stops the run")
+    python: str | None = Field(None, min_length=1, description="Interpreter that starts the trainer (torchrun mode: "
+                               "torchrun, which starts the ranks with it) on the compute nodes; default the "
+                               "interpreter trainctl runs in")
+    container: ContainerSpec | None = Field(None, description="Slurm only: run the step in a container (pyxis)")
+    nccl: NcclSpec = Field(NcclSpec(), description="NCCL settings, exported to every rank as NCCL_* variables")
 
 
 class EstimateSpec(Strict):

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 from trainctl.hardware.catalog import ACCELERATORS, FABRICS
 from trainctl.hardware.topology import aligned_groups_fit, nvlink_domain_size
-from trainctl.spec.models import RunSpec
+from trainctl.spec.models import NCCL_VARIABLES, RunSpec
 from trainctl.token_files import megatron_prefix
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -34,7 +34,8 @@ def _largest_divisor_at_most(n: int, limit: int) -> int:
 def check(spec: RunSpec) -> list[str]:
     """Every independent problem at once: a rule group stops early only where its later rules would just
     repeat its first mistake (no dp, no micro-batch count)."""
-    groups = (_hardware, _model_vs_tp, _context_parallel, _layout, _moe, _training, _data_and_launcher)
+    groups = (_hardware, _model_vs_tp, _context_parallel, _layout, _moe, _training, _data_and_launcher,
+              _launcher_environment)
     return [line for group in groups for line in group(spec)]
 
 
@@ -280,3 +281,39 @@ def _data_and_launcher(spec: RunSpec) -> Iterator[str]:
                           f"keep one: launcher.env.{name} sets a value, env_passthrough takes it from your "
                           "environment")
 
+
+
+def _launcher_environment(spec: RunSpec) -> Iterator[str]:
+    """launcher.python, launcher.container and launcher.nccl (docs/ARCHITECTURE.md, "Containers and environment")."""
+    lz = spec.launcher
+    if lz.python is not None and not lz.python.strip():
+        yield problem("launcher.python", lz.python, "an empty interpreter",
+                      "give the path or name of the python that starts the trainer, or leave launcher.python out")
+    for field, variable in NCCL_VARIABLES.items():
+        value = getattr(lz.nccl, field)
+        if value is None:
+            continue
+        if variable in lz.env:
+            yield problem(f"launcher.env.{variable}", lz.env[variable], f"also set by launcher.nccl.{field} = "
+                          f"{value!r}", f"keep one: drop launcher.env.{variable}, or launcher.nccl.{field}")
+        if variable in lz.env_passthrough:
+            yield problem("launcher.env_passthrough", variable, f"also set by launcher.nccl.{field} = {value!r}",
+                          f"keep one: drop {variable} from env_passthrough, or launcher.nccl.{field}")
+    c = lz.container
+    if c is None:
+        return
+    if spec.backend != "slurm":
+        yield problem("launcher.container", c.image, "containers run through Slurm's pyxis plugin (srun "
+                      "--container-image); the local backend runs the trainer on this machine as it is",
+                      "set launcher.backend: slurm, or remove launcher.container for a local run")
+    for i, mount in enumerate(c.mounts):
+        parts = mount.split(":")
+        if "," in mount or not 1 <= len(parts) <= 3 or not all(parts):
+            yield problem(f"launcher.container.mounts[{i}]", mount, "not one SRC[:DST[:FLAGS]] mount",
+                          "give one mount per item, e.g. /lustre:/lustre or /data:/data:ro (flags joined with +)")
+        elif not all(p.startswith("/") for p in parts[:2]):
+            yield problem(f"launcher.container.mounts[{i}]", mount, "a relative path: the job's working directory "
+                          "is not yours", "give absolute paths, e.g. /scratch/me:/scratch/me")
+    if c.workdir is not None and not c.workdir.startswith("/"):
+        yield problem("launcher.container.workdir", c.workdir, "a relative path inside the container",
+                      "give an absolute path, e.g. /workspace")

@@ -40,6 +40,7 @@ class SlurmBackend(Backend[SlurmLaunch, RunPaths]):
         lines = [note(("run dir (not created)", "bold"), f" {launch.run_dir}")]
         lines += [note(text) for text in plan_summary(launch.spec)]
         lines += self._cluster_check(launch)
+        lines += [note(("warning:", "yellow"), f" {w}") for w in launch.warnings]
         lines += [note(("submit with", "bold")), verbatim(shlex.join(launch.submit_argv())),
                   note(("sbatch script", "bold")), verbatim(launch.script.removesuffix("\n"))]
         return lines
@@ -61,6 +62,8 @@ class SlurmBackend(Backend[SlurmLaunch, RunPaths]):
 
     def start(self, launch: SlurmLaunch, say: Say, *, verbose: bool = False) -> int:
         cluster.require_cluster_fits(launch.spec)
+        for w in launch.warnings:
+            say(note(("warning:", "yellow"), f" {w}"))
         paths = submit.create(launch)
         job_id = submit.submit(launch, paths)
         say(note(("submitted", "bold"), f" Slurm job {job_id}  run dir {paths.root}"))

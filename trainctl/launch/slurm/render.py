@@ -11,7 +11,7 @@ from pathlib import Path
 
 from trainctl.data_prep import check_data
 from trainctl.errors import UsageError
-from trainctl.launch import secrets
+from trainctl.launch import environment, secrets
 from trainctl.launch.backend import DEFAULT_GRACE_S, TRAINER_MODULE
 from trainctl.launch.create import check_run_dir, default_run_dir, freeze_spec
 from trainctl.launch.slurm import NAME
@@ -29,6 +29,8 @@ class SlurmLaunch:
     run_dir: Path
     request: SbatchRequest
     rendered: SbatchRender
+    warnings: tuple[str, ...] = ()  # said before submitting and in the dry run (container visibility)
+    default_python: str = sys.executable  # the interpreter without launcher.python (job.json, for resume)
 
     @property
     def script(self) -> str:
@@ -83,6 +85,16 @@ def render_launch(spec: RunSpec, root: Path, *, grace_s: int, python: str | None
             raise UsageError(f"launcher.env key {k!r} is not a valid environment variable name",
                              hint="use letters, digits and underscores, not starting with a digit")
         _check_text(f"launcher.env.{k}", v)
+    for field_name, value in lz.nccl.model_dump().items():
+        _check_text(f"launcher.nccl.{field_name}", value)
+    _check_text("launcher.python", lz.python)
+    container = lz.container
+    if container is not None:
+        _check_text("launcher.container.image", container.image)
+        _check_text("launcher.container.workdir", container.workdir)
+        for i, mount in enumerate(container.mounts):
+            _check_text(f"launcher.container.mounts[{i}]", mount)
+    environment.check_setup(lz.setup)
     for field_name, args in (("launcher.sbatch_args", lz.sbatch_args), ("launcher.srun_args", lz.srun_args)):
         blocked = secrets.export_conflicts(args, lz.env_passthrough)
         if blocked:
@@ -95,19 +107,26 @@ def render_launch(spec: RunSpec, root: Path, *, grace_s: int, python: str | None
                          hint="use minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (e.g. 12:00:00)")
     if not 1 <= grace_s <= 65535:
         raise UsageError(f"--grace {grace_s} is out of range", hint="give 1..65535 seconds")
+    default_python = python or sys.executable
+    python = lz.python or default_python  # launcher.python wins over the recorded default
     req = SbatchRequest(
         run_dir=str(root), job_name=spec.name, nodes=c.nodes, gpus_per_node=c.gpus_per_node,
-        mode=lz.mode, python=python or sys.executable, request_gpus=c.gpu != "cpu",
+        mode=lz.mode, python=python, request_gpus=c.gpu != "cpu",
         cpus_per_rank=c.cpus_per_task, mem=c.mem, time=c.time, partition=c.partition, account=c.account,
         qos=c.qos, constraint=c.constraint, exclude=c.exclude, max_restarts=lz.max_restarts, grace_s=grace_s,
         start_retries=lz.start_retries,
-        srun_args=tuple(lz.srun_args), sbatch_args=tuple(lz.sbatch_args), env=dict(lz.env),
+        srun_args=tuple(lz.srun_args), sbatch_args=tuple(lz.sbatch_args), env=environment.spec_variables(spec),
         passthrough=tuple(lz.env_passthrough),
-        trainer_module=trainer_module,
+        trainer_module=trainer_module, setup=tuple(lz.setup),
+        container_image=container.image if container else None,
+        container_mounts=tuple(container.mounts) if container else (),
+        container_workdir=container.workdir if container else None,
         header=f"trainctl launch (slurm, {lz.mode} mode): {c.nodes} node(s) x {c.gpus_per_node} rank(s); "
                f"{SPEC} and {PLAN} are next to this script",
     )
-    return SlurmLaunch(spec=spec, run_dir=root, request=req, rendered=render(req))
+    return SlurmLaunch(spec=spec, run_dir=root, request=req, rendered=render(req),
+                       warnings=tuple(environment.container_warnings(spec, root, python)),
+                       default_python=default_python)
 
 
 def commands_text(launch: SlurmLaunch) -> str:

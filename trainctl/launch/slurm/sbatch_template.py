@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainctl.errors import EXIT_DIVERGED
-from trainctl.launch import secrets
+from trainctl.launch import environment, secrets
 from trainctl.launch.backend import DEFAULT_GRACE_S, TRAINER_MODULE
 from trainctl.rundir import COMMANDS, EVENTS, RunPaths
 
@@ -40,6 +40,7 @@ MASTER_PORT_BASE = 20000
 # stops at '#', so anything outside this set goes on the command line instead.
 SAFE_SBATCH_VALUE = re.compile(r"^[A-Za-z0-9_.,:=@%/+\-\[\]]*$")
 CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
+SETUP_FAIL = "setup_failed"  # the batch script's function for a failing launcher.setup line
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,10 @@ class SbatchRequest:
     passthrough: Sequence[str] = ()  # variables the job takes from sbatch's environment (never written here)
     trainer_module: str = TRAINER_MODULE
     header: str = "trainctl launch (slurm)"
+    setup: Sequence[str] = ()  # launcher.setup: the user's shell lines, verbatim
+    container_image: str | None = None  # launcher.container (pyxis); None: no container
+    container_mounts: Sequence[str] = ()
+    container_workdir: str | None = None
 
 
 @dataclass(frozen=True)
@@ -137,10 +142,15 @@ def step_command(req: SbatchRequest) -> list[str]:
     if cpus is not None:
         # Slurm >= 22.05: srun no longer inherits sbatch's --cpus-per-task; say it again.
         common.append(f"--cpus-per-task={cpus}")
+    common += [q(o) for o in container_options(req)]
     user = [q(a) for a in req.srun_args]
+    events = str(RunPaths(Path(req.run_dir)).events)
     if req.mode == "srun":
+        # In a container each task runs the setup itself, inside the image (see `batch_setup`): one per rank.
+        setup = (["bash", "-c", q(environment.exec_after_setup(req.setup, events)), "trainctl-setup"]
+                 if req.setup and req.container_image else [])
         return ["srun", f"--nodes={req.nodes}", f"--ntasks={req.nodes * G}", f"--ntasks-per-node={G}",
-                *common, *user, '"$STEP_PYTHON"', "-u", "-m", q(req.trainer_module), '"$RUN_DIR"']
+                *common, *user, *setup, '"$STEP_PYTHON"', "-u", "-m", q(req.trainer_module), '"$RUN_DIR"']
     # torchrun mode. The wrapper (a fixed string; its arguments are passed as "$@", never parsed):
     # USR1 and TERM reach every process of the step (proctrack). USR1 would kill torchrun (not a signal it
     # handles); on TERM torchrun raises SignalException, SIGTERMs its workers and SIGKILLs them 30 s later,
@@ -149,8 +159,11 @@ def step_command(req: SbatchRequest) -> list[str]:
     # that option, so the variable alone does nothing) while the ranks, which install their handler first thing,
     # save after the same step and exit 0, and torchrun ends with them. Slurm's SIGKILL after KillWait
     # still ends a hung job. PET_LOG_DIR (torchrun's --log-dir) is per node, so `trainctl logs --rank N`
-    # can find a rank.
+    # can find a rank. launcher.setup runs first, in the node's task (inside the container, if any), so what it
+    # sets is torchrun's environment and therefore the ranks'.
     wrapper = 'trap "" USR1 TERM; export PET_LOG_DIR="$0/$SLURMD_NODENAME"; exec "$@"'
+    if req.setup:
+        wrapper = "\n".join([*environment.task_setup(req.setup, events), wrapper])
     return ["srun", f"--nodes={req.nodes}", f"--ntasks={req.nodes}", "--ntasks-per-node=1", *common, *user,
             "bash", "-c", q(wrapper), f'"{RUN.torchrun_attempt_logs("$SLURM_JOB_ID", "${SLURM_RESTART_COUNT:-0}")}"',
             '"$STEP_PYTHON"', "-m", "torch.distributed.run", "--nnodes=$SLURM_NNODES", f"--nproc-per-node={G}",
@@ -158,6 +171,37 @@ def step_command(req: SbatchRequest) -> list[str]:
             f"--max-restarts={req.max_restarts}", "--redirects=3", "--tee=3",
             "--signals-to-handle=SIGINT,SIGHUP,SIGQUIT",
             "-m", q(req.trainer_module), '"$RUN_DIR"']
+
+
+def container_options(req: SbatchRequest) -> list[str]:
+    """pyxis's srun options for launcher.container. The others (--container-name, --no-container-mount-home,
+    --container-writable, --container-env...) depend on the site's enroot setup: launcher.srun_args."""
+    if req.container_image is None:
+        return []
+    opts = [f"--container-image={req.container_image}"]
+    if req.container_mounts:
+        opts.append(f"--container-mounts={','.join(req.container_mounts)}")
+    if req.container_workdir:
+        opts.append(f"--container-workdir={req.container_workdir}")
+    return opts
+
+
+def batch_setup(req: SbatchRequest) -> list[str]:
+    """launcher.setup in the batch script, before the step: srun hands the batch shell's environment to every
+    task. Not with a container: its lines are meant for the image (the host may lack its paths), and the
+    image's own variables override the job's (pyxis), so each task runs them inside it instead."""
+    if not req.setup or req.container_image is not None:
+        return []
+    return [
+        f"{SETUP_FAIL}() {{  # INDEX STATUS: a launcher.setup line failed; the step is not started",
+        '    echo "trainctl: launcher.setup[$1] failed (status $2); the training step was not started"',
+        f'    event {environment.SETUP_FAILED} ",\\"item\\":$1,\\"exit_code\\":$2"',
+        "    exit 1",
+        "}",
+        "# launcher.setup: the spec's own shell lines, verbatim",
+        *environment.guarded(req.setup, SETUP_FAIL),
+        "",
+    ]
 
 
 def render(req: SbatchRequest) -> SbatchRender:
@@ -183,7 +227,7 @@ def render(req: SbatchRequest) -> SbatchRender:
         "",
         "set -u  # no -e/pipefail: the step's exit status is handled below",
         f"RUN_DIR={q(req.run_dir)}",
-        f"PYTHON={q(req.python)}  # the launching venv; compute nodes share this filesystem",
+        f"PYTHON={q(req.python)}  # launcher.python, or the launching venv (compute nodes share this filesystem)",
         "",
         "# Rendezvous: the first host of the allocation, a port derived from the job id (the same on every",
         "# node and for every attempt of this job).",
@@ -195,7 +239,7 @@ def render(req: SbatchRequest) -> SbatchRender:
         "export PYTHONUNBUFFERED=1  # step lines reach the log as they happen",
         "export TORCH_NCCL_ASYNC_ERROR_HANDLING=1  # a failed collective aborts the rank instead of hanging",
         "export TORCH_NCCL_BLOCKING_WAIT=0",
-        "export NCCL_DEBUG=WARN",
+        *([] if "NCCL_DEBUG" in req.env else ["export NCCL_DEBUG=WARN"]),
         *[f"export {k}={q(v)}" for k, v in req.env.items()],
         *secrets.require_lines(req.passthrough, "sbatch ran in (trainctl launch/resume)"),
         "",
@@ -235,6 +279,7 @@ def render(req: SbatchRequest) -> SbatchRender:
         "trap on_usr1 USR1",
         "trap on_term TERM",
         "",
+        *batch_setup(req),
         "# The test-only start-failure fault (trainctl/runtime/faults.py): this attempt's launch fails for real.",
         'STEP_PYTHON="$PYTHON"',
         'for a in $("$PYTHON" -m trainctl.runtime.faults get start_fail_attempts 2>/dev/null | tr "+" " "); do',
@@ -250,20 +295,24 @@ def render(req: SbatchRequest) -> SbatchRender:
         "# One line that says what happened (the ranks' events), not only an exit status.",
         "if this_attempt finish; then",
         '    echo "trainctl: every step done"',
+        f"elif this_attempt {environment.SETUP_FAILED}; then",
+        '    echo "trainctl: launcher.setup failed in the step (the line above says where); the trainer did not'
+        ' start"',
         "elif this_attempt checkpoint_on_signal; then",
         '    echo "trainctl: the ranks stopped after step $(event_step checkpoint_on_signal) with a committed'
         ' checkpoint"',
         "elif this_attempt diverged; then",
         '    echo "trainctl: diverged at step $(event_step diverged) (see the lines above)"',
         "else",
-        '    echo "trainctl: the training step failed (status $rc); `trainctl status $RUN_DIR` names the first'
+        '    echo "trainctl: the training step failed (status $rc); \\`trainctl status $RUN_DIR\\` names the first'
         ' cause"',
         "fi",
         "",
         "# The step failed to start (srun could not launch it: a revoked credential, a node lost at start, a",
         "# program missing on a node): the trainer never began and recorded no failure. Requeue, at most",
         f"# launcher.start_retries = {req.start_retries} times per job; Slurm holds a requeued job ~2 minutes.",
-        'if [ "$rc" != 0 ] && [ "$terminated" = 0 ] && ! this_attempt start && ! this_attempt failure; then',
+        'if [ "$rc" != 0 ] && [ "$terminated" = 0 ] && ! this_attempt start && ! this_attempt failure \\',
+        f'        && ! this_attempt {environment.SETUP_FAILED}; then',
         '    tries=$(grep -c "\\"event\\":\\"start_failed\\".*\\"job_id\\":\\"$SLURM_JOB_ID\\"" \\',
         f'        "{RUN.events}" 2>/dev/null)',
         f'    if [ "${{tries:-0}}" -lt {req.start_retries} ]; then',

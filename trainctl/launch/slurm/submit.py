@@ -30,7 +30,7 @@ def create(launch: SlurmLaunch) -> RunPaths:
     job["slurm"] = {"mode": launch.request.mode, "script": paths.launch_script.name,
                     "submit_command": argv, "options": launch.rendered.options,
                     # what `trainctl resume` needs to render the script again after a --set
-                    "render": {"python": launch.request.python, "grace_s": launch.request.grace_s,
+                    "render": {"python": launch.default_python, "grace_s": launch.request.grace_s,
                                "trainer_module": launch.request.trainer_module},
                     "jobs": []}
     write_job(paths, job)
