@@ -15,6 +15,11 @@ marker) belong to trainctl/checkpoint/format.py.
     RUN/events.jsonl                 starts, restarts, checkpoints, preemptions, failures
     RUN/placement.json               where every rank really ran (rank 0)
     RUN/calibration.json             `trainctl calibrate`: the profile its worker measured (rank 0)
+    RUN/tensorboard/events.out.tfevents.*  tracking.tensorboard: TensorBoard event files, one per attempt (rank 0)
+    RUN/wandb/                       tracking.wandb: wandb's own directory (offline-run-*/, run-*/), rank 0
+    RUN/wandb/trainctl-run-id        the W&B run id every attempt resumes
+    RUN/profile/trace-rank<R>-steps<S>-<E>.json    train.profile: rank R's Chrome/Perfetto trace of steps S..E
+    RUN/profile/memory-rank<R>-steps<S>-<E>.pickle on GPU: rank R's CUDA memory snapshot of the same steps
     RUN/final_weights/               the trained weights, when a test asks for them
     RUN/checkpoints/                 committed checkpoints (unless checkpoint.dir says elsewhere)
     RUN/logs/launcher.log            local: the console of torchrun, in full
@@ -51,6 +56,12 @@ EVENTS = "events.jsonl"
 PLACEMENT = "placement.json"
 CALIBRATION = "calibration.json"
 FINAL_WEIGHTS = "final_weights"
+TENSORBOARD = "tensorboard"
+WANDB = "wandb"  # wandb.init(dir=RUN) makes RUN/wandb itself: the name is wandb's, spelled here once
+WANDB_RUN_ID = "trainctl-run-id"  # under WANDB
+PROFILE = "profile"
+TRACE = "trace-rank{rank}-steps{first}-{last}.json"
+MEMORY_SNAPSHOT = "memory-rank{rank}-steps{first}-{last}.pickle"
 CHECKPOINTS = "checkpoints"
 LAUNCHER_LOG = "launcher.log"
 TORCHRUN_LOGS = "torchrun"  # under logs/: Slurm torchrun mode's --log-dir, one per job attempt and node
@@ -63,6 +74,25 @@ PREVIOUS_LAUNCH_SCRIPT = "launch.prev-{n}.sh"
 TORCHRUN_RANK_LOGS = "*/attempt_*/{local_rank}/std*.log"
 
 _STEPTIMES_RE = re.compile(re.escape(STEPTIMES).replace(re.escape("{rank}"), r"(\d+)"))
+
+
+def _numbered(pattern: str) -> re.Pattern[str]:
+    """A regex of a file-name pattern whose {fields} are numbers, captured by name."""
+    return re.compile(re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>\\d+)", re.escape(pattern)))
+
+
+_PROFILE_FILES = {"trace": _numbered(TRACE), "memory_snapshot": _numbered(MEMORY_SNAPSHOT)}
+
+
+@dataclass(frozen=True)
+class ProfileFile:
+    """One file of RUN/profile: a rank's trace or memory snapshot of steps first..last."""
+
+    kind: str  # "trace" | "memory_snapshot"
+    rank: int
+    first: int
+    last: int
+    path: Path
 
 
 @dataclass(frozen=True)
@@ -134,6 +164,41 @@ class RunPaths:
     @property
     def checkpoints(self) -> Path:
         return self.root / CHECKPOINTS
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.root / TENSORBOARD
+
+    @property
+    def wandb(self) -> Path:
+        return self.root / WANDB
+
+    @property
+    def wandb_run_id(self) -> Path:
+        return self.wandb / WANDB_RUN_ID
+
+    @property
+    def profile(self) -> Path:
+        return self.root / PROFILE
+
+    def trace(self, rank: int, first: int, last: int) -> Path:
+        return self.profile / TRACE.format(rank=rank, first=first, last=last)
+
+    def memory_snapshot(self, rank: int, first: int, last: int) -> Path:
+        return self.profile / MEMORY_SNAPSHOT.format(rank=rank, first=first, last=last)
+
+    def profile_files(self) -> list[ProfileFile]:
+        """Every finished trace and memory snapshot, by rank, then steps (a file being written has another
+        name until it is complete)."""
+        if not self.profile.is_dir():
+            return []
+        found = []
+        for f in self.profile.iterdir():
+            for kind, regex in _PROFILE_FILES.items():
+                m = regex.fullmatch(f.name)
+                if m:
+                    found.append(ProfileFile(kind, int(m["rank"]), int(m["first"]), int(m["last"]), f))
+        return sorted(found, key=lambda x: (x.rank, x.first, x.last, x.kind))
 
     @property
     def launcher_log(self) -> Path:

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from trainctl.errors import UsageError
+from trainctl.errors import SpecError, UsageError
 from trainctl.spec import RunSpec, load_spec
 
 SpecArg = typer.Argument(..., help="Run spec YAML (see recipes/).", show_default=False)
@@ -34,13 +34,24 @@ def default_spec_path() -> Path:
     return Path(__file__).resolve().parents[1] / "recipes" / "tiny-cpu.yaml"
 
 
+def require_extras(spec: RunSpec, source: str | None = None) -> None:
+    """Refuse (exit 2) a spec that switches on a tracking sink whose library is not installed."""
+    from trainctl.launch.extras import missing_extras
+
+    problems = missing_extras(spec)
+    if problems:
+        raise SpecError(problems, source)
+
+
 def check_before_training(console: Console, spec: RunSpec, run_dir: Path, strict: bool) -> None:
-    """Before training: warn (refuse under --strict, exit 2) when the checkpoint directory is too small or, for
-    a multi-node run, node-local, or when a spec for GPUs would train on this machine's CPU."""
+    """Before training: refuse a sink that is not installed; warn (refuse under --strict, exit 2) when the
+    checkpoint directory is too small or, for a multi-node run, node-local, or when a spec for GPUs would train
+    on this machine's CPU."""
     from trainctl.checkpoint.storage import storage_problem
     from trainctl.launch.device_check import cpu_fallback_problem
     from trainctl.launch.diskspace import space_problem
 
+    require_extras(spec)
     for problem in (cpu_fallback_problem(spec), space_problem(spec, run_dir), storage_problem(spec, run_dir)):
         if problem is None:
             continue

@@ -9,7 +9,7 @@ import typer
 from trainctl.cli.app import app
 from trainctl.cli.console import make_console
 from trainctl.cli.jsonout import print_json
-from trainctl.cli.options import JsonOpt, SetOpt, SpecArg, read_spec
+from trainctl.cli.options import JsonOpt, SetOpt, SpecArg, read_spec, require_extras
 from trainctl.spec import resolved_dict
 
 
@@ -17,6 +17,7 @@ from trainctl.spec import resolved_dict
 def validate(spec: Path = SpecArg, set_: list[str] = SetOpt, as_json: bool = JsonOpt) -> None:
     """Check a run spec; print it with every default filled in."""
     run = read_spec(spec, set_)
+    require_extras(run, str(spec))
     if as_json:
         print_json(resolved_dict(run))
         return

@@ -13,6 +13,7 @@ from trainctl.report.divergence import warnings as divergence_warnings
 from trainctl.report.goodput import goodput
 from trainctl.report.load import RunData, load_run
 from trainctl.report.memory import memory_vs_plan
+from trainctl.report.profile import profile_files
 from trainctl.report.routing import routing
 from trainctl.report.routing import warnings as routing_warnings
 from trainctl.report.scaling import scaling
@@ -62,6 +63,7 @@ def analyze(run: RunData) -> dict[str, Any]:
                     "spike": r["step"] in spikes and id(r) in final_ids} for a in attempts for r in a.records],
         "divergence": div,
         "routing": moe,
+        "profile": profile_files(run),  # train.profile's traces and memory snapshots
         "warnings": warnings,
     }
 

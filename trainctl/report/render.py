@@ -170,6 +170,7 @@ def render(report: dict[str, Any], console: Console | None = None) -> None:
     moe = [r for r in runs if (r.get("routing") or {}).get("available")]
     if moe:
         con.print(_table("Mixture-of-experts routing", moe, _routing_rows()))
+    _render_profile(con, runs)
     con.print("[bold]Stragglers[/bold]")
     for r in runs:
         st = r["stragglers"]
@@ -264,3 +265,18 @@ def _render_memory(con: Console, runs: list[dict[str, Any]]) -> None:
             prose(con, escape(mem["largest_gap"]), f"  {escape(r['name'])}: ")
 
 
+
+
+def _render_profile(con: Console, runs: list[dict[str, Any]]) -> None:
+    """train.profile's files, one line each: what, rank, steps, path."""
+    for r in runs:
+        files = r.get("profile") or []
+        if not files:
+            continue
+        con.print(f"[bold]Profiler traces[/bold] ({escape(r['name'])}: chrome://tracing or ui.perfetto.dev; memory "
+                  "snapshots: pytorch.org/memory_viz)")
+        for f in files:
+            what = "trace" if f["kind"] == "trace" else "memory snapshot"
+            steps = (f"step {f['first_step']}" if f["first_step"] == f["last_step"]
+                     else f"steps {f['first_step']}-{f['last_step']}")
+            con.print(f"  rank {f['rank']}, {steps}: {what} {escape(f['path'])} ({size(f['bytes'])})", soft_wrap=True)

@@ -15,9 +15,10 @@ CPU_NO_PREDICTION = ("the plan has no prediction for this run: its accelerator h
 
 def steady_steps(final: list[dict[str, Any]], attempts: list[Attempt]) -> list[dict[str, Any]]:
     """Final step records without the first step of each attempt (warm-up: allocator, autotuning,
-    lazy init) when enough steps remain to say anything."""
+    lazy init) and the profiled steps (train.profile: the profiler's overhead) when enough steps remain to say
+    anything."""
     firsts = {id(a.records[0]) for a in attempts if a.records}
-    rest = [r for r in final if id(r) not in firsts]
+    rest = [r for r in final if id(r) not in firsts and not r.get("profiled")]
     return rest if len(rest) >= 3 else final
 
 
@@ -51,8 +52,9 @@ def summarize(run: RunData, final: list[dict[str, Any]], attempts: list[Attempt]
         "steps_target": (final[-1].get("steps") if final else None),
         "records": len(run.metrics),
         "steps_in_stats": len(steady),
-        "stats_note": ("first step of each attempt excluded (warm-up)" if len(steady) < len(final) else
-                       "all steps"),
+        "stats_note": ("first step of each attempt excluded (warm-up)"
+                       + (", profiled steps too" if any(r.get("profiled") for r in final) else "")
+                       if len(steady) < len(final) else "all steps"),
         "world_size": final[-1].get("world_size") if final else None,
         "tokens_per_step": final[-1].get("tokens") if final else None,
         "step_time_s": {"median": median(st), "p10": percentile(st, 10), "p90": percentile(st, 90),

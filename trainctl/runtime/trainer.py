@@ -26,7 +26,9 @@ from trainctl.runtime import (
     metrics,
     optim,
     peak,
+    profiling,
     stragglers,
+    tracking,
     watchdog,
 )
 from trainctl.runtime.checkpointing import Checkpointing
@@ -138,6 +140,10 @@ class Trainer:
         self._activation_peak = 0
         self._memory_rec: dict[str, Any] | None = None  # waits for the next metrics line
         self.guard = divergence.DivergenceGuard(spec, paths, par, self.scaler.enabled)  # non-finite steps
+        self.tracking = tracking.Tracking()  # TensorBoard / W&B beside metrics.jsonl (rank 0; opened by run())
+        prof = t.profile
+        # steps any rank profiles run slower on every rank: their metrics lines say so
+        self.profiled_steps = range(prof.start_step, prof.last_step + 1) if prof is not None else range(0)
 
     # -- set-up helpers ----------------------------------------------------------------------------
     def _precision(self) -> tuple[torch.dtype | None, LossScaler]:
@@ -205,15 +211,20 @@ class Trainer:
         hang_at = watchdog.hang_step(par.rank)
         wd_timeout = watchdog.timeout_from(spec)
         wd = watchdog.Watchdog(self.paths, par.rank, wd_timeout).start() if wd_timeout else None
+        if self.log:
+            self.tracking = tracking.open_tracking(spec, self.paths, first)
+        profiler = profiling.for_rank(spec, self.paths, par.rank, par.device, first)
         last: dict[str, Any] = {}
         step = first
+        ok = False
         try:
             while stop is None and step < spec.train.steps:
                 if step + 1 == fail_step and par.rank == fail_rank:
                     raise InjectedFailure(f"fault fail_at_step={fail_step}: failing rank {par.rank} on purpose")
                 if step + 1 == hang_at:
                     watchdog.hang_forever()  # the hang fault: the watchdog must end this
-                last = self.train_step(step)
+                with profiler.step(step + 1):
+                    last = self.train_step(step)
                 if wd is not None:
                     wd.beat(step + 1)
                 action = self.guard.action(ckpt.schedule.last_step)  # the same on every rank
@@ -233,8 +244,11 @@ class Trainer:
             if stop is None:
                 ckpt.finish(spec.train.steps, lambda: self._may_save(spec.train.steps, scheduled=False))
             self.steptimes.close()
+            ok = True
         finally:
             self.steptimes.flush()  # a failing rank still leaves its step times for the report
+            profiler.close()  # stopped inside the window: the steps it finished
+            self.tracking.close(ok)
             if wd is not None:
                 wd.stop()
         if stop is not None:
@@ -309,7 +323,10 @@ class Trainer:
                 rec["moe"] = routing
             if self._memory_rec is not None:
                 rec["memory"], self._memory_rec = self._memory_rec, None
-            append_jsonl(self.paths.metrics, rec)
+            if step + 1 in self.profiled_steps:
+                rec["profiled"] = True  # the profiler's overhead is in step_time_s (the report leaves it out)
+            append_jsonl(self.paths.metrics, rec)  # the record; the tracking sinks mirror it
+            self.tracking.write(rec)
             print(metrics.console_line(rec), flush=True)
             if rec.get("mfu_bug"):
                 metrics.warn(f"MFU {rec['mfu']:.1%} > 100% at step {step + 1}: a FLOPs/timing accounting "

@@ -159,6 +159,23 @@ class DivergenceSpec(Strict):
         2, description="Rollbacks a run may make before it stops as diverged (with rollback: true)")
 
 
+class ProfileSpec(Strict):
+    """torch.profiler traces of a window of steps (runtime/profiling.py). The bounds against train.steps and the
+    world size are spec rules (spec/rules.py), so a bad value gets a message with its fix."""
+
+    start_step: Annotated[int, Field(ge=-1_000_000, le=1_000_000_000)] = Field(
+        description="First profiled step (1-based, as metrics.jsonl counts them); a step after the first of an "
+        "attempt leaves the warm-up out of the trace")
+    steps: Annotated[int, Field(ge=-1_000_000, le=1_000_000)] = Field(
+        2, description="Profiled steps from start_step on: one trace per selected rank covers all of them")
+    ranks: list[Annotated[int, Field(ge=-1_000_000, le=1_000_000)]] = Field(
+        default_factory=lambda: [0], description="Global ranks that write a trace (and, on GPU, a memory snapshot)")
+
+    @property
+    def last_step(self) -> int:
+        return self.start_step + self.steps - 1
+
+
 class TrainSpec(Strict):
     global_batch: Count = Field(description="Sequences per optimizer step, across all DP ranks")
     steps: Count
@@ -185,6 +202,8 @@ class TrainSpec(Strict):
         "null disables (env TRAINCTL_WATCHDOG_S overrides)")
     divergence: DivergenceSpec = Field(DivergenceSpec(), description="Divergence guard: skip non-finite steps, "
                                        "stop (or roll back) after several in a row")
+    profile: ProfileSpec | None = Field(None, description="torch.profiler Chrome/Perfetto traces of a window of "
+                                        "steps on selected ranks (RUN/profile/); absent: no profiler")
 
 
 TokenFormat = Literal["auto", "flat", "megatron"]
@@ -334,6 +353,35 @@ class LauncherSpec(Strict):
     nccl: NcclSpec = Field(NcclSpec(), description="NCCL settings, exported to every rank as NCCL_* variables")
 
 
+class WandbSpec(Strict):
+    """Weights & Biases (the `wandb` extra). Its API key reaches the ranks only through
+    launcher.env_passthrough: [WANDB_API_KEY] (launch/secrets.py), never the spec."""
+
+    project: Annotated[str, Field(min_length=1, max_length=128)] = "trainctl"
+    entity: Annotated[str, Field(min_length=1, max_length=128)] | None = Field(
+        None, description="W&B team or user; default: the API key's own")
+    mode: Literal["offline", "online"] = Field(
+        "offline", description="offline: written under RUN/wandb only (`wandb sync` uploads it later); online: "
+        "streamed to the W&B server as well")
+
+
+class TrackingSpec(Strict):
+    """Extra sinks of the per-step metrics line; RUN/metrics.jsonl stays the record (runtime/tracking.py)."""
+
+    tensorboard: bool = Field(False, description="TensorBoard event files under RUN/tensorboard (the `tensorboard` "
+                              "extra): every numeric field of the metrics line, by global step")
+    wandb: WandbSpec | None = Field(None, description="Weights & Biases run of the same scalars (the `wandb` extra); "
+                                    "absent: off")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _wandb_switch(cls, data: Any) -> Any:
+        # `wandb: true` (or --set tracking.wandb=true) switches it on with the defaults; false switches it off
+        if isinstance(data, dict) and isinstance(data.get("wandb"), bool):
+            data = {**data, "wandb": {} if data["wandb"] else None}
+        return data
+
+
 class EstimateSpec(Strict):
     """Assumptions of the planner's roofline; printed with every plan."""
 
@@ -362,6 +410,7 @@ class RunSpec(Strict):
     cluster: ClusterSpec = ClusterSpec()
     launcher: LauncherSpec = LauncherSpec()
     estimate: EstimateSpec = EstimateSpec()
+    tracking: TrackingSpec = TrackingSpec()
 
     @property
     def dp(self) -> int:

@@ -237,6 +237,31 @@ def _training(spec: RunSpec) -> Iterator[str]:
     if t.min_lr is not None and t.min_lr > t.lr:
         yield problem("train.min_lr", t.min_lr, f"above train.lr = {t.lr}", "use min_lr <= lr")
     yield from _divergence(spec)
+    yield from _profile(spec)
+
+
+def _profile(spec: RunSpec) -> Iterator[str]:
+    """train.profile (runtime/profiling.py): a window of steps the run has, on ranks the job has."""
+    prof, steps, world = spec.train.profile, spec.train.steps, spec.world_size
+    if prof is None:
+        return
+    if not 1 <= prof.start_step <= steps:
+        yield problem("train.profile.start_step", prof.start_step, f"not a step of the run (1..train.steps = {steps})",
+                      f"pick a step from 1 to {steps}, e.g. {min(steps, 3)} (after the first steps' warm-up)")
+    elif prof.steps < 1:
+        yield problem("train.profile.steps", prof.steps, "a trace needs at least one step", "use 1 or more")
+    elif prof.last_step > steps:
+        yield problem("train.profile.steps", prof.steps, f"the window {prof.start_step}..{prof.last_step} runs past "
+                      f"train.steps = {steps}", f"use steps <= {steps - prof.start_step + 1}, or an earlier start_step")
+    if not prof.ranks:
+        yield problem("train.profile.ranks", [], "no rank would write a trace",
+                      "list the global ranks to profile, e.g. [0] (the default), or drop train.profile")
+    bad = [r for r in prof.ranks if not 0 <= r < world]
+    if bad:
+        yield problem("train.profile.ranks", bad, f"not ranks of this job (world size {world}: ranks 0..{world - 1})",
+                      f"use global ranks from 0 to {world - 1} (`trainctl plan --ranks` shows where each runs)")
+    if len(set(prof.ranks)) != len(prof.ranks):
+        yield problem("train.profile.ranks", prof.ranks, "a rank is listed twice", "list each rank once")
 
 
 def _divergence(spec: RunSpec) -> Iterator[str]:
