@@ -15,7 +15,7 @@ def _sig3(v: float) -> str:
 
 
 def dur(s: float | None) -> str:
-    """A duration in the unit that fits it: ns, µs, ms (three significant digits), s, then minutes, hours."""
+    """A duration in the unit that fits it: ns, µs, ms (three significant digits), s, then minutes, hours, days."""
     if s is None:
         return "-"
     if s == 0:
@@ -26,6 +26,8 @@ def dur(s: float | None) -> str:
     if abs(s) < 120:
         return f"{s:.2f} s"
     m, sec = divmod(s, 60)
+    if m >= 48 * 60:  # an MTBF, a checkpoint interval of a big job: days read better than 1575h
+        return f"{int(m) // 1440}d {int(m) % 1440 // 60:02d}h"
     return f"{int(m) // 60}h {int(m) % 60:02d}m" if m >= 60 else f"{int(m)}m {sec:02.0f}s"
 
 

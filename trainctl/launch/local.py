@@ -178,6 +178,8 @@ class ConsoleFilter:
         text = line[len(self.RANK0):]
         if FAILED_LINE.match(text):  # the rank's own summary; the launcher's last line names the first cause
             return None
+        if text.startswith("USDT:"):  # kineto's profiler_start/stop trace markers (train.profile): in the log only
+            return None
         if text.startswith(TRACEBACK_STARTS):
             self.in_traceback, self.after_message = True, False
             return None

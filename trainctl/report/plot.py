@@ -143,7 +143,9 @@ def _timeline_panel(ax: Any, report: dict[str, Any], colours: list[str]) -> None
                   [f"{r['name']}\ngoodput {pct(r['goodput'].get('goodput'), 1)}" for _, r in runs], fontsize=9)
     ax.set_ylim(-len(runs) + 0.3, 1.15)  # the top holds the legend
     ax.set_xlim(0, max(wall / div, 1e-9) * 1.01)
-    ax.set_xlabel(f"wall clock since the first launch ({unit}); numbers: restarted attempts")
+    restarted = any(r["timeline"]["restarts"] for _, r in runs)
+    ax.set_xlabel(f"wall clock since the first launch ({unit})"
+                  + ("; numbers: restarted attempts" if restarted else ""))
     ax.grid(True, axis="x", alpha=0.3)
     if seen:
         ax.legend(loc="upper left", ncol=len(seen), fontsize=8, frameon=False, handlelength=1.2,
