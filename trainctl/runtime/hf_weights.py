@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,14 @@ from trainctl.model_shape import ModelShape
 from trainctl.runtime.tensor_parallel import ParamMeta, TPContext, shard_tensor, unshard_tensors
 
 MAX_SHARD_BYTES = 5 * 10**9  # transformers' default max_shard_size for save_pretrained
+
+
+def _need_safetensors() -> None:
+    try:
+        import safetensors  # noqa: F401
+    except ImportError as e:
+        raise UsageError("Hugging Face weights need the safetensors package",
+                         hint="pip install 'trainctl[hf]' (or pip install safetensors)") from e
 
 
 def param_metas(shape: ModelShape) -> dict[str, ParamMeta]:
@@ -69,7 +78,9 @@ def gather_checkpoint(path: Path, metas: dict[str, ParamMeta], names: Iterable[s
                               + (f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""))
     state = {key: torch.empty(tuple(md[f"model.{key}"].size), dtype=torch.float32)
              for n in wanted for _r, _t, key in saved[n]}
-    dcp.load({"model": state}, storage_reader=FileSystemReader(str(path)), no_dist=True)
+    with warnings.catch_warnings():  # DCP warns that it loads in one process, which is the point
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        dcp.load({"model": state}, storage_reader=FileSystemReader(str(path)), no_dist=True)
     out = {}
     for n in wanted:
         shards = sorted(saved[n])
@@ -102,6 +113,7 @@ def write_hf(out: Path, tensors: dict[str, Tensor], config: dict[str, Any],
              max_shard_bytes: int = MAX_SHARD_BYTES) -> list[str]:
     """config.json and safetensors (one file, or shards with transformers' index past `max_shard_bytes`) into
     the directory `out`; the files written."""
+    _need_safetensors()
     from safetensors.torch import save_file
 
     shards: list[dict[str, Tensor]] = [{}]
@@ -132,6 +144,7 @@ def export_hf(checkpoint: Path, shape: ModelShape, out: Path, max_shard_bytes: i
     """The checkpoint at `checkpoint` (of a model of `shape`) as a transformers model in the new or empty
     directory `out`, written beside it first and renamed into place; the files written."""
     lay = hf_format.layout(shape)  # UsageError for a model no transformers class matches
+    _need_safetensors()
     full = gather_checkpoint(checkpoint, param_metas(shape))
     tensors = to_hf(lay, full)
     out = out.absolute()
@@ -157,6 +170,7 @@ class SafetensorsReader:
     """transformers' tensors in a directory (one file or an index of shards), read by slices."""
 
     def __init__(self, directory: Path) -> None:
+        _need_safetensors()
         from safetensors import safe_open
 
         self.dir = directory

@@ -158,7 +158,7 @@ class Trainer:
         t0 = time.perf_counter()
         n = load_init(self.modules, source, self.cfg, self.tp)
         if self.log:
-            record_event(self.paths, "init_from", kind=source.kind, family=source.family, path=str(source.path),
+            record_event(self.paths, "init_from", source=source.kind, family=source.family, path=str(source.path),
                          load_s=round(time.perf_counter() - t0, 4))
             print(f"trainctl: initialised from {source.path} ({source.family or 'trainctl checkpoint'}); rank 0 "
                   f"loaded its {n} parameters in {time.perf_counter() - t0:.1f} s", flush=True)
