@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from trainctl import hf_format
 from trainctl.checkpoint import CheckpointError
 from trainctl.errors import UsageError
+from trainctl.fileio import default_mode
 from trainctl.hf_format import HFLayout, Piece
 from trainctl.init_source import InitSource
 from trainctl.model_shape import ModelShape
@@ -130,6 +131,7 @@ def write_hf(out: Path, tensors: dict[str, Tensor], config: dict[str, Any],
              [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
     for name, shard in zip(names, shards, strict=True):
         save_file(shard, str(out / name), metadata={"format": "pt"})
+        os.chmod(out / name, default_mode())  # safetensors creates 0600; others read exported models
     if len(shards) > 1:
         index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in tensors.values())},
                  "weight_map": {k: name for name, shard in zip(names, shards, strict=True) for k in shard}}
