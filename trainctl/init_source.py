@@ -2,9 +2,9 @@
 
 Three kinds of source: a Hugging Face directory (config.json + model.safetensors or a sharded
 model.safetensors.index.json), a trainctl run directory (its newest valid checkpoint), or one committed
-checkpoint directory (step-<N>). `launch`/`resume` call `check_init_from` beside the data check (exit 2, one
-line per problem naming the field and both values); the trainer resolves the same source again before it
-loads it (runtime/hf_weights.py), only at step 0 of a run with no checkpoint of its own.
+checkpoint directory (step-<N>). `launch`/`resume` call `check` beside the data check (exit 2, one line per
+problem naming the field and both values); the trainer resolves the same source again before it loads it
+(runtime/hf_weights.py). Both pass over it when the run has a checkpoint of its own, which it resumes from.
 """
 
 from __future__ import annotations
@@ -108,10 +108,16 @@ def differences(spec_model: ModelSpec, source: dict[str, Any], seq_rows: int | N
     return out
 
 
-def check(spec: RunSpec) -> InitSource | None:
-    """The spec's init_from source, resolved and checked against its model (SpecError: exit 2); None without one."""
+def has_own_checkpoint(spec: RunSpec, run_dir: Path) -> bool:
+    """The run in `run_dir` has a valid checkpoint, which it resumes from: init_from is not read."""
+    return latest_valid(resolve_checkpoint_dir(run_dir, spec)) is not None
+
+
+def check(spec: RunSpec, run_dir: Path | None = None) -> InitSource | None:
+    """The spec's init_from source, resolved and checked against its model (SpecError: exit 2); None without one,
+    or when the run in `run_dir` has a checkpoint of its own (a resume needs no source)."""
     value = spec.model.init_from
-    if not value:
+    if not value or (run_dir is not None and has_own_checkpoint(spec, run_dir)):
         return None
     src = resolve(value)
     if src.kind == "hf":

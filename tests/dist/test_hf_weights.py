@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from resume_utils import events, ok, stop_after
+from resume_utils import events, ok, set_spec, stop_after
 from trainer_utils import ROOT, final_weights, make_run, metrics, run_trainer
 
 pytestmark = pytest.mark.slow
@@ -101,7 +101,8 @@ def test_export_gives_the_trainers_logits_in_transformers(exported) -> None:
 
 def test_init_from_the_export_starts_at_transformers_loss(exported) -> None:
     """Another layout, initialised from the export: the first step's loss (before any update) is transformers'
-    loss on the same batch. Stopped after step 1 and resumed: the resume restores the run's own checkpoint."""
+    loss on the same batch. Stopped after step 1 and resumed with the source gone: the resume restores the run's
+    own checkpoint."""
     import torch
     import torch.nn.functional as F
 
@@ -116,6 +117,7 @@ def test_init_from_the_export_starts_at_transformers_loss(exported) -> None:
     want = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).item()
     assert metrics(init)[0]["step"] == 1
     assert abs(metrics(init)[0]["loss"] - want) <= 1e-5 * want
+    set_spec(init, model={"init_from": str(out.with_name("gone"))})  # a resume never reads the source
     ok(run_trainer(init, world, dump=False))
     kinds = [e["event"] for e in events(init)]
     assert kinds.count("init_from") == 1 and kinds.count("resume_from") == 1

@@ -111,8 +111,8 @@ def plan_local(spec: RunSpec, run_dir: Path | None = None, existing: bool = Fals
                          hint="set cluster.nodes: 1 (and gpus_per_node to the number of ranks)")
     spec = freeze_spec(spec)
     check_data(spec)
-    init_source.check(spec)  # the weights it starts from fit its model (exit 2 naming the field)
     root = (run_dir or default_run_dir(spec)).absolute()
+    init_source.check(spec, root)  # the weights it starts from fit its model (exit 2 naming the field)
     runlock.check_free(root)  # one job per run directory: a live launcher there is named (exit 2)
     if not existing:
         check_run_dir(root)

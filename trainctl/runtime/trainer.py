@@ -148,13 +148,11 @@ class Trainer:
         if not self.spec.model.init_from:
             return
         from trainctl import init_source
-        from trainctl.checkpoint import latest_valid, resolve_checkpoint_dir
         from trainctl.runtime.hf_weights import load_init
 
-        if latest_valid(resolve_checkpoint_dir(self.paths.root, self.spec)) is not None:
+        source = init_source.check(self.spec, self.paths.root)  # SpecError (exit 2) when it no longer fits
+        if source is None:
             return
-        source = init_source.check(self.spec)  # SpecError (exit 2) when it no longer fits
-        assert source is not None
         t0 = time.perf_counter()
         n = load_init(self.modules, source, self.cfg, self.tp)
         if self.log:

@@ -69,7 +69,7 @@ def render_launch(spec: RunSpec, root: Path, *, grace_s: int, python: str | None
                    trainer_module: str) -> SlurmLaunch:
     """Vet every user value of the spec and render the script for the run directory `root`."""
     check_data(spec)
-    init_source.check(spec)  # the weights it starts from fit its model (exit 2 naming the field)
+    init_source.check(spec, root)  # the weights it starts from fit its model (exit 2 naming the field)
     c, lz = spec.cluster, spec.launcher
     for name, value in (("name", spec.name), ("cluster.partition", c.partition), ("cluster.account", c.account),
                         ("cluster.qos", c.qos), ("cluster.time", c.time), ("cluster.constraint", c.constraint),
