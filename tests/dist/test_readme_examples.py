@@ -192,7 +192,7 @@ def walkthrough(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Re
 def test_the_readme_examples_are_all_found() -> None:
     found = examples(README.read_text())
     commands = [ex.command.split()[1] for ex in found]
-    for cmd in ("validate", "plan", "data", "launch", "checkpoints", "resume", "calibrate", "mfu-report"):
+    for cmd in ("validate", "plan", "data", "launch", "checkpoints", "resume", "export", "calibrate", "mfu-report"):
         assert cmd in commands, cmd
     assert sum(ex.expected is not None for ex in found) >= 12
     assert all(ex.expected for ex in found if ex.expected is not None), "a $ example shows no output"

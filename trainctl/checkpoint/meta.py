@@ -20,8 +20,9 @@ def layout_of(spec: RunSpec) -> dict[str, Any]:
 
 
 def model_of(spec: RunSpec) -> dict[str, Any]:
-    """The model shape a checkpoint was written with (manifest meta "model")."""
-    return spec.model.model_dump(mode="json")
+    """The model shape a checkpoint was written with (manifest meta "model"); where its first weights came from
+    (`init_from`) is not part of its shape: a run started from one source may be continued by another spec."""
+    return spec.model.model_dump(mode="json", exclude={"init_from"})
 
 
 def model_differences(spec: RunSpec, meta: dict[str, Any]) -> list[str]:

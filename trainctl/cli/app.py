@@ -46,6 +46,7 @@ def _register() -> None:
         calibrate_cmd,
         checkpoints_cmd,
         data_cmd,
+        export_cmd,
         hardware_cmd,
         launch_cmd,
         plan_cmd,

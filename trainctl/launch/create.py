@@ -52,14 +52,18 @@ def check_run_dir(path: Path) -> None:
 
 
 def freeze_spec(spec: RunSpec) -> RunSpec:
-    """The spec as the ranks will read it: relative data paths made absolute (ranks may start elsewhere), and
-    credentials in launcher.env held back: their values go to the ranks through this process's environment,
-    never into the run directory (trainctl.launch.secrets)."""
+    """The spec as the ranks will read it: relative data and model.init_from paths made absolute (ranks may start
+    elsewhere), and credentials in launcher.env held back: their values go to the ranks through this process's
+    environment, never into the run directory (trainctl.launch.secrets)."""
     spec = secrets.hold_back(spec)
     path = spec.data.path
     if path and not os.path.isabs(path):
         data = spec.data.model_copy(update={"path": str(Path(path).resolve())})
         spec = spec.model_copy(update={"data": data})
+    init_from = spec.model.init_from  # read by every rank, which may start elsewhere
+    if init_from and not os.path.isabs(init_from):
+        spec = spec.model_copy(update={"model": spec.model.model_copy(
+            update={"init_from": str(Path(init_from).resolve())})})
     profile = spec.cluster.calibration  # the plan is rebuilt from the frozen spec elsewhere (resume)
     if profile and not os.path.isabs(profile):
         spec = spec.model_copy(update={"cluster": spec.cluster.model_copy(

@@ -21,6 +21,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
+from trainctl import init_source
 from trainctl.data_prep import check_data
 from trainctl.errors import RunError, UsageError
 from trainctl.launch import environment, runlock
@@ -112,6 +113,7 @@ def plan_local(spec: RunSpec, run_dir: Path | None = None, existing: bool = Fals
     spec = freeze_spec(spec)
     check_data(spec)
     root = (run_dir or default_run_dir(spec)).absolute()
+    init_source.check(spec, root)  # the weights it starts from fit its model (exit 2 naming the field)
     runlock.check_free(root)  # one job per run directory: a live launcher there is named (exit 2)
     if not existing:
         check_run_dir(root)

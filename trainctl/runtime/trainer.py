@@ -96,6 +96,7 @@ class Trainer:
                         device=par.device, cp=self.cp, moe=self.moe)
             for s in self.stage_ids]
         self.params = self._params_record()  # before FSDP turns the parameters into shards
+        self._init_from()  # before ZeRO/FSDP, which start from the parameters
         self.micro_batches = spec.micro_batches
         fsdp = p.zero == 3 and par.dp > 1
         reduce_dtype = torch.bfloat16 if p.grad_reduce_dtype == "bf16" else None
@@ -146,6 +147,26 @@ class Trainer:
         self.profiled_steps = range(prof.start_step, prof.last_step + 1) if prof is not None else range(0)
 
     # -- set-up helpers ----------------------------------------------------------------------------
+    def _init_from(self) -> None:
+        """model.init_from into this rank's parameters, unless the run has a checkpoint of its own: a resume
+        restores from that (Checkpointing.resume), never from the source again. Every rank looks at the
+        checkpoint directory itself (nothing writes to it before the first step)."""
+        if not self.spec.model.init_from:
+            return
+        from trainctl import init_source
+        from trainctl.runtime.hf_weights import load_init
+
+        source = init_source.check(self.spec, self.paths.root)  # SpecError (exit 2) when it no longer fits
+        if source is None:
+            return
+        t0 = time.perf_counter()
+        n = load_init(self.modules, source, self.cfg, self.tp)
+        if self.log:
+            record_event(self.paths, "init_from", source=source.kind, family=source.family, path=str(source.path),
+                         load_s=round(time.perf_counter() - t0, 4))
+            print(f"trainctl: initialised from {source.path} ({source.family or 'trainctl checkpoint'}); rank 0 "
+                  f"loaded its {n} parameters in {time.perf_counter() - t0:.1f} s", flush=True)
+
     def _precision(self) -> tuple[torch.dtype | None, LossScaler]:
         t = self.spec.train
         prec = self.precision

@@ -78,6 +78,10 @@ class ModelSpec(Strict):
     dropout: Fraction = 0.0
     norm_eps: PositiveFloat = 1e-5
     moe: MoESpec | None = Field(None, description="Mixture-of-experts MLPs; absent: dense")
+    init_from: str | None = Field(None, description="Start from these weights instead of a random init: a Hugging "
+                                  "Face directory (config.json + safetensors), a trainctl run directory (its newest "
+                                  "valid checkpoint) or a checkpoint directory; resharded to this run's layout. A "
+                                  "run that has a checkpoint of its own resumes from it instead")
 
     @model_validator(mode="before")
     @classmethod

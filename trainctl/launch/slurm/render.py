@@ -9,6 +9,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainctl import init_source
 from trainctl.data_prep import check_data
 from trainctl.errors import UsageError
 from trainctl.launch import environment, secrets
@@ -70,6 +71,7 @@ def render_launch(spec: RunSpec, root: Path, *, grace_s: int, python: str | None
                    trainer_module: str) -> SlurmLaunch:
     """Vet every user value of the spec and render the script for the run directory `root`."""
     check_data(spec)
+    init_source.check(spec, root)  # the weights it starts from fit its model (exit 2 naming the field)
     c, lz = spec.cluster, spec.launcher
     for name, value in (("name", spec.name), ("cluster.partition", c.partition), ("cluster.account", c.account),
                         ("cluster.qos", c.qos), ("cluster.time", c.time), ("cluster.constraint", c.constraint),
