@@ -28,3 +28,15 @@ def tmpfs(tmp_path: Path):
     yield mount
     for d in mounts:
         subprocess.run(["umount", "-l", str(d)], capture_output=True)
+
+
+@pytest.fixture
+def one_torch_thread():
+    """In-process model tests on one intra-op thread: deterministic reductions, no oversubscription of the
+    2-core CI machine by pytest's own process."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

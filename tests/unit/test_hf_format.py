@@ -37,12 +37,7 @@ MODELS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def ours(shape: ModelShape, seed: int = 3) -> torch.nn.Module:

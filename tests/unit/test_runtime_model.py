@@ -32,12 +32,7 @@ VARIANTS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def batch(cfg: ModelShape, seed: int = 0, b: int = 2):
