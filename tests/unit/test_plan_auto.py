@@ -72,23 +72,23 @@ def test_auto_never_returns_an_invalid_layout(nodes, gpn, layers, heads, kv_div,
 
 @pytest.mark.parametrize("nodes,gpn,layers,heads,kv,gb", [(1, 8, 4, 4, 2, 16), (2, 4, 6, 6, 6, 24)])
 def test_auto_enumerates_every_layout_the_rules_accept(nodes, gpn, layers, heads, kv, gb):
-    """Complete: brute force over a grid of parallel settings, keep what validate_spec accepts (with the
-    search's fixed choices: sp iff tp > 1 and no gpipe), and compare with the enumeration."""
+    """Complete: brute force over a grid of parallel settings and schedules, keep what validate_spec accepts
+    (with the search's fixed choices: sp iff tp > 1 and no gpipe), and compare with the enumeration."""
     spec = small_spec(nodes, gpn, layers, heads, kv, gb)
     world = nodes * gpn
     accepted = set()
-    for tp, pp, mb, v in itertools.product(range(1, world + 1), range(1, world + 1), range(1, gb + 1),
-                                           range(1, layers + 1)):
+    for tp, pp, mb, v, sched in itertools.product(range(1, world + 1), range(1, world + 1), range(1, gb + 1),
+                                                  range(1, layers + 1), ("1f1b", "interleaved", "zero-bubble")):
         if world % (tp * pp) or (v > 1 and pp == 1):
             continue
-        c = Candidate(tp, pp, world // (tp * pp), 1, mb, "none", tp > 1 and 128 % tp == 0,
-                      "interleaved" if v > 1 else "1f1b", v)
+        c = Candidate(tp, pp, world // (tp * pp), 1, mb, "none", tp > 1 and 128 % tp == 0, sched, v)
         try:
             validate_spec(as_data(spec, c))
         except SpecError:
             continue
-        accepted.add((c.tp, c.pp, c.dp, c.micro_batch, c.virtual_stages))
-    enumerated = {(c.tp, c.pp, c.dp, c.micro_batch, c.virtual_stages) for c in enumerate_candidates(spec, {})}
+        accepted.add((c.tp, c.pp, c.dp, c.micro_batch, c.schedule, c.virtual_stages))
+    enumerated = {(c.tp, c.pp, c.dp, c.micro_batch, c.schedule, c.virtual_stages)
+                  for c in enumerate_candidates(spec, {})}
     assert enumerated == accepted
 
 

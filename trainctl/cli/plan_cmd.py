@@ -93,7 +93,7 @@ def render_plan(plan: Plan, console: Console, ranks: bool) -> None:
     per = "rank" if hw["gpu"] == "cpu" else "GPU"  # a CPU rank is no GPU
     prose(console, f"[bold]{plan.name}[/bold]: {_where(j)}")
 
-    sched = L["schedule"] + (f", {L['virtual_stages']} chunks per rank" if L["schedule"] == "interleaved" else "")
+    sched = L["schedule"] + (f", {L['virtual_stages']} chunks per rank" if L["virtual_stages"] > 1 else "")
     _print_kv(console, "Layout", [
         ("tensor parallel", f"{L['tp']}" + (" + sequence parallel" if L["sequence_parallel"] else "")
          + ("" if L["tp_fits_nvlink"] else "  [red](crosses the NVLink domain)[/red]")),
@@ -270,6 +270,9 @@ def calibration_line(cal: dict[str, Any]) -> str:
     return text if cal.get("calibrated") else f"[yellow]{text}[/yellow]"
 
 
+SCHEDULE_ABBREV = {"interleaved": "il", "zero-bubble": "zb"}  # --auto's table: the column stays narrow
+
+
 def render_auto(res: AutoResult, console: Console, on_cpu: bool = False) -> None:
     prose(console, f"[bold]{res.name}[/bold] --auto: {res.evaluated:,} valid layouts evaluated on {res.world:,} "
                    f"{'CPU ranks' if on_cpu else 'GPUs'}, {res.fitting:,} fit in "
@@ -278,13 +281,14 @@ def render_auto(res: AutoResult, console: Console, on_cpu: bool = False) -> None
         prose(console, "[yellow]Peak FLOP/s unknown for this accelerator: ranked with a nominal 1 TFLOP/s; "
                        "MFU and step times are not shown (set cluster.peak_tflops, or calibrate).[/yellow]")
     prose(console, calibration_line(res.calibration), "Times: ")
-    _title(console, "Best layouts (sp: sequence parallel; il v: interleaved, v chunks per rank; m: micro-batches)")
+    _title(console, "Best layouts (sp: sequence parallel; il v: interleaved, v chunks per rank; zb: zero-bubble; "
+                    "m: micro-batches)")
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0))
     for col in ("#", "tp/cp/pp/dp", "sched", "ZeRO", "mb/m", "recomp", "GB/GPU", "bubble", "step", "MFU"):
         t.add_column(col, justify="left" if col in ("sched", "recomp") else "right", no_wrap=True)
     for i, (s, _, _codes) in enumerate(res.top, 1):
         c, e = s.cand, s.est
-        sched = f"il {c.virtual_stages}" if c.schedule == "interleaved" else c.schedule
+        sched = SCHEDULE_ABBREV.get(c.schedule, c.schedule) + (f" {c.virtual_stages}" if c.virtual_stages > 1 else "")
         t.add_row(str(i), f"{c.tp}{'sp' if c.sequence_parallel else ''}/{c.cp}/{c.pp}/{c.dp}"
                   + (f" ep{c.ep}" if c.ep > 1 else ""), sched, str(c.zero),
                   f"{c.micro_batch}/{e.micro_batches}", c.recompute, f"{e.memory_total / 1e9:.1f}",

@@ -5,8 +5,8 @@ otherwise), for long sequences (LONG_SEQUENCE tokens and more) cp (powers of two
 split the sequence into 2*cp chunks, leaving each rank at least MIN_CP_TOKENS tokens; a dense model without
 dropout), pp (divides world/(tp*cp), at most one stage per layer), dp = world/(tp*cp*pp) (global batch
 divisible by micro_batch*dp), for an MoE model ep (divides dp and the number of experts), micro_batch,
-schedule 1f1b or interleaved with every virtual_stages v >= 2
-that leaves each model chunk a layer (micro-batches divisible by pp), ZeRO 0-3, recompute
+schedule 1f1b, interleaved with every virtual_stages v >= 2 that leaves each model chunk a layer, or
+zero-bubble with v = 1 or those v (both need micro-batches divisible by pp), ZeRO 0-3, recompute
 none/selective/full: the rules of trainctl/spec/rules.py, applied to plain integers. Fixed: sequence
 parallelism is on whenever tp > 1 and the sequence divides (it only saves memory, at the same TP
 volume), GPipe is left out (1F1B has the same bubble with less memory), stages split by the default
@@ -162,7 +162,9 @@ def _with_tp_cp(spec: RunSpec, world: int, tp: int, cp: int, sp: bool, skip: Cal
                 continue
             schedules = [("1f1b", 1)]
             if pp > 1 and n_micro % pp == 0:
-                schedules += [("interleaved", v) for v in range(2, m.layers // pp + 1)]
+                chunks = range(2, m.layers // pp + 1)
+                schedules += [("interleaved", v) for v in chunks]
+                schedules += [("zero-bubble", v) for v in (1, *chunks)]
             elif pp > 1:
                 skip("interleaved: micro-batches not divisible by pp")
             for sched, v in schedules:

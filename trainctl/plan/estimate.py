@@ -11,7 +11,8 @@ measured FLOP/s and, per collective, latency * calls + bytes / measured bandwidt
   p2p       = activation/gradient sends per micro-batch / PP link rate, on the
               critical path (not overlapped)
   slot      = max over pipeline ranks of (compute + tp) + p2p        [one micro-batch on one rank]
-  pipeline  = slot * (m + (p-1)/v)                                  [m slots of work + the bubble]
+  pipeline  = slot * (m + (p-1)/v)                                  [m slots of work + the bubble; a third of
+                                                                    (p-1)/v zero-bubble]
   dp        = DP bytes / DP link rate; hidden = min(dp_overlap * dp, window),
               window = one slot for the once-per-step traffic of ZeRO 0/1 (Megatron overlaps the
               gradient reduce with the last micro-batch's backward and the weight all-gather with the
@@ -460,7 +461,7 @@ class Evaluator:
         cp_ops = CP_OPS[cp_passes == 3]
         cp_layer_time = rates.comm(links["cp"], cp_ops, cp_layer, cp_passes if cp_layer else 0)
         cp_mb_time = prof.rank_layers[load.slow] * cp_layer_time
-        bubble_slots = (pp - 1) / v if pp > 1 else 0.0
+        bubble_slots = schedule.bubble_slots(pp, v, c.schedule)
         slot = compute_mb = attn_layer_time = None
         rate = rates.compute(tp)
         if rate:

@@ -24,6 +24,12 @@ def _bubble_slots(pp: int, schedule: str) -> float:
     return (pp - 1) * (ZERO_BUBBLE_SHARE if schedule == "zero-bubble" else 1.0)
 
 
+def bubble_slots(pp: int, v: int = 1, schedule: str = "1f1b") -> float:
+    """The bubble in slots (one micro-batch's forward and backward through a rank's v chunks): (p-1)/v, a third
+    of it zero-bubble. The step's pipelined part is slot * (m + bubble_slots)."""
+    return _bubble_slots(pp, schedule) / v if pp > 1 else 0.0
+
+
 def bubble_fraction(pp: int, m: int, v: int = 1, schedule: str = "1f1b") -> float:
     """Idle fraction of the pipeline's time: (p-1)/(m+p-1) for GPipe and 1F1B, (p-1)/(v*m+p-1) interleaved,
     ((p-1)/3)/(v*m+(p-1)/3) zero-bubble.
