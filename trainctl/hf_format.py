@@ -10,7 +10,8 @@ Families (docs/ARCHITECTURE.md, "Hugging Face weights"):
              (topk_softmax router, no shared experts, no biases)
     gpt2     GPT2LMHeadModel: LayerNorm, learned positions, GELU (tanh), multi-head attention; GPT-2's linear
              layers are Conv1D, weight [in, out]: our [out, in] transposed. A model without biases exports
-             them as zeros (exact); GPT-2 weights always have biases, so init_from needs `bias: true`.
+             them as zeros (exact) and marks its config.json (`trainctl_zero_biases`), so init_from reads it
+             back with `bias: false`; other GPT-2 weights have biases and need `bias: true`.
 
 Our fused tensors are concatenations of transformers' rows (`Piece`): qkv = [q; k; v] (GPT-2: the columns
 of c_attn), SwiGLU's fc1 = [gate; up] (Mixtral's experts: [w1; w3], fc2 = w2).
@@ -163,6 +164,9 @@ def _gpt2(m: ModelShape, pieces: dict[str, list[Piece]], shapes: dict[str, tuple
 # --- config.json ------------------------------------------------------------------------------------
 
 
+ZERO_BIASES = "trainctl_zero_biases"  # config.json key of a GPT-2 export of a model without biases
+
+
 def config(m: ModelShape) -> dict[str, Any]:
     """config.json of the transformers class that matches `m` (fp32 weights, as the checkpoint holds them)."""
     fam = family(m)
@@ -172,7 +176,10 @@ def config(m: ModelShape) -> dict[str, Any]:
     if fam == "gpt2":
         return {**common, "n_embd": m.hidden, "n_layer": m.layers, "n_head": m.heads, "n_inner": m.ffn_hidden,
                 "n_positions": m.seq_len, "activation_function": GELU_TANH[0], "layer_norm_epsilon": m.norm_eps,
-                "resid_pdrop": m.dropout, "embd_pdrop": m.dropout, "attn_pdrop": m.dropout}
+                "resid_pdrop": m.dropout, "embd_pdrop": m.dropout, "attn_pdrop": m.dropout,
+                # GPT-2 files always hold biases; ours are zeros when the model has none, and saying so lets
+                # init_from read the export back into the same bias-free spec (transformers keeps unknown keys)
+                **({} if m.bias else {ZERO_BIASES: True})}
     out = {**common, "hidden_size": m.hidden, "num_hidden_layers": m.layers, "num_attention_heads": m.heads,
            "num_key_value_heads": m.kv_heads, "head_dim": m.head_dim, "intermediate_size": m.ffn_hidden,
            "hidden_act": "silu", "max_position_embeddings": m.seq_len, "rms_norm_eps": m.norm_eps,
@@ -199,7 +206,7 @@ def config_shape(cfg: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         h = cfg["n_embd"]
         return "gpt2", {"layers": cfg["n_layer"], "hidden": h, "heads": cfg["n_head"], "kv_heads": cfg["n_head"],
                         "ffn_hidden": cfg.get("n_inner") or 4 * h, "vocab": cfg["vocab_size"], "norm": "layernorm",
-                        "position": "learned", "activation": "gelu", "bias": True,
+                        "position": "learned", "activation": "gelu", "bias": not cfg.get(ZERO_BIASES, False),
                         "tied_embeddings": cfg.get("tie_word_embeddings", True)}
     if kind in ("llama", "mixtral"):
         if cfg.get("hidden_act", "silu") != "silu":

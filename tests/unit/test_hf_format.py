@@ -55,6 +55,8 @@ def test_exported_weights_give_our_logits_in_transformers(name, tmp_path):
     full = {n: p.detach() for n, p in model.named_parameters()}
     files = hf_weights.write_hf(tmp_path, hf_weights.to_hf(hf_format.layout(shape), full), hf_format.config(shape))
     assert files == [hf_format.WEIGHTS, hf_format.CONFIG]
+    _, back = hf_format.config_shape(json.loads((tmp_path / hf_format.CONFIG).read_text()))
+    assert back["bias"] == shape.bias  # a GPT-2 export of a bias-free model (zero biases) reads back bias-free
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     assert type(hf).__name__ == hf_format.layout(shape).architecture
     x = ids(shape)
