@@ -297,6 +297,16 @@ def render_auto(res: AutoResult, console: Console, on_cpu: bool = False) -> None
             by_codes.setdefault(tuple(codes), []).append(f"#{i}")
     for codes, rows in by_codes.items():
         prose(console, ", ".join(codes), f"  [yellow]{' '.join(rows)}:[/yellow] ")
+    for i, levers in res.levers.items():
+        if res.peak_known:
+            before = res.top[i][0].est.step_time or 0.0
+            prose(console, escape("; ".join(x.text(before) for x in levers)),
+                  f"  [cyan]#{i + 1} DP-bound, predicted with[/cyan] ")
+    if res.pulled is not None and res.peak_known:
+        s, lever = res.pulled
+        prose(console, escape(f"{s.cand.describe()} with {lever.setting}: step {lever.step_time:.3g} s, "
+                              f"{lever.saving_s / (s.est.step_time or 1):.0%} less than without it, faster than #1"),
+              "  [cyan]Communication lever:[/cyan] ")
     if not res.top:
         console.print("[bold red]No valid layout fits in memory on this cluster.[/bold red]")
     if res.rejected:

@@ -38,7 +38,7 @@ from functools import lru_cache
 
 from trainctl import model_shape as model
 from trainctl.model_shape import ModelShape
-from trainctl.plan import comm, memory, schedule
+from trainctl.plan import comm, memory, powersgd, schedule
 from trainctl.plan.comm import INTER_NODE, NVLINK
 from trainctl.plan.pipeline import balanced_split
 from trainctl.plan.rates import CP_OPS, EMBEDDING_OPS, EP_OPS, PP_OPS, TP_OPS, AssumedRates, MeasuredRates, Ops
@@ -89,6 +89,7 @@ class Context:
     hw: Hardware
     assume: Assumptions
     grad_reduce_bf16: bool = False  # parallel.grad_reduce_dtype: bf16
+    powersgd_rank: int | None = None  # parallel.grad_compression.powersgd.rank (ZeRO-0/1 only)
     rates: MeasuredRates | None = None  # a calibration profile's rates; None: assumed from hw and assume
 
 
@@ -264,6 +265,9 @@ class _Base:
     compute_mb: float | None
     emb_time: float
     layer_params_gpu: float  # one layer's parameters on one GPU, the largest kind (ZeRO-3 gathers two at a time)
+    # PowerSGD (context's powersgd_rank): per pipeline rank (dense, routed-expert) figures; its compute's time
+    psgd: tuple[tuple[powersgd.Compression, powersgd.Compression], ...] | None = None
+    psgd_time: float = 0.0
 
 
 class Evaluator:
@@ -284,6 +288,7 @@ class Evaluator:
         self._rank_params = lru_cache(maxsize=None)(self._make_rank_params)
         self._units = lru_cache(maxsize=None)(self._make_units)
         self._load = lru_cache(maxsize=None)(self._make_load)
+        self._compression = lru_cache(maxsize=None)(self._make_compression)
         self._base_cache: dict[tuple, _Base] = {}
         cf = m.moe.capacity_factor if m.moe is not None else None
         # what the GPUs compute (capacity-padded buffers with a capacity factor), and what paces the slot
@@ -343,6 +348,24 @@ class Evaluator:
             moe_layers.append(n_moe)
             largest.append(big)
         return tuple(totals), tuple(experts), tuple(moe_layers), tuple(largest)
+
+    def _make_compression(self, tp: int, pp: int, v: int, layers: tuple[int, ...], ep: int
+                          ) -> tuple[tuple[powersgd.Compression, powersgd.Compression], ...]:
+        """Per pipeline rank: PowerSGD's (dense, routed-expert) figures at the context's rank."""
+        m, rank = self.ctx.shape, self.ctx.powersgd_rank
+        assert rank is not None
+        prof = self._profile(pp, v, layers)
+        n_stages = pp * v
+        starts = [sum(layers[:g]) for g in range(n_stages)]
+        out = []
+        for r in range(pp):
+            mats: list[powersgd.Matrix] = []
+            for c, n in enumerate(prof.layers[r]):
+                g = c * pp + r
+                k = m.moe_layers_in(starts[g], starts[g] + n)
+                mats += powersgd.stage_matrices(m, tp, n, g == 0, g == n_stages - 1, k, ep)
+            out.append((powersgd.compression(mats, rank), powersgd.compression(mats, rank, experts=True)))
+        return tuple(out)
 
     def _make_units(self, schedule_: str, pp: int, v: int, n_micro: int,
                     layers: tuple[int, ...]) -> tuple[tuple[int, ...], int, int]:
@@ -468,7 +491,10 @@ class Evaluator:
             pairs = max(model.causal_pairs_per_rank(m.seq_len, cp))  # the same on every rank: balanced chunks
             attn_layer_time = mb * pairs * model.attention_flops_per_pair(m) / tp / rate
             slot = compute_mb + tp_mb_time + ep_mb_time + cp_mb_time + p2p
+        psgd = self._compression(tp, pp, v, layers, c.ep) if ctx.powersgd_rank else None
+        psgd_time = max((d.flops + e.flops) / rate for d, e in psgd) if psgd and rate else 0.0
         return _Base(
+            psgd=psgd, psgd_time=psgd_time,
             n_micro=n_micro, layers=layers, prof=prof, params=params, experts=experts, largest=largest,
             max_params=max(p - e for p, e in zip(params, experts, strict=True)), max_experts=max(experts),
             load=load, vp=vp, acts=tuple(acts), transient=transient, links=links,
@@ -507,8 +533,21 @@ class Evaluator:
         worst = max(range(len(totals)), key=totals.__getitem__)
         weight_bytes = memory.fsdp_gather_bytes(ctx.precision) if zero >= 3 else dense[0] if zero >= 1 else 4
         grad_bytes = 2 if ctx.grad_reduce_bf16 else 4
-        dp_traffic = comm.dp_traffic(b.max_params, zero, dp, b.n_micro, grad_bytes, weight_bytes, b.units)
-        edp_traffic = comm.dp_traffic(b.max_experts, zero, edp, b.n_micro, grad_bytes, weight_bytes, b.units)
+        # PowerSGD: the pipeline rank with the most dense (expert) parameters, whose reduction the figures take
+        psgd = b.psgd if zero <= 1 and dp > 1 else None
+        dense_r = max(range(len(b.params)), key=lambda r: b.params[r] - b.experts[r])
+        expert_r = max(range(len(b.params)), key=lambda r: b.experts[r])
+        d_psgd = (psgd[dense_r][0].compressed_params, psgd[dense_r][0].factor_elements) if psgd else None
+        e_psgd = (psgd[expert_r][1].compressed_params, psgd[expert_r][1].factor_elements) if psgd else None
+        if psgd:  # its buffers (error feedback, the rest's copy, P and Q) are gradient memory
+            buffers = tuple(buf + 4 * (d.held_elements(p - e) + (x.held_elements(e) if edp > 1 else 0.0))
+                            for buf, (d, x), p, e in zip(buffers, psgd, b.params, b.experts, strict=True))
+            totals = [t + 4 * (d.held_elements(p - e) + (x.held_elements(e) if edp > 1 else 0.0))
+                      for t, (d, x), p, e in zip(totals, psgd, b.params, b.experts, strict=True)]
+            worst = max(range(len(totals)), key=totals.__getitem__)
+        dp_traffic = comm.dp_traffic(b.max_params, zero, dp, b.n_micro, grad_bytes, weight_bytes, b.units, d_psgd)
+        edp_traffic = comm.dp_traffic(b.max_experts, zero, edp, b.n_micro, grad_bytes, weight_bytes, b.units,
+                                      e_psgd)
         t_dp = self._dp_time(b.links["dp"], dp_traffic)
         t_edp = self._dp_time(b.links["expert_dp"], edp_traffic)
         out = _Zero(dense, expert, gather, buffers, handed, worst, totals[worst] + gather,
@@ -518,6 +557,8 @@ class Evaluator:
         window = b.slot if zero <= 1 else b.n_micro * b.slot
         dp_exposed = (t_dp + t_edp) - min(a.dp_overlap * (t_dp + t_edp), window)
         step = b.slot * (b.n_micro + b.bubble_slots) + dp_exposed + b.emb_time
+        if psgd:
+            step += b.psgd_time  # PowerSGD's matmuls and QRs run after the backward, between its collectives
         return replace(out, dp_exposed=dp_exposed, step=step)
 
     def _zero2_buffers(self, params: float, largest: int, dp: int) -> float:
@@ -574,8 +615,18 @@ class Evaluator:
             embedding_sync_time=b.emb_time, step_time=z.step,
             extra={"tokens_per_step": float(self.tokens_per_step), "ep_time": b.n_micro * b.ep_mb_time,
                    "expert_pace": self.expert_pace, "cp_time": b.n_micro * b.cp_mb_time,
-                   "cp_layer_time": b.cp_layer_time, "attn_layer_time": b.attn_layer_time or 0.0},
+                   "cp_layer_time": b.cp_layer_time, "attn_layer_time": b.attn_layer_time or 0.0,
+                   **self._powersgd_extra(b, c)},
         )
+
+    def _powersgd_extra(self, b: _Base, c: Candidate) -> dict[str, float]:
+        """PowerSGD's figures of the busiest pipeline rank (plan --json's grad_compression)."""
+        if b.psgd is None or c.zero > 1 or c.dp * c.cp == 1:
+            return {}
+        d, x = max(b.psgd, key=lambda de: de[0].flops + de[1].flops)
+        return {"powersgd_time": b.psgd_time, "powersgd_flops": d.flops + x.flops,
+                "powersgd_compressed_params": d.compressed_params + x.compressed_params,
+                "powersgd_factor_elements": d.factor_elements + x.factor_elements}
 
 
 @dataclass(frozen=True)
