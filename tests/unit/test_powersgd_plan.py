@@ -158,7 +158,8 @@ def test_a_layout_that_hides_its_dp_communication_gets_no_lever() -> None:
 
 def test_runtime_state_is_q_and_error_per_matrix() -> None:
     """The compressor's checkpointed state: every compressed matrix's Q and error, refused when the matrices
-    (or the rank) differ, so a resume never mixes another layout's state in."""
+    (or the rank) differ, so a resume never mixes another layout's state in. The first Q depends on the name
+    only (the same on every DP rank), and reset() (after a non-finite step) goes back to it with e = 0."""
     from trainctl.runtime.powersgd import PowerSGD
 
     flat = torch.zeros(64 * 32 + 8)
@@ -166,6 +167,12 @@ def test_runtime_state_is_q_and_error_per_matrix() -> None:
     psgd.bucket([("w", flat[:64 * 32], (64, 32)), ("b", flat[64 * 32:], (8,))])
     st = psgd.state_dict()
     assert set(st["matrices"]) == {"w"} and st["matrices"]["w"]["q"].shape == (32, 2)
+    first_q = st["matrices"]["w"]["q"]
+    assert torch.equal(PowerSGD(2, 1, 0, None, 2).bucket([("w", flat[:64 * 32], (64, 32))]).matrices[0].q, first_q)
+    psgd.matrices["w"].q.fill_(float("nan"))  # a non-finite step went through it
+    psgd.matrices["w"].e.fill_(float("nan"))
+    psgd.reset()
+    assert torch.equal(psgd.matrices["w"].q, first_q) and not psgd.matrices["w"].e.any()
     st["matrices"]["w"]["e"].fill_(3.0)
     assert psgd.load_state_dict(st) and torch.equal(psgd.matrices["w"].e, torch.full((64, 32), 3.0))
     other = PowerSGD(4, 1, 0, None, 2)

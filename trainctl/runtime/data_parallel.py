@@ -366,6 +366,11 @@ class GradSync:
                     if info.tied and info.param.grad is not None:
                         dist.all_reduce(info.param.grad, group=self.par.embedding_group)
 
+    def reset_compression(self) -> None:
+        """A skipped (non-finite) step: PowerSGD's state starts afresh (runtime/powersgd.py `reset`)."""
+        if self.powersgd is not None:
+            self.powersgd.reset()
+
     # -- what the optimizer and the grad norm see --------------------------------------------------
     def norm_pieces(self) -> Iterable[tuple[Tensor, bool]]:
         """(gradient piece, counted in the global norm) covering this rank's share."""
@@ -496,6 +501,9 @@ class FsdpSync:
 
     def backward_done(self, stage: int) -> None:
         pass  # FSDP reduces its gradients itself
+
+    def reset_compression(self) -> None:
+        pass  # no compression under ZeRO-3 (a spec rule)
 
     def finish(self) -> None:
         # the tied copies are sharded identically over dp on both stages: sum the local shards

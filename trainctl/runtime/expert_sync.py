@@ -62,6 +62,10 @@ class ExpertSplitSync:
         if grads and self.expert_scale != 1.0:
             torch._foreach_mul_(grads, self.expert_scale)  # to the mean over all dp replicas
 
+    def reset_compression(self) -> None:
+        for s in self.parts():
+            s.reset_compression()
+
     def norm_pieces(self) -> Iterable[tuple[Tensor, bool]]:
         for s in self.parts():
             yield from s.norm_pieces()

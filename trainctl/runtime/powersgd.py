@@ -133,15 +133,24 @@ class PowerSGD:
         for name, flat, shape in grads:
             if len(shape) == 2 and compressed(shape[0], shape[1], self.rank):
                 n, m = shape
-                r = min(n, m, self.rank)
-                gen = torch.Generator().manual_seed(self.seed + zlib.crc32(name.encode()))  # same on every DP rank
-                q = torch.randn(m, r, generator=gen).to(flat.device)
-                mx = Matrix(name, flat.view(n, m), q, torch.zeros(n, m, device=flat.device))
+                mx = Matrix(name, flat.view(n, m), self._first_q(name, m, min(n, m, self.rank)).to(flat.device),
+                            torch.zeros(n, m, device=flat.device))
                 self.matrices[name] = mx
                 matrices.append(mx)
             else:
                 rest.append(flat)
         return BucketCompression(matrices, rest, self.group, self.dp)
+
+    def _first_q(self, name: str, m: int, r: int) -> Tensor:
+        gen = torch.Generator().manual_seed(self.seed + zlib.crc32(name.encode()))  # the same on every DP rank
+        return torch.randn(m, r, generator=gen)
+
+    def reset(self) -> None:
+        """Back to the first step's state (e = 0, the first Q): after a non-finite step, whose NaN/inf would
+        otherwise stay in the error feedback and the warm start of every later step."""
+        for mx in self.matrices.values():
+            mx.e.zero_()
+            mx.q.copy_(self._first_q(mx.name, *mx.q.shape))
 
     def active(self, step: int) -> bool:
         return step >= self.start_step

@@ -319,6 +319,8 @@ class Trainer:
             self._clip(norm)
             self.opt.step()
             self.sync.after_step()
+        else:
+            self.sync.reset_compression()  # the same decision on every rank: Q stays equal over DP
         if cuda:
             torch.cuda.synchronize(par.device)
         dt, cpu = time.perf_counter() - t0, time.process_time() - c0
