@@ -101,6 +101,7 @@ def render_plan(plan: Plan, console: Console, ranks: bool) -> None:
         ("pipeline parallel", f"{L['pp']} ({sched})"),
         ("data parallel", f"{L['dp']}, ZeRO-{L['zero']}"
          + (f"; expert parallel {L['ep']} x expert-data-parallel {L['expert_dp']}" if L["ep"] > 1 else "")),
+        *([("gradient compression", _powersgd_line(j["grad_compression"]))] if "grad_compression" in j else []),
         ("batch", f"global {L['global_batch']} = micro-batch {L['micro_batch']} x {L['micro_batches']} "
                   f"micro-batches x dp {L['dp']}"),
         ("precision / recompute", f"{L['precision']} / {L['recompute']}"),
@@ -260,6 +261,13 @@ def render_ranks(plan: Plan, console: Console) -> None:
         shown = ", ".join(map(str, first[:8])) + (", …" if len(first) > 8 else "")
         label = {"dp_cp": "DP x CP (gradient reduction, ZeRO)"}.get(kind, kind.upper())
         prose(console, f"{count} of {size} ranks, stride {stride}; the first: \\[{shown}]", f"  {label} groups: ")
+
+
+def _powersgd_line(g: dict[str, Any]) -> str:
+    """The plan's PowerSGD figures in one line (plan/powersgd.py)."""
+    return (f"PowerSGD rank {g['rank']}: {g['compressed_params_per_gpu']:,.0f} parameters per GPU sent as "
+            f"{g['factor_elements_per_gpu']:,.0f} factor values, {g['extra_flops_per_step'] / 1e9:,.2f} GFLOP "
+            f"extra per step")
 
 
 def calibration_line(cal: dict[str, Any]) -> str:
