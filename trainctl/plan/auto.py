@@ -232,10 +232,14 @@ def search(spec: RunSpec, top: int = 10, rejected: int = 5) -> AutoResult:
     denom = ctx.world * (ctx.hw.peak_flops or NOMINAL_PEAK)
     capacity = ctx.hw.usable_bytes
     model_flops = ev.model_flops_per_token * ev.tokens_per_step
+    dp_bound: list[tuple[Candidate, float]] = []  # fitting layouts a communication lever may speed up
     for c in cands:  # the hot loop: plain floats, no Estimate objects
-        step, mem = ev.score(c)
+        step, mem, exposed = ev.score_dp(c)
         mfu = model_flops / (step * denom) if step else 0.0
-        (fitting if capacity is None or mem <= capacity else oom).append((-round(mfu, 12), mem, c))
+        fits = capacity is None or mem <= capacity
+        (fitting if fits else oom).append((-round(mfu, 12), mem, c))
+        if fits and Levers.bound(step, exposed):
+            dp_bound.append((c, (step or 0.0) - exposed))
     # Layouts with under 10% headroom go after the comfortable ones: the CUDA context, NCCL buffers and
     # allocator fragmentation (not in the model) would eat what is left. Then by MFU, then by memory.
     tight = 0.9 * capacity if capacity is not None else float("inf")
@@ -262,8 +266,8 @@ def search(spec: RunSpec, top: int = 10, rejected: int = 5) -> AutoResult:
 
     levers = Levers(ev)  # exposed DP communication: what bf16 reduction or PowerSGD would save
     found = {i: x for i, (s, _, _) in enumerate(winners) if (x := levers.for_layout(s.est))}
-    pulled = levers.best_pulled([row[2] for row in fitting], capacity)
     best_step = winners[0][0].est.step_time if winners else None
+    pulled = levers.best_pulled(dp_bound, capacity, best_step)
     if pulled is not None and best_step and pulled[1].step_time < best_step:
         c = pulled[0]
         pulled_row = Scored(ev.evaluate(c, detail=False), model_flops / (pulled[1].step_time * denom))

@@ -33,10 +33,9 @@ class Levers:
     def __init__(self, ev: Evaluator) -> None:
         ctx = ev.ctx
         self.ev = ev
-        self.bf16 = (Evaluator(replace(ctx, grad_reduce_bf16=True))
+        self.bf16 = (ev.reduction_variant(True, None)
                      if not ctx.grad_reduce_bf16 and ctx.powersgd_rank is None else None)
-        self.powersgd = (Evaluator(replace(ctx, powersgd_rank=LEVER_RANK, grad_reduce_bf16=False))
-                         if ctx.powersgd_rank is None else None)
+        self.powersgd = ev.reduction_variant(False, LEVER_RANK) if ctx.powersgd_rank is None else None
 
     def exposed(self, est: Estimate) -> bool:
         step = est.step_time
@@ -59,17 +58,25 @@ class Levers:
             out.append(self._lever(self.powersgd, zero1, setting, est.step_time))
         return sorted((x for x in out if x is not None and x.saving_s > 0), key=lambda x: x.step_time)
 
-    def best_pulled(self, cands: list[Candidate], capacity: float | None) -> tuple[Candidate, Lever] | None:
-        """The fastest (layout, lever) over `cands` with a lever pulled (the fast score, as --auto ranks), its
-        saving against the same layout without it; None unless that layout is DP-bound without it (`exposed`):
-        a lever that changes the training numerics is proposed only where it is what makes a layout fast."""
+    @staticmethod
+    def bound(step: float | None, exposed: float) -> bool:
+        """A layout's exposed DP time (Evaluator.score_dp) is above DP_EXPOSED_SHARE of its step."""
+        return bool(step) and exposed > DP_EXPOSED_SHARE * (step or 0.0)
+
+    def best_pulled(self, bound: list[tuple[Candidate, float]], capacity: float | None, beat: float | None
+                    ) -> tuple[Candidate, Lever] | None:
+        """The fastest (layout, lever) over DP-bound layouts ((candidate, step less its exposed DP time), as --auto
+        collects them while it ranks: a lever that changes the training numerics is proposed only where it is
+        what makes a layout fast) that could step faster than `beat`, priced with the fast score as --auto ranks;
+        the saving is against the same layout without the lever. None when there is none."""
+        cands = [c for c, floor in bound if beat is None or floor < beat]
         best: tuple[float, Candidate, Evaluator, str] | None = None
         for ev, setting in ((self.bf16, "parallel.grad_reduce_dtype: bf16"),
                             (self.powersgd, f"parallel.grad_compression: {{powersgd: {{rank: {LEVER_RANK}}}}}")):
             if ev is None:
                 continue
             for c in cands:
-                if c.dp * c.cp == 1 or (ev is self.powersgd and c.zero > 1):
+                if ev is self.powersgd and c.zero > 1:
                     continue
                 step, mem = ev.score(c)
                 if step and (capacity is None or mem <= capacity) and (best is None or step < best[0]):

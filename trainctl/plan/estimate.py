@@ -265,9 +265,7 @@ class _Base:
     compute_mb: float | None
     emb_time: float
     layer_params_gpu: float  # one layer's parameters on one GPU, the largest kind (ZeRO-3 gathers two at a time)
-    # PowerSGD (context's powersgd_rank): per pipeline rank (dense, routed-expert) figures; its compute's time
-    psgd: tuple[tuple[powersgd.Compression, powersgd.Compression], ...] | None = None
-    psgd_time: float = 0.0
+    shape_key: tuple = ()  # (tp, pp, v, layers, ep): what PowerSGD's figures depend on (_psgd)
 
 
 class Evaluator:
@@ -299,6 +297,15 @@ class Evaluator:
         self._layer_flops_paced = {r: model.layer_flops_per_token(m, r, self.expert_pace)
                                    for r in ("none", "selective", "full")}
         self.rates: AssumedRates | MeasuredRates = ctx.rates or assumed_rates(ctx.hw, ctx.assume)
+
+    def reduction_variant(self, grad_reduce_bf16: bool, powersgd_rank: int | None) -> Evaluator:
+        """An Evaluator of this context with another DP reduction, sharing the caches that do not depend on it
+        (plan/comm_levers.py prices the levers of many layouts with it)."""
+        ev = Evaluator(replace(self.ctx, grad_reduce_bf16=grad_reduce_bf16, powersgd_rank=powersgd_rank))
+        ev._default_split, ev._profile, ev._rank_params = self._default_split, self._profile, self._rank_params
+        ev._units, ev._load, ev._compression = self._units, self._load, self._compression
+        ev._base_cache = self._base_cache  # _Base holds nothing of the DP reduction
+        return ev
 
     # --- shared pieces ------------------------------------------------------------------------------
 
@@ -349,11 +356,10 @@ class Evaluator:
             largest.append(big)
         return tuple(totals), tuple(experts), tuple(moe_layers), tuple(largest)
 
-    def _make_compression(self, tp: int, pp: int, v: int, layers: tuple[int, ...], ep: int
+    def _make_compression(self, tp: int, pp: int, v: int, layers: tuple[int, ...], ep: int, rank: int
                           ) -> tuple[tuple[powersgd.Compression, powersgd.Compression], ...]:
-        """Per pipeline rank: PowerSGD's (dense, routed-expert) figures at the context's rank."""
-        m, rank = self.ctx.shape, self.ctx.powersgd_rank
-        assert rank is not None
+        """Per pipeline rank: PowerSGD's (dense, routed-expert) figures at `rank`."""
+        m = self.ctx.shape
         prof = self._profile(pp, v, layers)
         n_stages = pp * v
         starts = [sum(layers[:g]) for g in range(n_stages)]
@@ -491,10 +497,8 @@ class Evaluator:
             pairs = max(model.causal_pairs_per_rank(m.seq_len, cp))  # the same on every rank: balanced chunks
             attn_layer_time = mb * pairs * model.attention_flops_per_pair(m) / tp / rate
             slot = compute_mb + tp_mb_time + ep_mb_time + cp_mb_time + p2p
-        psgd = self._compression(tp, pp, v, layers, c.ep) if ctx.powersgd_rank else None
-        psgd_time = max((d.flops + e.flops) / rate for d, e in psgd) if psgd and rate else 0.0
         return _Base(
-            psgd=psgd, psgd_time=psgd_time,
+            shape_key=(tp, pp, v, layers, c.ep),
             n_micro=n_micro, layers=layers, prof=prof, params=params, experts=experts, largest=largest,
             max_params=max(p - e for p, e in zip(params, experts, strict=True)), max_experts=max(experts),
             load=load, vp=vp, acts=tuple(acts), transient=transient, links=links,
@@ -534,7 +538,7 @@ class Evaluator:
         weight_bytes = memory.fsdp_gather_bytes(ctx.precision) if zero >= 3 else dense[0] if zero >= 1 else 4
         grad_bytes = 2 if ctx.grad_reduce_bf16 else 4
         # PowerSGD: the pipeline rank with the most dense (expert) parameters, whose reduction the figures take
-        psgd = b.psgd if zero <= 1 and dp > 1 else None
+        psgd, psgd_time = self._psgd(b) if zero <= 1 and dp > 1 else (None, 0.0)
         dense_r = max(range(len(b.params)), key=lambda r: b.params[r] - b.experts[r])
         expert_r = max(range(len(b.params)), key=lambda r: b.experts[r])
         d_psgd = (psgd[dense_r][0].compressed_params, psgd[dense_r][0].factor_elements) if psgd else None
@@ -558,8 +562,18 @@ class Evaluator:
         dp_exposed = (t_dp + t_edp) - min(a.dp_overlap * (t_dp + t_edp), window)
         step = b.slot * (b.n_micro + b.bubble_slots) + dp_exposed + b.emb_time
         if psgd:
-            step += b.psgd_time  # PowerSGD's matmuls and QRs run after the backward, between its collectives
+            step += psgd_time  # PowerSGD's matmuls and QRs run after the backward, between its collectives
         return replace(out, dp_exposed=dp_exposed, step=step)
+
+    def _psgd(self, b: _Base) -> tuple[tuple[tuple[powersgd.Compression, powersgd.Compression], ...] | None, float]:
+        """PowerSGD at the context's rank (None without): per pipeline rank (dense, routed-expert) figures, and
+        the seconds of the busiest rank's extra compute."""
+        rank = self.ctx.powersgd_rank
+        if not rank:
+            return None, 0.0
+        psgd = self._compression(*b.shape_key, rank)
+        rate = self.rates.compute(b.shape_key[0])
+        return psgd, max((d.flops + e.flops) / rate for d, e in psgd) if rate else 0.0
 
     def _zero2_buffers(self, params: float, largest: int, dp: int) -> float:
         slot = memory.zero2_slot_numel(round(params), largest, dp, memory.dp_bucket_numel())
@@ -573,6 +587,11 @@ class Evaluator:
         numbers as evaluate(c).step_time and evaluate(c).memory_total."""
         z = self._with_zero(self._base(c), c.zero, c.dp * c.cp, c.ep)
         return z.step, z.total
+
+    def score_dp(self, c: Candidate) -> tuple[float | None, float, float]:
+        """score(c) and, third, the exposed DP seconds of that step (evaluate(c).dp_exposed_time, or 0)."""
+        z = self._with_zero(self._base(c), c.zero, c.dp * c.cp, c.ep)
+        return z.step, z.total, z.dp_exposed or 0.0
 
     def evaluate(self, c: Candidate, detail: bool = True) -> Estimate:
         """All figures of one layout. detail=False skips the per-rank memory table."""
@@ -621,10 +640,11 @@ class Evaluator:
 
     def _powersgd_extra(self, b: _Base, c: Candidate) -> dict[str, float]:
         """PowerSGD's figures of the busiest pipeline rank (plan --json's grad_compression)."""
-        if b.psgd is None or c.zero > 1 or c.dp * c.cp == 1:
+        psgd, psgd_time = self._psgd(b)
+        if psgd is None or c.zero > 1 or c.dp * c.cp == 1:
             return {}
-        d, x = max(b.psgd, key=lambda de: de[0].flops + de[1].flops)
-        return {"powersgd_time": b.psgd_time, "powersgd_flops": d.flops + x.flops,
+        d, x = max(psgd, key=lambda de: de[0].flops + de[1].flops)
+        return {"powersgd_time": psgd_time, "powersgd_flops": d.flops + x.flops,
                 "powersgd_compressed_params": d.compressed_params + x.compressed_params,
                 "powersgd_factor_elements": d.factor_elements + x.factor_elements}
 
