@@ -11,12 +11,16 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from resume_utils import assert_resumed_bitwise, curve, ok, set_spec, straight_and_resumed
 from trainer_utils import fork_ranks, make_run, metrics, run_trainer
 
 from trainctl.checkpoint import list_checkpoints, rank_state_filename
 from trainctl.checkpoint.durable import HASH, file_digest
-from trainctl.checkpoint.format import MANIFEST
+from trainctl.checkpoint.format import MANIFEST, MARKER, marker_bytes
+from trainctl.plan.memory import dp_bucket_numel
+from trainctl.plan.plan import build_plan
+from trainctl.spec.loader import validate_spec
 
 pytestmark = pytest.mark.slow
 
@@ -45,7 +49,8 @@ def test_tracks_the_uncompressed_loss_and_resumes_bitwise(tmp_path: Path) -> Non
     compressed runs end within 2% of the uncompressed loss (mean of the last 5 steps), yet really compressed
     (their losses differ from step 6 on), and ZeRO-1 compresses as ZeRO-0 does (the same gradients, another
     optimizer layout). Then the ZeRO-1 run's checkpoint at step 25, resumed in fresh processes, retraces steps
-    26-50 bit for bit; stripped of PowerSGD's state it does not (that state is what makes it exact)."""
+    26-50 bit for bit; stripped of PowerSGD's state it does not (that state is what makes it exact). The
+    measured gradient memory (PowerSGD's buffers included) is the plan's."""
     sections = {"train": {"steps": STEPS, "global_batch": 8}, "model": {"preset": "tiny", "seq_len": 32}}
     plain, world = make_run(tmp_path, "plain", parallel={"dp": 2}, **sections)
     ok(run_trainer(plain, world, dump=False), "uncompressed")
@@ -67,23 +72,32 @@ def test_tracks_the_uncompressed_loss_and_resumes_bitwise(tmp_path: Path) -> Non
         torch.save(st, f)
         size, digest = file_digest(f)
         manifest["files"][f.name].update({"size": size, HASH: digest})  # a valid checkpoint, just without it
-    (first.path / MANIFEST).write_text(json.dumps(manifest))
+    data = json.dumps(manifest).encode()
+    (first.path / MANIFEST).write_bytes(data)
+    (first.path / MARKER).write_bytes(marker_bytes(data))
     r = run_trainer(stripped, world, dump=False)
     ok(r, "resumed without PowerSGD's state")
     assert "without this layout's PowerSGD state" in r.stdout + r.stderr
     assert curve(stripped)[-1][1] != curve(straight)[-1][1]
 
     ref = [m["loss"] for m in metrics(plain)]
+    assert [m["loss"] for m in metrics(z0)][:5] == ref[:5]  # steps before start_step reduce uncompressed
     for run in (z0, straight):
         got = [m["loss"] for m in metrics(run)]
         assert len(got) == len(ref) == STEPS
-        assert got[:4] == ref[:4]  # steps before start_step reduce uncompressed
         assert all(a != b for a, b in zip(got[5:], ref[5:], strict=True))
         end, end_ref = sum(got[-5:]) / 5, sum(ref[-5:]) / 5
         print(f"{run.name}: loss {got[0]:.4f} -> {end:.4f}, uncompressed -> {end_ref:.4f} "
               f"({(end - end_ref) / end_ref:+.2%})")
         assert abs(end - end_ref) <= 0.02 * end_ref
     assert ref[-1] < 0.8 * ref[0]  # it trained: the comparison is not between two flat lines
+    for run in (z0, straight):  # the plan's gradient memory holds PowerSGD's buffers as the trainer does
+        spec = validate_spec(yaml.safe_load((run / "spec.yaml").read_text()))
+        want = build_plan(spec).to_json()["memory"]["per_pp_rank"][0]
+        (line,) = [m for m in metrics(run) if "memory" in m]
+        for got in line["memory"]["per_rank"]:
+            padding = 4 * (2 - 1) * (round(want["params"]) // dp_bucket_numel() + 2)  # buckets pad to dp
+            assert 0 <= got["gradients"] - want["gradients"] <= padding, (run.name, got, want)
 
 
 def test_resume_without_its_state_warns_and_restarts_compression(tmp_path: Path) -> None:
