@@ -101,6 +101,7 @@ def render_plan(plan: Plan, console: Console, ranks: bool) -> None:
         ("pipeline parallel", f"{L['pp']} ({sched})"),
         ("data parallel", f"{L['dp']}, ZeRO-{L['zero']}"
          + (f"; expert parallel {L['ep']} x expert-data-parallel {L['expert_dp']}" if L["ep"] > 1 else "")),
+        *([("gradient compression", _powersgd_line(j["grad_compression"]))] if "grad_compression" in j else []),
         ("batch", f"global {L['global_batch']} = micro-batch {L['micro_batch']} x {L['micro_batches']} "
                   f"micro-batches x dp {L['dp']}"),
         ("precision / recompute", f"{L['precision']} / {L['recompute']}"),
@@ -262,6 +263,13 @@ def render_ranks(plan: Plan, console: Console) -> None:
         prose(console, f"{count} of {size} ranks, stride {stride}; the first: \\[{shown}]", f"  {label} groups: ")
 
 
+def _powersgd_line(g: dict[str, Any]) -> str:
+    """The plan's PowerSGD figures in one line (plan/powersgd.py)."""
+    return (f"PowerSGD rank {g['rank']}: {g['compressed_params_per_gpu']:,.0f} parameters per GPU sent as "
+            f"{g['factor_elements_per_gpu']:,.0f} factor values, {g['extra_flops_per_step'] / 1e9:,.2f} GFLOP "
+            f"extra per step")
+
+
 def calibration_line(cal: dict[str, Any]) -> str:
     """Where the time figures come from, in one line (yellow when uncalibrated)."""
     from trainctl.plan.rates import calibration_text
@@ -301,6 +309,16 @@ def render_auto(res: AutoResult, console: Console, on_cpu: bool = False) -> None
             by_codes.setdefault(tuple(codes), []).append(f"#{i}")
     for codes, rows in by_codes.items():
         prose(console, ", ".join(codes), f"  [yellow]{' '.join(rows)}:[/yellow] ")
+    for i, levers in res.levers.items():
+        if res.peak_known:
+            before = res.top[i][0].est.step_time or 0.0
+            prose(console, escape("; ".join(x.text(before) for x in levers)),
+                  f"  [cyan]#{i + 1} DP-bound, predicted with[/cyan] ")
+    if res.pulled is not None and res.peak_known:
+        s, lever = res.pulled
+        prose(console, escape(f"{s.cand.describe()} with {lever.setting}: step {lever.step_time:.3g} s, "
+                              f"{lever.saving_s / (s.est.step_time or 1):.0%} less than without it, faster than #1"),
+              "  [cyan]Communication lever:[/cyan] ")
     if not res.top:
         console.print("[bold red]No valid layout fits in memory on this cluster.[/bold red]")
     if res.rejected:

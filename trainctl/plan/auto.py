@@ -26,6 +26,7 @@ from typing import Any
 from trainctl.errors import SpecError
 from trainctl.plan.checks import advise
 from trainctl.plan.comm import tp_link
+from trainctl.plan.comm_levers import Lever, Levers
 from trainctl.plan.estimate import Candidate, Estimate, Evaluator
 from trainctl.plan.plan import context_from_spec
 from trainctl.plan.rates import describe
@@ -67,6 +68,9 @@ class AutoResult:
     elapsed_s: float
     assumptions: dict[str, float] = field(default_factory=dict)
     calibration: dict[str, Any] = field(default_factory=dict)  # where the times come from (plan/rates.py)
+    levers: dict[int, list[Lever]] = field(default_factory=dict)  # index in top -> bf16 / PowerSGD savings
+    # the fastest layout with bf16 reduction or PowerSGD, when it beats the best layout without them
+    pulled: tuple[Scored, Lever] | None = None
 
     def to_json(self) -> dict[str, Any]:
         def row(s: Scored) -> dict[str, Any]:
@@ -87,13 +91,17 @@ class AutoResult:
             "name": self.name, "world_size": self.world, "evaluated": self.evaluated, "fitting": self.fitting,
             "ranking": "predicted MFU, descending; ties: less memory per GPU",
             "peak_known": self.peak_known,
-            "top": [{**row(s), "warnings": codes} for s, _, codes in self.top],
+            "top": [{**row(s), "warnings": codes,
+                     "comm_levers": [x.as_dict(s.est.step_time or 0.0) for x in self.levers.get(i, [])]}
+                    for i, (s, _, codes) in enumerate(self.top)],
             "rejected": [{**row(s), "reason": why} for s, why in self.rejected],
             "skipped": self.skipped,
             "invalid": [{"layout": c.describe(), "error": err} for c, err in self.invalid],
             "assumptions": self.assumptions,
             "calibration": self.calibration,
             "elapsed_s": self.elapsed_s,
+            "comm_lever_layout": None if self.pulled is None else {
+                **row(self.pulled[0]), **self.pulled[1].as_dict(self.pulled[0].est.step_time or 0.0)},
         }
 
 
@@ -182,6 +190,8 @@ def _spec_for(spec: RunSpec, c: Candidate, base: dict[str, Any]) -> RunSpec:
         "sequence_parallel": c.sequence_parallel, "schedule": c.schedule, "virtual_stages": c.virtual_stages,
         "stage_layers": None,
     }
+    if c.zero >= 2:  # PowerSGD replaces the ZeRO-0/1 all-reduce only (a spec rule)
+        data["parallel"]["grad_compression"] = None
     data["train"] = {**base["train"], "recompute": c.recompute}
     return validate_spec(data, f"{spec.name} (--auto)")
 
@@ -224,10 +234,14 @@ def search(spec: RunSpec, top: int = 10, rejected: int = 5) -> AutoResult:
     denom = ctx.world * (ctx.hw.peak_flops or NOMINAL_PEAK)
     capacity = ctx.hw.usable_bytes
     model_flops = ev.model_flops_per_token * ev.tokens_per_step
+    dp_bound: list[tuple[Candidate, float]] = []  # fitting layouts a communication lever may speed up
     for c in cands:  # the hot loop: plain floats, no Estimate objects
-        step, mem = ev.score(c)
+        step, mem, exposed = ev.score_dp(c)
         mfu = model_flops / (step * denom) if step else 0.0
-        (fitting if capacity is None or mem <= capacity else oom).append((-round(mfu, 12), mem, c))
+        fits = capacity is None or mem <= capacity
+        (fitting if fits else oom).append((-round(mfu, 12), mem, c))
+        if fits and Levers.bound(step, exposed):
+            dp_bound.append((c, (step or 0.0) - exposed))
     # Layouts with under 10% headroom go after the comfortable ones: the CUDA context, NCCL buffers and
     # allocator fragmentation (not in the model) would eat what is left. Then by MFU, then by memory.
     tight = 0.9 * capacity if capacity is not None else float("inf")
@@ -252,8 +266,19 @@ def search(spec: RunSpec, top: int = 10, rejected: int = 5) -> AutoResult:
         codes = [w.code for w in advise(ev, s.est) if w.code not in ("PEAK_UNKNOWN",)]
         winners.append((s, run, codes))
 
+    levers = Levers(ev)  # exposed DP communication: what bf16 reduction or PowerSGD would save
+    found = {i: x for i, (s, _, _) in enumerate(winners) if (x := levers.for_layout(s.est))}
+    best_step = winners[0][0].est.step_time if winners else None
+    pulled = levers.best_pulled(dp_bound, capacity, best_step)
+    if pulled is not None and best_step and pulled[1].step_time < best_step:
+        c = pulled[0]
+        pulled_row = Scored(ev.evaluate(c, detail=False), model_flops / (pulled[1].step_time * denom))
+        comm = (pulled_row, pulled[1])
+    else:
+        comm = None
     a = ctx.assume
     return AutoResult(
+        levers=found, pulled=comm,
         name=spec.name, world=ctx.world, evaluated=len(cands), fitting=len(fitting), top=winners,
         rejected=[(s, _oom_reason(s.est)) for s in map(scored, _distinct(oom, rejected))],
         skipped=skipped, invalid=invalid,

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from trainctl.plan.comm import INTER_NODE
+from trainctl.plan.comm_levers import Levers
 from trainctl.plan.estimate import Estimate, Evaluator
 
 LEVELS = ("info", "warning", "severe", "error")
@@ -104,9 +105,13 @@ def advise(ev: Evaluator, est: Estimate) -> list[PlanWarning]:  # noqa: C901 - a
                 "(Megatron's all-warm-up case): every rank holds all m micro-batches of all its chunks")
 
     # data parallelism / ZeRO
-    if step and est.dp_exposed_time is not None and est.dp_exposed_time > 0.20 * step:
+    levers = Levers(ev)
+    if step and levers.exposed(est):
+        assert est.dp_exposed_time is not None
+        found = levers.for_layout(est)
         add("DP_EXPOSED", "warning",
-            f"data-parallel communication not hidden by compute is {est.dp_exposed_time / step:.0%} of the step")
+            f"data-parallel communication not hidden by compute is {est.dp_exposed_time / step:.0%} of the step"
+            + (f"; predicted with {'; '.join(x.text(step) for x in found)}" if found else ""))
     if c.zero >= 3 and pp > 1:
         add("ZERO3_WITH_PP", "warning",
             f"ZeRO-3 with pp={pp} gathers the weights for each of the {m} micro-batches: "

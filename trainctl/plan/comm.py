@@ -94,7 +94,7 @@ def pp_link(pp: int, world: int, domain: int) -> str:
 
 
 def dp_traffic(params: float, zero: int, dp: int, micro_batches: int, grad_bytes: float, weight_bytes: float,
-               units: int = 1) -> list[tuple[str, float, float]]:
+               units: int = 1, powersgd: tuple[float, float] | None = None) -> list[tuple[str, float, float]]:
     """(collective, bytes one GPU sends, calls) per optimizer step for data parallelism over `params` local
     parameters, as the trainer communicates: gradients of `grad_bytes` each (fp32, or bf16 with
     parallel.grad_reduce_dtype: bf16), weights of `weight_bytes` (what the all-gather moves: bf16 parameters
@@ -106,14 +106,21 @@ def dp_traffic(params: float, zero: int, dp: int, micro_batches: int, grad_bytes
     no full buffer, so it reduce-scatters every micro-batch's gradients (DeepSpeed's stage 2), then
     all-gathers the weights; ZeRO-3 (FSDP2) gathers the weights for every micro-batch's forward and again
     for its backward and reduce-scatters every micro-batch's gradients, per FSDP unit.
+
+    `powersgd` (ZeRO-0/1; plan/powersgd.py): (elements of the compressed matrices, elements of their P and Q
+    factors). The all-reduce then carries the rest of the gradients and, in two more calls, the fp32 factors.
     """
     if dp == 1:
         return []
     grads, weights = params * grad_bytes, params * weight_bytes
+    reduce = [("all_reduce", all_reduce_bytes(grads, dp), 1.0)]
+    if powersgd is not None and zero <= 1:
+        matrices, factors = powersgd
+        reduce = [("all_reduce", all_reduce_bytes((params - matrices) * grad_bytes + factors * 4, dp), 3.0)]
     if zero == 0:
-        return [("all_reduce", all_reduce_bytes(grads, dp), 1.0)]
+        return reduce
     if zero == 1:
-        return [("all_reduce", all_reduce_bytes(grads, dp), 1.0), ("all_gather", gather_bytes(weights, dp), 1.0)]
+        return [*reduce, ("all_gather", gather_bytes(weights, dp), 1.0)]
     if zero == 2:
         return [("reduce_scatter", micro_batches * gather_bytes(grads, dp), float(micro_batches)),
                 ("all_gather", gather_bytes(weights, dp), 1.0)]

@@ -39,7 +39,7 @@ from functools import lru_cache
 
 from trainctl import model_shape as model
 from trainctl.model_shape import ModelShape
-from trainctl.plan import comm, memory, schedule
+from trainctl.plan import comm, memory, powersgd, schedule
 from trainctl.plan.comm import INTER_NODE, NVLINK
 from trainctl.plan.pipeline import balanced_split
 from trainctl.plan.rates import CP_OPS, EMBEDDING_OPS, EP_OPS, PP_OPS, TP_OPS, AssumedRates, MeasuredRates, Ops
@@ -90,6 +90,7 @@ class Context:
     hw: Hardware
     assume: Assumptions
     grad_reduce_bf16: bool = False  # parallel.grad_reduce_dtype: bf16
+    powersgd_rank: int | None = None  # parallel.grad_compression.powersgd.rank (ZeRO-0/1 only)
     rates: MeasuredRates | None = None  # a calibration profile's rates; None: assumed from hw and assume
 
 
@@ -265,6 +266,7 @@ class _Base:
     compute_mb: float | None
     emb_time: float
     layer_params_gpu: float  # one layer's parameters on one GPU, the largest kind (ZeRO-3 gathers two at a time)
+    shape_key: tuple = ()  # (tp, pp, v, layers, ep): what PowerSGD's figures depend on (_psgd)
 
 
 class Evaluator:
@@ -285,6 +287,7 @@ class Evaluator:
         self._rank_params = lru_cache(maxsize=None)(self._make_rank_params)
         self._units = lru_cache(maxsize=None)(self._make_units)
         self._load = lru_cache(maxsize=None)(self._make_load)
+        self._compression = lru_cache(maxsize=None)(self._make_compression)
         self._base_cache: dict[tuple, _Base] = {}
         cf = m.moe.capacity_factor if m.moe is not None else None
         # what the GPUs compute (capacity-padded buffers with a capacity factor), and what paces the slot
@@ -295,6 +298,15 @@ class Evaluator:
         self._layer_flops_paced = {r: model.layer_flops_per_token(m, r, self.expert_pace)
                                    for r in ("none", "selective", "full")}
         self.rates: AssumedRates | MeasuredRates = ctx.rates or assumed_rates(ctx.hw, ctx.assume)
+
+    def reduction_variant(self, grad_reduce_bf16: bool, powersgd_rank: int | None) -> Evaluator:
+        """An Evaluator of this context with another DP reduction, sharing the caches that do not depend on it
+        (plan/comm_levers.py prices the levers of many layouts with it)."""
+        ev = Evaluator(replace(self.ctx, grad_reduce_bf16=grad_reduce_bf16, powersgd_rank=powersgd_rank))
+        ev._default_split, ev._profile, ev._rank_params = self._default_split, self._profile, self._rank_params
+        ev._units, ev._load, ev._compression = self._units, self._load, self._compression
+        ev._base_cache = self._base_cache  # _Base holds nothing of the DP reduction
+        return ev
 
     # --- shared pieces ------------------------------------------------------------------------------
 
@@ -344,6 +356,23 @@ class Evaluator:
             moe_layers.append(n_moe)
             largest.append(big)
         return tuple(totals), tuple(experts), tuple(moe_layers), tuple(largest)
+
+    def _make_compression(self, tp: int, pp: int, v: int, layers: tuple[int, ...], ep: int, rank: int
+                          ) -> tuple[tuple[powersgd.Compression, powersgd.Compression], ...]:
+        """Per pipeline rank: PowerSGD's (dense, routed-expert) figures at `rank`."""
+        m = self.ctx.shape
+        prof = self._profile(pp, v, layers)
+        n_stages = pp * v
+        starts = [sum(layers[:g]) for g in range(n_stages)]
+        out = []
+        for r in range(pp):
+            mats: list[powersgd.Matrix] = []
+            for c, n in enumerate(prof.layers[r]):
+                g = c * pp + r
+                k = m.moe_layers_in(starts[g], starts[g] + n)
+                mats += powersgd.stage_matrices(m, tp, n, g == 0, g == n_stages - 1, k, ep)
+            out.append((powersgd.compression(mats, rank), powersgd.compression(mats, rank, experts=True)))
+        return tuple(out)
 
     def _make_units(self, schedule_: str, pp: int, v: int, n_micro: int,
                     layers: tuple[int, ...]) -> tuple[tuple[int, ...], int, int]:
@@ -470,6 +499,7 @@ class Evaluator:
             attn_layer_time = mb * pairs * model.attention_flops_per_pair(m) / tp / rate
             slot = compute_mb + tp_mb_time + ep_mb_time + cp_mb_time + p2p
         return _Base(
+            shape_key=(tp, pp, v, layers, c.ep),
             n_micro=n_micro, layers=layers, prof=prof, params=params, experts=experts, largest=largest,
             max_params=max(p - e for p, e in zip(params, experts, strict=True)), max_experts=max(experts),
             load=load, vp=vp, acts=tuple(acts), transient=transient, links=links,
@@ -508,8 +538,21 @@ class Evaluator:
         worst = max(range(len(totals)), key=totals.__getitem__)
         weight_bytes = memory.fsdp_gather_bytes(ctx.precision) if zero >= 3 else dense[0] if zero >= 1 else 4
         grad_bytes = 2 if ctx.grad_reduce_bf16 else 4
-        dp_traffic = comm.dp_traffic(b.max_params, zero, dp, b.n_micro, grad_bytes, weight_bytes, b.units)
-        edp_traffic = comm.dp_traffic(b.max_experts, zero, edp, b.n_micro, grad_bytes, weight_bytes, b.units)
+        # PowerSGD: the pipeline rank with the most dense (expert) parameters, whose reduction the figures take
+        psgd, psgd_time = self._psgd(b) if zero <= 1 and dp > 1 else (None, 0.0)
+        dense_r = max(range(len(b.params)), key=lambda r: b.params[r] - b.experts[r])
+        expert_r = max(range(len(b.params)), key=lambda r: b.experts[r])
+        d_psgd = (psgd[dense_r][0].compressed_params, psgd[dense_r][0].factor_elements) if psgd else None
+        e_psgd = (psgd[expert_r][1].compressed_params, psgd[expert_r][1].factor_elements) if psgd else None
+        if psgd:  # its buffers (error feedback, the rest's copy, P and Q) are gradient memory
+            buffers = tuple(buf + 4 * (d.held_elements(p - e) + (x.held_elements(e) if edp > 1 else 0.0))
+                            for buf, (d, x), p, e in zip(buffers, psgd, b.params, b.experts, strict=True))
+            totals = [t + 4 * (d.held_elements(p - e) + (x.held_elements(e) if edp > 1 else 0.0))
+                      for t, (d, x), p, e in zip(totals, psgd, b.params, b.experts, strict=True)]
+            worst = max(range(len(totals)), key=totals.__getitem__)
+        dp_traffic = comm.dp_traffic(b.max_params, zero, dp, b.n_micro, grad_bytes, weight_bytes, b.units, d_psgd)
+        edp_traffic = comm.dp_traffic(b.max_experts, zero, edp, b.n_micro, grad_bytes, weight_bytes, b.units,
+                                      e_psgd)
         t_dp = self._dp_time(b.links["dp"], dp_traffic)
         t_edp = self._dp_time(b.links["expert_dp"], edp_traffic)
         out = _Zero(dense, expert, gather, buffers, handed, worst, totals[worst] + gather,
@@ -519,7 +562,19 @@ class Evaluator:
         window = b.slot if zero <= 1 else b.n_micro * b.slot
         dp_exposed = (t_dp + t_edp) - min(a.dp_overlap * (t_dp + t_edp), window)
         step = b.slot * (b.n_micro + b.bubble_slots) + dp_exposed + b.emb_time
+        if psgd:
+            step += psgd_time  # PowerSGD's matmuls and QRs run after the backward, between its collectives
         return replace(out, dp_exposed=dp_exposed, step=step)
+
+    def _psgd(self, b: _Base) -> tuple[tuple[tuple[powersgd.Compression, powersgd.Compression], ...] | None, float]:
+        """PowerSGD at the context's rank (None without): per pipeline rank (dense, routed-expert) figures, and
+        the seconds of the busiest rank's extra compute."""
+        rank = self.ctx.powersgd_rank
+        if not rank:
+            return None, 0.0
+        psgd = self._compression(*b.shape_key, rank)
+        rate = self.rates.compute(b.shape_key[0])
+        return psgd, max((d.flops + e.flops) / rate for d, e in psgd) if rate else 0.0
 
     def _zero2_buffers(self, params: float, largest: int, dp: int) -> float:
         slot = memory.zero2_slot_numel(round(params), largest, dp, memory.dp_bucket_numel())
@@ -533,6 +588,11 @@ class Evaluator:
         numbers as evaluate(c).step_time and evaluate(c).memory_total."""
         z = self._with_zero(self._base(c), c.zero, c.dp * c.cp, c.ep)
         return z.step, z.total
+
+    def score_dp(self, c: Candidate) -> tuple[float | None, float, float]:
+        """score(c) and, third, the exposed DP seconds of that step (evaluate(c).dp_exposed_time, or 0)."""
+        z = self._with_zero(self._base(c), c.zero, c.dp * c.cp, c.ep)
+        return z.step, z.total, z.dp_exposed or 0.0
 
     def evaluate(self, c: Candidate, detail: bool = True) -> Estimate:
         """All figures of one layout. detail=False skips the per-rank memory table."""
@@ -575,8 +635,19 @@ class Evaluator:
             embedding_sync_time=b.emb_time, step_time=z.step,
             extra={"tokens_per_step": float(self.tokens_per_step), "ep_time": b.n_micro * b.ep_mb_time,
                    "expert_pace": self.expert_pace, "cp_time": b.n_micro * b.cp_mb_time,
-                   "cp_layer_time": b.cp_layer_time, "attn_layer_time": b.attn_layer_time or 0.0},
+                   "cp_layer_time": b.cp_layer_time, "attn_layer_time": b.attn_layer_time or 0.0,
+                   **self._powersgd_extra(b, c)},
         )
+
+    def _powersgd_extra(self, b: _Base, c: Candidate) -> dict[str, float]:
+        """PowerSGD's figures of the busiest pipeline rank (plan --json's grad_compression)."""
+        psgd, psgd_time = self._psgd(b)
+        if psgd is None or c.zero > 1 or c.dp * c.cp == 1:
+            return {}
+        d, x = max(psgd, key=lambda de: de[0].flops + de[1].flops)
+        return {"powersgd_time": psgd_time, "powersgd_flops": d.flops + x.flops,
+                "powersgd_compressed_params": d.compressed_params + x.compressed_params,
+                "powersgd_factor_elements": d.factor_elements + x.factor_elements}
 
 
 @dataclass(frozen=True)

@@ -80,6 +80,7 @@ def context_from_spec(spec: RunSpec) -> Context:
         shape=ModelShape.from_spec(spec.model), global_batch=spec.train.global_batch,
         precision=precision, world=spec.world_size, hw=hw, assume=assume,
         grad_reduce_bf16=spec.parallel.grad_reduce_dtype == "bf16", rates=rates,
+        powersgd_rank=spec.parallel.powersgd.rank if spec.parallel.powersgd else None,
     )
 
 
@@ -158,7 +159,7 @@ class Plan:
         parts = {"compute": e.compute_time, "TP exposed": e.tp_exposed_time, "CP K/V exchange": e.extra["cp_time"],
                  "MoE all-to-all": e.extra["ep_time"], "PP point-to-point": e.p2p_time,
                  "pipeline bubble": e.bubble_time or 0.0, "DP exposed": e.dp_exposed_time or 0.0,
-                 "tied-embedding sync": e.embedding_sync_time}
+                 "tied-embedding sync": e.embedding_sync_time, "PowerSGD compute": e.extra.get("powersgd_time", 0.0)}
         return {k: v for k, v in parts.items() if v}
 
     def _cp_json(self) -> dict[str, Any]:
@@ -269,6 +270,13 @@ class Plan:
         }
         if m.moe is not None:
             out["moe"] = self._moe_json()
+        if "powersgd_time" in e.extra:
+            out["grad_compression"] = {
+                "method": "powersgd", "rank": self.ctx.powersgd_rank,
+                "compressed_params_per_gpu": e.extra["powersgd_compressed_params"],
+                "factor_elements_per_gpu": e.extra["powersgd_factor_elements"],
+                "extra_flops_per_step": e.extra["powersgd_flops"], "extra_compute_s": e.extra["powersgd_time"],
+                "dp_bytes_per_step": e.comm_bytes["dp"] + e.comm_bytes.get("expert_dp", 0.0)}
         if c.cp > 1:
             out["context_parallel"] = self._cp_json()
         if ranks:

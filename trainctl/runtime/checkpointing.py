@@ -178,6 +178,10 @@ class Checkpointing:
         step = state.restore(parts, built["state"])
         load_s = time.perf_counter() - t0  # checksums, DCP read and any resharding
         same = same_layout(self.spec, info.meta)
+        psgd = state.restore_powersgd(parts, rank_state if same else None)
+        if psgd is False and self.log:
+            metrics.warn(f"resuming step {step} without this layout's PowerSGD state (another layout, rank, or "
+                         "no compression in the checkpoint): its error feedback starts at zero and Q is drawn anew")
         if same and rank_state is not None:
             set_rng_state(rank_state["rng"])
         elif self.log:

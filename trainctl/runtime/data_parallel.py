@@ -17,7 +17,8 @@ How a gradient reaches its bucket (docs/ARCHITECTURE.md, "Memory model"):
 
 When a bucket is reduced:
 - ZeRO-0/1: once per step, when every parameter of the bucket has seen all micro-batches: an all-reduce of
-  its full fp32 buffer (a bf16 copy of it with grad_reduce_dtype bf16).
+  its full fp32 buffer (a bf16 copy of it with grad_reduce_dtype bf16), or, with PowerSGD from its start step
+  on, the low-rank factors of its matrices and the rest uncompressed (runtime/powersgd.py).
 - ZeRO-2: once per micro-batch (DeepSpeed's stage 2): the gradients are added into one of ZERO2_SLOTS
   bucket-sized buffers, which is reduce-scattered into a slice-sized buffer and added into this rank's fp32
   gradient slice; no full-size gradient buffer exists. The executor reports the end of each stage module's
@@ -48,6 +49,7 @@ from torch import Tensor, nn
 from trainctl.plan.memory import ZERO2_SLOTS, dp_bucket_numel, zero2_slot_numel
 from trainctl.runtime.distributed import Parallel
 from trainctl.runtime.optim import decays
+from trainctl.runtime.powersgd import BucketCompression, PowerSGD
 from trainctl.runtime.tensor_parallel import _all_gather_single, _reduce_scatter_single  # torch's renames, one home
 
 
@@ -90,6 +92,7 @@ class Bucket:
     comm: Tensor | None = None  # low-precision copy the DP collective runs on (grad_reduce_dtype bf16)
     slot: Slot | None = None  # ZeRO-2: where this micro-batch's gradients are being added
     reported: int = 0  # ZeRO-2: parameters handed over since the bucket was last reduced
+    psgd: BucketCompression | None = None  # PowerSGD's split of the bucket (ZeRO-0/1 with compression)
 
 
 class GradSync:
@@ -98,7 +101,7 @@ class GradSync:
 
     def __init__(self, infos: list[ParamInfo], par: Parallel, zero: int, micro_batches: int,
                  bucket_numel: int | None = None, reduce_dtype: torch.dtype | None = None,
-                 param_dtype: torch.dtype | None = None):
+                 param_dtype: torch.dtype | None = None, powersgd: tuple[int, int, int] | None = None):
         self.par = par
         self.reduce_dtype = reduce_dtype  # None: reduce in the gradients' own dtype (fp32)
         self.dp = par.dp
@@ -114,6 +117,15 @@ class GradSync:
         # one replica: no DP collective, so no flat buffers either; grads are set to None each step and
         # autograd's first accumulation steals its result (no zeroing, no in-place add: bare-loop speed)
         self.buckets = self._make_buckets(infos, bucket_numel) if self.dp > 1 else []
+        # PowerSGD (rank, start step, seed): the once-per-step all-reduce of ZeRO-0/1 only (a spec rule)
+        self.powersgd = (PowerSGD(*powersgd, group=par.dp_group, dp=self.dp)
+                         if powersgd is not None and self.dp > 1 and self.zero < 2 else None)
+        self._compress = False  # this step's reduction is compressed
+        if self.powersgd is not None:
+            for b in self.buckets:
+                assert b.grad is not None
+                b.psgd = self.powersgd.bucket([(i.name, b.grad[o:o + i.param.numel()], tuple(i.param.shape))
+                                               for i, o in zip(b.params, b.offsets, strict=True)])
         self._where: dict[int, tuple[Bucket, int]] = {}
         self._stage_buckets: dict[int, list[Bucket]] = {}
         for b in self.buckets:
@@ -209,7 +221,9 @@ class GradSync:
         return slot
 
     # -- per step --------------------------------------------------------------------------------
-    def start_step(self) -> None:
+    def start_step(self, step: int = 1) -> None:
+        """Before step `step` (1-based): fresh gradient buffers."""
+        self._compress = self.powersgd is not None and self.powersgd.active(step)
         if self.dp == 1 or self.handover:
             for info in self.infos:
                 info.param.grad = None
@@ -270,6 +284,9 @@ class GradSync:
 
     def _launch(self, b: Bucket) -> None:
         assert b.grad is not None
+        if self._compress and b.psgd is not None:
+            b.psgd.launch()  # divides what it reduces uncompressed; the factors give the mean
+            return
         b.grad.div_(self.dp)  # pre-divide (in fp32): gloo has no AVG; sum of grad/dp is the DP mean
         send = b.grad
         if b.comm is not None:
@@ -326,6 +343,13 @@ class GradSync:
                 self._land_oldest()
         elif self.dp > 1:
             self._launch_ready(force=True)
+            if self._compress:  # every bucket's P is on its way: Q in bucket order, then the approximations
+                for b in self.buckets:
+                    if b.psgd is not None:
+                        b.psgd.finish_p()
+                for b in self.buckets:
+                    if b.psgd is not None:
+                        b.psgd.land()
             for b in self.buckets:
                 if b.work is not None:
                     b.work.wait()
@@ -341,6 +365,11 @@ class GradSync:
                 for info in self.infos:
                     if info.tied and info.param.grad is not None:
                         dist.all_reduce(info.param.grad, group=self.par.embedding_group)
+
+    def reset_compression(self) -> None:
+        """A skipped (non-finite) step: PowerSGD's state starts afresh (runtime/powersgd.py `reset`)."""
+        if self.powersgd is not None:
+            self.powersgd.reset()
 
     # -- what the optimizer and the grad norm see --------------------------------------------------
     def norm_pieces(self) -> Iterable[tuple[Tensor, bool]]:
@@ -383,6 +412,9 @@ class GradSync:
         if self.dp == 1:
             return {"gradients": [i.param.grad for i in self.infos if i.param.grad is not None], "master": []}
         grads = [t for b in self.buckets for t in (b.grad, b.grad_shard, b.comm) if t is not None]
+        if self.powersgd is not None:
+            grads += self.powersgd.buffers()
+            grads += [t for b in self.buckets if b.psgd is not None for t in b.psgd.buffers()]
         grads += [t for s in self.slots for t in (s.buf, s.recv, s.comm) if t is not None]
         return {"gradients": grads, "master": [b.master for b in self.buckets if b.master is not None]}
 
@@ -463,12 +495,15 @@ class FsdpSync:
         self.infos = infos
         self.par = par
 
-    def start_step(self) -> None:
+    def start_step(self, step: int = 1) -> None:
         for info in self.infos:
             info.param.grad = None
 
     def backward_done(self, stage: int) -> None:
         pass  # FSDP reduces its gradients itself
+
+    def reset_compression(self) -> None:
+        pass  # no compression under ZeRO-3 (a spec rule)
 
     def finish(self) -> None:
         # the tied copies are sharded identically over dp on both stages: sum the local shards

@@ -47,9 +47,9 @@ class ExpertSplitSync:
         """The two syncs, each with its own `par` (its data-parallel group): checkpointing walks them."""
         return [self.dense, self.experts]
 
-    def start_step(self) -> None:
+    def start_step(self, step: int = 1) -> None:
         for s in self.parts():
-            s.start_step()
+            s.start_step(step)
 
     def backward_done(self, stage: int) -> None:
         for s in self.parts():
@@ -61,6 +61,10 @@ class ExpertSplitSync:
         grads = self.experts.all_grads()  # none on a pipeline rank without MoE layers
         if grads and self.expert_scale != 1.0:
             torch._foreach_mul_(grads, self.expert_scale)  # to the mean over all dp replicas
+
+    def reset_compression(self) -> None:
+        for s in self.parts():
+            s.reset_compression()
 
     def norm_pieces(self) -> Iterable[tuple[Tensor, bool]]:
         for s in self.parts():
@@ -89,13 +93,15 @@ class ExpertSplitSync:
 
 
 def grad_sync(infos: list[ParamInfo], par: Parallel, zero: int, micro_batches: int,
-              reduce_dtype: torch.dtype | None, precision: str) -> GradSync | ExpertSplitSync:
+              reduce_dtype: torch.dtype | None, precision: str, powersgd: tuple[int, int, int] | None = None
+              ) -> GradSync | ExpertSplitSync:
     """The trainer's gradient sync without FSDP: one GradSync, or the split one under expert parallelism.
     Parameters are bf16 where their own reduction group shards the optimizer (plan/memory.py bf16_params):
     the experts' group is the expert-DP one (dp / ep ranks)."""
     def sync(group: list[ParamInfo], on: Parallel, dp: int) -> GradSync:
         dtype = torch.bfloat16 if bf16_params(precision, zero, dp) else None
-        return GradSync(group, on, zero, micro_batches, reduce_dtype=reduce_dtype, param_dtype=dtype)
+        return GradSync(group, on, zero, micro_batches, reduce_dtype=reduce_dtype, param_dtype=dtype,
+                        powersgd=powersgd)
 
     if par.ep == 1:
         return sync(infos, par, par.dp)

@@ -379,5 +379,23 @@ def restore(ts: TrainState, state: dict[str, Any]) -> int:
 
 
 def rank_state(ts: TrainState) -> dict[str, Any]:
-    """Per-rank state beside DCP: every RNG stream of this process (TP dropout derives from them)."""
-    return {"rng": rng_state(), "dp_rank": ts.par.dp_rank, "loader": ts.loader.state_dict()}
+    """Per-rank state beside DCP: every RNG stream of this process (TP dropout derives from them), and
+    PowerSGD's Q and error feedback of each gradient sync (the error differs between DP ranks)."""
+    out = {"rng": rng_state(), "dp_rank": ts.par.dp_rank, "loader": ts.loader.state_dict()}
+    psgd = [s.powersgd.state_dict() for s in _syncs(ts.sync) if getattr(s, "powersgd", None) is not None]
+    if psgd:
+        out["powersgd"] = psgd
+    return out
+
+
+def restore_powersgd(ts: TrainState, saved: dict[str, Any] | None) -> bool | None:
+    """PowerSGD's state from a rank_state of this layout (None: another layout or none saved). Returns None
+    without compression, else whether every sync's state was restored (False: they start afresh, e = 0 and Q
+    drawn again, which is where a run that turns compression on starts too)."""
+    syncs = [s.powersgd for s in _syncs(ts.sync) if getattr(s, "powersgd", None) is not None]
+    if not syncs:
+        return None
+    states = (saved or {}).get("powersgd") or []
+    if len(states) != len(syncs):
+        return False
+    return all([c.load_state_dict(st) for c, st in zip(syncs, states, strict=True)])

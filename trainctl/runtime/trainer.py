@@ -109,8 +109,10 @@ class Trainer:
                 shard(self.modules, par, reduce_dtype, reshard_after_forward=reshard, param_dtype=bf16)
         infos = self._param_infos()
         # bf16 parameters under bf16 ZeRO-1/2: the fp32 master slice is the truth (plan/memory.py bf16_params)
+        psgd = (p.powersgd.rank, p.powersgd.start_step, t.seed) if p.powersgd else None  # runtime/powersgd.py
         self.sync = (data_parallel.FsdpSync(infos, par) if fsdp
-                     else expert_sync.grad_sync(infos, par, p.zero, self.micro_batches, reduce_dtype, self.precision))
+                     else expert_sync.grad_sync(infos, par, p.zero, self.micro_batches, reduce_dtype, self.precision,
+                                                psgd))
         self.opt = optim.adamw(self.sync.optimizer_groups(), t)
 
         def scaled_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -297,7 +299,7 @@ class Trainer:
         inputs, targets = self.loader.next_step()
         data_wait = time.perf_counter() - td
         stragglers.maybe_slow(self.slow_s)
-        self.sync.start_step()
+        self.sync.start_step(step + 1)
         if self.moe is not None:  # the aux losses' backward starts as the LM loss's does (runtime/moe.py)
             self.moe.aux_grad_scale = self.scaler.scale / self.micro_batches
             self.moe.stats.start_step()
@@ -317,6 +319,8 @@ class Trainer:
             self._clip(norm)
             self.opt.step()
             self.sync.after_step()
+        else:
+            self.sync.reset_compression()  # the same decision on every rank: Q stays equal over DP
         if cuda:
             torch.cuda.synchronize(par.device)
         dt, cpu = time.perf_counter() - t0, time.process_time() - c0

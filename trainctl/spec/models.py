@@ -119,6 +119,22 @@ class ModelSpec(Strict):
         return self.hidden // self.heads
 
 
+class PowerSGDSpec(Strict):
+    """PowerSGD (Vogels et al. 2019) of the data-parallel gradient all-reduce (runtime/powersgd.py). The bounds
+    are spec rules (spec/rules.py), so a bad value gets a message with its fix."""
+
+    rank: Annotated[int, Field(ge=-1_000_000, le=1_000_000)] = Field(
+        4, description="Rank of each gradient matrix's approximation: an n x m matrix sends (n + m) * rank "
+        "values instead of n * m")
+    start_step: Annotated[int, Field(ge=-1_000_000, le=1_000_000_000)] = Field(
+        10, description="First compressed step (1-based); the steps before it all-reduce uncompressed (warm-up)")
+
+
+class GradCompressionSpec(Strict):
+    powersgd: PowerSGDSpec | None = Field(None, description="Low-rank gradient compression with error feedback "
+                                          "and warm start (plain DP and ZeRO-1)")
+
+
 class ParallelSpec(Strict):
     tp: Count = 1
     cp: Count = Field(1, description="Context-parallel size: each sequence is split into 2*cp chunks and CP rank i "
@@ -147,6 +163,12 @@ class ParallelSpec(Strict):
     grad_reduce_dtype: Literal["fp32", "bf16"] = Field(
         "fp32", description="Dtype of the data-parallel gradient reduction: bf16 halves its bytes; gradients "
         "still accumulate over micro-batches in fp32 on each rank")
+    grad_compression: GradCompressionSpec | None = Field(
+        None, description="Compress the data-parallel gradient reduction: {powersgd: {rank, start_step}}")
+
+    @property
+    def powersgd(self) -> PowerSGDSpec | None:
+        return self.grad_compression.powersgd if self.grad_compression is not None else None
 
 
 class DivergenceSpec(Strict):

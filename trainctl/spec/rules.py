@@ -34,8 +34,8 @@ def _largest_divisor_at_most(n: int, limit: int) -> int:
 def check(spec: RunSpec) -> list[str]:
     """Every independent problem at once: a rule group stops early only where its later rules would just
     repeat its first mistake (no dp, no micro-batch count)."""
-    groups = (_hardware, _model_vs_tp, _context_parallel, _layout, _moe, _training, _data_and_launcher,
-              _launcher_environment)
+    groups = (_hardware, _model_vs_tp, _context_parallel, _layout, _moe, _grad_compression, _training,
+              _data_and_launcher, _launcher_environment)
     return [line for group in groups for line in group(spec)]
 
 
@@ -227,6 +227,29 @@ def _moe(spec: RunSpec) -> Iterator[str]:  # noqa: C901 - a flat list of indepen
             yield problem("parallel.ep", p.ep, f"expert parallelism is carved from the data-parallel group, and "
                           f"ep does not divide dp = {dp}", f"use an ep that divides both {dp} and {E}: "
                           f"{', '.join(str(d) for d in range(1, dp + 1) if dp % d == 0 and E % d == 0)}")
+
+
+def _grad_compression(spec: RunSpec) -> Iterator[str]:
+    """parallel.grad_compression.powersgd (runtime/powersgd.py): it replaces the once-per-step all-reduce of
+    plain DP and ZeRO-1; ZeRO-2/3 reduce-scatter every micro-batch, which a low-rank all-reduce cannot replace."""
+    p = spec.parallel
+    ps = p.powersgd
+    if ps is None:
+        return
+    field = "parallel.grad_compression.powersgd"
+    if ps.rank < 1:
+        yield problem(f"{field}.rank", ps.rank, "an approximation needs rank >= 1",
+                      "use rank >= 1 (1-4 is usual; higher is closer to the uncompressed gradient)")
+    if ps.start_step < 1:
+        yield problem(f"{field}.start_step", ps.start_step, "steps count from 1",
+                      "use start_step >= 1 (1 compresses from the first step; later gives an uncompressed warm-up)")
+    if p.zero >= 2:
+        yield problem("parallel.zero", p.zero, "PowerSGD compresses the plain-DP and ZeRO-1 all-reduce",
+                      "use parallel.zero 0 or 1, or grad_reduce_dtype: bf16 for ZeRO-2/3")
+    if p.grad_reduce_dtype == "bf16":
+        yield problem("parallel.grad_reduce_dtype", p.grad_reduce_dtype, "PowerSGD reduces its low-rank factors "
+                      "in fp32 (bf16 would round their orthogonalisation) and the rest of the gradients with them",
+                      "set grad_reduce_dtype: fp32 with grad_compression, or remove grad_compression")
 
 
 def _training(spec: RunSpec) -> Iterator[str]:
