@@ -444,8 +444,9 @@ class GradSync:
         out: dict[int, Tensor] = {}
         for b in self.buckets:
             assert b.master is not None
-            full = torch.empty(b.numel, dtype=b.master.dtype, device=b.master.device)
-            _all_gather_single(full, b.master, group=self.par.dp_group)
+            device = self.par.device  # offload keeps the master on the host, where NCCL cannot gather
+            full = torch.empty(b.numel, dtype=b.master.dtype, device=device)
+            _all_gather_single(full, b.master.to(device), group=self.par.dp_group)
             for info, off in zip(b.params, b.offsets, strict=True):
                 out[id(info.param)] = full[off:off + info.param.numel()].view(info.param.shape)
         return out

@@ -115,7 +115,7 @@ class Trainer:
                      else expert_sync.grad_sync(infos, par, p.zero, self.micro_batches, reduce_dtype, self.precision,
                                                 offload))
         # offload: AdamW steps host tensors, where torch's fused CPU kernel is the fast one
-        self.opt = optim.adamw(self.sync.optimizer_groups(), t, fused=offload and (fsdp or p.zero in (1, 2)))
+        self.opt = optim.adamw(self.sync.optimizer_groups(), t, fused=offload and par.dp > 1)
 
         def scaled_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
             return loss_fn(logits, targets, self.cfg, self.tp) * self.scaler.scale
