@@ -41,7 +41,8 @@ def as_data(spec: RunSpec, c: Candidate) -> dict:
     data = spec.model_dump(by_alias=True)
     data["parallel"].update(tp=c.tp, pp=c.pp, dp=c.dp, zero=c.zero, micro_batch=c.micro_batch,
                             sequence_parallel=c.sequence_parallel, schedule=c.schedule,
-                            virtual_stages=c.virtual_stages, stage_layers=None)
+                            virtual_stages=c.virtual_stages, stage_layers=None,
+                            offload="optimizer" if c.offload else "none")
     data["train"]["recompute"] = c.recompute
     return data
 

@@ -100,6 +100,7 @@ def render_plan(plan: Plan, console: Console, ranks: bool) -> None:
         *([("context parallel", _cp_line(j["context_parallel"], hw))] if "context_parallel" in j else []),
         ("pipeline parallel", f"{L['pp']} ({sched})"),
         ("data parallel", f"{L['dp']}, ZeRO-{L['zero']}"
+         + (", optimizer offloaded to host memory" if L["offload"] == "optimizer" else "")
          + (f"; expert parallel {L['ep']} x expert-data-parallel {L['expert_dp']}" if L["ep"] > 1 else "")),
         *([("gradient compression", _powersgd_line(j["grad_compression"]))] if "grad_compression" in j else []),
         ("batch", f"global {L['global_batch']} = micro-batch {L['micro_batch']} x {L['micro_batches']} "
@@ -133,6 +134,10 @@ def render_plan(plan: Plan, console: Console, ranks: bool) -> None:
         ("total", f"[bold]{_bytes(mem['total'])}[/bold]"),
         ("capacity", _bytes(mem["capacity"]) if mem["capacity"] else "unknown (no fit check)"),
     ]
+    if mem["host_per_gpu"]:
+        host_ok = "fits" if mem["host_fits"] else "[red]DOES NOT FIT[/red]"
+        rows.append(("host memory (offload)", f"{_bytes(mem['host_per_gpu'])} per {per}, "
+                     f"{_bytes(mem['host_per_node'])} per node of {_bytes(mem['host_capacity_per_node'])} — {host_ok}"))
     if mem["capacity"]:
         verdict = "fits" if fits else "DOES NOT FIT"
         rows.append(("headroom", f"[{head_style}]{_bytes(mem['headroom'])} ({_pct(head)}) — {verdict}[/{head_style}]"))
@@ -166,6 +171,8 @@ def render_plan(plan: Plan, console: Console, ranks: bool) -> None:
         *([("CP K/V exchange", _s(pr["cp_s"]))] if L["cp"] > 1 else []),
         ("PP point-to-point", _s(pr["p2p_s"])), ("bubble", _s(pr["bubble_s"])),
         ("DP exposed", f"{_s(pr['dp_exposed_s'])} of {_s(pr['dp_s'])}"),
+        *([("offload: copies + CPU AdamW", f"{_s(pr['offload_copy_s'])} + {_s(pr['offload_step_s'])}")]
+          if L["offload"] == "optimizer" else []),
         ("step time", f"[bold]{_s(pr['step_time_s'])}[/bold]"),
         *([("dominated by", f"{pr['dominant']['part']}: {_s(pr['dominant']['seconds'])} "
                             f"({_pct(pr['dominant']['share'])} of the step)")] if pr["dominant"] else []),
@@ -186,7 +193,9 @@ def render_plan(plan: Plan, console: Console, ranks: bool) -> None:
     a = j["assumptions"]
     prose(console, f"[bold]Assumptions[/bold] (estimate.* in the spec): compute_efficiency {a['compute_efficiency']}, "
                    f"comm_efficiency {a['comm_efficiency']}, dp_overlap {a['dp_overlap']}, "
-                   f"tp_overlap {a['tp_overlap']}")
+                   f"tp_overlap {a['tp_overlap']}"
+                   + (f", offload_pcie_gbps {a['offload_pcie_gbps']}, host_adam_gbps {a['host_adam_gbps']}"
+                      if L["offload"] == "optimizer" else ""))
     for line in [a["roofline"], *a["notes"]]:
         prose(console, f"[dim]{escape(line)}[/dim]", "  [dim]-[/dim] ")
 
@@ -290,7 +299,7 @@ def render_auto(res: AutoResult, console: Console, on_cpu: bool = False) -> None
                        "MFU and step times are not shown (set cluster.peak_tflops, or calibrate).[/yellow]")
     prose(console, calibration_line(res.calibration), "Times: ")
     _title(console, "Best layouts (sp: sequence parallel; il v: interleaved, v chunks per rank; zb: zero-bubble; "
-                    "m: micro-batches)")
+                    "m: micro-batches; +off: optimizer offloaded to host memory)")
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0))
     for col in ("#", "tp/cp/pp/dp", "sched", "ZeRO", "mb/m", "recomp", "GB/GPU", "bubble", "step", "MFU"):
         t.add_column(col, justify="left" if col in ("sched", "recomp") else "right", no_wrap=True)
@@ -298,7 +307,7 @@ def render_auto(res: AutoResult, console: Console, on_cpu: bool = False) -> None
         c, e = s.cand, s.est
         sched = SCHEDULE_ABBREV.get(c.schedule, c.schedule) + (f" {c.virtual_stages}" if c.virtual_stages > 1 else "")
         t.add_row(str(i), f"{c.tp}{'sp' if c.sequence_parallel else ''}/{c.cp}/{c.pp}/{c.dp}"
-                  + (f" ep{c.ep}" if c.ep > 1 else ""), sched, str(c.zero),
+                  + (f" ep{c.ep}" if c.ep > 1 else ""), sched, f"{c.zero}{'+off' if c.offload else ''}",
                   f"{c.micro_batch}/{e.micro_batches}", c.recompute, f"{e.memory_total / 1e9:.1f}",
                   _pct(e.bubble_fraction), f"{e.step_time:.3g} s" if res.peak_known and e.step_time else "—",
                   _pct(s.mfu) if res.peak_known else "—")

@@ -6,7 +6,9 @@ split the sequence into 2*cp chunks, leaving each rank at least MIN_CP_TOKENS to
 dropout), pp (divides world/(tp*cp), at most one stage per layer), dp = world/(tp*cp*pp) (global batch
 divisible by micro_batch*dp), for an MoE model ep (divides dp and the number of experts), micro_batch,
 schedule 1f1b, interleaved with every virtual_stages v >= 2 that leaves each model chunk a layer, or
-zero-bubble with v = 1 or those v (both need micro-batches divisible by pp), ZeRO 0-3, recompute
+zero-bubble with v = 1 or those v (both need micro-batches divisible by pp), ZeRO 0-3 (1-3 also with the
+optimizer offloaded to host memory, which fits where the GPU alone does not and costs the copies and the CPU
+step; a layout whose offloaded state exceeds the node's host memory does not fit), recompute
 none/selective/full: the rules of trainctl/spec/rules.py, applied to plain integers. Fixed: sequence
 parallelism is on whenever tp > 1 and the sequence divides (it only saves memory, at the same TP
 volume), GPipe is left out (1F1B has the same bubble with less memory), stages split by the default
@@ -77,7 +79,8 @@ class AutoResult:
             c, e = s.cand, s.est
             return {
                 "tp": c.tp, "cp": c.cp, "pp": c.pp, "dp": c.dp, "ep": c.ep, "virtual_stages": c.virtual_stages,
-                "zero": c.zero,
+                "zero": c.zero, "offload": "optimizer" if c.offload else "none",
+                "offload_s": e.offload_copy_time + e.offload_step_time, "host_per_node": e.host_per_node,
                 "micro_batch": c.micro_batch, "micro_batches": e.micro_batches, "schedule": c.schedule,
                 "sequence_parallel": c.sequence_parallel, "recompute": c.recompute,
                 "mfu": s.mfu if self.peak_known else None,
@@ -179,6 +182,8 @@ def _with_tp_cp(spec: RunSpec, world: int, tp: int, cp: int, sp: bool, skip: Cal
                 for rec in RECOMPUTE:
                     for zero in (0, 1, 2, 3):
                         out.append(Candidate(tp, pp, dp, zero, mb, rec, sp, sched, v, None, ep, cp))
+                        if zero and dp * cp > 1:  # offload moves nothing without a sharded optimizer
+                            out.append(Candidate(tp, pp, dp, zero, mb, rec, sp, sched, v, None, ep, cp, True))
     return out
 
 
@@ -186,6 +191,7 @@ def _spec_for(spec: RunSpec, c: Candidate, base: dict[str, Any]) -> RunSpec:
     data = dict(base)
     data["parallel"] = {
         **base["parallel"], "tp": c.tp, "cp": c.cp, "pp": c.pp, "dp": c.dp, "ep": c.ep, "zero": c.zero,
+        "offload": "optimizer" if c.offload else "none",
         "micro_batch": c.micro_batch,
         "sequence_parallel": c.sequence_parallel, "schedule": c.schedule, "virtual_stages": c.virtual_stages,
         "stage_layers": None,
@@ -199,6 +205,9 @@ def _spec_for(spec: RunSpec, c: Candidate, base: dict[str, Any]) -> RunSpec:
 def _oom_reason(e: Estimate) -> str:
     w = e.worst
     gb = 1e9
+    if not e.host_fits:
+        return (f"offloaded optimizer state needs {e.host_per_node / gb:.1f} GB of host memory per node > "
+                f"{(e.host_capacity or 0) / gb:.1f} GB")
     return (f"needs {w.total / gb:.1f} GB > {(e.capacity or 0) / gb:.1f} GB on pipeline rank {w.pp_rank} "
             f"(weights {w.weights / gb:.1f}, grads {w.gradients / gb:.1f}, optimizer {w.optimizer / gb:.1f}, "
             f"activations {w.activations / gb:.1f}, transient {w.transient / gb:.1f})")
@@ -238,7 +247,7 @@ def search(spec: RunSpec, top: int = 10, rejected: int = 5) -> AutoResult:
     for c in cands:  # the hot loop: plain floats, no Estimate objects
         step, mem, exposed = ev.score_dp(c)
         mfu = model_flops / (step * denom) if step else 0.0
-        fits = capacity is None or mem <= capacity
+        fits = (capacity is None or mem <= capacity) and ev.host_fits(c)
         (fitting if fits else oom).append((-round(mfu, 12), mem, c))
         if fits and Levers.bound(step, exposed):
             dp_bound.append((c, (step or 0.0) - exposed))

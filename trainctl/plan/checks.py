@@ -36,11 +36,21 @@ def advise(ev: Evaluator, est: Estimate) -> list[PlanWarning]:  # noqa: C901 - a
     pp, m, step = c.pp, est.micro_batches, est.step_time
 
     # memory
-    if not est.fits:
+    gpu_fits = est.capacity is None or est.worst.total <= est.capacity
+    if not gpu_fits:
         add("OOM", "error",
             f"does not fit: pipeline rank {est.worst.pp_rank} needs {_gb(est.worst.total)} > {_gb(est.capacity or 0)} "
-            "per GPU; raise parallel.zero, use train.recompute selective/full, a smaller micro_batch, or more tp/pp")
-    elif est.headroom_fraction is not None and est.headroom_fraction < 0.10:
+            "per GPU; raise parallel.zero, use train.recompute selective/full, a smaller micro_batch, more tp/pp, "
+            "or parallel.offload: optimizer")
+    if not est.host_fits:
+        add("HOST_OOM", "error",
+            f"optimizer offload does not fit host memory: {_gb(est.host_per_node)} per node "
+            f"({_gb(est.host_per_gpu)} per GPU) > {_gb(est.host_capacity or 0)}; set cluster.host_memory_gb if the "
+            "nodes have more, raise dp, or turn parallel.offload off")
+    elif c.offload and not est.host_per_gpu:
+        add("OFFLOAD_NO_EFFECT", "info", "parallel.offload has no effect with one data-parallel replica (dp*cp = 1): "
+            "the optimizer is not sharded and steps the weights on the GPU")
+    if gpu_fits and est.headroom_fraction is not None and est.headroom_fraction < 0.10:
         add("LOW_HEADROOM", "warning",
             f"only {est.headroom_fraction:.0%} memory headroom ({_gb(est.headroom or 0)}); the CUDA context, NCCL "
             "buffers and fragmentation typically take a few GB")

@@ -28,7 +28,15 @@ Context parallelism: each rank computes s/cp tokens of every sequence (compute, 
 divided by cp); the slot adds the K/V exchange of the rank's layers (all-gather, reduce-scatter in backward,
 again under recompute; on the critical path, not overlapped) on the link the CP group sits on; gradients are
 reduced and ZeRO shards over dp*cp ranks.
-Not modelled: the optimizer update itself, kernel launch and Python overheads, data loading,
+Optimizer offload (`offload`, ZeRO 1-3 over dp > 1): the optimizer state leaves the GPU for host memory
+(plan/memory.py `offloaded_state_bytes`), checked per node against the host's memory (every GPU of a node
+counted as the worst pipeline rank). The step adds, after the backward and not overlapped: ZeRO-1/2 copy the
+fp32 gradient slice device -> host and the updated parameter slice host -> device (the parameters' bytes) at
+offload_pcie_gbps each way, in turn; ZeRO-3 (FSDP2's CPU offload) copies every weight shard to the GPU for
+each of its two gathers (forward and backward; zero-bubble keeps the forward's, still charged twice) and every
+gradient shard back, per micro-batch. The CPU's AdamW step moves OFFLOAD_STEP_BYTES per element of the rank's
+slice at host_adam_gbps.
+Not modelled: the optimizer update itself (on the GPU), kernel launch and Python overheads, data loading,
 hierarchical (NVLS/tree) collectives, network congestion. MFU = model FLOPs / (step * GPUs * peak).
 """
 
@@ -51,6 +59,10 @@ from trainctl.plan.rates import CP_OPS, EMBEDDING_OPS, EP_OPS, PP_OPS, TP_OPS, A
 # the experts compute capacity-padded buffers: the factor itself.
 MOE_IMBALANCE = 1.1
 
+# Bytes the fused CPU AdamW moves per fp32 element: reads the master, gradient and both moments, writes the
+# master and both moments (7 x 4).
+OFFLOAD_STEP_BYTES = 28
+
 
 @dataclass(frozen=True)
 class Hardware:
@@ -64,6 +76,7 @@ class Hardware:
     link: str = "nvlink"  # what carries intra-domain traffic (nvlink, pcie, xgmi)
     fabric: str = ""
     reserve_bytes: float = 0.0  # CUDA context, NCCL buffers, fragmentation (plan.memory.GPU_RESERVE_BYTES)
+    host_memory_bytes: float | None = None  # per node (plan.memory.host_memory_bytes); None: no host check
 
     @property
     def usable_bytes(self) -> float | None:
@@ -77,6 +90,8 @@ class Assumptions:
     comm_efficiency: float = 0.7
     dp_overlap: float = 0.8
     tp_overlap: float = 0.0
+    offload_pcie_gbps: float = 25.0  # optimizer offload: pinned host<->device copies per GPU, each direction
+    host_adam_gbps: float = 40.0  # optimizer offload: host memory bandwidth of one GPU's CPU AdamW step
 
 
 @dataclass(frozen=True)
@@ -115,13 +130,15 @@ class Candidate:
     stage_layers: tuple[int, ...] | None = None  # None = default balanced split
     ep: int = 1  # expert-parallel size, carved from dp
     cp: int = 1  # context-parallel size
+    offload: bool = False  # optimizer state in host memory (parallel.offload: optimizer)
 
     def describe(self) -> str:
         sched = f"{self.schedule} v={self.virtual_stages}" if self.schedule == "interleaved" else self.schedule
         return (f"tp={self.tp}{f' cp={self.cp}' if self.cp > 1 else ''} pp={self.pp} dp={self.dp}"
                 f"{f' ep={self.ep}' if self.ep > 1 else ''} zero={self.zero} "
                 f"mb={self.micro_batch} "
-                f"{'sp ' if self.sequence_parallel else ''}{sched} recompute={self.recompute}")
+                f"{'sp ' if self.sequence_parallel else ''}{sched} recompute={self.recompute}"
+                f"{' offload=optimizer' if self.offload else ''}")
 
 
 @dataclass(frozen=True)
@@ -176,14 +193,25 @@ class Estimate:
     embedding_sync_time: float
     step_time: float | None
     extra: dict[str, float] = field(default_factory=dict)
+    # optimizer offload: host bytes of one GPU (its worst pipeline rank), of a node, the node's host memory,
+    # and the step's copies and CPU AdamW (seconds, in step_time)
+    host_per_gpu: float = 0.0
+    host_per_node: float = 0.0
+    host_capacity: float | None = None
+    offload_copy_time: float = 0.0
+    offload_step_time: float = 0.0
 
     @property
     def memory_total(self) -> float:
         return self.worst.total
 
     @property
+    def host_fits(self) -> bool:
+        return self.host_capacity is None or self.host_per_node <= self.host_capacity
+
+    @property
     def fits(self) -> bool:
-        return self.capacity is None or self.worst.total <= self.capacity
+        return (self.capacity is None or self.worst.total <= self.capacity) and self.host_fits
 
     @property
     def headroom(self) -> float | None:
@@ -517,15 +545,17 @@ class Evaluator:
                                  sum(model.layers_params_per_gpu(m, tp, 1, 1, c.ep)) if m.moe is not None else 0.0),
         )
 
-    def _with_zero(self, b: _Base, zero: int, dp: int, ep: int = 1) -> _Zero:
-        """The ZeRO-dependent part: bytes per parameter, the worst pipeline rank, DP traffic and the step.
-        `dp` is the gradient-reduction group's size: data x context parallel."""
+    def _with_zero(self, b: _Base, zero: int, dp: int, ep: int = 1, offload: bool = False) -> _Zero:
+        """The ZeRO-dependent part: bytes per parameter, the worst pipeline rank, DP traffic, offload and the
+        step. `dp` is the gradient-reduction group's size: data x context parallel."""
         ctx, a = self.ctx, self.ctx.assume
-        dense = memory.trainer_state_bytes(zero, dp, ctx.precision, ctx.grad_reduce_bf16)
-        # expert weights replicate over the expert-data-parallel group only: ZeRO shards their state over dp/ep
-        expert = memory.trainer_state_bytes(zero, dp // ep, ctx.precision, ctx.grad_reduce_bf16)
-        per_dense, per_expert = sum(dense), sum(expert)
         edp = dp // ep
+        # expert weights replicate over the expert-data-parallel group only: ZeRO shards their state over dp/ep
+        (dense, host_dense), (expert, host_expert) = (
+            memory.offloaded_state_bytes(zero, n, ctx.precision, ctx.grad_reduce_bf16) if offload
+            else (memory.trainer_state_bytes(zero, n, ctx.precision, ctx.grad_reduce_bf16), 0.0)
+            for n in (dp, edp))
+        per_dense, per_expert = sum(dense), sum(expert)
         sharded = zero >= 3 and dp > 1
         gather = 2 * b.layer_params_gpu * memory.fsdp_gather_bytes(ctx.precision) if sharded else 0.0  # prefetch
         # ZeRO-2's bucket buffers (gradients), and the one parameter's gradient autograd hands over at a time
@@ -555,13 +585,16 @@ class Evaluator:
                                       e_psgd)
         t_dp = self._dp_time(b.links["dp"], dp_traffic)
         t_edp = self._dp_time(b.links["expert_dp"], edp_traffic)
+        host = max((p - e) * host_dense + e * host_expert for p, e in zip(b.params, b.experts, strict=True))
+        copy_s, cpu_s = self._offload_seconds(b, zero, dp, edp) if host else (0.0, 0.0)
         out = _Zero(dense, expert, gather, buffers, handed, worst, totals[worst] + gather,
-                    sum(x for _, x, _ in dp_traffic), sum(x for _, x, _ in edp_traffic), t_dp, t_edp, None, None)
+                    sum(x for _, x, _ in dp_traffic), sum(x for _, x, _ in edp_traffic), t_dp, t_edp, None, None,
+                    host, copy_s, cpu_s)
         if b.slot is None:
             return out
         window = b.slot if zero <= 1 else b.n_micro * b.slot
         dp_exposed = (t_dp + t_edp) - min(a.dp_overlap * (t_dp + t_edp), window)
-        step = b.slot * (b.n_micro + b.bubble_slots) + dp_exposed + b.emb_time
+        step = b.slot * (b.n_micro + b.bubble_slots) + dp_exposed + b.emb_time + copy_s + cpu_s
         if psgd:
             step += psgd_time  # PowerSGD's matmuls and QRs run after the backward, between its collectives
         return replace(out, dp_exposed=dp_exposed, step=step)
@@ -576,6 +609,29 @@ class Evaluator:
         rate = self.rates.compute(b.shape_key[0])
         return psgd, max((d.flops + e.flops) / rate for d, e in psgd) if rate else 0.0
 
+    def _offload_seconds(self, b: _Base, zero: int, dp: int, edp: int) -> tuple[float, float]:
+        """(host<->device copies, CPU AdamW) seconds per step under optimizer offload, on the pipeline rank with
+        the most parameters (module docstring)."""
+        ctx, a = self.ctx, self.ctx.assume
+        # elements of the optimizer slice: dense parameters sharded over dp, experts over dp/ep (one replica of
+        # the experts keeps its state on the GPU)
+        n = max((p - e) / dp + (e / edp if edp > 1 else 0.0) for p, e in zip(b.params, b.experts, strict=True))
+        if zero >= 3:  # FSDP2: each gather copies the shard up, each reduction the gradient shard down
+            moved = b.n_micro * n * 4 * 3  # two gathers (forward, backward) and one reduction per micro-batch
+        else:
+            moved = n * (4 + (2 if memory.bf16_params(ctx.precision, zero, dp) else 4))
+        return moved / (a.offload_pcie_gbps * 1e9), n * OFFLOAD_STEP_BYTES / (a.host_adam_gbps * 1e9)
+
+    def host_fits(self, c: Candidate) -> bool:
+        """Whether the optimizer state `c` offloads fits the node's host memory (`--auto`'s check)."""
+        cap = self.ctx.hw.host_memory_bytes
+        if not c.offload or cap is None:
+            return True
+        return self._with_zero(self._base(c), c.zero, c.dp * c.cp, c.ep, True).host * self._node_gpus() <= cap
+
+    def _node_gpus(self) -> int:
+        return min(self.ctx.world, self.ctx.hw.gpus_per_node)
+
     def _zero2_buffers(self, params: float, largest: int, dp: int) -> float:
         slot = memory.zero2_slot_numel(round(params), largest, dp, memory.dp_bucket_numel())
         return float(memory.zero2_buffer_bytes(slot, dp, self.ctx.grad_reduce_bf16))
@@ -586,7 +642,7 @@ class Evaluator:
     def score(self, c: Candidate) -> tuple[float | None, float]:
         """(predicted step seconds, worst pipeline rank's bytes per GPU): what `--auto` ranks by; the same
         numbers as evaluate(c).step_time and evaluate(c).memory_total."""
-        z = self._with_zero(self._base(c), c.zero, c.dp * c.cp, c.ep)
+        z = self._with_zero(self._base(c), c.zero, c.dp * c.cp, c.ep, c.offload)
         return z.step, z.total
 
     def score_dp(self, c: Candidate) -> tuple[float | None, float, float]:
@@ -598,7 +654,7 @@ class Evaluator:
         """All figures of one layout. detail=False skips the per-rank memory table."""
         ctx, m = self.ctx, self.ctx.shape
         b = self._base(c)
-        z = self._with_zero(b, c.zero, c.dp * c.cp, c.ep)  # gradients reduce, ZeRO shards, over dp x cp
+        z = self._with_zero(b, c.zero, c.dp * c.cp, c.ep, c.offload)  # gradients reduce, ZeRO shards, over dp x cp
 
         def rank_memory(r: int) -> RankMemory:
             p, e = b.params[r], b.experts[r]
@@ -633,6 +689,8 @@ class Evaluator:
             bubble_time=None if b.slot is None else b.slot * b.bubble_slots,
             dp_time=z.dp_time + z.edp_time, dp_exposed_time=z.dp_exposed,
             embedding_sync_time=b.emb_time, step_time=z.step,
+            host_per_gpu=z.host, host_per_node=z.host * self._node_gpus(), host_capacity=ctx.hw.host_memory_bytes,
+            offload_copy_time=z.offload_copy, offload_step_time=z.offload_step,
             extra={"tokens_per_step": float(self.tokens_per_step), "ep_time": b.n_micro * b.ep_mb_time,
                    "expert_pace": self.expert_pace, "cp_time": b.n_micro * b.cp_mb_time,
                    "cp_layer_time": b.cp_layer_time, "attn_layer_time": b.attn_layer_time or 0.0,
@@ -667,3 +725,6 @@ class _Zero:
     edp_time: float
     dp_exposed: float | None
     step: float | None
+    host: float = 0.0  # optimizer offload: host bytes of one GPU (its worst pipeline rank)
+    offload_copy: float = 0.0  # seconds per step
+    offload_step: float = 0.0

@@ -89,6 +89,28 @@ def trainer_state_bytes(zero: int, dp: int, precision: str = "fp32", reduce_bf16
     return 4.0 / dp, 4.0 / dp, 8.0 / dp
 
 
+def offloads(zero: int, dp: int, offload: bool) -> bool:
+    """Whether optimizer offload moves anything: only a sharded optimizer (ZeRO 1-3 over dp > 1 ranks) keeps
+    optimizer state apart from the weights (one replica runs plain, `trainer_state_bytes`)."""
+    return offload and zero >= 1 and dp > 1
+
+
+def offloaded_state_bytes(zero: int, dp: int, precision: str = "fp32", reduce_bf16: bool = False
+                          ) -> tuple[tuple[float, float, float], float]:
+    """Under optimizer offload: ((weights, gradients, optimizer) bytes per parameter left on the GPU, bytes per
+    parameter in host memory). ZeRO-1/2 (runtime/data_parallel.py): the fp32 master slice and moments (12/dp)
+    move to the host, plus the host copy of the fp32 gradient slice AdamW reads (4/dp) and with 16-bit
+    parameters the slice rounded on the host before it is sent (2/dp). ZeRO-3: FSDP2's CPUOffloadPolicy keeps
+    the fp32 weight, gradient and moment shards on the host (16/dp); the GPU holds what it gathers."""
+    w, g, o = trainer_state_bytes(zero, dp, precision, reduce_bf16)
+    if not offloads(zero, dp, True):
+        return (w, g, o), 0.0
+    if zero >= 3:
+        return (0.0, 0.0, 0.0), w + g + o
+    staged = 2.0 / dp if bf16_params(precision, zero, dp) else 0.0
+    return (w, g, 0.0), o + 4.0 / dp + staged
+
+
 def zero2_slot_numel(params: int, largest_param: int, dp: int, bucket_numel: int) -> int:
     """Elements of one ZeRO-2 bucket buffer on a rank holding `params` parameters, the largest `largest_param`:
     the largest bucket there can be (buckets close before `bucket_numel` unless one parameter alone is larger,
@@ -248,6 +270,21 @@ def trainer_head_activation_bytes(m: ModelShape, micro_batch: int, tp: int, sp: 
 
 def reserve_bytes(on_gpu: bool) -> float:
     return GPU_RESERVE_BYTES if on_gpu else 0.0
+
+
+# Host memory of a GPU node when the spec does not say: an 8-GPU DGX H100, H200 or B200 node ships 2 TB
+# (NVIDIA's DGX datasheets); HGX boards from other vendors are commonly configured with 1-2 TB.
+GPU_NODE_HOST_BYTES = 2000e9
+
+
+def host_memory_bytes(host_memory_gb: float | None, on_cpu: bool) -> float:
+    """Host memory per node: the spec's figure, else this machine's RAM when the ranks are CPU processes
+    here, else a GPU node's typical 2 TB (GPU_NODE_HOST_BYTES)."""
+    if host_memory_gb is not None:
+        return host_memory_gb * 1e9
+    if on_cpu:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    return GPU_NODE_HOST_BYTES
 
 
 def activation_bytes(precision: str) -> int:

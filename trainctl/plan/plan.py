@@ -17,7 +17,7 @@ from trainctl.plan.cadence import Cadence, configured_interval, job_mtbf
 from trainctl.plan.checkpoint_size import checkpoint_bytes, save_seconds
 from trainctl.plan.checks import PlanWarning, advise
 from trainctl.plan.estimate import Assumptions, Candidate, Context, Estimate, Evaluator, Hardware, assumed_rates
-from trainctl.plan.memory import compute_precision, reserve_bytes
+from trainctl.plan.memory import compute_precision, host_memory_bytes, reserve_bytes
 from trainctl.plan.placement import Groups, Layout, placement_table
 from trainctl.plan.rates import describe, measured_rates
 from trainctl.plan.schedule import BUBBLE_DEFINITION
@@ -25,8 +25,9 @@ from trainctl.spec.models import RunSpec
 from trainctl.units import dur
 
 ROOFLINE = (
-    "step = slot*(m + (p-1)/v) + exposed DP + tied-embedding sync; slot = max over pipeline ranks of "
-    "(hardware FLOPs per micro-batch / FLOP/s + TP time * (1-tp_overlap)) + pipeline p2p, MoE all-to-all "
+    "step = slot*(m + (p-1)/v) + exposed DP + tied-embedding sync (+ offload copies and CPU AdamW); slot = max "
+    "over pipeline ranks of (hardware FLOPs per micro-batch / FLOP/s + TP time * (1-tp_overlap)) + pipeline p2p, "
+    "MoE all-to-all "
     "and CP K/V exchange per micro-batch (not overlapped); exposed DP = DP time - min(dp_overlap*DP time, one "
     "slot for ZeRO 0/1 or all m slots for ZeRO 2/3); FLOP/s = peak*compute_efficiency and link time = bytes / "
     "(link*comm_efficiency), or with a calibration profile the measured FLOP/s and latency*calls + bytes / "
@@ -50,7 +51,11 @@ NOTES = (
     "and 2cp-1-i: causal work balanced); K/V all-gathered per layer over the CP group (reduce-scatter in backward, "
     "gathered again under recompute), whole-sequence K/V kept for backward; gradients reduced and ZeRO sharded "
     "over dp*cp",
-    "not modelled: optimizer step time, kernel launch overheads, data loading, hierarchical collectives, "
+    "optimizer offload: the fp32 master and moments (ZeRO-3: every shard) in host memory, each node's total "
+    "checked against cluster.host_memory_gb; the step adds the gradient copy down and the parameter copy up "
+    "(ZeRO-3: per gather and micro-batch) at estimate.offload_pcie_gbps and the CPU AdamW step (28 bytes per "
+    "element at estimate.host_adam_gbps), after the backward, not overlapped",
+    "not modelled: optimizer step time (on the GPU), kernel launch overheads, data loading, hierarchical collectives, "
     "network congestion",
 )
 
@@ -70,9 +75,11 @@ def context_from_spec(spec: RunSpec) -> Context:
         nvlink_domain=layout.nvlink_domain, gpus_per_node=c.gpus_per_node,
         nvlink_bw=acc.nvlink_gbps * 1e9, inter_node_bw=fabric.gbps_per_gpu * 1e9,
         link=getattr(acc, "link", "nvlink"), fabric=fabric.key, reserve_bytes=reserve_bytes(not on_cpu),
+        host_memory_bytes=host_memory_bytes(c.host_memory_gb, on_cpu),
     )
     e = spec.estimate
-    assume = Assumptions(e.compute_efficiency, e.comm_efficiency, e.dp_overlap, e.tp_overlap)
+    assume = Assumptions(e.compute_efficiency, e.comm_efficiency, e.dp_overlap, e.tp_overlap, e.offload_pcie_gbps,
+                         e.host_adam_gbps)
     rates = measured_rates(spec, assumed_rates(hw, assume))  # cluster.calibration (plan/rates.py)
     if rates is not None and hw.peak_flops is None:  # a CPU: MFU against the peak measured where it runs
         hw = replace(hw, peak_flops=rates.profile.peak_flops)
@@ -90,6 +97,7 @@ def candidate_from_spec(spec: RunSpec) -> Candidate:
         tp=p.tp, pp=p.pp, dp=spec.dp, zero=p.zero, micro_batch=p.micro_batch, recompute=spec.train.recompute,
         sequence_parallel=p.sequence_parallel, schedule=p.schedule, virtual_stages=p.virtual_stages,
         stage_layers=tuple(p.stage_layers) if p.stage_layers is not None else None, ep=p.ep, cp=p.cp,
+        offload=p.offload == "optimizer",
     )
 
 
@@ -159,7 +167,8 @@ class Plan:
         parts = {"compute": e.compute_time, "TP exposed": e.tp_exposed_time, "CP K/V exchange": e.extra["cp_time"],
                  "MoE all-to-all": e.extra["ep_time"], "PP point-to-point": e.p2p_time,
                  "pipeline bubble": e.bubble_time or 0.0, "DP exposed": e.dp_exposed_time or 0.0,
-                 "tied-embedding sync": e.embedding_sync_time, "PowerSGD compute": e.extra.get("powersgd_time", 0.0)}
+                 "tied-embedding sync": e.embedding_sync_time, "PowerSGD compute": e.extra.get("powersgd_time", 0.0),
+                 "offload copies": e.offload_copy_time, "offload CPU step": e.offload_step_time}
         return {k: v for k, v in parts.items() if v}
 
     def _cp_json(self) -> dict[str, Any]:
@@ -214,6 +223,7 @@ class Plan:
                 "padded_vocab": m.padded_vocab(c.tp),
                 "tp_fits_nvlink": e.comm_link["tp"] == "nvlink",
                 "ep": c.ep, "expert_dp": c.dp // c.ep, "cp": c.cp,
+                "offload": "optimizer" if c.offload else "none",
             },
             "hardware": {
                 "gpu": hw.gpu, "peak_flops": hw.peak_flops, "memory_bytes": hw.memory_bytes,
@@ -237,6 +247,8 @@ class Plan:
                 "model_states": w.model_states, "activations": w.activations, "transient": w.transient,
                 "total": w.total, "capacity": e.capacity, "headroom": e.headroom,
                 "headroom_fraction": e.headroom_fraction, "fits": e.fits,
+                "host_per_gpu": e.host_per_gpu, "host_per_node": e.host_per_node,
+                "host_capacity_per_node": e.host_capacity, "host_fits": e.host_fits,
                 "per_pp_rank": [
                     {"pp_rank": r.pp_rank, "params": r.params, "weights": r.weights, "gradients": r.gradients,
                      "optimizer": r.optimizer, "activations": r.activations, "transient": r.transient,
@@ -261,6 +273,7 @@ class Plan:
                 "dp_exposed_s": e.dp_exposed_time, "embedding_sync_s": e.embedding_sync_time,
                 "tokens_per_s": e.tokens_per_s, "model_flops_per_s_per_gpu": self.model_flops_per_s_per_gpu,
                 "mfu": self.mfu, "hfu": self.hfu, "cp_s": e.extra["cp_time"],
+                "offload_copy_s": e.offload_copy_time, "offload_step_s": e.offload_step_time,
                 "breakdown_s": self.breakdown(), "dominant": self.dominant(),
             },
             "assumptions": {**asdict(self.ctx.assume), "roofline": ROOFLINE, "notes": list(NOTES)},

@@ -26,7 +26,7 @@ from trainctl.units import dur
 
 # component -> the planner's breakdown_s parts that predict it (plan/plan.py Plan.breakdown)
 COMPONENTS: dict[str, tuple[str, ...]] = {
-    "compute": ("compute",),
+    "compute": ("compute", "offload copies", "offload CPU step"),  # the host step runs between the ranks' syncs
     "collectives (TP, CP, EP)": ("TP exposed", "CP K/V exchange", "MoE all-to-all"),
     "pipeline bubble + point-to-point": ("pipeline bubble", "PP point-to-point"),
     "DP gradient sync (exposed)": ("DP exposed", "tied-embedding sync"),

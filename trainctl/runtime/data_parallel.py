@@ -31,6 +31,13 @@ the fp32 master and AdamW state of that slice only, and all-gathers the updated 
 parameter buffer (the parameters are views of it) after the step. Under bf16 compute that buffer is bf16
 (plan/memory.py `bf16_params`): the all-gather moves bf16 and the fp32 master is the weights' only fp32 copy.
 
+Optimizer offload (`parallel.offload: optimizer`, ZeRO-1/2): the fp32 master slice and the AdamW moments live in
+host memory (pinned on CUDA) and AdamW steps them on the CPU: `before_step` copies this rank's fp32 gradient
+slice device -> host after the reduction, clipping and unscaling (which still run on the device), and
+`after_step` copies the updated master slice host -> device into the parameter slice before the all-gather.
+The host tensors are separate from the device ones even when the device is the CPU, so the CPU-only tests run
+the same copies. ZeRO-3 uses FSDP2's CPUOffloadPolicy (`apply_fsdp`).
+
 Tied embedding/LM-head weights on different pipeline ranks get a bucket of their own, so the bucket (and
 its dp slices) has the same layout on the first and the last stage; after the DP reduction it is summed
 over the placement's `embedding` group (sum commutes with the DP reduction).
@@ -87,7 +94,10 @@ class Bucket:
     shard: tuple[int, int] = (0, 0)
     grad_shard: Tensor | None = None
     param_flat: Tensor | None = None
-    master: Tensor | None = None
+    master: Tensor | None = None  # fp32, on the host under optimizer offload
+    host_grad: Tensor | None = None  # offload: the host copy of grad_shard that AdamW reads
+    host_param: Tensor | None = None  # offload with 16-bit parameters: the master rounded on the host, then sent
+    step_grads: list[Tensor] = field(default_factory=list)  # per fragment, the gradient AdamW reads
     fragments: list[tuple[ParamInfo, Tensor, Tensor]] = field(default_factory=list)  # (info, master, grad)
     comm: Tensor | None = None  # low-precision copy the DP collective runs on (grad_reduce_dtype bf16)
     slot: Slot | None = None  # ZeRO-2: where this micro-batch's gradients are being added
@@ -101,7 +111,8 @@ class GradSync:
 
     def __init__(self, infos: list[ParamInfo], par: Parallel, zero: int, micro_batches: int,
                  bucket_numel: int | None = None, reduce_dtype: torch.dtype | None = None,
-                 param_dtype: torch.dtype | None = None, powersgd: tuple[int, int, int] | None = None):
+                 param_dtype: torch.dtype | None = None, powersgd: tuple[int, int, int] | None = None,
+                 offload: bool = False):
         self.par = par
         self.reduce_dtype = reduce_dtype  # None: reduce in the gradients' own dtype (fp32)
         self.dp = par.dp
@@ -109,6 +120,7 @@ class GradSync:
         # 16-bit parameters need the fp32 master slice that only a sharded optimizer keeps
         self.param_dtype = param_dtype if self.zero in (1, 2) and param_dtype != torch.float32 else None
         self.handover = self.dp > 1 and (self.zero == 2 or self.param_dtype is not None)
+        self.offload = offload and self.zero in (1, 2)  # one replica keeps no separate optimizer slice
         self.micro_batches = micro_batches
         self.infos = infos
         p0 = infos[0].param if infos else None
@@ -194,6 +206,8 @@ class GradSync:
         for info, off in zip(b.params, b.offsets, strict=True):
             flat[off:off + info.param.numel()].copy_(info.param.detach().reshape(-1))
         b.master = flat[a:e].detach().clone().float()  # fp32 master weights of the owned slice
+        if self.offload:
+            b.master = _host(b.master)
         if self.param_dtype is not None:
             flat = flat.to(self.param_dtype)  # the weights the compute reads; the master is the truth
         for info, off in zip(b.params, b.offsets, strict=True):
@@ -204,10 +218,16 @@ class GradSync:
             b.grad_shard = b.grad[a:e]
         else:
             b.grad_shard = torch.zeros(e - a, dtype=self.grad_dtype, device=flat.device)
+        step_grad = b.grad_shard
+        if self.offload:
+            step_grad = b.host_grad = _host(torch.zeros(e - a, dtype=self.grad_dtype))
+            if self.param_dtype is not None:
+                b.host_param = _host(torch.zeros(e - a, dtype=self.param_dtype))
         for info, off in zip(b.params, b.offsets, strict=True):
             lo, hi = max(off, a), min(off + info.param.numel(), e)
             if lo < hi:
                 b.fragments.append((info, b.master[lo - a:hi - a], b.grad_shard[lo - a:hi - a]))
+                b.step_grads.append(step_grad[lo - a:hi - a])
 
     def _add_slot(self, numel: int) -> Slot:
         device = self.infos[0].param.device
@@ -399,8 +419,8 @@ class GradSync:
         if self.zero >= 1:
             dec, nodec = [], []
             for b in self.buckets:
-                for info, m, g in b.fragments:
-                    m.grad = g
+                for (info, m, _), g in zip(b.fragments, b.step_grads, strict=True):
+                    m.grad = g  # the device slice, or its host copy under offload
                     (dec if decays(info.name, info.param) else nodec).append(m)
             return [(dec, True), (nodec, False)]
         return [([i.param for i in self.infos if decays(i.name, i.param)], True),
@@ -410,13 +430,26 @@ class GradSync:
         """Every buffer this sync keeps, by memory component: the gradient buffers (full buckets, ZeRO
         slices, ZeRO-2's bucket buffers, low-precision reduction copies) and the fp32 master slices (ZeRO)."""
         if self.dp == 1:
-            return {"gradients": [i.param.grad for i in self.infos if i.param.grad is not None], "master": []}
+            return {"gradients": [i.param.grad for i in self.infos if i.param.grad is not None], "master": [],
+                    "host": []}
         grads = [t for b in self.buckets for t in (b.grad, b.grad_shard, b.comm) if t is not None]
         if self.powersgd is not None:
             grads += self.powersgd.buffers()
             grads += [t for b in self.buckets if b.psgd is not None for t in b.psgd.buffers()]
         grads += [t for s in self.slots for t in (s.buf, s.recv, s.comm) if t is not None]
-        return {"gradients": grads, "master": [b.master for b in self.buckets if b.master is not None]}
+        host = [t for b in self.buckets for t in (b.host_grad, b.host_param) if t is not None]
+        return {"gradients": grads, "master": [b.master for b in self.buckets if b.master is not None],
+                "host": host}
+
+    def before_step(self) -> None:
+        """Offload: this rank's reduced (clipped, unscaled) fp32 gradient slices device -> host for the CPU step."""
+        if not self.offload:
+            return
+        for b in self.buckets:
+            assert b.host_grad is not None and b.grad_shard is not None
+            b.host_grad.copy_(b.grad_shard, non_blocking=True)
+        if self.par.device.type == "cuda":
+            torch.cuda.current_stream(self.par.device).synchronize()  # AdamW on the CPU reads them next
 
     def after_step(self) -> None:
         """ZeRO: write the updated owned slices back into every replica's parameters (rounded to their dtype)."""
@@ -426,7 +459,11 @@ class GradSync:
         for b in self.buckets:
             assert b.param_flat is not None and b.master is not None
             a, e = b.shard
-            b.param_flat[a:e].copy_(b.master)  # the local slice (the all-gather overwrites it with itself)
+            src = b.master
+            if b.host_param is not None:  # round on the host: the copy moves the parameters' bytes
+                src = b.host_param.copy_(b.master)
+            # the local slice (the all-gather overwrites it with itself); from pinned host memory under offload
+            b.param_flat[a:e].copy_(src, non_blocking=self.offload)
             works.append(_all_gather_single(b.param_flat, b.param_flat[a:e].clone(), group=self.par.dp_group,
                                             async_op=True))
         for w in works:
@@ -440,8 +477,9 @@ class GradSync:
         out: dict[int, Tensor] = {}
         for b in self.buckets:
             assert b.master is not None
-            full = torch.empty(b.numel, dtype=b.master.dtype, device=b.master.device)
-            _all_gather_single(full, b.master, group=self.par.dp_group)
+            device = self.par.device  # offload keeps the master on the host, where NCCL cannot gather
+            full = torch.empty(b.numel, dtype=b.master.dtype, device=device)
+            _all_gather_single(full, b.master.to(device), group=self.par.dp_group)
             for info, off in zip(b.params, b.offsets, strict=True):
                 out[id(info.param)] = full[off:off + info.param.numel()].view(info.param.shape)
         return out
@@ -453,7 +491,8 @@ class GradSync:
 
 
 def apply_fsdp(modules: list[nn.Module], par: Parallel, reduce_dtype: torch.dtype | None = None,
-               reshard_after_forward: bool = True, param_dtype: torch.dtype | None = None) -> None:
+               reshard_after_forward: bool = True, param_dtype: torch.dtype | None = None,
+               offload: bool = False) -> None:
     """fully_shard each transformer block, then the stage root, over this rank's DP group.
 
     Native FSDP2 here: sharding parameters themselves (gather before use, free after) is what FSDP2 does
@@ -470,12 +509,24 @@ def apply_fsdp(modules: list[nn.Module], par: Parallel, reduce_dtype: torch.dtyp
     # also accumulates over micro-batches in fp32. The blocks' inputs keep their dtype (the residual stream
     # is fp32 in every layout: docs/ARCHITECTURE.md, "Memory model").
     mp = fsdp_policy(reduce_dtype, param_dtype)
+    kw = offload_policy(par, offload)
     for m in modules:
         blocks = getattr(m, "layers", None)  # the model keeps its blocks in an nn.ModuleDict
         if blocks is not None:
             for block in blocks.values():
-                fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
-        fully_shard(m, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+                fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward, **kw)
+        fully_shard(m, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward, **kw)
+
+
+def offload_policy(par: Parallel, offload: bool) -> dict[str, object]:
+    """fully_shard's keyword for optimizer offload: FSDP2's CPUOffloadPolicy keeps the fp32 weight, gradient and
+    (through the optimizer) moment shards on the host and steps there. Pinned only on a GPU: pinning needs the
+    accelerator (docs/ARCHITECTURE.md, "Optimizer offload")."""
+    if not offload:
+        return {}
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    return {"offload_policy": CPUOffloadPolicy(pin_memory=par.device.type == "cuda")}
 
 
 def fsdp_policy(reduce_dtype: torch.dtype | None, param_dtype: torch.dtype | None):
@@ -526,13 +577,24 @@ class FsdpSync:
                 ([i.param for i in self.infos if not decays(i.name, i.param)], False)]
 
     def held(self) -> dict[str, list[Tensor]]:
-        return {"gradients": [_local(i.param.grad) for i in self.infos if i.param.grad is not None], "master": []}
+        return {"gradients": [_local(i.param.grad) for i in self.infos if i.param.grad is not None], "master": [],
+                "host": []}
+
+    def before_step(self) -> None:
+        pass  # under offload FSDP2 already left the gradient shards on the host
 
     def after_step(self) -> None:
         pass
 
     def full_master(self) -> dict[int, Tensor]:
         return {}  # the fp32 shards are the parameters
+
+
+def _host(t: Tensor) -> Tensor:
+    """`t` in host memory, pinned when a GPU is present (asynchronous copies; pinning needs the accelerator),
+    always a separate tensor from `t`."""
+    out = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=torch.cuda.is_available())
+    return out.copy_(t)
 
 
 def _local(t: Tensor) -> Tensor:

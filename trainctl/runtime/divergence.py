@@ -167,9 +167,11 @@ class DivergenceGuard:
             if self.log:
                 record_event(self.paths, "checkpoint_deferred", step=step, reason="skipped steps in a row")
             return False
-        local = [t for t in tensors if t.numel()]
-        bad = bool(local) and not bool(torch.isfinite(torch.stack(torch._foreach_norm(
-            [t.float() if t.dtype != torch.float64 else t for t in local]))).all())
+        by_device: dict[torch.device, list[torch.Tensor]] = {}  # optimizer offload: masters on the host
+        for t in tensors:
+            if t.numel():
+                by_device.setdefault(t.device, []).append(t.float() if t.dtype != torch.float64 else t)
+        bad = any(not bool(torch.isfinite(torch.stack(torch._foreach_norm(ts))).all()) for ts in by_device.values())
         if signals.agree([int(bad)], device)[0]:
             if self.log:
                 record_event(self.paths, "checkpoint_refused", step=step, reason="non-finite weights")

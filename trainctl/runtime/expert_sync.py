@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from trainctl.plan.memory import bf16_params
-from trainctl.runtime.data_parallel import GradSync, ParamInfo, fsdp_policy
+from trainctl.runtime.data_parallel import GradSync, ParamInfo, fsdp_policy, offload_policy
 from trainctl.runtime.distributed import Parallel
 from trainctl.runtime.moe import RoutedExperts, is_expert_param
 
@@ -84,6 +84,10 @@ class ExpertSplitSync:
         parts = [s.held() for s in self.parts()]
         return {k: [t for h in parts for t in h[k]] for k in parts[0]}
 
+    def before_step(self) -> None:
+        for s in self.parts():
+            s.before_step()
+
     def after_step(self) -> None:
         for s in self.parts():
             s.after_step()
@@ -93,15 +97,16 @@ class ExpertSplitSync:
 
 
 def grad_sync(infos: list[ParamInfo], par: Parallel, zero: int, micro_batches: int,
-              reduce_dtype: torch.dtype | None, precision: str, powersgd: tuple[int, int, int] | None = None
-              ) -> GradSync | ExpertSplitSync:
+              reduce_dtype: torch.dtype | None, precision: str, powersgd: tuple[int, int, int] | None = None,
+              offload: bool = False) -> GradSync | ExpertSplitSync:
     """The trainer's gradient sync without FSDP: one GradSync, or the split one under expert parallelism.
     Parameters are bf16 where their own reduction group shards the optimizer (plan/memory.py bf16_params):
-    the experts' group is the expert-DP one (dp / ep ranks)."""
+    the experts' group is the expert-DP one (dp / ep ranks). `offload`: each sync whose group shards keeps its
+    optimizer slice on the host."""
     def sync(group: list[ParamInfo], on: Parallel, dp: int) -> GradSync:
         dtype = torch.bfloat16 if bf16_params(precision, zero, dp) else None
         return GradSync(group, on, zero, micro_batches, reduce_dtype=reduce_dtype, param_dtype=dtype,
-                        powersgd=powersgd)
+                        powersgd=powersgd, offload=offload)
 
     if par.ep == 1:
         return sync(infos, par, par.dp)
@@ -115,7 +120,7 @@ def _split(infos: list[ParamInfo]) -> tuple[list[ParamInfo], list[ParamInfo]]:
 
 
 def shard_experts(modules: list[nn.Module], par: Parallel, reduce_dtype: torch.dtype | None,
-                  reshard_after_forward: bool, param_dtype: torch.dtype | None = None) -> None:
+                  reshard_after_forward: bool, param_dtype: torch.dtype | None = None, offload: bool = False) -> None:
     """ZeRO-3 under expert parallelism: fully_shard each layer's routed experts over the expert-DP mesh,
     dividing their gradients by dp (the module docstring). Call before the blocks are sharded over the DP
     mesh."""
@@ -131,7 +136,8 @@ def shard_experts(modules: list[nn.Module], par: Parallel, reduce_dtype: torch.d
     for m in modules:
         for sub in m.modules():
             if isinstance(sub, RoutedExperts):
-                fully_shard(sub, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+                fully_shard(sub, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward,
+                            **offload_policy(par, offload))
                 sub.set_gradient_divide_factor(float(par.dp))
                 if par.expert_dp_group is not None:  # gloo has no PREMUL_SUM for the factor; on a one-rank
                     sub.set_force_sum_reduction_for_comms(True)  # mesh this would divide twice (torch 2.13)

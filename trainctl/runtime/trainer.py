@@ -101,19 +101,22 @@ class Trainer:
         fsdp = p.zero == 3 and par.dp > 1
         reduce_dtype = torch.bfloat16 if p.grad_reduce_dtype == "bf16" else None
         bf16 = torch.bfloat16 if self.autocast_dtype == torch.bfloat16 else None
+        offload = p.offload == "optimizer"
         if fsdp:
             # zero-bubble schedules run weight-gradient passes after later forwards: with FSDP2's default
             # resharding they train on wrong weights (docs/ARCHITECTURE.md, "Checked facts: PyTorch ...")
             reshard = p.schedule != "zero-bubble"
             for shard in (expert_sync.shard_experts, data_parallel.apply_fsdp):  # experts first, over expert-DP
-                shard(self.modules, par, reduce_dtype, reshard_after_forward=reshard, param_dtype=bf16)
+                shard(self.modules, par, reduce_dtype, reshard_after_forward=reshard, param_dtype=bf16,
+                      offload=offload)
         infos = self._param_infos()
         # bf16 parameters under bf16 ZeRO-1/2: the fp32 master slice is the truth (plan/memory.py bf16_params)
         psgd = (p.powersgd.rank, p.powersgd.start_step, t.seed) if p.powersgd else None  # runtime/powersgd.py
         self.sync = (data_parallel.FsdpSync(infos, par) if fsdp
                      else expert_sync.grad_sync(infos, par, p.zero, self.micro_batches, reduce_dtype, self.precision,
-                                                psgd))
-        self.opt = optim.adamw(self.sync.optimizer_groups(), t)
+                                                psgd, offload))
+        # offload: AdamW steps host tensors, where torch's fused CPU kernel is the fast one
+        self.opt = optim.adamw(self.sync.optimizer_groups(), t, fused=offload and par.dp > 1)
 
         def scaled_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
             return loss_fn(logits, targets, self.cfg, self.tp) * self.scaler.scale
@@ -317,6 +320,7 @@ class Trainer:
         finite = math.isfinite(norm)
         if self.scaler.update(finite) and finite and not skipped:
             self._clip(norm)
+            self.sync.before_step()  # offload: the gradient slices to the host
             self.opt.step()
             self.sync.after_step()
         else:
@@ -375,6 +379,9 @@ class Trainer:
             "optimizer": memory_meter.tensor_bytes([*memory_meter.optimizer_tensors(self.opt), *held["master"]]),
             "activations_peak": self._activation_peak,  # bytes saved for backward, at their peak
         }
+        if held["host"]:  # ZeRO-1/2 offload: the master, moments and gradient copies live in host memory
+            mine["host"] = mine["optimizer"] + memory_meter.tensor_bytes(held["host"])
+            mine["optimizer"] = 0
         if self.par.device.type == "cuda":
             mine["allocator_peak"] = torch.cuda.max_memory_allocated(self.par.device)
         ranks: list[dict[str, int]] = [mine]
@@ -383,7 +390,7 @@ class Trainer:
             dist.all_gather_object(ranks, mine, group=self.par.world_group)
         if not self.log:
             return None
-        return {"per_rank": ranks, "max": {k: max(r[k] for r in ranks) for k in mine}}
+        return {"per_rank": ranks, "max": {k: max(r.get(k, 0) for r in ranks) for k in mine}}
 
     def _norm_and_loss(self, loss: torch.Tensor | None, step: int) -> tuple[float, float, str | None]:
         """Global grad norm, global mean loss and whether the step is skipped (a non-finite one on any rank),

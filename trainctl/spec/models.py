@@ -160,6 +160,10 @@ class ParallelSpec(Strict):
     allow_tp_across_nodes: bool = Field(
         False, description="Permit a TP group larger than the NVLink domain (slow; normally an error)"
     )
+    offload: Literal["none", "optimizer"] = Field(
+        "none", description="optimizer: keep the fp32 master weights and AdamW moments in host memory and step "
+        "them on the CPU (ZeRO-Offload; ZeRO-1/2: this rank's slice, ZeRO-3: FSDP2's CPU offload policy, which "
+        "also keeps the weight and gradient shards there); needs zero 1, 2 or 3")
     grad_reduce_dtype: Literal["fp32", "bf16"] = Field(
         "fp32", description="Dtype of the data-parallel gradient reduction: bf16 halves its bytes; gradients "
         "still accumulate over micro-batches in fp32 on each rank")
@@ -291,6 +295,9 @@ class ClusterSpec(Strict):
     peak_tflops: PositiveFloat | None = Field(None, description="Override the catalog's dense BF16 peak")
     memory_gb: PositiveFloat | None = Field(None, description="Override the catalog's device memory")
     nvlink_domain: Count | None = Field(None, description="GPUs per NVLink domain; default from catalog")
+    host_memory_gb: PositiveFloat | None = Field(None, description="Host memory per node, GB (what optimizer "
+                                                 "offload may fill); default 2,000 GB for GPU nodes (an 8-GPU "
+                                                 "DGX H100/H200/B200 node), this machine's RAM for gpu: cpu")
     nvlink_gbps: PositiveFloat | None = None
     interconnect: str = Field("ndr", description="Inter-node fabric (see `trainctl hardware`)")
     inter_node_gbps: PositiveFloat | None = Field(None, description="Per-GPU inter-node GB/s override")
@@ -424,6 +431,12 @@ class EstimateSpec(Strict):
     checkpoint_stage_gbps: PositiveFloat = Field(10.0, description="Device-to-host copy per GPU, GB/s: what an "
                                                  "async save blocks training for (a synchronous one blocks for "
                                                  "the whole write)")
+    offload_pcie_gbps: PositiveFloat = Field(25.0, description="Pinned host<->device copy per GPU and direction, "
+                                             "GB/s, for parallel.offload (PCIe Gen4 x16's 32 at ~80%; Gen5 "
+                                             "doubles it)")
+    host_adam_gbps: PositiveFloat = Field(40.0, description="Host memory bandwidth one GPU's share of the CPU "
+                                          "step gets, GB/s, for parallel.offload (fused CPU AdamW moves 28 bytes "
+                                          "per fp32 element)")
 
 
 class RunSpec(Strict):

@@ -34,7 +34,7 @@ def _largest_divisor_at_most(n: int, limit: int) -> int:
 def check(spec: RunSpec) -> list[str]:
     """Every independent problem at once: a rule group stops early only where its later rules would just
     repeat its first mistake (no dp, no micro-batch count)."""
-    groups = (_hardware, _model_vs_tp, _context_parallel, _layout, _moe, _grad_compression, _training,
+    groups = (_hardware, _model_vs_tp, _context_parallel, _layout, _offload, _moe, _grad_compression, _training,
               _data_and_launcher, _launcher_environment)
     return [line for group in groups for line in group(spec)]
 
@@ -188,6 +188,14 @@ def _layout(spec: RunSpec) -> Iterator[str]:  # noqa: C901 - world size, batch a
     elif m.layers < stages:
         yield problem("model.layers", m.layers, f"fewer layers than pipeline stages ({stages})",
                       "lower parallel.pp or virtual_stages")
+
+
+def _offload(spec: RunSpec) -> Iterator[str]:
+    p = spec.parallel
+    if p.offload == "optimizer" and p.zero == 0:
+        # ZeRO-0 keeps fp32 weights that are their own master: there is no separate optimizer state to move
+        yield problem("parallel.offload", p.offload, "optimizer offload needs a sharded optimizer",
+                      "set parallel.zero 1, 2 or 3")
 
 
 def _moe(spec: RunSpec) -> Iterator[str]:  # noqa: C901 - a flat list of independent MoE rules
