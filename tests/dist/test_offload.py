@@ -88,12 +88,17 @@ def test_zero1_offload_matches_plain_and_resumes_across_the_flag(tmp_path: Path)
     assert_close_runs(straight, off, steps=list(range(STEPS // 2 + 1, STEPS + 1)))
 
 
-@pytest.mark.parametrize("case", ["zero2-bf16", "zero3"])
+POWERSGD = {"grad_compression": {"powersgd": {"rank": 2, "start_step": 2}}}
+
+
+@pytest.mark.parametrize("case", ["zero2-bf16", "zero3", "zero1-powersgd"])
 def test_offload_matches_plain(case: str, tmp_path: Path) -> None:
-    zero, sections = {"zero2-bf16": (2, {"train": {"steps": STEPS, "precision": "bf16",
-                                                   "low_precision_on_cpu": True}}),
-                      "zero3": (3, {"train": {"steps": STEPS}})}[case]
-    parallel = {"dp": 2, "zero": zero, "micro_batch": 2}
+    """Each sharded optimizer, and ZeRO-1 with PowerSGD (the compressed reduction, then the host step)."""
+    zero, sections, extra = {"zero2-bf16": (2, {"train": {"steps": STEPS, "precision": "bf16",
+                                                          "low_precision_on_cpu": True}}, {}),
+                             "zero3": (3, {"train": {"steps": STEPS}}, {}),
+                             "zero1-powersgd": (1, {"train": {"steps": STEPS}}, POWERSGD)}[case]
+    parallel = {"dp": 2, "zero": zero, "micro_batch": 2, **extra}
     plain, world = make_run(tmp_path, "plain", parallel=parallel, **sections)
     ok(run_trainer(plain, world, env=SMALL_BUCKETS), f"plain {case}")
     offload, _ = make_run(tmp_path, "offload", parallel={**parallel, **OFFLOAD}, **sections)

@@ -236,7 +236,7 @@ def test_plan_ranks_shows_ep_coordinates() -> None:
 
 
 def test_auto_searches_ep() -> None:
-    res = search(load_spec(OLMOE), top=100)
+    res = search(load_spec(OLMOE), top=400)  # ZeRO, offload and schedule variants of ep 1 come first
     assert res.invalid == [] and res.top
     eps = {s.cand.ep for s, _, _ in res.top}
     assert len(eps) > 1 and max(eps) > 1

@@ -642,12 +642,12 @@ class Evaluator:
     def score(self, c: Candidate) -> tuple[float | None, float]:
         """(predicted step seconds, worst pipeline rank's bytes per GPU): what `--auto` ranks by; the same
         numbers as evaluate(c).step_time and evaluate(c).memory_total."""
-        z = self._with_zero(self._base(c), c.zero, c.dp * c.cp, c.ep, c.offload)
-        return z.step, z.total
+        step, total, _ = self.score_dp(c)
+        return step, total
 
     def score_dp(self, c: Candidate) -> tuple[float | None, float, float]:
         """score(c) and, third, the exposed DP seconds of that step (evaluate(c).dp_exposed_time, or 0)."""
-        z = self._with_zero(self._base(c), c.zero, c.dp * c.cp, c.ep)
+        z = self._with_zero(self._base(c), c.zero, c.dp * c.cp, c.ep, c.offload)
         return z.step, z.total, z.dp_exposed or 0.0
 
     def evaluate(self, c: Candidate, detail: bool = True) -> Estimate:
