@@ -245,9 +245,9 @@ def search(spec: RunSpec, top: int = 10, rejected: int = 5) -> AutoResult:
     model_flops = ev.model_flops_per_token * ev.tokens_per_step
     dp_bound: list[tuple[Candidate, float]] = []  # fitting layouts a communication lever may speed up
     for c in cands:  # the hot loop: plain floats, no Estimate objects
-        step, mem, exposed = ev.score_dp(c)
+        step, mem, exposed, host_fits = ev.score_dp(c)
         mfu = model_flops / (step * denom) if step else 0.0
-        fits = (capacity is None or mem <= capacity) and ev.host_fits(c)
+        fits = (capacity is None or mem <= capacity) and host_fits
         (fitting if fits else oom).append((-round(mfu, 12), mem, c))
         if fits and Levers.bound(step, exposed):
             dp_bound.append((c, (step or 0.0) - exposed))

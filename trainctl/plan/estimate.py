@@ -622,12 +622,10 @@ class Evaluator:
             moved = n * (4 + (2 if memory.bf16_params(ctx.precision, zero, dp) else 4))
         return moved / (a.offload_pcie_gbps * 1e9), n * OFFLOAD_STEP_BYTES / (a.host_adam_gbps * 1e9)
 
-    def host_fits(self, c: Candidate) -> bool:
-        """Whether the optimizer state `c` offloads fits the node's host memory (`--auto`'s check)."""
+    def host_fits(self, host_per_gpu: float) -> bool:
+        """Whether a node's GPUs' offloaded optimizer state (`host_per_gpu` bytes each) fits its host memory."""
         cap = self.ctx.hw.host_memory_bytes
-        if not c.offload or cap is None:
-            return True
-        return self._with_zero(self._base(c), c.zero, c.dp * c.cp, c.ep, True).host * self._node_gpus() <= cap
+        return not host_per_gpu or cap is None or host_per_gpu * self._node_gpus() <= cap
 
     def _node_gpus(self) -> int:
         return min(self.ctx.world, self.ctx.hw.gpus_per_node)
@@ -642,13 +640,14 @@ class Evaluator:
     def score(self, c: Candidate) -> tuple[float | None, float]:
         """(predicted step seconds, worst pipeline rank's bytes per GPU): what `--auto` ranks by; the same
         numbers as evaluate(c).step_time and evaluate(c).memory_total."""
-        step, total, _ = self.score_dp(c)
+        step, total, _, _ = self.score_dp(c)
         return step, total
 
-    def score_dp(self, c: Candidate) -> tuple[float | None, float, float]:
-        """score(c) and, third, the exposed DP seconds of that step (evaluate(c).dp_exposed_time, or 0)."""
+    def score_dp(self, c: Candidate) -> tuple[float | None, float, float, bool]:
+        """score(c), the exposed DP seconds of that step (evaluate(c).dp_exposed_time, or 0) and whether its
+        offloaded optimizer state fits the node's host memory (evaluate(c).host_fits)."""
         z = self._with_zero(self._base(c), c.zero, c.dp * c.cp, c.ep, c.offload)
-        return z.step, z.total, z.dp_exposed or 0.0
+        return z.step, z.total, z.dp_exposed or 0.0, self.host_fits(z.host)
 
     def evaluate(self, c: Candidate, detail: bool = True) -> Estimate:
         """All figures of one layout. detail=False skips the per-rank memory table."""
