@@ -32,6 +32,7 @@ import runpy
 import signal
 import socket
 import sys
+import threading
 import time
 from typing import Any
 
@@ -129,8 +130,10 @@ def run_job(request: dict[str, Any]) -> None:
 
 
 def serve(path: str) -> None:
-    """Answer requests on the Unix socket `path` one at a time (the suite runs its tests one at a time):
-    fork the job, send its pid, wait for it, send its exit status. Stop once the parent (pytest) is gone."""
+    """Answer requests on the Unix socket `path`: fork the job, send its pid, wait for it, send its exit
+    status. Requests are answered as they come, so a test may run jobs side by side (its own threads); the
+    forks happen in this main thread only, each waited for by a small thread. Stop once the parent (pytest)
+    is gone."""
     parent = os.getppid()
     server = socket.socket(socket.AF_UNIX)
     server.bind(path + ".tmp")
@@ -142,23 +145,28 @@ def serve(path: str) -> None:
             conn, _ = server.accept()
         except TimeoutError:
             continue
-        with conn:
-            conn.settimeout(None)
-            request = json.loads(conn.makefile().readline())
-            sys.stdout.flush()
-            sys.stderr.flush()
-            pid = os.fork()
-            if pid == 0:
-                server.close()
-                conn.close()
-                run_job(request)
-            with contextlib.suppress(OSError):  # also done in the child: whichever runs first
-                os.setpgid(pid, pid)
-            with contextlib.suppress(OSError):
-                conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
-            code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-            with contextlib.suppress(OSError):  # the client gave up (timeout) and killed the job
-                conn.sendall(json.dumps({"code": code}).encode() + b"\n")
+        conn.settimeout(None)
+        request = json.loads(conn.makefile().readline())
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            server.close()
+            conn.close()
+            run_job(request)
+        with contextlib.suppress(OSError):  # also done in the child: whichever runs first
+            os.setpgid(pid, pid)
+        threading.Thread(target=_answer, args=(conn, pid), daemon=True).start()
+
+
+def _answer(conn: socket.socket, pid: int) -> None:
+    """Send the job's pid, wait for it, send its exit status."""
+    with conn:
+        with contextlib.suppress(OSError):
+            conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        with contextlib.suppress(OSError):  # the client gave up (timeout) and killed the job
+            conn.sendall(json.dumps({"code": code}).encode() + b"\n")
 
 
 if __name__ == "__main__":
