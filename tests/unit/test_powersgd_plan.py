@@ -12,9 +12,9 @@ import pytest
 import torch
 from paths import RECIPES
 from paths import REPO as ROOT
+from spec_utils import one_problem
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _should_compress
 
-from trainctl.errors import SpecError
 from trainctl.model_shape import ModelShape
 from trainctl.plan.auto import search
 from trainctl.plan.comm import all_reduce_bytes
@@ -35,14 +35,6 @@ data: {synthetic: true}
 FIELD = "parallel.grad_compression.powersgd"
 
 
-def one_problem(*overrides: str) -> str:
-    with pytest.raises(SpecError) as err:
-        load_spec_text(BASE, "s.yaml", overrides)
-    lines = err.value.message.splitlines()
-    assert len(lines) == 1, lines
-    return lines[0]
-
-
 @pytest.mark.parametrize(("overrides", "expected"), [
     ([f"{FIELD}.rank=0"], f"{FIELD}.rank = 0: an approximation needs rank >= 1. Fix: use rank >= 1"),
     ([f"{FIELD}.start_step=0"], f"{FIELD}.start_step = 0: steps count from 1. Fix: use start_step >= 1"),
@@ -52,7 +44,7 @@ def one_problem(*overrides: str) -> str:
     (["parallel.grad_reduce_dtype=bf16"], "parallel.grad_reduce_dtype = 'bf16': PowerSGD reduces"),
 ])
 def test_rules_name_the_field_and_the_fix(overrides: list[str], expected: str) -> None:
-    assert one_problem(*overrides).startswith(f"s.yaml: {expected}")
+    assert one_problem(BASE, *overrides).startswith(f"s.yaml: {expected}")
 
 
 def test_cli_refuses_powersgd_with_fsdp_in_one_line_exit_2(tmp_path) -> None:

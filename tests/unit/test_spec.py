@@ -10,6 +10,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from paths import REPO as ROOT
+from spec_utils import one_problem, problems
 
 from trainctl.errors import SpecError
 from trainctl.spec import load_spec, load_spec_text, resolved_dict, validate_spec
@@ -24,18 +25,6 @@ parallel: {tp: 8, pp: 1, dp: auto}
 train: {global_batch: 64, steps: 10}
 cluster: {nodes: 4, gpus_per_node: 8, gpu: h100-sxm}
 """
-
-
-def problems(text: str, *overrides: str) -> list[str]:
-    with pytest.raises(SpecError) as err:
-        load_spec_text(text, "s.yaml", overrides)
-    return err.value.message.splitlines()
-
-
-def one_problem(text: str, *overrides: str) -> str:
-    found = problems(text, *overrides)
-    assert len(found) == 1, found
-    return found[0]
 
 
 def test_recipe_loads_and_resolves_auto_dp():

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 from paths import REPO as ROOT
+from spec_utils import one_problem
 
-from trainctl.errors import SpecError
 from trainctl.spec import load_spec_text
 
 BASE = """
@@ -19,14 +19,6 @@ parallel: {dp: 4}
 train: {global_batch: 8, steps: 10}
 cluster: {nodes: 1, gpus_per_node: 4, gpu: cpu}
 """
-
-
-def one_problem(*overrides: str) -> str:
-    with pytest.raises(SpecError) as err:
-        load_spec_text(BASE, "s.yaml", overrides)
-    lines = err.value.message.splitlines()
-    assert len(lines) == 1, lines
-    return lines[0]
 
 
 def test_off_by_default_and_switches() -> None:
@@ -56,7 +48,7 @@ def test_off_by_default_and_switches() -> None:
     (["tracking.wandb.mode=cloud"], "tracking.wandb.mode"),
 ])
 def test_profile_and_tracking_rules_name_the_fix(overrides: list[str], expected: str) -> None:
-    assert expected in one_problem(*overrides)
+    assert expected in one_problem(BASE, *overrides)
 
 
 def test_a_window_ending_on_the_last_step_is_valid() -> None:
