@@ -28,11 +28,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
+from benchlib import ROOT, TORCHRUN, train_run  # bench/ is sys.path[0]: the script's own directory
 
-ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 
 
 def make_spec(a: argparse.Namespace, cp: int) -> dict:
@@ -53,16 +51,8 @@ def train(a: argparse.Namespace, cp: int, tmp: Path) -> dict:
     from trainctl.plan.plan import build_plan
     from trainctl.spec.loader import validate_spec
 
-    run = tmp / f"cp{cp}"
-    run.mkdir()
     spec = make_spec(a, cp)
-    (run / "spec.yaml").write_text(yaml.safe_dump(spec))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([TORCHRUN, "--standalone", f"--nproc-per-node={cp}", "-m", "trainctl.runtime", str(run)],
-                       env=env, capture_output=True, text=True)
-    if r.returncode:
-        sys.exit(f"cp{cp} failed:\n{r.stderr[-3000:]}")
-    recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    recs = train_run(spec, tmp / f"cp{cp}", cp, f"cp{cp}")
     mem = next(x["memory"] for x in recs if "memory" in x)
     planned = build_plan(validate_spec(spec)).to_json()["memory"]["activations"]
     steps = recs[2:] or recs  # the first steps also run start-up work and the memory meter's hooks

@@ -15,19 +15,14 @@ alternated per repetition.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-import yaml
+from benchlib import ROOT, train_run  # bench/ is sys.path[0]: the script's own directory
 
-ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 SCHEDULES = (("1f1b", 1), ("interleaved", 2), ("zero-bubble", 2))  # (schedule, model chunks per rank)
 
 
@@ -49,15 +44,8 @@ def train(a: argparse.Namespace, pp: int, schedule: str, chunks: int, run: Path)
     from trainctl.plan.plan import build_plan
     from trainctl.spec.loader import validate_spec
 
-    run.mkdir(parents=True)
     spec = make_spec(a, pp, schedule, chunks)
-    (run / "spec.yaml").write_text(yaml.safe_dump(spec))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([TORCHRUN, "--standalone", f"--nproc-per-node={pp}", "-m", "trainctl.runtime", str(run)],
-                       env=env, capture_output=True, text=True)
-    if r.returncode:
-        sys.exit(f"pp{pp} {schedule} failed:\n{r.stderr[-3000:]}")
-    recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    recs = train_run(spec, run, pp, f"pp{pp} {schedule}")
     steps = recs[2:] or recs  # the first steps also run start-up work
     plan = build_plan(validate_spec(spec)).to_json()["pipeline"]
     return {"step_s": statistics.median(x["step_time_s"] for x in steps),
