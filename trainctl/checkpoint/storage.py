@@ -17,6 +17,7 @@ from trainctl.checkpoint import resolve_checkpoint_dir
 if TYPE_CHECKING:
     from trainctl.spec import RunSpec
 
+WARNING_CODE = "CHECKPOINT_NODE_LOCAL"  # plan's warning; launch and resume say it in their check before training
 RAM_FILESYSTEMS = ("tmpfs", "ramfs")
 NODE_LOCAL_PREFIXES = ("/tmp", "/var/tmp", "/dev/shm", "/run", "/local", "/scratch/local", "/lscratch",
                        "/mnt/local", "/raid", "/nvme")

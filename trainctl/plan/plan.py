@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from trainctl import model_shape
-from trainctl.checkpoint.storage import storage_problem
+from trainctl.checkpoint import storage
 from trainctl.hardware.catalog import peak_tflops_for, resolve_accelerator, resolve_fabric
 from trainctl.model_shape import ModelShape, ParamCounts
 from trainctl.plan.cadence import Cadence, configured_interval, job_mtbf
@@ -335,8 +335,8 @@ def checkpoint_plan(spec: RunSpec, step_time: float | None) -> tuple[dict[str, A
             f"a save takes ~{dur(total)} to write but checkpoints are due every {dur(cadence.configured_s)}: "
             "each save waits for the previous one and blocks training; save less often or raise "
             "estimate.checkpoint_write_gbps if the filesystem is faster")))
-    if ck.dir is not None and (shared := storage_problem(spec, Path.cwd())):  # else known only at launch
-        warnings.append(PlanWarning("CHECKPOINT_NODE_LOCAL", "warning", shared))
+    if ck.dir is not None and (shared := storage.storage_problem(spec, Path.cwd())):  # else known only at launch
+        warnings.append(PlanWarning(storage.WARNING_CODE, "warning", shared))
     return out, tuple(warnings)
 
 

@@ -140,6 +140,8 @@ def plan_summary(spec: RunSpec) -> list[str]:
     across = tp_groups_across_nodes(Layout.from_spec(spec))
     lines.append("placement: every TP group inside one node" if not across
                  else f"placement: {len(across)} TP group(s) span nodes, e.g. {across[0]}")
+    from trainctl.checkpoint import storage
+
     try:
         from trainctl.plan.plan import build_plan
     except ImportError:
@@ -148,7 +150,8 @@ def plan_summary(spec: RunSpec) -> list[str]:
     est = [f"predicted MFU {p.mfu:.1%}" if p.mfu is not None else None,
            "fits in memory" if p.fits else "DOES NOT FIT in memory"]
     lines.append("plan: " + ", ".join(x for x in est if x))
-    lines += [f"plan {w.level}: {w.message}" for w in p.warnings]
+    lines += [f"plan {w.level}: {w.message}" for w in p.warnings
+              if w.code != storage.WARNING_CODE]  # the check before training has said it already
     return lines
 
 
