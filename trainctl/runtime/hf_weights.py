@@ -31,6 +31,7 @@ from trainctl.fileio import default_mode
 from trainctl.hf_format import HFLayout, Piece
 from trainctl.init_source import InitSource
 from trainctl.model_shape import ModelShape
+from trainctl.runtime.state import parse_param_key
 from trainctl.runtime.tensor_parallel import ParamMeta, TPContext, shard_tensor, unshard_tensors
 
 MAX_SHARD_BYTES = 5 * 10**9  # transformers' default max_shard_size for save_pretrained
@@ -69,8 +70,7 @@ def gather_checkpoint(path: Path, metas: dict[str, ParamMeta], names: Iterable[s
     for key, item in md.items():
         if not key.startswith("model.") or not isinstance(item, TensorStorageMetadata):
             continue
-        name, _, suffix = key[len("model."):].partition("@tp")
-        r, t = (int(x) for x in suffix.split("of")) if suffix else (0, 1)
+        name, r, t = parse_param_key(key[len("model."):])
         saved.setdefault(name, []).append((r, t, key[len("model."):]))
     wanted = list(metas if names is None else names)
     missing = [n for n in wanted if n not in saved]

@@ -93,6 +93,15 @@ def param_key(name: str, meta: Any, tp_rank: int, tp: int) -> str:
     return name
 
 
+def parse_param_key(key: str) -> tuple[str, int, int]:
+    """(parameter name, TP rank, tp) of a key param_key wrote; (name, 0, 1) for a TP-replicated one."""
+    name, _, suffix = key.partition("@tp")
+    if not suffix:
+        return name, 0, 1
+    r, t = suffix.split("of")
+    return name, int(r), int(t)
+
+
 def _syncs(sync: Any) -> list[Any]:
     """The gradient syncs behind the trainer's (two under expert parallelism: runtime/expert_sync.py), each
     with its own data-parallel group in its `par`."""
