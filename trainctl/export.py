@@ -17,8 +17,7 @@ from trainctl.checkpoint import (
     CheckpointError,
     CheckpointInfo,
     find_step,
-    list_checkpoints,
-    newest_valid,
+    latest_valid,
     resolve_checkpoint_dir,
 )
 from trainctl.errors import UsageError
@@ -67,7 +66,7 @@ def _checkpoint(directory: Path, step: int | None) -> CheckpointInfo:
     except CheckpointError as e:
         raise UsageError(e.message, hint=e.hint or "trainctl checkpoints RUN --deep lists the valid ones") from e
     skipped: list[CheckpointInfo] = []
-    info = newest_valid(list_checkpoints(directory), deep=True, skipped=skipped)
+    info = latest_valid(directory, deep=True, skipped=skipped)
     if info is not None:
         return info
     if skipped:
