@@ -31,7 +31,11 @@ echo "DONE restart=${SLURM_RESTART_COUNT:-0}"
 PREEMPT_SCRIPT = r"""#!/bin/bash
 echo "ATTEMPT restart=${SLURM_RESTART_COUNT:-0}"
 if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then
-    srun bash -c 'trap "echo TASK $SLURM_PROCID SIGTERM | tee sigterm-$SLURM_PROCID; exit 99" TERM
+    # Like the trainer's ranks, whose checkpoint on a signal is collective, a task stops only when every
+    # task has its signal (or after 20 s): srun may return once one task ended and the step was
+    # cancelled, and the requeue below then kills a remote task whose slurmd has not signalled it yet.
+    srun bash -c 'trap "echo TASK $SLURM_PROCID SIGTERM | tee sigterm-$SLURM_PROCID
+            for i in \$(seq 200); do [ -e sigterm-0 ] && [ -e sigterm-1 ] && break; sleep 0.1; done; exit 99" TERM
         echo TASK $SLURM_PROCID up; sleep 120 & wait'
     echo "STEP ended rc=$?"
     scontrol requeue "$SLURM_JOB_ID"
