@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import slurm_fixtures
+from env_probe import PROBE_VALUE, make_probe
 from paths import REPO
 from slurm_fixtures import SlurmCluster
 
@@ -94,9 +95,19 @@ def reference_losses(tmp_path_factory) -> list[float]:
 @pytest.mark.parametrize("mode", ["srun", "torchrun"])
 def test_two_node_job_completes_with_local_losses(slurm_cluster: SlurmCluster, tmp_path: Path, mode: str,
                                                    reference_losses: list[float]) -> None:
-    """TP 2 (+ SP) x PP 2 over two nodes (LONG), uninterrupted: every loss the local run's."""
+    """TP 2 (+ SP) x PP 2 over two nodes (LONG), uninterrupted: every loss the local run's.
+
+    The torchrun job also carries launcher.setup, launcher.python and launcher.nccl: the setup lines run in the
+    batch script and again in each node's task before its torchrun, launcher.python starts each torchrun, and
+    what the lines export, with the NCCL variables, is in every rank's own environment. The container options
+    are checked by rendering (pyxis is not installed here: tests/unit/test_launch_environment.py)."""
     run = tmp_path / "run"
-    extra = ["--set", "cluster.gpu=h100-sxm"] if mode == "srun" else []  # also request the emulated GPUs
+    probe = make_probe(tmp_path / "probe")
+    if mode == "srun":
+        extra = ["--set", "cluster.gpu=h100-sxm"]  # also request the emulated GPUs
+    else:
+        extra = ["--set", f"launcher.setup={json.dumps(probe.setup)}", "--set", f"launcher.python={probe.python}",
+                 "--set", "launcher.nccl.debug=INFO", "--set", "launcher.nccl.socket_ifname=lo"]
     r = cli("launch", *LONG, "--set", f"launcher.mode={mode}", *extra, "--run-dir", str(run))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "submitted Slurm job" in r.stdout and "trainctl logs" in r.stdout
@@ -114,6 +125,15 @@ def test_two_node_job_completes_with_local_losses(slurm_cluster: SlurmCluster, t
         assert placement["tp_groups_across_nodes"] == [] and sorted(placement["nodes"]) == ["n1", "n2"]
     listed = cli("runs", str(tmp_path), "--json")
     assert json.loads(listed.stdout)[0]["state"] == "COMPLETED"
+    if mode == "torchrun":
+        script = (run / "launch.sh").read_text()
+        assert probe.setup[0] in script and "export NCCL_SOCKET_IFNAME=lo" in script  # verbatim, ours quoted
+        assert probe.where_setup_ran() == ["none", "0", "0"], out  # the batch script, then each node's task
+        assert probe.python_saw() == [PROBE_VALUE] * 2  # one torchrun per node, by launcher.python after setup
+        assert probe.python_saw("trainctl.runtime.faults") == [PROBE_VALUE]  # the batch script's own use
+        seen = probe.ranks_saw()
+        assert sorted(seen) == [0, 1, 2, 3], out
+        assert all(v == {"TRAINCTL_PROBE": PROBE_VALUE, "NCCL_DEBUG": "INFO"} for v in seen.values()), seen
 
 
 EVIL = "x; touch MARK $(touch MARK) `touch MARK` \" ' |"
