@@ -1,7 +1,8 @@
 """`trainctl calibrate` and the planner that prices layouts with its profile, as a user runs them.
 
-Real processes: one calibration of the tiny recipe (8 ranks under torchrun) and one 3-step launch are shared
-by the tests of this module. No timing thresholds: the figures only have to exist, be positive and be used.
+Real processes, the README's own: its calibration of the tiny recipe (8 ranks under torchrun) and its quick
+run (launched for 3 steps, resumed to 6) are shared by the tests of this module (tests/conftest.py
+`readme_walkthrough`, which follows the README once per session). No timing thresholds: the figures only have to exist, be positive and be used.
 Contract: docs/ARCHITECTURE.md, "Calibration profile"; exit codes 0 ok, 1 failed, 2 usage (one line).
 """
 
@@ -33,31 +34,32 @@ def plan_json(*args: str) -> dict[str, Any]:
     return json.loads(out.stdout)
 
 
-@pytest.fixture(scope="module")
-def calibrated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
-    """The tiny recipe calibrated once through the CLI (local torchrun, 8 ranks)."""
-    d = tmp_path_factory.mktemp("calibrate")
-    out = trainctl("calibrate", TINY, "--out", str(d / "profile.json"), "--run-dir", str(d / "run"), cwd=d)
-    return d / "profile.json", out
+CALIBRATE = "trainctl calibrate recipes/tiny-cpu.yaml"  # the README's calibration and the profile it writes
+PROFILE = "calibration-tiny-cpu.json"
 
 
 @pytest.fixture(scope="module")
-def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    run = tmp_path_factory.mktemp("launch") / "run"
-    out = trainctl("launch", TINY, "--run-dir", str(run), "--set", "train.steps=3")
-    assert out.returncode == 0, out.stdout + out.stderr
-    return run
+def calibrated(readme_walkthrough) -> tuple[Path, str, int]:
+    """The README's calibration of the tiny recipe: (profile, its output, its exit code)."""
+    r = readme_walkthrough.result(CALIBRATE)
+    return readme_walkthrough.cwd / PROFILE, r.output, r.returncode
+
+
+@pytest.fixture(scope="module")
+def finished_run(readme_walkthrough) -> Path:
+    """The README's quick run of the tiny recipe (launched uncalibrated for 3 steps, resumed to 6)."""
+    return (readme_walkthrough.cwd / "runs" / "quick").resolve()
 
 
 # --- the profile ---------------------------------------------------------------------------------------
 
 @pytest.mark.slow
 def test_calibrate_writes_a_complete_profile_and_shows_each_phase(calibrated) -> None:
-    path, out = calibrated
-    assert out.returncode == 0, out.stdout + out.stderr
+    path, out, code = calibrated
+    assert code == 0, out
     for phase in ("[1/4] matmul", "[2/4] collectives", "[3/4] layer forward+backward", "[4/4] all-reduce after"):
-        assert phase in out.stdout
-    assert f"profile {path.name}" in out.stdout or str(path) in out.stdout
+        assert phase in out
+    assert f"profile {path.name}" in out
     p = json.loads(path.read_text())
     assert p["kind"] == "trainctl-calibration" and p["schema"] == 1 and p["source"] == "micro-benchmarks"
     assert p["cluster"] == {"gpu": "cpu", "nodes": 1, "ranks_per_node": 8, "ranks": 8, "backend": "local"}
@@ -78,7 +80,7 @@ def test_calibrate_writes_a_complete_profile_and_shows_each_phase(calibrated) ->
     for op, f in fits["links"]["intra_node"].items():
         assert op in OPS and f["bytes_per_s"] > 0 and f["points"] >= 5
         assert f["load_excess_s"] >= 0 and f["latency_s"] == pytest.approx(f["idle_latency_s"] + f["load_excess_s"])
-    assert not [f for f in path.parent.iterdir() if f.name.startswith(".profile.json")]  # no temporary left
+    assert not [f for f in path.parent.iterdir() if f.name.startswith(f".{path.name}")]  # no temporary left
 
 
 def test_fit_recovers_a_line_and_stays_positive() -> None:
@@ -97,7 +99,7 @@ def test_fit_recovers_a_line_and_stays_positive() -> None:
 
 @pytest.mark.slow
 def test_plan_predicts_a_cpu_step_time_only_with_a_profile(calibrated) -> None:
-    path, _ = calibrated
+    path, _, _ = calibrated
     before = plan_json()
     assert before["prediction"]["step_time_s"] is None and before["calibration"]["calibrated"] is False
     after = plan_json("--calibration", str(path))
@@ -115,7 +117,7 @@ def test_plan_predicts_a_cpu_step_time_only_with_a_profile(calibrated) -> None:
 
 @pytest.mark.slow
 def test_plan_auto_ranks_cpu_layouts_by_the_measured_step_time(calibrated) -> None:
-    path, _ = calibrated
+    path, _, _ = calibrated
     out = trainctl("plan", TINY, "--auto", "--json", "--calibration", str(path))
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout)
@@ -125,7 +127,7 @@ def test_plan_auto_ranks_cpu_layouts_by_the_measured_step_time(calibrated) -> No
 
 
 def test_plan_with_a_profile_does_not_import_torch(calibrated) -> None:
-    path, _ = calibrated
+    path, _, _ = calibrated
     code = ("import sys\nfrom trainctl.cli.app import main\n"
             f"for argv in (['plan', {TINY!r}, '--calibration', {str(path)!r}, '--json'], ['calibrate', '--help']):\n"
             "    try:\n        main(argv)\n    except SystemExit as e:\n        assert e.code in (0, None), e.code\n"
@@ -146,7 +148,7 @@ def _refused(profile: Path, *extra: str) -> str:
 
 @pytest.mark.slow
 def test_corrupt_truncated_and_foreign_profiles_are_refused(calibrated, tmp_path: Path) -> None:
-    path, _ = calibrated
+    path, _, _ = calibrated
     text = path.read_text()
     (tmp_path / "truncated.json").write_text(text[: len(text) // 2])
     assert "not valid JSON" in _refused(tmp_path / "truncated.json")
@@ -172,7 +174,7 @@ def test_corrupt_truncated_and_foreign_profiles_are_refused(calibrated, tmp_path
 
 @pytest.mark.slow
 def test_an_old_profile_of_another_version_is_used_with_a_warning(calibrated, tmp_path: Path) -> None:
-    path, _ = calibrated
+    path, _, _ = calibrated
     data = json.loads(path.read_text())
     data.update(created="2020-01-01T00:00:00+00:00", trainctl_version="0.0.1")
     (tmp_path / "old.json").write_text(json.dumps(data))
@@ -194,7 +196,7 @@ def test_from_run_refits_the_compute_rate(finished_run: Path, calibrated, tmp_pa
     assert p["fits"]["compute"] == {"2": p["fits"]["run"]["flops_per_s"]} and p["fits"]["links"] == {}
     assert plan_json("--calibration", str(tmp_path / "run.json"))["prediction"]["step_time_s"] > 0
     # with a measured profile as the base: its links, its per-TP shape re-levelled to the run
-    base, _ = calibrated
+    base, _, _ = calibrated
     out = trainctl("calibrate", "--from-run", str(finished_run), "--base", str(base), "--out",
                    str(tmp_path / "both.json"))
     assert out.returncode == 0, out.stdout + out.stderr
@@ -215,7 +217,7 @@ def test_mfu_report_prices_a_finished_run_with_a_profile(finished_run: Path, cal
     """The run launched uncalibrated: its report has no predicted step; with --calibration the report's
     prediction is exactly what `plan --calibration` predicts for the run's spec, part by part beside the
     measured ones; a foreign profile is refused with one line, as by `plan`."""
-    path, _ = calibrated
+    path, _, _ = calibrated
 
     def report(*extra: str) -> tuple[dict[str, Any], subprocess.CompletedProcess[str]]:
         out = trainctl("mfu-report", str(finished_run), *extra)
@@ -226,7 +228,7 @@ def test_mfu_report_prices_a_finished_run_with_a_profile(finished_run: Path, cal
     before, _ = report()
     assert before["prediction"] is None and "calibration profile" in before["step_vs_plan"]["no_prediction"]
     after, text = report("--calibration", str(path))
-    planned = plan_json("--calibration", str(path), "--set", "train.steps=3")["prediction"]
+    planned = plan_json("--calibration", str(path), "--set", "train.steps=6")["prediction"]  # as resumed
     assert after["prediction"]["step_time_s"] == pytest.approx(planned["step_time_s"])
     assert sum(after["prediction"]["components_s"].values()) == pytest.approx(planned["step_time_s"])
     assert after["measured"]["step_time_s"] > 0 and after["step_vs_plan"]["step_error"] is not None

@@ -17,93 +17,27 @@ The quick run the walkthrough builds (launch, then resume) is also checked in de
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import subprocess
 import sys
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 import yaml
-from data_utils import write_bpe_tokenizer, write_jsonl_corpus
-from paths import REPO
+from readme_walkthrough import README, Example, Walkthrough, examples
 
 from trainctl.rundir import RunPaths, read_jsonl
 from trainctl.spec import load_spec, resolved_dict
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
-README = REPO / "README.md"
 EXIT = {  # what the README says these exit with
     "trainctl validate recipes/llama3-8b.yaml --set parallel.micro_batch=3": 2,
     "trainctl validate recipes/llama3-70b.yaml --set parallel.tp=16 --set parallel.dp=4": 2,
     "trainctl data check sample.bin --vocab 100": 1,
     "trainctl launch --set train.lr=1e9 --set train.grad_clip=null --set checkpoint.every_steps=1": 3,
 }
-MEASURING = ("launch", "resume", "calibrate", "mfu-report", "checkpoints", "data check", "status", "runs")
-SLURM_ELSEWHERE = "recipes/llama3-70b.yaml"
 
-
-@dataclass
-class Example:
-    command: str  # as the README writes it, without "$ " and a trailing "# comment"
-    expected: list[str] | None  # the output lines the README shows; None for a ```bash line
-    line: int  # 1-based line in README.md
-    args: list[str] = field(default_factory=list)  # what runs (ADAPTED applied)
-    why: str = ""  # the adaptation, if any
-
-    @property
-    def measuring(self) -> bool:
-        words = self.command.split()[1:3]
-        return any(" ".join(words).startswith(m) for m in MEASURING) or "--calibration" in self.command
-
-
-def examples(text: str) -> list[Example]:
-    """The README's examples, in order."""
-    out: list[Example] = []
-    block: str | None = None
-    current: Example | None = None  # the $ example of this block whose output lines follow
-    for n, raw in enumerate(text.splitlines(), 1):
-        if raw.startswith("```"):
-            block = raw[3:].strip() if block is None else None
-            current = None
-            continue
-        if block == "text" and raw.startswith("$ trainctl "):
-            current = Example(_command(raw[2:]), [], n)
-            out.append(current)
-        elif block == "text" and raw.startswith("$ "):
-            raise AssertionError(f"README.md:{n}: a $ example this test cannot run: {raw}")
-        elif current is not None and current.expected is not None and raw.strip():
-            current.expected.append(raw)
-        elif block == "bash" and raw.startswith("trainctl "):
-            out.append(Example(_command(raw), None, n))
-    for ex in out:
-        ex.args, ex.why = adapted(ex)
-    return out
-
-
-def _command(text: str) -> str:
-    words = shlex.split(text, comments=True)
-    return shlex.join(words)
-
-
-def adapted(ex: Example) -> tuple[list[str], str]:
-    """ADAPTED: what a ```bash command runs here, and why it differs from the README's line."""
-    args = shlex.split(ex.command)[1:]
-    why = []
-    slurm = args[0] == "launch" and SLURM_ELSEWHERE in args
-    if ex.expected is None and args[0] in ("launch", "resume") and "--dry-run" not in args:
-        args.append("--dry-run")
-        why.append("--dry-run: it would submit to Slurm" if slurm else "--dry-run: the `$` examples train")
-    if slurm:
-        args += ["--set", "data={synthetic: true}"]
-        why.append("its data and its Slurm cluster are elsewhere: synthetic data, no sinfo")
-    return args, "; ".join(why)
-
-
-# --- comparing output with the README ---------------------------------------------------------------------
 
 _NUM = r"\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?k?"
 _TIME = r"(?:{n} ?(?:ns|µs|us|ms|s)|\d+m \d+s|\d+h \d+m)".format(n=_NUM)
@@ -157,37 +91,6 @@ def mismatch(ex: Example, output: str) -> str | None:
     return None
 
 
-# --- running the walkthrough ------------------------------------------------------------------------------
-
-@dataclass
-class Result:
-    example: Example
-    returncode: int
-    output: str
-
-
-def run(ex: Example, cwd: Path) -> Result:
-    env = {k: v for k, v in os.environ.items() if k not in ("TRAINCTL_FAULTS", "TRAINCTL_WATCHDOG_S")}
-    env["COLUMNS"] = "120"  # the width the README's tables were printed at
-    if "data={synthetic: true}" in ex.args:  # the Slurm recipe (adapted)
-        env["PATH"] = str(Path(sys.executable).parent)  # no sinfo: the shared Slurm test cluster is not ours
-    p = subprocess.run([sys.executable, "-m", "trainctl", *ex.args], cwd=cwd, env=env, capture_output=True,
-                       text=True, timeout=600)
-    # the README shows paths relative to the directory it is followed in
-    output = (p.stdout + p.stderr).replace(f"{cwd}/", "")
-    return Result(ex, p.returncode, output)
-
-
-@pytest.fixture(scope="module")
-def walkthrough(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Result]]:
-    cwd = tmp_path_factory.mktemp("readme")
-    for name in ("recipes", "trainctl"):  # the README is followed from the repository root
-        (cwd / name).symlink_to(REPO / name)
-    # the files the Megatron example names (a local tokenizer.json and a .jsonl corpus)
-    write_bpe_tokenizer(cwd / "tokenizer.json")
-    write_jsonl_corpus(cwd / "corpus.jsonl")
-    return cwd, [run(ex, cwd) for ex in examples(README.read_text())]
-
 
 def test_the_readme_examples_are_all_found() -> None:
     found = examples(README.read_text())
@@ -198,8 +101,8 @@ def test_the_readme_examples_are_all_found() -> None:
     assert all(ex.expected for ex in found if ex.expected is not None), "a $ example shows no output"
 
 
-def test_every_readme_example_does_what_the_readme_says(walkthrough: tuple[Path, list[Result]]) -> None:
-    _, results = walkthrough
+def test_every_readme_example_does_what_the_readme_says(readme_walkthrough: Walkthrough) -> None:
+    results = readme_walkthrough.results
     problems = []
     for r in results:
         ex = r.example
@@ -213,10 +116,10 @@ def test_every_readme_example_does_what_the_readme_says(walkthrough: tuple[Path,
     assert not problems, "\n\n".join(problems)
 
 
-def test_quick_run_directory(walkthrough: tuple[Path, list[Result]]) -> None:
+def test_quick_run_directory(readme_walkthrough: Walkthrough) -> None:
     """The walkthrough's runs/quick (the default recipe, 8 ranks, TP2 x PP2 x DP2: 3 steps, then resumed to 6):
     what the launch and the resume left in the run directory."""
-    cwd, _ = walkthrough
+    cwd = readme_walkthrough.cwd
     paths = RunPaths((cwd / "runs" / "quick").resolve())
     steps = [m["step"] for m in read_jsonl(paths.metrics)]
     assert steps == [1, 2, 3, 4, 5, 6]

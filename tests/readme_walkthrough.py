@@ -1,0 +1,120 @@
+"""The README followed as a user would: its examples parsed, then run in order in one working directory.
+
+Shared by tests/dist/test_readme_examples.py (every example does what the README says) and the tests that
+check the walkthrough's runs in more depth (test_calibrate: its calibration and its quick run), so the
+README's launches and calibration run once per session (tests/conftest.py `readme_walkthrough`).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from data_utils import write_bpe_tokenizer, write_jsonl_corpus
+from paths import REPO
+
+README = REPO / "README.md"
+MEASURING = ("launch", "resume", "calibrate", "mfu-report", "checkpoints", "data check", "status", "runs")
+SLURM_ELSEWHERE = "recipes/llama3-70b.yaml"
+
+
+@dataclass
+class Example:
+    command: str  # as the README writes it, without "$ " and a trailing "# comment"
+    expected: list[str] | None  # the output lines the README shows; None for a ```bash line
+    line: int  # 1-based line in README.md
+    args: list[str] = field(default_factory=list)  # what runs (ADAPTED applied)
+    why: str = ""  # the adaptation, if any
+
+    @property
+    def measuring(self) -> bool:
+        words = self.command.split()[1:3]
+        return any(" ".join(words).startswith(m) for m in MEASURING) or "--calibration" in self.command
+
+
+def examples(text: str) -> list[Example]:
+    """The README's examples, in order."""
+    out: list[Example] = []
+    block: str | None = None
+    current: Example | None = None  # the $ example of this block whose output lines follow
+    for n, raw in enumerate(text.splitlines(), 1):
+        if raw.startswith("```"):
+            block = raw[3:].strip() if block is None else None
+            current = None
+            continue
+        if block == "text" and raw.startswith("$ trainctl "):
+            current = Example(_command(raw[2:]), [], n)
+            out.append(current)
+        elif block == "text" and raw.startswith("$ "):
+            raise AssertionError(f"README.md:{n}: a $ example this test cannot run: {raw}")
+        elif current is not None and current.expected is not None and raw.strip():
+            current.expected.append(raw)
+        elif block == "bash" and raw.startswith("trainctl "):
+            out.append(Example(_command(raw), None, n))
+    for ex in out:
+        ex.args, ex.why = adapted(ex)
+    return out
+
+
+def _command(text: str) -> str:
+    words = shlex.split(text, comments=True)
+    return shlex.join(words)
+
+
+def adapted(ex: Example) -> tuple[list[str], str]:
+    """ADAPTED: what a ```bash command runs here, and why it differs from the README's line."""
+    args = shlex.split(ex.command)[1:]
+    why = []
+    slurm = args[0] == "launch" and SLURM_ELSEWHERE in args
+    if ex.expected is None and args[0] in ("launch", "resume") and "--dry-run" not in args:
+        args.append("--dry-run")
+        why.append("--dry-run: it would submit to Slurm" if slurm else "--dry-run: the `$` examples train")
+    if slurm:
+        args += ["--set", "data={synthetic: true}"]
+        why.append("its data and its Slurm cluster are elsewhere: synthetic data, no sinfo")
+    return args, "; ".join(why)
+
+
+# --- comparing output with the README ---------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    example: Example
+    returncode: int
+    output: str
+
+
+def run(ex: Example, cwd: Path) -> Result:
+    env = {k: v for k, v in os.environ.items() if k not in ("TRAINCTL_FAULTS", "TRAINCTL_WATCHDOG_S")}
+    env["COLUMNS"] = "120"  # the width the README's tables were printed at
+    if "data={synthetic: true}" in ex.args:  # the Slurm recipe (adapted)
+        env["PATH"] = str(Path(sys.executable).parent)  # no sinfo: the shared Slurm test cluster is not ours
+    p = subprocess.run([sys.executable, "-m", "trainctl", *ex.args], cwd=cwd, env=env, capture_output=True,
+                       text=True, timeout=600)
+    # the README shows paths relative to the directory it is followed in
+    output = (p.stdout + p.stderr).replace(f"{cwd}/", "")
+    return Result(ex, p.returncode, output)
+
+
+@dataclass(frozen=True)
+class Walkthrough:
+    cwd: Path  # where it was followed: runs/quick, calibration-tiny-cpu.json... are here
+    results: list[Result]
+
+    def result(self, command_prefix: str) -> Result:
+        """The first example whose README command starts with `command_prefix`."""
+        return next(r for r in self.results if r.example.command.startswith(command_prefix))
+
+
+def follow(cwd: Path) -> Walkthrough:
+    for name in ("recipes", "trainctl"):  # the README is followed from the repository root
+        (cwd / name).symlink_to(REPO / name)
+    # the files the Megatron example names (a local tokenizer.json and a .jsonl corpus)
+    write_bpe_tokenizer(cwd / "tokenizer.json")
+    write_jsonl_corpus(cwd / "corpus.jsonl")
+    return Walkthrough(cwd, [run(ex, cwd) for ex in examples(README.read_text())])
