@@ -15,6 +15,8 @@ marker) belong to trainctl/checkpoint/format.py.
     RUN/events.jsonl                 starts, restarts, checkpoints, preemptions, failures
     RUN/placement.json               where every rank really ran (rank 0)
     RUN/calibration.json             `trainctl calibrate`: the profile its worker measured (rank 0)
+    RUN/preflight.json               `trainctl preflight`: what its worker measured on every node (rank 0)
+    RUN/excluded_nodes.json          nodes kept out of this run's jobs, each with its reason (preflight, crashes)
     RUN/tensorboard/events.out.tfevents.*  tracking.tensorboard: TensorBoard event files, one per attempt (rank 0)
     RUN/wandb/                       tracking.wandb: wandb's own directory (offline-run-*/, run-*/), rank 0
     RUN/wandb/trainctl-run-id        the W&B run id every attempt resumes
@@ -55,6 +57,8 @@ METRICS = "metrics.jsonl"
 EVENTS = "events.jsonl"
 PLACEMENT = "placement.json"
 CALIBRATION = "calibration.json"
+PREFLIGHT = "preflight.json"
+EXCLUDED_NODES = "excluded_nodes.json"
 FINAL_WEIGHTS = "final_weights"
 TENSORBOARD = "tensorboard"
 WANDB = "wandb"  # wandb.init(dir=RUN) makes RUN/wandb itself: the name is wandb's, spelled here once
@@ -156,6 +160,14 @@ class RunPaths:
     @property
     def calibration(self) -> Path:
         return self.root / CALIBRATION
+
+    @property
+    def preflight(self) -> Path:
+        return self.root / PREFLIGHT
+
+    @property
+    def excluded_nodes(self) -> Path:
+        return self.root / EXCLUDED_NODES
 
     @property
     def final_weights(self) -> Path:

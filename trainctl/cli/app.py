@@ -50,6 +50,7 @@ def _register() -> None:
         hardware_cmd,
         launch_cmd,
         plan_cmd,
+        preflight_cmd,
         report_cmd,
         resume_cmd,
         run_cmds,  # noqa: F401  (status, logs, cancel, runs)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -17,9 +18,17 @@ from trainctl.cli.options import (
     read_spec,
     say_held_back,
 )
+from trainctl.cli.preflight_cmd import LinkRatioOpt, MatmulRatioOpt, PeakFractionOpt, show_preflight
+from trainctl.errors import RunError
 from trainctl.launch.backend import DEFAULT_GRACE_S, backend_for
 from trainctl.launch.create import default_run_dir
+from trainctl.launch.node_health import Thresholds
 from trainctl.launch.secrets import credential_names
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from trainctl.spec import RunSpec
 
 
 @app.command()
@@ -33,6 +42,13 @@ def launch(
     grace: int = typer.Option(DEFAULT_GRACE_S, "--grace", help="Slurm: seconds before the time limit at which the "
                               "ranks are told to checkpoint and the job requeues itself (--signal=B:USR1@GRACE)."),
     verbose: bool = VerboseOpt,
+    preflight: bool = typer.Option(False, "--preflight", help="Check the nodes first (`trainctl preflight`); on "
+                                   "Slurm the bad ones are excluded, and the launch stops if too few remain."),
+    preflight_nodes: int | None = typer.Option(None, "--preflight-nodes", help="With --preflight: nodes to check "
+                                               "(default cluster.nodes; more gives spares)."),
+    min_matmul_ratio: float = MatmulRatioOpt,
+    min_link_ratio: float = LinkRatioOpt,
+    min_peak_fraction: float = PeakFractionOpt,
 ) -> None:
     """Launch a run: freeze the spec into a run directory and start the trainer on every rank.
 
@@ -41,11 +57,48 @@ def launch(
     console = make_console()
     run = read_spec(spec, set_)
     say_held_back(console, credential_names(run.launcher.env))
+    target = run_dir or default_run_dir(run)
+    excluded: dict[str, str] = {}
+    if preflight and not dry_run:
+        run, excluded = _preflight(console, run, target, preflight_nodes,
+                                   Thresholds(min_matmul_ratio, min_link_ratio, min_peak_fraction))
     backend = backend_for(run)
-    launch = backend.prepare(run, run_dir, grace_s=grace)
+    launch = backend.prepare(run, target, grace_s=grace)
     check_before_training(console, run, run_dir or default_run_dir(run), strict)
     if dry_run:
         for line in backend.dry_run(launch):
             show(console, line)
         return
-    raise typer.Exit(backend.start(launch, sayer(console), verbose=verbose))
+    code = backend.start(launch, sayer(console), verbose=verbose)
+    if excluded:  # the submission already excludes them (cluster.exclude); the record keeps them out of resumes
+        from trainctl.launch import exclusions
+        from trainctl.rundir import RunPaths
+
+        exclusions.add(RunPaths(Path(launch.run_dir)), excluded, exclusions.PREFLIGHT)
+    raise typer.Exit(code)
+
+
+def _preflight(console: Console, run: RunSpec, target: Path, nodes: int | None,
+               th: Thresholds) -> tuple[RunSpec, dict[str, str]]:
+    """Run the preflight; the spec without its bad nodes (cluster.exclude) and their reasons, or stop."""
+    from trainctl.launch import exclusions
+    from trainctl.launch.node_health import enough_left
+    from trainctl.launch.preflight import run_preflight
+
+    th.check()
+    pf = run_preflight(run, th, sayer(console), nodes=nodes, target_run_dir=target)
+    show_preflight(console, pf)
+    if not pf.bad:
+        return run, {}
+    why = enough_left(pf.verdicts, run.cluster.nodes)
+    if why is not None:
+        raise RunError(f"launch stopped by the preflight: {why}",
+                       hint=f"check more nodes (--preflight-nodes), or repair them; details in {pf.paths.root}")
+    if run.backend != "slurm":
+        raise RunError(f"launch stopped by the preflight: bad node(s) {', '.join(v.node for v in pf.bad)} "
+                       f"and the {run.backend} backend cannot exclude a node", hint=f"details in {pf.paths.root}")
+    reasons = {v.node: v.reasons[0] for v in pf.bad}
+    cluster = run.cluster.model_copy(update={"exclude": exclusions.merged(run.cluster.exclude, list(reasons))})
+    console.print(f"[bold]excluding[/bold] {', '.join(reasons)} (sbatch --exclude); the job runs on the healthy "
+                  "nodes")
+    return run.model_copy(update={"cluster": cluster}), reasons

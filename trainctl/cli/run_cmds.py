@@ -54,6 +54,8 @@ def status(run: Path = RunArg, json_: bool = JsonOpt) -> None:
     console.print(f"steps {_fmt_steps(st.steps_done, st.steps_total)}{loss}, MFU {_fmt_mfu(st.last_mfu)}, "
                   f"attempts {st.attempts}, trainer starts {st.starts}"
                   + (f", nodes {st.nodes}" if st.nodes and st.nodes != "(null)" else ""), soft_wrap=True)
+    for node, why in st.excluded_nodes.items():
+        console.print(f"[yellow]excluded[/yellow] {node} from later jobs of this run: {why}", soft_wrap=True)
     console.print(f"[dim]{st.run_dir}[/dim]", soft_wrap=True)
 
 

@@ -38,6 +38,7 @@ class RunStatus:
     last_loss: float | None
     last_mfu: float | None
     nodes: str | None
+    excluded_nodes: dict[str, str] = field(default_factory=dict)  # node -> why later jobs keep out of it
     active: bool = field(default=False, repr=False)  # the backend's word; not part of `status --json`
 
     def to_json(self) -> dict[str, Any]:
@@ -103,6 +104,8 @@ def spec_world_size(paths: RunPaths) -> int | None:
 
 
 def run_status(path: Path) -> RunStatus:
+    from trainctl.launch import exclusions
+
     paths = open_run(path)
     job = read_job_json(paths)
     name, total = spec_steps(paths)
@@ -115,7 +118,8 @@ def run_status(path: Path) -> RunStatus:
                      job_id=str(job_id) if job_id is not None else None, reason=st.reason, job_state=st.job_state,
                      eligible_at=st.eligible_at, steps_done=int(last.get("step", 0) or 0), steps_total=total,
                      attempts=st.attempts, starts=starts, last_loss=last.get("loss"), last_mfu=last.get("mfu"),
-                     nodes=st.nodes, active=st.active)
+                     nodes=st.nodes, active=st.active,
+                     excluded_nodes={n: str(v.get("reason")) for n, v in exclusions.read(paths).items()})
 
 
 def find_runs(base: Path) -> list[Path]:

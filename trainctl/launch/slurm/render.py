@@ -12,7 +12,7 @@ from pathlib import Path
 from trainctl import init_source
 from trainctl.data_prep import check_data
 from trainctl.errors import UsageError
-from trainctl.launch import environment, secrets
+from trainctl.launch import environment, exclusions, secrets
 from trainctl.launch.backend import DEFAULT_GRACE_S, TRAINER_MODULE
 from trainctl.launch.create import check_run_dir, default_run_dir, freeze_spec
 from trainctl.launch.slurm import NAME
@@ -115,7 +115,9 @@ def render_launch(spec: RunSpec, root: Path, *, grace_s: int, python: str | None
         run_dir=str(root), job_name=spec.name, nodes=c.nodes, gpus_per_node=c.gpus_per_node,
         mode=lz.mode, python=python, request_gpus=c.gpu != "cpu",
         cpus_per_rank=c.cpus_per_task, mem=c.mem, time=c.time, partition=c.partition, account=c.account,
-        qos=c.qos, constraint=c.constraint, exclude=c.exclude, max_restarts=lz.max_restarts, grace_s=grace_s,
+        qos=c.qos, constraint=c.constraint,
+        exclude=exclusions.merged(c.exclude, list(exclusions.read(RunPaths(root)))),  # and the run's record
+        max_restarts=lz.max_restarts, grace_s=grace_s,
         start_retries=lz.start_retries,
         srun_args=tuple(lz.srun_args), sbatch_args=tuple(lz.sbatch_args), env=environment.spec_variables(spec),
         passthrough=tuple(lz.env_passthrough),

@@ -279,6 +279,7 @@ def render(req: SbatchRequest) -> SbatchRender:
         "trap on_usr1 USR1",
         "trap on_term TERM",
         "",
+        *exclusion_lines(),
         *batch_setup(req),
         "# The test-only start-failure fault (trainctl/runtime/faults.py): this attempt's launch fails for real.",
         'STEP_PYTHON="$PYTHON"',
@@ -342,13 +343,38 @@ def render(req: SbatchRequest) -> SbatchRender:
         '    echo "trainctl: requeueing job $SLURM_JOB_ID (attempt $((attempt + 1)) resumes from the latest'
         ' checkpoint)"',
         "    event requeue",
-        '    if scontrol requeue "$SLURM_JOB_ID"; then exit 0; fi',
+        '    if scontrol requeue "$SLURM_JOB_ID"; then exclude_next; exit 0; fi',
         '    echo "trainctl: scontrol requeue failed" >&2',
         "fi",
         'exit "$rc"',
     ]
     return SbatchRender(script="\n".join(out) + "\n", options=[*ours, *req.sbatch_args], cli_options=cli,
                         step=step)
+
+
+def exclusion_lines() -> list[str]:
+    """At the start of each attempt: the nodes the run's record excludes (trainctl/launch/exclusions.py, which
+    also adds those its failures name). An allocation holding one does not train: the job requeues itself and,
+    once pending, gets the list as its ExcNodeList (Slurm changes it only on a pending job); so does every
+    requeue below."""
+    return [
+        f"# RUN/{RELATIVE.excluded_nodes}: nodes this run keeps out (with the spec's cluster.exclude)",
+        'excluded="$("$PYTHON" -m trainctl.launch.exclusions "$RUN_DIR" 2>/dev/null)"',
+        "exclude_next() {  # after scontrol requeue: keep the next attempt off the excluded nodes",
+        '    excluded="$("$PYTHON" -m trainctl.launch.exclusions "$RUN_DIR" 2>/dev/null)"',
+        '    if [ -n "$excluded" ]; then scontrol update jobid="$SLURM_JOB_ID" ExcNodeList="$excluded"; fi',
+        "}",
+        'for node in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do',
+        '    case ",$excluded," in *",$node,"*)',
+        '        echo "trainctl: node $node is excluded from this run ($RUN_DIR/'
+        f'{RELATIVE.excluded_nodes}): requeue without it"',
+        '        event excluded_node_allocated ",\\"node\\":\\"$node\\""',
+        '        if scontrol requeue "$SLURM_JOB_ID"; then exclude_next; exit 0; fi',
+        '        echo "trainctl: scontrol requeue failed; training on $node anyway" >&2;;',
+        "    esac",
+        "done",
+        "",
+    ]
 
 
 def _wrap(words: list[str], width: int = 96) -> list[str]:

@@ -103,6 +103,9 @@ def resubmit(paths: RunPaths) -> str:
         raise UsageError(f"{paths.spec}: launcher.backend resolves to {spec.backend!r}, but this run was launched "
                          "on Slurm", hint=f"resume it with --set launcher.backend={NAME}")
     require_cluster_fits(spec)
+    from trainctl.launch import exclusions
+
+    exclusions.update(paths)  # nodes its failures name are kept out of the new job (render reads the record)
     argv = list(sl.get("submit_command") or [])
     mode = str(sl.get("mode") or spec.launcher.mode)
     render_args = sl.get("render")

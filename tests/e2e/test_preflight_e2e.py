@@ -1,0 +1,71 @@
+"""`trainctl preflight` and `trainctl launch --preflight` on the real local Slurm cluster, with node n2 made
+slow for real (its slurmd confined to 20% of a core by a CPU cgroup, tests/e2e/slow_node.py): a healthy
+cluster passes; a slow n2 is named with its matmul rate and the job runs on n1 alone."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import slurm_fixtures
+from paths import REPO
+from slow_node import slow_node
+from slurm_fixtures import SlurmCluster
+
+from trainctl.rundir import RunPaths, read_jsonl
+
+pytestmark = pytest.mark.slow
+
+SPEC = """name: preflight-e2e
+model: {preset: tiny}
+parallel: {micro_batch: 1}
+train: {global_batch: 1, steps: 2, lr: 1.0e-3, precision: fp32, seed: 1}
+data: {synthetic: true}
+checkpoint: {every_steps: 2, keep_last: 1}
+cluster: {nodes: 1, gpus_per_node: 1, gpu: cpu}
+launcher: {backend: slurm, mode: srun}
+"""
+# The two "nodes" share two cores with whatever else runs on this machine: a healthy pair measured as far
+# apart as 0.81x of their median; a node at 10-20% of a core measures 0.2-0.4x. The default (0.8) is for real
+# fleets.
+LOOSE = ["--min-matmul-ratio", "0.6"]
+
+
+def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "trainctl", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO, stdin=subprocess.DEVNULL)
+
+
+def test_healthy_cluster_passes(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC)
+    r = cli("preflight", str(spec), "--nodes", "2", *LOOSE, "--json", "--run-dir", str(tmp_path / "pf"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = json.loads(r.stdout)
+    assert out["ok"] and out["bad_nodes"] == [] and [n["node"] for n in out["nodes"]] == ["n1", "n2"]
+    assert all(n["memory_bytes"] > 0 and n["free_bytes"] > 0 for n in out["nodes"])
+    assert out["measured"]["inter_node"][0]["bytes_per_s"] > 0
+    assert "preflight: [6/6]" in r.stderr  # progress while it ran
+
+
+def test_slow_node_is_named_and_the_launch_runs_without_it(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    spec, run = tmp_path / "spec.yaml", tmp_path / "run"
+    spec.write_text(SPEC)
+    with slow_node("n2", 0.2):
+        r = cli("launch", str(spec), "--preflight", "--preflight-nodes", "2", *LOOSE, "--run-dir", str(run))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "bad node n2: rank" in r.stdout and "matmul" in r.stdout and "bad node n1" not in r.stdout, r.stdout
+    assert "excluding n2" in r.stdout, r.stdout
+    paths = RunPaths(run)
+    record = json.loads(paths.excluded_nodes.read_text())["nodes"]
+    assert list(record) == ["n2"] and record["n2"]["source"] == "preflight"
+    job = json.loads(paths.job.read_text())
+    assert "--exclude=n2" in job["slurm"]["options"]
+    slurm_fixtures.wait_for(lambda: any(e["event"] == "step_exit" for e in read_jsonl(paths.events)),
+                            "the job to end", 120, 0.5)
+    starts = [e for e in read_jsonl(paths.events) if e["event"] == "slurm_start"]
+    assert [e["nodes"] for e in starts] == ["n1"]
+    assert any(e["event"] == "finish" for e in read_jsonl(paths.events))
