@@ -20,11 +20,16 @@ def rank(r: int, node: str, flops: float, **kw: object) -> dict:
             "memory": {"bytes": 1 << 20, "ok": True, "error": None}, **kw}
 
 
-def test_a_device_below_the_fleet_median_is_named_with_its_ratio() -> None:
+def test_a_device_below_its_peers_median_is_named_with_its_ratio() -> None:
     result = {"nodes": ["n1", "n2", "n3"], "ranks": [rank(0, "n1", 10e12), rank(1, "n2", 9e12), rank(2, "n3", 3e12)]}
     v = judge(result, Thresholds())
     assert bad_nodes(v) == ["n3"]
-    assert "0.33x the fleet median 9" in v[2].reasons[0] and v[2].matmul_ratio == pytest.approx(3 / 9)
+    # against the others' median (9.5), not the fleet's (9), which would count the slow device itself
+    assert "0.32x the other ranks' median 9.5" in v[2].reasons[0] and v[2].matmul_ratio == pytest.approx(3 / 9.5)
+    # of two nodes, the fleet median is their mean: a node at 0.45x the other measures 0.62x of it and would
+    # pass a 0.6 threshold; against its one peer it does not
+    v = judge({"nodes": ["n1", "n2"], "ranks": [rank(0, "n1", 10e12), rank(1, "n2", 4.5e12)]}, Thresholds(0.6))
+    assert bad_nodes(v) == ["n2"] and v[0].matmul_ratio == pytest.approx(10 / 4.5)
 
 
 def test_ring_names_the_node_all_of_whose_links_are_slow_or_else_the_link() -> None:

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 EXIT_BAD_NODES = 1
 
 MatmulRatioOpt = typer.Option(0.8, "--min-matmul-ratio", help="A device whose matmul rate is below this fraction "
-                              "of the fleet median is bad.")
+                              "of its peers' median (the other devices') is bad.")
 LinkRatioOpt = typer.Option(0.5, "--min-link-ratio", help="A node's all-reduce, or a node pair's link, below this "
                             "fraction of the median of its kind is bad.")
 PeakFractionOpt = typer.Option(0.2, "--min-peak-fraction", help="GPU: a matmul rate below this fraction of the "
@@ -34,7 +34,7 @@ def show_preflight(console: Console, pf: Preflight) -> None:
     from trainctl.units import dur, size
 
     t = Table(title=f"preflight of {len(pf.verdicts)} node(s) ({pf.paths.root})")
-    for col in ("node", "ranks", "matmul TFLOP/s", "x median", "memory ok", "intra GB/s", "links", "ckpt free",
+    for col in ("node", "ranks", "matmul TFLOP/s", "x peers", "memory ok", "intra GB/s", "links", "ckpt free",
                 "verdict"):
         t.add_column(col)
     for v in pf.verdicts:

@@ -1,8 +1,10 @@
 """The verdict of a preflight: which nodes are fit to train, and why not. Pure functions over what the
 preflight worker measured (RUN/preflight.json, trainctl/runtime/preflight.py); no torch, no I/O.
 
-Rates are judged against the fleet's median (one throttled GPU among healthy ones stands out whatever the
-hardware), and on a GPU also against its catalog peak (a fleet that is slow as a whole). A node pair of the
+Rates are judged against the median of their peers, the fleet without the device or node judged (one
+throttled GPU among healthy ones stands out whatever the hardware; leaving it out keeps a small fleet's
+median from leaning towards it: of two nodes, the fleet median is their mean), and on a GPU also against its
+catalog peak (a fleet that is slow as a whole). A node pair of the
 ring whose link is slow names the node when all of that node's pairs are slow, else the link: both of its
 ends are then suspect. docs/ARCHITECTURE.md, "Preflight".
 """
@@ -24,8 +26,8 @@ BAD_THROTTLE = {0x8: "hardware slowdown", 0x20: "software thermal", 0x40: "hardw
 
 @dataclass(frozen=True)
 class Thresholds:
-    matmul_ratio: float = 0.8  # a device's matmul rate below this x the fleet median is bad
-    link_ratio: float = 0.5  # an intra-node all-reduce or a node pair's link below this x its kind's median
+    matmul_ratio: float = 0.8  # a device's matmul rate below this x its peers' median is bad
+    link_ratio: float = 0.5  # an intra-node all-reduce or a node pair's link below this x its peers' median
     peak_fraction: float = 0.2  # GPU: a matmul rate below this x the catalog's dense peak is bad
 
     OPTIONS = {"matmul_ratio": "--min-matmul-ratio", "link_ratio": "--min-link-ratio",
@@ -44,7 +46,7 @@ class NodeVerdict:
     node: str
     ranks: int = 0
     matmul_flops: float | None = None  # the node's slowest device
-    matmul_ratio: float | None = None  # ... over the fleet median
+    matmul_ratio: float | None = None  # ... over its peers' median
     memory_bytes: int = 0  # verified, summed over the node's devices
     intra_bytes_per_s: float | None = None
     links: list[str] = field(default_factory=list)  # "n2 4.1 GB/s" per pair of the ring
@@ -63,6 +65,12 @@ class NodeVerdict:
                 "reasons": self.reasons, "notes": self.notes}
 
 
+def peer_median(values: list[float], i: int) -> float | None:
+    """The median of every value but values[i]: what the i-th is judged against (None: it has no peers)."""
+    others = values[:i] + values[i + 1:]
+    return statistics.median(others) if others else None
+
+
 def _gb(x: float) -> str:
     return f"{x / 1e9:.3g} GB/s"
 
@@ -72,19 +80,20 @@ def judge(result: dict[str, Any], th: Thresholds, *, needed_bytes: int | None = 
     need free at their peak. A rank's `peak_flops` is its GPU's catalog peak (None on a CPU)."""
     out = {n: NodeVerdict(n) for n in result.get("nodes", [])}
     ranks = result.get("ranks", [])
-    rates = [r["matmul_flops"] for r in ranks if r.get("matmul_flops")]
-    median = statistics.median(rates) if rates else None
+    measured = [r for r in ranks if r.get("matmul_flops")]
+    rates = [r["matmul_flops"] for r in measured]
     for r in ranks:
         v = out.setdefault(r["node"], NodeVerdict(r["node"]))
         v.ranks += 1
         rate = r.get("matmul_flops")
+        median = peer_median(rates, measured.index(r)) if rate else None
         if rate and median:
             ratio = rate / median
             if v.matmul_ratio is None or ratio < v.matmul_ratio:
                 v.matmul_flops, v.matmul_ratio = rate, ratio
             if ratio < th.matmul_ratio:
                 v.reasons.append(f"rank {r['rank']} (local {r.get('local_rank')}): matmul {rate / 1e12:.3g} "
-                                 f"TFLOP/s, {ratio:.2f}x the fleet median {median / 1e12:.3g} "
+                                 f"TFLOP/s, {ratio:.2f}x the other ranks' median {median / 1e12:.3g} "
                                  f"(threshold {th.matmul_ratio})")
         peak_flops = r.get("peak_flops")
         if rate and peak_flops and rate < th.peak_fraction * peak_flops:
@@ -119,13 +128,14 @@ def _nvml(v: NodeVerdict, r: dict[str, Any]) -> None:
 
 def _intra(out: dict[str, NodeVerdict], rows: list[dict[str, Any]], th: Thresholds) -> None:
     rates = [row["bus_bytes_per_s"] for row in rows]
-    median = statistics.median(rates) if rates else None
-    for row in rows:
+    for i, row in enumerate(rows):
+        median = peer_median(rates, i)
         v = out.setdefault(row["node"], NodeVerdict(row["node"]))
         v.intra_bytes_per_s = row["bus_bytes_per_s"]
         if median and row["bus_bytes_per_s"] < th.link_ratio * median:
             v.reasons.append(f"all-reduce inside the node {_gb(row['bus_bytes_per_s'])}, "
-                             f"{row['bus_bytes_per_s'] / median:.2f}x the median node (threshold {th.link_ratio})")
+                             f"{row['bus_bytes_per_s'] / median:.2f}x the other nodes' median "
+                             f"(threshold {th.link_ratio})")
 
 
 def _links(out: dict[str, NodeVerdict], pairs: list[dict[str, Any]], th: Thresholds) -> None:
