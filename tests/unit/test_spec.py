@@ -98,7 +98,7 @@ def test_interleaved_rules():
                       "parallel.virtual_stages=2", "train.global_batch=24")
     assert "micro-batches (6) divisible by pp=4" in msg
     msg = one_problem(BASE, "parallel.virtual_stages=2")
-    assert "only apply to the interleaved and zero-bubble schedules" in msg
+    assert "only apply to the interleaved, zero-bubble and zbv schedules" in msg
     msg = one_problem(BASE, "parallel.schedule=zero-bubble", "parallel.pp=4", "parallel.tp=2",
                       "train.global_batch=24")
     assert "zero-bubble schedule needs micro-batches (6) divisible by pp=4" in msg
