@@ -529,7 +529,7 @@ class Evaluator:
         cp_ops = CP_OPS[cp_passes == 3]
         cp_layer_time = rates.comm(links["cp"], cp_ops, cp_layer, cp_passes if cp_layer else 0)
         cp_mb_time = prof.rank_layers[load.slow] * cp_layer_time
-        bubble_slots = schedule.bubble_slots(pp, v, c.schedule)
+        bubble_slots = schedule.bubble_slots(pp, v, c.schedule, n_micro)
         slot = compute_mb = attn_layer_time = None
         rate = rates.compute(tp)
         if rate:

@@ -194,7 +194,8 @@ def _layout(spec: RunSpec) -> Iterator[str]:  # noqa: C901 - world size, batch a
                           "only the first and last stages (embedding, LM head) may hold 0 layers")
     elif m.layers < stages:
         yield problem("model.layers", m.layers, f"fewer layers than pipeline stages ({stages})",
-                      "lower parallel.pp or virtual_stages")
+                      "lower parallel.pp, or use schedule: 1f1b (zbv runs 2 stages per rank)" if p.schedule == "zbv"
+                      else "lower parallel.pp or virtual_stages")
 
 
 def _offload(spec: RunSpec) -> Iterator[str]:
