@@ -210,11 +210,12 @@ def _replay_zbv(p: int, m: int) -> tuple[float, dict[int, list[list[int]]]]:
 @pytest.mark.parametrize("p", [2, 3, 4, 8])
 def test_zbv_bubble_and_memory_match_a_replay_of_torchs_order(p: int) -> None:
     """ZBV's bubble and peak activations, as the planner states them, against torch's own order replayed: the
-    makespan is 6m passes of work (F, B, W of two chunks per micro-batch) plus zbv_idle_passes, and each chunk's
-    peak is in_flight's count, both peaks at one moment (so it is the peak for any layers per chunk)."""
-    from trainctl.plan.pipeline import stages_of_pp_rank
+    makespan is 6m passes of work (F, B, W of two chunks per micro-batch) plus zbv_idle_passes; the planner's
+    transcription of the order is torch's; and in_flight's counts are the replay's peak for equal and unequal
+    layers per chunk."""
     from torch.distributed.pipelining.schedules import _ComputationType as T
 
+    from trainctl.plan.pipeline import stages_of_pp_rank
     from trainctl.plan.schedule import bubble_fraction, in_flight, zbv_idle_passes, zbv_order
 
     for m in sorted({1, 2, p, 2 * p - 2, 2 * p - 1, 2 * p, 4 * p + 1} - {0}):

@@ -12,7 +12,8 @@ measured FLOP/s and, per collective, latency * calls + bytes / measured bandwidt
               critical path (not overlapped)
   slot      = max over pipeline ranks of (compute + tp) + p2p        [one micro-batch on one rank]
   pipeline  = slot * (m + (p-1)/v)                                  [m slots of work + the bubble; a third of
-                                                                    (p-1)/v zero-bubble]
+                                                                    (p-1)/v zero-bubble;
+                                                                    zbv: plan/schedule.zbv_idle_passes/6]
   dp        = DP bytes / DP link rate; hidden = min(dp_overlap * dp, window),
               window = one slot for the once-per-step traffic of ZeRO 0/1 (Megatron overlaps the
               gradient reduce with the last micro-batch's backward and the weight all-gather with the
@@ -356,13 +357,13 @@ class Evaluator:
         n_stages = pp * v
         held = [tuple(stages_of_pp_rank(r, pp, v, schedule_)) for r in range(pp)]
 
-        def remote(g: int) -> bool:  # a neighbour stage on another rank (same-rank neighbours hand over locally)
-            return 0 <= g < n_stages and pp_rank_of_stage(g, pp, v, schedule_) != r
+        def remote(g: int, rank: int) -> bool:  # a neighbour on another rank (same-rank ones hand over locally)
+            return 0 <= g < n_stages and pp_rank_of_stage(g, pp, v, schedule_) != rank
 
         per_rank, sends = [], []
         for r, stages in enumerate(held):
             per_rank.append(tuple(layers[g] for g in stages))
-            sends.append(sum(remote(g + 1) + remote(g - 1) for g in stages))
+            sends.append(sum(remote(g + 1, r) + remote(g - 1, r) for g in stages))
         return _Profile(tuple(held), tuple(per_rank), tuple(sum(x) for x in per_rank),
                         tuple(0 in st for st in held), tuple(n_stages - 1 in st for st in held), tuple(sends),
                         tuple(st.index(0) if 0 in st else -1 for st in held),

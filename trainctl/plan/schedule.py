@@ -7,7 +7,8 @@ micro-batches per optimizer step per data-parallel replica.
 from __future__ import annotations
 
 BUBBLE_DEFINITION = (
-    "bubble_fraction = idle share of the pipelined part of the step = (p-1)/(v*m + p-1); "
+    "bubble_fraction = idle share of the pipelined part of the step = (p-1)/(v*m + p-1) (zero-bubble: (p-1)/3 "
+    "in place of p-1; zbv: max(p-1, 2(2p-1-m))/3 with v = 2); "
     "Narayanan et al. 2021 quote the same bubble relative to the ideal compute time: "
     "bubble_over_ideal = (p-1)/(v*m)"
 )
