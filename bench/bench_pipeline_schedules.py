@@ -1,9 +1,10 @@
-"""Pipeline schedules side by side: step time of 1F1B, interleaved 1F1B and interleaved zero-bubble at PP=2 and
-PP=4, on one model and batch, with the planner's bubble for each.
+"""Pipeline schedules side by side: step time of 1F1B, interleaved 1F1B, interleaved zero-bubble and ZBV at PP=2
+and PP=4, on one model and batch, with the planner's bubble for each.
 
 Zero-bubble (Qi et al. 2023) splits each backward into an input-gradient pass (on the critical path) and a
 weight-gradient pass that fills what would be the bubble. Interleaved is the fair baseline for it: both run
-2 model chunks per rank here, so the difference is the split backward alone. On this 2-core machine PP=4
+2 model chunks per rank here, so the difference is the split backward alone. ZBV also runs 2 chunks per rank,
+placed in a V (rank r: stages r and 2*pp-1-r). On this 2-core machine PP=4
 runs 4 ranks on 2 cores, so its step times carry contention; each rank's own CPU time per step is printed
 beside them (less disturbed by other load). Ratios are measured in one run, side by side, schedules
 alternated per repetition.
@@ -23,7 +24,7 @@ from pathlib import Path
 from benchlib import ROOT, train_run  # bench/ is sys.path[0]: the script's own directory
 
 sys.path.insert(0, str(ROOT))
-SCHEDULES = (("1f1b", 1), ("interleaved", 2), ("zero-bubble", 2))  # (schedule, model chunks per rank)
+SCHEDULES = (("1f1b", 1), ("interleaved", 2), ("zero-bubble", 2), ("zbv", 2))  # (schedule, model chunks per rank)
 
 
 def make_spec(a: argparse.Namespace, pp: int, schedule: str, chunks: int) -> dict:

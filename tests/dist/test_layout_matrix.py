@@ -6,7 +6,7 @@ each family), the layout (TP with and without SP, each pipeline schedule, TP x P
 with ZeRO 0-3, TP x PP x DP, and expert parallelism with each of those kinds, for the MoE models only), the
 micro-batch size and the recompute mode (the MoE models on the EP layouts and five without EP, MOE_WITHOUT_EP).
 The default suite runs a covering design: every allowed pair of values of any two factors at least once, the
-values no pair decides spread evenly (182 configurations, 46 of them MoE). `pytest -m matrix_full` runs the full
+values no pair decides spread evenly (198 configurations, 46 of them MoE). `pytest -m matrix_full` runs the full
 product. Each configuration is held against one rank on the same global batch (two micro-batches per pipeline
 stage on each DP rank: global_batch()): losses and grad norms over 4 steps within 1e-5 relative, final weights
 within 1e-5 absolute (fp32: only the summation order differs; measured over the pairwise design: losses 1.8e-7,
@@ -103,6 +103,8 @@ LAYOUTS: dict[str, dict[str, Any]] = {
     "pp4-1f1b": {"pp": 4, "schedule": "1f1b"},
     "pp2-zero-bubble": {"pp": 2, "schedule": "zero-bubble", "virtual_stages": 2},
     "pp2-dp2-zero-bubble-zero3": {"pp": 2, "dp": 2, "schedule": "zero-bubble", "zero": 3},
+    "pp2-zbv": {"pp": 2, "schedule": "zbv"},  # V placement: rank 0 holds both ends (and both tied copies)
+    "pp2-dp2-zbv-zero1": {"pp": 2, "dp": 2, "schedule": "zbv", "zero": 1},
     "tp2-pp2-sp-1f1b": {"tp": 2, "pp": 2, "sequence_parallel": True, "schedule": "1f1b"},
     "tp2-pp2-1f1b": {"tp": 2, "pp": 2, "schedule": "1f1b"},
     "tp2-pp2-sp-interleaved": {"tp": 2, "pp": 2, "sequence_parallel": True, "schedule": "interleaved",
@@ -205,7 +207,7 @@ def layout_of(row: dict[str, str]) -> dict[str, Any]:
 def global_batch(row: dict[str, str]) -> int:
     """A row's global batch: two micro-batches per pipeline stage on each DP rank. Gradient accumulation and
     every schedule's warm-up, steady state and cool-down all happen (interleaved and zero-bubble need a
-    multiple of pp), and no step runs more micro-batches than that proves anything with: the matrix's time
+    multiple of pp; ZBV's order is full from 2*pp-1), and no step runs more micro-batches than that proves anything with: the matrix's time
     goes into micro-batches, not into configurations."""
     parallel = layout_of(row)
     return parallel.get("dp", 1) * int(row["micro_batch"]) * 2 * parallel.get("pp", 1)

@@ -247,6 +247,11 @@ def test_placement_map_follows_what_ranks_report() -> None:
     assert len(interleaved["tp_groups_across_nodes"]) == 4
     with pytest.raises(PlacementError, match="span two nodes"):
         check(interleaved)
+    # the model stages each rank holds: one per pipeline rank here; ZBV's V with 4 pipeline ranks
+    assert [x["stages"] for x in joined["ranks"]] == [[0]] * 4 + [[1]] * 4
+    v = build_map(_reports(["n1"] * 4), Layout(tp=1, pp=4, dp=1, gpus_per_node=4, nvlink_domain=4, schedule="zbv"), 2)
+    assert [x["stages"] for x in v["ranks"]] == [[0, 7], [1, 6], [2, 5], [3, 4]]
+    assert v["layout"]["schedule"] == "zbv" and v["layout"]["virtual_stages"] == 2
 
 
 # --- the batch script's signal chain, run by bash against a fake srun/scontrol ------------------------

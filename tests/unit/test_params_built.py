@@ -10,7 +10,7 @@ import torch
 from paths import RECIPES, TINY_RECIPE
 
 from trainctl.model_shape import ModelShape, param_counts
-from trainctl.plan.pipeline import stage_layer_ranges, stages_of_pp_rank
+from trainctl.plan.pipeline import spec_stages_of_pp_rank, stage_layer_ranges
 from trainctl.plan.plan import build_plan
 from trainctl.runtime.model import StageModule, params_built, params_record
 from trainctl.runtime.moe import EPContext, MoEContext
@@ -20,10 +20,12 @@ from trainctl.spec import load_spec
 RECIPE_FILES = sorted(RECIPES.glob("*.yaml"))
 
 # Layouts of the embedded tiny model that move the embedding, the LM head and the vocabulary padding:
-# a tied copy on a separate last stage, interleaved chunks, a vocabulary that tp does not divide, untied.
+# a tied copy on a separate last stage, interleaved chunks, ZBV's V (both ends and both tied copies on pipeline
+# rank 0), a vocabulary that tp does not divide, untied.
 TINY_LAYOUTS = [
     ["parallel.tp=1", "parallel.sequence_parallel=false", "parallel.dp=4"],
     ["parallel.virtual_stages=2", "parallel.schedule=interleaved"],
+    ["parallel.virtual_stages=2", "parallel.schedule=zbv"],
     ["parallel.tp=3", "parallel.pp=1", "parallel.dp=1", "parallel.sequence_parallel=false",
      "cluster.gpus_per_node=3", "model.heads=6", "model.hidden=96", "model.ffn_hidden=384"],
     ["model.tied_embeddings=false", "model.bias=true"],
@@ -54,7 +56,7 @@ def built_record(spec) -> dict:
             for e in range(p.ep):
                 moe = MoEContext.build(shape, EPContext(None, p.ep, e)) if shape.moe is not None else None
                 stages = [StageModule(shape, ranges[s], s == 0, s == len(ranges) - 1, tp, moe=moe)
-                          for s in stages_of_pp_rank(r, spec)]
+                          for s in spec_stages_of_pp_rank(r, spec)]
                 built.append(params_built(stages))
             by_pp_rank[r] = (built[0][0], {k: v for _, names in built for k, v in names.items()})
     return params_record(by_pp_rank)

@@ -79,7 +79,7 @@ def test_auto_enumerates_every_layout_the_rules_accept(nodes, gpn, layers, heads
     world = nodes * gpn
     accepted = set()
     for tp, pp, mb, v, sched in itertools.product(range(1, world + 1), range(1, world + 1), range(1, gb + 1),
-                                                  range(1, layers + 1), ("1f1b", "interleaved", "zero-bubble")):
+                                                  range(1, layers + 1), ("1f1b", "interleaved", "zero-bubble", "zbv")):
         if world % (tp * pp) or (v > 1 and pp == 1):
             continue
         c = Candidate(tp, pp, world // (tp * pp), 1, mb, "none", tp > 1 and 128 % tp == 0, sched, v)

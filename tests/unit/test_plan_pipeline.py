@@ -154,3 +154,125 @@ def test_zero_bubble_bubble_is_a_third_of_1f1b_idle_time() -> None:
         # same activations in flight as the schedule it splits the backward of (ZB-H1: 1F1B's memory)
         for r in range(p):
             assert in_flight("zero-bubble", p, v, m, r) == in_flight("interleaved" if v > 1 else "1f1b", p, v, m, r)
+
+
+def _torch_zbv_order(p: int, m: int) -> dict[int, list]:
+    """torch's own ScheduleZBVZeroBubble action lists (compute only, padding dropped), without process groups:
+    its order is a pure function of (pp size, stages, micro-batches)."""
+    from types import SimpleNamespace
+
+    from torch.distributed.pipelining.schedules import ScheduleZBVZeroBubble
+
+    ns = SimpleNamespace(pp_group_size=p, num_stages=2 * p, _n_microbatches=m)
+    return {r: [a for a in ScheduleZBVZeroBubble._calculate_single_rank_operations(ns, r) if a is not None]
+            for r in range(p)}
+
+
+def _replay_zbv(p: int, m: int) -> tuple[float, dict[int, list[list[int]]]]:
+    """Run torch's ZBV lists with every pass (F, input-gradient B, weight-gradient W of one chunk) taking one
+    unit and free communication: each rank runs its list in order, an action starting when its rank is free
+    and its inputs exist (F after the previous stage's F, B after the next stage's B or this last stage's F,
+    W after its B). Returns (makespan, per rank the (chunk 0, chunk 1) micro-batches held after each action,
+    a micro-batch held from its F until its W)."""
+    from torch.distributed.pipelining.schedules import _ComputationType as T
+
+    order, last = _torch_zbv_order(p, m), 2 * p - 1
+    done: dict[tuple, float] = {}
+    clock, pos = [0.0] * p, [0] * p
+    held: dict[int, list[list[int]]] = {r: [] for r in range(p)}
+    counts = {r: [0, 0] for r in range(p)}
+    progress = True
+    while progress:
+        progress = False
+        for r in range(p):
+            while pos[r] < len(order[r]):
+                a = order[r][pos[r]]
+                s, k, kind = a.stage_index, a.microbatch_index, a.computation_type
+                if kind == T.FORWARD:
+                    deps = [(T.FORWARD, s - 1, k)] if s > 0 else []
+                elif kind == T.BACKWARD_INPUT:
+                    deps = [(T.BACKWARD_INPUT, s + 1, k)] if s < last else [(T.FORWARD, s, k)]
+                else:
+                    deps = [(T.BACKWARD_INPUT, s, k)]
+                if any(d not in done for d in deps):
+                    break
+                clock[r] = max([clock[r]] + [done[d] for d in deps]) + 1
+                done[(kind, s, k)] = clock[r]
+                chunk = 0 if s == r else 1
+                counts[r][chunk] += {T.FORWARD: 1, T.BACKWARD_WEIGHT: -1}.get(kind, 0)
+                held[r].append(list(counts[r]))
+                pos[r] += 1
+                progress = True
+    assert pos == [len(order[r]) for r in range(p)], "the replay deadlocked"
+    return max(clock), held
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 8])
+def test_zbv_bubble_and_memory_match_a_replay_of_torchs_order(p: int) -> None:
+    """ZBV's bubble and peak activations, as the planner states them, against torch's own order replayed: the
+    makespan is 6m passes of work (F, B, W of two chunks per micro-batch) plus zbv_idle_passes; the planner's
+    transcription of the order is torch's; and in_flight's counts are the replay's peak for equal and unequal
+    layers per chunk."""
+    from torch.distributed.pipelining.schedules import _ComputationType as T
+
+    from trainctl.plan.pipeline import stages_of_pp_rank
+    from trainctl.plan.schedule import bubble_fraction, in_flight, zbv_idle_passes, zbv_order
+
+    for m in sorted({1, 2, p, 2 * p - 2, 2 * p - 1, 2 * p, 4 * p + 1} - {0}):
+        makespan, held = _replay_zbv(p, m)
+        idle = makespan - 6 * m
+        assert idle == zbv_idle_passes(p, m)
+        if m >= 2 * p - 1:
+            assert idle == p - 1  # the fill: rank r idles r passes first and p-1-r last
+        # in chunk slots (F + B + W = 3 passes), over two chunks' work of m micro-batches each
+        assert bubble_fraction(p, m, 2, "zbv") == pytest.approx((idle / 3) / (2 * m + idle / 3))
+        for r in range(p):
+            # the planner's transcription of torch's order is torch's order
+            torch_order = [(a.computation_type, a.stage_index, a.microbatch_index) for a in _torch_zbv_order(p, m)[r]]
+            chunks = stages_of_pp_rank(r, p, 2, "zbv")  # chunk 0 is stage r, chunk 1 stage 2p-1-r, as torch's
+            letter = {T.FORWARD: "F", T.BACKWARD_INPUT: "B", T.BACKWARD_WEIGHT: "W"}
+            assert [(kind, chunks[c], k) for kind, c, k in zbv_order(p, m, r)] == [
+                (letter[kind], s, k) for kind, s, k in torch_order]
+            # the peak it states, for chunks of equal and of unequal layers, is the replay's
+            for weights in ((1, 1), (3, 1), (1, 3), (0, 2)):
+                want = in_flight("zbv", p, 2, m, r, weights)
+                assert want in held[r]
+                best = max(w0 * h0 + w1 * h1 for h0, h1 in held[r] for w0, w1 in [weights])
+                assert weights[0] * want[0] + weights[1] * want[1] == best
+            assert sum(in_flight("zbv", p, 2, m, r)) == min(2 * p, max(map(sum, held[r])))
+
+
+def test_v_placement_matches_torchs_stage_to_rank_mapping() -> None:
+    from torch.distributed.pipelining._utils import generate_stage_to_rank_mapping
+
+    from trainctl.plan.pipeline import end_stage_pp_ranks, pp_rank_of_stage, stages_of_pp_rank
+
+    for p in (2, 3, 4, 8):
+        for style, sched, v in (("v", "zbv", 2), ("loop", "interleaved", 3), ("loop", "1f1b", 1)):
+            torch_map = generate_stage_to_rank_mapping(p, p * v, style=style)
+            for r in range(p):
+                assert sorted(stages_of_pp_rank(r, p, v, sched)) == sorted(s for s, x in torch_map.items() if x == r)
+            assert all(pp_rank_of_stage(s, p, v, sched) == x for s, x in torch_map.items())
+            assert end_stage_pp_ranks(p, sched) == (torch_map[0], torch_map[p * v - 1])
+
+
+def test_zbv_plan_keeps_tied_embeddings_on_rank_0() -> None:
+    """Under ZBV pipeline rank 0 holds the embedding and the LM head (both tied copies): no embedding-group
+    traffic, both tables in rank 0's parameters, and every stage boundary but the V's turn crosses ranks."""
+    from paths import TINY_RECIPE
+
+    from trainctl.model_shape import ModelShape
+    from trainctl.plan.plan import build_plan
+    from trainctl.spec import load_spec
+
+    plans = {s: build_plan(load_spec(TINY_RECIPE, overrides=[f"parallel.schedule={s}"])).to_json()
+             for s in ("1f1b", "zbv")}
+    comm = {s: j["communication"]["per_kind"] for s, j in plans.items()}
+    assert comm["1f1b"]["embedding"]["bytes"] > 0 and comm["zbv"]["embedding"]["bytes"] == 0
+    assert comm["zbv"]["pp"]["bytes"] == 2 * comm["1f1b"]["pp"]["bytes"]  # 2 remote boundaries per rank, not 1
+    spec = load_spec(TINY_RECIPE)
+    shape = ModelShape.from_spec(spec.model)
+    table = shape.padded_vocab(spec.parallel.tp) * shape.hidden / spec.parallel.tp
+    zbv, plain = plans["zbv"]["params"]["per_rank"], plans["1f1b"]["params"]["per_rank"]
+    # one layer per stage: rank 1 holds two layers only; rank 0 two layers, both tables, norm (and positions)
+    assert sum(zbv) == sum(plain) and zbv[0] - zbv[1] >= 2 * table

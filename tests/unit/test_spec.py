@@ -98,10 +98,32 @@ def test_interleaved_rules():
                       "parallel.virtual_stages=2", "train.global_batch=24")
     assert "micro-batches (6) divisible by pp=4" in msg
     msg = one_problem(BASE, "parallel.virtual_stages=2")
-    assert "only apply to the interleaved and zero-bubble schedules" in msg
+    assert "only apply to the interleaved, zero-bubble and zbv schedules" in msg
     msg = one_problem(BASE, "parallel.schedule=zero-bubble", "parallel.pp=4", "parallel.tp=2",
                       "train.global_batch=24")
     assert "zero-bubble schedule needs micro-batches (6) divisible by pp=4" in msg
+
+
+def test_zbv_rules():
+    """ZBV: two stages per rank always (virtual_stages 2 by default, any other value refused), pipeline
+    parallelism, any micro-batch count >= pp (torch pads its order; no rounds of pp as interleaved has)."""
+    spec = load_spec_text(BASE, overrides=["parallel.schedule=zbv", "parallel.pp=4", "parallel.tp=2",
+                                           "train.global_batch=24"])
+    assert spec.parallel.virtual_stages == 2 and spec.micro_batches == 6  # 6 is not a multiple of pp = 4
+    assert resolved_dict(spec)["parallel"]["virtual_stages"] == 2
+    msg = one_problem(BASE, "parallel.schedule=zbv", "parallel.pp=4", "parallel.tp=2", "parallel.virtual_stages=3")
+    assert "parallel.virtual_stages = 3" in msg and "exactly 2 stages on each pipeline rank" in msg
+    assert "set virtual_stages: 2 or leave it out" in msg
+    msg = one_problem(BASE, "parallel.schedule=zbv", "parallel.virtual_stages=1", "parallel.pp=4", "parallel.tp=2")
+    assert "exactly 2 stages" in msg
+    found = problems(BASE, "parallel.schedule=zbv")
+    assert any("the zbv schedule needs pipeline parallelism" in p and "set parallel.pp >= 2" in p for p in found)
+    msg = one_problem(BASE, "parallel.schedule=zbv", "parallel.pp=32", "parallel.tp=1", "train.global_batch=32")
+    assert "fewer layers than pipeline stages (64)" in msg and "schedule: 1f1b" in msg
+    msg = one_problem(BASE, "parallel.schedule=zbv", "parallel.pp=4", "parallel.tp=2", "train.global_batch=8")
+    assert "at least pp=4" in msg  # the pipeline's own floor still holds
+    # FSDP is allowed: the trainer keeps the unsharded weights between forward and weight pass
+    load_spec_text(BASE, overrides=["parallel.schedule=zbv", "parallel.pp=4", "parallel.tp=1", "parallel.zero=3"])
 
 
 def test_explicit_stage_layers_must_add_up():

@@ -287,7 +287,7 @@ def calibration_line(cal: dict[str, Any]) -> str:
     return text if cal.get("calibrated") else f"[yellow]{text}[/yellow]"
 
 
-SCHEDULE_ABBREV = {"interleaved": "il", "zero-bubble": "zb"}  # --auto's table: the column stays narrow
+SCHEDULE_ABBREV = {"interleaved": "il", "zero-bubble": "zb", "zbv": "zbv"}  # --auto's table: the column stays narrow
 
 
 def render_auto(res: AutoResult, console: Console, on_cpu: bool = False) -> None:
@@ -305,7 +305,8 @@ def render_auto(res: AutoResult, console: Console, on_cpu: bool = False) -> None
         t.add_column(col, justify="left" if col in ("sched", "recomp") else "right", no_wrap=True)
     for i, (s, _, _codes) in enumerate(res.top, 1):
         c, e = s.cand, s.est
-        sched = SCHEDULE_ABBREV.get(c.schedule, c.schedule) + (f" {c.virtual_stages}" if c.virtual_stages > 1 else "")
+        chunks = c.virtual_stages > 1 and c.schedule != "zbv"  # zbv always runs 2
+        sched = SCHEDULE_ABBREV.get(c.schedule, c.schedule) + (f" {c.virtual_stages}" if chunks else "")
         t.add_row(str(i), f"{c.tp}{'sp' if c.sequence_parallel else ''}/{c.cp}/{c.pp}/{c.dp}"
                   + (f" ep{c.ep}" if c.ep > 1 else ""), sched, f"{c.zero}{'+off' if c.offload else ''}",
                   f"{c.micro_batch}/{e.micro_batches}", c.recompute, f"{e.memory_total / 1e9:.1f}",

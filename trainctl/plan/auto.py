@@ -6,7 +6,8 @@ split the sequence into 2*cp chunks, leaving each rank at least MIN_CP_TOKENS to
 dropout), pp (divides world/(tp*cp), at most one stage per layer), dp = world/(tp*cp*pp) (global batch
 divisible by micro_batch*dp), for an MoE model ep (divides dp and the number of experts), micro_batch,
 schedule 1f1b, interleaved with every virtual_stages v >= 2 that leaves each model chunk a layer, or
-zero-bubble with v = 1 or those v (both need micro-batches divisible by pp), ZeRO 0-3 (1-3 also with the
+zero-bubble with v = 1 or those v (both need micro-batches divisible by pp), zbv (v = 2, a layer per
+stage), ZeRO 0-3 (1-3 also with the
 optimizer offloaded to host memory, which fits where the GPU alone does not and costs the copies and the CPU
 step; a layout whose offloaded state exceeds the node's host memory does not fit), recompute
 none/selective/full: the rules of trainctl/spec/rules.py, applied to plain integers. Fixed: sequence
@@ -178,6 +179,8 @@ def _with_tp_cp(spec: RunSpec, world: int, tp: int, cp: int, sp: bool, skip: Cal
                 schedules += [("zero-bubble", v) for v in (1, *chunks)]
             elif pp > 1:
                 skip("interleaved: micro-batches not divisible by pp")
+            if pp > 1 and 2 * pp <= m.layers:  # ZBV: two stages per rank, any micro-batch count >= pp
+                schedules.append(("zbv", 2))
             for sched, v in schedules:
                 for rec in RECOMPUTE:
                     for zero in (0, 1, 2, 3):

@@ -12,7 +12,8 @@ measured FLOP/s and, per collective, latency * calls + bytes / measured bandwidt
               critical path (not overlapped)
   slot      = max over pipeline ranks of (compute + tp) + p2p        [one micro-batch on one rank]
   pipeline  = slot * (m + (p-1)/v)                                  [m slots of work + the bubble; a third of
-                                                                    (p-1)/v zero-bubble]
+                                                                    (p-1)/v zero-bubble;
+                                                                    zbv: plan/schedule.zbv_idle_passes/6]
   dp        = DP bytes / DP link rate; hidden = min(dp_overlap * dp, window),
               window = one slot for the once-per-step traffic of ZeRO 0/1 (Megatron overlaps the
               gradient reduce with the last micro-batch's backward and the weight all-gather with the
@@ -49,7 +50,7 @@ from trainctl import model_shape as model
 from trainctl.model_shape import ModelShape
 from trainctl.plan import comm, memory, powersgd, schedule
 from trainctl.plan.comm import INTER_NODE, NVLINK
-from trainctl.plan.pipeline import balanced_split
+from trainctl.plan.pipeline import balanced_split, pp_rank_of_stage, stages_of_pp_rank
 from trainctl.plan.rates import CP_OPS, EMBEDDING_OPS, EP_OPS, PP_OPS, TP_OPS, AssumedRates, MeasuredRates, Ops
 
 # Load-imbalance allowance of dropless routing: the busiest EP rank receives this many times the mean
@@ -241,11 +242,15 @@ class Estimate:
 class _Profile:
     """Where the layers and the model's ends sit, per pipeline rank (independent of tp and batch)."""
 
+    stages: tuple[tuple[int, ...], ...]  # [rank][chunk] -> model stage (pipeline.stages_of_pp_rank)
     layers: tuple[tuple[int, ...], ...]  # [rank][chunk] -> transformer layers
     rank_layers: tuple[int, ...]  # [rank] -> transformer layers over all its chunks
     has_first: tuple[bool, ...]  # rank holds the embedding
     has_last: tuple[bool, ...]  # rank holds the LM head
     sends: tuple[int, ...]  # p2p sends per micro-batch (forward activations + backward gradients)
+    # per rank, the chunk holding the embedding / the LM head (-1: none); V placement puts both on rank 0
+    first_chunk: tuple[int, ...] = ()
+    last_chunk: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -294,7 +299,7 @@ class _Base:
     compute_mb: float | None
     emb_time: float
     layer_params_gpu: float  # one layer's parameters on one GPU, the largest kind (ZeRO-3 gathers two at a time)
-    shape_key: tuple = ()  # (tp, pp, v, layers, ep): what PowerSGD's figures depend on (_psgd)
+    shape_key: tuple = ()  # (tp, pp, v, layers, ep, schedule): what PowerSGD's figures depend on (_psgd)
 
 
 class Evaluator:
@@ -348,23 +353,28 @@ class Evaluator:
             return c.stage_layers
         return self._default_split(c.pp * c.virtual_stages)
 
-    def _make_profile(self, pp: int, v: int, layers: tuple[int, ...]) -> _Profile:
+    def _make_profile(self, pp: int, v: int, layers: tuple[int, ...], schedule_: str) -> _Profile:
         n_stages = pp * v
-        per_rank, has_first, has_last, sends = [], [], [], []
-        for r in range(pp):
-            stages = [c * pp + r for c in range(v)]
-            per_rank.append(tuple(layers[g] for g in stages))
-            has_first.append(0 in stages)
-            has_last.append(n_stages - 1 in stages)
-            sends.append(sum((g < n_stages - 1) + (g > 0) for g in stages))
-        return _Profile(tuple(per_rank), tuple(sum(x) for x in per_rank), tuple(has_first), tuple(has_last),
-                        tuple(sends))
+        held = [tuple(stages_of_pp_rank(r, pp, v, schedule_)) for r in range(pp)]
 
-    def _make_rank_params(self, tp: int, pp: int, v: int, layers: tuple[int, ...], ep: int
+        def remote(g: int, rank: int) -> bool:  # a neighbour on another rank (same-rank ones hand over locally)
+            return 0 <= g < n_stages and pp_rank_of_stage(g, pp, v, schedule_) != rank
+
+        per_rank, sends = [], []
+        for r, stages in enumerate(held):
+            per_rank.append(tuple(layers[g] for g in stages))
+            sends.append(sum(remote(g + 1, r) + remote(g - 1, r) for g in stages))
+        return _Profile(tuple(held), tuple(per_rank), tuple(sum(x) for x in per_rank),
+                        tuple(0 in st for st in held), tuple(n_stages - 1 in st for st in held), tuple(sends),
+                        tuple(st.index(0) if 0 in st else -1 for st in held),
+                        tuple(st.index(n_stages - 1) if n_stages - 1 in st else -1 for st in held))
+
+    def _make_rank_params(self, tp: int, pp: int, v: int, layers: tuple[int, ...], ep: int, schedule_: str
                           ) -> tuple[tuple[float, ...], tuple[float, ...], tuple[int, ...], tuple[int, ...]]:
         """Per pipeline rank: (every parameter on one GPU, the routed experts' of them, MoE layers, the
-        largest single parameter)."""
-        prof = self._profile(pp, v, layers)
+        largest single parameter). A rank holding both ends with tied embeddings (V placement) keeps the
+        table twice, as the trainer does (the LM head's copy, summed locally)."""
+        prof = self._profile(pp, v, layers, schedule_)
         m = self.ctx.shape
         n_stages = pp * v
         starts = [sum(layers[:g]) for g in range(n_stages)]
@@ -372,8 +382,7 @@ class Evaluator:
         for r in range(pp):
             total = expert = 0.0
             n_moe = big = 0
-            for c, n in enumerate(prof.layers[r]):
-                g = c * pp + r
+            for g, n in zip(prof.stages[r], prof.layers[r], strict=True):
                 k = m.moe_layers_in(starts[g], starts[g] + n)
                 total += model.stage_params_per_gpu(m, tp, n, g == 0, g == n_stages - 1, k, ep)
                 expert += model.layers_params_per_gpu(m, tp, n, k, ep)[1]
@@ -385,18 +394,17 @@ class Evaluator:
             largest.append(big)
         return tuple(totals), tuple(experts), tuple(moe_layers), tuple(largest)
 
-    def _make_compression(self, tp: int, pp: int, v: int, layers: tuple[int, ...], ep: int, rank: int
-                          ) -> tuple[tuple[powersgd.Compression, powersgd.Compression], ...]:
+    def _make_compression(self, tp: int, pp: int, v: int, layers: tuple[int, ...], ep: int, schedule_: str,
+                          rank: int) -> tuple[tuple[powersgd.Compression, powersgd.Compression], ...]:
         """Per pipeline rank: PowerSGD's (dense, routed-expert) figures at `rank`."""
         m = self.ctx.shape
-        prof = self._profile(pp, v, layers)
+        prof = self._profile(pp, v, layers, schedule_)
         n_stages = pp * v
         starts = [sum(layers[:g]) for g in range(n_stages)]
         out = []
         for r in range(pp):
             mats: list[powersgd.Matrix] = []
-            for c, n in enumerate(prof.layers[r]):
-                g = c * pp + r
+            for g, n in zip(prof.stages[r], prof.layers[r], strict=True):
                 k = m.moe_layers_in(starts[g], starts[g] + n)
                 mats += powersgd.stage_matrices(m, tp, n, g == 0, g == n_stages - 1, k, ep)
             out.append((powersgd.compression(mats, rank), powersgd.compression(mats, rank, experts=True)))
@@ -405,19 +413,20 @@ class Evaluator:
     def _make_units(self, schedule_: str, pp: int, v: int, n_micro: int,
                     layers: tuple[int, ...]) -> tuple[tuple[int, ...], int, int]:
         """(layer-micro-batches of activations per rank, embedding's and LM head's micro-batches in flight)."""
-        prof = self._profile(pp, v, layers)
+        prof = self._profile(pp, v, layers, schedule_)
         units, first, last = [], 0, 0
         for r in range(pp):
             flight = schedule.in_flight(schedule_, pp, v, n_micro, r, prof.layers[r])
             units.append(sum(f * n for f, n in zip(flight, prof.layers[r], strict=True)))
             if prof.has_first[r]:
-                first = flight[0]
+                first = flight[prof.first_chunk[r]]
             if prof.has_last[r]:
-                last = flight[-1]
+                last = flight[prof.last_chunk[r]]
         return tuple(units), first, last
 
-    def _make_load(self, tp: int, pp: int, v: int, layers: tuple[int, ...], recompute: str) -> _Load:
-        prof = self._profile(pp, v, layers)
+    def _make_load(self, tp: int, pp: int, v: int, layers: tuple[int, ...], recompute: str, schedule_: str
+                   ) -> _Load:
+        prof = self._profile(pp, v, layers, schedule_)
         m, hw, a = self.ctx.shape, self.ctx.hw, self.ctx.assume
         layer_flops = self._layer_flops_paced[recompute]  # routed experts at the busiest EP rank's pace
         head_flops = model.head_flops_per_token(m, self.padded_vocab(tp))
@@ -459,9 +468,9 @@ class Evaluator:
         sp = c.sequence_parallel and tp > 1
         n_micro = ctx.global_batch // (mb * dp)
         layers = self.stage_layers(c)
-        prof = self._profile(pp, v, layers)
-        params, experts, moe_layers, largest = self._rank_params(tp, pp, v, layers, c.ep)
-        load = self._load(tp, pp, v, layers, c.recompute)
+        prof = self._profile(pp, v, layers, c.schedule)
+        params, experts, moe_layers, largest = self._rank_params(tp, pp, v, layers, c.ep, c.schedule)
+        load = self._load(tp, pp, v, layers, c.recompute, c.schedule)
         vp = self.padded_vocab(tp)
         world = ctx.world
         tokens_mb = mb * m.seq_len / cp  # this rank's tokens of a micro-batch
@@ -499,7 +508,10 @@ class Evaluator:
         tp_ar = comm.all_reduce_bytes(tp_msg, tp)
         pp_msg = tp_msg / (tp if sp else 1)  # with SP each TP rank sends its sequence shard
         p2p_mb_bytes = max(prof.sends) * pp_msg if pp > 1 else 0.0
-        emb_bytes = vp * m.hidden / tp * self.grad_bytes if (m.tied_embeddings and pp > 1) else 0.0
+        # tied embeddings: the first and last stage's grads are summed over the embedding group, unless one rank
+        # holds both (V placement: a local sum)
+        split_ends = prof.has_first.index(True) != prof.has_last.index(True)
+        emb_bytes = vp * m.hidden / tp * self.grad_bytes if (m.tied_embeddings and split_ends) else 0.0
         # MoE token exchange: each TP rank dispatches its sequence shard under SP (Megatron-Core needs SP
         # with TP for MoE); on the rank with the most MoE layers
         ep_layer = (comm.all_to_all_bytes(tokens_mb / (tp if sp else 1), m.moe.top_k, m.hidden, self.act_bytes,
@@ -518,7 +530,7 @@ class Evaluator:
         cp_ops = CP_OPS[cp_passes == 3]
         cp_layer_time = rates.comm(links["cp"], cp_ops, cp_layer, cp_passes if cp_layer else 0)
         cp_mb_time = prof.rank_layers[load.slow] * cp_layer_time
-        bubble_slots = schedule.bubble_slots(pp, v, c.schedule)
+        bubble_slots = schedule.bubble_slots(pp, v, c.schedule, n_micro)
         slot = compute_mb = attn_layer_time = None
         rate = rates.compute(tp)
         if rate:
@@ -527,7 +539,7 @@ class Evaluator:
             attn_layer_time = mb * pairs * model.attention_flops_per_pair(m) / tp / rate
             slot = compute_mb + tp_mb_time + ep_mb_time + cp_mb_time + p2p
         return _Base(
-            shape_key=(tp, pp, v, layers, c.ep),
+            shape_key=(tp, pp, v, layers, c.ep, c.schedule),
             n_micro=n_micro, layers=layers, prof=prof, params=params, experts=experts, largest=largest,
             max_params=max(p - e for p, e in zip(params, experts, strict=True)), max_experts=max(experts),
             load=load, vp=vp, acts=tuple(acts), transient=transient, links=links,

@@ -1,7 +1,9 @@
 """How transformer layers are split over pipeline stages, and which rank holds which stage.
 
-Stages are numbered in model order 0..pp*virtual_stages-1; with interleaving, pipeline rank r holds
-stages r, r+pp, r+2pp, ... (Narayanan et al. 2021, interleaved schedule). The first stage also holds
+Stages are numbered in model order 0..pp*virtual_stages-1. Which rank holds which stage has one owner,
+`stages_of_pp_rank`: with interleaving ("loop" placement) pipeline rank r holds stages r, r+pp, r+2pp, ...
+(Narayanan et al. 2021, interleaved schedule); under ZBV ("v" placement, Qi et al. 2023, Sec. 6) rank r
+holds stages r and 2*pp-1-r, so rank 0 holds both the first and the last stage. The first stage also holds
 the token embedding and the last the LM head, so by default they get fewer transformer layers, as
 Llama 3 405B does (126 layers on PP=16: 7 on the first and last stage, 8 on the others).
 """
@@ -73,7 +75,35 @@ def stage_layer_ranges(spec: RunSpec) -> list[range]:
     return out
 
 
-def stages_of_pp_rank(pp_rank: int, spec: RunSpec) -> list[int]:
-    """Model stages held by a pipeline rank, in execution order."""
+# Schedules that place a rank's two stages in a V (torch's generate_stage_to_rank_mapping(style="v"))
+V_SCHEDULES = frozenset({"zbv"})
+
+
+def v_placement(schedule: str) -> bool:
+    return schedule in V_SCHEDULES
+
+
+def stages_of_pp_rank(pp_rank: int, pp: int, v: int, schedule: str) -> list[int]:
+    """Model stages held by a pipeline rank, in the order of its stage modules: loop placement r, r+pp, ...;
+    V placement r, 2*pp-1-r (exactly two per rank, a spec rule)."""
+    if v_placement(schedule):
+        return [pp_rank, 2 * pp - 1 - pp_rank]
+    return [c * pp + pp_rank for c in range(v)]
+
+
+def pp_rank_of_stage(stage: int, pp: int, v: int, schedule: str) -> int:
+    """The pipeline rank holding a model stage (the inverse of stages_of_pp_rank)."""
+    if v_placement(schedule):
+        return stage if stage < pp else 2 * pp - 1 - stage
+    return stage % pp
+
+
+def end_stage_pp_ranks(pp: int, schedule: str) -> tuple[int, int]:
+    """Pipeline ranks of the first stage (embedding) and the last (LM head): the same rank under V placement,
+    so tied embeddings need no cross-rank sync there."""
+    return (0, 0) if v_placement(schedule) else (0, pp - 1)
+
+
+def spec_stages_of_pp_rank(pp_rank: int, spec: RunSpec) -> list[int]:
     p = spec.parallel
-    return [v * p.pp + pp_rank for v in range(p.virtual_stages)]
+    return stages_of_pp_rank(pp_rank, p.pp, p.virtual_stages, p.schedule)

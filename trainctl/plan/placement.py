@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from functools import cached_property
 
 from trainctl.hardware.topology import aligned_groups_fit, nvlink_domain_size
+from trainctl.plan.pipeline import end_stage_pp_ranks
 from trainctl.spec.models import RunSpec
 
 
@@ -36,11 +37,12 @@ class Layout:
     nvlink_domain: int  # GPUs per NVLink domain (may span several nodes, e.g. GB200 NVL72)
     ep: int = 1  # expert-parallel size, carved from dp (divides it)
     cp: int = 1  # context-parallel size (between tp and dp in rank order)
+    schedule: str = "1f1b"  # the pipeline schedule: which pipeline rank holds the last stage (plan/pipeline.py)
 
     @classmethod
     def from_spec(cls, spec: RunSpec) -> Layout:
         return cls(spec.parallel.tp, spec.parallel.pp, spec.dp, spec.cluster.gpus_per_node,
-                   nvlink_domain_size(spec.cluster), spec.parallel.ep, spec.parallel.cp)
+                   nvlink_domain_size(spec.cluster), spec.parallel.ep, spec.parallel.cp, spec.parallel.schedule)
 
     @property
     def edp(self) -> int:
@@ -164,10 +166,12 @@ class Groups:
 
     @cached_property
     def embedding(self) -> list[list[int]]:
-        """First and last pipeline stage of each (dp, cp, tp) chain: tied embeddings sync their grads here."""
-        if self.layout.pp == 1:
+        """The ranks of the first and last pipeline stage of each (dp, cp, tp) chain: tied embeddings sync their
+        grads here. One rank when it holds both (pp = 1, or ZBV's V placement: the sync is local)."""
+        first, last = end_stage_pp_ranks(self.layout.pp, self.layout.schedule)
+        if first == last:
             return [[r] for chain in self.pp for r in chain]
-        return [[chain[0], chain[-1]] for chain in self.pp]
+        return [[chain[first], chain[last]] for chain in self.pp]
 
     def of_rank(self, rank: int) -> dict[str, list[int]]:
         """The groups a rank belongs to, by kind; a rank in no group of a kind (a middle pipeline stage

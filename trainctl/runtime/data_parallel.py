@@ -105,6 +105,21 @@ class Bucket:
     psgd: BucketCompression | None = None  # PowerSGD's split of the bucket (ZeRO-0/1 with compression)
 
 
+def sum_tied(grads: list[Tensor], embedding_group: dist.ProcessGroup | None) -> None:
+    """Sum the gradients of the tied embedding/LM-head copies in place, so both copies take the same step:
+    over the embedding group (first and last stage on two ranks, one copy each), or here when this rank holds
+    both copies (ZBV's V placement puts the first and last stage on pipeline rank 0; no group then). The
+    copies are sliced alike (same shape, bucket padding and DP shard), so the sum is elementwise."""
+    if len(grads) > 1:
+        if embedding_group is not None:
+            raise RuntimeError("tied copies on one rank and an embedding group: placement owners disagree")
+        total = torch.stack(grads).sum(0)
+        for g in grads:
+            g.copy_(total)
+    elif grads and embedding_group is not None:
+        dist.all_reduce(grads[0], group=embedding_group)
+
+
 class GradSync:
     """Per-step DP gradient reduction (zero 0/1: all-reduce per step; zero 2: reduce-scatter per micro-batch)
     plus the tied sync."""
@@ -376,15 +391,10 @@ class GradSync:
                     if b.comm is not None:
                         assert b.grad is not None
                         b.grad.copy_(b.comm)  # the reduced bf16 gradient back into the fp32 buffer
-        if self.par.embedding_group is not None:
-            for b in self.buckets:
-                if b.tied:
-                    t = b.grad_shard if self.zero == 2 else b.grad
-                    dist.all_reduce(t, group=self.par.embedding_group)
-            if self.dp == 1:
-                for info in self.infos:
-                    if info.tied and info.param.grad is not None:
-                        dist.all_reduce(info.param.grad, group=self.par.embedding_group)
+        tied = [b.grad_shard if self.zero == 2 else b.grad for b in self.buckets if b.tied]
+        if self.dp == 1:
+            tied += [info.param.grad for info in self.infos if info.tied and info.param.grad is not None]
+        sum_tied([t for t in tied if t is not None], self.par.embedding_group)
 
     def reset_compression(self) -> None:
         """A skipped (non-finite) step: PowerSGD's state starts afresh (runtime/powersgd.py `reset`)."""
@@ -558,10 +568,8 @@ class FsdpSync:
 
     def finish(self) -> None:
         # the tied copies are sharded identically over dp on both stages: sum the local shards
-        if self.par.embedding_group is not None:
-            for info in self.infos:
-                if info.tied and info.param.grad is not None:
-                    dist.all_reduce(_local(info.param.grad), group=self.par.embedding_group)
+        sum_tied([_local(i.param.grad) for i in self.infos if i.tied and i.param.grad is not None],
+                 self.par.embedding_group)
 
     def norm_pieces(self) -> Iterable[tuple[Tensor, bool]]:
         t0 = self.par.tp_rank == 0

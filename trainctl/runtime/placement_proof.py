@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from trainctl.plan.pipeline import stages_of_pp_rank
 from trainctl.plan.placement import Groups, Layout, coords, cp_coord, tp_groups_across_nodes
 from trainctl.rundir import PLACEMENT, RunPaths, record_event
 from trainctl.spec.models import RunSpec
@@ -49,8 +50,9 @@ def report(local_rank: int) -> dict[str, Any]:
             "gpu_uuid": gpu_uuid, "cuda_visible_devices": visible, "pid": os.getpid()}
 
 
-def build_map(reports: list[dict[str, Any]], layout: Layout) -> dict[str, Any]:
-    """Rank -> (host, node, gpu, tp, cp, dp, pp), and the TP groups that really span nodes. Pure."""
+def build_map(reports: list[dict[str, Any]], layout: Layout, virtual_stages: int = 1) -> dict[str, Any]:
+    """Rank -> (host, node, gpu, tp, cp, dp, pp, the model stages it holds), and the TP groups that really
+    span nodes. Pure."""
     order: list[str] = []  # node index by the lowest rank on it: node 0 holds rank 0
     for r in reports:
         if r["node"] not in order:
@@ -60,7 +62,8 @@ def build_map(reports: list[dict[str, Any]], layout: Layout) -> dict[str, Any]:
         t, d, p = coords(rank, layout)
         ranks.append({"rank": rank, "host": r["host"], "node": r["node"], "node_index": order.index(r["node"]),
                       "slurm_node_id": r.get("slurm_node_id"), "local_rank": r["local_rank"], "gpu": r["gpu"],
-                      "tp": t, "cp": cp_coord(rank, layout), "dp": d, "pp": p, "pid": r.get("pid")})
+                      "tp": t, "cp": cp_coord(rank, layout), "dp": d, "pp": p, "pid": r.get("pid"),
+                      "stages": stages_of_pp_rank(p, layout.pp, virtual_stages, layout.schedule)})
     groups = Groups(layout)
     across = [g for g in groups.tp if len({reports[x]["node"] for x in g}) > 1]
     seen: dict[tuple[str, str], list[int]] = {}
@@ -69,7 +72,8 @@ def build_map(reports: list[dict[str, Any]], layout: Layout) -> dict[str, Any]:
             seen.setdefault((x["node"], x["gpu"]), []).append(x["rank"])
     shared = {f"{n}:{g}": rs for (n, g), rs in seen.items() if len(rs) > 1}
     return {"world_size": len(reports), "layout": {"tp": layout.tp, "cp": layout.cp, "dp": layout.dp, "pp": layout.pp,
-                                                   "gpus_per_node": layout.gpus_per_node},
+                                                   "gpus_per_node": layout.gpus_per_node,
+                                                   "schedule": layout.schedule, "virtual_stages": virtual_stages},
             "nodes": order, "ranks": ranks, "tp_groups_across_nodes": across,
             "tp_groups_across_nodes_planned": tp_groups_across_nodes(layout), "shared_gpus": shared}
 
@@ -97,7 +101,7 @@ def prove_placement(spec: RunSpec, paths: RunPaths, rank: int, local_rank: int,
         dist.all_gather_object(reports, mine)
     else:
         reports = [mine]
-    mapping = build_map(reports, Layout.from_spec(spec))
+    mapping = build_map(reports, Layout.from_spec(spec), spec.parallel.virtual_stages)
     if rank == 0:
         tmp = paths.placement.with_name(f".{paths.placement.name}.tmp")
         tmp.write_text(json.dumps(mapping, indent=1) + "\n", encoding="utf-8")

@@ -1,5 +1,6 @@
 """Forward/backward over the micro-batches of one optimizer step: a plain accumulation loop (pp=1) or a
-pipeline schedule (GPipe, 1F1B, interleaved 1F1B) from torch.distributed.pipelining.
+pipeline schedule (GPipe, 1F1B, interleaved 1F1B, interleaved zero-bubble, ZBV) from
+torch.distributed.pipelining.
 
 Native pipelining: checked on CPU/gloo against one process at PP=2/4 with every schedule here
 (docs/ARCHITECTURE.md, "Checked facts"), and measured as fast as a hand-written 1F1B on the tiny model (24-27
@@ -105,6 +106,7 @@ class Pipelined:
             ScheduleGPipe,
             ScheduleInterleaved1F1B,
             ScheduleInterleavedZeroBubble,
+            ScheduleZBVZeroBubble,
         )
 
         self.micro_batches = micro_batches
@@ -121,7 +123,10 @@ class Pipelined:
         def scaled_loss(out: Tensor, target: Tensor) -> Tensor:
             return loss_fn(out, target) / micro_batches
 
-        multi = {"interleaved": ScheduleInterleaved1F1B, "zero-bubble": ScheduleInterleavedZeroBubble}
+        # ZBV maps stage indices to ranks in a V itself (generate_stage_to_rank_mapping(style="v")): this rank's
+        # stages must be r and 2*pp-1-r, which plan/pipeline.stages_of_pp_rank gives for schedule "zbv"
+        multi = {"interleaved": ScheduleInterleaved1F1B, "zero-bubble": ScheduleInterleavedZeroBubble,
+                 "zbv": ScheduleZBVZeroBubble}
         if schedule in multi:
             self.schedule = multi[schedule](stages, micro_batches, loss_fn=scaled_loss, scale_grads=False)
         else:

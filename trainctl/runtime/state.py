@@ -117,8 +117,9 @@ def _dp_group_of(par: Parallel, name: str) -> tuple[list[int], int]:
 
 
 def _zero_entries(sync: data_parallel.GradSync, names: dict[int, tuple[str, str, ParamMeta | None]],
-                  seen: set[str]) -> list[Entry]:
-    """The parameters of a ZeRO-1/2 GradSync, with the flat range of each bucket its DP rank owns."""
+                  seen: set[str], copies: list[Entry]) -> list[Entry]:
+    """The parameters of a ZeRO-1/2 GradSync, with the flat range of each bucket its DP rank owns (a second
+    parameter under a key already seen goes to `copies`)."""
     par = sync.par
     out = []
     for b in sync.buckets:
@@ -126,8 +127,7 @@ def _zero_entries(sync: data_parallel.GradSync, names: dict[int, tuple[str, str,
         per = b.numel // par.dp
         for info, off in zip(b.params, b.offsets, strict=True):
             key, name, meta = names[id(info.param)]
-            if key in seen:
-                continue
+            dest = copies if key in seen else out
             seen.add(key)
             n = info.param.numel()
             lo, hi = max(off, a) - off, min(off + n, e) - off
@@ -139,16 +139,24 @@ def _zero_entries(sync: data_parallel.GradSync, names: dict[int, tuple[str, str,
                 if c_lo < c_hi:
                     chunks.append((c_lo, c_hi, grank))
             assert b.master is not None
-            out.append(Entry(key, name, meta, info.param, master if master is not None else info.param,
-                             master if master is not None else b.master[:0], n, lo, hi, chunks))
+            dest.append(Entry(key, name, meta, info.param, master if master is not None else info.param,
+                              master if master is not None else b.master[:0], n, lo, hi, chunks))
     return out
 
 
 def entries(ts: TrainState) -> list[Entry]:
     """Every parameter this rank holds, once per key (a tied copy on the last stage shares its key)."""
+    return _entries(ts)[0]
+
+
+def _entries(ts: TrainState) -> tuple[list[Entry], list[Entry]]:
+    """(entries, copies): the copies are second parameters under a key this rank already holds, the LM head's
+    tied embedding on a rank that also holds the first stage (ZBV's V placement). They are not saved (their
+    values equal the first copy's) and are set from it after a load (`restore`)."""
     par = ts.par
     names: dict[int, tuple[str, str, ParamMeta | None]] = {}  # id(param) -> (key, name, meta)
     out: list[Entry] = []
+    copies: list[Entry] = []
     seen: set[str] = set()
     for m in ts.modules:
         meta = m.named_param_meta()
@@ -157,14 +165,15 @@ def entries(ts: TrainState) -> list[Entry]:
     in_buckets: set[int] = set()
     for sync in _syncs(ts.sync):
         if isinstance(sync, data_parallel.GradSync) and sync.zero >= 1:
-            out += _zero_entries(sync, names, seen)
+            out += _zero_entries(sync, names, seen, copies)
             in_buckets |= {id(i.param) for i in sync.infos}
     fsdp = isinstance(ts.sync, data_parallel.FsdpSync)
     for m in ts.modules:
         for _name, q in m.named_parameters():
             key, name, meta = names[id(q)]
-            if key in seen or id(q) in in_buckets:
+            if id(q) in in_buckets:
                 continue
+            dest = copies if key in seen else out
             seen.add(key)
             if fsdp:
                 dp_ranks, dp_rank = _dp_group_of(par, name)
@@ -180,10 +189,10 @@ def entries(ts: TrainState) -> list[Entry]:
                 local = q.to_local()
                 if local.numel() != mine[1] - mine[0]:
                     raise RuntimeError(f"{key}: FSDP shard has {local.numel()} elements, expected {mine}")
-                out.append(Entry(key, name, meta, q, q, None, q.numel(), mine[0], mine[1], chunks))
+                dest.append(Entry(key, name, meta, q, q, None, q.numel(), mine[0], mine[1], chunks))
             else:
-                out.append(Entry(key, name, meta, q, q, None, q.numel(), 0, q.numel(), []))
-    return out
+                dest.append(Entry(key, name, meta, q, q, None, q.numel(), 0, q.numel(), []))
+    return out, copies
 
 
 def _flat_local(t: Tensor) -> Tensor:
@@ -383,11 +392,29 @@ def restore(ts: TrainState, state: dict[str, Any]) -> int:
     for st in ts.opt.state.values():
         if "step" in st:
             st["step"].fill_(step_t)
+    _set_copies(ts)
     ts.sync.after_step()  # ZeRO-1/2: the parameters from the loaded fp32 master slices (a collective)
     ts.loader.load_state_dict(extra["loader"])
     ts.scaler.scale = float(extra["scaler"]["scale"])
     ts.scaler.good = int(extra["scaler"]["good"])
     return int(extra["step"])
+
+
+@torch.no_grad()
+def _set_copies(ts: TrainState) -> None:
+    """Each tied copy (see `_entries`) from the loaded entry of its key: weights (the ZeRO-1/2 master) and
+    moments. Both copies are sliced alike (one bucket each, same padding and DP shard; FSDP's same rows)."""
+    loaded, copies = _entries(ts)
+    by_key = {e.key: e for e in loaded}
+    for c in copies:
+        e = by_key[c.key]
+        if c.master is not None and e.master is not None:
+            c.master.copy_(e.master)
+        else:
+            _flat_local(c.param).copy_(_flat_local(e.param))
+        src, dst = ts.opt.state.get(e.opt_param, {}), ts.opt.state.get(c.opt_param, {})
+        for k in _moments(ts, e):
+            _flat_local(dst[k]).copy_(_flat_local(src[k]))
 
 
 def rank_state(ts: TrainState) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from torch import nn
 
 from trainctl.model_shape import ModelShape
 from trainctl.plan.memory import compute_precision
-from trainctl.plan.pipeline import stage_layer_ranges, stages_of_pp_rank
+from trainctl.plan.pipeline import spec_stages_of_pp_rank, stage_layer_ranges
 from trainctl.rundir import RunPaths, append_jsonl, record_event
 from trainctl.runtime import (
     data_parallel,
@@ -87,7 +87,7 @@ class Trainer:
         self.cp = CPContext.from_group(par.cp_group)
         ranges = stage_layer_ranges(spec)
         n_stages = len(ranges)
-        self.stage_ids = stages_of_pp_rank(par.pp_rank, spec)
+        self.stage_ids = spec_stages_of_pp_rank(par.pp_rank, spec)
         # mixture of experts: this rank's experts and its EP group (runtime/moe.py)
         self.moe = (MoEContext.build(self.cfg, EPContext(par.ep_group, par.ep, par.ep_rank))
                     if self.cfg.moe is not None else None)
@@ -105,7 +105,7 @@ class Trainer:
         if fsdp:
             # zero-bubble schedules run weight-gradient passes after later forwards: with FSDP2's default
             # resharding they train on wrong weights (docs/ARCHITECTURE.md, "Checked facts: PyTorch ...")
-            reshard = p.schedule != "zero-bubble"
+            reshard = p.schedule not in ("zero-bubble", "zbv")
             for shard in (expert_sync.shard_experts, data_parallel.apply_fsdp):  # experts first, over expert-DP
                 shard(self.modules, par, reduce_dtype, reshard_after_forward=reshard, param_dtype=bf16,
                       offload=offload)
@@ -201,7 +201,10 @@ class Trainer:
 
     def _param_infos(self) -> list[data_parallel.ParamInfo]:
         infos = []
-        tied_sync = self.par.embedding_group is not None
+        # the tied copies' grads are summed over the embedding group, or on this rank when it holds both ends
+        # (ZBV's V placement: data_parallel.sum_tied)
+        tied_sync = self.par.embedding_group is not None or (
+            len(self.modules) > 1 and all(any(getattr(m, end) for m in self.modules) for end in ("first", "last")))
         for stage, m in enumerate(self.modules):
             meta = m.named_param_meta()
             tied = _tied_names(m) if tied_sync else set()

@@ -145,13 +145,16 @@ class ParallelSpec(Strict):
     ep: Count = Field(1, description="Expert-parallel size: the routed experts are split over ep ranks carved from "
                       "the data-parallel group (Megatron-Core order tp-cp-ep-dp-pp); the expert weights' gradients "
                       "and optimizer state are then reduced/sharded over the expert-data-parallel group of dp/ep")
-    virtual_stages: Count = Field(1, description="Model chunks per pipeline rank (interleaved 1F1B)")
+    virtual_stages: Count = Field(1, description="Model chunks per pipeline rank (interleaved 1F1B, zero-bubble; "
+                                  "always 2 under zbv, its default there)")
     zero: Literal[0, 1, 2, 3] = Field(0, description="0 plain DP, 1 optimizer, 2 +grads, 3 +weights (FSDP)")
     sequence_parallel: bool = False
     micro_batch: Count = 1
-    schedule: Literal["1f1b", "interleaved", "gpipe", "zero-bubble"] = Field(
+    schedule: Literal["1f1b", "interleaved", "gpipe", "zero-bubble", "zbv"] = Field(
         "1f1b", description="Pipeline schedule; zero-bubble: interleaved zero-bubble (backward split into input- "
-        "and weight-gradient parts, Qi et al. 2023), chunks placed as interleaved")
+        "and weight-gradient parts, Qi et al. 2023), chunks placed as interleaved; zbv: ZB-V (Qi et al. 2023, "
+        "Sec. 6), exactly 2 stages per rank placed in a V (rank r holds stages r and 2*pp-1-r, so rank 0 holds "
+        "the embedding and the LM head); virtual_stages defaults to 2 with it")
     stage_layers: list[Annotated[int, Field(ge=0, le=1_000_000)]] | None = Field(
         None,
         description="Transformer layers on each of the pp*virtual_stages pipeline stages, first to "
@@ -169,6 +172,14 @@ class ParallelSpec(Strict):
         "still accumulate over micro-batches in fp32 on each rank")
     grad_compression: GradCompressionSpec | None = Field(
         None, description="Compress the data-parallel gradient reduction: {powersgd: {rank, start_step}}")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _zbv_stages(cls, data: Any) -> Any:
+        # ZB-V always runs two stages per rank: left unset, virtual_stages is 2 (any other value is a spec rule)
+        if isinstance(data, dict) and data.get("schedule") == "zbv" and data.get("virtual_stages") is None:
+            data = {**data, "virtual_stages": 2}
+        return data
 
     @property
     def powersgd(self) -> PowerSGDSpec | None:

@@ -161,18 +161,25 @@ def _layout(spec: RunSpec) -> Iterator[str]:  # noqa: C901 - world size, batch a
         yield problem("parallel.virtual_stages", p.virtual_stages,
                       "the interleaved schedule needs at least 2 model chunks per pipeline rank",
                       "set virtual_stages >= 2, or schedule: 1f1b")
-    if p.schedule in ("interleaved", "zero-bubble"):
+    if p.schedule in ("interleaved", "zero-bubble", "zbv"):
         if p.pp < 2:
             yield problem("parallel.schedule", p.schedule, f"the {p.schedule} schedule needs pipeline parallelism",
                           "set parallel.pp >= 2 or schedule: 1f1b")
-        if micro_batches % p.pp:
+        # torch's interleaved schedules run rounds of pp micro-batches; ZBV has no such rounds (it pads its
+        # own order to 2*pp-1 micro-batches and drops the padding)
+        if p.schedule != "zbv" and micro_batches % p.pp:
             yield problem("parallel.schedule", p.schedule,
                           f"the {p.schedule} schedule needs micro-batches ({micro_batches}) divisible by pp={p.pp}",
                           f"choose global_batch so global_batch/(micro_batch*dp) is a multiple of {p.pp}")
     elif p.virtual_stages > 1:
         yield problem("parallel.virtual_stages", p.virtual_stages,
-                      f"virtual stages only apply to the interleaved and zero-bubble schedules (got {p.schedule})",
-                      "set schedule: interleaved or virtual_stages: 1")
+                      f"virtual stages only apply to the interleaved, zero-bubble and zbv schedules (got "
+                      f"{p.schedule})", "set schedule: interleaved or virtual_stages: 1")
+    if p.schedule == "zbv" and p.virtual_stages != 2:
+        # torch's ScheduleZBVZeroBubble: exactly two stages per rank, the V (rank r: stages r and 2*pp-1-r)
+        yield problem("parallel.virtual_stages", p.virtual_stages,
+                      "the zbv schedule places exactly 2 stages on each pipeline rank (a V)",
+                      "set virtual_stages: 2 or leave it out (zbv's default)")
     if p.stage_layers is not None:
         if len(p.stage_layers) != stages:
             yield problem("parallel.stage_layers", p.stage_layers,
@@ -187,7 +194,8 @@ def _layout(spec: RunSpec) -> Iterator[str]:  # noqa: C901 - world size, batch a
                           "only the first and last stages (embedding, LM head) may hold 0 layers")
     elif m.layers < stages:
         yield problem("model.layers", m.layers, f"fewer layers than pipeline stages ({stages})",
-                      "lower parallel.pp or virtual_stages")
+                      "lower parallel.pp, or use schedule: 1f1b (zbv runs 2 stages per rank)" if p.schedule == "zbv"
+                      else "lower parallel.pp or virtual_stages")
 
 
 def _offload(spec: RunSpec) -> Iterator[str]:
