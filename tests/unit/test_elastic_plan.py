@@ -96,13 +96,18 @@ def test_resize_event_compares_with_the_previous_start() -> None:
 
 
 def test_slurm_step_is_elastic(tmp_path: Path) -> None:
-    step = " ".join(render.plan_slurm(spec(), tmp_path / "e", python="/p/python").rendered.step)
+    elastic = render.plan_slurm(spec(), tmp_path / "e", python="/p/python")
+    step = " ".join(elastic.rendered.step)
     assert "--nnodes=2:4" in step and "--kill-on-bad-exit=0" in step and "--no-kill" in step
-    assert "--max-restarts=3" in step
+    assert "--max-restarts=3" in step and "#SBATCH --no-kill" in elastic.script
+    # the lost node's task exits non-zero; the job of a run that finished every step still exits 0
+    assert "if this_attempt finish; then rc=0; fi" in elastic.script
+    (tmp_path / "e.sh").write_text(elastic.script)
+    assert subprocess.run(["bash", "-n", str(tmp_path / "e.sh")]).returncode == 0
     launch = render.plan_slurm(spec(**{"cluster.min_nodes": "4"}), tmp_path / "f", python="/p/python")
     fixed = " ".join(launch.rendered.step)
     assert "--nnodes=$SLURM_NNODES" in fixed and "--kill-on-bad-exit=1" in fixed and "--no-kill" not in fixed
-    assert "--no-kill" not in launch.script
+    assert "--no-kill" not in launch.script and "then rc=0" not in launch.script
 
 
 def test_a_torchrun_restart_supersedes_the_failure_before_it() -> None:

@@ -347,6 +347,8 @@ def render(req: SbatchRequest) -> SbatchRender:
         "# The divergence guard stopped the run (its ranks exit 0 under torchrun): a failure of its own, and a",
         "# requeue would only diverge again.",
         f'if this_attempt diverged; then requeue=0; rc={EXIT_DIVERGED}; fi',
+        *(["# Elastic: a lost node's task ended non-zero while the nodes left finished every step.",
+            'if this_attempt finish; then rc=0; fi'] if req.min_nodes is not None else []),
         'if [ "$requeue" = 1 ]; then',
         '    echo "trainctl: requeueing job $SLURM_JOB_ID (attempt $((attempt + 1)) resumes from the latest'
         ' checkpoint)"',
