@@ -24,7 +24,7 @@ def node_segments(run: RunData, attempts: list[Attempt], t0: float | None) -> di
         segments.append({
             "attempt": a.index, "nodes": start.get("nodes") or world // per_node, "world_size": world,
             "dp": start.get("dp"), "micro_batches": start.get("micro_batches"),
-            "from_s": None if t0 is None else float(a.start_t) - t0,  # type: ignore[arg-type]
+            "from_s": None if t0 is None else float(start["time"]) - t0,
             "to_s": None if t0 is None or a.end_t is None else a.end_t - t0,
             "steps": [a.records[0]["step"], a.records[-1]["step"]] if a.records else None,
             "tokens_per_s": median(rates),
