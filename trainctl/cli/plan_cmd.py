@@ -105,6 +105,7 @@ def render_plan(plan: Plan, console: Console, ranks: bool) -> None:
         *([("gradient compression", _powersgd_line(j["grad_compression"]))] if "grad_compression" in j else []),
         ("batch", f"global {L['global_batch']} = micro-batch {L['micro_batch']} x {L['micro_batches']} "
                   f"micro-batches x dp {L['dp']}"),
+        *([("elastic (cluster.min_nodes)", j["elastic"]["summary"])] if "elastic" in j else []),
         ("precision / recompute", f"{L['precision']} / {L['recompute']}"),
         ("layers per stage", _stage_summary(L["stage_layers"])),
         ("vocabulary (padded)", f"{plan.ctx.shape.vocab:,} ({L['padded_vocab']:,})"),

@@ -154,6 +154,14 @@ def outcome(events: list[dict[str, Any]], killed: bool = False) -> Outcome | Non
     return None
 
 
+def live_outcome(events: list[dict[str, Any]]) -> Outcome | None:
+    """The outcome of what runs now, while the job is active: torchrun restarts the workers inside one attempt
+    (launcher.max_restarts; an elastic run's lost node), and a `start` after a failure supersedes it, so only
+    the events since the latest `start` count (all of them before any)."""
+    begun = [float(e.get("time", 0.0)) for e in events if e.get("event") == "start"]
+    return outcome(since(events, max(begun)) if begun else events)
+
+
 def _last_step(events: list[dict[str, Any]]) -> int | None:
     steps = [e.get("step") for e in events if isinstance(e.get("step"), int)]
     return steps[-1] if steps else None
@@ -208,9 +216,10 @@ def run_state(paths: RunPaths, job: dict[str, Any]) -> RunState:
     if js.active:
         if js.pending:
             return RunState(PENDING, js.reason, True, **base)
-        if stop_requested(current) is not None or (ended is not None and ended.state != COMPLETED):
+        live = live_outcome(current)
+        if stop_requested(current) is not None or (live is not None and live.state != COMPLETED):
             return RunState(STOPPING, "the ranks save a checkpoint after their current step, then exit", True,
-                            outcome=ended, **base)
+                            outcome=live, **base)
         if any(e.get("event") == "start" for e in current):
             return RunState(RUNNING, js.reason if backend.name != "local" else None, True, **base)
         return RunState(STARTING, "the job runs; the trainer has not started training yet", True, **base)

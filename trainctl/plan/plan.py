@@ -16,6 +16,8 @@ from trainctl.model_shape import ModelShape, ParamCounts
 from trainctl.plan.cadence import Cadence, configured_interval, job_mtbf
 from trainctl.plan.checkpoint_size import checkpoint_bytes, save_seconds
 from trainctl.plan.checks import PlanWarning, advise
+from trainctl.plan.elastic import NodeCount, node_list, shrink_options
+from trainctl.plan.elastic import summary as elastic_summary
 from trainctl.plan.estimate import Assumptions, Candidate, Context, Estimate, Evaluator, Hardware, assumed_rates
 from trainctl.plan.memory import compute_precision, host_memory_bytes, reserve_bytes
 from trainctl.plan.placement import Groups, Layout, placement_table
@@ -111,6 +113,7 @@ class Plan:
     warnings: tuple[PlanWarning, ...]
     layout: Layout
     checkpoint: dict[str, Any]  # bytes per save, its blocking and total seconds, the Young/Daly cadence
+    elastic: tuple[NodeCount, ...] = ()  # cluster.min_nodes: the layout on each node count it may shrink to
 
     # --- headline figures -----------------------------------------------------------------------------
     @property
@@ -292,6 +295,9 @@ class Plan:
                 "dp_bytes_per_step": e.comm_bytes["dp"] + e.comm_bytes.get("expert_dp", 0.0)}
         if c.cp > 1:
             out["context_parallel"] = self._cp_json()
+        if self.elastic:
+            out["elastic"] = {"summary": elastic_summary(list(self.elastic)),
+                              "node_counts": [o.as_dict() for o in self.elastic]}
         if ranks:
             out["placement"] = placement_table(self.layout)
             out["groups"] = Groups(self.layout).as_dict()
@@ -311,11 +317,23 @@ def build_plan(spec: RunSpec) -> Plan:
     cand = candidate_from_spec(spec)
     est = ev.evaluate(cand)
     checkpoint, cadence_warning = checkpoint_plan(spec, est.step_time)
+    shrink = tuple(shrink_options(spec))
     return Plan(
         name=spec.name, ctx=ctx, cand=cand, est=est, params=model_shape.param_counts(ctx.shape),
-        warnings=tuple(advise(ev, est)) + calibration_warnings(ctx) + cadence_warning,
-        layout=Layout.from_spec(spec), checkpoint=checkpoint,
+        warnings=tuple(advise(ev, est)) + calibration_warnings(ctx) + cadence_warning + elastic_warnings(shrink),
+        layout=Layout.from_spec(spec), checkpoint=checkpoint, elastic=shrink,
     )
+
+
+def elastic_warnings(options: tuple[NodeCount, ...]) -> tuple[PlanWarning, ...]:
+    """Node counts of the elastic range the layout cannot run on (the trainer would stop there): one warning,
+    with the reason of the largest, the first a shrinking run meets."""
+    bad = [o for o in options if o.why_not is not None]
+    if not bad:
+        return ()
+    return (PlanWarning("ELASTIC_CANNOT_SHRINK", "warning",
+                        f"the run stops if it shrinks to {node_list(bad)} node(s); on {bad[-1].nodes}: "
+                        f"{bad[-1].why_not}"),)
 
 
 def checkpoint_plan(spec: RunSpec, step_time: float | None) -> tuple[dict[str, Any], tuple[PlanWarning, ...]]:

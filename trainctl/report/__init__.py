@@ -13,6 +13,7 @@ from trainctl.report.divergence import warnings as divergence_warnings
 from trainctl.report.goodput import goodput
 from trainctl.report.load import RunData, load_run
 from trainctl.report.memory import memory_vs_plan
+from trainctl.report.nodes import node_segments
 from trainctl.report.profile import profile_files
 from trainctl.report.routing import routing
 from trainctl.report.routing import warnings as routing_warnings
@@ -54,6 +55,7 @@ def analyze(run: RunData) -> dict[str, Any]:
         "measured": vs_plan["measured"],  # the same parts as the ranks measured them
         "goodput": gp,
         "timeline": timeline(run, attempts, final, gp),
+        "nodes": node_segments(run, attempts, gp.get("begin_time")),  # elastic: node count and throughput
         "checkpoint_cadence": cadence,
         "stragglers": stragglers(run),
         "memory": memory_vs_plan(run),

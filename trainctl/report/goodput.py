@@ -84,7 +84,12 @@ def goodput(run: RunData, attempts: list[Attempt], final: list[dict[str, Any]],
             if gap is not None:
                 lost["restarts"] = (lost["restarts"] or 0.0) + gap
             replay = [r for r in a.records if any(r["step"] == x["step"] for x in replayed)]
-            restarts.append({"attempt": a.index, "cause": describe_cause(attempts[a.index - 1]),
+            cause = describe_cause(attempts[a.index - 1])
+            lo, hi = attempts[a.index - 1].start_t or float("-inf"), a.start_t or float("inf")
+            resized = [e for e in run.events_of("elastic_resize") if lo < float(e.get("time", lo)) <= hi]
+            if resized:  # an elastic run went on with the nodes left (report/nodes.py)
+                cause = f"{resized[-1].get('message')}, after: {cause}"
+            restarts.append({"attempt": a.index, "cause": cause,
                              "resumed_at_step": a.records[0]["step"] - 1 if a.records else None,
                              "gap_s": gap, "replayed_steps": len(replay)})
         prev_end = a.last_step_end() or prev_end

@@ -116,7 +116,8 @@ def _step_panels(axes: Any, report: dict[str, Any], colours: list[str]) -> None:
 
 def _timeline_panel(ax: Any, report: dict[str, Any], colours: list[str]) -> None:
     """One lane per run on the wall clock: productive steps, replayed steps, checkpoint stalls, start-up,
-    restarts, queueing and shutdown (report/timeline.py), with the lost time by cause written under it."""
+    restarts, queueing and shutdown (report/timeline.py), with the lost time by cause written under it and, for
+    an elastic run, the node count from each attempt's start (report/nodes.py)."""
     runs = [(i, r) for i, r in enumerate(report["runs"]) if r["timeline"].get("available")]
     wall = max((r["timeline"]["wall_s"] for _, r in runs), default=0.0)
     div, unit = _time_unit(wall)
@@ -134,6 +135,12 @@ def _timeline_panel(ax: Any, report: dict[str, Any], colours: list[str]) -> None
                 ax.plot([x["at_s"] / div] * 2, [y - 0.38, y + 0.38], color="black", linewidth=1)
                 ax.annotate(str(x["attempt"]), xy=(x["at_s"] / div, y + 0.38), fontsize=8, ha="center",
                             va="bottom")
+        nodes = run.get("nodes") or {}
+        for x in nodes.get("segments", []) if nodes.get("available") else []:  # elastic: the node count
+            if x["from_s"] is not None:
+                ax.annotate(f"{x['nodes']} node{'s' if x['nodes'] != 1 else ''}", xy=(x["from_s"] / div, y),
+                            xytext=(4, 0), textcoords="offset points", fontsize=8, va="center", color="white",
+                            fontweight="bold")
         lost = sorted(((s, k) for k, s in tl["seconds_by_kind"].items() if k != "productive" and s > 0),
                       reverse=True)
         text = "lost: " + ", ".join(f"{KIND_STYLE[k][1]} {dur(s)}" for s, k in lost) if lost else "no lost time"

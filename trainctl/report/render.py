@@ -166,6 +166,7 @@ def render(report: dict[str, Any], console: Console | None = None) -> None:
             prose(con, escape(f"restart -> attempt {x['attempt']} (resumed after step {x['resumed_at_step']}, gap "
                               f"{dur(x['gap_s'])}, {x['replayed_steps']} steps replayed): {cause}"),
                   f"  {escape(r['name'])}: ")
+    _render_nodes(con, runs)
     _render_memory(con, runs)
     moe = [r for r in runs if (r.get("routing") or {}).get("available")]
     if moe:
@@ -189,6 +190,24 @@ def render(report: dict[str, Any], console: Console | None = None) -> None:
                   f"  {escape(r['name'])}: ")
             if x.get("note"):
                 prose(con, escape(x["note"]), f"    ranks {', '.join(map(str, x['ranks']))}: ")
+
+
+def _render_nodes(con: Console, runs: list[dict[str, Any]]) -> None:
+    """Elastic runs: the node count of each attempt and its throughput (report/nodes.py)."""
+    for r in runs:
+        nodes = r.get("nodes") or {}
+        if not nodes.get("available"):
+            continue
+        t = Table(title=f"Nodes over time ({r['name']})", title_justify="left")
+        for col in ("attempt", "from", "nodes", "ranks", "dp x micro-batches", "steps", "tokens/s"):
+            t.add_column(col, justify="left" if col in ("from", "steps") else "right")
+        for x in nodes["segments"]:
+            steps = f"{x['steps'][0]}-{x['steps'][1]}" if x["steps"] else "-"
+            t.add_row(str(x["attempt"]), dur(x["from_s"]), str(x["nodes"]), str(x["world_size"]),
+                      f"{x['dp']} x {x['micro_batches']}", steps, si(x["tokens_per_s"]))
+        con.print(t)
+        for e in nodes["resizes"]:
+            prose(con, escape(str(e.get("message") or "")), f"  {escape(r['name'])}: ")
 
 
 def _routing_rows() -> list[Row]:

@@ -58,7 +58,10 @@ def attempt_store(env: RankEnv) -> dist.Store:
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), env.world_size,
                          is_master=env.rank == 0 and not agent, timeout=timedelta(seconds=timeout_s()))
-    attempt = f"{os.environ.get('SLURM_RESTART_COUNT', '0')}.{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    # torchrun does not count a restart for new nodes joining (a membership change), but the world then
+    # grows: the world size keeps those attempts apart (docs/ARCHITECTURE.md, "Elastic node ranges").
+    attempt = (f"{os.environ.get('SLURM_RESTART_COUNT', '0')}.{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+               f".w{env.world_size}")
     return dist.PrefixStore(f"trainctl/attempt-{attempt}/", base)
 
 

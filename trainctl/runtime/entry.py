@@ -20,7 +20,7 @@ from typing import NoReturn
 import torch
 
 from trainctl.errors import SpecError, TrainctlError
-from trainctl.rundir import SPEC, RunPaths, record_event
+from trainctl.rundir import SPEC, RunPaths, read_jsonl, record_event
 from trainctl.runtime import signals
 from trainctl.runtime.distributed import RankEnv, exit_now
 
@@ -49,11 +49,16 @@ def main(argv: list[str] | None = None) -> NoReturn:
                          error=f"SpecError: {str(e).splitlines()[0]}")
         exit_now(2, barrier=False)
     try:
+        from trainctl.plan.elastic import for_world, resize_event
         from trainctl.runtime.distributed import init
         from trainctl.runtime.placement_proof import prove_placement
         from trainctl.runtime.trainer import Trainer
 
+        nominal, spec = spec, for_world(spec, env.world_size)  # elastic: the layout of the nodes torchrun found
         par = init(spec, env)
+        if par.rank == 0 and (resize := resize_event(nominal, spec, read_jsonl(paths.events))) is not None:
+            record_event(paths, "elastic_resize", **resize)
+            print(f"trainctl: {resize['message']}", flush=True)
         # Every rank reports where it really runs; rank 0 writes RUN/placement.json (fails on a split TP group).
         prove_placement(spec, paths, par.rank, par.env.local_rank, par.world_size)
         code = Trainer(spec, par, paths).run()

@@ -224,8 +224,8 @@ class Trainer:
         if self.log:
             # The attempt counters make every restart explicit in events.jsonl (torchrun: worker restarts;
             # Slurm: requeues), which goodput and `trainctl status` count.
-            record_event(self.paths, "start", world_size=par.world_size, tp=par.tp, cp=par.cp, pp=par.pp,
-                         dp=par.replicas, ep=par.ep,
+            record_event(self.paths, "start", world_size=par.world_size, nodes=spec.cluster.nodes, tp=par.tp,
+                         cp=par.cp, pp=par.pp, dp=par.replicas, ep=par.ep, micro_batches=self.micro_batches,
                          zero=spec.parallel.zero, schedule=spec.parallel.schedule, peak_source=source,
                          params=self.params,
                          torchrun_restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),

@@ -301,6 +301,10 @@ class CheckpointSpec(Strict):
 
 class ClusterSpec(Strict):
     nodes: Count = 1
+    min_nodes: int | None = Field(None, description="Elastic: the fewest nodes the run may continue on after losing "
+                                  "some (torchrun --nnodes=min_nodes:nodes, launcher.mode torchrun); default "
+                                  "nodes (not elastic). The data-parallel size follows the nodes left and "
+                                  "gradient accumulation keeps train.global_batch")
     gpus_per_node: Annotated[int, Field(ge=1, le=1024)] = 8
     gpu: str = "h100-sxm"
     peak_tflops: PositiveFloat | None = Field(None, description="Override the catalog's dense BF16 peak")
@@ -327,6 +331,11 @@ class ClusterSpec(Strict):
     @property
     def world_size(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def elastic(self) -> bool:
+        """min_nodes below nodes: torchrun may continue the run on fewer nodes (plan/elastic.py)."""
+        return self.min_nodes is not None and self.min_nodes < self.nodes
 
 
 # launcher.nccl field -> the NCCL environment variable it sets (the one owner of this mapping; NCCL's

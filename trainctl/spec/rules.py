@@ -35,7 +35,7 @@ def check(spec: RunSpec) -> list[str]:
     """Every independent problem at once: a rule group stops early only where its later rules would just
     repeat its first mistake (no dp, no micro-batch count)."""
     groups = (_hardware, _model_vs_tp, _context_parallel, _layout, _offload, _moe, _grad_compression, _training,
-              _data_and_launcher, _launcher_environment)
+              _data_and_launcher, _launcher_environment, _elastic)
     return [line for group in groups for line in group(spec)]
 
 
@@ -381,3 +381,25 @@ def _launcher_environment(spec: RunSpec) -> Iterator[str]:
     if c.workdir is not None and not c.workdir.startswith("/"):
         yield problem("launcher.container.workdir", c.workdir, "a relative path inside the container",
                       "give an absolute path, e.g. /workspace")
+
+
+def _elastic(spec: RunSpec) -> Iterator[str]:
+    """cluster.min_nodes (docs/ARCHITECTURE.md, "Elastic node ranges"); which node counts the layout can
+    shrink to is the planner's (plan/elastic.py), checked again by the trainer on the world it finds."""
+    c, lz = spec.cluster, spec.launcher
+    if c.min_nodes is None:
+        return
+    if not 1 <= c.min_nodes <= c.nodes:
+        what = "fewer than one node" if c.min_nodes < 1 else f"more than cluster.nodes = {c.nodes}"
+        yield problem("cluster.min_nodes", c.min_nodes, what,
+                      f"give 1..{c.nodes} (the fewest nodes the run may continue on), or leave it out")
+        return
+    if not c.elastic:
+        return
+    if lz.mode != "torchrun":
+        yield problem("cluster.min_nodes", c.min_nodes, f"an elastic run (below cluster.nodes = {c.nodes}) needs "
+                      "torchrun's rendezvous, not launcher.mode srun", "set launcher.mode: torchrun")
+    if lz.max_restarts < 1:
+        yield problem("cluster.min_nodes", c.min_nodes, "torchrun restarts the workers on the nodes left only "
+                      "with launcher.max_restarts > 0 (a lost node is a failed worker group)",
+                      "set launcher.max_restarts: 3 (each lost node uses one)")

@@ -117,7 +117,7 @@ def render_launch(spec: RunSpec, root: Path, *, grace_s: int, python: str | None
         cpus_per_rank=c.cpus_per_task, mem=c.mem, time=c.time, partition=c.partition, account=c.account,
         qos=c.qos, constraint=c.constraint,
         exclude=exclusions.merged(c.exclude, list(exclusions.read(RunPaths(root)))),  # and the run's record
-        max_restarts=lz.max_restarts, grace_s=grace_s,
+        max_restarts=lz.max_restarts, grace_s=grace_s, min_nodes=c.min_nodes if c.elastic else None,
         start_retries=lz.start_retries,
         srun_args=tuple(lz.srun_args), sbatch_args=tuple(lz.sbatch_args), env=environment.spec_variables(spec),
         passthrough=tuple(lz.env_passthrough),
@@ -125,7 +125,8 @@ def render_launch(spec: RunSpec, root: Path, *, grace_s: int, python: str | None
         container_image=container.image if container else None,
         container_mounts=tuple(container.mounts) if container else (),
         container_workdir=container.workdir if container else None,
-        header=f"trainctl launch (slurm, {lz.mode} mode): {c.nodes} node(s) x {c.gpus_per_node} rank(s); "
+        header=f"trainctl launch (slurm, {lz.mode} mode): "
+               f"{f'{c.min_nodes}-' if c.elastic else ''}{c.nodes} node(s) x {c.gpus_per_node} rank(s); "
                f"{SPEC} and {PLAN} are next to this script",
     )
     return SlurmLaunch(spec=spec, run_dir=root, request=req, rendered=render(req),

@@ -63,6 +63,7 @@ class SbatchRequest:
     constraint: str | None = None
     exclude: str | None = None
     max_restarts: int = 0
+    min_nodes: int | None = None  # cluster.min_nodes below nodes: elastic (torchrun mode only; spec rules)
     start_retries: int = 3  # launcher.start_retries
     grace_s: int = DEFAULT_GRACE_S
     srun_args: Sequence[str] = ()
@@ -107,6 +108,8 @@ def sbatch_options(req: SbatchRequest) -> list[str]:
             opts.append(f"--{flag}={value}")
     opts += [f"--output={logs}", f"--error={logs}", "--open-mode=append", "--requeue",
              f"--signal=B:USR1@{req.grace_s}"]
+    if req.min_nodes is not None:
+        opts.append("--no-kill")  # elastic: a failed node does not end the allocation; the others go on
     return opts
 
 
@@ -138,7 +141,10 @@ def step_command(req: SbatchRequest) -> list[str]:
     q = shlex.quote
     G = req.gpus_per_node
     cpus = _cpus_per_task(req)
-    common = ["--kill-on-bad-exit=1", "--label"]
+    # Elastic: one node's task ending (its node lost) must not end the step: the other torchruns re-rendezvous.
+    common = [f"--kill-on-bad-exit={0 if req.min_nodes is not None else 1}", "--label"]
+    if req.min_nodes is not None:
+        common.append("--no-kill")
     if cpus is not None:
         # Slurm >= 22.05: srun no longer inherits sbatch's --cpus-per-task; say it again.
         common.append(f"--cpus-per-task={cpus}")
@@ -161,12 +167,15 @@ def step_command(req: SbatchRequest) -> list[str]:
     # still ends a hung job. PET_LOG_DIR (torchrun's --log-dir) is per node, so `trainctl logs --rank N`
     # can find a rank. launcher.setup runs first, in the node's task (inside the container, if any), so what it
     # sets is torchrun's environment and therefore the ranks'.
+    # Elastic: torchrun's --nnodes=MIN:MAX; c10d re-forms the group on the nodes left (docs/ARCHITECTURE.md,
+    # "Elastic node ranges"). The rendezvous store lives in the first node's agent: losing that node ends the job.
+    nnodes = "--nnodes=$SLURM_NNODES" if req.min_nodes is None else f"--nnodes={req.min_nodes}:{req.nodes}"
     wrapper = 'trap "" USR1 TERM; export PET_LOG_DIR="$0/$SLURMD_NODENAME"; exec "$@"'
     if req.setup:
         wrapper = "\n".join([*environment.task_setup(req.setup, events), wrapper])
     return ["srun", f"--nodes={req.nodes}", f"--ntasks={req.nodes}", "--ntasks-per-node=1", *common, *user,
             "bash", "-c", q(wrapper), f'"{RUN.torchrun_attempt_logs("$SLURM_JOB_ID", "${SLURM_RESTART_COUNT:-0}")}"',
-            '"$STEP_PYTHON"', "-m", "torch.distributed.run", "--nnodes=$SLURM_NNODES", f"--nproc-per-node={G}",
+            '"$STEP_PYTHON"', "-m", "torch.distributed.run", nnodes, f"--nproc-per-node={G}",
             "--rdzv-backend=c10d", '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"', '--rdzv-id="$SLURM_JOB_ID"',
             f"--max-restarts={req.max_restarts}", "--redirects=3", "--tee=3",
             "--signals-to-handle=SIGINT,SIGHUP,SIGQUIT",
@@ -339,6 +348,8 @@ def render(req: SbatchRequest) -> SbatchRender:
         "# The divergence guard stopped the run (its ranks exit 0 under torchrun): a failure of its own, and a",
         "# requeue would only diverge again.",
         f'if this_attempt diverged; then requeue=0; rc={EXIT_DIVERGED}; fi',
+        *(["# Elastic: a lost node's task ended non-zero while the nodes left finished every step.",
+            'if this_attempt finish; then rc=0; fi'] if req.min_nodes is not None else []),
         'if [ "$requeue" = 1 ]; then',
         '    echo "trainctl: requeueing job $SLURM_JOB_ID (attempt $((attempt + 1)) resumes from the latest'
         ' checkpoint)"',
