@@ -192,7 +192,9 @@ def _run(tmp_path: Path, mode: str, setup: list[str]) -> tuple[int, str, list[di
     bindir = tmp_path / "bin"
     bindir.mkdir()
     fakes = {"srun": FAKE_SRUN, "scontrol": "#!/bin/bash\n[ \"$1\" = show ] && echo n1\n",
-             "fake-python": '#!/bin/bash\n[ "$2" = trainctl.runtime.faults ] && exit 0  # the fault probe\n'
+             # the batch script's own uses of python: the fault probe, the run's excluded nodes
+             "fake-python": '#!/bin/bash\ncase "$2" in trainctl.runtime.faults|trainctl.launch.exclusions) exit 0;; '
+                            'esac\n'
                             f'echo "trainer ran with PROBE=$PROBE" >>{shlex.quote(str(run))}/ran\n'}
     for name, text in fakes.items():
         (bindir / name).write_text(text)
