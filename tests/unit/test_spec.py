@@ -116,6 +116,10 @@ def test_zbv_rules():
     assert "set virtual_stages: 2 or leave it out" in msg
     msg = one_problem(BASE, "parallel.schedule=zbv", "parallel.virtual_stages=1", "parallel.pp=4", "parallel.tp=2")
     assert "exactly 2 stages" in msg
+    # one mistake, one message: the stage count that virtual_stages = 3 would make is not judged as well
+    msg = one_problem(BASE, "parallel.schedule=zbv", "parallel.pp=16", "parallel.tp=1", "parallel.virtual_stages=3",
+                      "train.global_batch=32")
+    assert "exactly 2 stages" in msg
     found = problems(BASE, "parallel.schedule=zbv")
     assert any("the zbv schedule needs pipeline parallelism" in p and "set parallel.pp >= 2" in p for p in found)
     msg = one_problem(BASE, "parallel.schedule=zbv", "parallel.pp=32", "parallel.tp=1", "train.global_batch=32")

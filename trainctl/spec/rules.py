@@ -175,12 +175,15 @@ def _layout(spec: RunSpec) -> Iterator[str]:  # noqa: C901 - world size, batch a
         yield problem("parallel.virtual_stages", p.virtual_stages,
                       f"virtual stages only apply to the interleaved, zero-bubble and zbv schedules (got "
                       f"{p.schedule})", "set schedule: interleaved or virtual_stages: 1")
-    if p.schedule == "zbv" and p.virtual_stages != 2:
+    bad_zbv = p.schedule == "zbv" and p.virtual_stages != 2  # then the stage count is that mistake's echo
+    if bad_zbv:
         # torch's ScheduleZBVZeroBubble: exactly two stages per rank, the V (rank r: stages r and 2*pp-1-r)
         yield problem("parallel.virtual_stages", p.virtual_stages,
                       "the zbv schedule places exactly 2 stages on each pipeline rank (a V)",
                       "set virtual_stages: 2 or leave it out (zbv's default)")
-    if p.stage_layers is not None:
+    if bad_zbv:
+        pass
+    elif p.stage_layers is not None:
         if len(p.stage_layers) != stages:
             yield problem("parallel.stage_layers", p.stage_layers,
                           f"has {len(p.stage_layers)} entries but there are pp*virtual_stages = {stages} stages",
