@@ -69,3 +69,8 @@ def test_slow_node_is_named_and_the_launch_runs_without_it(slurm_cluster: SlurmC
     starts = [e for e in read_jsonl(paths.events) if e["event"] == "slurm_start"]
     assert [e["nodes"] for e in starts] == ["n1"]
     assert any(e["event"] == "finish" for e in read_jsonl(paths.events))
+    report = cli("mfu-report", str(run))  # the run's report says which node its later jobs keep out of
+    assert report.returncode == 0 and "n2 excluded from later jobs (preflight): rank" in " ".join(
+        report.stdout.split()), report.stdout + report.stderr
+    assert json.loads(cli("mfu-report", str(run), "--json").stdout)["runs"][0]["excluded_nodes"]["n2"]["source"] == \
+        "preflight"

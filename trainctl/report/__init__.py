@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from trainctl.launch import exclusions
 from trainctl.report.attempts import final_and_replayed, split_attempts
 from trainctl.report.breakdown import time_breakdown
 from trainctl.report.cadence import measured_cadence
@@ -22,6 +23,7 @@ from trainctl.report.step_vs_plan import step_vs_plan
 from trainctl.report.stragglers import stragglers
 from trainctl.report.summary import steady_steps, summarize
 from trainctl.report.timeline import timeline
+from trainctl.rundir import RunPaths
 
 
 def analyze(run: RunData) -> dict[str, Any]:
@@ -56,6 +58,8 @@ def analyze(run: RunData) -> dict[str, Any]:
         "goodput": gp,
         "timeline": timeline(run, attempts, final, gp),
         "nodes": node_segments(run, attempts, gp.get("begin_time")),  # elastic: node count and throughput
+        # nodes later jobs of the run keep out of (preflight, repeated first causes): node -> reason, source
+        "excluded_nodes": exclusions.read(RunPaths(run.root)),
         "checkpoint_cadence": cadence,
         "stragglers": stragglers(run),
         "memory": memory_vs_plan(run),

@@ -193,8 +193,12 @@ def render(report: dict[str, Any], console: Console | None = None) -> None:
 
 
 def _render_nodes(con: Console, runs: list[dict[str, Any]]) -> None:
-    """Elastic runs: the node count of each attempt and its throughput (report/nodes.py)."""
+    """Elastic runs: the node count of each attempt and its throughput (report/nodes.py); every run: the nodes
+    its later jobs keep out of (launch/exclusions.py)."""
     for r in runs:
+        for node, why in (r.get("excluded_nodes") or {}).items():
+            prose(con, escape(f"{node} excluded from later jobs ({why.get('source')}): {why.get('reason')}"),
+                  f"  {escape(r['name'])}: ")
         nodes = r.get("nodes") or {}
         if not nodes.get("available"):
             continue
