@@ -19,6 +19,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ph
 from torch.nn.parallel import DistributedDataParallel
 
+from trainctl.runtime.distributed import exit_now
 from trainctl.runtime.powersgd import PowerSGD
 
 N, M, RANK = 24, 32, 4
@@ -63,7 +64,9 @@ def main(out: Path) -> None:
                 "hook_e": hook_e4.view(N, M), "ours_e": mx.e.clone(), "rest": flat[N * M:].clone(),
                 "peers_equal": all(torch.equal(p, flat) for p in peers)},
                out / f"rank{rank}.pt")
-    dist.destroy_process_group()
+    # Leave from inside main: returning tears down DDP's reducer and the gloo group in their destructors,
+    # which hung 1 run in 10 here (docs/ARCHITECTURE.md, "Random exit failures").
+    exit_now(0, barrier=True)
 
 
 if __name__ == "__main__":
