@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -154,12 +155,16 @@ def test_version_and_help_without_type_placeholders():
 
 def test_shell_completion_installs_and_completes(tmp_path: Path):
     env = {**os.environ, "HOME": str(tmp_path), "SHELL": "/bin/bash"}
+    # the script --show-completion prints for each shell (the flag takes no value: it detects the shell among
+    # the process's ancestors, which a test run need not have; this asks for each shell by name)
     for shell in ("bash", "zsh", "fish"):
-        out = subprocess.run([sys.executable, "-m", "trainctl", "--show-completion", shell], capture_output=True,
-                             text=True, env=env, timeout=60)
+        out = subprocess.run([sys.executable, "-m", "trainctl"], capture_output=True, text=True, timeout=60,
+                             env={**env, "_TRAINCTL_COMPLETE": f"source_{shell}"})
         assert out.returncode == 0 and "trainctl" in out.stdout, (shell, out.stderr)
-    out = subprocess.run([sys.executable, "-m", "trainctl", "--install-completion", "bash"], capture_output=True,
-                         text=True, env=env, timeout=60)
+    # installed from a bash, as a user types it there (the `exit` keeps bash from exec'ing the command: bash
+    # stays its parent, the shell it detects)
+    out = subprocess.run(["bash", "-c", f"{shlex.quote(sys.executable)} -m trainctl --install-completion; exit $?"],
+                         capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 0, out.stderr
     assert (tmp_path / ".bash_completions" / "trainctl.sh").exists()
     assert "trainctl.sh" in (tmp_path / ".bashrc").read_text()
