@@ -15,23 +15,20 @@ failure (one line), 2 for a spec error.
 from __future__ import annotations
 
 import statistics
-import sys
 import time
-import traceback
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
 
-from trainctl.errors import EXIT_USAGE, SpecError
 from trainctl.model_shape import ModelShape
 from trainctl.plan.calibration import profile as prof
 from trainctl.plan.calibration.shapes import INTER, INTRA, MESSAGE_BYTES, OPS, bus_bytes, gemms, tp_sizes
 from trainctl.rundir import RunPaths
 from trainctl.runtime import microbench as mb
-from trainctl.runtime.distributed import RankEnv, exit_now, start_process_group
+from trainctl.runtime.distributed import RankEnv
+from trainctl.runtime.worker_main import worker_main
 from trainctl.spec.models import RunSpec
 
 MODULE = "trainctl.runtime.calibrate"
@@ -215,31 +212,15 @@ class Calibration:
                 f"{statistics.median(every) * 1e3:.2f} ms median over ranks")
 
 
-def main(argv: list[str] | None = None) -> NoReturn:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print(f"usage: python -m {MODULE} RUN_DIR", file=sys.stderr)
-        exit_now(EXIT_USAGE, barrier=False)
-    paths = RunPaths(Path(args[0]))
-    env = RankEnv.from_env()
-    try:
-        from trainctl.spec import load_spec
+def _calibrate(spec: RunSpec, env: RankEnv, device: torch.device, paths: RunPaths) -> None:
+    result = Calibration(spec, env, device).run()
+    if result is not None:
+        prof.save(paths.calibration, result)
+        print(f"calibrate: fits: {prof.summary(result)}", flush=True)
 
-        spec = load_spec(paths.spec)
-    except SpecError as e:
-        print(f"trainctl: rank {env.rank}: {e}", file=sys.stderr)
-        exit_now(EXIT_USAGE, barrier=False)
-    try:
-        device = start_process_group(env)
-        result = Calibration(spec, env, device).run()
-        if result is not None:
-            prof.save(paths.calibration, result)
-            print(f"calibrate: fits: {prof.summary(result)}", flush=True)
-    except BaseException as e:  # one clear line per failed rank; torchrun stops the rest
-        traceback.print_exc()
-        print(f"trainctl: calibrate: rank {env.rank} failed: {type(e).__name__}: {e}".splitlines()[0], file=sys.stderr)
-        exit_now(1, barrier=False)
-    exit_now(0, barrier=True)
+
+def main(argv: list[str] | None = None) -> NoReturn:
+    worker_main(MODULE, "calibrate", _calibrate, argv)
 
 
 if __name__ == "__main__":

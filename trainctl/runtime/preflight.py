@@ -12,22 +12,21 @@ then see. Rank 0 gathers everything into RUN/preflight.json. Exit status: 0, 1 o
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
-import sys
 import time
-import traceback
 from pathlib import Path
 from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
 
-from trainctl.errors import EXIT_USAGE, SpecError
 from trainctl.fileio import write_atomic
 from trainctl.rundir import RunPaths
 from trainctl.runtime import microbench as mb
-from trainctl.runtime.distributed import RankEnv, exit_now, start_process_group
+from trainctl.runtime.distributed import RankEnv
+from trainctl.runtime.worker_main import worker_main
 from trainctl.spec.models import RunSpec
 
 MODULE = "trainctl.runtime.preflight"
@@ -253,32 +252,14 @@ class Preflight:
         return {"path": str(target), "nodes": [x for x in every if x is not None]}
 
 
+def _preflight(spec: RunSpec, env: RankEnv, device: torch.device, paths: RunPaths) -> None:
+    result = Preflight(spec, env, device, paths.root).run()
+    if result is not None:
+        write_atomic(paths.preflight, json.dumps(result, indent=1) + "\n")
+
+
 def main(argv: list[str] | None = None) -> NoReturn:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print(f"usage: python -m {MODULE} RUN_DIR", file=sys.stderr)
-        exit_now(EXIT_USAGE, barrier=False)
-    paths = RunPaths(Path(args[0]))
-    env = RankEnv.from_env()
-    try:
-        from trainctl.spec import load_spec
-
-        spec = load_spec(paths.spec)
-    except SpecError as e:
-        print(f"trainctl: rank {env.rank}: {e}", file=sys.stderr)
-        exit_now(EXIT_USAGE, barrier=False)
-    try:
-        import json
-
-        device = start_process_group(env)
-        result = Preflight(spec, env, device, paths.root).run()
-        if result is not None:
-            write_atomic(paths.preflight, json.dumps(result, indent=1) + "\n")
-    except BaseException as e:  # one clear line per failed rank; torchrun stops the rest
-        traceback.print_exc()
-        print(f"trainctl: preflight: rank {env.rank} failed: {type(e).__name__}: {e}".splitlines()[0], file=sys.stderr)
-        exit_now(1, barrier=False)
-    exit_now(0, barrier=True)
+    worker_main(MODULE, "preflight", _preflight, argv)
 
 
 if __name__ == "__main__":
