@@ -182,8 +182,8 @@ def _layout(spec: RunSpec) -> Iterator[str]:  # noqa: C901 - world size, batch a
                       "the zbv schedule places exactly 2 stages on each pipeline rank (a V)",
                       "set virtual_stages: 2 or leave it out (zbv's default)")
     if bad_zbv:
-        pass
-    elif p.stage_layers is not None:
+        return
+    if p.stage_layers is not None:
         if len(p.stage_layers) != stages:
             yield problem("parallel.stage_layers", p.stage_layers,
                           f"has {len(p.stage_layers)} entries but there are pp*virtual_stages = {stages} stages",
