@@ -4,7 +4,8 @@ For each model size (recipes/tiny-cpu.yaml as shipped, hidden 64; and the same a
 count the layouts use, calibrates the cluster once (`trainctl calibrate` with that size and those ranks: the
 profile must describe the ranks it prices), launches each layout for a few steps (`trainctl launch`) and
 prints the plan's predicted step time (`plan --calibration`) next to the measured median step time (steps
-after the first two) and the relative error.
+after the first two) and the relative error, with the 1-minute load average when the run ended and rank 0's
+median CPU seconds per step (on a machine shared with other work, wall time minus CPU time is time off-core).
 
 Rank counts: every layout that two ranks can express runs on two (DP, ZeRO-1, ZeRO-3, TP+SP, and the three
 pipeline schedules): one rank per core on the 2-core machines here, as one rank per GPU on a cluster;
@@ -110,10 +111,14 @@ def wait_until_done(run: Path, timeout: float = 900) -> None:
     sys.exit(f"{run}: not done after {timeout:.0f} s")
 
 
-def measured(run: Path) -> float:
+def measured(run: Path) -> tuple[float, float]:
+    """(median step time, rank 0's median CPU seconds per step) over the steps after the first two. On a
+    shared machine the CPU time shows how much of the wall time the ranks were on a core."""
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    steps = [r["step_time_s"] for r in rows if isinstance(r.get("step"), int)]
-    return statistics.median(steps[2:] or steps)
+    rows = [r for r in rows if isinstance(r.get("step"), int)]
+    rows = rows[2:] or rows
+    return (statistics.median(r["step_time_s"] for r in rows),
+            statistics.median(r.get("cpu_time_s", 0.0) for r in rows))
 
 
 def main() -> None:
@@ -144,8 +149,10 @@ def main() -> None:
                 trainctl("launch", TINY, "--run-dir", str(run), "--set", f"train.steps={args.steps}", *overrides)
                 if "launcher.backend=slurm" in cluster.overrides:
                     wait_until_done(run)
+                wall, cpu = measured(run)
                 r = {"size": size, "layout": layout.name, "cluster": cluster.name, "run": str(run),
-                     "predicted_s": predicted(overrides, profile), "measured_s": measured(run)}
+                     "predicted_s": predicted(overrides, profile), "measured_s": wall, "cpu_s": cpu,
+                     "load1": os.getloadavg()[0]}
                 if args.refit:
                     first_run = first_run or run
                     refit = work / f"refit-{group}.json"
@@ -157,10 +164,12 @@ def main() -> None:
                       f"predicted {r['predicted_s'] * 1e3:.1f} ms", flush=True)
     print(f"\ncpus {os.cpu_count()}, load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}; "
           f"{args.steps} steps per run, median of steps 3..{args.steps}")
-    head = f"{'size':5} {'layout':22} {'ranks':20} {'measured':>10} {'predicted':>10} {'error':>7}"
+    head = (f"{'size':5} {'layout':22} {'ranks':20} {'load1':>5} {'cpu':>8} {'measured':>10} {'predicted':>10} "
+            f"{'error':>7}")
     print(head + (f" {'refit':>10} {'error':>7}" if args.refit else ""))
     for r in results:
-        line = (f"{r['size']:5} {r['layout']:22} {r['cluster']:20} {r['measured_s'] * 1e3:8.1f}ms "
+        line = (f"{r['size']:5} {r['layout']:22} {r['cluster']:20} {r['load1']:5.1f} {r['cpu_s'] * 1e3:6.1f}ms "
+                f"{r['measured_s'] * 1e3:8.1f}ms "
                 f"{r['predicted_s'] * 1e3:8.1f}ms {r['predicted_s'] / r['measured_s'] - 1:+7.0%}")
         if args.refit:
             line += f" {r['refit_s'] * 1e3:8.1f}ms {r['refit_s'] / r['measured_s'] - 1:+7.0%}"

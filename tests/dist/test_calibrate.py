@@ -57,11 +57,12 @@ def finished_run(readme_walkthrough) -> Path:
 def test_calibrate_writes_a_complete_profile_and_shows_each_phase(calibrated) -> None:
     path, out, code = calibrated
     assert code == 0, out
-    for phase in ("[1/4] matmul", "[2/4] collectives", "[3/4] layer forward+backward", "[4/4] all-reduce after"):
+    for phase in ("[1/5] matmul", "[2/5] collectives", "[3/5] layer forward+backward", "[4/5] all-reduce after",
+                  "[5/5] embedding, LM head + loss, optimizer step"):
         assert phase in out
     assert f"profile {path.name}" in out
     p = json.loads(path.read_text())
-    assert p["kind"] == "trainctl-calibration" and p["schema"] == 1 and p["source"] == "micro-benchmarks"
+    assert p["kind"] == "trainctl-calibration" and p["schema"] == 2 and p["source"] == "micro-benchmarks"
     assert p["cluster"] == {"gpu": "cpu", "nodes": 1, "ranks_per_node": 8, "ranks": 8, "backend": "local"}
     assert p["precision"] == "fp32" and p["device"]["type"] == "cpu" and p["device"]["name"]
     for key in ("created", "trainctl_version", "torch_version", "peak_flops_per_rank", "model", "micro_batch"):
@@ -80,6 +81,13 @@ def test_calibrate_writes_a_complete_profile_and_shows_each_phase(calibrated) ->
     for op, f in fits["links"]["intra_node"].items():
         assert op in OPS and f["bytes_per_s"] > 0 and f["points"] >= 5
         assert f["load_excess_s"] >= 0 and f["latency_s"] == pytest.approx(f["idle_latency_s"] + f["load_excess_s"])
+    fixed = raw["fixed"]  # the work outside the layers, every rank's figure
+    for key in ("embedding_s", "head_s"):
+        assert len(fixed[key]) == 8 and min(fixed[key]) > 0
+    assert [o["tensors"] for o in fixed["optimizer"]][1:] == [1, 1] and fixed["optimizer"][0]["tensors"] > 1
+    assert fixed["fsdp"]["group_size"] == 2 and len(fixed["fsdp"]["sharded_s"]) == 8
+    f = fits["fixed"]
+    assert f["element_s"] > 0 and f["tensor_s"] >= 0 and f["fsdp_unit_s"] >= 0 and f["layer_tensors"] > 0
     assert not [f for f in path.parent.iterdir() if f.name.startswith(f".{path.name}")]  # no temporary left
 
 
@@ -105,6 +113,7 @@ def test_plan_predicts_a_cpu_step_time_only_with_a_profile(calibrated) -> None:
     after = plan_json("--calibration", str(path))
     pred = after["prediction"]
     assert pred["step_time_s"] > 0 and pred["tokens_per_s"] > 0 and 0 < pred["mfu"] < 1
+    assert pred["breakdown_s"]["optimizer step"] > 0  # the profile's fixed work is priced
     assert after["calibration"]["calibrated"] is True and after["calibration"]["path"] == str(path)
     assert after["hardware"]["peak_flops"] == json.loads(path.read_text())["peak_flops_per_rank"]
     assert not [w for w in after["warnings"] if w["code"] == "CALIBRATION_DIFFERS"]  # same machine, just made
@@ -162,6 +171,11 @@ def test_corrupt_truncated_and_foreign_profiles_are_refused(calibrated, tmp_path
     del data["fits"]["compute"]
     (tmp_path / "incomplete.json").write_text(json.dumps(data))
     assert "incomplete" in _refused(tmp_path / "incomplete.json")
+    schema1 = json.loads(text)  # a profile of the trainctl before the fixed work was measured
+    schema1["schema"] = 1
+    del schema1["fits"]["fixed"]
+    (tmp_path / "schema1.json").write_text(json.dumps(schema1))
+    assert "schema 1; this trainctl reads schema 2" in _refused(tmp_path / "schema1.json")
     other_gpu = json.loads(text)
     other_gpu["cluster"]["gpu"] = "h100-sxm"
     (tmp_path / "gpu.json").write_text(json.dumps(other_gpu))

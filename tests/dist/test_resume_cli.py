@@ -112,7 +112,7 @@ def test_slurm_run_is_handed_to_the_slurm_launcher(tmp_path: Path, monkeypatch: 
     (run / "spec.yaml").write_text(spec_file(tmp_path).read_text())
     (run / "job.json").write_text(json.dumps({"backend": "slurm", "attempts": []}))
     calls = []
-    monkeypatch.setattr(submit, "resubmit", lambda paths: calls.append(paths.root) or "42")
+    monkeypatch.setattr(submit, "resubmit", lambda paths, say: calls.append(paths.root) or "42")
     with pytest.raises(SystemExit) as e:
         main(["resume", str(run)])
     assert e.value.code == 0

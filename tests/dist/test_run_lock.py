@@ -31,7 +31,8 @@ def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
 
 
 def spec_file(tmp_path: Path, **sections) -> Path:
-    spec = deep_update(TINY, {"parallel": {"dp": 2}, "cluster": {"gpus_per_node": 2},
+    # one rank: the lock is the launcher's, and a second rank would only cost CPU
+    spec = deep_update(TINY, {"parallel": {"dp": 1}, "cluster": {"gpus_per_node": 1},
                               "train": {"steps": 2}, "checkpoint": {"every_steps": 2, "keep_last": 2}})
     p = tmp_path / "spec.yaml"
     p.write_text(yaml.safe_dump(deep_update(spec, sections)))

@@ -37,9 +37,8 @@ def cgroup_root() -> tuple[Path, bool]:
     raise RuntimeError("no writable cpu cgroup controller under /sys/fs/cgroup")
 
 
-@contextlib.contextmanager
-def slow_node(node: str, fraction: float) -> Iterator[Path]:
-    """Confine NODE's slurmd (and what it starts from now on) to `fraction` of one core; undone on exit."""
+def _group(node: str, fraction: float) -> tuple[Path, Path]:
+    """(the cpu hierarchy's root, NODE's cgroup at `fraction` of one core)."""
     root, v2 = cgroup_root()
     group = root / f"trainctl-slow-{node}"
     group.mkdir(exist_ok=True)
@@ -49,13 +48,24 @@ def slow_node(node: str, fraction: float) -> Iterator[Path]:
     else:
         (group / "cpu.cfs_period_us").write_text(str(PERIOD_US))
         (group / "cpu.cfs_quota_us").write_text(str(quota))
-    pid = slurmd_pid(node)
-    (group / "cgroup.procs").write_text(str(pid))
+    return root, group
+
+
+def _release(root: Path, group: Path) -> None:
+    for line in (group / "cgroup.procs").read_text().split():  # slurmd and anything still running
+        with contextlib.suppress(OSError):  # a process that ended meanwhile
+            (root / "cgroup.procs").write_text(line)
+    with contextlib.suppress(OSError):
+        group.rmdir()
+
+
+@contextlib.contextmanager
+def slow_node(node: str, fraction: float) -> Iterator[Path]:
+    """Confine NODE's slurmd (and what it starts from now on) to `fraction` of one core; undone on exit."""
+    root, group = _group(node, fraction)
+    (group / "cgroup.procs").write_text(str(slurmd_pid(node)))
     try:
         yield group
     finally:
-        for line in (group / "cgroup.procs").read_text().split():  # slurmd and anything still running
-            with contextlib.suppress(OSError):  # a process that ended meanwhile
-                (root / "cgroup.procs").write_text(line)
-        with contextlib.suppress(OSError):
-            group.rmdir()
+        _release(root, group)
+

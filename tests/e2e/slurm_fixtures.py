@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from paths import REPO
+
+from trainctl.rundir import RunPaths, read_jsonl
 
 CLUSTER_SCRIPT = REPO / "slurm" / "local-cluster.sh"
 EXIT_CANNOT_RUN_HERE = 3
@@ -72,3 +75,20 @@ def wait_for(predicate, what: str, timeout: float = 30, interval: float = 0.2):
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def cli(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`trainctl ARGS` as a user runs it from the repository, no terminal on stdin."""
+    return subprocess.run([sys.executable, "-m", "trainctl", *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=REPO, stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
+
+
+def step_exited(paths: RunPaths, job: str | None = None) -> bool:
+    """Whether the run's batch script recorded its training step's end (`step_exit`), of job JOB if given."""
+    return any(e["event"] == "step_exit" and job in (None, e.get("job_id")) for e in read_jsonl(paths.events))
+
+
+def step_pids(job: str, node: str) -> list[int]:
+    """The processes of job step JOB.0's task on NODE (Slurm's own process tracking, `scontrol listpids`)."""
+    out = subprocess.run(["scontrol", "listpids", f"{job}.0", node], capture_output=True, text=True).stdout
+    return [int(w[0]) for w in (line.split() for line in out.splitlines()[1:]) if w and w[0].isdigit()]

@@ -18,7 +18,7 @@ import pytest
 import slurm_fixtures
 from env_probe import PROBE_VALUE, make_probe
 from paths import REPO
-from slurm_fixtures import SlurmCluster
+from slurm_fixtures import SlurmCluster, cli
 
 from trainctl.launch.slurm import render, submit
 from trainctl.rundir import RunPaths, read_jsonl
@@ -33,12 +33,6 @@ SLURM = ["--set", "cluster.nodes=2", "--set", "cluster.gpus_per_node=4", "--set"
          "--set", f"train.steps={STEPS}"]
 TRAINER_PROVES_PLACEMENT = "prove_placement" in (REPO / "trainctl" / "runtime" / "entry.py").read_text() + (
     REPO / "trainctl" / "runtime" / "trainer.py").read_text()
-
-
-def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "trainctl", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=REPO, stdin=subprocess.DEVNULL)
-
 
 def status(run: Path) -> dict:
     r = cli("status", str(run), "--json")

@@ -5,15 +5,12 @@ cluster passes; a slow n2 is named with its matmul rate and the job runs on n1 a
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import slurm_fixtures
-from paths import REPO
 from slow_node import slow_node
-from slurm_fixtures import SlurmCluster
+from slurm_fixtures import SlurmCluster, cli, step_exited
 
 from trainctl.rundir import RunPaths, read_jsonl
 
@@ -32,12 +29,6 @@ launcher: {backend: slurm, mode: srun}
 # apart as 0.81x of their median; a node at 10-20% of a core measures 0.2-0.4x. The default (0.8) is for real
 # fleets.
 LOOSE = ["--min-matmul-ratio", "0.6"]
-
-
-def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "trainctl", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=REPO, stdin=subprocess.DEVNULL)
-
 
 def test_healthy_cluster_passes(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     spec = tmp_path / "spec.yaml"
@@ -64,8 +55,7 @@ def test_slow_node_is_named_and_the_launch_runs_without_it(slurm_cluster: SlurmC
     assert list(record) == ["n2"] and record["n2"]["source"] == "preflight"
     job = json.loads(paths.job.read_text())
     assert "--exclude=n2" in job["slurm"]["options"]
-    slurm_fixtures.wait_for(lambda: any(e["event"] == "step_exit" for e in read_jsonl(paths.events)),
-                            "the job to end", 120, 0.5)
+    slurm_fixtures.wait_for(lambda: step_exited(paths), "the job to end", 120, 0.5)
     starts = [e for e in read_jsonl(paths.events) if e["event"] == "slurm_start"]
     assert [e["nodes"] for e in starts] == ["n1"]
     assert any(e["event"] == "finish" for e in read_jsonl(paths.events))

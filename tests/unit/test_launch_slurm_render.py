@@ -78,6 +78,22 @@ def test_torchrun_mode_script(tmp_path: Path) -> None:
     assert 'export OMP_NUM_THREADS="$(( ${SLURM_CPUS_PER_TASK:-4} / 4 ))"' in launch.script
 
 
+def test_torchrun_first_node_hosts_the_rendezvous(tmp_path: Path) -> None:
+    """Each node's wrapper tells torchrun whether it hosts the c10d store (the first node of the allocation),
+    keeping a launcher.env PET_RDZV_CONF in front: on the one-host test cluster every node matched the
+    endpoint's name and n2's agent could host it (docs/ARCHITECTURE.md, "Elastic node ranges")."""
+    launch = render.plan_slurm(spec(**{"cluster.min_nodes": "1", "launcher.max_restarts": "1"}), tmp_path / "r")
+    step = launch.rendered.step
+    wrapper = shlex.split(step[step.index("bash") + 2])[0]
+    for node, user, want in (("n1", "", "is_host=1"), ("n2", "", "is_host=0"),
+                             ("n2", "last_call_timeout=2", "last_call_timeout=2,is_host=0")):
+        env = {"PATH": "/usr/bin:/bin", "SLURMD_NODENAME": node, "MASTER_ADDR": "n1",
+               **({"PET_RDZV_CONF": user} if user else {})}
+        out = subprocess.run(["bash", "-c", wrapper, str(tmp_path), "printenv", "PET_RDZV_CONF"], env=env,
+                             capture_output=True, text=True, timeout=30)
+        assert out.stdout.strip() == want, (node, out.stdout, out.stderr)
+
+
 def test_torchrun_accepts_rendered_flags() -> None:
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--help"], capture_output=True,
                          text=True, timeout=120).stdout

@@ -172,6 +172,7 @@ def render_plan(plan: Plan, console: Console, ranks: bool) -> None:
         *([("CP K/V exchange", _s(pr["cp_s"]))] if L["cp"] > 1 else []),
         ("PP point-to-point", _s(pr["p2p_s"])), ("bubble", _s(pr["bubble_s"])),
         ("DP exposed", f"{_s(pr['dp_exposed_s'])} of {_s(pr['dp_s'])}"),
+        *[(k, _s(v)) for k, v in (pr["breakdown_s"] or {}).items() if k in ("optimizer step", "FSDP2 units")],
         *([("offload: copies + CPU AdamW", f"{_s(pr['offload_copy_s'])} + {_s(pr['offload_step_s'])}")]
           if L["offload"] == "optimizer" else []),
         ("step time", f"[bold]{_s(pr['step_time_s'])}[/bold]"),

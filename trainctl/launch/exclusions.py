@@ -1,5 +1,7 @@
-"""Nodes kept out of a run's jobs (RUN/excluded_nodes.json), and why: named bad by `launch --preflight`, or
-the first cause of two failed trainer starts (a crash, a hang, a kill). No torch.
+"""Nodes kept out of a run's jobs (RUN/excluded_nodes.json), and why: named bad by `launch --preflight`, the
+first cause of two failed trainer starts (a crash, a hang, a kill), or a persistent straggler of the last start
+(trainctl/steptimes.py; cluster.exclude_stragglers, never leaving the partition fewer than cluster.nodes
+nodes). No torch.
 
 The record feeds Slurm's `--exclude` of every later submission (`trainctl resume`), and the batch script
 asks `python -m trainctl.launch.exclusions RUN_DIR` at the start of each attempt and before it requeues itself
@@ -14,15 +16,20 @@ import json
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainctl.fileio import write_atomic
 from trainctl.launch.runstate import LOST_PEER, first_cause
 from trainctl.rundir import RunPaths, read_jsonl
+from trainctl.steptimes import straggler_nodes
+
+if TYPE_CHECKING:
+    from trainctl.spec.models import RunSpec
 
 CRASHES = 2  # trainer starts whose first cause was on a node before the node is excluded
-PREFLIGHT, FAILURES = "preflight", "failures"  # sources of an exclusion
+PREFLIGHT, FAILURES, STRAGGLERS = "preflight", "failures", "stragglers"  # sources of an exclusion
 
 
 def read(paths: RunPaths) -> dict[str, dict[str, Any]]:
@@ -77,10 +84,38 @@ def crash_nodes(events: list[dict[str, Any]], crashes: int = CRASHES) -> dict[st
             for n, lines in seen.items() if len(lines) >= crashes}
 
 
-def update(paths: RunPaths) -> list[str]:
-    """Add the nodes the run's failures name to its record; every excluded node."""
+def update(paths: RunPaths, spec: RunSpec | None = None, say: Callable[[str], None] | None = None) -> list[str]:
+    """Add the nodes the run's failures name to its record, and with `spec` (cluster.exclude_stragglers) its
+    persistent stragglers when the partition keeps enough nodes without them (else `say` why not); every
+    excluded node."""
+    say = say or _quiet
     add(paths, crash_nodes(read_jsonl(paths.events)), FAILURES)
+    if spec is not None and spec.cluster.exclude_stragglers:
+        try:
+            slow = {n: why for n, why in straggler_nodes(paths).items() if n not in read(paths)}
+        except (ValueError, TypeError, KeyError) as e:  # a damaged step-time line must not lose the record
+            say(f"persistent stragglers not judged: {type(e).__name__}: {e}")
+            slow = {}
+        if slow:
+            from trainctl.errors import TrainctlError
+            from trainctl.launch.slurm.cluster import query_sinfo, too_few_left
+
+            try:
+                short = too_few_left(spec, query_sinfo(), [*read(paths), *slow])
+            except TrainctlError as e:  # no sinfo: do not shrink the run's choice of nodes blindly
+                short = str(e)
+            if short is None:
+                for n in add(paths, slow, STRAGGLERS):
+                    say(f"excluding {n} from the run's next jobs: {slow[n]}")
+            else:
+                for n, why in slow.items():
+                    say(f"not excluding {n} ({why}): {short}; lower cluster.nodes (trainctl resume "
+                        "--set cluster.nodes=N) to run without it")
     return list(read(paths))
+
+
+def _quiet(_line: str) -> None:
+    pass
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     paths = RunPaths(Path(args[0]))
     from trainctl.spec import load_spec
 
-    print(merged(load_spec(paths.spec).cluster.exclude, update(paths)) or "")
+    spec = load_spec(paths.spec)
+    print(merged(spec.cluster.exclude, update(paths, spec, lambda line: print(line, file=sys.stderr))) or "")
     return 0
 
 

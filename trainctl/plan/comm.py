@@ -105,12 +105,13 @@ def dp_traffic(params: float, zero: int, dp: int, micro_batches: int, grad_bytes
     buffer and all-reduces it once per step; ZeRO-1 too, then all-gathers the updated weights; ZeRO-2 keeps
     no full buffer, so it reduce-scatters every micro-batch's gradients (DeepSpeed's stage 2), then
     all-gathers the weights; ZeRO-3 (FSDP2) gathers the weights for every micro-batch's forward and again
-    for its backward and reduce-scatters every micro-batch's gradients, per FSDP unit.
+    for its backward, per FSDP unit, and reduce-scatters the gradients
+    accumulated over the step's micro-batches once, after the last.
 
     `powersgd` (ZeRO-0/1; plan/powersgd.py): (elements of the compressed matrices, elements of their P and Q
     factors). The all-reduce then carries the rest of the gradients and, in two more calls, the fp32 factors.
     """
-    if dp == 1:
+    if dp == 1 or params <= 0:  # no parameters (the expert-DP group of a dense model): no collective
         return []
     grads, weights = params * grad_bytes, params * weight_bytes
     reduce = [("all_reduce", all_reduce_bytes(grads, dp), 1.0)]
@@ -124,7 +125,11 @@ def dp_traffic(params: float, zero: int, dp: int, micro_batches: int, grad_bytes
     if zero == 2:
         return [("reduce_scatter", micro_batches * gather_bytes(grads, dp), float(micro_batches)),
                 ("all_gather", gather_bytes(weights, dp), 1.0)]
+    # FSDP2 as the trainer drives it: the gradient sync is off until the step's last micro-batch
+    # (schedules.Accumulate; pipelining's stage does the same), so one reduce-scatter per unit per step.
+    # Every unit, the root included, is gathered for forward and again for backward: the trainer passes
+    # reshard_after_forward=True, which FSDP2 then applies to the root too (docs/ARCHITECTURE.md, "Checked facts")
     calls = float(micro_batches * units)
-    return [("reduce_scatter", micro_batches * gather_bytes(grads, dp), calls),
+    return [("reduce_scatter", gather_bytes(grads, dp), float(units)),
             ("all_gather", micro_batches * gather_bytes(weights, dp), calls),  # forward
             ("all_gather", micro_batches * gather_bytes(weights, dp), calls)]  # backward

@@ -201,6 +201,8 @@ class Estimate:
     host_capacity: float | None = None
     offload_copy_time: float = 0.0
     offload_step_time: float = 0.0
+    optimizer_time: float = 0.0  # calibrated only: gradient norm, clipping, AdamW (after the backward, exposed)
+    fsdp_time: float = 0.0  # calibrated ZeRO-3: what the FSDP2 units add to forward + backward (exposed)
 
     @property
     def memory_total(self) -> float:
@@ -261,6 +263,7 @@ class _Load:
     collectives: tuple[int, ...]  # TP all-reduce equivalents per micro-batch, per pipeline rank
     slow: int  # the rank with the longest slot (compute + exposed TP), the same for every micro_batch
     imbalance: float
+    ends: tuple[float, ...] = ()  # per pipeline rank, seconds per token of the ends' work beyond FLOPs (profile)
 
 
 @dataclass(frozen=True)
@@ -440,10 +443,15 @@ class Evaluator:
         rate = self.rates.compute(tp) or 1.0
         tp_cost = self.rates.comm(link, TP_OPS[False], comm.all_reduce_bytes(m.hidden * self.act_bytes, tp)) * (
             1 - a.tp_overlap)
-        slots = [flops[r] / rate + counts[r] * tp_cost for r in range(pp)]
+        # the ends' work beyond their FLOPs (a calibration profile's fixed work), per token of the micro-batch it
+        # was measured at: it then scales with the micro-batch as the rest of the slot does
+        fixed = self.rates.fixed
+        ends = tuple(fixed.ends_seconds(prof.has_first[r], prof.has_last[r]) / (fixed.micro_batch * m.seq_len)
+                     if fixed is not None else 0.0 for r in range(pp))
+        slots = [flops[r] / rate + counts[r] * tp_cost + ends[r] for r in range(pp)]
         mean = sum(flops) / pp
         return _Load(flops, counts, max(range(pp), key=slots.__getitem__),
-                     max(flops) / mean - 1 if mean > 0 else 0.0)
+                     max(flops) / mean - 1 if mean > 0 else 0.0, ends)
 
     def padded_vocab(self, tp: int) -> int:
         return self.ctx.shape.padded_vocab(tp)
@@ -525,6 +533,16 @@ class Evaluator:
         rates, tp_calls, sends = self.rates, load.collectives[load.slow], max(prof.sends) if pp > 1 else 0
         tp_mb_slow = tp_calls * tp_ar
         tp_mb_time = rates.comm(links["tp"], TP_OPS[sp], tp_mb_slow, tp_calls) * (1 - a.tp_overlap)
+        measured = rates.tp_layer(links["tp"], tp, sp, c.recompute) if tp > 1 and cp == 1 and m.moe is None else None
+        rate = rates.compute(tp)
+        if measured is not None and rate:
+            # the layer as calibrate ran it in a TP group: what it took beyond its FLOPs at the compute rate is
+            # its exposed TP time (collectives, waits, SP's extra work); the ends' collectives stay on the fits
+            seconds, tokens = measured
+            layer_compute = self._layer_flops[c.recompute] / tp / rate * tokens_mb
+            ends = prof.has_first[load.slow] + prof.has_last[load.slow]
+            tp_mb_time = (prof.rank_layers[load.slow] * max(0.0, seconds * tokens_mb / tokens - layer_compute)
+                          + rates.comm(links["tp"], TP_OPS[sp], ends * tp_ar, ends) * (1 - a.tp_overlap))
         p2p = rates.comm(pp_link, PP_OPS, p2p_mb_bytes, sends)
         ep_mb_time = rates.comm(links["ep"], EP_OPS, ep_mb_bytes, ep_calls_mb)
         cp_ops = CP_OPS[cp_passes == 3]
@@ -532,9 +550,8 @@ class Evaluator:
         cp_mb_time = prof.rank_layers[load.slow] * cp_layer_time
         bubble_slots = schedule.bubble_slots(pp, v, c.schedule, n_micro)
         slot = compute_mb = attn_layer_time = None
-        rate = rates.compute(tp)
         if rate:
-            compute_mb = load.flops[load.slow] * tokens_mb / rate
+            compute_mb = (load.flops[load.slow] / rate + load.ends[load.slow]) * tokens_mb
             pairs = max(model.causal_pairs_per_rank(m.seq_len, cp))  # the same on every rank: balanced chunks
             attn_layer_time = mb * pairs * model.attention_flops_per_pair(m) / tp / rate
             slot = compute_mb + tp_mb_time + ep_mb_time + cp_mb_time + p2p
@@ -593,20 +610,31 @@ class Evaluator:
                       for t, (d, x), p, e in zip(totals, psgd, b.params, b.experts, strict=True)]
             worst = max(range(len(totals)), key=totals.__getitem__)
         dp_traffic = comm.dp_traffic(b.max_params, zero, dp, b.n_micro, grad_bytes, weight_bytes, b.units, d_psgd)
+        fsdp_s = 0.0
+        if sharded:  # a profile's measured FSDP2 unit replaces the pricing of the layers' gathers (exposed)
+            unit = self.rates.fsdp_unit(b.links["dp"], b.layer_params_gpu * weight_bytes, dp)
+            if unit is not None:
+                layers = max(b.prof.rank_layers)
+                root = max(0.0, b.max_params - layers * b.layer_params_gpu) * weight_bytes
+                fsdp_s = b.n_micro * layers * unit
+                # the root unit (ends, final norm) stays priced by the all-gather fit: forward and backward
+                dp_traffic = [dp_traffic[0], ("all_gather", 2 * b.n_micro * comm.gather_bytes(root, dp),
+                                              float(2 * b.n_micro))]
         edp_traffic = comm.dp_traffic(b.max_experts, zero, edp, b.n_micro, grad_bytes, weight_bytes, b.units,
                                       e_psgd)
         t_dp = self._dp_time(b.links["dp"], dp_traffic)
         t_edp = self._dp_time(b.links["expert_dp"], edp_traffic)
         host = max((p - e) * host_dense + e * host_expert for p, e in zip(b.params, b.experts, strict=True))
         copy_s, cpu_s = self._offload_seconds(b, zero, dp, edp) if host else (0.0, 0.0)
+        opt_s = self._optimizer_seconds(b, zero, dp)
         out = _Zero(dense, expert, gather, buffers, handed, worst, totals[worst] + gather,
                     sum(x for _, x, _ in dp_traffic), sum(x for _, x, _ in edp_traffic), t_dp, t_edp, None, None,
-                    host, copy_s, cpu_s)
+                    host, copy_s, cpu_s, opt_s, fsdp_s)
         if b.slot is None:
             return out
         window = b.slot if zero <= 1 else b.n_micro * b.slot
         dp_exposed = (t_dp + t_edp) - min(a.dp_overlap * (t_dp + t_edp), window)
-        step = b.slot * (b.n_micro + b.bubble_slots) + dp_exposed + b.emb_time + copy_s + cpu_s
+        step = b.slot * (b.n_micro + b.bubble_slots) + dp_exposed + b.emb_time + copy_s + cpu_s + opt_s + fsdp_s
         if psgd:
             step += psgd_time  # PowerSGD's matmuls and QRs run after the backward, between its collectives
         return replace(out, dp_exposed=dp_exposed, step=step)
@@ -620,6 +648,19 @@ class Evaluator:
         psgd = self._compression(*b.shape_key, rank)
         rate = self.rates.compute(b.shape_key[0])
         return psgd, max((d.flops + e.flops) / rate for d, e in psgd) if rate else 0.0
+
+    def _optimizer_seconds(self, b: _Base, zero: int, dp: int) -> float:
+        """The optimizer step (gradient norm, clipping, AdamW) on the slowest pipeline rank, by a profile's
+        fixed work (0 without): ZeRO-1/2 step the rank's fragments of the master (about a dp-th of its tensors
+        and elements), ZeRO-3 every local shard (a dp-th of the elements), ZeRO-0 every parameter."""
+        fixed = self.rates.fixed
+        if fixed is None:
+            return 0.0
+        shard = dp if zero >= 1 and dp > 1 else 1
+        split = shard if zero in (1, 2) else 1
+        p = b.prof
+        return max(fixed.optimizer_seconds(max(1.0, fixed.stage_tensors(n, f, la) / split), params / shard)
+                   for n, f, la, params in zip(p.rank_layers, p.has_first, p.has_last, b.params, strict=True))
 
     def _offload_seconds(self, b: _Base, zero: int, dp: int, edp: int) -> tuple[float, float]:
         """(host<->device copies, CPU AdamW) seconds per step under optimizer offload, on the pipeline rank with
@@ -702,6 +743,7 @@ class Evaluator:
             embedding_sync_time=b.emb_time, step_time=z.step,
             host_per_gpu=z.host, host_per_node=z.host * self._node_gpus(), host_capacity=ctx.hw.host_memory_bytes,
             offload_copy_time=z.offload_copy, offload_step_time=z.offload_step,
+            optimizer_time=z.optimizer, fsdp_time=z.fsdp,
             extra={"tokens_per_step": float(self.tokens_per_step), "ep_time": b.n_micro * b.ep_mb_time,
                    "expert_pace": self.expert_pace, "cp_time": b.n_micro * b.cp_mb_time,
                    "cp_layer_time": b.cp_layer_time, "attn_layer_time": b.attn_layer_time or 0.0,
@@ -739,3 +781,5 @@ class _Zero:
     host: float = 0.0  # optimizer offload: host bytes of one GPU (its worst pipeline rank)
     offload_copy: float = 0.0  # seconds per step
     offload_step: float = 0.0
+    optimizer: float = 0.0  # the optimizer step (a profile's fixed work)
+    fsdp: float = 0.0  # ZeRO-3: the FSDP2 units' measured extra time (a profile's fixed work)

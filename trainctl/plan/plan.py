@@ -57,8 +57,10 @@ NOTES = (
     "checked against cluster.host_memory_gb; the step adds the gradient copy down and the parameter copy up "
     "(ZeRO-3: per gather and micro-batch) at estimate.offload_pcie_gbps and the CPU AdamW step (28 bytes per "
     "element at estimate.host_adam_gbps), after the backward, not overlapped",
-    "not modelled: optimizer step time (on the GPU), kernel launch overheads, data loading, hierarchical collectives, "
-    "network congestion",
+    "with a calibration profile: the optimizer step, the embedding and LM head + loss per micro-batch, a TP "
+    "layer as measured in its TP group and (ZeRO-3) a layer as an FSDP2 unit, all measured by trainctl calibrate",
+    "not modelled: the optimizer step without a profile, kernel launch overheads, data loading, hierarchical "
+    "collectives, network congestion",
 )
 
 
@@ -171,7 +173,8 @@ class Plan:
                  "MoE all-to-all": e.extra["ep_time"], "PP point-to-point": e.p2p_time,
                  "pipeline bubble": e.bubble_time or 0.0, "DP exposed": e.dp_exposed_time or 0.0,
                  "tied-embedding sync": e.embedding_sync_time, "PowerSGD compute": e.extra.get("powersgd_time", 0.0),
-                 "offload copies": e.offload_copy_time, "offload CPU step": e.offload_step_time}
+                 "offload copies": e.offload_copy_time, "offload CPU step": e.offload_step_time,
+                 "optimizer step": e.optimizer_time, "FSDP2 units": e.fsdp_time}
         return {k: v for k, v in parts.items() if v}
 
     def _cp_json(self) -> dict[str, Any]:

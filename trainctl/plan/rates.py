@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from trainctl.plan.calibration import profile as prof
+from trainctl.plan.calibration.fixed import FixedWork
 from trainctl.plan.calibration.shapes import INTER, INTRA, OPS
-from trainctl.plan.comm import INTER_NODE, NVLINK
+from trainctl.plan.comm import INTER_NODE, NVLINK, gather_bytes
 from trainctl.spec.models import RunSpec
 
 Ops = tuple[tuple[str, float], ...]
@@ -42,6 +43,7 @@ UNCALIBRATED = ("catalog peak x estimate.compute_efficiency, catalog link bandwi
 
 class AssumedRates:
     calibrated = False
+    fixed: FixedWork | None = None  # the work outside the layers is not modelled without a profile
 
     def __init__(self, peak_flops: float | None, link_bw: dict[str, float], compute_efficiency: float,
                  comm_efficiency: float) -> None:
@@ -57,6 +59,12 @@ class AssumedRates:
         """Seconds for `nbytes` bus bytes per rank over `link`, in `calls` calls of each op."""
         return nbytes / self.bw[link]
 
+    def fsdp_unit(self, link: str, unit_bytes: float, dp: int) -> float | None:
+        return None
+
+    def tp_layer(self, link: str, tp: int, sp: bool, recompute: str) -> tuple[float, int] | None:
+        return None
+
 
 class MeasuredRates:
     calibrated = True
@@ -67,6 +75,7 @@ class MeasuredRates:
         self.warnings = tuple(warnings)
         self._fits = {(link, op): profile.link(PROFILE_LINK[link], op) for link in PROFILE_LINK for op in OPS}
         self._rates = {tp: profile.compute_rate(tp) for tp in profile.compute}
+        self.fixed = profile.fixed
 
     def compute(self, tp: int) -> float:
         rate = self._rates.get(tp)
@@ -81,6 +90,26 @@ class MeasuredRates:
             total += (fit.seconds(share * nbytes, calls) if fit is not None
                       else self.fallback.comm(link, ops, share * nbytes))
         return total
+
+    def fsdp_unit(self, link: str, unit_bytes: float, dp: int) -> float | None:
+        """Seconds one FSDP2 unit of `unit_bytes` weights over `dp` ranks on `link` adds to a micro-batch's
+        forward + backward (calibration.fixed.FixedWork.unit_seconds); None when the profile did not measure it."""
+        fixed = self.fixed
+        if fixed is None or fixed.fsdp_unit_s is None:
+            return None
+        mine = PROFILE_LINK[link]
+
+        def gather(where: str, nbytes: float, n: int) -> float | None:
+            fit = self.profile.link(where, "all_gather")
+            return None if fit is None else fit.seconds(gather_bytes(nbytes, n), 1)
+
+        here, there = gather(mine, unit_bytes, dp), gather(fixed.fsdp_link or mine, fixed.fsdp_bytes, fixed.fsdp_group)
+        return fixed.unit_seconds(None if here is None or there is None else here - there)
+
+    def tp_layer(self, link: str, tp: int, sp: bool, recompute: str) -> tuple[float, int] | None:
+        """(seconds, tokens) of one layer on a TP rank as calibrate ran it in a TP group of `tp` inside a node,
+        TP collectives included; None where not measured or the layout's TP group leaves the node."""
+        return self.profile.tp_layer(tp, sp, recompute) if link == NVLINK else None
 
     def describe(self) -> dict[str, Any]:
         measured = sorted({f"{PROFILE_LINK[link]}.{op}" for (link, op), fit in self._fits.items() if fit})

@@ -4,24 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from trainctl import steptimes
 from trainctl.errors import UsageError
 from trainctl.rundir import RunPaths, read_jsonl
-
-
-@dataclass
-class RankSteps:
-    """One rank's RUN/logs/steptimes-rank<r>.jsonl: headers (one per attempt) and step rows."""
-
-    rank: int
-    headers: list[dict[str, Any]] = field(default_factory=list)
-    rows: list[dict[str, Any]] = field(default_factory=list)  # each with "attempt" from its header
-    footers: list[dict[str, Any]] = field(default_factory=list)  # {"steps", "overhead_s"} per clean end
+from trainctl.steptimes import RankSteps
 
 
 @dataclass
@@ -45,23 +37,6 @@ def _json(path: Path) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-
-
-def _steptimes(paths: RunPaths) -> dict[int, RankSteps]:
-    out: dict[int, RankSteps] = {}
-    for rank, f in paths.steptimes_by_rank().items():
-        rs = RankSteps(rank)
-        attempt = 0
-        for rec in read_jsonl(f):
-            if rec.get("header"):
-                rs.headers.append(rec)
-                attempt = len(rs.headers) - 1  # per file: the n-th start of this rank
-            elif rec.get("footer"):
-                rs.footers.append(rec)
-            elif "step" in rec and "step_s" in rec:
-                rs.rows.append({**rec, "attempt": attempt})
-        out[rank] = rs
-    return out
 
 
 def _placement(paths: RunPaths, plan: dict[str, Any] | None) -> list[dict[str, Any]]:
@@ -102,5 +77,5 @@ def load_run(root: Path, calibration: Path | None = None) -> RunData:
     plan = _json(paths.plan) if calibration is None else repriced_plan(paths, calibration)
     name = (spec or {}).get("name") or root.name
     return RunData(root=root, name=str(name), metrics=metrics, events=events, plan=plan, job=_json(paths.job),
-                   spec=spec if isinstance(spec, dict) else None, steptimes=_steptimes(paths),
+                   spec=spec if isinstance(spec, dict) else None, steptimes=steptimes.read(paths),
                    placement=_placement(paths, plan))

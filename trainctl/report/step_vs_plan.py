@@ -26,7 +26,8 @@ from trainctl.units import dur
 
 # component -> the planner's breakdown_s parts that predict it (plan/plan.py Plan.breakdown)
 COMPONENTS: dict[str, tuple[str, ...]] = {
-    "compute": ("compute", "offload copies", "offload CPU step"),  # the host step runs between the ranks' syncs
+    # the host step and the optimizer step run between the ranks' syncs; FSDP2's gathers inside forward/backward
+    "compute": ("compute", "offload copies", "offload CPU step", "optimizer step", "FSDP2 units"),
     "collectives (TP, CP, EP)": ("TP exposed", "CP K/V exchange", "MoE all-to-all"),
     "pipeline bubble + point-to-point": ("pipeline bubble", "PP point-to-point"),
     "DP gradient sync (exposed)": ("DP exposed", "tied-embedding sync"),

@@ -1,5 +1,6 @@
-"""Stragglers: ranks whose own step work is persistently above the median rank's, from the per-rank step
-times every rank writes (trainctl/runtime/stragglers.py).
+"""Stragglers: ranks whose own step work is persistently above the median rank's of their pipeline stage, from
+the per-rank step times every rank writes (trainctl/runtime/stragglers.py); the comparison itself is
+trainctl/steptimes.py's, which the exclusion of straggling nodes also uses.
 
 A rank's busy time is step_s - sync_s - comm_s: its step minus the time it spent in the gradient sync and
 final all-reduce, in tensor-parallel collectives and in pipeline receives, where it waits for slower peers.
@@ -16,10 +17,8 @@ from typing import Any
 from trainctl.report.attempts import median
 from trainctl.report.load import RunData
 from trainctl.rundir import LOGS, STEPTIMES
+from trainctl.steptimes import ABS_THRESHOLD_S, PERSISTENT, REL_THRESHOLD, busy_s, compare_in_stage
 
-PERSISTENT = 0.75  # above the threshold in at least 3 of 4 sampled steps: noise is not persistent
-REL_THRESHOLD = 0.10  # 10% above the median rank's busy time ...
-ABS_THRESHOLD_S = 0.005  # ... and at least 5 ms (timer and scheduler noise on a loaded host)
 GROUP_NOTE = ("slow together: one data-parallel replica whose TP/PP peers wait for its slowest rank inside "
               "TP/PP collectives, which this run's step times do not separate (no comm_s: written by an older "
               "trainctl); the straggler is one of these ranks")
@@ -82,28 +81,18 @@ def stragglers(run: RunData) -> dict[str, Any]:
     for rank, rs in run.steptimes.items():
         for row in rs.rows:
             comm_known = comm_known and "comm_s" in row
-            busy[(row["attempt"], row["step"])][rank] = (float(row["step_s"]) - float(row.get("sync_s") or 0.0)
-                                                         - float(row.get("comm_s") or 0.0))
+            busy[(row["attempt"], row["step"])][rank] = busy_s(row)
     ranks = sorted(run.steptimes)
     firsts = {min(k for k in busy if k[0] == a) for a in {k[0] for k in busy}}  # warm-up step of each attempt
     steps = [k for k, v in busy.items() if len(v) == len(ranks) and len(ranks) > 1 and k not in firsts]
     if not steps:
         return {"available": False, "note": "fewer than two ranks with step times for the same steps"}
-    above: dict[int, int] = defaultdict(int)
-    excess: dict[int, list[float]] = defaultdict(list)
-    medians = []
-    for k in steps:
-        row = busy[k]
-        med = median(list(row.values())) or 0.0
-        medians.append(med)
-        thr = max(REL_THRESHOLD * med, ABS_THRESHOLD_S)
-        for r, v in row.items():
-            excess[r].append(v - med)
-            if v - med > thr:
-                above[r] += 1
+    stage_of = {r: int((where(run, r).get("coords") or {}).get("pp") or 0) for r in ranks}
+    cmp = compare_in_stage({k: busy[k] for k in steps}, stage_of)
+    above, excess, medians = cmp.above, cmp.excess, cmp.medians
     per_rank = [{**where(run, r), "busy_median_s": median([busy[k][r] for k in steps]),
-                 "excess_median_s": median(excess[r]), "steps_above": above[r],
-                 "fraction_above": above[r] / len(steps)} for r in ranks]
+                 "excess_median_s": median(excess[r]), "steps_above": above.get(r, 0),
+                 "fraction_above": above.get(r, 0) / len(steps)} for r in ranks]
     flagged = [p for p in per_rank if p["fraction_above"] >= PERSISTENT]
     slow_ids = {p["rank"] for p in flagged}
     others = [r for r in ranks if r not in slow_ids]
@@ -129,5 +118,6 @@ def stragglers(run: RunData) -> dict[str, Any]:
         "stragglers": groups,
         "per_rank": per_rank,
         "criterion": (f"busy time (step - gradient sync - TP/PP communication waits) more than {REL_THRESHOLD:.0%} and "
-                      f"{ABS_THRESHOLD_S * 1e3:.0f} ms above the median rank in at least {PERSISTENT:.0%} of steps"),
+                      f"{ABS_THRESHOLD_S * 1e3:.0f} ms above the median rank of its pipeline stage in at least "
+                      f"{PERSISTENT:.0%} of steps"),
     }

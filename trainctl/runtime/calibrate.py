@@ -1,12 +1,14 @@
 """`python -m trainctl.runtime.calibrate RUN_DIR`: what every rank runs for `trainctl calibrate`.
 
-Four phases, each run on every rank of the spec's cluster at once (its ranks per node share the node as
+Five phases, each run on every rank of the spec's cluster at once (its ranks per node share the node as
 in training): (1) GEMMs at the model's shapes for every TP size `plan --auto` may pick, in the precision the
 trainer computes in; (2) all-reduce, all-gather, reduce-scatter, send/recv (ping-pong) and all-to-all over
 message sizes, in groups inside each node (of 2 ranks and of the whole node) and, with several nodes, in
-groups of one rank per node; (3) one real layer's forward + backward on each rank; (4) a small all-reduce
+groups of one rank per node; (3) one real layer's forward + backward on each rank, alone and as a TP rank in
+TP groups of each size that fits in a node (sequence parallelism off and on); (4) a small all-reduce
 after each forward of that layer, against the forwards alone: what a collective costs while the other
-ranks compute.
+ranks compute; (5) the work outside the layers (trainctl.plan.calibration.fixed): the embedding, the LM head
++ loss, the optimizer step per tensor and per element, and one layer as an FSDP2 unit (ZeRO-3).
 Rank 0 gathers every rank's figures, fits them (trainctl.plan.calibration.profile, torch-free) and writes
 RUN/calibration.json atomically; `trainctl calibrate` copies it to its --out. Exit status: 0, 1 on a
 failure (one line), 2 for a spec error.
@@ -14,6 +16,7 @@ failure (one line), 2 for a spec error.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -22,18 +25,19 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
-from trainctl.model_shape import ModelShape
+from trainctl.model_shape import ModelShape, head_flops_per_token
 from trainctl.plan.calibration import profile as prof
 from trainctl.plan.calibration.shapes import INTER, INTRA, MESSAGE_BYTES, OPS, bus_bytes, gemms, tp_sizes
 from trainctl.rundir import RunPaths
 from trainctl.runtime import microbench as mb
 from trainctl.runtime.distributed import RankEnv
+from trainctl.runtime.tensor_parallel import TPContext
 from trainctl.runtime.worker_main import worker_main
 from trainctl.spec.models import RunSpec
 
 MODULE = "trainctl.runtime.calibrate"
 REPEATS = 3  # timed loops per figure: the median of three is robust to one preempted loop
-LOAD_ITERATIONS = 40  # layer forward (+ all-reduce) iterations of phase 4: ~0.1-0.2 s a mode on a loaded CPU
+LOAD_ITERATIONS = 20  # layer forward (+ all-reduce) iterations of phase 4, REPEATS pairs: ~0.05-0.1 s a mode
 
 Group = tuple[str, int, Any, list[int]]  # (link class, group size, this rank's process group, its members)
 
@@ -71,8 +75,9 @@ class Calibration:
         peak, source = self.peak()
         where = f"{self.device_name()}, {self.env.world_size} ranks ({self.per_node} per node), {self.precision()}"
         self.say(f"{where}; peak {peak / 1e12:.3g} TFLOP/s per rank ({source})" if peak else where)
-        raw = {"matmul": self.phase("1/4", self.matmul), "collectives": self.phase("2/4", self.collectives),
-               "layer": self.phase("3/4", self.time_layer), "load": self.phase("4/4", self.under_load)}
+        raw = {"matmul": self.phase("1/5", self.matmul), "collectives": self.phase("2/5", self.collectives),
+               "layer": self.phase("3/5", self.time_layer), "load": self.phase("4/5", self.under_load),
+               "fixed": self.phase("5/5", self.fixed_work)}
         if self.env.rank != 0:
             return None
         meta = {**prof.spec_meta(self.spec), "precision": self.precision(), "peak_flops_per_rank": peak,
@@ -180,13 +185,13 @@ class Calibration:
             seen.add(link)
             numel = mb.fp32_numel(MESSAGE_BYTES[0], n)
             call = mb.collective_call("all_reduce", numel, group, n, self.device)
-            alone, mixed = mb.loaded(self.layer.forward, call, self.device, LOAD_ITERATIONS)
+            alone, mixed = mb.loaded(self.layer.forward, call, self.device, LOAD_ITERATIONS, REPEATS)
             rows.append({"op": "all_reduce", "link": link, "group_size": n, "bytes": numel * 4,
                          "bus_bytes": bus_bytes("all_reduce", numel * 4, n), "compute_s": alone, "mixed_s": mixed})
         every = self.gather([r["mixed_s"] - r["compute_s"] for r in rows])
         for i, r in enumerate(rows):
             r["seconds"] = [ranks[i] for ranks in every]
-        return rows, (f"all-reduce after each layer forward, {LOAD_ITERATIONS} iterations (" +
+        return rows, (f"all-reduce after each layer forward, {REPEATS} x {LOAD_ITERATIONS} iterations (" +
                       ", ".join(f"{r['link'].replace('_', '-')} groups of {r['group_size']}" for r in rows) + ")")
 
     def _time_collective(self, op: str, numel: int, group: Any, n: int, members: list[int]) -> float | None:
@@ -205,11 +210,82 @@ class Calibration:
         dist.barrier()
         recompute, micro_batch = self.spec.train.recompute, self.spec.parallel.micro_batch
         self.layer = mb.Layer(self.shape, micro_batch, recompute, self.autocast, self.device, self.spec.train.seed)
-        seconds = mb.windowed(self.layer.step, self.device, REPEATS, window_s=2 * mb.WINDOW_S)
-        every = [s for [s] in self.gather([seconds]) if s is not None]
-        return ({"recompute": recompute, "tokens": self.tokens, "flops": self.layer.flops, "seconds": every},
+        # the figure every layer's price starts from: five windows, so a burst of other work on the machine
+        # in one or two of them does not set it
+        seconds = mb.windowed(self.layer.step, self.device, 5, window_s=2 * mb.WINDOW_S)
+        tp_rows = self._tp_layers()
+        every = self.gather([seconds, *[r["seconds"] for r in tp_rows]])
+        for i, r in enumerate(tp_rows, start=1):
+            r["seconds"] = [ranks[i] for ranks in every]
+        mine = [ranks[0] for ranks in every if ranks[0] is not None]
+        sizes = sorted({r["tp"] for r in tp_rows})
+        also = f"; tp {'/'.join(map(str, sizes))} with SP off and on in TP groups" if sizes else ""
+        return ({"recompute": recompute, "tokens": self.tokens, "flops": self.layer.flops, "seconds": mine,
+                 "tp": tp_rows},
                 f"layer forward+backward (tp 1, micro-batch {micro_batch}, recompute {recompute}): "
-                f"{statistics.median(every) * 1e3:.2f} ms median over ranks")
+                f"{statistics.median(mine) * 1e3:.2f} ms median over ranks{also}")
+
+    def _tp_layers(self) -> list[dict[str, Any]]:
+        """The same layer as this rank's shard at every TP size > 1 that fits in a node, in groups of
+        consecutive ranks (the placement's TP groups), sequence parallelism off and on: the trainer's own TP
+        collectives, with the other groups of the node running at once."""
+        rows = []
+        micro_batch, recompute = self.spec.parallel.micro_batch, self.spec.train.recompute
+        for tp in tp_sizes(self.spec):
+            if tp == 1 or self.per_node % tp or self.shape.seq_len % tp:
+                continue
+            lists = [list(range(start, start + tp)) for start in range(0, self.env.world_size, tp)]
+            group, _ = self._subgroup(lists)
+            for sp in (False, True):
+                ctx = TPContext.from_group(group, sp)
+                layer = mb.Layer(self.shape, micro_batch, recompute, self.autocast, self.device,
+                                 self.spec.train.seed, tp=ctx)
+                rows.append({"tp": tp, "sequence_parallel": sp,
+                             "seconds": mb.windowed_collective(layer.step, self.device, REPEATS,
+                                                               window_s=2 * mb.WINDOW_S)})
+        return rows
+
+    # --- (5) the work outside the layers -------------------------------------------------------------------
+    def fixed_work(self) -> tuple[dict[str, Any], str]:
+        assert self.layer is not None, "time_layer runs first"
+        dist.barrier()
+        micro_batch, seed = self.spec.parallel.micro_batch, self.spec.train.seed
+        ends = mb.Ends(self.shape, micro_batch, self.autocast, self.device, seed)
+        mine: list[float | None] = [mb.windowed(ends.embedding_step, self.device, REPEATS),
+                                    mb.windowed(ends.head_step, self.device, REPEATS)]
+        shapes = [tuple(p.shape) for p in self.layer.module.parameters()]
+        n = sum(math.prod(s) for s in shapes)
+        opts = [(len(shapes), n, shapes), (1, n, [(n,)]), (1, 4 * n, [(4 * n,)])]
+        for _, _, tensor_shapes in opts:
+            mine.append(mb.windowed(mb.OptimizerStep(tensor_shapes, self.device).step, self.device, REPEATS))
+        fsdp = self._fsdp_unit(mine)
+        every = self.gather(mine)
+        col = [[ranks[i] for ranks in every if ranks[i] is not None] for i in range(len(mine))]
+        raw: dict[str, Any] = {
+            "micro_batch": micro_batch, "embedding_s": col[0], "head_s": col[1],
+            "head_flops": head_flops_per_token(self.shape, self.shape.padded_vocab(1)) * self.tokens,
+            "tensors": {"layer": len(shapes), "embedding": mb.tensors(ends.first), "head": mb.tensors(ends.last)},
+            "optimizer": [{"tensors": k, "elements": e, "seconds": col[2 + i]} for i, (k, e, _) in enumerate(opts)],
+        }
+        if fsdp is not None:
+            raw["fsdp"] = {**fsdp, "plain_s": col[5], "sharded_s": col[6]}
+        where = f"; a layer as an FSDP2 unit over {fsdp['group_size']} ranks" if fsdp else ""
+        return raw, f"embedding, LM head + loss, optimizer step per tensor and element{where}"
+
+    def _fsdp_unit(self, mine: list[float | None]) -> dict[str, Any] | None:
+        """One layer's forward + backward as an FSDP2 unit in the smallest group (every rank at once), and the
+        plain layer again beside it (the same moment's load); appended to `mine`. None with one rank."""
+        if not self.groups_made:
+            return None
+        link, n, group, members = self.groups_made[0]
+        assert self.layer is not None
+        unit = mb.Layer(self.shape, self.spec.parallel.micro_batch, self.spec.train.recompute, self.autocast,
+                        self.device, self.spec.train.seed)
+        nbytes = sum(p.numel() * p.element_size() for p in unit.module.parameters())
+        mb.shard_layer(unit, group, members, self.device)
+        mine.append(mb.windowed(self.layer.step, self.device, REPEATS, window_s=2 * mb.WINDOW_S))
+        mine.append(mb.windowed_collective(unit.step, self.device, REPEATS, window_s=2 * mb.WINDOW_S))
+        return {"link": link, "group_size": n, "unit_bytes": nbytes}
 
 
 def _calibrate(spec: RunSpec, env: RankEnv, device: torch.device, paths: RunPaths) -> None:

@@ -7,6 +7,8 @@ synchronize; a first call warms up (allocations, gloo connections, cuBLAS heuris
 
 from __future__ import annotations
 
+import contextlib
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -61,6 +63,30 @@ def windowed(fn: Callable[[], object], device: torch.device, repeats: int, windo
     return statistics.median(per_call)
 
 
+def windowed_collective(fn: Callable[[], object], device: torch.device, repeats: int,
+                        window_s: float = WINDOW_S) -> float:
+    """`windowed` for a call with collectives inside (a TP layer, an FSDP2 unit): every rank must make the
+    same number of calls, so the count per window is agreed first (the most any rank needs to fill
+    `window_s`), then every window runs that many calls on every rank."""
+    fn()
+    synchronize(device)
+    t0 = time.perf_counter()
+    fn()
+    synchronize(device)
+    need = torch.tensor([max(1, math.ceil(window_s / max(time.perf_counter() - t0, 1e-6)))])
+    dist.all_reduce(need, op=dist.ReduceOp.MAX)
+    n = int(need.item())
+    per_call = []
+    for _ in range(repeats):
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        synchronize(device)
+        per_call.append((time.perf_counter() - t0) / n)
+    return statistics.median(per_call)
+
+
 def time_gemm(g: Gemm, dtype: torch.dtype, device: torch.device, repeats: int) -> float:
     a = torch.randn(g.m, g.k, device=device, dtype=dtype)
     b = torch.randn(g.k, g.n, device=device, dtype=dtype)
@@ -68,13 +94,16 @@ def time_gemm(g: Gemm, dtype: torch.dtype, device: torch.device, repeats: int) -
 
 
 class Layer:
-    """One real transformer layer on one rank (tp 1), built by the trainer's own builder, and an input."""
+    """One real transformer layer on one rank, built by the trainer's own builder, and an input: tp 1, or this
+    rank's shard in a TP group (`tp`, with or without sequence parallelism: its collectives run)."""
 
     def __init__(self, shape: ModelShape, micro_batch: int, recompute: str, autocast: torch.dtype | None,
-                 device: torch.device, seed: int) -> None:
-        self.module = build_stage(shape, range(0, 1), first=False, last=False, tp=TPContext.single(), seed=seed,
+                 device: torch.device, seed: int, tp: TPContext | None = None) -> None:
+        tp = tp or TPContext.single()
+        self.module = build_stage(shape, range(0, 1), first=False, last=False, tp=tp, seed=seed,
                                   recompute=recompute, device=device)
-        self.x = torch.randn(micro_batch, shape.seq_len, shape.hidden, device=device, requires_grad=True)
+        tokens = shape.seq_len // tp.size if tp.sequence_parallel else shape.seq_len  # SP: this rank's shard
+        self.x = torch.randn(micro_batch, tokens, shape.hidden, device=device, requires_grad=True)
         self.grad = torch.randn_like(self.x)
         self.autocast, self.device = autocast, device
         # hardware FLOPs of a forward + backward, by the planner's arithmetic (trainctl.model_shape)
@@ -132,21 +161,105 @@ def ping_pong(numel: int, peer: int, first: bool, device: torch.device) -> Calla
 
 
 def loaded(compute: Callable[[], object], collective: Callable[[], object], device: torch.device,
-           iterations: int) -> tuple[float, float]:
+           iterations: int, repeats: int = 1) -> tuple[float, float]:
     """(seconds per iteration of `compute` alone, of `compute` then one `collective`), every rank at once.
     The difference is what a collective costs while the other ranks compute: on an oversubscribed CPU
-    mostly waiting for a peer that is not on a core, which idle timings of collectives never see."""
+    mostly waiting for a peer that is not on a core, which idle timings of collectives never see. Measured
+    `repeats` times as back-to-back pairs (alone, then with the collective) and the median pair's difference
+    kept: one pair caught in a burst of the machine's other work is not the rule."""
     compute()
     collective()
-    out = []
-    for with_collective in (False, True):
-        synchronize(device)
-        dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(iterations):
-            compute()
-            if with_collective:
-                collective()
-        synchronize(device)
-        out.append((time.perf_counter() - t0) / iterations)
-    return out[0], out[1]
+    alone, excess = [], []
+    for _ in range(repeats):
+        pair = []
+        for with_collective in (False, True):
+            synchronize(device)
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(iterations):
+                compute()
+                if with_collective:
+                    collective()
+            synchronize(device)
+            pair.append((time.perf_counter() - t0) / iterations)
+        alone.append(pair[0])
+        excess.append(pair[1] - pair[0])
+    base = statistics.median(alone)
+    return base, base + statistics.median(excess)
+
+
+class Ends:
+    """The model's two ends on one rank (tp 1), built by the trainer's own builder: the embedding stage (token
+    lookup) and the last stage's final norm + LM head + the trainer's loss, each forward + backward of one
+    micro-batch. With tied embeddings the head stage holds its own copy of the table, as the trainer's last
+    stage does when the first is elsewhere."""
+
+    def __init__(self, shape: ModelShape, micro_batch: int, autocast: torch.dtype | None, device: torch.device,
+                 seed: int) -> None:
+        from trainctl.runtime.model import loss_fn
+
+        tp = TPContext.single()
+        self.first = build_stage(shape, range(0, 0), first=True, last=False, tp=tp, seed=seed, device=device)
+        self.last = build_stage(shape, range(0, 0), first=False, last=True, tp=tp, seed=seed, device=device)
+        g = torch.Generator().manual_seed(seed)
+        self.tokens = torch.randint(0, shape.vocab, (micro_batch, shape.seq_len), generator=g).to(device)
+        self.targets = torch.randint(0, shape.vocab, (micro_batch, shape.seq_len), generator=g).to(device)
+        self.x = torch.randn(micro_batch, shape.seq_len, shape.hidden, device=device, requires_grad=True)
+        self.shape, self.tp, self.loss_fn = shape, tp, loss_fn
+        self.autocast, self.device = autocast, device
+
+    def _cast(self) -> contextlib.AbstractContextManager:
+        return torch.autocast(self.device.type, dtype=self.autocast or torch.bfloat16, enabled=bool(self.autocast))
+
+    def embedding_step(self) -> None:
+        with self._cast():
+            out = self.first(self.tokens)
+        out.backward(torch.ones_like(out))
+
+    def head_step(self) -> None:
+        with self._cast():
+            loss = self.loss_fn(self.last(self.x), self.targets, self.shape, self.tp)
+        loss.backward()
+
+
+def tensors(module: torch.nn.Module) -> int:
+    return sum(1 for _ in module.parameters())
+
+
+class OptimizerStep:
+    """What the trainer does per optimizer step on every tensor it owns, after the backward
+    (trainer.train_step): the gradient norm (torch._foreach_norm, divergence.reduce_norm_and_loss), clipping
+    (torch._foreach_mul_) and the AdamW step (runtime/optim.py: torch's default implementation), over `shapes`'
+    tensors. Zeroing the gradients is left out: the trainer zeroes flat bucket buffers, one call each."""
+
+    def __init__(self, shapes: list[tuple[int, ...]], device: torch.device) -> None:
+        from types import SimpleNamespace
+
+        from trainctl.runtime.optim import adamw
+
+        self.params = [torch.nn.Parameter(torch.randn(s, device=device)) for s in shapes]
+        for p in self.params:
+            p.grad = torch.randn_like(p)
+        train = SimpleNamespace(lr=1e-4, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)
+        self.opt = adamw([(self.params, True)], train)  # type: ignore[arg-type]
+        self.elements = sum(p.numel() for p in self.params)
+
+    def step(self) -> None:
+        grads = [p.grad for p in self.params]
+        torch.stack(torch._foreach_norm(grads)).double().pow(2).sum().item()
+        torch._foreach_mul_(grads, 0.999)
+        self.opt.step()
+
+
+def shard_layer(layer: Layer, group: dist.ProcessGroup, members: list[int], device: torch.device) -> None:
+    """Make `layer` one FSDP2 unit over `group`, as data_parallel.apply_fsdp shards each block (ZeRO-3),
+    gradient reduction off: a micro-batch other than a step's last (schedules.Accumulate), so a step of it
+    is the unit's all-gather before forward and again before backward."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = DeviceMesh.from_group(group, device.type, mesh=torch.tensor(members), mesh_dim_names=("dp",))
+    for block in layer.module.layers.values():  # a block under a root: FSDP2 never reshards its root's
+        fully_shard(block, mesh=mesh, reshard_after_forward=True)
+    fully_shard(layer.module, mesh=mesh, reshard_after_forward=True)
+    layer.module.set_requires_gradient_sync(False)

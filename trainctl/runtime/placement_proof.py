@@ -111,6 +111,7 @@ def prove_placement(spec: RunSpec, paths: RunPaths, rank: int, local_rank: int,
         record_event(paths, "placement", nodes=mapping["nodes"],
                      tp_groups_across_nodes=len(mapping["tp_groups_across_nodes"]),
                      ranks=[[x["node"], x["local_rank"]] for x in mapping["ranks"]],
+                     pp=[x["pp"] for x in mapping["ranks"]],  # stragglers are judged within a stage (steptimes.py)
                      job_id=os.environ.get("SLURM_JOB_ID"), slurm_restart=os.environ.get("SLURM_RESTART_COUNT", "0"),
                      torchrun_restart=os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     check(mapping)  # the same decision on every rank: all stop together

@@ -322,6 +322,10 @@ class ClusterSpec(Strict):
     time: str | None = Field(None, description="Slurm time limit, e.g. 12:00:00")
     constraint: str | None = None
     exclude: str | None = None
+    exclude_stragglers: bool = Field(True, description="Slurm: keep a node out of the run's next job (trainctl resume, "
+                                     "a requeue) when one of its ranks worked 1.5x as long as its pipeline stage's "
+                                     "ranks on other nodes in 3 of 4 steps of the last start; never when the "
+                                     "partition would keep fewer than cluster.nodes nodes (said instead)")
     mem: str | None = Field(None, description="Slurm --mem per node, e.g. 0 for all")
     cpus_per_task: Count | None = None
     calibration: str | None = Field(None, description="Calibration profile from `trainctl calibrate` (JSON): the "

@@ -85,7 +85,7 @@ class SlurmBackend(Backend[SlurmLaunch, RunPaths]):
         return []
 
     def resume(self, relaunch: RunPaths, say: Say, *, verbose: bool = False) -> int:
-        job_id = submit.resubmit(relaunch)
+        job_id = submit.resubmit(relaunch, lambda line: say(note(line)))
         say(note(f"submitted job {job_id}"))
         return EXIT_OK
 

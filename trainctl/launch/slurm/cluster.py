@@ -87,18 +87,26 @@ def query_sinfo() -> list[NodeInfo]:
 DEAD_STATES = ("down", "drain", "drng", "fail", "maint", "unk", "npc", "futr", "inval")
 
 
+def _up(n: NodeInfo) -> bool:
+    return not n.state.rstrip("*~#!%$@^-").startswith(DEAD_STATES)
+
+
+def partition_of(spec: RunSpec, nodes: list[NodeInfo]) -> str | None:
+    """The partition the job goes to: cluster.partition, or the cluster's default one (None: it has none)."""
+    if spec.cluster.partition is not None:
+        return spec.cluster.partition
+    default = sorted({n.partition for n in nodes if n.default})
+    return default[0] if default else None
+
+
 def check_cluster(spec: RunSpec, nodes: list[NodeInfo]) -> list[str]:
     """What would make this job impossible on this cluster: each a message naming the field and the fix."""
     c = spec.cluster
     parts = sorted({n.partition for n in nodes})
-    if c.partition is None:
-        default = sorted({n.partition for n in nodes if n.default})
-        if not default:
-            return [f"cluster.partition is not set and the cluster has no default partition; set "
-                    f"cluster.partition to one of: {', '.join(parts)}"]
-        name = default[0]
-    else:
-        name = c.partition
+    name = partition_of(spec, nodes)
+    if name is None:
+        return [f"cluster.partition is not set and the cluster has no default partition; set "
+                f"cluster.partition to one of: {', '.join(parts)}"]
     mine = [n for n in nodes if n.partition == name]
     if not mine:
         return [f"cluster.partition = {name!r}: no such partition; use one of: {', '.join(parts) or '(none)'}"]
@@ -107,7 +115,7 @@ def check_cluster(spec: RunSpec, nodes: list[NodeInfo]) -> list[str]:
     if mine[0].available != "up":
         problems.append(f"{where} is {mine[0].available}, jobs will not start; pick another cluster.partition")
     count = len({n.node for n in mine})
-    usable = {n.node for n in mine if not n.state.rstrip("*~#!%$@^-").startswith(DEAD_STATES)}
+    usable = {n.node for n in mine if _up(n)}
     if c.nodes > count:
         problems.append(f"cluster.nodes = {c.nodes} but {where} has {count} node(s); lower cluster.nodes or pick "
                         f"a bigger partition")
@@ -129,6 +137,19 @@ def check_cluster(spec: RunSpec, nodes: list[NodeInfo]) -> list[str]:
                             "cluster.time (the run requeues itself at the limit and resumes) or pick another "
                             "partition")
     return problems
+
+
+def too_few_left(spec: RunSpec, nodes: list[NodeInfo], excluded: list[str]) -> str | None:
+    """Why the spec's job could not start without `excluded` (and cluster.exclude), or None: the nodes of its
+    partition that are up, less those, must still hold cluster.nodes."""
+    name = partition_of(spec, nodes)
+    out = set(excluded) | {x for x in (spec.cluster.exclude or "").split(",") if x}
+    usable = {n.node for n in nodes if n.partition == name and _up(n)}
+    left = usable - out
+    if len(left) >= spec.cluster.nodes:
+        return None
+    return (f"partition {name!r} would keep {len(left)} usable node(s) without {', '.join(sorted(out & usable))}, "
+            f"and cluster.nodes = {spec.cluster.nodes}")
 
 
 def _fmt_minutes(m: int) -> str:

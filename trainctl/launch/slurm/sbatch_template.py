@@ -170,7 +170,13 @@ def step_command(req: SbatchRequest) -> list[str]:
     # Elastic: torchrun's --nnodes=MIN:MAX; c10d re-forms the group on the nodes left (docs/ARCHITECTURE.md,
     # "Elastic node ranges"). The rendezvous store lives in the first node's agent: losing that node ends the job.
     nnodes = "--nnodes=$SLURM_NNODES" if req.min_nodes is None else f"--nnodes={req.min_nodes}:{req.nodes}"
-    wrapper = 'trap "" USR1 TERM; export PET_LOG_DIR="$0/$SLURMD_NODENAME"; exec "$@"'
+    # is_host: the first node's agent hosts the c10d store. torch decides it by matching the endpoint's name
+    # against the machine's, which every node of a host running several slurmds (the test cluster) matches: the
+    # store then lived in whichever agent bound first, n2's included, and losing n2 ended the job. The variable
+    # is torchrun's --rdzv-conf (read when the option is absent); a launcher.env value of it is kept in front.
+    wrapper = ('trap "" USR1 TERM; export PET_LOG_DIR="$0/$SLURMD_NODENAME"; '
+               'export PET_RDZV_CONF="${PET_RDZV_CONF:+$PET_RDZV_CONF,}is_host=$([ "$SLURMD_NODENAME" = '
+               '"$MASTER_ADDR" ] && echo 1 || echo 0)"; exec "$@"')
     if req.setup:
         wrapper = "\n".join([*environment.task_setup(req.setup, events), wrapper])
     return ["srun", f"--nodes={req.nodes}", f"--ntasks={req.nodes}", "--ntasks-per-node=1", *common, *user,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +83,7 @@ def require_not_active(paths: RunPaths) -> None:
                             if state in WAITING else ""))
 
 
-def resubmit(paths: RunPaths) -> str:
+def resubmit(paths: RunPaths, say: Callable[[str], None] | None = None) -> str:
     """Submit a Slurm run directory's launch.sh again; returns the new job id.
 
     The script needs no change to continue a run: every start of the trainer resumes from the newest valid
@@ -105,7 +106,8 @@ def resubmit(paths: RunPaths) -> str:
     require_cluster_fits(spec)
     from trainctl.launch import exclusions
 
-    exclusions.update(paths)  # nodes its failures name are kept out of the new job (render reads the record)
+    # nodes its failures or persistent stragglers name are kept out of the new job (render reads the record)
+    exclusions.update(paths, spec, say)
     argv = list(sl.get("submit_command") or [])
     mode = str(sl.get("mode") or spec.launcher.mode)
     render_args = sl.get("render")

@@ -10,9 +10,15 @@ Compute: time = FLOPs / rate through the origin, weighted the same way.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
+
+
+def median_of(per_rank: Sequence[float]) -> float:
+    """A figure over ranks: their median (one rank caught off its core does not move it)."""
+    return float(statistics.median(per_rank))
 
 
 @dataclass(frozen=True)

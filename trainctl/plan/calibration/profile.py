@@ -7,10 +7,17 @@ every raw figure (per rank) and every fit:
   fits.layer                    one real layer's forward + backward (tp 1): its FLOP/s and its efficiency,
                                 that rate over the tp-1 GEMM rate (norms, softmax, activations, autograd)
   fits.compute[tp]              what the planner charges per FLOP: matmul rate x layer efficiency
+  fits.layer.tp_seconds[tp]     the layer as a TP rank runs it in a TP group inside a node (plain, sp): its
+                                excess over its FLOPs at compute[tp] is the layer's exposed TP time
   fits.links[link][op]          latency + bus bytes / bandwidth, per link class and collective; the latency
                                 includes what a small collective costs more while the other ranks compute
                                 (raw.load) than idle (`load_excess_s`; `idle_latency_s` before it)
-A profile refitted from a run (trainctl/report/refit.py) has `source: run` and may lack links or matmul.
+  fits.fixed                    the trainer's work outside the layers (fixed.FixedWork): the embedding's and
+                                the LM head + loss's seconds per micro-batch beyond the head's FLOPs, the
+                                optimizer step per tensor and per element, and what one FSDP2 unit adds to a
+                                layer's forward + backward
+A profile refitted from a run (trainctl/report/refit.py) has `source: run` and may lack links, matmul or
+fixed (its rate already holds the fixed work).
 """
 
 from __future__ import annotations
@@ -21,54 +28,61 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from statistics import median
 from typing import Any
 
 from trainctl.errors import UsageError
 from trainctl.fileio import write_atomic
 from trainctl.model_shape import ModelShape
-from trainctl.plan.calibration.fit import LinkFit, fit_latency_bandwidth, fit_rate
+from trainctl.plan.calibration.fit import LinkFit, fit_latency_bandwidth, fit_rate, median_of
+from trainctl.plan.calibration.fixed import FixedWork, fit_fixed
 from trainctl.plan.memory import compute_precision
 from trainctl.spec.models import RunSpec
 
 KIND = "trainctl-calibration"
-SCHEMA = 1
+SCHEMA = 2  # 2: fits.fixed (schema 1 profiles priced no work outside the layers)
 STALE_DAYS = 30  # older than this: warned (drivers, firmware and neighbours change)
 REDO = "run `trainctl calibrate SPEC --out {path}` again"
-
-
-def _med(xs: list[float]) -> float:
-    return float(median(xs))
 
 
 def build(meta: dict[str, Any], raw: dict[str, Any]) -> dict[str, Any]:
     """The profile of one calibration: `meta` (where and what), `raw` (per-rank seconds), and the fits."""
     matmul: dict[str, dict[str, float]] = {}
     for tp in sorted({int(r["tp"]) for r in raw["matmul"]}):
-        rate, err = fit_rate([(r["flops"], _med(r["seconds"])) for r in raw["matmul"] if r["tp"] == tp])
+        rate, err = fit_rate([(r["flops"], median_of(r["seconds"])) for r in raw["matmul"] if r["tp"] == tp])
         matmul[str(tp)] = {"flops_per_s": rate, "rms_rel_error": err}
     layer = raw["layer"]
-    layer_rate = layer["flops"] / _med(layer["seconds"])
+    layer_rate = layer["flops"] / median_of(layer["seconds"])
     efficiency = layer_rate / matmul["1"]["flops_per_s"]
     links: dict[str, dict[str, dict[str, Any]]] = {}
     for link in sorted({r["link"] for r in raw["collectives"]}):
         for op in sorted({r["op"] for r in raw["collectives"] if r["link"] == link}):
-            pts = [(r["bus_bytes"], _med(r["seconds"])) for r in raw["collectives"]
+            pts = [(r["bus_bytes"], median_of(r["seconds"])) for r in raw["collectives"]
                    if r["link"] == link and r["op"] == op]
             links.setdefault(link, {})[op] = fit_latency_bandwidth(pts).as_dict()
     for r in raw.get("load", []):  # every op of the link pays the same wait for a busy peer
         ops = links[r["link"]]
         idle = LinkFit(**ops[r["op"]]).seconds(r["bus_bytes"], 1)
-        excess = max(0.0, _med(r["seconds"]) - idle)
+        excess = max(0.0, median_of(r["seconds"]) - idle)
         for fit in ops.values():
             fit.update(idle_latency_s=fit["latency_s"], load_excess_s=excess, latency_s=fit["latency_s"] + excess)
     fits = {
         "matmul": matmul,
-        "layer": {"flops_per_s": layer_rate, "efficiency": efficiency, "recompute": layer["recompute"]},
+        "layer": {"flops_per_s": layer_rate, "efficiency": efficiency, "recompute": layer["recompute"],
+                  "tokens": layer["tokens"], "tp_seconds": _tp_layers(layer.get("tp", []))},
         "compute": {tp: v["flops_per_s"] * efficiency for tp, v in matmul.items()},
         "links": links,
     }
+    if "fixed" in raw:
+        fits["fixed"] = fit_fixed(raw["fixed"], fits["compute"]["1"]).as_dict()
     return {"kind": KIND, "schema": SCHEMA, "source": "micro-benchmarks", **meta, "raw": raw, "fits": fits}
+
+
+def _tp_layers(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """tp -> {"plain" | "sp": one layer's forward + backward seconds on a TP rank, median over ranks}."""
+    out: dict[str, dict[str, float]] = {}
+    for r in rows:
+        out.setdefault(str(r["tp"]), {})["sp" if r["sequence_parallel"] else "plain"] = median_of(r["seconds"])
+    return out
 
 
 def spec_meta(spec: RunSpec) -> dict[str, Any]:
@@ -87,6 +101,10 @@ def summary(profile: dict[str, Any]) -> str:
     layer = fits.get("layer")
     parts = [f"compute {rate / 1e9:.3g} GFLOP/s per rank at tp {tp}"
              + (f" (layer efficiency {layer['efficiency']:.0%} of the GEMM rate)" if layer else "")]
+    fixed = fits.get("fixed")
+    if fixed:
+        parts.append(f"ends {(fixed['embedding_s'] + fixed['head_extra_s']) * 1e3:.3g} ms per micro-batch, optimizer "
+                     f"{fixed['tensor_s'] * 1e6:.0f} us per tensor + {fixed['element_s'] * 1e9:.3g} ns per element")
     for link, ops in fits.get("links", {}).items():
         ar = ops.get("all_reduce")
         if ar:
@@ -130,6 +148,7 @@ class Profile:
     data: dict[str, Any]
     compute: dict[int, float]  # tp -> FLOP/s per rank the planner charges
     links: dict[str, dict[str, LinkFit]]
+    fixed: FixedWork | None = None  # the work outside the layers; None: a refit profile (its rate holds it)
 
     @property
     def cluster(self) -> dict[str, Any]:
@@ -146,6 +165,15 @@ class Profile:
         if tp in self.compute:
             return self.compute[tp]
         return self.compute[min(self.compute, key=lambda t: (abs(math.log(t / tp)), t))]
+
+    def tp_layer(self, tp: int, sp: bool, recompute: str) -> tuple[float, int] | None:
+        """(seconds, tokens) of one layer's forward + backward on a TP rank of a `tp` group inside a node, as
+        measured (its collectives included), or None where not measured (another recompute mode too)."""
+        layer = self.data.get("fits", {}).get("layer") or {}
+        seconds = (layer.get("tp_seconds") or {}).get(str(tp), {}).get("sp" if sp else "plain")
+        if not _positive(seconds) or layer.get("recompute") != recompute or not layer.get("tokens"):
+            return None
+        return float(seconds), int(layer["tokens"])
 
     def link(self, link: str, op: str) -> LinkFit | None:
         return self.links.get(link, {}).get(op)
@@ -187,7 +215,8 @@ def parse(path: Path, data: Any) -> Profile:
     if not isinstance(data, dict) or data.get("kind") != KIND:
         raise _bad(path, f"not a trainctl calibration profile (no \"kind\": \"{KIND}\")")
     if data.get("schema") != SCHEMA:
-        raise _bad(path, f"schema {data.get('schema')!r}; this trainctl reads schema {SCHEMA}")
+        raise _bad(path, f"schema {data.get('schema')!r}; this trainctl reads schema {SCHEMA} (it also measures the "
+                         "work outside the layers)")
     try:
         cluster, fits = data["cluster"], data["fits"]
         for key in ("gpu", "ranks", "ranks_per_node"):
@@ -196,6 +225,7 @@ def parse(path: Path, data: Any) -> Profile:
         links = {link: {op: LinkFit(float(f["latency_s"]), float(f["bytes_per_s"]), int(f["points"]),
                                     float(f["rms_rel_error"])) for op, f in ops.items()}
                  for link, ops in (fits.get("links") or {}).items()}
+        fixed = FixedWork.from_dict(fits["fixed"]) if fits.get("fixed") else None
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise _bad(path, f"incomplete or malformed ({type(e).__name__}: {e})") from e
     if not compute or not all(_positive(v) and t >= 1 for t, v in compute.items()):
@@ -204,7 +234,9 @@ def parse(path: Path, data: Any) -> Profile:
         for op, f in ops.items():
             if not (_positive(f.bytes_per_s) and f.latency_s >= 0 and math.isfinite(f.latency_s)):
                 raise _bad(path, f"fits.links.{link}.{op} has a non-positive bandwidth or a negative latency")
-    return Profile(path, data, compute, links)
+    if fixed is not None and not fixed.valid():
+        raise _bad(path, "fits.fixed holds a negative or non-finite figure")
+    return Profile(path, data, compute, links, fixed)
 
 
 def check(profile: Profile, spec: RunSpec) -> list[str]:

@@ -1,0 +1,79 @@
+"""A node the straggler detector names persistently is kept out of the run's next job, on the real local Slurm
+cluster: a two-node data-parallel run on a slow n2 (its slurmd, and so the job step it starts, in a CPU cgroup at
+20% of a core, tests/e2e/slow_node.py) is resumed on one node, and `trainctl resume` excludes n2 with the reason,
+which `status` and `mfu-report` show (docs/ARCHITECTURE.md, "Preflight and node exclusion").
+
+n2 is slow from the job's start. Slowing its rank once the first step is logged (a stop's first version) raced
+the run: on a loaded host most of the 40 ms steps were over before the cgroup took hold, and the detector
+rightly saw no persistent straggler. The rank's start-up at 20% of a core costs about 15 s of wall time."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import slurm_fixtures
+import yaml
+from paths import REPO
+from slow_node import slow_node
+from slurm_fixtures import SlurmCluster, cli, step_exited
+from trainer_utils import TINY, deep_update
+
+from trainctl.rundir import RunPaths, read_jsonl
+
+pytestmark = pytest.mark.slow
+
+STEPS = 14
+SPEC = deep_update(TINY, {
+    "name": "straggler-exclusion",
+    "model": {"layers": 2},
+    "parallel": {"dp": "auto"},
+    "train": {"steps": STEPS, "global_batch": 8},
+    "checkpoint": {"every_steps": STEPS, "keep_last": 1},
+    "cluster": {"nodes": 2, "gpus_per_node": 1},  # exclude_stragglers: true is the default
+    "launcher": {"backend": "slurm", "mode": "srun"},
+})
+
+
+def test_persistent_straggler_node_is_excluded_by_resume(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    spec, run = tmp_path / "spec.yaml", tmp_path / "run"
+    spec.write_text(yaml.safe_dump(SPEC))
+    with slow_node("n2", 0.2):
+        r = cli("launch", str(spec), "--run-dir", str(run))
+        assert r.returncode == 0, r.stdout + r.stderr
+        paths = RunPaths(run)
+        job = json.loads(paths.job.read_text())["job_id"]
+        slurm_fixtures.wait_for(lambda: step_exited(paths, job), "the first job to end", 180, 0.5)
+    assert any(e["event"] == "finish" for e in read_jsonl(paths.events))
+
+    # the batch script's per-attempt query, for the run as it is (two nodes): excluding n2 would leave the
+    # partition one node, so n2 stays and the query says why
+    q = subprocess.run([sys.executable, "-m", "trainctl.launch.exclusions", str(run)], capture_output=True,
+                       text=True, timeout=60, cwd=REPO)
+    assert q.returncode == 0 and q.stdout.strip() == "", q.stdout + q.stderr
+    assert "not excluding n2 (persistent straggler: rank 1" in q.stderr and "would keep 1 usable node(s) without n2, " \
+        "and cluster.nodes = 2" in q.stderr, q.stderr
+    assert not paths.excluded_nodes.exists()
+
+    r = cli("resume", str(run), "--set", "cluster.nodes=1", "--set", "parallel.dp=1",
+            "--set", f"train.steps={STEPS + 2}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    said = " ".join(r.stdout.split())
+    assert "excluding n2 from the run's next jobs: persistent straggler: rank 1 (pipeline stage 0)" in said, said
+    record = json.loads(paths.excluded_nodes.read_text())["nodes"]
+    assert list(record) == ["n2"] and record["n2"]["source"] == "stragglers"
+    new = json.loads(paths.job.read_text())["job_id"]
+    assert new != job and "--exclude=n2" in json.loads(paths.job.read_text())["slurm"]["options"]
+    slurm_fixtures.wait_for(lambda: step_exited(paths, new), "the resumed job to end", 180, 0.5)
+    starts = [e["nodes"] for e in read_jsonl(paths.events) if e["event"] == "slurm_start"]
+    assert starts == ["n[1-2]", "n1"]
+
+    st = cli("status", str(run))
+    assert "excluded n2 from later jobs of this run: persistent straggler" in " ".join(st.stdout.split()), st.stdout
+    rep = cli("mfu-report", str(run))
+    assert rep.returncode == 0, rep.stderr
+    assert "n2 excluded from later jobs (stragglers): persistent straggler: rank 1" in " ".join(
+        rep.stdout.split()), rep.stdout

@@ -1,0 +1,133 @@
+"""The calibration's fixed work (trainctl/plan/calibration/fixed.py): its fits recover known costs, and the
+planner charges them as the trainer spends them (docs/ARCHITECTURE.md, "Calibration profile"). Independent
+arithmetic: synthetic timings from known per-tensor / per-element costs, and the step's figures recomputed
+from the model's own counts."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from paths import REPO
+
+from trainctl.model_shape import ModelShape, layer_flops_per_token, layer_params_per_gpu
+from trainctl.plan import comm
+from trainctl.plan.calibration import profile as prof
+from trainctl.plan.calibration.fixed import fit_fixed
+from trainctl.plan.calibration.shapes import OPS
+from trainctl.plan.estimate import Evaluator, assumed_rates
+from trainctl.plan.plan import candidate_from_spec, context_from_spec
+from trainctl.plan.rates import MeasuredRates
+from trainctl.spec import load_spec
+
+TINY = REPO / "recipes" / "tiny-cpu.yaml"
+TWO_RANKS = ["cluster.gpus_per_node=2", "parallel.tp=1", "parallel.pp=1", "parallel.dp=2",
+             "parallel.sequence_parallel=false"]
+
+
+def test_fit_recovers_the_optimizer_and_head_costs() -> None:
+    tensor_s, element_s, n, k = 2e-4, 1e-8, 50_000, 6
+    raw = {"micro_batch": 2, "embedding_s": [1e-3, 3e-3, 2e-3], "head_s": [5e-3], "head_flops": 1e6,
+           "tensors": {"layer": k, "embedding": 2, "head": 1},
+           "optimizer": [{"tensors": k, "elements": n, "seconds": [k * tensor_s + n * element_s]},
+                         {"tensors": 1, "elements": n, "seconds": [tensor_s + n * element_s]},
+                         {"tensors": 1, "elements": 4 * n, "seconds": [tensor_s + 4 * n * element_s]}],
+           "fsdp": {"link": "intra_node", "group_size": 2, "unit_bytes": 4e5, "plain_s": [0.010, 0.012],
+                    "sharded_s": [0.016, 0.018]}}
+    f = fit_fixed(raw, compute_rate=1e9)
+    assert f.element_s == pytest.approx(element_s, rel=1e-6)
+    assert f.tensor_s == pytest.approx(tensor_s, rel=1e-6)
+    assert f.embedding_s == pytest.approx(2e-3)  # the median over ranks
+    assert f.head_extra_s == pytest.approx(5e-3 - 1e6 / 1e9)  # beyond the head's FLOPs at the planner's rate
+    assert f.fsdp_unit_s == pytest.approx(0.017 - 0.011)
+    assert f.optimizer_seconds(10, 1e6) == pytest.approx(10 * tensor_s + 1e6 * element_s)
+    assert f.stage_tensors(4, True, True) == 4 * k + 2 + 1 and f.stage_tensors(2, False, False) == 2 * k
+    assert f.valid() and not replace(f, tensor_s=-1.0).valid()
+
+
+def test_zero3_traffic_follows_fsdp2_as_the_trainer_drives_it() -> None:
+    """One reduce-scatter per unit per step (gradient sync off until the last micro-batch); every unit
+    gathered for forward and again for backward, per micro-batch."""
+    psi, m, units, dp = 1e6, 4, 5, 2
+    rs, fwd, bwd = comm.dp_traffic(psi, 3, dp, m, 4, 4, units)
+    assert rs == ("reduce_scatter", pytest.approx(4 * psi / 2), units)
+    assert fwd == ("all_gather", pytest.approx(m * 4 * psi / 2), m * units)
+    assert bwd == ("all_gather", pytest.approx(m * 4 * psi / 2), m * units)
+
+
+FIXED = {"micro_batch": 2, "embedding_s": 1e-3, "head_extra_s": 3e-3, "tensor_s": 2e-4, "element_s": 1e-8,
+         "layer_tensors": 6, "embedding_tensors": 2, "head_tensors": 2, "fsdp_unit_s": 5e-3,
+         "fsdp_link": "intra_node", "fsdp_group": 2, "fsdp_bytes": 0.0}
+LINK = {"latency_s": 1e-4, "bytes_per_s": 1e8, "points": 5, "rms_rel_error": 0.0}
+
+
+def _profile(fixed: dict[str, Any] | None) -> prof.Profile:
+    fits: dict[str, Any] = {"compute": {"1": 2e9, "2": 2e9},
+                            "links": {"intra_node": {op: dict(LINK) for op in OPS}}}
+    if fixed is not None:
+        fits["fixed"] = fixed
+    return prof.parse(Path("<test>"), {"kind": prof.KIND, "schema": prof.SCHEMA, "fits": fits,
+                                       "cluster": {"gpu": "cpu", "ranks": 2, "ranks_per_node": 2}})
+
+
+def _evaluate(sets: list[str], fixed: dict[str, Any] | None):
+    spec = load_spec(TINY, overrides=[*TWO_RANKS, *sets])
+    ctx = context_from_spec(spec)
+    rates = MeasuredRates(_profile(fixed), assumed_rates(ctx.hw, ctx.assume), [])
+    return Evaluator(replace(ctx, rates=rates)).evaluate(candidate_from_spec(spec)), spec
+
+
+@pytest.mark.parametrize("zero", [0, 1])
+def test_the_step_adds_the_ends_per_micro_batch_and_the_optimizer_step(zero: int) -> None:
+    with_fixed, spec = _evaluate([f"parallel.zero={zero}"], FIXED)
+    without, _ = _evaluate([f"parallel.zero={zero}"], None)
+    micro_batches = spec.train.global_batch // (spec.parallel.micro_batch * 2)
+    ends = micro_batches * (FIXED["embedding_s"] + FIXED["head_extra_s"])  # one stage holds both ends
+    tensors = 4 * 6 + 2 + 2  # the tiny model's 4 layers and both ends
+    params = with_fixed.ranks[0].params
+    # ZeRO-1 steps this rank's fragments of the master: half the tensors and elements over dp 2
+    opt = (tensors * 2e-4 + params * 1e-8) if zero == 0 else (tensors / 2 * 2e-4 + params / 2 * 1e-8)
+    assert with_fixed.optimizer_time == pytest.approx(opt)
+    assert with_fixed.compute_time - without.compute_time == pytest.approx(ends)
+    assert with_fixed.step_time - without.step_time == pytest.approx(ends + opt)
+
+
+def test_zero3_charges_the_measured_fsdp_unit_moved_by_the_gather_fit() -> None:
+    est, spec = _evaluate(["parallel.zero=3"], FIXED)
+    micro_batches = spec.train.global_batch // (spec.parallel.micro_batch * 2)
+    unit_bytes = layer_params_per_gpu(ModelShape.from_spec(spec.model), 1) * 4  # fp32 weights gathered
+    # measured at 0 bytes over 2 ranks: two all-gathers of the layer's bytes more, at the fit's bandwidth
+    unit = FIXED["fsdp_unit_s"] + 2 * comm.gather_bytes(unit_bytes, 2) / LINK["bytes_per_s"]
+    assert est.fsdp_time == pytest.approx(micro_batches * 4 * unit)
+    assert est.step_time == pytest.approx(
+        est.compute_time + est.optimizer_time + est.fsdp_time + est.dp_exposed_time)
+
+
+def test_a_measured_tp_layer_prices_the_layers_tp_time_and_the_ends_stay_on_the_fits() -> None:
+    """TP 2 with SP on 2 ranks: each layer's exposed TP time is its measured seconds as a TP rank less its
+    FLOPs at the compute rate; the embedding's and the head's collectives are priced by the link fits."""
+    spec = load_spec(TINY, overrides=[*TWO_RANKS, "parallel.dp=1", "parallel.tp=2", "parallel.sequence_parallel=true"])
+    ctx = context_from_spec(spec)
+    profile = _profile(FIXED)
+    shape = ModelShape.from_spec(spec.model)
+    tokens = spec.parallel.micro_batch * shape.seq_len
+    profile.data["fits"]["layer"] = {"recompute": "none", "tokens": tokens, "tp_seconds": {"2": {"sp": 0.02}}}
+    rates = MeasuredRates(profile, assumed_rates(ctx.hw, ctx.assume), [])
+    est = Evaluator(replace(ctx, rates=rates)).evaluate(candidate_from_spec(spec))
+    micro_batches = spec.train.global_batch // spec.parallel.micro_batch
+    layer_compute = layer_flops_per_token(shape, "none") / 2 / 2e9 * tokens
+    message = comm.all_reduce_bytes(tokens * shape.hidden * 4, 2)  # fp32 activations
+    ends = 2 * (2 * LINK["latency_s"] + 0.5 * 2 * message / LINK["bytes_per_s"])  # RS + AG, embedding and head
+    assert est.tp_exposed_time == pytest.approx(micro_batches * (shape.layers * (0.02 - layer_compute) + ends))
+    # another recompute mode than the one measured: back on the fits
+    other = replace(candidate_from_spec(spec), recompute="full")
+    fits_only = Evaluator(replace(ctx, rates=rates)).evaluate(other).tp_exposed_time
+    assert fits_only != pytest.approx(est.tp_exposed_time)
+
+
+def test_no_parameters_make_no_collective() -> None:
+    """A dense model's expert-DP group reduces nothing: no calls whose latency the step would pay."""
+    for zero in (0, 1, 2, 3):
+        assert comm.dp_traffic(0.0, zero, 2, 4, 4, 4, units=5) == []
