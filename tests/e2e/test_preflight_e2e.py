@@ -1,5 +1,5 @@
 """`trainctl preflight` and `trainctl launch --preflight` on the real local Slurm cluster, with node n2 made
-slow for real (its slurmd confined to 20% of a core by a CPU cgroup, tests/e2e/slow_node.py): a healthy
+slow for real (its job processes stopped 80% of the time, tests/e2e/slow_node.py): a healthy
 cluster passes; a slow n2 is named with its matmul rate and the job runs on n1 alone."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ cluster: {nodes: 1, gpus_per_node: 1, gpu: cpu}
 launcher: {backend: slurm, mode: srun}
 """
 # The two "nodes" share two cores with whatever else runs on this machine: a healthy pair measured as far
-# apart as 0.81x of their median; a node at 10-20% of a core measures 0.2-0.4x. The default (0.8) is for real
+# apart as 0.81x of their median; n2 held to 20% of the time measures 0.16-0.29x. The default (0.8) is for real
 # fleets.
 LOOSE = ["--min-matmul-ratio", "0.6"]
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from trainctl.runtime import faults, stragglers
@@ -17,6 +19,24 @@ def test_encode_parse_round_trip():
     assert faults.get_int("stop_after_step", 7, environ=env) == 7  # not switched on: the default
     assert faults.get_float("slow_write_s", environ=env) == 0.0
     assert stragglers.slow_seconds(2, env) == 1.0 and stragglers.slow_seconds(1, env) == 0.0
+
+
+def test_slow_work_burns_the_steps_cpu_time_factor_minus_one_times_more():
+    """slow_work=<rank>:<factor>: the rank's step costs `factor` times its work in CPU time (a slow device),
+    so it stays a straggler on a loaded host; other ranks and runs without the fault are untouched."""
+    env = faults.encode(slow_work="1:3+2:1.5")
+    assert stragglers.slow_factor(1, env) == 3.0 and stragglers.slow_factor(0, env) == 1.0
+    untouched = stragglers.InjectedStraggler(0, env)
+    assert untouched.factor == 1.0 and untouched.sleep_s == 0.0
+    slow = stragglers.InjectedStraggler(1, env)
+    t0 = time.process_time()
+    slow.before_work()
+    stragglers.burn_cpu(0.05)  # the step's own work
+    work = time.process_time() - t0
+    slow.after_work()
+    assert time.process_time() - t0 >= 3 * work
+    with pytest.raises(ValueError, match="slow_work"):
+        stragglers.InjectedStraggler(1, faults.encode(slow_work="one:3"))
 
 
 def test_unknown_or_malformed_fault_is_an_error():

@@ -20,6 +20,8 @@ FAULTS: dict[str, str] = {
     "fail_attempt": "fail only in torchrun attempt N (0 = the first), so a restart can succeed",
     "hang": "<rank>:<step>: that rank blocks forever at that step (the hang watchdog must end it)",
     "slow_rank": "<rank>:<seconds>[+<rank>:<seconds>...]: those ranks sleep that long every step",
+    "slow_work": "<rank>:<factor>[+...]: those ranks do each step's forward and backward work <factor> times "
+                 "over, as CPU time (a slow device: behind by that factor at any host load)",
     "slow_write_s": "a checkpoint writer sleeps this long after writing, before the commit",
     "stop_after_step": "checkpoint after step N, then stop as if signalled (exit 0)",
     "host_memory": "bytes of host memory the TP-reshard check believes are available",

@@ -83,21 +83,53 @@ def _line(rec: dict[str, Any]) -> str:
     return json.dumps(rec, separators=(",", ":")) + "\n"
 
 
-def slow_seconds(rank: int, env: dict[str, str] | None = None) -> float:
-    """Seconds the `slow_rank` fault asks this rank to sleep every step (0 when not named)."""
-    raw = faults.get("slow_rank", env) or ""
-    total = 0.0
+def _per_rank(name: str, rank: int, env: dict[str, str] | None) -> list[float]:
+    """The values a `<rank>:<value>[+<rank>:<value>...]` fault gives `rank`."""
+    raw = faults.get(name, env) or ""
+    out = []
     for item in filter(None, (x.strip() for x in raw.split("+"))):
-        r, _, s = item.partition(":")
+        r, _, v = item.partition(":")
         try:
             if int(r) == rank:
-                total += float(s)
+                out.append(float(v))
         except ValueError as e:
-            raise ValueError(f"fault slow_rank={raw!r}: expected <rank>:<seconds>[+<rank>:<seconds>...]") from e
-    return total
+            raise ValueError(f"fault {name}={raw!r}: expected <rank>:<number>[+<rank>:<number>...]") from e
+    return out
 
 
-def maybe_slow(seconds: float) -> None:
-    """The test-only straggler: extra 'compute' on one rank, inside its step, before the gradient sync."""
-    if seconds > 0:
-        time.sleep(seconds)
+def slow_seconds(rank: int, env: dict[str, str] | None = None) -> float:
+    """Seconds the `slow_rank` fault asks this rank to sleep every step (0 when not named)."""
+    return sum(_per_rank("slow_rank", rank, env))
+
+
+def slow_factor(rank: int, env: dict[str, str] | None = None) -> float:
+    """How many times over the `slow_work` fault has this rank do its step's work (1 when not named)."""
+    return max(_per_rank("slow_work", rank, env), default=1.0)
+
+
+def burn_cpu(seconds: float) -> None:
+    """Keep one thread busy until this process has used `seconds` more CPU time."""
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        sum(range(10_000))
+
+
+class InjectedStraggler:
+    """The test-only stragglers on one rank, inside its step before the gradient sync: `slow_rank` sleeps a
+    fixed time; `slow_work` burns (factor - 1) x the CPU time of the step's forward and backward after them.
+    Only the second stays a straggler on a loaded host: a sleep's share of the step shrinks as the load
+    stretches the work, and a rank slowed by the OS (a CPU quota, stopping it part of the time) is made up for
+    by the scheduler."""
+
+    def __init__(self, rank: int, env: dict[str, str] | None = None) -> None:
+        self.sleep_s, self.factor = slow_seconds(rank, env), slow_factor(rank, env)
+        self._cpu0 = 0.0
+
+    def before_work(self) -> None:
+        if self.sleep_s > 0:
+            time.sleep(self.sleep_s)
+        self._cpu0 = time.process_time()
+
+    def after_work(self) -> None:
+        if self.factor > 1:
+            burn_cpu((self.factor - 1) * (time.process_time() - self._cpu0))

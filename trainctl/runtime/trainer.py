@@ -133,7 +133,7 @@ class Trainer:
         self.loader = build_loader(spec, par.replica, par.replicas, t.seed, self.cp)
         self.flops: metrics.FlopsModel | None = None
         self.steptimes: stragglers.StepTimeLog | None = None  # this rank's step times (set by run())
-        self.slow_s = stragglers.slow_seconds(par.rank)  # the slow_rank fault
+        self.straggler = stragglers.InjectedStraggler(par.rank)  # the slow_rank and slow_work faults
         COMM.use_cuda(par.device.type == "cuda")
         PP_WAIT.use_cuda(par.device.type == "cuda")
         A2A.use_cuda(par.device.type == "cuda")  # the EP all-to-all's share of COMM (runtime/moe.py)
@@ -304,7 +304,7 @@ class Trainer:
         td = time.perf_counter()
         inputs, targets = self.loader.next_step()
         data_wait = time.perf_counter() - td
-        stragglers.maybe_slow(self.slow_s)
+        self.straggler.before_work()
         self.sync.start_step(step + 1)
         if self.moe is not None:  # the aux losses' backward starts as the LM loss's does (runtime/moe.py)
             self.moe.aux_grad_scale = self.scaler.scale / self.micro_batches
@@ -313,6 +313,7 @@ class Trainer:
         measuring = step == self.memory_steps.stop - 1
         with self.saved.measuring() if measuring else contextlib.nullcontext():
             loss = self.executor.run(inputs.to(par.device), targets.to(par.device))
+        self.straggler.after_work()
         if ev is not None:
             ev[1].record()
         ts = time.perf_counter()
