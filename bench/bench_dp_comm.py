@@ -47,7 +47,7 @@ def worker(a: argparse.Namespace) -> None:
 
     torch.set_num_threads(1)
     env = RankEnv.from_env()
-    device = start_process_group(env)
+    device = start_process_group(env, gpu=torch.cuda.is_available())
     world = env.world_size
     spec = validate_spec({"name": "bench-dp-comm", "model": model_spec(a),
                           "parallel": {"dp": world}, "train": {"global_batch": world, "steps": 1},

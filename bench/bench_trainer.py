@@ -45,7 +45,7 @@ def bare_loop(run_dir: Path, out: Path) -> None:
 
     from trainctl.model_shape import ModelShape
     from trainctl.runtime.data import build_loader
-    from trainctl.runtime.model import build_stage, loss_fn
+    from trainctl.runtime.model import build_stage, compile_blocks, loss_fn
     from trainctl.runtime.optim import lr_at
     from trainctl.runtime.tensor_parallel import TPContext
     from trainctl.spec import load_spec
@@ -58,10 +58,13 @@ def bare_loop(run_dir: Path, out: Path) -> None:
     cfg = ModelShape.from_spec(spec.model)
     tp = TPContext.single()
     model = build_stage(cfg, range(cfg.layers), True, True, tp, t.seed, recompute=t.recompute, device=device)
+    if t.compile:
+        compile_blocks([model])  # the trainer's own compile of the blocks: torch.compile on in both or off in both
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and not n.endswith("bias")]
     no_decay = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and not n.endswith("bias"))]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": t.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps)
+                             {"params": no_decay, "weight_decay": 0.0}], lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps,
+                            fused=True if device.type == "cuda" else None)  # the trainer's choice on a GPU
     loader = build_loader(spec, 0, 1, t.seed)
     times, cpu, losses = [], [], []
     for step in range(t.steps):
@@ -84,7 +87,8 @@ def bare_loop(run_dir: Path, out: Path) -> None:
         times.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
         losses.append(total)
-    out.write_text(json.dumps({"times": times, "cpu": cpu, "losses": losses}))
+    peak_gb = torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None
+    out.write_text(json.dumps({"times": times, "cpu": cpu, "losses": losses, "peak_mem_gb": peak_gb}))
 
 
 def _free_port() -> int:

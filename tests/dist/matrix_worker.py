@@ -51,7 +51,7 @@ def train(case: dict, par: Parallel, out: Path) -> None:
 def main(cases_file: str, out_dir: str) -> None:
     env = RankEnv.from_env()
     torch.set_num_threads(1)
-    device = start_process_group(env)
+    device = start_process_group(env, gpu=False)  # the matrix compares CPU runs
     out = Path(out_dir)
     cases = json.loads(Path(cases_file).read_text())
     refs = [c for c in cases if Layout.from_spec(validate_spec(c["spec"])).world_size == 1]

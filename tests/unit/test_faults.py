@@ -29,8 +29,8 @@ def test_slow_work_burns_the_steps_cpu_time_factor_minus_one_times_more():
     untouched = stragglers.InjectedStraggler(0, env)
     assert untouched.factor == 1.0 and untouched.sleep_s == 0.0
     slow = stragglers.InjectedStraggler(1, env)
-    t0 = time.process_time()
     slow.before_work()
+    t0 = time.process_time()  # after before_work's own reading: the burn multiplies what came after that
     stragglers.burn_cpu(0.05)  # the step's own work
     work = time.process_time() - t0
     slow.after_work()

@@ -167,6 +167,7 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def prepare(plan: ResumePlan) -> None:
     """Apply the plan to the run directory: move abandoned checkpoints aside, write a changed spec."""
     paths = plan.paths
+    paths.logs.mkdir(exist_ok=True)  # a run directory copied or pruned without its logs still resumes
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for info in plan.abandon:
         target = info.path.with_name(abandoned_dirname(info.step, stamp))

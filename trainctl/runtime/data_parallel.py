@@ -222,7 +222,7 @@ class GradSync:
             flat[off:off + info.param.numel()].copy_(info.param.detach().reshape(-1))
         b.master = flat[a:e].detach().clone().float()  # fp32 master weights of the owned slice
         if self.offload:
-            b.master = _host(b.master)
+            b.master = _host(b.master, pin=flat.is_cuda)
         if self.param_dtype is not None:
             flat = flat.to(self.param_dtype)  # the weights the compute reads; the master is the truth
         for info, off in zip(b.params, b.offsets, strict=True):
@@ -235,9 +235,9 @@ class GradSync:
             b.grad_shard = torch.zeros(e - a, dtype=self.grad_dtype, device=flat.device)
         step_grad = b.grad_shard
         if self.offload:
-            step_grad = b.host_grad = _host(torch.zeros(e - a, dtype=self.grad_dtype))
+            step_grad = b.host_grad = _host(torch.zeros(e - a, dtype=self.grad_dtype), pin=flat.is_cuda)
             if self.param_dtype is not None:
-                b.host_param = _host(torch.zeros(e - a, dtype=self.param_dtype))
+                b.host_param = _host(torch.zeros(e - a, dtype=self.param_dtype), pin=flat.is_cuda)
         for info, off in zip(b.params, b.offsets, strict=True):
             lo, hi = max(off, a), min(off + info.param.numel(), e)
             if lo < hi:
@@ -598,10 +598,10 @@ class FsdpSync:
         return {}  # the fp32 shards are the parameters
 
 
-def _host(t: Tensor) -> Tensor:
-    """`t` in host memory, pinned when a GPU is present (asynchronous copies; pinning needs the accelerator),
-    always a separate tensor from `t`."""
-    out = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=torch.cuda.is_available())
+def _host(t: Tensor, pin: bool) -> Tensor:
+    """`t` in host memory, pinned when the weights live on a GPU (asynchronous copies; pinning needs the
+    accelerator, and a CPU run must not start a CUDA context), always a separate tensor from `t`."""
+    out = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pin)
     return out.copy_(t)
 
 

@@ -154,15 +154,22 @@ def init(spec: RunSpec, env: RankEnv) -> Parallel:
         raise RuntimeError(f"the spec's layout tp*cp*pp*dp = {layout.tp}*{layout.cp}*{layout.pp}*{layout.dp} = "
                            f"{layout.world_size} ranks but {env.world_size} processes were started; "
                            "fix cluster.nodes/gpus_per_node or the launcher's process count")
-    device = start_process_group(env)
+    device = start_process_group(env, runs_on_gpu(spec))
     par = parallel_groups(layout, env, device)
     assert par is not None  # the layout covers the whole world
     return par
 
 
-def start_process_group(env: RankEnv) -> torch.device:
+def runs_on_gpu(spec: RunSpec) -> bool:
+    """A rank trains on its GPU when the spec names one and CUDA sees one: `cluster.gpu: cpu` stays on the CPU
+    on a machine with GPUs too (an 8-rank CPU recipe on a 1-GPU box would otherwise put ranks 1-7 on GPUs
+    that do not exist), and a GPU spec on a machine without one still runs, on the CPU."""
+    return spec.cluster.gpu != "cpu" and torch.cuda.is_available()
+
+
+def start_process_group(env: RankEnv, gpu: bool) -> torch.device:
     """The default process group (NCCL on GPUs, gloo on the CPU) on the per-attempt store; this rank's device."""
-    if torch.cuda.is_available():
+    if gpu:
         device = torch.device("cuda", env.local_rank)
         torch.cuda.set_device(device)
         backend = "nccl"

@@ -73,7 +73,7 @@ def windowed_collective(fn: Callable[[], object], device: torch.device, repeats:
     t0 = time.perf_counter()
     fn()
     synchronize(device)
-    need = torch.tensor([max(1, math.ceil(window_s / max(time.perf_counter() - t0, 1e-6)))])
+    need = torch.tensor([max(1, math.ceil(window_s / max(time.perf_counter() - t0, 1e-6)))], device=device)
     dist.all_reduce(need, op=dist.ReduceOp.MAX)
     n = int(need.item())
     per_call = []

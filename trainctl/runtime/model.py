@@ -359,6 +359,15 @@ def build_stage(cfg: ModelShape, layer_ids: range, first: bool, last: bool, tp: 
     return stage
 
 
+def compile_blocks(stages: list[StageModule]) -> None:
+    """train.compile: compile every transformer block in place (its parameters and state-dict keys stay as
+    they are, so checkpoints do not change). Blocks share one code object, so one compilation serves them all;
+    a full-recompute checkpoint wraps the compiled block and reruns it."""
+    for stage in stages:
+        for block in stage.layers.values():
+            block.compile()
+
+
 def loss_fn(logits_shard: Tensor, targets: Tensor, cfg: ModelShape, tp: TPContext) -> Tensor:
     """Vocab-parallel cross-entropy, mean over all tokens of the micro-batch (padded vocab masked)."""
     return vocab_parallel_cross_entropy(logits_shard, targets, tp, cfg.vocab)

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from trainctl.plan.pipeline import stages_of_pp_rank
 from trainctl.plan.placement import Groups, Layout, coords, cp_coord, tp_groups_across_nodes
 from trainctl.rundir import PLACEMENT, RunPaths, record_event
+from trainctl.runtime.distributed import runs_on_gpu
 from trainctl.spec.models import RunSpec
 
 
@@ -29,12 +30,12 @@ class PlacementError(RuntimeError):
     pass
 
 
-def report(local_rank: int) -> dict[str, Any]:
-    """What this rank can say about itself."""
+def report(local_rank: int, on_gpu: bool) -> dict[str, Any]:
+    """What this rank can say about itself; `on_gpu`: it trains on its CUDA device."""
     host = socket.gethostname()
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     gpu: str | None = None
-    if torch.cuda.is_available():
+    if on_gpu:
         idx = torch.cuda.current_device()
         ids = visible.split(",") if visible else []
         gpu = ids[idx] if idx < len(ids) else str(idx)  # the physical id where the launcher says it
@@ -95,7 +96,7 @@ def check(mapping: dict[str, Any]) -> None:
 def prove_placement(spec: RunSpec, paths: RunPaths, rank: int, local_rank: int,
                     world_size: int) -> dict[str, Any] | None:
     """Collective. Every rank reports; rank 0 writes RUN/placement.json; every rank raises on a bad map."""
-    mine = report(local_rank)
+    mine = report(local_rank, runs_on_gpu(spec))
     if world_size > 1 and dist.is_available() and dist.is_initialized():
         reports: list[Any] = [None] * world_size
         dist.all_gather_object(reports, mine)

@@ -36,7 +36,7 @@ from trainctl.runtime.comm_wait import COMM, PP_WAIT, time_pipeline_receives
 from trainctl.runtime.context_parallel import CPContext
 from trainctl.runtime.data import build_loader
 from trainctl.runtime.distributed import Parallel
-from trainctl.runtime.model import build_stage, loss_fn, params_built, params_record
+from trainctl.runtime.model import build_stage, compile_blocks, loss_fn, params_built, params_record
 from trainctl.runtime.moe import A2A, EPContext, MoEContext, is_expert_param
 from trainctl.runtime.schedules import Accumulate, Executor, Pipelined
 from trainctl.runtime.state import TrainState
@@ -74,12 +74,23 @@ class LossScaler:
         return True
 
 
+def deterministic_kernels() -> None:
+    """Only kernels that give the same bits on every run (train.deterministic). cuBLAS reads its workspace
+    setting when its handle is made, at the first matmul, which comes after this. An op with no deterministic
+    implementation warns (rank 0's log names it) rather than stopping the run."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.benchmark = False
+
+
 class Trainer:
     def __init__(self, spec: RunSpec, par: Parallel, paths: RunPaths):
         self.spec, self.par, self.paths = spec, par, paths
         t, p = spec.train, spec.parallel
         self.log = par.rank == 0
         torch.manual_seed(t.seed)  # same stream on every rank: replicated dropout masks agree over TP
+        if t.deterministic and par.device.type == "cuda":
+            deterministic_kernels()
         self.precision = compute_precision(t.precision, par.device.type != "cuda", t.low_precision_on_cpu)
         self.autocast_dtype, self.scaler = self._precision()
         self.cfg = ModelShape.from_spec(spec.model)
@@ -95,6 +106,8 @@ class Trainer:
             build_stage(self.cfg, ranges[s], s == 0, s == n_stages - 1, self.tp, t.seed, recompute=t.recompute,
                         device=par.device, cp=self.cp, moe=self.moe)
             for s in self.stage_ids]
+        if t.compile:
+            compile_blocks(self.modules)  # before FSDP wraps the blocks, as torchtitan orders them
         self.params = self._params_record()  # before FSDP turns the parameters into shards
         self._init_from()  # before ZeRO/FSDP, which start from the parameters
         self.micro_batches = spec.micro_batches
@@ -115,8 +128,10 @@ class Trainer:
         self.sync = (data_parallel.FsdpSync(infos, par) if fsdp
                      else expert_sync.grad_sync(infos, par, p.zero, self.micro_batches, reduce_dtype, self.precision,
                                                 psgd, offload))
-        # offload: AdamW steps host tensors, where torch's fused CPU kernel is the fast one
-        self.opt = optim.adamw(self.sync.optimizer_groups(), t, fused=offload and par.dp > 1)
+        # offload: AdamW steps host tensors, where torch's fused CPU kernel is the fast one; on a GPU the fused
+        # kernel is one launch per parameter group instead of foreach's several passes over the weights
+        self.opt = optim.adamw(self.sync.optimizer_groups(), t,
+                               fused=(offload and par.dp > 1) or (par.device.type == "cuda" and not offload))
 
         def scaled_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
             return loss_fn(logits, targets, self.cfg, self.tp) * self.scaler.scale
@@ -295,8 +310,9 @@ class Trainer:
         t0, c0 = time.perf_counter(), time.process_time()
         lr = optim.lr_at(step, spec.train)
         optim.set_lr(self.opt, lr)
-        # On GPU the host does not wait for kernels, so this rank's own work is timed with CUDA events.
-        ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if cuda else None
+        # On GPU the host does not wait for kernels, so the parts are timed with CUDA events: the start, the end of
+        # forward and backward, the end of the gradient sync and the norm's all-reduce (before the optimizer step)
+        ev = tuple(torch.cuda.Event(enable_timing=True) for _ in range(3)) if cuda else None
         if ev is not None:
             ev[0].record()
         COMM.take()  # from here on: this step's time in TP collectives and pipeline receives
@@ -321,6 +337,8 @@ class Trainer:
         self.guard.poison(self.loader.consumed // self.loader.global_batch, self.sync.all_grads())  # test fault
         norm, loss_value, skipped = self._norm_and_loss(loss, step + 1)
         sync_s = time.perf_counter() - ts  # gradient sync + the final all-reduce: includes waiting for peers
+        if ev is not None:
+            ev[2].record()
         finite = math.isfinite(norm)
         if self.scaler.update(finite) and finite and not skipped:
             self._clip(norm)
@@ -333,7 +351,7 @@ class Trainer:
             torch.cuda.synchronize(par.device)
         dt, cpu = time.perf_counter() - t0, time.process_time() - c0
         if ev is not None:
-            sync_s = max(0.0, dt - ev[0].elapsed_time(ev[1]) / 1e3)
+            sync_s = ev[1].elapsed_time(ev[2]) / 1e3  # the same span as on the CPU: not the optimizer step
         routing = self._routing_record() if self.moe is not None else None  # a collective: every rank, every step
         comm_s = COMM.take()  # waits inside the step: counted apart from this rank's own work
         pp_s = PP_WAIT.take()  # the pipeline receives' part of comm_s

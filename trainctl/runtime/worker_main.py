@@ -15,7 +15,7 @@ import torch
 
 from trainctl.errors import EXIT_USAGE, SpecError
 from trainctl.rundir import RunPaths
-from trainctl.runtime.distributed import RankEnv, exit_now, start_process_group
+from trainctl.runtime.distributed import RankEnv, exit_now, runs_on_gpu, start_process_group
 from trainctl.spec.models import RunSpec
 
 Work = Callable[[RunSpec, RankEnv, torch.device, RunPaths], None]
@@ -38,7 +38,7 @@ def worker_main(module: str, what: str, work: Work, argv: list[str] | None = Non
         print(f"trainctl: rank {env.rank}: {e}", file=sys.stderr)
         exit_now(EXIT_USAGE, barrier=False)
     try:
-        work(spec, env, start_process_group(env), paths)
+        work(spec, env, start_process_group(env, runs_on_gpu(spec)), paths)
     except BaseException as e:  # one clear line per failed rank; torchrun stops the rest
         traceback.print_exc()
         print(f"trainctl: {what}: rank {env.rank} failed: {type(e).__name__}: {e}".splitlines()[0], file=sys.stderr)

@@ -234,6 +234,13 @@ class TrainSpec(Strict):
     low_precision_on_cpu: bool = Field(
         False, description="Run bf16/fp16 autocast on the CPU too instead of falling back to fp32 (slow on "
         "CPUs without bf16 matrix units; it exercises the mixed-precision path a GPU run takes)")
+    deterministic: bool = Field(
+        False, description="GPU: deterministic kernels only (torch.use_deterministic_algorithms, a fixed cuBLAS "
+        "workspace), so a resumed run retraces the uninterrupted one bit for bit; slower. CPU runs are "
+        "deterministic already")
+    compile: bool = Field(
+        False, description="torch.compile each transformer block: inductor fuses the norms, rotary, SwiGLU and "
+        "residual adds into few kernels (GPU); the first step pays the compilation")
     recompute: Literal["none", "selective", "full"] = "none"
     seed: Annotated[int, Field(ge=0, le=2**63 - 1)] = 1234
     grad_clip: PositiveFloat | None = 1.0
