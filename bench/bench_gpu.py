@@ -14,7 +14,8 @@ What runs, each in its own processes through the CLI a user types (`python -m tr
   resume     a small model with train.deterministic: straight 16 steps with async checkpoints, then a copy
              rewound to step 8 by `trainctl resume --from-step 8`: steps 9-16 bit for bit? (also without
              train.deterministic, to say what differs)
-  pytest     the unit tests and the local launch tests with CUDA visible (CPU recipes must stay on the CPU)
+  pytest     the unit tests, the local launch, trainer, compile and resume tests with CUDA visible (their CPU
+             recipes must stay on the CPU)
 
     python3 bench/bench_gpu.py --out DIR          # skips (exit 0) on a machine without a CUDA GPU
     python3 bench/bench_gpu.py --cpu-smoke        # the same flow at toy size on the CPU (checks this script)
@@ -297,8 +298,9 @@ def resume_pair(b: Bench, name: str, deterministic: bool) -> dict[str, Any]:
 
 
 def check_pytest(b: Bench) -> dict[str, Any]:
-    r = b.sh([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-n", "8",
-              "tests/unit", "tests/dist/test_launch_local.py"], 240, "pytest")
+    r = b.sh([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "8", "tests/unit",
+              "tests/dist/test_launch_local.py", "tests/dist/test_trainer_runtime.py", "tests/dist/test_compile.py",
+              "tests/dist/test_resume_cli.py"], 240, "pytest")
     tail = (r.stdout.strip().splitlines() or [""])[-1]
     return {"rc": r.returncode, "summary": tail}
 

@@ -58,8 +58,10 @@ def make_run(root: Path, name: str, **sections: dict[str, Any]) -> tuple[Path, i
 
 def rank_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment a test starts ranks in: this one, one OpenMP thread per rank (the ranks share the
-    cores), the repository importable, then `extra`."""
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **(extra or {})}
+    cores), the repository importable ahead of what PYTHONPATH already held (packages installed with
+    --target, as on a lent GPU machine), then `extra`."""
+    path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path, **(extra or {})}
 
 
 def free_port() -> int:
