@@ -26,7 +26,8 @@ STEPS = 6
 OFFLOAD = {"offload": "optimizer"}
 
 
-def assert_close_runs(a: Path, b: Path, steps: list[int] | None = None, bf16: bool = False) -> None:
+def assert_close_runs(a: Path, b: Path, steps: list[int] | None = None, bf16: bool = False,
+                      weight_atol: float = 1e-6) -> None:
     """Losses and grad norms of the given steps (default: all), and the final fp32 weights, equal to fp32 rounding.
     With bf16 parameters a last-bit difference of the master can round a weight to the neighbouring bf16 number:
     losses still to fp32 rounding, grad norms and weights to bf16's (unit roundoff 2^-8 = 4e-3)."""
@@ -39,7 +40,8 @@ def assert_close_runs(a: Path, b: Path, steps: list[int] | None = None, bf16: bo
     assert set(wa) == set(wb) and wa
     for k in wa:
         assert wa[k].dtype == wb[k].dtype == torch.float32, k
-        torch.testing.assert_close(wb[k], wa[k], rtol=4e-3 if bf16 else 1e-5, atol=1e-4 if bf16 else 1e-6, msg=k)
+        torch.testing.assert_close(wb[k], wa[k], rtol=4e-3 if bf16 else 1e-5, atol=1e-4 if bf16 else weight_atol,
+                                   msg=k)
 
 
 def host_memory(run: Path) -> list[dict[str, int]]:
@@ -103,6 +105,9 @@ def test_offload_matches_plain(case: str, tmp_path: Path) -> None:
     ok(run_trainer(plain, world, env=SMALL_BUCKETS), f"plain {case}")
     offload, _ = make_run(tmp_path, "offload", parallel={**parallel, **OFFLOAD}, **sections)
     ok(run_trainer(offload, world, env=SMALL_BUCKETS), f"offload {case}")
-    assert_close_runs(plain, offload, bf16=zero == 2)
+    # PowerSGD orthogonalises the error-fed gradient: a rounding difference of the two AdamW kernels moves its
+    # basis a little, and a weight by up to 2.1e-6 of ~0.02 after 6 steps (one element of 12,288 on an AMD EPYC
+    # host, where the fused kernel's vector path rounds differently; 1e-6 held on the CI host before)
+    assert_close_runs(plain, offload, bf16=zero == 2, weight_atol=1e-5 if case == "zero1-powersgd" else 1e-6)
     if zero == 2:  # 18/dp bytes: the bf16 parameters came from the host's rounding of the master
         assert_host_as_planned(offload)

@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -46,6 +47,10 @@ SPEC = deep_update(TINY, {
     "launcher": {"backend": "slurm", "mode": "torchrun", "max_restarts": 2, "env": {"PET_RDZV_CONF": RDZV_CONF}},
 })
 
+def job_listed(job: str) -> bool:
+    return bool(subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True).stdout.strip())
+
+
 def lose_node(job: str, node: str) -> list[int]:
     """SIGKILL every process of the training step's task on `node` (its agent and ranks); their pids."""
     pids = step_pids(job, node)
@@ -71,7 +76,9 @@ def test_losing_a_node_finishes_on_the_other_on_the_curve(slurm_cluster: SlurmCl
                                         for e in read_jsonl(paths.events)), "a checkpoint on two nodes", 60, 0.2)
     t_kill = time.time()
     assert lose_node(job, "n2"), "no process of the step's task on n2"
-    slurm_fixtures.wait_for(lambda: step_exited(paths), "the job to end", 90, 0.5)
+    slurm_fixtures.wait_for(lambda: step_exited(paths), "the training step to end", 90, 0.5)
+    # the batch script's verdict line comes after step_exit (it reads the events first): wait for the job
+    slurm_fixtures.wait_for(lambda: not job_listed(job), "the batch script to end", 60, 0.5)
 
     ev = read_jsonl(paths.events)
     log = (paths.logs / f"slurm-{job}.out").read_text()
