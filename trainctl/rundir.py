@@ -28,6 +28,7 @@ marker) belong to trainctl/checkpoint/format.py.
     RUN/logs/slurm-<job>.out         Slurm: the batch script's output, every attempt appended
     RUN/logs/steptimes-rank<N>.jsonl each rank's step times (stragglers)
     RUN/logs/heartbeat-rank<N>       each rank's liveness (hang watchdog)
+    RUN/logs/oom-rank<N>.json        each rank's out-of-memory kill counters at its start (trainctl/oom_kills.py)
     RUN/logs/<torchrun run id>/...   local: torchrun's per-rank stdout/stderr (its --log-dir is RUN/logs)
     RUN/logs/torchrun/<job>.<restart>/<node>/...   Slurm torchrun mode: the same, per job attempt and node
 
@@ -72,6 +73,7 @@ TORCHRUN_LOGS = "torchrun"  # under logs/: Slurm torchrun mode's --log-dir, one 
 SLURM_OUTPUT = "slurm-{job}.out"  # {job}: a job id, or Slurm's %j in the sbatch --output pattern
 STEPTIMES = "steptimes-rank{rank}.jsonl"
 HEARTBEAT = "heartbeat-rank{rank}"
+OOM_COUNTERS = "oom-rank{rank}.json"
 PREVIOUS_SPEC = "spec.prev-{n}.yaml"
 PREVIOUS_LAUNCH_SCRIPT = "launch.prev-{n}.sh"
 # torchrun's own layout under its --log-dir: <rendezvous run id>/attempt_<n>/<local rank>/{stdout,stderr}.log
@@ -236,6 +238,9 @@ class RunPaths:
 
     def heartbeat(self, rank: int) -> Path:
         return self.logs / HEARTBEAT.format(rank=rank)
+
+    def oom_counters(self, rank: int) -> Path:
+        return self.logs / OOM_COUNTERS.format(rank=rank)
 
     @property
     def torchrun_logs(self) -> Path:

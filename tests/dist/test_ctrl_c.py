@@ -1,14 +1,16 @@
 """What the person at the terminal sees and keeps, through `trainctl launch` with real torchrun, real ranks and
 real signals (docs/ARCHITECTURE.md, "Signal chain" and "Run states"): Ctrl-C saves and stops with no step
 lost, a second Ctrl-C kills at once, a SIGKILLed launcher leaves no process behind and a resumable run, a rank
-killed by SIGKILL is named as the first cause, and `status` agrees with the launcher's last line. Two ranks
-(DP 2): enough for "every rank stops after the same step"."""
+killed by SIGKILL is named as the first cause (out of memory when the kernel's OOM killer sent it), and
+`status` agrees with the launcher's last line. Two ranks (DP 2): enough for "every rank stops after the same
+step"."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -20,6 +22,7 @@ import pytest
 from paths import REPO
 from trainer_utils import processes_mentioning
 
+from trainctl import oom_kills
 from trainctl.checkpoint import list_checkpoints
 from trainctl.errors import EXIT_RUN_FAILED, EXIT_STOPPED
 from trainctl.rundir import read_jsonl
@@ -76,6 +79,45 @@ def assert_clean(out: str) -> None:
 
 def valid_steps(run: Path) -> list[int]:
     return [c.step for c in list_checkpoints(run / "checkpoints") if c.valid]
+
+
+@pytest.fixture
+def small_memory_cgroup() -> Any:
+    """A memory cgroup of 256 MiB beside this test's own (cgroup v1 or v2): what a job's memory limit is."""
+    where = oom_kills.cgroup_dir()
+    if where is None:
+        pytest.skip("no memory cgroup visible here")
+    group = where[0] / f"trainctl-test-{secrets.token_hex(4)}"
+    try:
+        group.mkdir()
+        limit = next(f for f in ("memory.limit_in_bytes", "memory.max") if (group / f).exists())
+        (group / limit).write_text(str(256 << 20))
+    except (OSError, StopIteration) as e:
+        pytest.skip(f"cannot make a memory cgroup with a limit here: {e}")
+    yield group
+    for _ in range(100):  # the killed rank leaves the group as the kernel reaps it
+        try:
+            group.rmdir()
+            return
+        except OSError:
+            time.sleep(0.1)
+
+
+def test_rank_killed_by_the_oom_killer_is_out_of_memory(tmp_path: Path, small_memory_cgroup: Path) -> None:
+    """Rank 1 runs in a 256 MiB memory cgroup and outgrows it at step 3: the kernel's SIGKILL is named out of
+    memory (its cgroup's OOM kill count grew since the rank started), where a `kill -9` stays a signal
+    (test_rank_killed_by_sigkill_is_the_first_cause)."""
+    run = tmp_path / "run"
+    proc = launch(run, env=faults.encode(oom_at_step=f"1:3:{small_memory_cgroup}"))
+    out, _ = proc.communicate(timeout=180)
+    wait_gone(run)
+    assert proc.returncode == EXIT_RUN_FAILED, out[-3000:]
+    assert re.search(r"run failed: rank 1 on \S+: out of memory: killed by the kernel's out-of-memory killer "
+                     rf"\(memory cgroup {re.escape(str(small_memory_cgroup))}: 1 OOM kill\(s\) since it started\)",
+                     out), out[-2000:]
+    assert_clean(out)
+    st = status(run)
+    assert st["state"] == "FAILED" and "rank 1" in st["reason"] and "out of memory" in st["reason"], st
 
 
 def test_ctrl_c_saves_after_the_current_step_and_loses_none(tmp_path: Path) -> None:

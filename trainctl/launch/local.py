@@ -57,6 +57,7 @@ from trainctl.launch.runstate import (
     STOPPED,
     Outcome,
     lost_peer_ranks,
+    oom_or,
     outcome,
     since,
     torchrun_root_cause,
@@ -268,8 +269,8 @@ def run(launch: LocalLaunch, paths: RunPaths, out: TextIO | None = None, kind: s
     if rc and (result is None or (result.cause is not None and result.cause.kind == LOST_PEER)):
         # nothing recorded, or only the survivors' "connection closed": a rank died by a signal, or torchrun
         # could not start its ranks; torchrun's own record says which
-        cause = (torchrun_root_cause(read_from(paths.launcher_log, log_from), lost_peer_ranks(events))
-                 or (result and result.cause))
+        cause = oom_or(torchrun_root_cause(read_from(paths.launcher_log, log_from), lost_peer_ranks(events))
+                       or (result and result.cause), paths)
         result = Outcome(FAILED, None, cause.line() if cause else f"torchrun exited with status {rc}", cause)
     elif result is None:
         result = Outcome(COMPLETED, None, "every step done")

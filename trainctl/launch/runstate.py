@@ -26,6 +26,7 @@ from typing import Any
 
 from trainctl.errors import EXIT_DIVERGED, EXIT_OK, EXIT_RUN_FAILED, EXIT_STOPPED
 from trainctl.launch.environment import SETUP_FAILED
+from trainctl.oom_kills import killed_by_oom
 from trainctl.rundir import RunPaths, read_jsonl
 
 PENDING = "PENDING"
@@ -53,6 +54,7 @@ SECONDARY = re.compile(r"Connection (closed|reset) by peer|Broken pipe|connectFu
 
 
 LOST_PEER = "lost a peer"  # a Cause kind: this rank saw another one die
+OUT_OF_MEMORY = "out of memory"  # a Cause kind: an allocation failed, or the kernel's OOM killer struck
 
 
 @dataclass(frozen=True)
@@ -190,7 +192,7 @@ def first_cause(events: list[dict[str, Any]]) -> Cause | None:
         return Cause("hang", f"no step progress for {e.get('idle_s')} s at step {e.get('step')} (watchdog)",
                      e.get("rank"), e.get("host"))
     msg = str(e.get("error") or "failed")
-    kind = ("out of memory" if re.search(r"out of memory|OutOfMemoryError", msg, re.IGNORECASE)
+    kind = (OUT_OF_MEMORY if re.search(r"out of memory|OutOfMemoryError", msg, re.IGNORECASE)
             else LOST_PEER if SECONDARY.search(msg) else "exception")
     return Cause(kind, msg, e.get("rank"), e.get("host"))
 
@@ -268,6 +270,17 @@ def torchrun_root_cause(console: str, lost_peer: set[int] | frozenset[int] = fro
         if killed:
             return _torchrun_cause(killed[0])
     return cause
+
+
+def oom_or(cause: Cause | None, paths: RunPaths) -> Cause | None:
+    """`cause`, or out of memory where it is a SIGKILL and the rank's out-of-memory kill counters grew since it
+    started (trainctl/oom_kills.py; readable on the rank's own node only)."""
+    if cause is None or cause.kind != "signal" or "SIGKILL" not in cause.message or cause.rank is None:
+        return cause
+    why = killed_by_oom(paths.oom_counters(cause.rank))
+    if why is None:
+        return cause
+    return Cause(OUT_OF_MEMORY, f"killed by the kernel's out-of-memory killer ({why})", cause.rank, cause.host)
 
 
 def _torchrun_cause(m: re.Match[str]) -> Cause:

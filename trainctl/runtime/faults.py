@@ -22,6 +22,8 @@ FAULTS: dict[str, str] = {
     "slow_rank": "<rank>:<seconds>[+<rank>:<seconds>...]: those ranks sleep that long every step",
     "slow_work": "<rank>:<factor>[+...]: those ranks do each step's forward and backward work <factor> times "
                  "over, as CPU time (a slow device: behind by that factor at any host load)",
+    "oom_at_step": "<rank>:<step>:<memory cgroup dir>: that rank joins the cgroup (which the test made with a "
+                   "small limit) at start, then allocates at that step until the kernel's OOM killer kills it",
     "slow_write_s": "a checkpoint writer sleeps this long after writing, before the commit",
     "stop_after_step": "checkpoint after step N, then stop as if signalled (exit 0)",
     "host_memory": "bytes of host memory the TP-reshard check believes are available",

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from trainctl import oom_kills
 from trainctl.model_shape import ModelShape
 from trainctl.plan.memory import compute_precision
 from trainctl.plan.pipeline import spec_stages_of_pp_rank, stage_layer_ranges
@@ -251,6 +252,9 @@ class Trainer:
         stop: int | None = ckpt.stop_before_first_step(first)  # Ctrl-C / SIGTERM during start-up
         self.memory_steps = range(first, first + MEMORY_STEPS)
         fail_step, fail_rank = _fail_knob(par.world_size)
+        oom = oom_kills.InjectedOom(par.rank, faults.get("oom_at_step"))
+        oom.join()  # before the counters: the injected kill is counted in the cgroup the rank is in
+        oom_kills.record(self.paths.oom_counters(par.rank))  # a later SIGKILL is told apart from a kill -9
         self.steptimes = stragglers.StepTimeLog(self.paths, par.rank, par.env.local_rank, str(par.device))
         hang_at = watchdog.hang_step(par.rank)
         wd_timeout = watchdog.timeout_from(spec)
@@ -267,6 +271,7 @@ class Trainer:
                     raise InjectedFailure(f"fault fail_at_step={fail_step}: failing rank {par.rank} on purpose")
                 if step + 1 == hang_at:
                     watchdog.hang_forever()  # the hang fault: the watchdog must end this
+                oom.at(step + 1)
                 with profiler.step(step + 1):
                     last = self.train_step(step)
                 if wd is not None:
