@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from trainctl.model_shape import ModelShape, layer_flops_per_token
 from trainctl.plan.calibration.shapes import Gemm
-from trainctl.runtime.model import build_stage
+from trainctl.runtime.model import build_stage, compile_blocks
 from trainctl.runtime.tensor_parallel import TPContext, _all_gather_single, _reduce_scatter_single
 
 # Compute is timed in windows of this long, on every rank at once: well above a scheduler slice, so ranks
@@ -94,14 +94,17 @@ def time_gemm(g: Gemm, dtype: torch.dtype, device: torch.device, repeats: int) -
 
 
 class Layer:
-    """One real transformer layer on one rank, built by the trainer's own builder, and an input: tp 1, or this
-    rank's shard in a TP group (`tp`, with or without sequence parallelism: its collectives run)."""
+    """One real transformer layer on one rank, built by the trainer's own builder (compiled as train.compile
+    compiles it), and an input: tp 1, or this rank's shard in a TP group (`tp`, with or without sequence
+    parallelism: its collectives run)."""
 
     def __init__(self, shape: ModelShape, micro_batch: int, recompute: str, autocast: torch.dtype | None,
-                 device: torch.device, seed: int, tp: TPContext | None = None) -> None:
+                 device: torch.device, seed: int, tp: TPContext | None = None, compile: bool = False) -> None:
         tp = tp or TPContext.single()
         self.module = build_stage(shape, range(0, 1), first=False, last=False, tp=tp, seed=seed,
                                   recompute=recompute, device=device)
+        if compile:  # train.compile: the kernels the run will have (the windows' warm-up call compiles)
+            compile_blocks([self.module])
         tokens = shape.seq_len // tp.size if tp.sequence_parallel else shape.seq_len  # SP: this rank's shard
         self.x = torch.randn(micro_batch, tokens, shape.hidden, device=device, requires_grad=True)
         self.grad = torch.randn_like(self.x)

@@ -1,7 +1,8 @@
 """The calibration profile: JSON schema, fits from raw figures, atomic write, load, and the check against a
 spec. Torch-free (the planner loads profiles).
 
-A profile holds where it was measured (cluster, device, ranks, ranks per node, precision, versions, date),
+A profile holds where it was measured (cluster, device, ranks, ranks per node, precision, train.compile,
+versions, date),
 every raw figure (per rank) and every fit:
   fits.matmul[tp].flops_per_s   GEMMs at the model's shapes on one TP rank
   fits.layer                    one real layer's forward + backward (tp 1): its FLOP/s and its efficiency,
@@ -91,7 +92,7 @@ def spec_meta(spec: RunSpec) -> dict[str, Any]:
     return {"spec_name": spec.name, "cluster": {"gpu": c.gpu, "nodes": c.nodes, "ranks_per_node": c.gpus_per_node,
                                                 "ranks": spec.world_size, "backend": spec.backend},
             "model": asdict(ModelShape.from_spec(spec.model)), "micro_batch": spec.parallel.micro_batch,
-            "tp": spec.parallel.tp, **versions(), "created": now_iso()}
+            "tp": spec.parallel.tp, "compile": spec.train.compile, **versions(), "created": now_iso()}
 
 
 def summary(profile: dict[str, Any]) -> str:
@@ -253,6 +254,10 @@ def check(profile: Profile, spec: RunSpec) -> list[str]:
     precision = run_precision(spec)
     if profile.data.get("precision") not in (None, precision):
         warnings.append(f"measured in {profile.data.get('precision')}, the run computes in {precision}")
+    compiled = profile.data.get("compile")
+    if compiled is not None and compiled != spec.train.compile:
+        warnings.append(f"its layers ran with train.compile {str(compiled).lower()}, the run has "
+                        f"{str(spec.train.compile).lower()}: other kernels, another rate")
     mine_versions = versions()
     for key in ("trainctl_version", "torch_version"):
         if profile.data.get(key) and mine_versions[key] and profile.data[key] != mine_versions[key]:
