@@ -77,6 +77,8 @@ class Bench:
         self.out: Path = a.out
         self.work = Path(a.work)
         self.results: dict[str, Any] = {}
+        self.gpu = "cpu"  # cluster.gpu of every spec: the catalog part NVML names (check_env)
+        self.big_runs: dict[bool, Path] = {}  # the big model's run directory, eager (False) and compiled (True)
         self.log = self.out / "log.txt"
         self.t0 = time.monotonic()
         self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(
@@ -324,7 +326,6 @@ def main() -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(a.work, ignore_errors=True)
     b = Bench(a)
-    b.gpu, b.big_runs = "cpu", {}
     checks: dict[str, Callable[[], dict[str, Any]]] = {
         "env": lambda: check_env(b), "matmul": lambda: check_matmul(b), "big": lambda: check_big(b, False),
         "bare": lambda: check_bare(b, False), "big-compiled": lambda: check_big(b, True),
