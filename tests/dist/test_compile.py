@@ -17,6 +17,9 @@ from trainer_utils import losses, make_run, max_rel_diff, metrics, run_trainer
 pytestmark = pytest.mark.slow
 
 STEPS = 3
+# inductor compiles in a pool of one process per core by default: on the 2-core test machines every rank's pool
+# on top of the ranks starves the other test worker (a healthy preflight node read 0.52x of its peer)
+ONE_COMPILE_THREAD = {"TORCHINDUCTOR_COMPILE_THREADS": "1"}
 LAYOUTS: dict[str, dict[str, Any]] = {
     "llama TP2+SP x PP2 interleaved, selective": {
         "model": {"preset": "tiny-llama", "seq_len": 32},
@@ -42,7 +45,7 @@ def test_compiled_blocks_train_what_eager_blocks_train(layout: str, tmp_path: Pa
     eager, world = make_run(tmp_path, "eager", **with_compile(LAYOUTS[layout], False))
     compiled, _ = make_run(tmp_path, "compiled", **with_compile(LAYOUTS[layout], True))
     kernels = tmp_path / "inductor"  # where inductor writes what it generated: proof that the blocks compiled
-    for run, env in ((eager, {}), (compiled, {"TORCHINDUCTOR_CACHE_DIR": str(kernels)})):
+    for run, env in ((eager, {}), (compiled, {"TORCHINDUCTOR_CACHE_DIR": str(kernels), **ONE_COMPILE_THREAD})):
         r = run_trainer(run, world, env=env, dump=False)
         assert r.returncode == 0, r.stderr[-3000:]
     assert any(kernels.rglob("*.py")), "train.compile generated no kernel"
@@ -55,7 +58,7 @@ def test_a_compiled_run_resumes_eager_from_its_checkpoint(tmp_path: Path) -> Non
     eager, world = make_run(tmp_path, "eager", **with_compile(llama, False, steps=4))
     assert run_trainer(eager, world, dump=False).returncode == 0
     compiled, _ = make_run(tmp_path, "compiled", **with_compile(llama, True, steps=4))
-    r = run_trainer(compiled, world, env=stop_after(2), dump=False)  # compiled steps 1-2, a checkpoint at 2
+    r = run_trainer(compiled, world, env={**stop_after(2), **ONE_COMPILE_THREAD}, dump=False)  # compiled 1-2
     assert r.returncode == 0, r.stderr[-3000:]
     assert [m["step"] for m in metrics(compiled)] == [1, 2]
     set_spec(compiled, train={"compile": False})

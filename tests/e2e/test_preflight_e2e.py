@@ -26,9 +26,9 @@ cluster: {nodes: 1, gpus_per_node: 1, gpu: cpu}
 launcher: {backend: slurm, mode: srun}
 """
 # The two "nodes" share two cores with whatever else runs on this machine: a healthy pair measured as far
-# apart as 0.81x of their median; n2 held to 20% of the time measures 0.16-0.29x. The default (0.8) is for real
-# fleets.
-LOOSE = ["--min-matmul-ratio", "0.6"]
+# apart as 0.52x (the other test worker compiling with inductor meanwhile); n2 held to 20% of the time measures
+# 0.16-0.29x. 0.4 sits between the two. The default (0.8) is for real fleets.
+LOOSE = ["--min-matmul-ratio", "0.4"]
 
 def test_healthy_cluster_passes(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     spec = tmp_path / "spec.yaml"

@@ -506,21 +506,23 @@ class CheckpointManager:
             print(f"warning: skipping checkpoint {info.path}: {info.reason}", file=sys.stderr)
 
 
-def rng_state() -> dict[str, Any]:
-    """This process's RNG states (python, numpy, torch CPU, every CUDA device): for save()'s rank_state."""
+def rng_state(cuda: bool = False) -> dict[str, Any]:
+    """This process's RNG states (python, numpy, torch CPU, and every CUDA device where the rank trains on
+    one: a CPU run on a GPU machine leaves CUDA alone): for save()'s rank_state."""
     import random
 
     import numpy as np
 
     state: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state(),
                              "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
+    if cuda:
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what rng_state() captured (keys it does not find are left alone)."""
+def set_rng_state(state: dict[str, Any], cuda: bool = False) -> None:
+    """Restore what rng_state() captured (keys it does not find are left alone; CUDA's only where the rank
+    trains on a GPU)."""
     import random
 
     import numpy as np
@@ -531,7 +533,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
         np.random.set_state(state["numpy"])
     if "torch" in state:
         torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
+    if "cuda" in state and cuda:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 

@@ -183,7 +183,7 @@ class Checkpointing:
             metrics.warn(f"resuming step {step} without this layout's PowerSGD state (another layout, rank, or "
                          "no compression in the checkpoint): its error feedback starts at zero and Q is drawn anew")
         if same and rank_state is not None:
-            set_rng_state(rank_state["rng"])
+            set_rng_state(rank_state["rng"], cuda=parts.par.device.type == "cuda")
         elif self.log:
             changes = ", ".join(layout_changes(self.spec, info.meta)) or "another world size"
             metrics.warn(f"resuming step {step} with another layout ({changes}): "

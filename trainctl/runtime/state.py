@@ -420,7 +420,8 @@ def _set_copies(ts: TrainState) -> None:
 def rank_state(ts: TrainState) -> dict[str, Any]:
     """Per-rank state beside DCP: every RNG stream of this process (TP dropout derives from them), and
     PowerSGD's Q and error feedback of each gradient sync (the error differs between DP ranks)."""
-    out = {"rng": rng_state(), "dp_rank": ts.par.dp_rank, "loader": ts.loader.state_dict()}
+    out = {"rng": rng_state(cuda=ts.par.device.type == "cuda"), "dp_rank": ts.par.dp_rank,
+           "loader": ts.loader.state_dict()}
     psgd = [s.powersgd.state_dict() for s in _syncs(ts.sync) if getattr(s, "powersgd", None) is not None]
     if psgd:
         out["powersgd"] = psgd

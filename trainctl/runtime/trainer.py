@@ -77,10 +77,11 @@ class LossScaler:
 
 def deterministic_kernels() -> None:
     """Only kernels that give the same bits on every run (train.deterministic). cuBLAS reads its workspace
-    setting when its handle is made, at the first matmul, which comes after this. An op with no deterministic
-    implementation warns (rank 0's log names it) rather than stopping the run."""
+    setting when its handle is made, at the first matmul, which comes after this. Not warn_only: with it,
+    cuDNN attention keeps its non-deterministic backward (seen on an H200, torch 2.11); an op with no
+    deterministic kernel stops the run with its name instead."""
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.benchmark = False
 
 

@@ -236,8 +236,8 @@ class TrainSpec(Strict):
         "CPUs without bf16 matrix units; it exercises the mixed-precision path a GPU run takes)")
     deterministic: bool = Field(
         False, description="GPU: deterministic kernels only (torch.use_deterministic_algorithms, a fixed cuBLAS "
-        "workspace), so a resumed run retraces the uninterrupted one bit for bit; slower. CPU runs are "
-        "deterministic already")
+        "workspace), so a resumed run retraces the uninterrupted one bit for bit; slower, and an op without a "
+        "deterministic kernel stops the run with its name. CPU runs are deterministic already")
     compile: bool = Field(
         False, description="torch.compile each transformer block: inductor fuses the norms, rotary, SwiGLU and "
         "residual adds into few kernels (GPU); the first step pays the compilation")
