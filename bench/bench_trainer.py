@@ -58,8 +58,7 @@ def bare_loop(run_dir: Path, out: Path) -> None:
     cfg = ModelShape.from_spec(spec.model)
     tp = TPContext.single()
     model = build_stage(cfg, range(cfg.layers), True, True, tp, t.seed, recompute=t.recompute, device=device)
-    if t.compile:
-        compile_blocks([model])  # the trainer's own compile of the blocks: torch.compile on in both or off in both
+    compile_blocks([model], t.compile_with)  # the trainer's own compile: torch.compile on in both or off in both
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and not n.endswith("bias")]
     no_decay = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and not n.endswith("bias"))]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": t.weight_decay},

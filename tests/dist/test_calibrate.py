@@ -190,13 +190,13 @@ def test_corrupt_truncated_and_foreign_profiles_are_refused(calibrated, tmp_path
 def test_an_old_profile_of_another_version_or_compile_is_used_with_a_warning(calibrated, tmp_path: Path) -> None:
     path, _, _ = calibrated
     data = json.loads(path.read_text())
-    assert data["compile"] is False  # the layers ran as the spec runs them
-    data.update(created="2020-01-01T00:00:00+00:00", trainctl_version="0.0.1", compile=True)
+    assert data["compile"] is None  # the layers ran as the spec runs them: eager
+    data.update(created="2020-01-01T00:00:00+00:00", trainctl_version="0.0.1", compile="inductor")
     (tmp_path / "old.json").write_text(json.dumps(data))
     j = plan_json("--calibration", str(tmp_path / "old.json"))
     assert j["prediction"]["step_time_s"] > 0
     differs = " ".join(w["message"] for w in j["warnings"] if w["code"] == "CALIBRATION_DIFFERS")
-    assert "days ago" in differs and "trainctl 0.0.1" in differs and "train.compile true, the run has false" in differs
+    assert "days ago" in differs and "trainctl 0.0.1" in differs and "its layers ran compiled with inductor, the run's eager" in differs
 
 
 # --- refit from a finished run -------------------------------------------------------------------------

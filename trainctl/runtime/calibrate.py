@@ -210,7 +210,7 @@ class Calibration:
         dist.barrier()
         recompute, micro_batch = self.spec.train.recompute, self.spec.parallel.micro_batch
         self.layer = mb.Layer(self.shape, micro_batch, recompute, self.autocast, self.device, self.spec.train.seed,
-                              compile=self.spec.train.compile)
+                              compile_with=self.spec.train.compile_with)
         # the figure every layer's price starts from: five windows, so a burst of other work on the machine
         # in one or two of them does not set it
         seconds = mb.windowed(self.layer.step, self.device, 5, window_s=2 * mb.WINDOW_S)
@@ -240,7 +240,7 @@ class Calibration:
             for sp in (False, True):
                 ctx = TPContext.from_group(group, sp)
                 layer = mb.Layer(self.shape, micro_batch, recompute, self.autocast, self.device,
-                                 self.spec.train.seed, tp=ctx, compile=self.spec.train.compile)
+                                 self.spec.train.seed, tp=ctx, compile_with=self.spec.train.compile_with)
                 rows.append({"tp": tp, "sequence_parallel": sp,
                              "seconds": mb.windowed_collective(layer.step, self.device, REPEATS,
                                                                window_s=2 * mb.WINDOW_S)})
@@ -281,7 +281,7 @@ class Calibration:
         link, n, group, members = self.groups_made[0]
         assert self.layer is not None
         unit = mb.Layer(self.shape, self.spec.parallel.micro_batch, self.spec.train.recompute, self.autocast,
-                        self.device, self.spec.train.seed, compile=self.spec.train.compile)
+                        self.device, self.spec.train.seed, compile_with=self.spec.train.compile_with)
         nbytes = sum(p.numel() * p.element_size() for p in unit.module.parameters())
         mb.shard_layer(unit, group, members, self.device)
         mine.append(mb.windowed(self.layer.step, self.device, REPEATS, window_s=2 * mb.WINDOW_S))

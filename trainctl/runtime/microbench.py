@@ -99,12 +99,12 @@ class Layer:
     parallelism: its collectives run)."""
 
     def __init__(self, shape: ModelShape, micro_batch: int, recompute: str, autocast: torch.dtype | None,
-                 device: torch.device, seed: int, tp: TPContext | None = None, compile: bool = False) -> None:
+                 device: torch.device, seed: int, tp: TPContext | None = None,
+                 compile_with: str | None = None) -> None:
         tp = tp or TPContext.single()
         self.module = build_stage(shape, range(0, 1), first=False, last=False, tp=tp, seed=seed,
                                   recompute=recompute, device=device)
-        if compile:  # train.compile: the kernels the run will have (the windows' warm-up call compiles)
-            compile_blocks([self.module])
+        compile_blocks([self.module], compile_with)  # the run's kernels (the windows' warm-up call compiles)
         tokens = shape.seq_len // tp.size if tp.sequence_parallel else shape.seq_len  # SP: this rank's shard
         self.x = torch.randn(micro_batch, tokens, shape.hidden, device=device, requires_grad=True)
         self.grad = torch.randn_like(self.x)

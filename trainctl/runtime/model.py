@@ -359,13 +359,16 @@ def build_stage(cfg: ModelShape, layer_ids: range, first: bool, last: bool, tp: 
     return stage
 
 
-def compile_blocks(stages: list[StageModule]) -> None:
-    """train.compile: compile every transformer block in place (its parameters and state-dict keys stay as
-    they are, so checkpoints do not change). Blocks share one code object, so one compilation serves them all;
-    a full-recompute checkpoint wraps the compiled block and reruns it."""
+def compile_blocks(stages: list[StageModule], backend: str | None) -> None:
+    """train.compile: compile every transformer block in place with `backend` (None: leave them eager). The
+    parameters and state-dict keys stay as they are, so checkpoints do not change. Blocks share one code
+    object, so one compilation serves them all; a full-recompute checkpoint wraps the compiled block and reruns
+    it."""
+    if backend is None:
+        return
     for stage in stages:
         for block in stage.layers.values():
-            block.compile()
+            block.compile(backend=backend)
 
 
 def loss_fn(logits_shard: Tensor, targets: Tensor, cfg: ModelShape, tp: TPContext) -> Tensor:

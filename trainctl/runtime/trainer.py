@@ -75,6 +75,17 @@ class LossScaler:
         return True
 
 
+def record_compiled(paths: RunPaths, backend: str, first_step: dict[str, Any]) -> None:
+    """After the first step of an attempt under train.compile: what Dynamo made of the blocks (the graphs it
+    compiled, the breaks that split them: each one a return to Python) and the step that paid for it."""
+    from torch._dynamo.utils import counters
+
+    breaks = counters["graph_break"]
+    record_event(paths, "compiled", backend=backend, graphs=int(counters["stats"]["unique_graphs"]),
+                 graph_breaks=sum(breaks.values()), break_reasons=[r[:200] for r in list(breaks)[:5]],
+                 first_step_s=first_step.get("step_time_s"))
+
+
 def deterministic_kernels() -> None:
     """Only kernels that give the same bits on every run (train.deterministic). cuBLAS reads its workspace
     setting when its handle is made, at the first matmul, which comes after this. Not warn_only: with it,
@@ -108,8 +119,7 @@ class Trainer:
             build_stage(self.cfg, ranges[s], s == 0, s == n_stages - 1, self.tp, t.seed, recompute=t.recompute,
                         device=par.device, cp=self.cp, moe=self.moe)
             for s in self.stage_ids]
-        if t.compile:
-            compile_blocks(self.modules)  # before FSDP wraps the blocks, as torchtitan orders them
+        compile_blocks(self.modules, t.compile_with)  # before FSDP wraps the blocks, as torchtitan orders them
         self.params = self._params_record()  # before FSDP turns the parameters into shards
         self._init_from()  # before ZeRO/FSDP, which start from the parameters
         self.micro_batches = spec.micro_batches
@@ -275,6 +285,8 @@ class Trainer:
                 oom.at(step + 1)
                 with profiler.step(step + 1):
                     last = self.train_step(step)
+                if step == first and self.log and spec.train.compile_with:
+                    record_compiled(self.paths, spec.train.compile_with, last)
                 if wd is not None:
                     wd.beat(step + 1)
                 action = self.guard.action(ckpt.schedule.last_step)  # the same on every rank

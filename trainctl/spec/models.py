@@ -241,6 +241,9 @@ class TrainSpec(Strict):
     compile: bool = Field(
         False, description="torch.compile each transformer block: inductor fuses the norms, rotary, SwiGLU and "
         "residual adds into few kernels (GPU); the first step pays the compilation")
+    compile_backend: Literal["inductor", "aot_eager"] = Field(
+        "inductor", description="train.compile's backend: aot_eager traces the blocks as inductor does but runs "
+        "PyTorch's own kernels (to tell a compiler problem from a tracing one; no speed-up)")
     recompute: Literal["none", "selective", "full"] = "none"
     seed: Annotated[int, Field(ge=0, le=2**63 - 1)] = 1234
     grad_clip: PositiveFloat | None = 1.0
@@ -252,6 +255,11 @@ class TrainSpec(Strict):
                                        "stop (or roll back) after several in a row")
     profile: ProfileSpec | None = Field(None, description="torch.profiler Chrome/Perfetto traces of a window of "
                                         "steps on selected ranks (RUN/profile/); absent: no profiler")
+
+    @property
+    def compile_with(self) -> str | None:
+        """The torch.compile backend the blocks run under; None: eager."""
+        return self.compile_backend if self.compile else None
 
 
 TokenFormat = Literal["auto", "flat", "megatron"]

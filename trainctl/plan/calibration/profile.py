@@ -92,7 +92,7 @@ def spec_meta(spec: RunSpec) -> dict[str, Any]:
     return {"spec_name": spec.name, "cluster": {"gpu": c.gpu, "nodes": c.nodes, "ranks_per_node": c.gpus_per_node,
                                                 "ranks": spec.world_size, "backend": spec.backend},
             "model": asdict(ModelShape.from_spec(spec.model)), "micro_batch": spec.parallel.micro_batch,
-            "tp": spec.parallel.tp, "compile": spec.train.compile, **versions(), "created": now_iso()}
+            "tp": spec.parallel.tp, "compile": spec.train.compile_with, **versions(), "created": now_iso()}
 
 
 def summary(profile: dict[str, Any]) -> str:
@@ -240,6 +240,10 @@ def parse(path: Path, data: Any) -> Profile:
     return Profile(path, data, compute, links, fixed)
 
 
+def _compiled(backend: Any) -> str:
+    return f"compiled with {backend}" if backend else "eager"
+
+
 def check(profile: Profile, spec: RunSpec) -> list[str]:
     """Refuse a profile measured on another cluster (UsageError); return warnings for lesser differences."""
     c, p = spec.cluster, profile.cluster
@@ -254,10 +258,9 @@ def check(profile: Profile, spec: RunSpec) -> list[str]:
     precision = run_precision(spec)
     if profile.data.get("precision") not in (None, precision):
         warnings.append(f"measured in {profile.data.get('precision')}, the run computes in {precision}")
-    compiled = profile.data.get("compile")
-    if compiled is not None and compiled != spec.train.compile:
-        warnings.append(f"its layers ran with train.compile {str(compiled).lower()}, the run has "
-                        f"{str(spec.train.compile).lower()}: other kernels, another rate")
+    if "compile" in profile.data and profile.data["compile"] != spec.train.compile_with:  # older: no key
+        warnings.append(f"its layers ran {_compiled(profile.data['compile'])}, the run's "
+                        f"{_compiled(spec.train.compile_with)}: other kernels, another rate")
     mine_versions = versions()
     for key in ("trainctl_version", "torch_version"):
         if profile.data.get(key) and mine_versions[key] and profile.data[key] != mine_versions[key]:
