@@ -42,6 +42,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from trainctl.rundir import RunPaths, read_jsonl  # noqa: E402  (the repository on sys.path first)
+
 LLAMA = {"activation": "swiglu", "norm": "rmsnorm", "position": "rope", "tied_embeddings": False, "bias": False}
 
 
@@ -84,11 +86,10 @@ class Bench:
         self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]), "PYTHONUNBUFFERED": "1"}
 
-    def sh(self, args: list[str], timeout: float, what: str, env: dict[str, str] | None = None
-           ) -> subprocess.CompletedProcess[str]:
+    def sh(self, args: list[str], timeout: float, what: str) -> subprocess.CompletedProcess[str]:
         t0 = time.monotonic()
         try:
-            r = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env or self.env, cwd=ROOT)
+            r = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=self.env, cwd=ROOT)
         except subprocess.TimeoutExpired as e:
             out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
             err = (e.stderr or b"").decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
@@ -129,13 +130,11 @@ class Bench:
 
 
 def metrics(run: Path) -> list[dict[str, Any]]:
-    p = run / "metrics.jsonl"
-    return [json.loads(x) for x in p.read_text().splitlines() if x.strip()] if p.exists() else []
+    return read_jsonl(RunPaths(run).metrics)
 
 
 def events(run: Path) -> list[dict[str, Any]]:
-    p = run / "events.jsonl"
-    return [json.loads(x) for x in p.read_text().splitlines() if x.strip()] if p.exists() else []
+    return read_jsonl(RunPaths(run).events)
 
 
 def steady(recs: list[dict[str, Any]], key: str, skip: int) -> float:

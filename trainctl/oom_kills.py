@@ -76,10 +76,10 @@ def _under(mount: tuple[str, str], path: str) -> Path:
     return Path(point) / rel.lstrip("/")
 
 
-def cgroup_dir(pid: int | str = "self") -> tuple[Path, str] | None:
-    """(directory, counter file name) of the memory cgroup `pid` is in; None where none is visible."""
+def cgroup_dir() -> tuple[Path, str] | None:
+    """(directory, counter file name) of the memory cgroup this process is in; None where none is visible."""
     try:
-        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
     except OSError:
         return None
     v1, v2 = _cgroup_mounts()
@@ -94,11 +94,12 @@ def cgroup_dir(pid: int | str = "self") -> tuple[Path, str] | None:
     return None
 
 
-def counters(pid: int | str = "self") -> OomCounters:
-    where = cgroup_dir(pid)
+def counters() -> OomCounters:
+    """This process's counters now."""
+    where = cgroup_dir()
     file = where[0] / where[1] if where else None
-    return OomCounters(socket.gethostname(), os.getpid() if pid == "self" else int(pid),
-                       str(file) if file else None, _count(file) if file else None, _count(PROC_VMSTAT))
+    return OomCounters(socket.gethostname(), os.getpid(), str(file) if file else None,
+                       _count(file) if file else None, _count(PROC_VMSTAT))
 
 
 def record(path: Path) -> None:

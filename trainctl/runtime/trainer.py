@@ -140,10 +140,10 @@ class Trainer:
         self.sync = (data_parallel.FsdpSync(infos, par) if fsdp
                      else expert_sync.grad_sync(infos, par, p.zero, self.micro_batches, reduce_dtype, self.precision,
                                                 psgd, offload))
-        # offload: AdamW steps host tensors, where torch's fused CPU kernel is the fast one; on a GPU the fused
-        # kernel is one launch per parameter group instead of foreach's several passes over the weights
-        self.opt = optim.adamw(self.sync.optimizer_groups(), t,
-                               fused=(offload and par.dp > 1) or (par.device.type == "cuda" and not offload))
+        # torch's fused AdamW kernel: under offload for the host step (the fast CPU one), else on a GPU (one
+        # launch per parameter group instead of foreach's several passes over the weights)
+        fused = par.dp > 1 if offload else par.device.type == "cuda"
+        self.opt = optim.adamw(self.sync.optimizer_groups(), t, fused=fused)
 
         def scaled_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
             return loss_fn(logits, targets, self.cfg, self.tp) * self.scaler.scale
