@@ -7,7 +7,7 @@
 #   slurm/local-cluster.sh down --purge   ... and delete the state directory
 #   slurm/local-cluster.sh status   daemons and sinfo; exit 0 only if everything is up
 #
-# Needs root. Exit codes: 0 ok, 1 the cluster failed (log tails are printed), 2 usage,
+# Needs root; up and down are serialized by a lock, so concurrent callers are safe. Exit codes: 0 ok, 1 the cluster failed (log tails are printed), 2 usage,
 # 3 cannot run here (not root, no apt-get, or the packages cannot be installed).
 # Environment: TRAINCTL_SLURM_DIR (state, logs; default /var/lib/trainctl-slurm),
 # TRAINCTL_SLURM_UP_TIMEOUT (seconds to wait for the nodes; default 45).
@@ -147,7 +147,7 @@ ensure_hosts() {
 run_daemon() {
     local out="$LOG_DIR/$1.start.out"
     shift
-    if ! "$@" </dev/null >"$out" 2>&1; then
+    if ! "$@" </dev/null >"$out" 2>&1 9>&-; then  # 9: the command lock, which a daemon must not keep
         warn "----- $* printed: -----"
         cat "$out" >&2
         die 1 "$* did not start"
@@ -402,9 +402,20 @@ cmd_status() {
     print_status
 }
 
+# up and down change shared daemons and files: one at a time on this host. pytest's workers each set
+# the cluster up for their session and may call `up` in the same second; without the lock both start
+# munged and one of them fails on munged's socket lock.
+serialized() {
+    need_root
+    mkdir -p "$STATE_DIR"
+    exec 9>"$STATE_DIR/.lock"
+    flock 9
+    "$@"
+}
+
 case "${1:-}" in
-    up) cmd_up ;;
-    down) shift; cmd_down "$@" ;;
+    up) serialized cmd_up ;;
+    down) shift; serialized cmd_down "$@" ;;
     status) cmd_status ;;
     -h | --help | help) usage 0 ;;
     *) usage ;;

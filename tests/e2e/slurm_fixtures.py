@@ -57,11 +57,12 @@ def slurm_cluster() -> SlurmCluster:
         pytest.fail(f"slurm/local-cluster.sh up did not finish in {exc.timeout}s")
     elapsed = time.monotonic() - t0
     output = proc.stdout + proc.stderr
+    # The script's own ERROR line first: the daemons' log tails after it are long.
+    reason = next((ln for ln in reversed(output.splitlines()) if "ERROR" in ln), output.strip()[-300:])
     if proc.returncode == EXIT_CANNOT_RUN_HERE:
-        reason = next((ln for ln in reversed(output.splitlines()) if "ERROR" in ln), output.strip()[-300:])
         pytest.skip(f"no local Slurm cluster here: {reason}")
     if proc.returncode != 0:
-        pytest.fail(f"slurm/local-cluster.sh up failed (exit {proc.returncode}):\n{output[-4000:]}")
+        pytest.fail(f"slurm/local-cluster.sh up failed (exit {proc.returncode}): {reason}\n{output[-4000:]}")
     print(f"\nslurm/local-cluster.sh up: {elapsed:.1f}s")
     return SlurmCluster(script=CLUSTER_SCRIPT, up_seconds=elapsed, up_output=output)
 

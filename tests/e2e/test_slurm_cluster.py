@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
 import re
 import socket
 import subprocess
@@ -116,6 +118,24 @@ def test_up_twice_is_idempotent_and_fast(slurm_cluster: SlurmCluster) -> None:  
     assert _daemon_pids(slurm_cluster) == pids_before  # nothing was restarted
     states = _run("sinfo", "-h", "-N", "-o", "%N %T")
     assert set(states.split()) <= {"n1", "n2", "idle", "mixed", "allocated", "completing"}, states
+
+
+def test_up_waits_for_a_concurrent_up_and_no_daemon_keeps_the_lock(slurm_cluster: SlurmCluster) -> None:  # noqa: F811
+    """Each pytest worker calls `up` for its session, sometimes in the same second; unserialized, both started
+    munged and one failed on munged's socket lock (CI). The daemons must not inherit the lock, or the next
+    `up` would wait forever."""
+    lock_path = Path(os.environ.get("TRAINCTL_SLURM_DIR", "/var/lib/trainctl-slurm")) / ".lock"
+    with lock_path.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # as a concurrent `up` holds it
+        waiting = subprocess.Popen([str(slurm_cluster.script), "up"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, text=True)
+        time.sleep(1.0)
+        assert waiting.poll() is None, "up ran while another up held the lock"
+    out, _ = waiting.communicate(timeout=60)
+    assert waiting.returncode == 0, out
+    for pid in _daemon_pids(slurm_cluster):
+        held = {os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir() if fd.is_symlink()}
+        assert str(lock_path) not in held, f"daemon pid {pid} keeps {lock_path} open"
 
 
 def _daemon_pids(cluster: SlurmCluster) -> list[str]:
