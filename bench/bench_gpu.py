@@ -10,6 +10,8 @@ What runs, each in its own processes through the CLI a user types (`python -m tr
              trainer's speed ratio to it
   calibrate  `trainctl calibrate` of the big spec, then `mfu-report --calibration`: the plan's step time on
              measured rates against the measured step
+  recompute  the big model again with recompute selective and full, priced with that profile: predicted vs
+             measured step time and memory per component
   fp16       a small model in fp16 with dynamic loss scaling: it trains (finite, falling loss)
   resume     a small model with train.deterministic: straight 16 steps with async checkpoints, then a copy
              rewound to step 8 by `trainctl resume --from-step 8`: steps 9-16 bit for bit? (also without
@@ -263,6 +265,35 @@ def check_calibrate(b: Bench) -> dict[str, Any]:
                                                                                                   "step_time_s")}
 
 
+def check_recompute(b: Bench) -> dict[str, Any]:
+    """The plan held against the trainer on this GPU at the other recompute settings: the big model, eager, priced
+    with the profile `calibrate` measured (so it runs after it); step time and memory per component, each
+    predicted beside measured (`mfu-report --json`)."""
+    prof = b.work / "calibration.json"
+    if not prof.exists():
+        raise RuntimeError("needs the calibrate check's profile")
+    res: dict[str, Any] = {}
+    for mode in ("selective", "full"):
+        sp = spec(f"gpu-recompute-{mode}", "big", b.a, b.gpu, steps=min(b.a.steps, 15), micro_batch=b.a.micro_batch)
+        sp["train"]["recompute"] = mode
+        sp["cluster"]["calibration"] = str(prof)
+        run, _ = b.launch(f"recompute-{mode}", sp, timeout=300)
+        rep = b.trainctl("mfu-report", str(run), "--json", timeout=120)
+        if rep.returncode:
+            raise RuntimeError(f"mfu-report exited {rep.returncode}: {rep.stderr.strip()[-400:]}")
+        (b.out / f"mfu_report_recompute_{mode}.json").write_text(rep.stdout)
+        rj = json.loads(rep.stdout)
+        one = rj["runs"][0] if isinstance(rj, dict) and "runs" in rj else rj
+        pred, meas = _dig(one, "prediction", "step_time_s"), _dig(one, "measured", "step_time_s")
+        mem = {row["component"]: [round((row["predicted_bytes"] or 0) / 1e9, 2),
+                                  round((row["measured_bytes"] or 0) / 1e9, 2)]
+               for row in (_dig(one, "memory", "rows") or [])}
+        res[mode] = {"step_s_predicted_measured": [pred, meas],
+                     "step_error": round(pred / meas - 1, 3) if pred and meas else None,
+                     "memory_gb_predicted_measured": mem}
+    return res
+
+
 def _dig(d: Any, *keys: str) -> Any:
     for k in keys:
         d = d.get(k) if isinstance(d, dict) else None
@@ -330,7 +361,7 @@ def main() -> None:
         "bare": lambda: check_bare(b, False), "big-compiled": lambda: check_big(b, True),
         "bare-compiled": lambda: check_bare(b, True), "fp16": lambda: check_fp16(b),
         "resume_deterministic": lambda: resume_pair(b, "resume-det", True),
-        "calibrate": lambda: check_calibrate(b),
+        "calibrate": lambda: check_calibrate(b), "recompute": lambda: check_recompute(b),
         "resume_default": lambda: resume_pair(b, "resume-default", False),
         "pytest": lambda: check_pytest(b)}
     only = [x for x in a.only.split(",") if x]

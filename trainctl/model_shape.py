@@ -349,6 +349,20 @@ def stage_params_per_gpu(m: ModelShape, tp: int, layers: int, first: bool, last:
     return out
 
 
+def stage_matmul_params_per_gpu(m: ModelShape, tp: int, layers: int, last: bool, moe_layers: int = 0, ep: int = 1
+                                ) -> float:
+    """Matmul weights one GPU of a stage multiplies by: its layers' attention, MLP, shared and routed experts
+    and the LM head; not the embedding (a lookup), norms, biases or the router (which runs in fp32). These are
+    the weights autocast copies to 16 bits (plan/memory.py `autocast_copies`)."""
+    dense = (layers - moe_layers) * layer_matmul_params(m) / tp
+    moe = 0.0
+    if moe_layers and m.moe is not None:
+        p = moe_layer_params(m)
+        routed = m.moe.num_experts // ep * mlp_matmul_params(m, m.moe.expert_ffn_hidden)
+        moe = moe_layers * (attention_matmul_params(m) + p.shared + routed) / tp
+    return dense + moe + (m.padded_vocab(tp) * m.hidden / tp if last else 0.0)
+
+
 def largest_param_per_gpu(m: ModelShape, tp: int, layers: int, first: bool, last: bool) -> int:
     """Elements of the largest single parameter one GPU of a stage holds: the vocab-parallel embedding or LM
     head, the learned positions, or a layer's fused QKV or MLP up (+ gate) matrix. The trainer's ZeRO-2

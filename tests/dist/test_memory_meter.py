@@ -94,6 +94,10 @@ PLAN_CASES: dict[str, tuple] = {
     "llama-dp2-zero1-bf16": ("llama", "dp2-zero1", "4", "none", BF16),
     "gpt-dp2-zero2-bf16": ("gpt", "dp2-zero2", "2", "selective", BF16),
     "gpt-dp2-zero3-bf16": ("gpt", "dp2-zero3", "4", "none", BF16),
+    # fp32 parameters under bf16 autocast: the 16-bit weight copies it saves, once per stage however many
+    # micro-batches are in flight; under full recompute only the LM head's
+    "llama-pp2-1f1b-bf16": ("llama", "pp2-1f1b", "2", "none", BF16),
+    "gpt-tp2-full-bf16": ("gpt", "tp2", "4", "full", BF16),
     # context parallelism: each rank's s/cp tokens, the whole sequence's gathered K/V, ZeRO over dp x cp
     "llama-cp2": ("llama", "cp2", "4", "none"),
     "gpt-cp4": ("gpt", "cp4", "2", "none"),

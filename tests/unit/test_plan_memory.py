@@ -163,7 +163,8 @@ launcher: {{backend: slurm}}
 def test_first_stage_holds_p_microbatches_1f1b():
     """Korthikanti Sec. 4.2.3: with 1F1B the first stage keeps p micro-batches of L/p layers = L layers'
     worth (34*s*b*h*L/t with SP + selective in the paper), plus the embedding dropout mask s*b*h/t per
-    micro-batch."""
+    micro-batch; and (not in the paper) autocast's one 16-bit copy of the stage's L/p layers' matmul weights
+    (12h^2/t each: QKV and O 4h^2, the 4h MLP 8h^2), which it saves for backward as the weights are fp32."""
     a, h, L, t, p = 96, 12288, 96, 8, 8  # the 175B row
     spec = _spec(p, 1, L, a, h, t, "selective", 64)
     ev = Evaluator(context_from_spec(spec))
@@ -172,7 +173,8 @@ def test_first_stage_holds_p_microbatches_1f1b():
     first = ev.evaluate(candidate_from_spec(spec)).ranks[0]
     sbh = SEQ * 1 * h
     per_layer = trainer_layer_activation_bytes(ModelShape.from_spec(spec.model), 1, t, True, "selective", "bf16")
-    assert first.activations == pytest.approx(per_layer * L + p * sbh / t, rel=1e-12)
+    copies = 2 * L // p * 12 * h * h / t
+    assert first.activations == pytest.approx(per_layer * L + p * sbh / t + copies, rel=1e-12)
 
 
 def test_interleaved_scaling_of_first_stage():
@@ -223,3 +225,40 @@ def test_memory_per_gpu_never_grows_with_dp_under_zero(tp, pp, v, zero, mb, rec,
     small = total(dp, gb if fixed_global else per_replica * mb * dp)
     large = total(dp * growth, gb if fixed_global else per_replica * mb * dp * growth)
     assert large <= small * (1 + 1e-12)
+
+
+# Measured on one NVIDIA H200 (torch 2.11+cu130), `bench/saved_tensors.py --device cuda --micro-batch 8` at
+# --recompute none and selective: the bytes autocast saved for backward in one forward of a 2-layer Llama-style
+# stage (h 2048, GQA 16/8, SwiGLU 5632, vocabulary 32,000, sequence 2048, bf16 autocast, fp32 weights), summed
+# over the layers' modules, the final norm + LM head + loss, and the 16-bit weight copies.
+H200_SAVED = {"none": 2_890_137_632, "selective": 2_686_713_856}  # both layers
+H200_HEAD = 2_298_691_584
+H200_WEIGHT_COPIES = 319_815_680
+# What the planner leaves out: RoPE's cos and sin rows (2 x 2048 x 128 fp32, shared by the stage's layers),
+# the flash kernel's RNG seed and offset (2 int64 per layer), the loss's int64 targets and bool mask per token.
+ROPE_ROWS, RNG_SCALARS, LOSS_TARGETS = 2 * 2048 * 128 * 4, 2 * 2 * 8, 8 * 2048 * (8 + 1)
+
+
+@pytest.mark.parametrize("recompute", ["none", "selective"])
+def test_gpu_activations_are_what_an_h200_saved(recompute):
+    """On a GPU, CUDA's fused RMSNorm keeps its input and rstd only (the CPU's composite one also keeps the
+    normalised input), and autocast saves one 16-bit copy of each matmul weight."""
+    from trainctl.model_shape import stage_matmul_params_per_gpu
+    from trainctl.plan.memory import AUTOCAST_COPY_BYTES, autocast_copies, trainer_head_activation_bytes
+    from trainctl.spec.models import ModelSpec
+
+    m = ModelShape.from_spec(ModelSpec(layers=2, hidden=2048, heads=16, kv_heads=8, ffn_hidden=5632, vocab=32000,
+                                       seq_len=2048, activation="swiglu", norm="rmsnorm", position="rope",
+                                       tied_embeddings=False, bias=False))
+    layers = 2 * trainer_layer_activation_bytes(m, 8, 1, False, recompute, "bf16", on_gpu=True)
+    rng = RNG_SCALARS if recompute == "none" else 0  # selective recompute re-runs the attention core
+    assert layers == H200_SAVED[recompute] - ROPE_ROWS - rng
+    assert trainer_head_activation_bytes(m, 8, 1, False, 32000, "bf16", on_gpu=True) == H200_HEAD - LOSS_TARGETS
+    # independently: 2 bytes x (2 layers x (QKV 2048 x 4096 + O 2048^2 + gate/up 2048 x 11264 + down 5632 x 2048)
+    # + the LM head 32000 x 2048)
+    copies = 2 * (2 * (2048 * 4096 + 2048**2 + 2048 * 11264 + 5632 * 2048) + 32000 * 2048)
+    assert copies == H200_WEIGHT_COPIES
+    assert autocast_copies("bf16", 0, 1) and AUTOCAST_COPY_BYTES * stage_matmul_params_per_gpu(m, 1, 2, True) == copies
+    # a CPU's RMSNorms also keep their fp32 normalised input, s x b x h each
+    cpu = trainer_layer_activation_bytes(m, 8, 1, False, recompute, "bf16", on_gpu=False)
+    assert cpu - layers / 2 == 2 * 2048 * 8 * 2048 * 4

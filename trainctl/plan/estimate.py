@@ -108,6 +108,7 @@ class Context:
     grad_reduce_bf16: bool = False  # parallel.grad_reduce_dtype: bf16
     powersgd_rank: int | None = None  # parallel.grad_compression.powersgd.rank (ZeRO-0/1 only)
     rates: MeasuredRates | None = None  # a calibration profile's rates; None: assumed from hw and assume
+    on_gpu: bool = False  # the ranks run on GPUs (which kernels save what for backward: plan/memory.py)
 
 
 def assumed_rates(hw: Hardware, a: Assumptions) -> AssumedRates:
@@ -282,6 +283,10 @@ class _Base:
     vp: int
     acts: tuple[float, ...]  # activation bytes per pipeline rank
     transient: tuple[float, ...]  # recompute working set per pipeline rank (ZeRO-3 buffers come on top)
+    # the same with autocast's 16-bit weight copies (memory.autocast_copies: whether, by the ZeRO stage):
+    # saved for backward per pipeline rank, and a full recompute's of the layer it re-runs
+    acts_copied: tuple[float, ...]
+    transient_copied: tuple[float, ...]
     links: dict[str, str]
     ops: dict[str, Ops]  # the collectives of each kind but DP (plan/rates.py)
     calls: dict[str, float]  # calls per step of each of them (the latency term of measured rates)
@@ -490,19 +495,29 @@ class Evaluator:
         rows_factor = self.expert_pace if c.ep > 1 else 1.0
 
         def layer_act(recompute: str) -> float:
-            return (memory.trainer_layer_activation_bytes(m, mb, tp, sp, recompute, ctx.precision, cp) + moe_share
+            return (memory.trainer_layer_activation_bytes(m, mb, tp, sp, recompute, ctx.precision, cp, ctx.on_gpu)
+                    + moe_share
                     * memory.moe_layer_activation_delta(m, mb, tp, sp, recompute, ctx.precision, rows_factor,
                                                         c.ep))
 
         per_layer = layer_act(c.recompute)
         emb_act = memory.embedding_activation_bytes(m, mb, tp, sp, cp)
-        head_act = memory.trainer_head_activation_bytes(m, mb, tp, sp, vp, ctx.precision, cp)
+        head_act = memory.trainer_head_activation_bytes(m, mb, tp, sp, vp, ctx.precision, cp, ctx.on_gpu)
         working = layer_act("none") if c.recompute == "full" else 0.0  # the layer being recomputed, all its tensors
         units, first_flight, last_flight = self._units(c.schedule, pp, v, n_micro, layers)
         acts = [u * per_layer for u in units]
         acts[prof.has_first.index(True)] += first_flight * emb_act
         acts[prof.has_last.index(True)] += last_flight * head_act
         transient = tuple(working if n else 0.0 for n in prof.rank_layers)
+        # autocast's weight copies: a full recompute saves only the LM head's (the layers' live while one re-runs)
+        copy = memory.AUTOCAST_COPY_BYTES
+        kept = c.recompute != "full"
+        cast_params = [model.stage_matmul_params_per_gpu(m, tp, prof.rank_layers[r] if kept else 0, prof.has_last[r],
+                                                         moe_layers[r] if kept else 0, c.ep) for r in range(pp)]
+        cast_working = model.stage_matmul_params_per_gpu(m, tp, 1, False, int(m.moe is not None), c.ep) \
+            if c.recompute == "full" else 0.0
+        acts_copied = tuple(x + copy * n for x, n in zip(acts, cast_params, strict=True))
+        transient_copied = tuple(t + copy * cast_working if t else 0.0 for t in transient)
 
         # communication that does not depend on ZeRO
         domain = hw.nvlink_domain
@@ -559,7 +574,8 @@ class Evaluator:
             shape_key=(tp, pp, v, layers, c.ep, c.schedule),
             n_micro=n_micro, layers=layers, prof=prof, params=params, experts=experts, largest=largest,
             max_params=max(p - e for p, e in zip(params, experts, strict=True)), max_experts=max(experts),
-            load=load, vp=vp, acts=tuple(acts), transient=transient, links=links,
+            load=load, vp=vp, acts=tuple(acts), transient=transient, acts_copied=acts_copied,
+            transient_copied=transient_copied, links=links,
             ops={"tp": TP_OPS[sp], "pp": PP_OPS, "embedding": EMBEDDING_OPS, "ep": EP_OPS, "cp": cp_ops},
             calls={"tp": n_micro * max(load.collectives), "pp": n_micro * sends, "embedding": float(emb_bytes > 0),
                    "ep": float(n_micro * ep_calls_mb),
@@ -592,8 +608,10 @@ class Evaluator:
         buffers = tuple(self._zero2_buffers(p - e, big, dp) if zero == 2 and dp > 1 else 0.0
                         for p, e, big in zip(b.params, b.experts, b.largest, strict=True))
         handed = tuple(big * memory.copied_grad_bytes(zero, dp, ctx.precision) for big in b.largest)
+        copied = memory.autocast_copies(ctx.precision, zero, dp)
+        acts, transient = (b.acts_copied, b.transient_copied) if copied else (b.acts, b.transient)
         totals = [(p - e) * per_dense + e * per_expert + buf + x + t + h
-                  for p, e, x, t, buf, h in zip(b.params, b.experts, b.acts, b.transient, buffers, handed, strict=True)]
+                  for p, e, x, t, buf, h in zip(b.params, b.experts, acts, transient, buffers, handed, strict=True)]
         worst = max(range(len(totals)), key=totals.__getitem__)
         weight_bytes = memory.fsdp_gather_bytes(ctx.precision) if zero >= 3 else dense[0] if zero >= 1 else 4
         grad_bytes = 2 if ctx.grad_reduce_bf16 else 4
@@ -627,7 +645,7 @@ class Evaluator:
         host = max((p - e) * host_dense + e * host_expert for p, e in zip(b.params, b.experts, strict=True))
         copy_s, cpu_s = self._offload_seconds(b, zero, dp, edp) if host else (0.0, 0.0)
         opt_s = self._optimizer_seconds(b, zero, dp)
-        out = _Zero(dense, expert, gather, buffers, handed, worst, totals[worst] + gather,
+        out = _Zero(dense, expert, gather, buffers, handed, acts, transient, worst, totals[worst] + gather,
                     sum(x for _, x, _ in dp_traffic), sum(x for _, x, _ in edp_traffic), t_dp, t_edp, None, None,
                     host, copy_s, cpu_s, opt_s, fsdp_s)
         if b.slot is None:
@@ -712,7 +730,7 @@ class Evaluator:
             p, e = b.params[r], b.experts[r]
             (wd, gd, od), (we, ge, oe) = z.dense, z.expert
             return RankMemory(r, p, (p - e) * wd + e * we, (p - e) * gd + e * ge + z.buffers[r], (p - e) * od + e * oe,
-                              b.acts[r], b.transient[r] + z.handed[r] + z.gather, e)
+                              z.acts[r], z.transient[r] + z.handed[r] + z.gather, e)
 
         ranks = tuple(rank_memory(r) for r in range(c.pp)) if detail else ()
         comm_bytes = {"tp": b.tp_bytes, "pp": b.pp_bytes, "dp": z.dp_bytes, "embedding": b.emb_bytes}
@@ -770,6 +788,8 @@ class _Zero:
     gather: float  # ZeRO-3 gather buffers
     buffers: tuple[float, ...]  # per pipeline rank: ZeRO-2's bucket buffers (gradients)
     handed: tuple[float, ...]  # per pipeline rank: one parameter's gradient handed over by autograd (transient)
+    acts: tuple[float, ...]  # per pipeline rank: activations, autocast's weight copies included where made
+    transient: tuple[float, ...]  # per pipeline rank: the recompute working set, likewise
     worst: int  # the pipeline rank with the most bytes
     total: float  # its bytes per GPU
     dp_bytes: float

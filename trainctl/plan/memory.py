@@ -144,13 +144,26 @@ def fsdp_gather_bytes(precision: str) -> int:
     return 2 if precision == "bf16" else 4
 
 
+AUTOCAST_COPY_BYTES = 2  # per matmul weight: autocast's 16-bit copy
+
+
+def autocast_copies(precision: str, zero: int, dp: int) -> bool:
+    """Whether autocast makes 16-bit copies of the matmul weights and saves them for backward (a matmul's input
+    gradient needs its weight): under bf16/fp16 compute with fp32 parameters, AUTOCAST_COPY_BYTES per weight.
+    One copy however many micro-batches are in flight (autocast caches a leaf's cast for the whole region: a
+    pipeline schedule runs inside one; pp=1 runs one micro-batch's forward and backward at a time). None where
+    the weights are 16-bit already: bf16 parameters under ZeRO-1/2 (`bf16_params`) and FSDP2's bf16 gathers
+    under ZeRO-3 (`fsdp_gather_bytes`)."""
+    return precision == "fp16" or (precision == "bf16" and not (dp > 1 and zero >= 1))
+
+
 def compute_precision(precision: str, on_cpu: bool, low_precision_on_cpu: bool) -> str:
     """The precision the trainer really computes in: on a CPU bf16/fp16 fall back to fp32 unless asked."""
     return "fp32" if on_cpu and not low_precision_on_cpu else precision
 
 
 def trainer_layer_activation_bytes(m: ModelShape, micro_batch: int, tp: int, sp: bool, recompute: str,
-                                   precision: str, cp: int = 1) -> float:
+                                   precision: str, cp: int = 1, on_gpu: bool = False) -> float:
     """Bytes one transformer layer keeps for backward per micro-batch, as the trainer's autograd saves them.
 
     Differences from Korthikanti et al. 2022 (`layer_activation_bytes`), each measured with saved-tensor
@@ -158,9 +171,11 @@ def trainer_layer_activation_bytes(m: ModelShape, micro_batch: int, tp: int, sp:
     log-sum-exp per row (a*s*b fp32), never the s x s scores (unless dropout makes it fall back to the
     math kernel, which stores them as the paper counts); the output projection gets its own copy of the
     attention output (the head transpose); each norm keeps its per-token statistics in fp32 (mean and
-    rstd for LayerNorm, rstd for RMSNorm); the residual stream is fp32 (the weights are), so the two norm
-    inputs are 4 bytes per value under mixed precision too. Values are 2 bytes under bf16/fp16 autocast,
-    4 in fp32.
+    rstd for LayerNorm, rstd for RMSNorm, and on a CPU RMSNorm's normalised input: `_norm_saved_bytes`); the
+    residual stream is fp32 (the weights are), so the two norm inputs are 4 bytes per value under mixed
+    precision too. Values are 2 bytes under bf16/fp16 autocast, 4 in fp32. On a GPU (an H200, torch 2.11:
+    bench/saved_tensors.py) the flash attention kernel saves the same tensors as the CPU's. The 16-bit
+    weight copies autocast saves are `autocast_copies`, per stage, not per layer-micro-batch.
 
     Context parallelism (runtime/context_parallel.py): every per-token tensor holds this rank's s/cp tokens.
     Without recompute the attention keeps, instead of the fused QKV output and RoPE's rotated Q and K: the
@@ -179,7 +194,7 @@ def trainer_layer_activation_bytes(m: ModelShape, micro_batch: int, tp: int, sp:
         return 4 * sbh / (tp if sp else 1)  # the block's fp32 input
     # replicated over TP unless SP: both norms (fp32 input, statistics, RMSNorm's normalised input) and the
     # residual dropout masks
-    replicated = 2 * _norm_saved_bytes(m, sb) + (2 * sbh if m.dropout else 0)
+    replicated = 2 * _norm_saved_bytes(m, sb, on_gpu) + (2 * sbh if m.dropout else 0)
     # the QKV and MLP inputs, full-sequence on every TP rank even under SP: the column-parallel layers keep
     # the all-gathered input (Megatron re-gathers it in backward instead; not done here)
     gathered = 2 * sbh * act
@@ -219,8 +234,7 @@ def moe_layer_activation_delta(m: ModelShape, micro_batch: int, tp: int, sp: boo
       experts    each row's input and the MLP's inner tensors (GELU 2, SwiGLU 4 x f_e/tp)
       combine    the expert outputs and routing weights the weighted sum keeps (k*N rows)
       shared     as a dense MLP of shared_experts x shared_ffn_hidden
-    Exact at ep = 1 (fp32); under bf16 autocast the weights' bf16 copies are not counted (as for a dense
-    layer)."""
+    Exact at ep = 1 (fp32); autocast's 16-bit weight copies are counted per stage (`autocast_copies`)."""
     e = m.moe
     if e is None or recompute == "full":
         return 0.0
@@ -249,23 +263,24 @@ def moe_layer_activation_delta(m: ModelShape, micro_batch: int, tp: int, sp: boo
     return router + dispatch + experts + combine + shared - dense
 
 
-def _norm_saved_bytes(m: ModelShape, tokens: int) -> float:
+def _norm_saved_bytes(m: ModelShape, tokens: int, on_gpu: bool) -> float:
     """One norm's saved tensors in fp32: its input and per-token statistics (LayerNorm: mean and rstd;
-    RMSNorm: rstd and the normalised input its weight gradient needs)."""
+    RMSNorm: rstd, and on a CPU the normalised input its weight gradient needs: `F.rms_norm` is composite
+    there, while CUDA's fused kernel recomputes it in backward)."""
     h = m.hidden
     if m.norm == "layernorm":
         return tokens * (h + 2) * 4
-    return tokens * (2 * h + 1) * 4
+    return tokens * ((h if on_gpu else 2 * h) + 1) * 4
 
 
 def trainer_head_activation_bytes(m: ModelShape, micro_batch: int, tp: int, sp: bool, padded_vocab: int,
-                                  precision: str, cp: int = 1) -> float:
+                                  precision: str, cp: int = 1, on_gpu: bool = False) -> float:
     """Last stage, per micro-batch in flight: the final norm's fp32 input and stats (sequence-sharded under
     SP), the LM head's input (gathered: full sequence) and the fp32 vocab-parallel logits the cross
     entropy keeps (Korthikanti Sec. 4.3); of this CP rank's s/cp tokens."""
     act = activation_bytes(precision)
     sb = m.seq_len // cp * micro_batch
-    return _norm_saved_bytes(m, sb) / (tp if sp else 1) + sb * m.hidden * act + 4 * sb * padded_vocab / tp
+    return _norm_saved_bytes(m, sb, on_gpu) / (tp if sp else 1) + sb * m.hidden * act + 4 * sb * padded_vocab / tp
 
 
 def reserve_bytes(on_gpu: bool) -> float:

@@ -91,7 +91,7 @@ def context_from_spec(spec: RunSpec) -> Context:
         shape=ModelShape.from_spec(spec.model), global_batch=spec.train.global_batch,
         precision=precision, world=spec.world_size, hw=hw, assume=assume,
         grad_reduce_bf16=spec.parallel.grad_reduce_dtype == "bf16", rates=rates,
-        powersgd_rank=spec.parallel.powersgd.rank if spec.parallel.powersgd else None,
+        powersgd_rank=spec.parallel.powersgd.rank if spec.parallel.powersgd else None, on_gpu=not on_cpu,
     )
 
 

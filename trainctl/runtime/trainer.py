@@ -140,10 +140,7 @@ class Trainer:
         self.sync = (data_parallel.FsdpSync(infos, par) if fsdp
                      else expert_sync.grad_sync(infos, par, p.zero, self.micro_batches, reduce_dtype, self.precision,
                                                 psgd, offload))
-        # torch's fused AdamW kernel: under offload for the host step (the fast CPU one), else on a GPU (one
-        # launch per parameter group instead of foreach's several passes over the weights)
-        fused = par.dp > 1 if offload else par.device.type == "cuda"
-        self.opt = optim.adamw(self.sync.optimizer_groups(), t, fused=fused)
+        self.opt = optim.adamw(self.sync.optimizer_groups(), t, fused=optim.fused_adamw(par.device, offload, par.dp))
 
         def scaled_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
             return loss_fn(logits, targets, self.cfg, self.tp) * self.scaler.scale
