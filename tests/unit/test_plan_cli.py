@@ -161,3 +161,24 @@ def test_all_recipes_in_the_directory_plan():
     for path in sorted((ROOT / "recipes").glob("*.yaml")):
         plan = build_plan(load_spec(path))
         assert plan.errors == [], (path.name, [w.message for w in plan.errors])
+
+
+@pytest.mark.parametrize("gpu,ranks_per_node,cores,configured,expected", [
+    ("cpu", 2, 2, None, 0.0),  # two ranks on two cores: gloo's reduction competes with the backward
+    ("cpu", 8, 2, None, 0.0),
+    ("cpu", 2, 16, None, 0.8),  # free cores to reduce on
+    ("h100-sxm", 8, 2, None, 0.8),  # NCCL on its own SMs, whatever the host's cores
+    ("cpu", 2, 2, 0.5, 0.5),  # estimate.dp_overlap as the spec sets it
+])
+def test_dp_overlap_default_follows_where_the_reduction_runs(monkeypatch, gpu, ranks_per_node, cores, configured,
+                                                             expected):
+    import trainctl.plan.plan as plan_module
+
+    monkeypatch.setattr(plan_module, "cpu_cores", lambda: cores)
+    sets = {"cluster.gpu": gpu, "cluster.gpus_per_node": ranks_per_node, "cluster.nodes": 1,
+            "parallel.dp": ranks_per_node, "parallel.tp": 1, "parallel.pp": 1}
+    if configured is not None:
+        sets["estimate.dp_overlap"] = configured
+    spec = load_spec(TINY, overrides=[f"{k}={v}" for k, v in sets.items()])
+    assert plan_module.context_from_spec(spec).assume.dp_overlap == expected
+    assert build_plan(spec).to_json()["assumptions"]["dp_overlap"] == expected  # what the plan prints

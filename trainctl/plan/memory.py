@@ -292,6 +292,11 @@ def reserve_bytes(on_gpu: bool) -> float:
 GPU_NODE_HOST_BYTES = 2000e9
 
 
+def cpu_cores() -> int:
+    """Cores of a CPU rank's node: this machine's, as for `host_memory_bytes` (a CPU run's ranks run here)."""
+    return os.cpu_count() or 1
+
+
 def host_memory_bytes(host_memory_gb: float | None, on_cpu: bool) -> float:
     """Host memory per node: the spec's figure, else this machine's RAM when the ranks are CPU processes
     here, else a GPU node's typical 2 TB (GPU_NODE_HOST_BYTES)."""

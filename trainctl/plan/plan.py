@@ -19,7 +19,7 @@ from trainctl.plan.checks import PlanWarning, advise
 from trainctl.plan.elastic import NodeCount, node_list, shrink_options
 from trainctl.plan.elastic import summary as elastic_summary
 from trainctl.plan.estimate import Assumptions, Candidate, Context, Estimate, Evaluator, Hardware, assumed_rates
-from trainctl.plan.memory import compute_precision, host_memory_bytes, reserve_bytes
+from trainctl.plan.memory import compute_precision, cpu_cores, host_memory_bytes, reserve_bytes
 from trainctl.plan.placement import Groups, Layout, placement_table
 from trainctl.plan.rates import describe, measured_rates
 from trainctl.plan.schedule import BUBBLE_DEFINITION
@@ -64,6 +64,15 @@ NOTES = (
 )
 
 
+def dp_overlap(configured: float | None, on_cpu: bool, ranks_per_node: int) -> float:
+    """estimate.dp_overlap, or its default: on GPUs Assumptions' 0.8; on CPUs 0 when the ranks occupy every core
+    of the node: gloo's reduction then competes with the backward for them (measured here, 2 ranks on 2 cores:
+    the sync a DP step waits for was longer than the whole predicted all-reduce)."""
+    if configured is not None:
+        return configured
+    return 0.0 if on_cpu and ranks_per_node >= cpu_cores() else Assumptions.dp_overlap
+
+
 def context_from_spec(spec: RunSpec) -> Context:
     c = spec.cluster
     acc = resolve_accelerator(c)
@@ -82,8 +91,8 @@ def context_from_spec(spec: RunSpec) -> Context:
         host_memory_bytes=host_memory_bytes(c.host_memory_gb, on_cpu),
     )
     e = spec.estimate
-    assume = Assumptions(e.compute_efficiency, e.comm_efficiency, e.dp_overlap, e.tp_overlap, e.offload_pcie_gbps,
-                         e.host_adam_gbps)
+    assume = Assumptions(e.compute_efficiency, e.comm_efficiency, dp_overlap(e.dp_overlap, on_cpu, c.gpus_per_node),
+                         e.tp_overlap, e.offload_pcie_gbps, e.host_adam_gbps)
     rates = measured_rates(spec, assumed_rates(hw, assume))  # cluster.calibration (plan/rates.py)
     if rates is not None and hw.peak_flops is None:  # a CPU: MFU against the peak measured where it runs
         hw = replace(hw, peak_flops=rates.profile.peak_flops)
