@@ -254,13 +254,9 @@ def check_calibrate(b: Bench) -> dict[str, Any]:
     if r.returncode:
         raise RuntimeError(f"calibrate exited {r.returncode}: {(r.stderr or r.stdout).strip()[-400:]}")
     shutil.copy(prof, b.out / "calibration.json")
-    rep = b.trainctl("mfu-report", str(run), "--calibration", str(prof), "--json", timeout=120)
     txt = b.trainctl("mfu-report", str(run), "--calibration", str(prof), timeout=120)
     (b.out / "mfu_report_calibrated.txt").write_text(txt.stdout + txt.stderr)
-    if rep.returncode:
-        raise RuntimeError(f"mfu-report --calibration exited {rep.returncode}: {rep.stderr.strip()[-400:]}")
-    rj = json.loads(rep.stdout)
-    one = rj["runs"][0] if isinstance(rj, dict) and "runs" in rj else rj
+    one = report_json(b, run, None, "--calibration", str(prof))
     return {"predicted_step_s": _dig(one, "prediction", "step_time_s"), "measured_step_s": _dig(one, "measured",
                                                                                                   "step_time_s")}
 
@@ -278,12 +274,7 @@ def check_recompute(b: Bench) -> dict[str, Any]:
         sp["train"]["recompute"] = mode
         sp["cluster"]["calibration"] = str(prof)
         run, _ = b.launch(f"recompute-{mode}", sp, timeout=300)
-        rep = b.trainctl("mfu-report", str(run), "--json", timeout=120)
-        if rep.returncode:
-            raise RuntimeError(f"mfu-report exited {rep.returncode}: {rep.stderr.strip()[-400:]}")
-        (b.out / f"mfu_report_recompute_{mode}.json").write_text(rep.stdout)
-        rj = json.loads(rep.stdout)
-        one = rj["runs"][0] if isinstance(rj, dict) and "runs" in rj else rj
+        one = report_json(b, run, f"mfu_report_recompute_{mode}.json")
         pred, meas = _dig(one, "prediction", "step_time_s"), _dig(one, "measured", "step_time_s")
         mem = {row["component"]: [round((row["predicted_bytes"] or 0) / 1e9, 2),
                                   round((row["measured_bytes"] or 0) / 1e9, 2)]
@@ -292,6 +283,17 @@ def check_recompute(b: Bench) -> dict[str, Any]:
                      "step_error": round(pred / meas - 1, 3) if pred and meas else None,
                      "memory_gb_predicted_measured": mem}
     return res
+
+
+def report_json(b: Bench, run: Path, keep_as: str | None, *args: str) -> dict[str, Any]:
+    """`mfu-report RUN ARGS --json` of one run (kept under --out as `keep_as`)."""
+    rep = b.trainctl("mfu-report", str(run), *args, "--json", timeout=120)
+    if rep.returncode:
+        raise RuntimeError(f"mfu-report {' '.join(args)} exited {rep.returncode}: {rep.stderr.strip()[-400:]}")
+    if keep_as:
+        (b.out / keep_as).write_text(rep.stdout)
+    rj = json.loads(rep.stdout)
+    return rj["runs"][0] if isinstance(rj, dict) and "runs" in rj else rj
 
 
 def _dig(d: Any, *keys: str) -> Any:

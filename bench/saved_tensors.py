@@ -56,8 +56,14 @@ def main() -> None:
     current = ["-"]
     for name, mod in model.named_modules():
         mod.register_forward_pre_hook(lambda m, args, n=name: current.__setitem__(0, n or "model"))
-    # autocast's 16-bit copies of the weights are saved too (a matmul's backward needs its weight)
-    weight_shapes = {tuple(p.shape) for p in model.parameters()} | {tuple(p.shape[::-1]) for p in model.parameters()}
+    # autocast's 16-bit copies of the weights are saved too (a matmul's backward needs its weight): told apart
+    # from an activation of the same shape by their values
+    params = list(model.parameters())
+
+    def weight_cast(t: torch.Tensor) -> bool:
+        return t.dim() == 2 and any(q.shape == t.shape and torch.equal(q.to(t.dtype), t)
+                                    for p in params for q in (p, p.t()) if q.dim() == 2)
+
     seen: set[tuple[int, int]] = set()
     by_where: dict[tuple[str, tuple[int, ...], str], list[int]] = defaultdict(lambda: [0, 0])
 
@@ -69,7 +75,7 @@ def main() -> None:
         if key not in seen and key[1]:
             seen.add(key)
             where = ".".join(p for p in current[0].split(".") if not p.isdigit()) or current[0]
-            if tuple(t.shape) in weight_shapes and t.dim() == 2:
+            if weight_cast(t):
                 where += " (weight cast)"
             row = by_where[(where, tuple(t.shape), str(t.dtype).replace("torch.", ""))]
             row[0] += 1

@@ -514,8 +514,8 @@ class Evaluator:
         kept = c.recompute != "full"
         cast_params = [model.stage_matmul_params_per_gpu(m, tp, prof.rank_layers[r] if kept else 0, prof.has_last[r],
                                                          moe_layers[r] if kept else 0, c.ep) for r in range(pp)]
-        cast_working = model.stage_matmul_params_per_gpu(m, tp, 1, False, int(m.moe is not None), c.ep) \
-            if c.recompute == "full" else 0.0
+        cast_working = 0.0 if kept else model.stage_matmul_params_per_gpu(m, tp, 1, False, int(m.moe is not None),
+                                                                          c.ep)
         acts_copied = tuple(x + copy * n for x, n in zip(acts, cast_params, strict=True))
         transient_copied = tuple(t + copy * cast_working if t else 0.0 for t in transient)
 

@@ -154,7 +154,8 @@ def autocast_copies(precision: str, zero: int, dp: int) -> bool:
     pipeline schedule runs inside one; pp=1 runs one micro-batch's forward and backward at a time). None where
     the weights are 16-bit already: bf16 parameters under ZeRO-1/2 (`bf16_params`) and FSDP2's bf16 gathers
     under ZeRO-3 (`fsdp_gather_bytes`)."""
-    return precision == "fp16" or (precision == "bf16" and not (dp > 1 and zero >= 1))
+    fsdp_16bit = zero >= 3 and dp > 1 and fsdp_gather_bytes(precision) == 2
+    return precision in ("bf16", "fp16") and not (bf16_params(precision, zero, dp) or fsdp_16bit)
 
 
 def compute_precision(precision: str, on_cpu: bool, low_precision_on_cpu: bool) -> str:
@@ -290,11 +291,6 @@ def reserve_bytes(on_gpu: bool) -> float:
 # Host memory of a GPU node when the spec does not say: an 8-GPU DGX H100, H200 or B200 node ships 2 TB
 # (NVIDIA's DGX datasheets); HGX boards from other vendors are commonly configured with 1-2 TB.
 GPU_NODE_HOST_BYTES = 2000e9
-
-
-def cpu_cores() -> int:
-    """Cores of a CPU rank's node: this machine's, as for `host_memory_bytes` (a CPU run's ranks run here)."""
-    return os.cpu_count() or 1
 
 
 def host_memory_bytes(host_memory_gb: float | None, on_cpu: bool) -> float:

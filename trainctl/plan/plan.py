@@ -5,6 +5,7 @@ The JSON carries plain units only: counts, bytes, FLOPs, seconds, bytes/s, FLOP/
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from trainctl.plan.checks import PlanWarning, advise
 from trainctl.plan.elastic import NodeCount, node_list, shrink_options
 from trainctl.plan.elastic import summary as elastic_summary
 from trainctl.plan.estimate import Assumptions, Candidate, Context, Estimate, Evaluator, Hardware, assumed_rates
-from trainctl.plan.memory import compute_precision, cpu_cores, host_memory_bytes, reserve_bytes
+from trainctl.plan.memory import compute_precision, host_memory_bytes, reserve_bytes
 from trainctl.plan.placement import Groups, Layout, placement_table
 from trainctl.plan.rates import describe, measured_rates
 from trainctl.plan.schedule import BUBBLE_DEFINITION
@@ -62,6 +63,11 @@ NOTES = (
     "not modelled: the optimizer step without a profile, kernel launch overheads, data loading, hierarchical "
     "collectives, network congestion",
 )
+
+
+def cpu_cores() -> int:
+    """Cores of a CPU rank's node: this machine's, as for `host_memory_bytes` (a CPU run's ranks run here)."""
+    return os.cpu_count() or 1
 
 
 def dp_overlap(configured: float | None, on_cpu: bool, ranks_per_node: int) -> float:
