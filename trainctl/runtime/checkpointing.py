@@ -217,11 +217,16 @@ class Checkpointing:
     # -- every step -------------------------------------------------------------------------------------
     def after_step(self, step: int, may_save: Callable[[], bool] | None = None) -> int | None:
         """After optimizer step `step` (1-based): save when due; on a stop request save synchronously and
-        return the exit code (75 after a signal, 0 for the stop_after_step fault), else None.
+        return the exit code (75 after a signal, 0 for the stop_after_step fault), else None. An async save
+        that failed on any rank raises its error here, on every rank (one step after it was known at most).
 
         `may_save` (collective, asked only when a scheduled save is due): False defers the save, so that no
         checkpoint holds a diverging or non-finite state (runtime/divergence.py)."""
-        sig, time_due_all = signals.agree([self.stop.signum, int(self.schedule.time_due())], self.parts.par.device)
+        sig, time_due_all, save_failed = signals.agree(
+            [self.stop.signum, int(self.schedule.time_due()), int(self.mgr.failed())], self.parts.par.device)
+        if save_failed:  # an async save failed (a full disk...): stop now, not at the next save
+            self.mgr.wait()  # raises its error, the same on every rank (the writers agree on a failure)
+            raise CheckpointError(f"a checkpoint save failed on another rank; stopping after step {step}")
         if sig or step == self.stop_after:
             self.save(step, wait=True)
             if self.log:
