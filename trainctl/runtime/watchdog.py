@@ -125,6 +125,8 @@ class Watchdog:
 
     def stop(self, state: str = "stopped") -> None:
         self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()  # its last "running" rewrite must not land after this one
         self._write_heartbeat(state)
 
     def _loop(self) -> None:
