@@ -77,7 +77,7 @@ class Heartbeat:
             d = json.loads(path.read_text())
             return cls(rank=int(d["rank"]), step=int(d["step"]), time=float(d["time"]), state=str(d["state"]),
                        pid=int(d["pid"]), host=str(d.get("host")))
-        except (OSError, ValueError, KeyError, TypeError):  # absent, torn by a writer of an older trainctl
+        except (OSError, ValueError, KeyError, TypeError):  # absent (the rank has not started), or not ours
             return None
 
 
