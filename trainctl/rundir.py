@@ -281,6 +281,13 @@ def append_text(path: Path, text: str) -> None:
         f.flush()
 
 
+def shell_fresh_line(path_word: str) -> str:
+    """`append_text`'s fresh line for a shell script's `printf FORMAT ... >>FILE`: a word to put right before the
+    quoted FORMAT that gives printf a leading `\\n` when FILE (a shell word, quoted as needed) does not end with
+    a newline."""
+    return f'"$([ -n "$(tail -c1 {path_word} 2>/dev/null)" ] && printf %s \'\\n\')"'
+
+
 def append_jsonl(path: Path, record: dict[str, Any]) -> None:
     """Append one JSON object as one line (on a fresh line, in one write: `append_text`)."""
     append_text(path, json.dumps(record, separators=(",", ":")) + "\n")
