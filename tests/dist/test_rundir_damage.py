@@ -111,10 +111,18 @@ def test_truncated_job_json_status_runs_and_repair(launched: tuple[Path, Path], 
         assert f"trainctl resume {run} --repair" in line and f"continues from step {STOPPED_AT}" in line, line
         assert "Traceback" not in r.stderr
 
+    lost = tmp_path / "lost"  # job.json deleted: the spec and events still make it a run directory
+    shutil.copytree(launched[1], lost)
+    (lost / "job.json").unlink()
+    r = cli("status", str(lost))
+    assert r.returncode == EXIT_USAGE and f"{lost / 'job.json'} is damaged (missing)" in r.stderr, r.stderr
+
     r = cli("runs", str(tmp_path), "--json")
     ok(r)
-    (listed,) = json.loads(r.stdout)
-    assert listed["state"] == "DAMAGED" and listed["steps_done"] == STOPPED_AT and "--repair" in listed["reason"]
+    listed = {Path(s["run_dir"]).name: s for s in json.loads(r.stdout)}
+    assert set(listed) == {"run", "lost"}
+    for s in listed.values():
+        assert s["state"] == "DAMAGED" and s["steps_done"] == STOPPED_AT and "--repair" in s["reason"], s
 
     r = cli("resume", str(run), "--repair", "--dry-run")
     ok(r)

@@ -85,7 +85,7 @@ def _repair(console: Console, run: Path, dry_run: bool) -> None:
     paths = open_run(run)
     try:
         read_job_json(paths)
-    except repair.DamagedJob as e:
+    except repair.DamagedJob as e:  # unparseable or missing
         rebuilt = repair.rebuild(paths)
         what = (f"job.json ({rebuilt.job['backend']} backend, {len(rebuilt.job.get('attempts') or [])} attempt(s)) "
                 f"from {', '.join(rebuilt.sources)}")

@@ -34,9 +34,10 @@ class DamagedJob(UsageError):
         run = shlex.quote(str(paths.root))
         newest = newest_checkpoint(paths)
         go_on = (f"continues from step {newest}" if newest is not None else "restarts from step 0")
-        super().__init__(f"{paths.job} is damaged ({why}); intact: {', '.join(intact(paths))}; "
-                         f"`trainctl resume {run} --repair` rebuilds it from {paths.spec.name}, "
-                         f"{paths.launch_script.name} and {paths.events.name} and {go_on}")
+        fix = (f"`trainctl resume {run} --repair` rebuilds it from {paths.spec.name}, {paths.launch_script.name} "
+               f"and {paths.events.name} and {go_on}" if paths.spec.is_file() else
+               "nothing to rebuild it from: launch the spec again into a new run directory")
+        super().__init__(f"{paths.job} is damaged ({why}); intact: {', '.join(intact(paths, newest))}; {fix}")
 
 
 def job_problem(text: str) -> tuple[dict[str, Any] | None, str | None]:
@@ -61,10 +62,10 @@ def newest_checkpoint(paths: RunPaths) -> int | None:
     return info.step if info is not None else None
 
 
-def intact(paths: RunPaths) -> list[str]:
-    """What the run directory still holds that a resume needs or a person looks for, in words."""
+def intact(paths: RunPaths, newest: int | None) -> list[str]:
+    """What the run directory still holds that a resume needs or a person looks for, in words (`newest`: the
+    newest committed checkpoint's step)."""
     out = [paths.spec.name if paths.spec.is_file() else f"no {paths.spec.name} (cannot be rebuilt)"]
-    newest = newest_checkpoint(paths)
     out.append(f"checkpoints up to step {newest}" if newest is not None else "no valid checkpoint")
     last = last_jsonl(paths.metrics) or {}
     if isinstance(last.get("step"), int):

@@ -37,7 +37,7 @@ from trainctl.fileio import require_writable, write_atomic
 from trainctl.launch import secrets
 from trainctl.launch.backend import backend_for
 from trainctl.launch.create import freeze_spec
-from trainctl.launch.status import read_job_json
+from trainctl.launch.status import open_run, read_job_json
 from trainctl.plan.lr_scaling import lr_unchanged_warning
 from trainctl.rundir import RunPaths, load_jsonl, record_event
 from trainctl.spec import RunSpec, load_spec, resolved_dict
@@ -83,11 +83,9 @@ def require_same_model(spec: RunSpec, info: CheckpointInfo) -> None:
 def plan_resume(run_dir: Path, from_step: int | None = None, overrides: list[str] | None = None) -> ResumePlan:
     """Read the run directory and decide what the relaunch will do; changes nothing."""
     root = Path(run_dir).absolute()
-    paths = RunPaths(root)
-    if not root.is_dir():
-        raise UsageError(f"{run_dir}: no such run directory", hint="give the directory `trainctl launch` created")
-    if not paths.spec.exists() or not paths.job.exists():
-        raise UsageError(f"{run_dir}: not a run directory (no spec.yaml or job.json)",
+    paths = open_run(Path(run_dir))
+    if not paths.spec.exists():
+        raise UsageError(f"{run_dir}: not a run directory (no {paths.spec.name})",
                          hint="give the directory `trainctl launch` created")
     require_writable(root, f"run directory {run_dir}")  # the relaunch appends to it: refuse before any change
     before = load_spec(paths.spec)  # as frozen: what the run ran with so far

@@ -45,11 +45,16 @@ class RunStatus:
         return out
 
 
+def is_run_dir(paths: RunPaths) -> bool:
+    """A run directory: its job.json, or (job.json lost) its frozen spec and its events."""
+    return paths.job.is_file() or (paths.spec.is_file() and paths.events.is_file())
+
+
 def open_run(path: Path) -> RunPaths:
     paths = RunPaths(path.absolute())
     if not path.is_dir():
         raise UsageError(f"{path}: no such run directory", hint="give the directory `trainctl launch` created")
-    if not paths.job.exists():
+    if not is_run_dir(paths):
         raise UsageError(f"{path} is not a run directory (no {paths.job.name})",
                          hint="give the directory `trainctl launch` printed (e.g. runs/<name>-<time>)")
     return paths
@@ -61,6 +66,8 @@ def read_job_json(paths: RunPaths) -> dict[str, Any]:
 
     try:
         text = paths.job.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        raise DamagedJob(paths, "missing") from None
     except OSError as e:
         raise UsageError(f"{paths.job}: unreadable ({e.strerror})") from e
     job, problem = job_problem(text)
@@ -124,9 +131,9 @@ def damaged_status(path: Path, error: DamagedJob) -> RunStatus:
 
 def find_runs(base: Path) -> list[Path]:
     """Run directories directly under `base` (or `base` itself), newest first."""
-    if RunPaths(base).job.exists():
+    if is_run_dir(RunPaths(base)):
         return [base]
     if not base.is_dir():
         return []
-    runs = [p for p in base.iterdir() if RunPaths(p).job.is_file()]
+    runs = [p for p in base.iterdir() if p.is_dir() and is_run_dir(RunPaths(p))]
     return sorted(runs, key=lambda p: p.stat().st_mtime, reverse=True)
