@@ -124,7 +124,7 @@ def create_run_dir(root: Path, spec: RunSpec, *, backend: str, command: Sequence
     if leaked:  # a caller that skipped freeze_spec: refuse rather than publish the value
         raise RuntimeError(f"credential {', '.join(leaked)} would be written to {root}: freeze the spec first")
     paths = RunPaths(root.resolve())
-    made = nearest_existing(paths.root)  # what to take back if a write fails: from the first directory made
+    existed = nearest_existing(paths.root)  # a failed write takes back what is made below it
     try:
         with write_errors_as_usage(f"run directory {paths.root}"):
             paths.logs.mkdir(parents=True, exist_ok=True)
@@ -136,7 +136,7 @@ def create_run_dir(root: Path, spec: RunSpec, *, backend: str, command: Sequence
             write_job(paths, {"backend": backend, "command": list(command), "env": dict(env), "git": git_info(),
                               "created": created, "attempts": []})
     except BaseException:
-        _take_back(paths.root, made)
+        _take_back(paths.root, existed)
         raise
     return paths
 
