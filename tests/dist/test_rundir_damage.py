@@ -122,7 +122,8 @@ def test_truncated_job_json_status_runs_and_repair(launched: tuple[Path, Path], 
     listed = {Path(s["run_dir"]).name: s for s in json.loads(r.stdout)}
     assert set(listed) == {"run", "lost"}
     for s in listed.values():
-        assert s["state"] == "DAMAGED" and s["steps_done"] == STOPPED_AT and "--repair" in s["reason"], s
+        assert s["state"] == "DAMAGED" and s["backend"] == "local" and s["steps_done"] == STOPPED_AT, s
+        assert "--repair" in s["reason"], s
 
     r = cli("resume", str(run), "--repair", "--dry-run")
     ok(r)

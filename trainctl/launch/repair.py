@@ -73,6 +73,12 @@ def intact(paths: RunPaths, newest: int | None) -> list[str]:
     return out
 
 
+def recorded_backend(events: list[dict[str, Any]]) -> str | None:
+    """The backend the run's last launch, resume or submission recorded in events.jsonl."""
+    said = [e["backend"] for e in events if isinstance(e.get("backend"), str)]
+    return said[-1] if said else None
+
+
 def _iso(t: Any) -> str | None:
     return datetime.fromtimestamp(float(t), timezone.utc).isoformat(timespec="seconds") \
         if isinstance(t, (int, float)) else None
@@ -154,8 +160,7 @@ def rebuild(paths: RunPaths) -> Rebuilt:
                          hint="launch the spec again into a new run directory") from None
     events = sorted(read_jsonl(paths.events), key=lambda e: float(e.get("time") or 0.0)
                     if isinstance(e.get("time"), (int, float)) else 0.0)
-    said = [e["backend"] for e in events if isinstance(e.get("backend"), str)]
-    backend = said[-1] if said else spec.backend
+    backend = recorded_backend(events) or spec.backend
     sources = [paths.spec.name] + ([paths.events.name] if events else [])
     job: dict[str, Any] = {"backend": backend, "git": {"commit": None, "dirty": None},
                            "created": _iso(events[0].get("time")) if events else None, "attempts": []}

@@ -123,9 +123,11 @@ def run_status(path: Path) -> RunStatus:
 
 def damaged_status(path: Path, error: DamagedJob) -> RunStatus:
     """What `runs` lists of a run whose job.json is damaged: DAMAGED, with what the other files still say."""
-    from trainctl.launch.repair import DAMAGED
+    from trainctl.launch.repair import DAMAGED, recorded_backend
 
-    return RunStatus(**_progress(RunPaths(path.absolute())), backend="?", state=DAMAGED, job_id=None,
+    paths = RunPaths(path.absolute())
+    return RunStatus(**_progress(paths), backend=recorded_backend(read_jsonl(paths.events)) or "?", state=DAMAGED,
+                     job_id=None,
                      reason=error.message, job_state=None, eligible_at=None, attempts=0, nodes=None)
 
 
