@@ -77,6 +77,7 @@ def test_torn_and_non_utf8_jsonl_resume_and_report(launched: tuple[Path, Path], 
     r = cli("resume", str(run))
     ok(r)
     assert "metrics.jsonl: skipped 2 unreadable lines (2, 4)" in r.stdout
+    assert "events.jsonl: skipped 1 unreadable line" in r.stdout
     # every whole record kept, and the ranks' step 4 written on a fresh line, not glued onto the torn step 3
     assert steps(run) == [1, 2, 4, 5, 6]
     read = load_jsonl(metrics)
@@ -116,6 +117,9 @@ def test_truncated_job_json_status_runs_and_repair(launched: tuple[Path, Path], 
     (lost / "job.json").unlink()
     r = cli("status", str(lost))
     assert r.returncode == EXIT_USAGE and f"{lost / 'job.json'} is damaged (missing)" in r.stderr, r.stderr
+    r = cli("resume", str(lost), "--repair", "--dry-run")
+    ok(r)
+    assert "would rebuild job.json (local backend, 1 attempt(s))" in r.stdout and not (lost / "job.json").exists()
 
     r = cli("runs", str(tmp_path), "--json")
     ok(r)

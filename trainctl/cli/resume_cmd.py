@@ -95,7 +95,8 @@ def _repair(console: Console, run: Path, dry_run: bool) -> None:
         require_writable(paths.root, f"run directory {paths.root}")
         with write_errors_as_usage(f"run directory {paths.root}"):
             kept = repair.write_rebuilt(paths, rebuilt)
-        console.print(f"[bold]rebuilt[/bold] {what}; the damaged one is kept as {kept.name}", soft_wrap=True)
+        console.print(f"[bold]rebuilt[/bold] {what}" + (f"; the damaged one is kept as {kept.name}" if kept else ""),
+                      soft_wrap=True)
         return
     console.print(f"{paths.job.name} is intact: nothing to repair", soft_wrap=True)
 

@@ -177,14 +177,17 @@ def rebuild(paths: RunPaths) -> Rebuilt:
     return Rebuilt(job, sources)
 
 
-def write_rebuilt(paths: RunPaths, rebuilt: Rebuilt) -> Path:
-    """Keep the damaged job.json beside it, write the rebuilt one, record the repair; the damaged copy."""
-    kept = paths.root / DAMAGED_COPY.format(name=paths.job.name, stamp=time.strftime("%Y%m%d-%H%M%S"))
-    if paths.job.exists():
-        paths.job.replace(kept)
+def write_rebuilt(paths: RunPaths, rebuilt: Rebuilt) -> Path | None:
+    """Keep the damaged job.json beside it, write the rebuilt one, record the repair; the damaged copy (None: there
+    was no job.json)."""
     from trainctl.launch.create import now_iso
 
-    job = {**rebuilt.job, "repaired": {"time": now_iso(), "from": rebuilt.sources, "damaged_copy": kept.name}}
+    kept = None
+    if paths.job.exists():
+        kept = paths.root / DAMAGED_COPY.format(name=paths.job.name, stamp=time.strftime("%Y%m%d-%H%M%S"))
+        paths.job.replace(kept)
+    copy = kept.name if kept else None
+    job = {**rebuilt.job, "repaired": {"time": now_iso(), "from": rebuilt.sources, "damaged_copy": copy}}
     write_atomic(paths.job, json.dumps(job, indent=2) + "\n")
-    record_event(paths, "job_repaired", sources=rebuilt.sources, damaged_copy=kept.name)
+    record_event(paths, "job_repaired", sources=rebuilt.sources, damaged_copy=copy)
     return kept

@@ -117,7 +117,8 @@ def plan_resume(run_dir: Path, from_step: int | None = None, overrides: list[str
                       [secrets.redact_override(o) for o in overrides or []], last,
                       spec_changes(before, spec), held_back=secrets.credential_names(loaded.launcher.env),
                       warnings=change_warnings(before, spec),
-                      notes=[n for n in (metrics.skipped_note(paths.metrics),) if n])
+                      notes=[n for n in (metrics.skipped_note(paths.metrics),
+                                         load_jsonl(paths.events).skipped_note(paths.events)) if n])
 
 
 def change_warnings(before: RunSpec, after: RunSpec) -> list[str]:
