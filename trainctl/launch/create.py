@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
@@ -18,7 +19,7 @@ from typing import Any
 import yaml
 
 from trainctl.errors import UsageError
-from trainctl.fileio import write_atomic
+from trainctl.fileio import nearest_existing, require_writable, write_atomic, write_errors_as_usage
 from trainctl.launch import secrets
 from trainctl.rundir import RunPaths
 from trainctl.spec import RunSpec, resolved_dict
@@ -41,7 +42,8 @@ def _non_empty(path: Path) -> bool:
 
 
 def check_run_dir(path: Path) -> None:
-    """Refuse a run dir that already holds something: a run directory records exactly one run."""
+    """Refuse a run dir that already holds something (a run directory records exactly one run), or that cannot
+    be made and written: before anything is created."""
     if path.exists() and not path.is_dir():
         raise UsageError(f"run directory {path} exists and is not a directory",
                          hint="pass another --run-dir")
@@ -49,6 +51,7 @@ def check_run_dir(path: Path) -> None:
         raise UsageError(f"run directory {path} already exists and is not empty",
                          hint="pass a new --run-dir (or leave it out for a fresh runs/<name>-<time>); "
                               f"to continue that run from its last checkpoint: trainctl resume {path}")
+    require_writable(path, f"run directory {path}")
 
 
 def freeze_spec(spec: RunSpec) -> RunSpec:
@@ -121,15 +124,38 @@ def create_run_dir(root: Path, spec: RunSpec, *, backend: str, command: Sequence
     if leaked:  # a caller that skipped freeze_spec: refuse rather than publish the value
         raise RuntimeError(f"credential {', '.join(leaked)} would be written to {root}: freeze the spec first")
     paths = RunPaths(root.resolve())
-    paths.logs.mkdir(parents=True, exist_ok=True)
-    write_atomic(paths.spec, yaml.safe_dump(resolved_dict(spec), sort_keys=False))
-    write_atomic(paths.plan, build_plan_json(spec))
-    created = now_iso()
-    write_atomic(paths.launch_script, render_script(command, env, f"trainctl launch ({backend}), {created}",
-                                                    spec.launcher.env_passthrough), executable=True)
-    write_job(paths, {"backend": backend, "command": list(command), "env": dict(env), "git": git_info(),
-                      "created": created, "attempts": []})
+    existed = nearest_existing(paths.root)  # a failed write takes back what is made below it
+    try:
+        with write_errors_as_usage(f"run directory {paths.root}"):
+            paths.logs.mkdir(parents=True, exist_ok=True)
+            write_atomic(paths.spec, yaml.safe_dump(resolved_dict(spec), sort_keys=False))
+            write_atomic(paths.plan, build_plan_json(spec))
+            created = now_iso()
+            write_atomic(paths.launch_script, render_script(command, env, f"trainctl launch ({backend}), {created}",
+                                                            spec.launcher.env_passthrough), executable=True)
+            write_job(paths, {"backend": backend, "command": list(command), "env": dict(env), "git": git_info(),
+                              "created": created, "attempts": []})
+    except BaseException:
+        _take_back(paths.root, existed)
+        raise
     return paths
+
+
+def _take_back(root: Path, existed: Path) -> None:
+    """Remove a run directory whose creation failed: the directories made for it (from below `existed`, the
+    nearest one that was there before), or, when `root` itself existed (empty, as check_run_dir requires),
+    what was written into it."""
+    if existed == root:
+        for p in list(root.iterdir()):
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+        return
+    first_made = root
+    while first_made.parent != existed:
+        first_made = first_made.parent
+    shutil.rmtree(first_made, ignore_errors=True)
 
 
 def read_job(paths: RunPaths) -> dict[str, Any]:

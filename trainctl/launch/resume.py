@@ -33,12 +33,13 @@ from trainctl.checkpoint import (
     resolve_checkpoint_dir,
 )
 from trainctl.errors import UsageError
-from trainctl.fileio import write_atomic
+from trainctl.fileio import require_writable, write_atomic
 from trainctl.launch import secrets
 from trainctl.launch.backend import backend_for
-from trainctl.launch.create import freeze_spec, read_job
+from trainctl.launch.create import freeze_spec
+from trainctl.launch.status import open_run, read_job_json
 from trainctl.plan.lr_scaling import lr_unchanged_warning
-from trainctl.rundir import RunPaths, read_jsonl, record_event
+from trainctl.rundir import RunPaths, load_jsonl, record_event
 from trainctl.spec import RunSpec, load_spec, resolved_dict
 
 
@@ -56,6 +57,7 @@ class ResumePlan:
     spec_changes: list[str] = field(default_factory=list)  # `--set` changes that are not layout changes
     held_back: list[str] = field(default_factory=list)  # credentials of launcher.env --set now: not written
     warnings: list[str] = field(default_factory=list)  # what a careful engineer would ask about the change
+    notes: list[str] = field(default_factory=list)  # what the run directory holds that a reader skips
 
     def layout_changes(self) -> list[str]:
         """'tp 2 -> 4' for every parallel setting that differs from the checkpoint's (resharded at load)."""
@@ -67,7 +69,7 @@ class ResumePlan:
                 "layout_changes": self.layout_changes(),
                 "skipped": [{"step": i.step, "path": str(i.path), "reason": i.reason} for i in self.skipped],
                 "abandoned": [i.step for i in self.abandon], "overrides": self.overrides,
-                "spec_changes": self.spec_changes, "warnings": self.warnings,
+                "spec_changes": self.spec_changes, "warnings": self.warnings, "notes": self.notes,
                 "last_logged_step": self.last_logged_step, "steps": self.spec.train.steps}
 
 
@@ -81,19 +83,15 @@ def require_same_model(spec: RunSpec, info: CheckpointInfo) -> None:
 def plan_resume(run_dir: Path, from_step: int | None = None, overrides: list[str] | None = None) -> ResumePlan:
     """Read the run directory and decide what the relaunch will do; changes nothing."""
     root = Path(run_dir).absolute()
-    paths = RunPaths(root)
-    if not root.is_dir():
-        raise UsageError(f"{run_dir}: no such run directory", hint="give the directory `trainctl launch` created")
-    if not paths.spec.exists() or not paths.job.exists():
-        raise UsageError(f"{run_dir}: not a run directory (no spec.yaml or job.json)",
+    paths = open_run(Path(run_dir))
+    if not paths.spec.exists():
+        raise UsageError(f"{run_dir}: not a run directory (no {paths.spec.name})",
                          hint="give the directory `trainctl launch` created")
+    require_writable(root, f"run directory {run_dir}")  # the relaunch appends to it: refuse before any change
     before = load_spec(paths.spec)  # as frozen: what the run ran with so far
     loaded = load_spec(paths.spec, overrides or [])
     spec = freeze_spec(loaded)  # what is written back (--set): credentials held back, data paths absolute
-    try:
-        backend = str(read_job(paths).get("backend") or spec.backend)
-    except (OSError, ValueError) as e:
-        raise UsageError(f"{paths.job}: unreadable ({e})", hint="the run directory is damaged") from e
+    backend = str(read_job_json(paths).get("backend") or spec.backend)  # damaged: how to repair it (exit 2)
     # before anything is changed: its job may still be queued or running
     backend_for(backend).require_not_active(paths)
     ckdir = resolve_checkpoint_dir(root, spec)
@@ -108,8 +106,8 @@ def plan_resume(run_dir: Path, from_step: int | None = None, overrides: list[str
         abandon = [i for i in list_checkpoints(ckdir) if i.step > from_step]
     else:
         info = latest_valid(ckdir, deep=True, skipped=skipped)
-    logged = [r.get("step") for r in read_jsonl(paths.metrics)]
-    last = max((s for s in logged if isinstance(s, int)), default=None)
+    metrics = load_jsonl(paths.metrics)
+    last = max((r["step"] for r in metrics.records if isinstance(r.get("step"), int)), default=None)
     if info is not None:
         require_same_model(spec, info)
     if info is not None and info.step >= spec.train.steps:
@@ -118,7 +116,9 @@ def plan_resume(run_dir: Path, from_step: int | None = None, overrides: list[str
     return ResumePlan(paths, spec, backend, ckdir, info, skipped, abandon,
                       [secrets.redact_override(o) for o in overrides or []], last,
                       spec_changes(before, spec), held_back=secrets.credential_names(loaded.launcher.env),
-                      warnings=change_warnings(before, spec))
+                      warnings=change_warnings(before, spec),
+                      notes=[n for n in (metrics.skipped_note(paths.metrics),
+                                         load_jsonl(paths.events).skipped_note(paths.events)) if n])
 
 
 def change_warnings(before: RunSpec, after: RunSpec) -> list[str]:
