@@ -423,3 +423,21 @@ def test_start_failures_beyond_the_bound_end_the_run_with_the_cause(slurm_cluste
     assert "launch failure" in st["reason"] and "start_retries" in st["reason"], st
     assert [e.get("gave_up", False) for e in events(run, "start_failed")] == [False, True]
     assert not events(run, "start")  # the trainer never ran
+
+
+def test_ranks_import_the_installed_package_when_submitted_from_the_clones_parent(slurm_cluster: SlurmCluster,
+                                                                                    tmp_path: Path) -> None:
+    """sbatch runs the job in the directory it was submitted from; there `./trainctl/` is the git clone (a folder
+    without the package's __init__.py). The ranks import the installed package and reach their checkpoints."""
+    parent = tmp_path / "parent"
+    (parent / "trainctl").mkdir(parents=True)
+    (parent / "trainctl" / "pyproject.toml").write_text("[project]\nname = 'trainctl'\n")
+    run = tmp_path / "run"
+    trainctl = Path(sys.executable).with_name("trainctl")  # the console script: not `python -m`, which imports ./
+    r = subprocess.run([str(trainctl), "launch", str(TINY), *LONG, "--set", "train.steps=4", "--set",
+                        "checkpoint.every_steps=2", "--run-dir", str(run)], cwd=parent, capture_output=True,
+                       text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "export PYTHONSAFEPATH=1" in (run / "launch.sh").read_text()
+    wait_done(run)
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-00000002", "step-00000004"]
