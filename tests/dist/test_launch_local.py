@@ -243,6 +243,7 @@ def test_launch_on_prepared_sample_text(tmp_path: Path) -> None:
     assert load_spec(run_dir / "spec.yaml").data.path == str(tokens)
 
 
+@pytest.mark.slow
 @needs_trainer
 def test_ranks_import_the_installed_package_whatever_the_working_directory_holds(tmp_path: Path) -> None:
     """Launched from the clone's parent directory, where `./trainctl/` is the git clone (a folder without the

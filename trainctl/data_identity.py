@@ -1,0 +1,122 @@
+"""The identity of the token files a run trains on: each file's size and a hash of its content. No torch.
+
+The launcher records it in job.json ("data": the files the run trains on now), the trainer in every
+checkpoint's manifest (meta "data": the files it was trained on). `trainctl resume` refuses a file whose
+identity differs from the checkpoint's, naming it (`--accept-data-change` continues knowingly and records the
+new identity), and the trainer refuses one that differs from job.json's at every start, which also covers the
+restarts no `trainctl resume` precedes (a Slurm requeue, a torchrun restart). A file at another path (`resume
+--set data.path=...`) is a spec change, said as such, not a changed file.
+
+The hash reads the whole file once: it is cached beside the file (trainctl.sidecar) and reused from a recorded
+identity while the file's size, mtime and inode are those it was computed for.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from trainctl import sidecar
+from trainctl.errors import UsageError
+from trainctl.token_files import open_token_file
+
+if TYPE_CHECKING:
+    from trainctl.spec import RunSpec
+
+HASH = "blake2b"  # 128-bit digests: about 1 GB/s on one core, faster than reading most data directories
+SUFFIX = ".trainctl-hash.json"
+CHUNK = 16 << 20
+ANNOUNCE_BYTES = 1 << 30  # hashing a file this large takes seconds: say so
+
+
+@dataclass(frozen=True)
+class DataIdentity:
+    """One token file: where, how big, what content; `key` is the stat key the hash was computed for."""
+
+    path: str  # the file of ids (for a Megatron dataset, P.bin)
+    size: int
+    blake2b: str
+    key: dict[str, int]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> DataIdentity:
+        return cls(str(d["path"]), int(d["size"]), str(d["blake2b"]), dict(d.get("key") or {}))
+
+    def change_from(self, old: DataIdentity) -> str | None:
+        """What changed since `old` (of the same path), in words; None when it is the same data."""
+        if old.size != self.size:
+            return f"size {old.size:,} -> {self.size:,} bytes"
+        if old.blake2b != self.blake2b:
+            return f"same size, other content ({HASH} {old.blake2b[:12]} -> {self.blake2b[:12]})"
+        return None
+
+
+def content_hash(path: str) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def identity(path: str, known: Iterable[DataIdentity] = ()) -> DataIdentity:
+    """The file's identity now: from `known` (a recorded identity) or the cache beside the file while the file
+    is the one they describe, else hashed (and cached)."""
+    key = sidecar.stat_key(path)
+    for k in known:
+        if k.path == path and k.key == key:
+            return k
+    cached = sidecar.read(path, SUFFIX, key)
+    if cached is not None and isinstance(cached.get(HASH), str):
+        return DataIdentity(path, key["size"], cached[HASH], key)
+    if key["size"] >= ANNOUNCE_BYTES:
+        print(f"hashing {path} ({key['size'] / 1e9:.1f} GB; once, cached beside it)", file=sys.stderr, flush=True)
+    digest = content_hash(path)
+    sidecar.write(path, SUFFIX, key, {HASH: digest})
+    return DataIdentity(path, key["size"], digest, key)
+
+
+def files_of(spec: RunSpec) -> list[str]:
+    """The token files `spec` trains on, as the trainer opens them ([] for synthetic data)."""
+    return [str(open_token_file(s.path, s.format, s.dtype).path.absolute()) for s in spec.data.sources()]
+
+
+def of_spec(spec: RunSpec, known: Iterable[DataIdentity] = ()) -> list[DataIdentity]:
+    """The identity of every token file of `spec` now (each once, a blend may name one twice)."""
+    known = list(known)
+    return [identity(p, known) for p in dict.fromkeys(files_of(spec))]
+
+
+def recorded(entries: object) -> list[DataIdentity]:
+    """The identities in a job.json or manifest "data" entry; [] when there is none (synthetic data, or a run
+    recorded before trainctl recorded its data)."""
+    if not isinstance(entries, list):
+        return []
+    out = []
+    for d in entries:
+        try:
+            out.append(DataIdentity.from_json(d))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return out
+
+
+def refusal(changed: list[tuple[str, str]], since: str, run: str = "RUN") -> UsageError:
+    """The one line that refuses to continue on changed data files (`changes`), naming the first."""
+    path, what = changed[0]
+    more = f" (and {len(changed) - 1} more file(s))" if len(changed) > 1 else ""
+    return UsageError(f"data file {path} changed since {since}: {what}{more}",
+                      hint=f"put the original back, or `trainctl resume {run} --accept-data-change` to continue on it "
+                           "knowingly (the resumed steps then read other sequences than the run would have)")
+
+
+def changes(old: Iterable[DataIdentity], new: Iterable[DataIdentity]) -> list[tuple[str, str]]:
+    """(path, what changed) for every file of `new` that `old` records at the same path with another identity."""
+    before = {i.path: i for i in old}
+    return [(i.path, what) for i in new if i.path in before and (what := i.change_from(before[i.path]))]
