@@ -73,6 +73,13 @@ def test_a_changed_token_file_is_named_under_a_running_rank_at_resume_and_at_a_r
     assert failure["error"].startswith(f"data file {tokens} changed since the run recorded it (job.json): same "
                                        "size, other content"), failure
 
+    # another path is a deliberate spec change, said as such: no refusal
+    moved = tmp_path / "moved.bin"
+    moved.write_bytes(original)
+    r = cli("resume", str(run), "--set", f"data.path={moved}", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert f"spec change: data.path: '{tokens}' -> '{moved}'" in r.stdout and "data change" not in r.stdout
+
     # knowingly: the change is recorded, and the run and its new checkpoints record the new file
     r = cli("resume", str(run), "--accept-data-change", "--set", f"train.steps={step + 2}")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
