@@ -13,22 +13,21 @@ identity while the file's size, mtime and inode are those it was computed for.
 
 from __future__ import annotations
 
-import hashlib
 import sys
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainctl import sidecar
+from trainctl.checkpoint.durable import HASH, file_digest
 from trainctl.errors import UsageError
 from trainctl.token_files import open_token_file
 
 if TYPE_CHECKING:
     from trainctl.spec import RunSpec
 
-HASH = "blake2b"  # 128-bit digests: about 1 GB/s on one core, faster than reading most data directories
 SUFFIX = ".trainctl-hash.json"
-CHUNK = 16 << 20
 ANNOUNCE_BYTES = 1 << 30  # hashing a file this large takes seconds: say so
 
 
@@ -38,7 +37,7 @@ class DataIdentity:
 
     path: str  # the file of ids (for a Megatron dataset, P.bin)
     size: int
-    blake2b: str
+    sha256: str  # of the whole content (checkpoint.durable's hash, as for checkpoint files)
     key: dict[str, int]
 
     def to_json(self) -> dict[str, Any]:
@@ -46,23 +45,15 @@ class DataIdentity:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> DataIdentity:
-        return cls(str(d["path"]), int(d["size"]), str(d["blake2b"]), dict(d.get("key") or {}))
+        return cls(str(d["path"]), int(d["size"]), str(d[HASH]), dict(d.get("key") or {}))
 
     def change_from(self, old: DataIdentity) -> str | None:
         """What changed since `old` (of the same path), in words; None when it is the same data."""
         if old.size != self.size:
             return f"size {old.size:,} -> {self.size:,} bytes"
-        if old.blake2b != self.blake2b:
-            return f"same size, other content ({HASH} {old.blake2b[:12]} -> {self.blake2b[:12]})"
+        if old.sha256 != self.sha256:
+            return f"same size, other content ({HASH} {old.sha256[:12]} -> {self.sha256[:12]})"
         return None
-
-
-def content_hash(path: str) -> str:
-    h = hashlib.blake2b(digest_size=16)
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def identity(path: str, known: Iterable[DataIdentity] = ()) -> DataIdentity:
@@ -77,7 +68,7 @@ def identity(path: str, known: Iterable[DataIdentity] = ()) -> DataIdentity:
         return DataIdentity(path, key["size"], cached[HASH], key)
     if key["size"] >= ANNOUNCE_BYTES:
         print(f"hashing {path} ({key['size'] / 1e9:.1f} GB; once, cached beside it)", file=sys.stderr, flush=True)
-    digest = content_hash(path)
+    _, digest = file_digest(Path(path))
     sidecar.write(path, SUFFIX, key, {HASH: digest})
     return DataIdentity(path, key["size"], digest, key)
 

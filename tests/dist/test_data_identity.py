@@ -23,7 +23,7 @@ SIZE = 4_000_000  # bytes: 2M uint16 tokens, so a step's windows fall past 100 k
 
 
 def identity_of(entries: list[dict]) -> list[tuple[str, int, str]]:
-    return [(d["path"], d["size"], d["blake2b"]) for d in entries]
+    return [(d["path"], d["size"], d["sha256"]) for d in entries]
 
 
 @pytest.mark.slow
@@ -31,7 +31,7 @@ def test_a_changed_token_file_is_named_under_a_running_rank_at_resume_and_at_a_r
     tokens = tmp_path / "tokens.bin"
     original = np.random.default_rng(0).integers(0, 256, SIZE // 2, dtype="<u2").tobytes()
     tokens.write_bytes(original)
-    trained = [(str(tokens), SIZE, hashlib.blake2b(original, digest_size=16).hexdigest())]
+    trained = [(str(tokens), SIZE, hashlib.sha256(original).hexdigest())]
     run = tmp_path / "run"
     spec = spec_file(tmp_path, train={"steps": 400}, data={"synthetic": False, "path": str(tokens)},
                      parallel={"dp": 1}, cluster={"gpus_per_node": 1})
@@ -86,6 +86,6 @@ def test_a_changed_token_file_is_named_under_a_running_rank_at_resume_and_at_a_r
     assert f"data change (--accept-data-change): {tokens}: same size, other content" in " ".join(r.stdout.split())
     changed = [e for e in events(run) if e["event"] == "data_changed"]
     assert len(changed) == 1 and changed[0]["changes"][0].startswith(f"{tokens}: same size, other content")
-    now = [(str(tokens), SIZE, hashlib.blake2b(other, digest_size=16).hexdigest())]
+    now = [(str(tokens), SIZE, hashlib.sha256(other).hexdigest())]
     assert identity_of(json.loads((run / "job.json").read_text())["data"]) == now
     assert identity_of(latest_valid(run / "checkpoints").meta["data"]) == now

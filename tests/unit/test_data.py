@@ -307,8 +307,8 @@ def test_every_file_of_a_blend_has_an_identity_hashed_once(tmp_path: Path, monke
     np.full(3000, 2, dtype="<u2").tofile(b)
     spec = make_spec(f"{{blend: [{{path: {a}}}, {{path: {b}, weight: 2}}, {{path: {a}}}]}}")
     hashed: list[str] = []
-    real = data_identity.content_hash
-    monkeypatch.setattr(data_identity, "content_hash", lambda p: hashed.append(p) or real(p))
+    real = data_identity.file_digest
+    monkeypatch.setattr(data_identity, "file_digest", lambda p: hashed.append(str(p)) or real(p))
     ids = data_identity.of_spec(spec)
     assert [(i.path, i.size) for i in ids] == [(str(a), 2000), (str(b), 6000)] and hashed == [str(a), str(b)]
     assert data_identity.of_spec(spec) == ids and len(hashed) == 2  # read from the cache beside each file
