@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from trainctl import sidecar
 from trainctl.checkpoint.durable import HASH, file_digest
 from trainctl.errors import UsageError
-from trainctl.token_files import open_token_file
+from trainctl.token_files import ids_file
 
 if TYPE_CHECKING:
     from trainctl.spec import RunSpec
@@ -75,7 +75,7 @@ def identity(path: str, known: Iterable[DataIdentity] = ()) -> DataIdentity:
 
 def files_of(spec: RunSpec) -> list[str]:
     """The token files `spec` trains on, as the trainer opens them ([] for synthetic data)."""
-    return [str(open_token_file(s.path, s.format, s.dtype).path.absolute()) for s in spec.data.sources()]
+    return [str(ids_file(s.path, s.format).absolute()) for s in spec.data.sources()]
 
 
 def of_spec(spec: RunSpec, known: Iterable[DataIdentity] = ()) -> list[DataIdentity]:
