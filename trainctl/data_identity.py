@@ -98,16 +98,22 @@ def recorded(entries: object) -> list[DataIdentity]:
     return out
 
 
-def refusal(changed: list[tuple[str, str]], since: str, run: str = "RUN") -> UsageError:
-    """The one line that refuses to continue on changed data files (`changes`), naming the first."""
-    path, what = changed[0]
-    more = f" (and {len(changed) - 1} more file(s))" if len(changed) > 1 else ""
-    return UsageError(f"data file {path} changed since {since}: {what}{more}",
-                      hint=f"put the original back, or `trainctl resume {run} --accept-data-change` to continue on it "
-                           "knowingly (the resumed steps then read other sequences than the run would have)")
-
-
 def changes(old: Iterable[DataIdentity], new: Iterable[DataIdentity]) -> list[tuple[str, str]]:
     """(path, what changed) for every file of `new` that `old` records at the same path with another identity."""
     before = {i.path: i for i in old}
     return [(i.path, what) for i in new if i.path in before and (what := i.change_from(before[i.path]))]
+
+
+def compare(spec: RunSpec, trained: list[DataIdentity], *, since: str, run: str, accept: bool = False,
+            known: Iterable[DataIdentity] = ()) -> tuple[list[DataIdentity], list[str]]:
+    """The identity of `spec`'s token files now and, as 'PATH: what changed', each that differs from `trained`
+    (what the run trained on, `since` then). Refused (UsageError, naming the first file) unless `accept`."""
+    now = of_spec(spec, known=[*trained, *known])
+    changed = changes(trained, now)
+    if changed and not accept:
+        path, what = changed[0]
+        more = f" (and {len(changed) - 1} more file(s))" if len(changed) > 1 else ""
+        raise UsageError(f"data file {path} changed since {since}: {what}{more}",
+                         hint=f"put the original back, or `trainctl resume {run} --accept-data-change` to continue on "
+                              "it knowingly (the resumed steps then read other sequences than the run would have)")
+    return now, [f"{path}: {what}" for path, what in changed]

@@ -139,12 +139,8 @@ def data_now(paths: RunPaths, spec: RunSpec, info: CheckpointInfo | None, job: d
     refused (exit 2, naming the file) unless `accept_change`. A file at another path is a spec change."""
     in_job = data_identity.recorded(job.get("data"))
     trained = data_identity.recorded(info.meta.get("data")) if info is not None and "data" in info.meta else in_job
-    now = data_identity.of_spec(spec, known=[*trained, *in_job])
-    changed = data_identity.changes(trained, now)
-    if changed and not accept_change:
-        raise data_identity.refusal(changed, f"checkpoint step {info.step}" if info else "the run recorded it",
-                                    str(paths.root))
-    return now, [f"{path}: {what}" for path, what in changed]
+    return data_identity.compare(spec, trained, known=in_job, accept=accept_change, run=str(paths.root),
+                                 since=f"checkpoint step {info.step}" if info else "the run recorded it")
 
 
 def change_warnings(before: RunSpec, after: RunSpec) -> list[str]:

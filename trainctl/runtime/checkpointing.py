@@ -78,10 +78,7 @@ def data_trained_on(spec: RunSpec, paths: RunPaths) -> list[dict[str, Any]]:
     except (OSError, ValueError):
         job = {}  # ranks started without a launcher (tests): nothing recorded to compare with
     recorded = data_identity.recorded(job.get("data") if isinstance(job, dict) else None)
-    now = data_identity.of_spec(spec, known=recorded)
-    changed = data_identity.changes(recorded, now)
-    if changed:
-        raise data_identity.refusal(changed, "the run recorded it (job.json)", str(paths.root))
+    now, _ = data_identity.compare(spec, recorded, since="the run recorded it (job.json)", run=str(paths.root))
     return [i.to_json() for i in now]
 
 
