@@ -278,3 +278,29 @@ def test_verbose_shows_the_failing_ranks_traceback(tmp_path: Path) -> None:
     assert "[default1]:trainctl.runtime.trainer.InjectedFailure: fault fail_at_step=2" in verbose, verbose[-3000:]
     assert "Traceback" not in quiet and "[default" not in quiet, quiet[-3000:]
     assert "step 1" in quiet  # rank 0's own lines, as before
+
+
+@pytest.mark.slow
+@needs_trainer
+def test_ranks_import_the_installed_package_whatever_the_working_directory_holds(tmp_path: Path) -> None:
+    """Launched from the clone's parent directory, where `./trainctl/` is the git clone (a folder without the
+    package's __init__.py): the ranks must not import it. Without PYTHONSAFEPATH (Python 3.10 has none) their
+    start-up check stops the run before the first step, naming the folder."""
+    from trainer_utils import TINY as TINY_RUN
+    from trainer_utils import VENV_BIN, deep_update
+
+    parent = tmp_path / "parent"
+    (parent / "trainctl").mkdir(parents=True)
+    (parent / "trainctl" / "pyproject.toml").write_text("[project]\nname = 'trainctl'\n")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(deep_update(TINY_RUN, {"train": {"steps": 4}, "checkpoint": {"every_steps": 2}})))
+    launch = [str(VENV_BIN / "trainctl"), "launch", str(spec), "--run-dir"]  # the console script: not `python -m`
+    r = subprocess.run([*launch, "run"], cwd=parent, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert sorted(p.name for p in (parent / "run" / "checkpoints").iterdir()) == ["step-00000002", "step-00000004"]
+    r = subprocess.run([*launch, "bare", "--set", "launcher.env.PYTHONSAFEPATH="], cwd=parent, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 1
+    assert (f"run failed: rank 0 on {os.uname().nodename}: exception: trainctl was imported from "
+            f"{parent / 'trainctl'}, a folder without the package's __init__.py") in r.stdout
+    assert read_jsonl(parent / "bare" / "metrics.jsonl") == []  # stopped before the first step

@@ -25,6 +25,8 @@ def resume(
     from_step: int | None = typer.Option(None, "--from-step", min=0, help="Resume from this checkpoint step; "
                                          "newer checkpoints are moved aside (step-N.abandoned-<time>)."),
     set_: list[str] = SetOpt,
+    accept_data_change: bool = typer.Option(False, "--accept-data-change", help="Continue although a data file "
+                                            "changed since the checkpoint (recorded in events.jsonl and job.json)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Show what would be resumed and how; change nothing."),
     repair: bool = typer.Option(False, "--repair", help="A damaged job.json (truncated, not JSON) is rebuilt first "
                                 "from spec.yaml, launch.sh and events.jsonl; the damaged one is kept beside it."),
@@ -39,7 +41,7 @@ def resume(
     console = make_console(stderr=as_json)
     if repair:
         _repair(console, run, dry_run)
-    plan = rs.plan_resume(run, from_step, set_)
+    plan = rs.plan_resume(run, from_step, set_, accept_data_change=accept_data_change)
     for note in plan.notes:
         console.print(f"[yellow]note:[/yellow] {escape(note)}", soft_wrap=True)
     say_held_back(console, plan.held_back)
@@ -56,6 +58,8 @@ def resume(
         console.print(f"layout change: {change} (model, optimizer and data position are resharded at load)")
     for change in plan.spec_changes:
         console.print(f"spec change: {change}", soft_wrap=True)
+    for change in plan.data_changes:
+        console.print(f"[yellow]data change[/yellow] (--accept-data-change): {escape(change)}", soft_wrap=True)
     for warning in plan.warnings:
         prose(console, escape(warning), "[yellow]warning[/yellow]: ")
     if plan.abandon:

@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from trainctl import data_identity
 from trainctl.errors import UsageError
 from trainctl.fileio import nearest_existing, require_writable, write_atomic, write_errors_as_usage
 from trainctl.launch import secrets
@@ -63,6 +64,9 @@ def freeze_spec(spec: RunSpec) -> RunSpec:
     if path and not os.path.isabs(path):
         data = spec.data.model_copy(update={"path": str(Path(path).resolve())})
         spec = spec.model_copy(update={"data": data})
+    if spec.data.blend and any(not os.path.isabs(s.path) for s in spec.data.blend):
+        blend = [s.model_copy(update={"path": str(Path(s.path).resolve())}) for s in spec.data.blend]
+        spec = spec.model_copy(update={"data": spec.data.model_copy(update={"blend": blend})})
     init_from = spec.model.init_from  # read by every rank, which may start elsewhere
     if init_from and not os.path.isabs(init_from):
         spec = spec.model_copy(update={"model": spec.model.model_copy(
@@ -116,7 +120,8 @@ def now_iso() -> str:
 
 def create_run_dir(root: Path, spec: RunSpec, *, backend: str, command: Sequence[str],
                    env: Mapping[str, str]) -> RunPaths:
-    """Make RUN/ with spec.yaml, plan.json (when the planner exists), launch.sh, job.json and logs/.
+    """Make RUN/ with spec.yaml, plan.json (when the planner exists), launch.sh, job.json (with the identity of
+    the data files: trainctl.data_identity) and logs/.
 
     `spec` is frozen (`freeze_spec`) and `env` built from it: neither holds a credential's value."""
     check_run_dir(root)
@@ -134,7 +139,8 @@ def create_run_dir(root: Path, spec: RunSpec, *, backend: str, command: Sequence
             write_atomic(paths.launch_script, render_script(command, env, f"trainctl launch ({backend}), {created}",
                                                             spec.launcher.env_passthrough), executable=True)
             write_job(paths, {"backend": backend, "command": list(command), "env": dict(env), "git": git_info(),
-                              "created": created, "attempts": []})
+                              "created": created, "data": [i.to_json() for i in data_identity.of_spec(spec)],
+                              "attempts": []})
     except BaseException:
         _take_back(paths.root, existed)
         raise

@@ -22,7 +22,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
-from trainctl import init_source
+from trainctl import init_source, package_origin
 from trainctl.data_prep import check_data
 from trainctl.errors import RunError, UsageError
 from trainctl.launch import environment, runlock
@@ -126,6 +126,7 @@ def plan_local(spec: RunSpec, run_dir: Path | None = None, existing: bool = Fals
         # N ranks share the cores; without this each rank starts a thread per core and they thrash.
         "OMP_NUM_THREADS": str(max(1, available_cpus() // nproc)),
         "PYTHONUNBUFFERED": "1",  # step lines reach the log files (and the console) as they happen
+        **package_origin.rank_variables(spec.launcher.python),  # not a trainctl/ folder of the working directory
         **environment.spec_variables(spec),
     }
     lz = spec.launcher
