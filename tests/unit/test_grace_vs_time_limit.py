@@ -67,6 +67,15 @@ def test_a_grace_over_a_quarter_of_the_time_limit_warns_with_the_numbers() -> No
         assert "GRACE_OF_TIME_LIMIT" not in trainctl("plan", TINY, *quiet, "--json").stdout
 
 
+def test_launch_without_any_option_takes_the_spec_grace(tmp_path) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text((REPO / "recipes" / "tiny-cpu.yaml").read_text() + "\nlauncher: {backend: slurm, grace_s: 45}\n"
+                    "cluster: {nodes: 2, gpus_per_node: 4, gpu: cpu, time: '01:00:00'}\n")
+    r = trainctl("launch", str(spec), "--dry-run")  # no --set, no --grace
+    assert r.returncode == 0, r.stderr
+    assert "#SBATCH --signal=B:USR1@45" in r.stdout
+
+
 def test_time_limit_formats_in_seconds() -> None:
     assert [time_limit.seconds(t) for t in ("10", "05:30", "1:00:00", "2-03", "1-00:00:01")] == [
         600, 330, 3600, 2 * 86400 + 3 * 3600, 86401]

@@ -56,7 +56,7 @@ def launch(
     Locally it runs to the end here: Ctrl-C makes every rank save a checkpoint after its current step and stop
     (exit 75; `trainctl resume RUN` continues); a second Ctrl-C kills at once."""
     console = make_console()
-    run = read_spec(spec, [*set_, *([f"launcher.grace_s={grace}"] if grace is not None else [])])
+    run = read_spec(spec, [*(set_ or []), *([f"launcher.grace_s={grace}"] if grace is not None else [])])
     say_held_back(console, credential_names(run.launcher.env))
     target = run_dir or default_run_dir(run)
     excluded: dict[str, str] = {}
