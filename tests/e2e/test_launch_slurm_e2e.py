@@ -464,7 +464,8 @@ def test_a_stop_before_the_ranks_exist_reaches_them_and_the_log_reads_clean(slur
         go.touch()  # torchrun starts the ranks now: after the stop
 
     stop_held_step("scancel", "--batch", "--signal=USR1", jid)
-    wait_for(lambda: status(run)["state"] == "PENDING", "the job to requeue itself", 120)
+    pending = wait_for(lambda: (s := status(run))["state"] == "PENDING" and s, "the job to requeue itself", 120)
+    assert pending["reason"].startswith("requeued (the job requeued itself)"), pending
     [early] = events(run, "checkpoint_on_signal")
     assert early["signal"] == "SIGUSR1" and early["before_first_step"] is True, early
     for f in (go, *tmp_path.glob("held-n*")):

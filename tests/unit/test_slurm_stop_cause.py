@@ -37,5 +37,8 @@ def test_a_requeued_job_says_why() -> None:
               {"event": "slurm_stop", "job_id": "17", "attempt": 1, "reason": "scontrol requeue"}]
     assert requeued_because(events, "17", 0, "BeginTime") == "requeued after a node failure (n2)"
     assert requeued_because(events, "17", 1, "BeginTime") == "requeued (scontrol requeue)"
-    assert requeued_because(events, "17", 2, "BeginTime") == "requeued (BeginTime)"  # e.g. its own USR1 requeue
+    itself = [{"event": "signal", "job_id": "17", "attempt": 2, "signal": "USR1"},
+              {"event": "requeue", "job_id": "17", "attempt": 2}]
+    assert requeued_because(events + itself, "17", 2, "BeginTime") == "requeued (the job requeued itself)"
+    assert requeued_because(events, "17", 3, "BeginTime") == "requeued (BeginTime)"
     assert requeued_because([], "17", 0, None) == "requeued"

@@ -132,9 +132,11 @@ class SlurmBackend(Backend[SlurmLaunch, RunPaths]):
 
 def requeued_because(events: list[dict[str, Any]], job_id: str, attempt: int, slurm_reason: str | None) -> str:
     """A requeued job's reason: why Slurm ended its last attempt, as the batch script found it (`slurm_stop`:
-    a node failure, scontrol requeue...; launch/slurm/stop_cause.py), else Slurm's own word (BeginTime)."""
-    why = next((str(e["reason"]) for e in reversed(events) if e.get("event") == "slurm_stop" and e.get("reason")
-                and str(e.get("job_id")) == job_id and e.get("attempt") == attempt), None)
+    a node failure, scontrol requeue...; launch/slurm/stop_cause.py), or that the script requeued it itself
+    (the stop warning, a preemption, a failed start), else Slurm's own word (BeginTime)."""
+    mine = [e for e in events if str(e.get("job_id")) == job_id and e.get("attempt") == attempt]
+    why = next((str(e["reason"]) for e in reversed(mine) if e.get("event") == "slurm_stop" and e.get("reason")),
+               "the job requeued itself" if any(e.get("event") == "requeue" for e in mine) else None)
     if why is not None and why.startswith(NODE_FAILURE):
         return f"requeued after {why}"
     because = why or slurm_reason
