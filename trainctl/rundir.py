@@ -26,6 +26,7 @@ marker) belong to trainctl/checkpoint/format.py.
     RUN/checkpoints/                 committed checkpoints (unless checkpoint.dir says elsewhere)
     RUN/logs/launcher.log            local: the console of torchrun, in full
     RUN/logs/slurm-<job>.out         Slurm: the batch script's output, every attempt appended
+    RUN/logs/slurm-<job>.err         Slurm's own messages (srun, slurmstepd, torchrun's agent), kept out of the output
     RUN/logs/steptimes-rank<N>.jsonl each rank's step times (stragglers)
     RUN/logs/heartbeat-rank<N>       each rank's liveness (hang watchdog)
     RUN/logs/oom-rank<N>.json        each rank's out-of-memory kill counters at its start (trainctl/oom_kills.py)
@@ -71,6 +72,7 @@ CHECKPOINTS = "checkpoints"
 LAUNCHER_LOG = "launcher.log"
 TORCHRUN_LOGS = "torchrun"  # under logs/: Slurm torchrun mode's --log-dir, one per job attempt and node
 SLURM_OUTPUT = "slurm-{job}.out"  # {job}: a job id, or Slurm's %j in the sbatch --output pattern
+SLURM_MESSAGES = "slurm-{job}.err"  # the same job's sbatch --error: Slurm's own messages
 STEPTIMES = "steptimes-rank{rank}.jsonl"
 HEARTBEAT = "heartbeat-rank{rank}"
 OOM_COUNTERS = "oom-rank{rank}.json"
@@ -223,6 +225,10 @@ class RunPaths:
     def slurm_output(self, job_id: str) -> Path:
         """A Slurm job's output file; job_id "%j" gives the pattern sbatch --output expands."""
         return self.logs / SLURM_OUTPUT.format(job=job_id)
+
+    def slurm_messages(self, job_id: str) -> Path:
+        """Slurm's own messages of a job (its --error file, and srun's lines the batch script sets apart)."""
+        return self.logs / SLURM_MESSAGES.format(job=job_id)
 
     def steptimes(self, rank: int) -> Path:
         return self.logs / STEPTIMES.format(rank=rank)

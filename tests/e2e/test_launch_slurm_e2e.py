@@ -20,7 +20,7 @@ from env_probe import PROBE_VALUE, make_probe
 from paths import REPO
 from slurm_fixtures import SlurmCluster, cli
 
-from trainctl.launch.slurm import render, submit
+from trainctl.launch.slurm import render, sbatch_template, submit
 from trainctl.rundir import RunPaths, read_jsonl
 from trainctl.runtime import faults
 from trainctl.spec import load_spec
@@ -308,6 +308,7 @@ def test_warning_signal_then_scontrol_requeue_resume_with_the_reference_losses(
     pending = wait_for(lambda: (s := status(run))["state"] == "PENDING" and s["attempts"] == 3 and s,
                        "scontrol requeue", 60)
     assert pending["eligible_at"] and "eligible to start at" in pending["reason"], pending  # Slurm's BeginTime
+    assert pending["reason"].startswith("requeued (scontrol requeue)"), pending
     _start_now(jid)
     st = wait_done(run)
     assert st["attempts"] == 3 and st["steps_done"] == LONG_STEPS and st["job_id"] == jid
@@ -322,6 +323,9 @@ def test_warning_signal_then_scontrol_requeue_resume_with_the_reference_losses(
     out = (run / "logs" / f"slurm-{jid}.out").read_text()
     for noise in ("Traceback", "SignalException", "srun: error", "ChildFailedError"):
         assert noise not in out, out[-4000:]
+    assert slurm_lines(out) == [], out[-4000:]  # no "forcing job termination", no "STEP ... CANCELLED"
+    assert "DUE TO JOB REQUEUE" in (run / "logs" / f"slurm-{jid}.err").read_text()  # Slurm's own, kept apart
+    assert "trainctl: SIGTERM (scontrol requeue): stopping the ranks" in out, out[-4000:]
     assert f"the ranks stopped after step {stop['step']} with a committed checkpoint" in out
 
 
@@ -360,9 +364,15 @@ def test_killed_rank_restarts_then_cancel_and_trainctl_resume(slurm_cluster: Slu
     assert r.returncode == 0, r.stdout + r.stderr
     wait_for(lambda: status(run)["state"] == "CANCELLED", "CANCELLED", 60)
     cancelled_at = last_step(run)
-    # torchrun ignores the SIGTERM (the ranks save and exit 0): no SignalException traceback, no srun error
+    # torchrun ignores the SIGTERM (the ranks save and exit 0): no SignalException traceback, no srun error; the
+    # lost rank is one line, its peers' gloo tracebacks and torchrun's agent's lines are in their own logs
     out = (run / "logs" / f"slurm-{jid}.out").read_text()
-    assert "SignalException" not in out and "srun: error" not in out, out[-4000:]
+    assert "Traceback" not in out and slurm_lines(out) == [], out[-4000:]
+    assert re.search(r"trainctl: torchrun restarted the workers \(restart 1\): rank 3 on n[12] ended without a "
+                     r"record \(killed by a signal", out), out[-4000:]
+    peers = "".join(p.read_text(errors="replace") for p in (run / "logs" / "torchrun").rglob("stderr.log"))
+    assert re.search("Connection (closed|reset) by peer", peers)  # in the ranks' own logs
+    assert "trainctl: SIGTERM (scancel): stopping the ranks" in out, out[-4000:]
     if events(run, "checkpoint_on_signal"):
         assert "the ranks stopped after step" in out
     assert cancelled_at < LONG_STEPS, "the run finished before it could be cancelled: raise LONG_STEPS"
@@ -470,3 +480,50 @@ def test_a_token_file_changed_before_a_requeue_stops_the_next_attempt_naming_it(
     assert why in st["reason"], st
     assert last_step(run) == steps  # no step ran on the other file
     assert f"trainctl: rank 0 failed: {why}" in (run / "logs" / f"slurm-{jid}.out").read_text()
+
+
+def slurm_lines(log: str) -> list[str]:
+    """The lines of a job's log that Slurm wrote (srun's, slurmstepd's, torchrun's agent's)."""
+    return [ln for ln in log.splitlines() if re.search(sbatch_template.SLURM_LINE, ln)]
+
+
+def test_a_stop_before_the_ranks_exist_reaches_them_and_the_log_reads_clean(slurm_cluster: SlurmCluster,
+                                                                            tmp_path: Path) -> None:
+    """torchrun mode; each node's task holds the step at start-up (a launcher.setup line waits for a file), so
+    every stop below comes before any rank exists.
+
+    Attempt 0 gets Slurm's time-limit warning (USR1 to the batch script, as --signal=B:USR1@GRACE sends it): the
+    ranks, started only afterwards, read the stop the batch script recorded and stop before their first step,
+    and the job requeues itself. Attempt 1 is scancel'ed: `status` says CANCELLED before training started.
+    Neither attempt trains a step, and the job's log reads as clean stops: Slurm's own lines are in slurm-J.err."""
+    run, held, go = tmp_path / "run", tmp_path / "held", tmp_path / "go"
+    hold = (f'if [ -n "${{SLURM_STEP_ID:-}}" ]; then touch "{held}-$SLURMD_NODENAME"; '
+            f'while [ ! -e "{go}" ]; do sleep 0.2; done; fi')
+    r = cli("launch", *LONG, "--set", "launcher.mode=torchrun", "--set", f"launcher.setup={json.dumps([hold])}",
+            "--run-dir", str(run))
+    assert r.returncode == 0, r.stdout + r.stderr
+    jid = job_id(run)
+
+    def stop_held_step(*stop: str) -> None:
+        wait_for(lambda: len(list(tmp_path.glob("held-n*"))) == 2, "both nodes' tasks held at start-up", 120)
+        subprocess.run(stop, check=True)
+        wait_for(lambda: len(events(run, "signal")) == len(events(run, "slurm_start")), "the recorded stop", 30)
+        go.touch()  # torchrun starts the ranks now: after the stop
+
+    stop_held_step("scancel", "--batch", "--signal=USR1", jid)
+    pending = wait_for(lambda: (s := status(run))["state"] == "PENDING" and s, "the job to requeue itself", 120)
+    assert pending["reason"].startswith("requeued (the job requeued itself)"), pending
+    [early] = events(run, "checkpoint_on_signal")
+    assert early["signal"] == "SIGUSR1" and early["before_first_step"] is True, early
+    for f in (go, *tmp_path.glob("held-n*")):
+        f.unlink()
+    _start_now(jid)
+    stop_held_step("scancel", jid)
+    st = wait_for(lambda: (s := status(run))["state"] == "CANCELLED" and s, "CANCELLED", 60)
+    assert st["reason"] == "cancelled (SIGTERM: scancel) before training started; nothing to save", st
+    assert read_jsonl(run / "metrics.jsonl") == []  # no step trained in either attempt
+    log = (run / "logs" / f"slurm-{jid}.out").read_text()
+    assert "trainctl: the ranks stopped before their first step; nothing new to save" in log, log
+    assert "requeueing job" in log and "trainctl: SIGTERM (scancel): stopping the ranks" in log, log
+    assert slurm_lines(log) == [] and "Traceback" not in log, log
+    assert "CANCELLED" in (run / "logs" / f"slurm-{jid}.err").read_text()  # Slurm's own lines, kept apart

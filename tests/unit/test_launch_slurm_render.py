@@ -40,7 +40,7 @@ def test_srun_mode_script(tmp_path: Path) -> None:
         "--job-name=tiny-cpu", "--nodes=2", "--ntasks-per-node=4", "--gpus-per-node=4", "--cpus-per-task=2",
         "--mem=0", "--time=00:10:00", "--partition=debug", "--account=acct", "--qos=normal",
         "--constraint=h100", "--exclude=n3", f"--output={run}/logs/slurm-%j.out",
-        f"--error={run}/logs/slurm-%j.out", "--open-mode=append", "--requeue", "--signal=B:USR1@120",
+        f"--error={run}/logs/slurm-%j.err", "--open-mode=append", "--requeue", "--signal=B:USR1@120",
         "--reservation=r1",
     ]
     assert launch.rendered.cli_options == []
@@ -550,7 +550,7 @@ def test_credentials_reach_the_job_but_no_file_of_the_run(tmp_path: Path, fake_s
             "SLURM_NNODES": "2", "FAKE_OUT": str(out), "FAKE_CALLS": str(tmp_path / "calls")}
     missing = subprocess.run(["bash", str(paths.launch_script)], env={**base, "HF_TOKEN": SECRETS["HF_TOKEN"]},
                              capture_output=True, text=True, timeout=30)
-    assert missing.returncode != 0 and "WANDB_API_KEY: is not set: launcher.env_passthrough" in missing.stderr
+    assert missing.returncode != 0 and "WANDB_API_KEY: is not set: launcher.env_passthrough" in missing.stdout
     assert not out.exists()
     ok = subprocess.run(["bash", str(paths.launch_script)], env={**base, **SECRETS}, capture_output=True, text=True,
                         timeout=30)

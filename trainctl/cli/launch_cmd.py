@@ -20,7 +20,7 @@ from trainctl.cli.options import (
 )
 from trainctl.cli.preflight_cmd import LinkRatioOpt, MatmulRatioOpt, PeakFractionOpt, show_preflight
 from trainctl.errors import RunError
-from trainctl.launch.backend import DEFAULT_GRACE_S, backend_for
+from trainctl.launch.backend import backend_for
 from trainctl.launch.create import default_run_dir
 from trainctl.launch.node_health import Thresholds
 from trainctl.launch.secrets import credential_names
@@ -39,8 +39,9 @@ def launch(
     set_: list[str] = SetOpt,
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the run directory and command; run nothing."),
     strict: bool = StrictOpt,
-    grace: int = typer.Option(DEFAULT_GRACE_S, "--grace", help="Slurm: seconds before the time limit at which the "
-                              "ranks are told to checkpoint and the job requeues itself (--signal=B:USR1@GRACE)."),
+    grace: int | None = typer.Option(None, "--grace", help="Slurm: seconds before the time limit at which the "
+                                     "ranks are told to checkpoint and the job requeues itself "
+                                     "(--signal=B:USR1@GRACE); the same as --set launcher.grace_s=N."),
     verbose: bool = VerboseOpt,
     preflight: bool = typer.Option(False, "--preflight", help="Check the nodes first (`trainctl preflight`); on "
                                    "Slurm the bad ones are excluded, and the launch stops if too few remain."),
@@ -55,7 +56,7 @@ def launch(
     Locally it runs to the end here: Ctrl-C makes every rank save a checkpoint after its current step and stop
     (exit 75; `trainctl resume RUN` continues); a second Ctrl-C kills at once."""
     console = make_console()
-    run = read_spec(spec, set_)
+    run = read_spec(spec, [*(set_ or []), *([f"launcher.grace_s={grace}"] if grace is not None else [])])
     say_held_back(console, credential_names(run.launcher.env))
     target = run_dir or default_run_dir(run)
     excluded: dict[str, str] = {}
@@ -63,7 +64,7 @@ def launch(
         run, excluded = _preflight(console, run, target, preflight_nodes,
                                    Thresholds(min_matmul_ratio, min_link_ratio, min_peak_fraction))
     backend = backend_for(run)
-    launch = backend.prepare(run, target, grace_s=grace)
+    launch = backend.prepare(run, target, grace_s=run.launcher.grace_s)
     check_before_training(console, run, run_dir or default_run_dir(run), strict)
     if dry_run:
         for line in backend.dry_run(launch):

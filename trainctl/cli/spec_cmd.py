@@ -5,12 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 
 from trainctl.cli.app import app
 from trainctl.cli.console import make_console
 from trainctl.cli.jsonout import print_json
 from trainctl.cli.options import JsonOpt, SetOpt, SpecArg, read_spec, require_extras
-from trainctl.spec import resolved_dict
+from trainctl.spec import resolved_dict, time_limit
 
 
 @app.command()
@@ -18,6 +19,9 @@ def validate(spec: Path = SpecArg, set_: list[str] = SetOpt, as_json: bool = Jso
     """Check a run spec; print it with every default filled in."""
     run = read_spec(spec, set_)
     require_extras(run, str(spec))
+    # Legal but probably unintended (stderr, so --json stays one document); `plan` lists the same warning.
+    if (line := time_limit.grace_warning(run.cluster.time, run.launcher.grace_s)) is not None:
+        make_console(stderr=True).print(f"[yellow]warning:[/yellow] {escape(line)}")
     if as_json:
         print_json(resolved_dict(run))
         return

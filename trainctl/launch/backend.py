@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from trainctl.errors import UsageError
 from trainctl.rundir import RunPaths
+from trainctl.spec.models import DEFAULT_GRACE_S
 
 if TYPE_CHECKING:
     from trainctl.spec import RunSpec
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
 TRAINER_MODULE = "trainctl.runtime"  # what every rank runs: python -m trainctl.runtime RUN_DIR
 CALIBRATE_MODULE = "trainctl.runtime.calibrate"  # what every rank runs for `trainctl calibrate`
 PREFLIGHT_MODULE = "trainctl.runtime.preflight"  # what every rank runs for `trainctl preflight`
-DEFAULT_GRACE_S = 300  # warning before a time limit: enough to write an async checkpoint
 
 # name -> "module:class"; imported on first use, so `trainctl launch` never loads a backend it does not use
 BACKENDS: dict[str, str] = {

@@ -131,15 +131,22 @@ def outcome(events: list[dict[str, Any]], killed: bool = False) -> Outcome | Non
                        f"{div.get('skipped_in_row')} steps in a row (since step {div.get('first_skipped_step')}); "
                        f"last finite checkpoint {f'step {kept}' if kept else 'none'}", kept=kept)
     cancelled = _last(events, "cancel_requested") is not None
+    slurm = slurm_stop(events)
     if (sig := _last(events, "checkpoint_on_signal")) is not None or (sig := _last(events, "stopped")) is not None:
         step = sig.get("step")
-        saved = "nothing new to save" if sig.get("before_first_step") else f"checkpoint step {step} committed"
+        saved = ("before training started; nothing new to save" if sig.get("before_first_step")
+                 else f"checkpoint step {step} committed")
         asked = _last(events, "stop_requested")
         by = (LAUNCHER_SIGNAL.get(asked.get("signal"), f"{asked.get('signal')} to the launcher") if asked
-              else sig.get("reason") or sig.get("signal"))
+              else slurm or sig.get("reason") or sig.get("signal"))
         why = "cancelled" if cancelled else f"stopped ({by})"
-        return Outcome(CANCELLED if cancelled else STOPPED, step, f"{why}; {saved}")
+        return Outcome(CANCELLED if cancelled else STOPPED, step,
+                       f"{why} {saved}" if sig.get("before_first_step") else f"{why}; {saved}")
     cause = first_cause(events)
+    if slurm is not None and _last(events, "start") is None and (cause is None or cause.kind == LOST_PEER):
+        # Slurm ended the attempt while the ranks started: KillWait's SIGKILL came before they could record it
+        why = "cancelled" if cancelled else f"stopped ({slurm})"
+        return Outcome(CANCELLED if cancelled else STOPPED, None, f"{why} before training started; nothing to save")
     ex = _last(events, "launcher_exit")
     if ex is not None and ex.get("state") in EXIT_CODE and (cause is None or cause.kind == LOST_PEER):
         # the local launcher's verdict: a kill, or torchrun's own record of a rank that died by a signal
@@ -154,6 +161,16 @@ def outcome(events: list[dict[str, Any]], killed: bool = False) -> Outcome | Non
     if ex is not None:  # a launcher of an older trainctl, or one that recorded no verdict
         return Outcome(FAILED, _last_step(events), "the trainer exited without recording why (see the logs)")
     return None
+
+
+def slurm_stop(events: list[dict[str, Any]]) -> str | None:
+    """The stop signal the Slurm batch script got in this attempt, with why Slurm sent it (`slurm_stop`,
+    launch/slurm/stop_cause.py): "SIGTERM: scancel", "SIGUSR1"; None when it got none."""
+    sig = _last(events, "signal")
+    if sig is None:
+        return None
+    cause = _last(events, "slurm_stop")
+    return f"SIG{sig.get('signal')}" + (f": {cause['reason']}" if cause and cause.get("reason") else "")
 
 
 def live_outcome(events: list[dict[str, Any]]) -> Outcome | None:
@@ -205,6 +222,28 @@ def hang_message(e: dict[str, Any]) -> str:
     return (f"no step progress after step {e.get('step')}: its process stopped running (heartbeat "
             f"{e.get('heartbeat_age_s')} s old when rank {by}'s watchdog fired, which waited for it"
             f"{'; killed' if e.get('killed') else ''})")
+
+
+def restart_cause(events: list[dict[str, Any]]) -> str | None:
+    """Why torchrun restarted the workers, from the events since their previous `start` (None without one): the
+    first cause, unless it is only a lost peer; then the ranks of that world that recorded nothing while the
+    others lost them, with their nodes (a rank killed by a signal writes no event)."""
+    begun = [i for i, e in enumerate(events) if e.get("event") == "start"]
+    if not begun:
+        return None
+    cause = first_cause(events[begun[-1] + 1:])
+    if cause is not None and cause.kind != LOST_PEER:
+        return cause.line()
+    after = events[begun[-1] + 1:]
+    spoke = {e.get("rank") for e in after if e.get("event") in ("failure", "hang")}
+    where = next((e.get("ranks") or [] for e in reversed(events[:begun[-1] + 1]) if e.get("event") == "placement"),
+                 [])
+    world = int(events[begun[-1]].get("world_size") or len(where))
+    silent = [f"rank {r}" + (f" on {where[r][0]}" if r < len(where) else "") for r in range(world) if r not in spoke]
+    if not spoke or not silent:
+        return cause.line() if cause is not None else None
+    return (f"{', '.join(silent)} ended without a record (killed by a signal: a kill -9, the out-of-memory killer, "
+            f"a lost node); {len(spoke)} other rank(s) lost {'it' if len(silent) == 1 else 'them'}")
 
 
 # --- the run ---------------------------------------------------------------------------------------------

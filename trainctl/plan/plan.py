@@ -24,6 +24,7 @@ from trainctl.plan.memory import compute_precision, host_memory_bytes, reserve_b
 from trainctl.plan.placement import Groups, Layout, placement_table
 from trainctl.plan.rates import describe, measured_rates
 from trainctl.plan.schedule import BUBBLE_DEFINITION
+from trainctl.spec import time_limit
 from trainctl.spec.models import RunSpec
 from trainctl.units import dur
 
@@ -338,9 +339,16 @@ def build_plan(spec: RunSpec) -> Plan:
     shrink = tuple(shrink_options(spec))
     return Plan(
         name=spec.name, ctx=ctx, cand=cand, est=est, params=model_shape.param_counts(ctx.shape),
-        warnings=tuple(advise(ev, est)) + calibration_warnings(ctx) + cadence_warning + elastic_warnings(shrink),
+        warnings=(tuple(advise(ev, est)) + calibration_warnings(ctx) + cadence_warning + elastic_warnings(shrink)
+                  + grace_warnings(spec)),
         layout=Layout.from_spec(spec), checkpoint=checkpoint, elastic=shrink,
     )
+
+
+def grace_warnings(spec: RunSpec) -> tuple[PlanWarning, ...]:
+    """Slurm's stop warning (launcher.grace_s) taking a large share of every attempt's cluster.time."""
+    line = time_limit.grace_warning(spec.cluster.time, spec.launcher.grace_s)
+    return (PlanWarning("GRACE_OF_TIME_LIMIT", "warning", line),) if line else ()
 
 
 def elastic_warnings(options: tuple[NodeCount, ...]) -> tuple[PlanWarning, ...]:

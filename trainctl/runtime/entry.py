@@ -64,6 +64,9 @@ def main(argv: list[str] | None = None) -> NoReturn:
             print(f"trainctl: {resize['message']}", flush=True)
         # Every rank reports where it really runs; rank 0 writes RUN/placement.json (fails on a split TP group).
         prove_placement(spec, paths, par.rank, par.env.local_rank, par.world_size)
+        # A stop the Slurm batch script got before this rank could (runtime/signals.recorded_stop): the ranks
+        # stop before their first step. Read after the process groups exist, so the script has long written it.
+        signals.STOP.request(signals.recorded_stop(paths))
         code = Trainer(spec, par, paths).run()
     except TrainctlError as e:  # a known condition (e.g. an unusable checkpoint): one line + hint, no traceback
         print(f"trainctl: rank {env.rank} failed: {e.message}" + (f" (hint: {e.hint})" if e.hint else ""),

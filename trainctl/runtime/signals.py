@@ -18,11 +18,13 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from collections.abc import Mapping
 from types import FrameType
 
 import torch
 import torch.distributed as dist
 
+from trainctl.rundir import RunPaths, read_jsonl
 from trainctl.runtime import faults
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
@@ -68,6 +70,24 @@ class StopFlag:
 
 
 STOP = StopFlag()  # the process's one stop flag: entry.main installs it first thing
+
+
+def recorded_stop(paths: RunPaths, env: Mapping[str, str] = os.environ) -> int:
+    """The stop signal the Slurm batch script recorded for this job attempt (its `signal` event), 0 if none.
+
+    Slurm signals the processes of a job that exist: a stop (scancel, scontrol requeue, the time-limit warning)
+    that comes while torchrun or srun is still starting the ranks never reaches them, and under torchrun a rank
+    ignores it until its handler is installed (the step's wrapper ignores TERM and USR1 for torchrun). The
+    batch script records it before anything else, so a rank that reads it once its handler is installed stops
+    before its first step like one that received it."""
+    job = env.get("SLURM_JOB_ID")
+    if not job:
+        return 0
+    attempt = int(env.get("SLURM_RESTART_COUNT") or 0)
+    for e in reversed(read_jsonl(paths.events)):
+        if e.get("event") == "signal" and str(e.get("job_id")) == job and e.get("attempt") == attempt:
+            return int(getattr(signal.Signals, f"SIG{e.get('signal')}", 0))
+    return 0
 
 
 def stop_after_step() -> int:

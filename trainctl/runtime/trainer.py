@@ -14,10 +14,11 @@ import torch.distributed as dist
 from torch import nn
 
 from trainctl import oom_kills
+from trainctl.launch.runstate import restart_cause
 from trainctl.model_shape import ModelShape
 from trainctl.plan.memory import compute_precision
 from trainctl.plan.pipeline import spec_stages_of_pp_rank, stage_layer_ranges
-from trainctl.rundir import RunPaths, append_jsonl, record_event
+from trainctl.rundir import RunPaths, append_jsonl, read_jsonl, record_event
 from trainctl.runtime import (
     data_parallel,
     divergence,
@@ -245,6 +246,10 @@ class Trainer:
         spec, par = self.spec, self.par
         peak_flops, source = (peak.peak_flops_per_rank(spec, par.device) if self.log else (0.0, ""))
         self.flops = metrics.FlopsModel.from_spec(spec, par.world_size, peak_flops, source)
+        restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+        if self.log and restart and (why := restart_cause(read_jsonl(self.paths.events))) is not None:
+            # one line in the job's log naming what failed; the lost peers' tracebacks stay in their own logs
+            print(f"trainctl: torchrun restarted the workers (restart {restart}): {why}", flush=True)
         if self.log:
             # The attempt counters make every restart explicit in events.jsonl (torchrun: worker restarts;
             # Slurm: requeues), which goodput and `trainctl status` count.
@@ -252,7 +257,7 @@ class Trainer:
                          cp=par.cp, pp=par.pp, dp=par.replicas, ep=par.ep, micro_batches=self.micro_batches,
                          zero=spec.parallel.zero, schedule=spec.parallel.schedule, peak_source=source,
                          params=self.params,
-                         torchrun_restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
+                         torchrun_restart=restart,
                          slurm_restart=int(os.environ.get("SLURM_RESTART_COUNT", 0)))
         parts = TrainState(par, self.modules, self.opt, self.sync, self.loader, self.scaler)  # what a checkpoint holds
         ckpt = Checkpointing(spec, self.paths, parts)  # CheckpointError: the checkpoint dir is unusable

@@ -20,6 +20,7 @@ Count = Annotated[int, Field(ge=1, le=1_000_000)]
 Size = Annotated[int, Field(ge=1, le=100_000_000)]
 NonNegCount = Annotated[int, Field(ge=0, le=1_000_000_000)]
 Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
+DEFAULT_GRACE_S = 300  # launcher.grace_s: Slurm's stop warning before a time limit, enough to save a checkpoint
 PositiveFloat = Annotated[float, Field(gt=0.0, le=1e9, allow_inf_nan=False)]
 
 
@@ -406,6 +407,9 @@ class LauncherSpec(Strict):
         3, description="Slurm: an attempt whose step fails to start (a launch failure, a revoked credential, a "
         "node lost at start: the trainer never began) requeues the job, after Slurm's requeue delay, at most "
         "this many times per job; 0 ends the run at the first such failure")
+    grace_s: Annotated[int, Field(ge=1, le=65535)] = Field(
+        DEFAULT_GRACE_S, description="Slurm: seconds before cluster.time at which the ranks are told to checkpoint "
+        "and the job requeues itself (--signal=B:USR1@GRACE); must be well below cluster.time")
     srun_args: list[str] = Field(default_factory=list)
     sbatch_args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict, description="Variables set for every rank; a name that "

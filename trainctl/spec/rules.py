@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 from trainctl.hardware.catalog import ACCELERATORS, FABRICS
 from trainctl.hardware.topology import aligned_groups_fit, nvlink_domain_size
+from trainctl.spec import time_limit
 from trainctl.spec.models import NCCL_VARIABLES, RunSpec
 from trainctl.token_files import megatron_prefix
 
@@ -51,6 +52,13 @@ def _hardware(spec: RunSpec) -> Iterator[str]:
     if c.time is not None and not _SLURM_TIME.match(c.time):
         yield problem("cluster.time", c.time, "not a Slurm time limit",
                       'write minutes ("90"), "HH:MM:SS" or "D-HH:MM:SS"')
+    limit = time_limit.limit_s(c.time)
+    grace = spec.launcher.grace_s
+    if limit is not None and grace >= limit:
+        yield problem("launcher.grace_s", grace, f"not shorter than cluster.time = {c.time!r} ({limit} s): Slurm's "
+                      "stop warning would come as every attempt starts, and the job would stop before training",
+                      f"lower launcher.grace_s well below {limit} (the time a checkpoint takes, e.g. "
+                      f"{max(1, limit // 10)}) or raise cluster.time")
 
 
 def _model_vs_tp(spec: RunSpec) -> Iterator[str]:

@@ -25,6 +25,7 @@ from trainctl.launch.backend import (
 from trainctl.launch.slurm import NAME, cluster, submit
 from trainctl.launch.slurm import job_state as jobs
 from trainctl.launch.slurm.render import SlurmLaunch, plan_slurm
+from trainctl.launch.slurm.stop_cause import NODE_FAILURE
 from trainctl.rundir import RunPaths
 from trainctl.spec import RunSpec
 
@@ -106,7 +107,7 @@ class SlurmBackend(Backend[SlurmLaunch, RunPaths]):
         held = pending and (reason == "BeginTime" or jobs.in_future(info.get("eligible")))
         eligible = info.get("eligible") if held else None
         if info["restarts"] and pending:
-            reason = f"requeued ({reason})" if reason else "requeued"
+            reason = requeued_because(events, str(job_id), info["restarts"] - 1, reason)
         if eligible:
             reason = f"{reason}; eligible to start at {eligible}"
         return JobState(state, reason, attempts=attempts, active=jobs.is_active(state), nodes=info["nodes"],
@@ -127,6 +128,19 @@ class SlurmBackend(Backend[SlurmLaunch, RunPaths]):
     def cancel(self, paths: RunPaths, job: dict[str, Any]) -> str:
         submit.cancel(str(job["job_id"]))
         return f"cancelled Slurm job {job['job_id']}"
+
+
+def requeued_because(events: list[dict[str, Any]], job_id: str, attempt: int, slurm_reason: str | None) -> str:
+    """A requeued job's reason: why Slurm ended its last attempt, as the batch script found it (`slurm_stop`:
+    a node failure, scontrol requeue...; launch/slurm/stop_cause.py), or that the script requeued it itself
+    (the stop warning, a preemption, a failed start), else Slurm's own word (BeginTime)."""
+    mine = [e for e in events if str(e.get("job_id")) == job_id and e.get("attempt") == attempt]
+    why = next((str(e["reason"]) for e in reversed(mine) if e.get("event") == "slurm_stop" and e.get("reason")),
+               "the job requeued itself" if any(e.get("event") == "requeue" for e in mine) else None)
+    if why is not None and why.startswith(NODE_FAILURE):
+        return f"requeued after {why}"
+    because = why or slurm_reason
+    return f"requeued ({because})" if because else "requeued"
 
 
 def plan_summary(spec: RunSpec) -> list[str]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from trainctl.errors import RunError, UsageError
 from trainctl.launch.slurm.tools import run_slurm
-from trainctl.spec import RunSpec
+from trainctl.spec import RunSpec, time_limit
 
 
 @dataclass(frozen=True)
@@ -31,24 +31,10 @@ SINFO_FORMAT = "%P|%a|%l|%N|%t|%G|%c"  # partition(* = default)|avail|timelimit|
 
 def parse_time(text: str) -> int | None:
     """Slurm time limit -> minutes (rounded up); None if malformed. UNLIMITED/infinite -> a huge number."""
-    t = text.strip()
-    if t.upper() in ("UNLIMITED", "INFINITE"):
-        return 10**9
-    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", t)
-    if not m:
+    total_s = time_limit.seconds(text)
+    if total_s is None:
         return None
-    days, a, b, c = (int(x) if x is not None else None for x in m.groups())
-    if days is not None:  # D-HH, D-HH:MM, D-HH:MM:SS
-        h, mi, s = a, b or 0, c or 0
-    elif c is not None:  # HH:MM:SS
-        h, mi, s = a, b, c
-    elif b is not None:  # MM:SS
-        h, mi, s = 0, a, b
-    else:  # minutes
-        h, mi, s = 0, a, 0
-    assert h is not None and mi is not None
-    total_s = ((days or 0) * 24 + h) * 3600 + mi * 60 + s
-    return -(-total_s // 60)
+    return 10**9 if total_s == time_limit.UNLIMITED_S else -(-total_s // 60)
 
 
 def parse_gres_gpus(gres: str) -> int:

@@ -107,8 +107,6 @@ def render_launch(spec: RunSpec, root: Path, *, grace_s: int, python: str | None
     if c.time is not None and parse_time(c.time) is None:
         raise UsageError(f"cluster.time = {c.time!r} is not a Slurm time",
                          hint="use minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (e.g. 12:00:00)")
-    if not 1 <= grace_s <= 65535:
-        raise UsageError(f"--grace {grace_s} is out of range", hint="give 1..65535 seconds")
     default_python = python or sys.executable
     python = lz.python or default_python  # launcher.python wins over the recorded default
     req = SbatchRequest(

@@ -30,6 +30,7 @@ from pathlib import Path
 from trainctl.errors import EXIT_DIVERGED
 from trainctl.launch import environment, secrets
 from trainctl.launch.backend import DEFAULT_GRACE_S, TRAINER_MODULE
+from trainctl.launch.runstate import SECONDARY
 from trainctl.rundir import COMMANDS, EVENTS, RunPaths, shell_fresh_line
 
 RUN = RunPaths(Path("$RUN_DIR"))  # the run directory's files as the script's body names them
@@ -95,7 +96,9 @@ def sbatch_options(req: SbatchRequest) -> list[str]:
     """Every sbatch option of the request, as `--flag=value` words (values not yet vetted)."""
     tasks_per_node = req.gpus_per_node if req.mode == "srun" else 1
     # '%' starts a Slurm filename pattern: a literal one in the run dir is written '%%'.
-    logs = f"{req.run_dir.rstrip('/').replace('%', '%%')}/{RELATIVE.slurm_output('%j')}"
+    root = req.run_dir.rstrip('/').replace('%', '%%')
+    # Slurm's own messages (slurmstepd's "*** JOB J CANCELLED ***") go to --error, apart from the job's log.
+    logs, messages = f"{root}/{RELATIVE.slurm_output('%j')}", f"{root}/{RELATIVE.slurm_messages('%j')}"
     opts = [f"--job-name={req.job_name}", f"--nodes={req.nodes}", f"--ntasks-per-node={tasks_per_node}"]
     if req.request_gpus:
         opts.append(f"--gpus-per-node={req.gpus_per_node}")
@@ -107,7 +110,7 @@ def sbatch_options(req: SbatchRequest) -> list[str]:
                         ("exclude", req.exclude)):
         if value is not None:
             opts.append(f"--{flag}={value}")
-    opts += [f"--output={logs}", f"--error={logs}", "--open-mode=append", "--requeue",
+    opts += [f"--output={logs}", f"--error={messages}", "--open-mode=append", "--requeue",
              f"--signal=B:USR1@{req.grace_s}"]
     if req.min_nodes is not None:
         opts.append("--no-kill")  # elastic: a failed node does not end the allocation; the others go on
@@ -175,11 +178,12 @@ def step_command(req: SbatchRequest) -> list[str]:
     # against the machine's, which every node of a host running several slurmds (the test cluster) matches: the
     # store then lived in whichever agent bound first, n2's included, and losing n2 ended the job. The variable
     # is torchrun's --rdzv-conf (read when the option is absent); a launcher.env value of it is kept in front.
-    wrapper = ('trap "" USR1 TERM; export PET_LOG_DIR="$0/$SLURMD_NODENAME"; '
+    # The trap comes first, before launcher.setup: a stop during the task's setup must not kill the task (a failed
+    # step); the batch script has recorded it, and the ranks read it once started (runtime/signals.recorded_stop).
+    wrapper = ('export PET_LOG_DIR="$0/$SLURMD_NODENAME"; '
                'export PET_RDZV_CONF="${PET_RDZV_CONF:+$PET_RDZV_CONF,}is_host=$([ "$SLURMD_NODENAME" = '
                '"$MASTER_ADDR" ] && echo 1 || echo 0)"; exec "$@"')
-    if req.setup:
-        wrapper = "\n".join([*environment.task_setup(req.setup, events), wrapper])
+    wrapper = "\n".join(['trap "" USR1 TERM', *environment.task_setup(req.setup, events), wrapper])
     return ["srun", f"--nodes={req.nodes}", f"--ntasks={req.nodes}", "--ntasks-per-node=1", *common, *user,
             "bash", "-c", q(wrapper), f'"{RUN.torchrun_attempt_logs("$SLURM_JOB_ID", "${SLURM_RESTART_COUNT:-0}")}"',
             '"$STEP_PYTHON"', "-m", "torch.distributed.run", nnodes, f"--nproc-per-node={G}",
@@ -242,7 +246,9 @@ def render(req: SbatchRequest) -> SbatchRender:
     out += [
         "",
         "set -u  # no -e/pipefail: the step's exit status is handled below",
+        "exec 2>&1  # this script's own errors belong in the job's log; --error holds Slurm's messages",
         f"RUN_DIR={q(req.run_dir)}",
+        f'SLURM_MESSAGES="{RUN.slurm_messages("$SLURM_JOB_ID")}"',
         f"PYTHON={q(req.python)}  # launcher.python, or the launching venv (compute nodes share this filesystem)",
         "",
         "# Rendezvous: the first host of the allocation, a port derived from the job id (the same on every",
@@ -260,6 +266,13 @@ def render(req: SbatchRequest) -> SbatchRender:
         *secrets.require_lines(req.passthrough, "sbatch ran in (trainctl launch/resume)"),
         "",
         'attempt="${SLURM_RESTART_COUNT:-0}"',
+        'messages_at_start="$(wc -l <"$SLURM_MESSAGES" 2>/dev/null || echo 0)"',
+        "slurm_said() {  # a failed attempt: Slurm's messages of this attempt, which a clean one keeps out of the log",
+        '    if [ "$(wc -l <"$SLURM_MESSAGES" 2>/dev/null || echo 0)" -gt "$messages_at_start" ]; then',
+        '        echo "trainctl: Slurm\'s messages of this attempt ($SLURM_MESSAGES):"',
+        '        tail -n +"$((messages_at_start + 1))" "$SLURM_MESSAGES" | sed "s/^/    /"',
+        "    fi",
+        "}",
         f"event() {{  # event KIND [EXTRA_JSON]: one line of RUN/{EVENTS} (values are ours: numbers, words)",
         f"    printf {shell_fresh_line(EVENTS_WORD)}"
         '\'{"time":%s,"event":"%s","pid":%d,"job_id":"%s","attempt":%d%s}\\n\' '
@@ -277,9 +290,12 @@ def render(req: SbatchRequest) -> SbatchRender:
         f'    tail -n +"$((events_at_start + 1))" "{RUN.events}" 2>/dev/null |',
         '        grep -qs "\\"event\\": *\\"$1\\""',
         "}",
-        "event_step() {  # the step of this attempt's last event $1",
+        "event_line() {  # this attempt's last event $1",
         f'    tail -n +"$((events_at_start + 1))" "{RUN.events}" 2>/dev/null | grep "\\"event\\": *\\"$1\\"" |',
-        "        tail -n 1 | grep -o '\"step\": *[0-9]*' | grep -o '[0-9]*$'",
+        "        tail -n 1",
+        "}",
+        "event_step() {  # the step of this attempt's last event $1",
+        "    event_line \"$1\" | grep -o '\"step\": *[0-9]*' | grep -o '[0-9]*$'",
         "}",
         "on_usr1() {  # Slurm's warning (--signal=B:USR1) or `scancel --batch --signal=USR1`",
         '    echo "trainctl: SIGUSR1: the ranks checkpoint and stop; then this job requeues itself"',
@@ -287,11 +303,14 @@ def render(req: SbatchRequest) -> SbatchRender:
         '    event signal \',"signal":"USR1"\'',
         '    if [ -n "$step_pid" ]; then kill -USR1 "$step_pid" 2>/dev/null; fi  # srun forwards it to the step',
         "}",
-        "on_term() {  # scancel, scontrol requeue, end of a preemption's grace time: Slurm decides what follows",
-        '    echo "trainctl: SIGTERM: stopping the ranks"',
+        "on_term() {  # scancel, scontrol requeue, a node failure, a preemption's grace: Slurm decides what follows",
         "    terminated=1",
-        '    event signal \',"signal":"TERM"\'',
+        '    event signal \',"signal":"TERM"\'  # first: ranks starting now read it (runtime/signals.recorded_stop)',
         '    if [ -n "$step_pid" ]; then kill -TERM "$step_pid" 2>/dev/null; fi',
+        '    stopped_by="$("$PYTHON" -m trainctl.launch.slurm.stop_cause "$SLURM_JOB_ID" "$attempt" \\',
+        '        "$SLURM_JOB_NODELIST" "$SLURM_MESSAGES" "$messages_at_start" 2>/dev/null)"',
+        '    echo "trainctl: SIGTERM (${stopped_by:-from Slurm}): stopping the ranks"',
+        '    event slurm_stop ",\\"reason\\":\\"${stopped_by:-unknown}\\""',
         "}",
         "trap on_usr1 USR1",
         "trap on_term TERM",
@@ -304,18 +323,17 @@ def render(req: SbatchRequest) -> SbatchRender:
         '    if [ "$a" = "$attempt" ]; then STEP_PYTHON=/nonexistent/trainctl-fault/python; fi',
         "done",
         "",
-        " \\\n    ".join(_wrap(step)) + " &",
-        "step_pid=$!",
-        "# wait returns early (status > 128) for every trapped signal: wait until srun is really gone.",
-        'while :; do wait "$step_pid"; rc=$?; kill -0 "$step_pid" 2>/dev/null || break; done',
-        'wait "$step_pid"; rc=$?',
-        'event step_exit ",\\"exit_code\\":$rc"',
+        *step_lines(step),
         "# One line that says what happened (the ranks' events), not only an exit status.",
-        "if this_attempt finish; then",
+        'if [ "$step_started" = 0 ]; then',
+        '    echo "trainctl: the stop came before the training step started, which was not started; nothing to save"',
+        "elif this_attempt finish; then",
         '    echo "trainctl: every step done"',
         f"elif this_attempt {environment.SETUP_FAILED}; then",
         '    echo "trainctl: launcher.setup failed in the step (the line above says where); the trainer did not'
         ' start"',
+        "elif event_line checkpoint_on_signal | grep -qs '\"before_first_step\": *true'; then",
+        '    echo "trainctl: the ranks stopped before their first step; nothing new to save"',
         "elif this_attempt checkpoint_on_signal; then",
         '    echo "trainctl: the ranks stopped after step $(event_step checkpoint_on_signal) with a committed'
         ' checkpoint"',
@@ -324,6 +342,7 @@ def render(req: SbatchRequest) -> SbatchRender:
         "else",
         '    echo "trainctl: the training step failed (status $rc); \\`trainctl status $RUN_DIR\\` names the first'
         ' cause"',
+        "    slurm_said",
         "fi",
         "",
         "# The step failed to start (srun could not launch it: a revoked credential, a node lost at start, a",
@@ -334,7 +353,7 @@ def render(req: SbatchRequest) -> SbatchRender:
         '    tries=$(grep -c "\\"event\\":\\"start_failed\\".*\\"job_id\\":\\"$SLURM_JOB_ID\\"" \\',
         f'        "{RUN.events}" 2>/dev/null)',
         f'    if [ "${{tries:-0}}" -lt {req.start_retries} ]; then',
-        '        echo "trainctl: the step failed to start (status $rc, srun\'s words above): requeue $((tries + 1)) of'
+        '        echo "trainctl: the step failed to start (status $rc; Slurm\'s words above): requeue $((tries + 1)) of'
         f' {req.start_retries}"',
         '        event start_failed ",\\"exit_code\\":$rc,\\"retry\\":$((tries + 1))"',
         "        requeue=1",
@@ -362,6 +381,7 @@ def render(req: SbatchRequest) -> SbatchRender:
         '    echo "trainctl: requeueing job $SLURM_JOB_ID (attempt $((attempt + 1)) resumes from the latest'
         ' checkpoint)"',
         "    event requeue",
+        "    trap '' TERM  # the SIGTERM of our own requeue: nothing is left to stop",
         '    if scontrol requeue "$SLURM_JOB_ID"; then exclude_next; exit 0; fi',
         '    echo "trainctl: scontrol requeue failed" >&2',
         "fi",
@@ -369,6 +389,63 @@ def render(req: SbatchRequest) -> SbatchRender:
     ]
     return SbatchRender(script="\n".join(out) + "\n", options=[*ours, *req.sbatch_args], cli_options=cli,
                         step=step)
+
+
+# Slurm's own lines on srun's stderr: srun's ("srun: error: n2: task 1: Killed"), slurmstepd's ("0: slurmstepd-n1:
+# error: *** STEP J.0 ON n1 CANCELLED AT ... ***", srun --label puts the task first) and, in torchrun mode, the
+# agent's log lines ("1: E1126 14:08:42.423000 15665 .../api.py:1002] failed (exitcode: 1) ..."). An awk ERE.
+SLURM_LINE = "^ *([0-9]+: )?((srun|slurmstepd)(-[^ :]*)?: |[IWE][0-9][0-9][0-9][0-9] [0-9:.]+ +[0-9]+ )"
+# The filter of srun's stderr (awk, a line at a time as it comes). To the messages file: SLURM_LINE, and a rank's
+# traceback up to the one-line summary the rank prints after it (runtime/entry.py), with that summary too when it
+# is only the loss of a peer (runstate.SECONDARY). To the log: everything else, the summary of a real error too.
+# A line's key is its prefix (srun's task id, torchrun's [defaultN]), so that ranks' lines may interleave.
+STDERR_FILTER = (
+    '{ key = match($0, /^ *[0-9]+: (\\[[^]]*\\]:)?/) ? substr($0, 1, RLENGTH) : ""; '
+    "body = substr($0, length(key) + 1) } "
+    f"/{SLURM_LINE}/ {{ print >> to; fflush(to); next }} "
+    "body ~ /^Traceback \\(most recent call last\\):/ { tb[key] = 1 } "
+    "key in tb && body ~ /^trainctl: rank [0-9]+ failed: / { delete tb[key]; "
+    f"if (tolower(body) !~ /{SECONDARY.pattern.lower()}/) {{ print; fflush(); next }} }} "
+    "key in tb { print >> to; fflush(to); next } "
+    "body ~ /^trainctl: rank [0-9]+ failed: / && "
+    f"tolower(body) ~ /{SECONDARY.pattern.lower()}/ {{ print >> to; fflush(to); next }} "
+    "{ print; fflush() }")
+
+
+def step_lines(step: list[str]) -> list[str]:
+    """Start the training step, unless a stop came first, and wait for it to end: rc, and a step_exit event.
+
+    srun's stderr passes a filter (STDERR_FILTER) that moves Slurm's own lines and the ranks' tracebacks to
+    $SLURM_MESSAGES, so the log of a clean stop holds no "forcing job termination" or "STEP ... CANCELLED", and
+    a lost rank's peers add no gloo traceback; the ranks' own lines stay (their logs have everything). The filter
+    ignores the stop signals (Slurm signals every process of the batch step) so that it reads until srun ends."""
+    filter_lines = f"(trap '' TERM USR1 INT; exec awk -v to=\"$SLURM_MESSAGES\" '{STDERR_FILTER}') <\"$lines\" &"
+    return [
+        "step_started=0",
+        'if [ "$terminated" = 0 ] && [ "$requeue" = 0 ]; then',
+        "    step_started=1",
+        "    filter_pid=",
+        '    if lines="$(mktemp -u "${TMPDIR:-/tmp}/trainctl-step-$SLURM_JOB_ID.XXXXXX")" \\',
+        '            && mkfifo -m 600 "$lines"; then',
+        f"        {filter_lines}",
+        "        filter_pid=$!",
+        "    else",
+        "        lines=/dev/stderr  # no FIFO here: srun's lines go to the log unfiltered",
+        "    fi",
+        "    " + " \\\n        ".join(_wrap(step)) + ' 2>"$lines" &',
+        "    step_pid=$!",
+        "    # wait returns early (status > 128) for every trapped signal: wait until srun is really gone. Its",
+        "    # stderr is bash's note of a child killed by a signal (KillWait's SIGKILL), not the log's business.",
+        '    while :; do wait "$step_pid" 2>/dev/null; rc=$?; kill -0 "$step_pid" 2>/dev/null || break; done',
+        '    wait "$step_pid" 2>/dev/null; rc=$?',
+        '    while [ -n "$filter_pid" ] && kill -0 "$filter_pid" 2>/dev/null; do wait "$filter_pid" 2>/dev/null; done',
+        '    if [ -p "$lines" ]; then rm -f "$lines"; fi',
+        '    event step_exit ",\\"exit_code\\":$rc"',
+        "else  # the stop (SIGTERM or SIGUSR1) came first: the ranks are not started at all",
+        '    event stopped \',"before_first_step":true,"reason":"the stop came before the training step started"\'',
+        "    rc=0",
+        "fi",
+    ]
 
 
 def exclusion_lines() -> list[str]:
@@ -388,6 +465,7 @@ def exclusion_lines() -> list[str]:
         '        echo "trainctl: node $node is excluded from this run ($RUN_DIR/'
         f'{RELATIVE.excluded_nodes}): requeue without it"',
         '        event excluded_node_allocated ",\\"node\\":\\"$node\\""',
+        "        trap '' TERM  # the SIGTERM of our own requeue",
         '        if scontrol requeue "$SLURM_JOB_ID"; then exclude_next; exit 0; fi',
         '        echo "trainctl: scontrol requeue failed; training on $node anyway" >&2;;',
         "    esac",

@@ -112,7 +112,7 @@ def resubmit(paths: RunPaths, say: Callable[[str], None] | None = None) -> str:
     mode = str(sl.get("mode") or spec.launcher.mode)
     render_args = sl.get("render")
     if render_args:
-        launch = render_launch(spec, paths.root, grace_s=int(render_args["grace_s"]),
+        launch = render_launch(spec, paths.root, grace_s=spec.launcher.grace_s,
                                python=render_args.get("python"),
                                trainer_module=str(render_args.get("trainer_module") or TRAINER_MODULE))
         current = paths.launch_script.read_text(encoding="utf-8") if paths.launch_script.exists() else None
