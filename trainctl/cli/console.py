@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from rich.cells import cell_len
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -60,19 +61,19 @@ class Col:
 
 def fitted_table(console: Console, columns: Sequence[Col], rows: Iterable[Sequence[str]],
                  **table_options: Any) -> Table:
-    """A table of `rows` (rich markup) that fits the console's width by narrowing the `other` columns first and
-    the `prose` ones down to PROSE_MIN_WIDTH, so that no row loses what names or explains it. Rich alone
-    shrinks only the wrappable columns and may squeeze one to nothing."""
+    """A table of `rows` (rich markup) that fits the console's width without losing what names or explains a
+    row: the widest column that may give width gives it first (`_narrowed`), `key` columns never. Rich alone
+    shrinks only the wrappable columns and may squeeze the one explaining column to nothing."""
     rows = [list(r) for r in rows]
     table = Table(**table_options)
     for c in columns:
-        table.add_column(c.header, justify=c.justify, no_wrap=c.role == "key",
-                         overflow="fold")
+        table.add_column(c.header, justify=c.justify, no_wrap=c.role == "key", overflow="fold")
     for r in rows:
         table.add_row(*r)
     cells = [[Text.from_markup(c.header)] + [Text.from_markup(r[i]) for r in rows] for i, c in enumerate(columns)]
     natural = [max(t.cell_len for t in col) for col in cells]
-    words = [max((len(w) for t in col for w in t.plain.split()), default=1) for col in cells]
+    words = [max((cell_len(w) for t in col for w in t.plain.split()), default=1) for col in cells]
+    # what the borders and the padding take: rich's own count (private, no public equivalent)
     room = console.width - table._extra_width - sum(table._get_padding_width(i) for i in range(len(columns)))
     widths = _narrowed(natural, words, [c.role for c in columns], room)
     if widths != natural:
