@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from trainctl.fileio import write_atomic
+from trainctl.hostname import this_host
 
 PROC_VMSTAT = Path("/proc/vmstat")
 MOUNTINFO = Path("/proc/self/mountinfo")
@@ -98,7 +98,7 @@ def counters() -> OomCounters:
     """This process's counters now."""
     where = cgroup_dir()
     file = where[0] / where[1] if where else None
-    return OomCounters(socket.gethostname(), os.getpid(), str(file) if file else None,
+    return OomCounters(this_host(), os.getpid(), str(file) if file else None,
                        _count(file) if file else None, _count(PROC_VMSTAT))
 
 
@@ -115,7 +115,7 @@ def killed_by_oom(path: Path) -> str | None:
         then = OomCounters(**json.loads(path.read_text()))
     except (OSError, ValueError, TypeError):
         return None
-    if then.host != socket.gethostname():
+    if then.host != this_host():
         return None
     if then.cgroup_file and then.cgroup_kills is not None:
         now = _count(Path(then.cgroup_file))

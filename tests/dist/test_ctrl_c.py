@@ -25,6 +25,7 @@ from trainer_utils import processes_mentioning
 from trainctl import oom_kills
 from trainctl.checkpoint import list_checkpoints
 from trainctl.errors import EXIT_RUN_FAILED, EXIT_STOPPED
+from trainctl.hostname import this_host
 from trainctl.rundir import read_jsonl
 from trainctl.runtime import faults
 
@@ -203,7 +204,40 @@ def test_rank_killed_by_sigkill_is_the_first_cause(tmp_path: Path) -> None:
     out, _ = proc.communicate(timeout=180)
     wait_gone(run)
     assert proc.returncode == EXIT_RUN_FAILED, out[-3000:]
-    assert re.search(r"run failed: rank 1 on \S+: signal: killed by SIGKILL", out), out[-2000:]
+    # this host by one name: torchrun's (its fully qualified name, "localhost" where /etc/hosts says so) is
+    # the one the events and every other line use
+    assert re.search(rf"run failed: rank 1 on {re.escape(this_host())}: signal: killed by SIGKILL", out), out[-2000:]
     assert_clean(out)
     st = status(run)
     assert st["state"] == "FAILED" and "rank 1" in st["reason"] and "SIGKILL" in st["reason"], st
+    assert st["reason"].startswith(f"rank 1 on {this_host()}: "), st
+    hosts = {e["host"] for e in read_jsonl(run / "events.jsonl") if "host" in e}
+    assert hosts <= {this_host()}, hosts
+
+
+def process_state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+
+
+def test_ctrl_z_stops_the_launcher_while_the_ranks_train_on(tmp_path: Path) -> None:
+    """Ctrl-Z (SIGTSTP) stops the launcher only: the ranks, in their own session, keep training (as
+    docs/FAILURES.md says); continued (`fg`), the launcher shows the run again and a Ctrl-C stops it as usual."""
+    run = tmp_path / "run"
+    proc = launch(run)
+    wait_for_step(run, proc, 2)
+    os.kill(proc.pid, signal.SIGTSTP)
+    deadline = time.time() + 60
+    while process_state(proc.pid) != "T":
+        assert time.time() < deadline, "the launcher did not stop"
+        time.sleep(0.1)
+    stopped_at = max(m["step"] for m in read_jsonl(run / "metrics.jsonl"))
+    deadline = time.time() + 180
+    while max(m["step"] for m in read_jsonl(run / "metrics.jsonl")) < stopped_at + 3:
+        assert time.time() < deadline, "the ranks did not train on while the launcher was stopped"
+        time.sleep(0.2)
+    assert process_state(proc.pid) == "T"
+    os.kill(proc.pid, signal.SIGCONT)
+    os.kill(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == EXIT_STOPPED, out[-3000:]
+    assert re.search(rf"^step +{stopped_at + 3}/", out, re.MULTILINE), out[-3000:]  # the steps trained meanwhile

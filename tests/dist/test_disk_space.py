@@ -83,6 +83,9 @@ def test_disk_full_mid_run_stops_with_one_line_and_keeps_the_last_checkpoint(tmp
     (line,) = [x for x in r.stdout.splitlines() if x.startswith("run failed: disk full")]
     assert f"saving checkpoint step 20 in {full} failed:" in line, line
     assert " free, " in line and " needed per checkpoint" in line and "newest valid checkpoint: step 10" in line
+    st = cli("status", str(run))  # the same words, naming the kind once
+    assert st.returncode == 0 and "FAILED - disk full: saving checkpoint step 20" in st.stdout, st.stdout
+    assert st.stdout.count("disk full") == 1, st.stdout
     # retention deletes only after a commit: the last valid checkpoint is still there, nothing half-written
     infos = list_checkpoints(full)
     assert [(i.step, i.valid) for i in infos] == [(10, True)] and stale_dirs(full) == []

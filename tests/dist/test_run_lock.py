@@ -18,6 +18,7 @@ import pytest
 import yaml
 from trainer_utils import ROOT, TINY, deep_update
 
+from trainctl.hostname import this_host
 from trainctl.checkpoint import latest_valid
 from trainctl.launch import runlock
 from trainctl.rundir import RunPaths, read_jsonl
@@ -64,7 +65,7 @@ def test_second_launch_and_resume_on_a_live_run_exit_2_fast(tmp_path: Path) -> N
             assert proc.poll() is None and time.time() < deadline, "the run did not start"
             time.sleep(0.3)
         held = json.loads(lock.read_text())
-        assert held["pid"] == proc.pid and held["host"] == runlock.hostname() and held["start"] and held["boot_id"]
+        assert held["pid"] == proc.pid and held["host"] == this_host() and held["start"] and held["boot_id"]
         assert held["children"], "the launcher records torchrun and its ranks"  # recorded within ~1 s
         torchrun = held["children"][0][0]
         for args in (["launch", str(spec), "--run-dir", str(run)], ["resume", str(run)]):
@@ -74,7 +75,7 @@ def test_second_launch_and_resume_on_a_live_run_exit_2_fast(tmp_path: Path) -> N
             print(f"trainctl {args[0]} on a live run: exit {r.returncode} in {took:.2f} s")
             assert r.returncode == 2, r.stdout + r.stderr
             (line,) = error_lines(r)
-            assert f"{run} is in use by a live job: trainctl launch (pid {proc.pid} on host {runlock.hostname()}" \
+            assert f"{run} is in use by a live job: trainctl launch (pid {proc.pid} on host {this_host()}" \
                    in line, line
             assert f"torchrun pid {torchrun}" in line and f"`trainctl cancel {run}`" in line, line
             assert took < 10, took
@@ -106,7 +107,7 @@ def resume_one_more_step(run: Path) -> subprocess.CompletedProcess[str]:
 def test_stale_lock_of_a_dead_launcher_is_taken_over_with_a_note(finished_run: Path) -> None:
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    gone = runlock.Owner(host=runlock.hostname(), pid=dead.pid, start=12345, boot_id=runlock.boot_id(),
+    gone = runlock.Owner(host=this_host(), pid=dead.pid, start=12345, boot_id=runlock.boot_id(),
                          token="old", command="launch", since=time.time() - 60)
     RunPaths(finished_run).lock.write_text(gone.to_json())
     r = resume_one_more_step(finished_run)

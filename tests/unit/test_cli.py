@@ -155,8 +155,8 @@ def test_version_and_help_without_type_placeholders():
 
 def test_shell_completion_installs_and_completes(tmp_path: Path):
     env = {**os.environ, "HOME": str(tmp_path), "SHELL": "/bin/bash"}
-    # the script --show-completion prints for each shell (the flag takes no value: it detects the shell among
-    # the process's ancestors, which a test run need not have; this asks for each shell by name)
+    # the script click's handler sources for each shell (`--show-completion SHELL` and each shell loading
+    # it: tests/unit/test_completion_shells.py)
     for shell in ("bash", "zsh", "fish"):
         out = subprocess.run([sys.executable, "-m", "trainctl"], capture_output=True, text=True, timeout=60,
                              env={**env, "_TRAINCTL_COMPLETE": f"source_{shell}"})

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from trainctl.errors import UsageError
+from trainctl.hostname import this_host
 from trainctl.launch import runlock
 from trainctl.launch.runlock import UNKNOWN_START, Here, Owner, verdict
 from trainctl.rundir import RunPaths
@@ -103,7 +104,7 @@ def test_acquire_refuse_release(tmp_path: Path) -> None:
     lock = runlock.acquire(tmp_path, "launch")
     try:
         held = json.loads(RunPaths(tmp_path).lock.read_text())
-        assert held["pid"] == os.getpid() and held["host"] == runlock.hostname() and held["boot_id"]
+        assert held["pid"] == os.getpid() and held["host"] == this_host() and held["boot_id"]
         with pytest.raises(UsageError, match=rf"in use by a live job: trainctl launch \(pid {os.getpid()} on host"):
             runlock.check_free(tmp_path)
         with pytest.raises(UsageError, match="trainctl cancel"):

@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 
 DISK_FULL_EVENT = "disk_full"
+DISK_FULL = "disk full"  # the kind of failure, first in the line a full disk prints
 # What an OSError of a full disk or an exhausted quota says (DCP reports errors as text, one per rank)
 _FULL = (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT), f"[Errno {errno.ENOSPC}]", f"[Errno {errno.EDQUOT}]")
 
@@ -57,6 +58,6 @@ def is_disk_full(text: str) -> bool:
 def disk_full_message(directory: Path, step: int, free: int, needed: int, newest_valid: int | None) -> str:
     """The one line of a save that ran out of space."""
     newest = f"step {newest_valid}" if newest_valid is not None else "none"
-    return (f"disk full: saving checkpoint step {step} in {directory} failed: {human_bytes(free)} free, "
+    return (f"{DISK_FULL}: saving checkpoint step {step} in {directory} failed: {human_bytes(free)} free, "
             f"{human_bytes(needed)} needed per checkpoint; newest valid checkpoint: {newest} "
             "(free space, then `trainctl resume` continues from it)")

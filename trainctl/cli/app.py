@@ -59,8 +59,13 @@ def _register() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from trainctl.cli import completion
+
     _register()
     try:
+        if (asked := completion.named_shell(sys.argv[1:] if argv is None else argv)) is not None:
+            completion.answer(*asked)
+            return
         # standalone mode: click prints usage errors itself and exits 2.
         app(args=argv, prog_name="trainctl", standalone_mode=True)
     except TrainctlError as e:

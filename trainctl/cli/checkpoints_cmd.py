@@ -6,14 +6,14 @@ import time
 from pathlib import Path
 
 import typer
-from rich.table import Table
 
 from trainctl.checkpoint import describe_layout, list_checkpoints, newest_valid, resolve_checkpoint_dir
 from trainctl.cli.app import app
-from trainctl.cli.console import make_console
+from trainctl.cli.console import Col, fitted_table, make_console
 from trainctl.cli.jsonout import print_json
 from trainctl.cli.options import JsonOpt
 from trainctl.errors import UsageError
+from trainctl.prose import prose
 from trainctl.rundir import RunPaths
 from trainctl.units import size
 
@@ -42,21 +42,29 @@ def checkpoints(
     latest = newest_valid(infos)  # what `trainctl resume` would load (shallow check unless --deep)
     if as_json:
         print_json({"directory": str(directory), "latest_valid": latest.step if latest else None,
+                    "checksums_verified": deep,
                     "checkpoints": [i.to_json() for i in infos]})
         return
     con = make_console()
     if not infos:
         con.print(f"no checkpoints in {directory}")
         return
-    table = Table(title=f"checkpoints in {directory}")
-    for col in ("step", "size", "valid", "milestone", "layout", "time", "note"):
-        table.add_column(col, justify="right" if col in ("step", "size") else "left", no_wrap=col != "note")
-    for i in infos:
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(i.time)) if i.time else "-"
-        note = "latest" if latest is not None and i.path == latest.path else (i.reason or "")
-        table.add_row(str(i.step), size(i.size_bytes), "[green]yes[/green]" if i.valid else "[red]no[/red]",
-                      "yes" if i.milestone else "", describe_layout(i.meta.get("layout")), when, note)
+    columns = [Col("step", "key", "right"), Col("size", justify="right"), Col("valid", "key"), Col("milestone"),
+               Col("layout"), Col("time"), Col("note", "prose")]
+    # A shallow check sees the commit marker and every file's size, not flipped bytes: its "yes" says so.
+    valid = "[green]yes[/green]" if deep else "[green]yes[/green] (not verified)"
+    rows = [[str(i.step), size(i.size_bytes), valid if i.valid else "[red]no[/red]", "yes" if i.milestone else "",
+             describe_layout(i.meta.get("layout")), _when(i.time),
+             "latest" if latest is not None and i.path == latest.path else (i.reason or "")] for i in infos]
+    table = fitted_table(con, columns, rows, title=f"checkpoints in {directory}")
     con.print(table)
+    if not deep:
+        prose(con, "[dim]Only `--deep` verifies checksums (it reads every file); this listing checks each "
+                   "checkpoint's commit marker, manifest and file sizes.[/dim]")
+
+
+def _when(t: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
 
 
 __all__ = ["checkpoints"]

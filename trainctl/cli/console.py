@@ -10,16 +10,21 @@ assumes 80 columns, and tables get 120 so they stay readable in logs.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
 
+from rich.cells import cell_len
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
 
 if TYPE_CHECKING:
     from trainctl.launch.backend import Line
 
 MIN_PIPED_WIDTH = 120
+PROSE_MIN_WIDTH = 20  # an explaining column narrower than this reads as a column of word fragments
 
 
 def make_console(*, stderr: bool = False) -> Console:
@@ -41,3 +46,54 @@ def show(console: Console, line: Line) -> None:
 def sayer(console: Console) -> Callable[[Line], None]:
     """`show` on this console, as the `say` callback backends report through."""
     return lambda line: show(console, line)
+
+
+@dataclass(frozen=True)
+class Col:
+    """A table column and what it is for when the width runs short: `key` names the row (never cut, never
+    wrapped: a step, a run directory), `prose` explains it (wraps at words, keeps PROSE_MIN_WIDTH), `other`
+    gives up width first (wraps between words; folds a word, a number too, only where nothing else is left)."""
+
+    header: str
+    role: Literal["key", "prose", "other"] = "other"
+    justify: Literal["left", "right"] = "left"
+
+
+def fitted_table(console: Console, columns: Sequence[Col], rows: Iterable[Sequence[str]],
+                 **table_options: Any) -> Table:
+    """A table of `rows` (rich markup) that fits the console's width without losing what names or explains a
+    row: the widest column that may give width gives it first (`_narrowed`), `key` columns never. Rich alone
+    shrinks only the wrappable columns and may squeeze the one explaining column to nothing."""
+    rows = [list(r) for r in rows]
+    table = Table(**table_options)
+    for c in columns:
+        table.add_column(c.header, justify=c.justify, no_wrap=c.role == "key", overflow="fold")
+    for r in rows:
+        table.add_row(*r)
+    cells = [[Text.from_markup(c.header)] + [Text.from_markup(r[i]) for r in rows] for i, c in enumerate(columns)]
+    natural = [max(t.cell_len for t in col) for col in cells]
+    words = [max((cell_len(w) for t in col for w in t.plain.split()), default=1) for col in cells]
+    # what the borders and the padding take: rich's own count (private, no public equivalent)
+    room = console.width - table._extra_width - sum(table._get_padding_width(i) for i in range(len(columns)))
+    widths = _narrowed(natural, words, [c.role for c in columns], room)
+    if widths != natural:
+        for column, w in zip(table.columns, widths, strict=True):
+            column.width = w
+    return table
+
+
+def _narrowed(natural: list[int], words: list[int], roles: list[str], room: int) -> list[int]:
+    """Column widths summing to at most `room` where a `key` column can stay whole: one character at a time,
+    from the widest column that is not a `key` and is above its floor. The floors: a `prose` column keeps
+    PROSE_MIN_WIDTH, an `other` one its longest word; one character where those leave too little room."""
+    widths = list(natural)
+    usual = [w if role == "key" else min(w, PROSE_MIN_WIDTH if role == "prose" else word)
+             for w, word, role in zip(natural, words, roles, strict=True)]
+    last = [w if role == "key" else 1 for w, role in zip(natural, roles, strict=True)]
+    for floors in (usual, last):
+        while sum(widths) > room:
+            shrinkable = [i for i in range(len(widths)) if widths[i] > floors[i]]
+            if not shrinkable:
+                break
+            widths[max(shrinkable, key=lambda i: widths[i])] -= 1
+    return widths

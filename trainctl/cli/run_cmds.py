@@ -9,10 +9,10 @@ from pathlib import Path
 
 import typer
 from rich import box
-from rich.table import Table
+from rich.markup import escape
 
 from trainctl.cli.app import app
-from trainctl.cli.console import make_console
+from trainctl.cli.console import Col, fitted_table, make_console
 from trainctl.cli.jsonout import print_json
 from trainctl.cli.options import JsonOpt
 from trainctl.errors import UsageError
@@ -82,13 +82,12 @@ def runs(base: Path = typer.Argument(Path("runs"), help="Directory holding run d
     if json_:
         print_json([s.to_json() for s in found])
         return
-    table = Table(box=box.SIMPLE)
-    for col in ("run", "name", "backend", "job", "state", "steps", "MFU"):
-        table.add_column(col)
-    for s in found:
-        table.add_row(Path(s.run_dir).name, s.name, s.backend, s.job_id or "-", s.state,
-                      _fmt_steps(s.steps_done, s.steps_total), _fmt_mfu(s.last_mfu))
-    make_console().print(table)
+    console = make_console()
+    columns = [Col("run", "key"), Col("name"), Col("backend"), Col("job"), Col("state", "key"), Col("steps"),
+               Col("MFU", "prose")]
+    rows = [[escape(Path(s.run_dir).name), escape(s.name), s.backend, s.job_id or "-", s.state,
+             _fmt_steps(s.steps_done, s.steps_total), _fmt_mfu(s.last_mfu)] for s in found]
+    console.print(fitted_table(console, columns, rows, box=box.SIMPLE, show_edge=False))
 
 
 @app.command()

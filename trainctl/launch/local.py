@@ -22,7 +22,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
-from trainctl import init_source, package_origin
+from trainctl import init_source, package_origin, terminal_width
 from trainctl.data_prep import check_data
 from trainctl.errors import RunError, UsageError
 from trainctl.launch import environment, runlock
@@ -253,8 +253,9 @@ def run(launch: LocalLaunch, paths: RunPaths, out: TextIO | None = None, kind: s
 
     # Own session: a terminal Ctrl-C reaches only us, and we decide what the ranks get. torchrun dies with
     # us however we die (PDEATHSIG), and its ranks then stop themselves after a checkpoint.
-    proc = subprocess.Popen(launch.command, env={**os.environ, **launch.env}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent)
+    env = {**os.environ, **launch.env, **terminal_width.launch_variables()}
+    proc = subprocess.Popen(launch.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True, preexec_fn=die_with_parent)
     stopper = Stopper(proc, paths, say)
     old = {s: signal.signal(s, stopper) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:

@@ -25,7 +25,6 @@ import contextlib
 import json
 import os
 import secrets
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from trainctl.errors import UsageError
+from trainctl.hostname import this_host
 from trainctl.launch.procs import descendants
 from trainctl.rundir import RunPaths
 
@@ -78,10 +78,6 @@ def boot_id() -> str | None:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
     except OSError:
         return None
-
-
-def hostname() -> str:
-    return socket.gethostname()
 
 
 # --- the lock's content and the verdict on it (pure) -----------------------------------------------------
@@ -131,7 +127,7 @@ class Here:
 
     @classmethod
     def now(cls) -> Here:
-        return cls(hostname(), boot_id())
+        return cls(this_host(), boot_id())
 
 
 @dataclass(frozen=True)

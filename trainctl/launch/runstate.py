@@ -24,7 +24,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from trainctl.checkpoint.space import DISK_FULL
 from trainctl.errors import EXIT_DIVERGED, EXIT_OK, EXIT_RUN_FAILED, EXIT_STOPPED
+from trainctl.hostname import as_named
 from trainctl.launch.environment import SETUP_FAILED
 from trainctl.oom_kills import killed_by_oom
 from trainctl.rundir import RunPaths, read_jsonl
@@ -190,7 +192,9 @@ def first_cause(events: list[dict[str, Any]]) -> Cause | None:
     """The failure that came first and was not the consequence of another (a peer's "connection closed"),
     from the events of one attempt: a full disk, a rank's exception, a hang, then a peer-loss error."""
     if (full := _last(events, "disk_full")) is not None:
-        return Cause("disk full", str(full.get("message") or "no space left for a checkpoint"))
+        # the recorded line names the kind already ("disk full: saving checkpoint ..."): said once
+        line = str(full.get("message") or "no space left for a checkpoint")
+        return Cause(DISK_FULL, line.removeprefix(f"{DISK_FULL}: "))
     if (gave_up := _last(events, "start_failed")) is not None and gave_up.get("gave_up"):
         return Cause("launch failure", f"the step failed to start (srun exit status {gave_up.get('exit_code')}) "
                      "and launcher.start_retries requeues were used up; the job's log has srun's words")
@@ -337,5 +341,5 @@ def _torchrun_cause(m: re.Match[str]) -> Cause:
     if code < 0:
         sig = m["sig"] or f"signal {-code}"
         why = " (the kernel's out-of-memory killer, or a kill -9)" if sig == "SIGKILL" else ""
-        return Cause("signal", f"killed by {sig}{why}", int(m["rank"]), m["host"])
-    return Cause("exception", f"exited with status {code}", int(m["rank"]), m["host"])
+        return Cause("signal", f"killed by {sig}{why}", int(m["rank"]), as_named(m["host"]))
+    return Cause("exception", f"exited with status {code}", int(m["rank"]), as_named(m["host"]))

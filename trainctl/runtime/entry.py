@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import sys
 import traceback
 from pathlib import Path
@@ -21,6 +20,7 @@ import torch
 
 from trainctl import package_origin
 from trainctl.errors import SpecError, TrainctlError, UsageError
+from trainctl.hostname import this_host
 from trainctl.rundir import SPEC, RunPaths, read_jsonl, record_event
 from trainctl.runtime import signals
 from trainctl.runtime.distributed import RankEnv, exit_now
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     except SpecError as e:
         print(f"trainctl: rank {env.rank}: {e}", file=sys.stderr)
         with contextlib.suppress(OSError):  # a failure of the run, not of its start (launch/runstate.py)
-            record_event(paths, "failure", rank=env.rank, host=socket.gethostname(),
+            record_event(paths, "failure", rank=env.rank, host=this_host(),
                          error=f"SpecError: {str(e).splitlines()[0]}")
         exit_now(2, barrier=False)
     try:
@@ -72,14 +72,14 @@ def main(argv: list[str] | None = None) -> NoReturn:
         print(f"trainctl: rank {env.rank} failed: {e.message}" + (f" (hint: {e.hint})" if e.hint else ""),
               file=sys.stderr)
         with contextlib.suppress(OSError):
-            record_event(paths, "failure", rank=env.rank, host=socket.gethostname(), error=e.message.splitlines()[0])
+            record_event(paths, "failure", rank=env.rank, host=this_host(), error=e.message.splitlines()[0])
         exit_now(1, barrier=False)
     except BaseException as e:  # every failure ends in one clear line and exit status 1
         traceback.print_exc()
         summary = failure_summary(e)
         print(f"trainctl: rank {env.rank} failed: {summary}", file=sys.stderr)
         with contextlib.suppress(OSError):  # an unwritable run dir must not hide the real error
-            record_event(paths, "failure", rank=env.rank, host=socket.gethostname(), error=summary)
+            record_event(paths, "failure", rank=env.rank, host=this_host(), error=summary)
         exit_now(1, barrier=False)
     exit_now(code, barrier=True)  # 0, or checkpointing.requeue_code() after a stop signal
 

@@ -92,5 +92,23 @@ def console_line(r: dict[str, Any]) -> str:
             f"{r['tflops_per_gpu']:.3g} TFLOP/s/gpu | {util} | mem {r['peak_mem_bytes'] / 2**30:.2f} GiB{routing}")
 
 
+def step_line(r: dict[str, Any], *, compact: bool) -> str:
+    """The line rank 0 prints per step: `compact_line` for a terminal under terminal_width.COMPACT_BELOW
+    columns, else `console_line`."""
+    return compact_line(r) if compact else console_line(r)
+
+
+def compact_line(r: dict[str, Any]) -> str:
+    """The step line in under 80 columns: progress, loss, time, throughput, MFU and memory; the rest (lr,
+    gradient norm, HFU, TFLOP/s) is in metrics.jsonl and the full line."""
+    width = len(str(r["steps"]))
+    util = "MFU BUG (>100%)" if r.get("mfu_bug") else f"MFU {100 * r['mfu']:.1f}%"
+    moe = r.get("moe")
+    routing = "" if not moe else (f" | imb {moe['imbalance']:.2f}"
+                                  + (f" drop {moe['dropped']}" if moe["dropped"] else ""))
+    return (f"step {r['step']:>{width}}/{r['steps']} | loss {r['loss']:.4f} | {r['step_time_s'] * 1e3:.0f} ms | "
+            f"{_si(r['tokens_per_s'])} tok/s | {util} | {r['peak_mem_bytes'] / 2**30:.2f} GiB{routing}")
+
+
 def warn(msg: str) -> None:
     print(f"trainctl: warning: {msg}", file=sys.stderr, flush=True)

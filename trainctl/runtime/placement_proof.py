@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from trainctl.hostname import this_host
 from trainctl.plan.pipeline import stages_of_pp_rank
 from trainctl.plan.placement import Groups, Layout, coords, cp_coord, tp_groups_across_nodes
 from trainctl.rundir import PLACEMENT, RunPaths, record_event
@@ -32,7 +32,7 @@ class PlacementError(RuntimeError):
 
 def report(local_rank: int, on_gpu: bool) -> dict[str, Any]:
     """What this rank can say about itself; `on_gpu`: it trains on its CUDA device."""
-    host = socket.gethostname()
+    host = this_host()
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     gpu: str | None = None
     if on_gpu:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import time
 from pathlib import Path
 from typing import Any, NoReturn
@@ -23,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from trainctl.fileio import write_atomic
+from trainctl.hostname import this_host
 from trainctl.rundir import RunPaths
 from trainctl.runtime import microbench as mb
 from trainctl.runtime.distributed import RankEnv
@@ -44,7 +44,7 @@ TOKENS = ".trainctl-preflight"  # under the checkpoint directory, removed afterw
 
 def node_name() -> str:
     """As the ranks report it for placement (trainctl/runtime/placement_proof.py): Slurm's node name first."""
-    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    return os.environ.get("SLURMD_NODENAME") or this_host()
 
 
 class Preflight:

@@ -20,11 +20,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import time
 from pathlib import Path
 from typing import Any
 
+from trainctl.hostname import this_host
 from trainctl.rundir import RunPaths, append_text
 from trainctl.runtime import faults
 
@@ -42,7 +42,7 @@ class StepTimeLog:
         self.path = steptimes_path(paths, rank)
         self.every = max(1, every)
         self.buf: list[str] = [_line({
-            "header": True, "rank": rank, "host": socket.gethostname(), "local_rank": local_rank,
+            "header": True, "rank": rank, "host": this_host(), "local_rank": local_rank,
             "device": device, "attempt": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),
             "pid": os.getpid(), "time": time.time()})]
         self.pending = 0

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainctl import oom_kills
+from trainctl import oom_kills, terminal_width
 from trainctl.launch.runstate import restart_cause
 from trainctl.model_shape import ModelShape
 from trainctl.plan.memory import compute_precision
@@ -173,6 +173,7 @@ class Trainer:
         self.guard = divergence.DivergenceGuard(spec, paths, par, self.scaler.enabled)  # non-finite steps
         self.tracking = tracking.Tracking()  # TensorBoard / W&B beside metrics.jsonl (rank 0; opened by run())
         prof = t.profile
+        self.compact_step_line = terminal_width.compact()  # the launcher's terminal is narrow
         # steps any rank profiles run slower on every rank: their metrics lines say so
         self.profiled_steps = range(prof.start_step, prof.last_step + 1) if prof is not None else range(0)
 
@@ -399,7 +400,7 @@ class Trainer:
                 rec["profiled"] = True  # the profiler's overhead is in step_time_s (the report leaves it out)
             append_jsonl(self.paths.metrics, rec)  # the record; the tracking sinks mirror it
             self.tracking.write(rec)
-            print(metrics.console_line(rec), flush=True)
+            print(metrics.step_line(rec, compact=self.compact_step_line), flush=True)
             if rec.get("mfu_bug"):
                 metrics.warn(f"MFU {rec['mfu']:.1%} > 100% at step {step + 1}: a FLOPs/timing accounting "
                              "bug, not a result")

@@ -27,13 +27,13 @@ import faulthandler
 import json
 import os
 import signal
-import socket
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from trainctl.hostname import this_host
 from trainctl.rundir import RunPaths, record_event
 from trainctl.runtime import faults
 
@@ -109,7 +109,7 @@ class Watchdog:
         self.last = time.monotonic()
         self.progress = time.time()
         self.last_file = 0.0
-        self.host = socket.gethostname()
+        self.host = this_host()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"trainctl-watchdog-rank{rank}", daemon=True)
 

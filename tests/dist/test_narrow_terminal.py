@@ -1,0 +1,122 @@
+"""An 80-column terminal: the per-step line takes its compact form (the launcher hands the terminal's width
+to the ranks), and the tables keep the columns that name and explain a row, folding the others. One real
+launch, under a pseudo-terminal of 80 columns as a user's, serves every check."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pty
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import termios
+from pathlib import Path
+
+import pytest
+import yaml
+from trainer_utils import ROOT, TINY, deep_update
+
+from trainctl.hardware.catalog import ACCELERATORS
+
+WIDTH = 80
+
+
+def in_terminal(*args: str, columns: int = WIDTH, timeout: float = 300) -> tuple[int, str]:
+    """Run `trainctl ARGS` with a pseudo-terminal of `columns` as its stdout and stderr (COLUMNS unset, as in
+    a user's shell); its exit status and output."""
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    proc = subprocess.Popen([sys.executable, "-m", "trainctl", *args], stdin=subprocess.DEVNULL, stdout=follower,
+                            stderr=follower, cwd=ROOT, env={**env, "OMP_NUM_THREADS": "1"})
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            data = os.read(leader, 65536)
+        except OSError:  # EIO: every writer closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(leader)
+    text = b"".join(chunks).decode(errors="replace").replace("\r\n", "\n")
+    return proc.wait(timeout=timeout), re.sub(r"\x1b\[[0-9;]*m", "", text)  # without the terminal's colours
+
+
+def at_width(*args: str) -> str:
+    out = subprocess.run([sys.executable, "-m", "trainctl", *args], capture_output=True, text=True, cwd=ROOT,
+                         timeout=120, env={**os.environ, "COLUMNS": str(WIDTH)})
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def fits(text: str, *unbroken: Path) -> None:
+    """Every line within the width but those holding a path, which is never cut (copy-paste)."""
+    long = [line for line in text.splitlines() if len(line) > WIDTH and not any(str(p) in line for p in unbroken)]
+    assert not long, long
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    """Two run directories whose names differ only in their last characters (a copy of one real run)."""
+    base = tmp_path_factory.mktemp("narrow")
+    spec = base / "spec.yaml"
+    spec.write_text(yaml.safe_dump(deep_update(TINY, {"name": "tiny-cpu", "parallel": {"dp": 2},
+                                                      "cluster": {"gpus_per_node": 2}, "train": {"steps": 4},
+                                                      "checkpoint": {"every_steps": 2, "keep_last": 2}})))
+    first = base / "runs" / "tiny-cpu-20261126-144500"
+    rc, out = in_terminal("launch", str(spec), "--run-dir", str(first))
+    assert rc == 0, out[-3000:]
+    (base / "launch.out").write_text(out)
+    shutil.copytree(first, first.with_name("tiny-cpu-20261126-144501"), symlinks=True)
+    return base
+
+
+def test_step_line_is_compact_in_a_narrow_terminal(runs: Path) -> None:
+    out = (runs / "launch.out").read_text()
+    steps = [line for line in out.splitlines() if line.startswith("step ")]
+    assert len(steps) == 4, out[-3000:]
+    for line in steps:
+        assert len(line) < WIDTH and " tok/s | MFU " in line and " GiB" in line, line
+    # what the compact line leaves out stays in the record
+    record = (runs / "runs" / "tiny-cpu-20261126-144500" / "metrics.jsonl").read_text().splitlines()[0]
+    assert '"lr"' in record and '"grad_norm"' in record and '"hfu"' in record
+
+
+def test_checkpoints_keep_validity_and_reason(runs: Path) -> None:
+    run = runs / "runs" / "tiny-cpu-20261126-144501"
+    shard = run / "checkpoints" / "step-00000002" / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # flipped bytes, the same size: only a checksum sees it
+    shard.write_bytes(bytes(data))
+    deep = at_width("checkpoints", str(run), "--deep")
+    fits(deep, run)
+    row = next(line for line in deep.splitlines() if line.startswith("│    2 "))
+    assert "│ no " in row and "checksum mismatch" in row, deep
+    assert "__0_0.distcp" in deep
+    shallow = at_width("checkpoints", str(run))
+    fits(shallow, run)
+    row = next(line for line in shallow.splitlines() if line.startswith("│    2 "))
+    assert "yes (not verified)" in row, shallow
+    assert "Only `--deep` verifies checksums" in shallow
+
+
+def test_runs_keep_whole_names(runs: Path) -> None:
+    table = at_width("runs", str(runs / "runs"))
+    fits(table)
+    for name in ("tiny-cpu-20261126-144500", "tiny-cpu-20261126-144501"):
+        (row,) = [line for line in table.splitlines() if name in line]
+        assert "COMPLETED" in row, table
+
+
+def test_hardware_keeps_every_accelerator_name() -> None:
+    rc, out = in_terminal("hardware")
+    assert rc == 0, out
+    fits(out)
+    words = out.split()
+    for a in ACCELERATORS.values():
+        assert all(w in words for w in a.name.split()), (a.name, out)
