@@ -89,9 +89,14 @@ def runs(base: Path = typer.Argument(Path("runs"), help="Directory holding run d
 
 
 @app.command()
-def cancel(run: Path = RunArg) -> None:
-    """Cancel a run: scancel its Slurm job, or stop the local launcher (SIGTERM, as Ctrl-C would)."""
+def cancel(run: Path = RunArg,
+           force: bool = typer.Option(False, "--force", help="Kill every process of the run at once, a save in "
+                                      "flight included (the newest committed checkpoint stays; the steps since "
+                                      "it are lost).")) -> None:
+    """Cancel a run: scancel its Slurm job, or stop the local launcher (SIGTERM, as Ctrl-C would): every rank saves
+    a checkpoint after its current step. Asking again while it stops changes nothing; --force kills."""
     from trainctl.launch.backend import backend_for
+    from trainctl.launch.runstate import STOPPING, stopping_progress
     from trainctl.launch.status import open_run, read_job_json, run_status
 
     paths = open_run(run)
@@ -100,8 +105,14 @@ def cancel(run: Path = RunArg) -> None:
     if not st.active:
         print(f"{st.name}: already {st.state}; nothing to cancel")
         return
-    record_event(paths, "cancel_requested", state=st.state)  # how the run ends reads "cancelled" (runstate)
-    print(backend_for(job).cancel(paths, job))
+    if st.state == STOPPING and not force:  # a second signal must not cut short the save it asked for
+        print(f"{st.name}: already stopping: {stopping_progress(paths)}; nothing more sent "
+              f"(`trainctl cancel --force {run}` kills at once)")
+        return
+    # recorded first: how the run ends reads "cancelled" (runstate); the launcher reads `force` (a SIGTERM
+    # alone cannot say it), and ranks still starting read the request (runtime/signals.requested_before_start)
+    record_event(paths, "cancel_requested", state=st.state, force=force)
+    print(backend_for(job).cancel(paths, job, force=force))
 
 
 @app.command()

@@ -83,6 +83,7 @@ class Outcome:
     reason: str
     cause: Cause | None = None
     kept: int | None = None  # DIVERGED: the last finite checkpoint
+    before_first_step: bool = False  # stopped before training: `step` is what was loaded, nothing was saved
 
     @property
     def exit_code(self) -> int:
@@ -119,10 +120,10 @@ def _last(events: list[dict[str, Any]], kind: str) -> dict[str, Any] | None:
     return next((e for e in reversed(events) if e.get("event") == kind), None)
 
 
-def outcome(events: list[dict[str, Any]], killed: bool = False) -> Outcome | None:
+def outcome(events: list[dict[str, Any]], killed: str | None = None) -> Outcome | None:
     """The outcome of an attempt from its events (those written after it began), or None while none is
-    recorded. `killed`: the local launcher killed the ranks (a second Ctrl-C); once it has returned, its own
-    verdict is in its `launcher_exit` event."""
+    recorded. `killed`: what made the local launcher kill the ranks, in words (a second Ctrl-C, `trainctl
+    cancel --force`); once it has returned, its own verdict is in its `launcher_exit` event."""
     if (fin := _last(events, "finish")) is not None:
         return Outcome(COMPLETED, fin.get("steps"), "every step done")
     if (div := _last(events, "diverged")) is not None:
@@ -132,13 +133,15 @@ def outcome(events: list[dict[str, Any]], killed: bool = False) -> Outcome | Non
                        f"last finite checkpoint {f'step {kept}' if kept else 'none'}", kept=kept)
     cancelled = _last(events, "cancel_requested") is not None
     if (sig := _last(events, "checkpoint_on_signal")) is not None or (sig := _last(events, "stopped")) is not None:
-        step = sig.get("step")
-        saved = "nothing new to save" if sig.get("before_first_step") else f"checkpoint step {step} committed"
+        step, early = sig.get("step"), bool(sig.get("before_first_step"))
+        saved = (f"checkpoint step {step} committed" if not early else
+                 f"before the first step, nothing new to save (checkpoint step {step} kept)" if step else
+                 "before the first step, nothing to save")
         asked = _last(events, "stop_requested")
         by = (LAUNCHER_SIGNAL.get(asked.get("signal"), f"{asked.get('signal')} to the launcher") if asked
               else sig.get("reason") or sig.get("signal"))
         why = "cancelled" if cancelled else f"stopped ({by})"
-        return Outcome(CANCELLED if cancelled else STOPPED, step, f"{why}; {saved}")
+        return Outcome(CANCELLED if cancelled else STOPPED, step, f"{why}; {saved}", before_first_step=early)
     cause = first_cause(events)
     ex = _last(events, "launcher_exit")
     if ex is not None and ex.get("state") in EXIT_CODE and (cause is None or cause.kind == LOST_PEER):
@@ -149,7 +152,7 @@ def outcome(events: list[dict[str, Any]], killed: bool = False) -> Outcome | Non
         return Outcome(FAILED, _last_step(events), cause.line(), cause)
     if killed:
         return Outcome(CANCELLED if cancelled else STOPPED, None,
-                       "killed before the ranks could save (a second Ctrl-C); steps after the newest valid "
+                       f"killed before the ranks could save ({killed}); steps after the newest valid "
                        "checkpoint are lost")
     if ex is not None:  # a launcher of an older trainctl, or one that recorded no verdict
         return Outcome(FAILED, _last_step(events), "the trainer exited without recording why (see the logs)")
@@ -201,6 +204,19 @@ def first_cause(events: list[dict[str, Any]]) -> Cause | None:
 
 def stop_requested(events: list[dict[str, Any]]) -> dict[str, Any] | None:
     return next((e for e in reversed(events) if e.get("event") in STOP_EVENTS), None)
+
+
+def stopping_progress(paths: RunPaths) -> str:
+    """Where a stopping run is, in words: its step and whether the checkpoint it stops with is committed."""
+    events = read_jsonl(paths.events)
+    current = since(events, attempt_begin(events))
+    if (sig := _last(current, "checkpoint_on_signal")) is not None:
+        return ("before the first step, nothing to save" if sig.get("before_first_step")
+                else f"step {sig.get('step')}, checkpoint committed; the ranks are exiting")
+    if _last(current, "start") is None:
+        return "before the first step, nothing to save"
+    steps = [m.get("step") for m in read_jsonl(paths.metrics) if isinstance(m.get("step"), int)]
+    return f"step {steps[-1] if steps else 0}, checkpoint in progress"
 
 
 def run_state(paths: RunPaths, job: dict[str, Any]) -> RunState:

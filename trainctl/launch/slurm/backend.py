@@ -3,6 +3,7 @@ submits the run directory's script again. No torch."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
 import shutil
@@ -124,9 +125,15 @@ class SlurmBackend(Backend[SlurmLaunch, RunPaths]):
                                             "rank's node")
         return LogFiles(files)
 
-    def cancel(self, paths: RunPaths, job: dict[str, Any]) -> str:
-        submit.cancel(str(job["job_id"]))
-        return f"cancelled Slurm job {job['job_id']}"
+    def cancel(self, paths: RunPaths, job: dict[str, Any], *, force: bool = False) -> str:
+        job_id = str(job["job_id"])
+        if force:  # SIGKILL to every process of the job (batch script, srun, ranks), then Slurm's own cancel
+            submit.cancel(job_id, signal="KILL")
+            with contextlib.suppress(RunError):  # the job may already have ended of the kill
+                submit.cancel(job_id)
+            return f"killed every process of Slurm job {job_id} (scancel --signal=KILL --full) and cancelled it"
+        submit.cancel(job_id)
+        return f"cancelled Slurm job {job_id}"
 
 
 def plan_summary(spec: RunSpec) -> list[str]:
