@@ -55,10 +55,12 @@ from trainctl.launch.runstate import (
     COMPLETED,
     DIVERGED,
     FAILED,
+    FORCED,
     LOST_PEER,
     STOPPED,
     Cause,
     Outcome,
+    forced,
     lost_peer_ranks,
     oom_or,
     outcome,
@@ -220,10 +222,10 @@ class Stopper:
     def __call__(self, signum: int, _frame: FrameType | None) -> None:
         self.signals.append(signum)
         name = signal.Signals(signum).name
-        forced = self._forced()
-        if len(self.signals) > 1 or forced:
-            if forced or signum == signal.SIGINT:
-                self._kill("`trainctl cancel --force`" if forced else SECOND_CTRL_C, name)
+        force = self._forced()
+        if len(self.signals) > 1 or force:
+            if force or signum == signal.SIGINT:
+                self._kill(FORCED if force else SECOND_CTRL_C, name)
             else:
                 self.say(f"trainctl: {name} again: already stopping, the ranks save after their current step "
                          f"(`trainctl cancel --force {shlex.quote(str(self.paths.root))}` or Ctrl-C kills at once)")
@@ -259,12 +261,10 @@ class Stopper:
             signal_all(ranks, signal.SIGTERM) or signal_all([self.proc.pid], signal.SIGTERM)
 
     def _forced(self) -> bool:
-        """`trainctl cancel --force` recorded its request before signalling (a SIGTERM alone cannot say so)."""
         try:
-            events = since(read_jsonl(self.paths.events), self.started)
+            return forced(since(read_jsonl(self.paths.events), self.started))
         except (OSError, UnicodeDecodeError):
             return False
-        return any(e.get("event") == "cancel_requested" and e.get("force") for e in events)
 
     def _kill(self, by: str, name: str) -> None:
         self.killed_by = by

@@ -45,6 +45,7 @@ EXIT_CODE = {COMPLETED: EXIT_OK, STOPPED: EXIT_STOPPED, CANCELLED: EXIT_STOPPED,
 LAUNCHER_SIGNAL = {"SIGINT": "Ctrl-C", "SIGTERM": "SIGTERM to the launcher", "SIGHUP": "the terminal closed"}
 BEGIN_EVENTS = ("launch", "resume", "slurm_start")  # one attempt begins (launcher / batch script)
 STOP_EVENTS = ("stop_requested", "cancel_requested")
+FORCED = "`trainctl cancel --force`"  # what killed a run's processes, in words (`outcome`)
 
 # A failure whose message says a peer went away is the consequence of another rank's death, not its cause.
 SECONDARY = re.compile(r"Connection (closed|reset) by peer|Broken pipe|connectFullMesh|Socket Timeout|"
@@ -120,6 +121,11 @@ def _last(events: list[dict[str, Any]], kind: str) -> dict[str, Any] | None:
     return next((e for e in reversed(events) if e.get("event") == kind), None)
 
 
+def forced(events: list[dict[str, Any]]) -> bool:
+    """`trainctl cancel --force` was asked for (it records so before it signals: a SIGTERM cannot say it)."""
+    return any(e.get("event") == "cancel_requested" and e.get("force") for e in events)
+
+
 def outcome(events: list[dict[str, Any]], killed: str | None = None) -> Outcome | None:
     """The outcome of an attempt from its events (those written after it began), or None while none is
     recorded. `killed`: what made the local launcher kill the ranks, in words (a second Ctrl-C, `trainctl
@@ -150,6 +156,7 @@ def outcome(events: list[dict[str, Any]], killed: str | None = None) -> Outcome 
         return Outcome(ex["state"], ex.get("step"), str(ex.get("reason") or ""), recorded)
     if cause is not None:
         return Outcome(FAILED, _last_step(events), cause.line(), cause)
+    killed = killed or (FORCED if forced(events) else None)  # Slurm: scancel --signal=KILL, nothing recorded
     if killed:
         return Outcome(CANCELLED if cancelled else STOPPED, None,
                        f"killed before the ranks could save ({killed}); steps after the newest valid "

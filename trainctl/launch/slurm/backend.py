@@ -3,7 +3,6 @@ submits the run directory's script again. No torch."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shlex
 import shutil
@@ -127,11 +126,10 @@ class SlurmBackend(Backend[SlurmLaunch, RunPaths]):
 
     def cancel(self, paths: RunPaths, job: dict[str, Any], *, force: bool = False) -> str:
         job_id = str(job["job_id"])
-        if force:  # SIGKILL to every process of the job (batch script, srun, ranks), then Slurm's own cancel
+        if force:  # slurmctld turns a SIGKILL for a running job into its own cancel: there is no quicker kill
             submit.cancel(job_id, signal="KILL")
-            with contextlib.suppress(RunError):  # the job may already have ended of the kill
-                submit.cancel(job_id)
-            return f"killed every process of Slurm job {job_id} (scancel --signal=KILL --full) and cancelled it"
+            return (f"cancelled Slurm job {job_id} with scancel --signal=KILL: Slurm sends SIGTERM now and SIGKILL "
+                    "after its KillWait")
         submit.cancel(job_id)
         return f"cancelled Slurm job {job_id}"
 
