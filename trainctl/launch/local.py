@@ -178,7 +178,6 @@ class ConsoleFilter:
         self.verbose = verbose
         self.in_traceback = False
         self.after_message = False  # the traceback's "Type: message" line has passed
-        self.out_ok = True
 
     def filter(self, line: str) -> str | None:
         if self.verbose:
