@@ -536,10 +536,12 @@ class LocalBackend(Backend[LocalLaunch, LocalLaunch]):
                 return f"asked the local launcher (pid {held.owner.pid}) to kill torchrun and every rank now"
             return (f"asked the local launcher (pid {held.owner.pid}) to stop: every rank saves a checkpoint after "
                     "its current step")
-        left = [p for p, _ in held.owner.children]  # torchrun first, then its ranks
+        # torchrun is the first child recorded, then its ranks: those still running with their recorded start
+        # (never a recycled pid)
+        left = [p for p, start in held.owner.children[1:] if runlock.proc_start(p) == start]
         if force:
             signal_all(left, signal.SIGKILL)
-            return f"the launcher is gone; killed torchrun and its {len(left[1:])} ranks"
-        signal_all(left[1:], signal.SIGTERM)
-        return f"the launcher is gone; asked its {len(left[1:])} ranks to save and stop"
+            return f"the launcher is gone; killed its {len(left)} ranks"
+        signal_all(left, signal.SIGTERM)
+        return f"the launcher is gone; asked its {len(left)} ranks to save and stop"
 
