@@ -15,7 +15,7 @@ from trainctl.cli.app import app
 from trainctl.cli.console import make_console
 from trainctl.cli.jsonout import print_json
 from trainctl.cli.options import JsonOpt
-from trainctl.errors import UsageError
+from trainctl.errors import RunError, UsageError
 from trainctl.rundir import record_event
 
 STATE_COLOR = {"COMPLETED": "green", "RUNNING": "cyan", "STARTING": "cyan", "PENDING": "yellow",
@@ -90,9 +90,10 @@ def runs(base: Path = typer.Argument(Path("runs"), help="Directory holding run d
 
 @app.command()
 def cancel(run: Path = RunArg,
-           force: bool = typer.Option(False, "--force", help="Kill every process of the run at once, a save in "
-                                      "flight included (the newest committed checkpoint stays; the steps since "
-                                      "it are lost).")) -> None:
+           force: bool = typer.Option(False, "--force", help="Kill every process of the run now, a save in flight "
+                                      "included (the newest committed checkpoint stays; the steps since it are "
+                                      "lost). On Slurm: scancel --signal=KILL, which Slurm carries out as its "
+                                      "cancel, SIGKILL after its KillWait.")) -> None:
     """Cancel a run: scancel its Slurm job, or stop the local launcher (SIGTERM, as Ctrl-C would): every rank saves
     a checkpoint after its current step. Asking again while it stops changes nothing; --force kills."""
     from trainctl.launch.backend import backend_for
@@ -111,7 +112,12 @@ def cancel(run: Path = RunArg,
         return
     # recorded first: how the run ends reads "cancelled" (runstate); the launcher reads `force` (a SIGTERM
     # alone cannot say it), and ranks still starting read the request (runtime/signals.requested_before_start)
-    record_event(paths, "cancel_requested", state=st.state, force=force)
+    try:
+        record_event(paths, "cancel_requested", state=st.state, force=force)
+    except OSError as e:
+        raise RunError(f"{paths.events}: cannot record the cancel ({e.strerror}); nothing was sent",
+                       hint="the run directory must be writable (its launcher stops a run whose directory "
+                            "became read-only by itself)") from e
     print(backend_for(job).cancel(paths, job, force=force))
 
 
