@@ -210,8 +210,9 @@ class Stopper:
     `trainctl cancel --force`; a repeated SIGTERM or SIGHUP is only noted. Installed before the run lock is
     taken, so `trainctl cancel` never finds a launcher without it."""
 
-    def __init__(self, paths: RunPaths, say: Callable[[str], None], *, started: float, trainer: bool) -> None:
-        self.paths, self.say, self.started = paths, say, started
+    def __init__(self, paths: RunPaths, say: Callable[[str], None], *, trainer: bool) -> None:
+        self.paths, self.say = paths, say
+        self.begun: float | None = None  # when the attempt began: the time its begin event bears
         self.trainer = trainer  # the trainer's ranks handle SIGTERM; a measuring worker's simply die of it
         self.proc: subprocess.Popen[bytes] | None = None  # torchrun, once started
         self.signals: list[int] = []
@@ -229,13 +230,25 @@ class Stopper:
                 self.say(f"trainctl: {name} again: already stopping, the ranks save after their current step "
                          f"(`trainctl cancel --force {shlex.quote(str(self.paths.root))}` or Ctrl-C kills at once)")
             return
-        try:
-            record_event(self.paths, "stop_requested", signal=name, ranks=len(self._ranks()))
-        except OSError as e:  # the run directory is gone or read-only: stop the ranks all the same
-            self.lost = self.lost or e
+        if self.begun is not None:  # else begin() records it
+            self._record()
         self._ask_ranks()
         self.say(f"trainctl: {name}: every rank saves a checkpoint after its current step, then stops "
                  "(press Ctrl-C again to kill at once)")
+
+    def begin(self, begun: float) -> None:
+        """The attempt began at `begun` (its begin event bears that time): a request made before is recorded
+        now, inside the attempt that its ranks and `status` read."""
+        self.begun = begun
+        if self.signals:
+            self._record()
+
+    def _record(self) -> None:
+        try:
+            record_event(self.paths, "stop_requested", signal=signal.Signals(self.signals[0]).name,
+                         ranks=len(self._ranks()))
+        except OSError as e:  # the run directory is gone or read-only: stop the ranks all the same
+            self.lost = self.lost or e
 
     def lose(self, error: OSError) -> None:
         """The run directory was deleted or became read-only under the run: stop the ranks. A deleted one
@@ -261,7 +274,7 @@ class Stopper:
 
     def _forced(self) -> bool:
         try:
-            return forced(since(read_jsonl(self.paths.events), self.started))
+            return self.begun is not None and forced(since(read_jsonl(self.paths.events), self.begun))
         except (OSError, UnicodeDecodeError):
             return False
 
@@ -322,29 +335,30 @@ def run(launch: LocalLaunch, paths: RunPaths, out: TextIO | None = None, kind: s
     The person's terminal may go away (trainctl/terminal.py); the run directory may be deleted or become
     read-only under it: the run then ends FAILED with one line naming the directory (run_dir_lost)."""
     out = out or sys.stdout
-    started = time.time()
     console = ConsoleFilter(verbose)
 
     def say(text: str) -> None:
         terminal.write(out, text + "\n")
 
-    stopper = Stopper(paths, say, started=started, trainer=launch.module == TRAINER_MODULE)
+    stopper = Stopper(paths, say, trainer=launch.module == TRAINER_MODULE)
     old = {s: signal.signal(s, stopper) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
-        with runlock.hold(paths.root, kind, lock_note):
-            return _run(launch, paths, out, kind, console, stopper)
+        with runlock.hold(paths.root, kind, lock_note) as lock:
+            stopper.begin(lock.owner.since)
+            return _run(launch, paths, out, kind, console, stopper, started=lock.owner.since)
     finally:
         for s, h in old.items():
             signal.signal(s, h)
 
 
-def _run(launch: LocalLaunch, paths: RunPaths, out: TextIO, kind: str, console: ConsoleFilter,
-         stopper: Stopper) -> Outcome:
-    started = stopper.started
+def _run(launch: LocalLaunch, paths: RunPaths, out: TextIO, kind: str, console: ConsoleFilter, stopper: Stopper,
+         *, started: float) -> Outcome:
+    """The attempt, from `started`, the moment its run lock was taken: a `trainctl cancel`, which finds the
+    launcher through the lock, records its request inside the attempt even before its begin event is written."""
     try:
         attempt = len(read_job(paths).get("attempts") or []) + 1
         record_attempt(paths, attempt=attempt, started=now_iso(), kind=kind)
-        record_event(paths, kind, backend=NAME, nproc=launch.nproc, attempt=attempt)
+        record_event(paths, kind, backend=NAME, nproc=launch.nproc, attempt=attempt, time=started)
         log_from = paths.launcher_log.stat().st_size if paths.launcher_log.exists() else 0  # this attempt's part
         log: BinaryIO | None = open(paths.launcher_log, "ab")  # noqa: SIM115 (closed below; may fail mid-run)
     except OSError as e:
