@@ -263,30 +263,34 @@ def test_cancel_again_waits_for_the_save_and_force_keeps_the_committed_checkpoin
     assert "resumed from checkpoint step 2" in resumed.stdout, resumed.stdout[-2000:]
 
 
-@pytest.mark.parametrize("when", ["lock", "ranks"])
-def test_cancel_during_start_up_is_cancelled_with_nothing_to_save(tmp_path: Path, when: str) -> None:
-    """`cancel` as soon as the run lock exists (torchrun not started yet), or as soon as the ranks' processes
-    exist (still importing torch, before their signal handler): no rank dies of the SIGTERM, none trains."""
+@pytest.mark.parametrize("how", ["cancel", "ctrl-c"])
+def test_a_stop_during_start_up_is_resumable_with_nothing_to_save(tmp_path: Path, how: str) -> None:
+    """`cancel` as soon as the ranks' processes exist (still importing torch, before their signal handler), or
+    Ctrl-C as soon as the run lock exists (torchrun not started yet): no rank dies of the SIGTERM, none trains."""
     run = tmp_path / "run"
     proc = launch(run)
     deadline = time.time() + 120
-    while not ((run / "run.lock").exists() if when == "lock"
+    while not ((run / "run.lock").exists() if how == "ctrl-c"
                else any(b"trainctl.runtime" in Path(f"/proc/{p}/cmdline").read_bytes() for p in processes_of(run)
                         if Path(f"/proc/{p}/cmdline").exists())):
         assert proc.poll() is None and time.time() < deadline, proc.communicate()[0][-3000:]
         time.sleep(0.02)
-    r = trainctl("cancel", str(run))
-    assert r.returncode == 0, r
+    if how == "cancel":
+        r = trainctl("cancel", str(run))
+        assert r.returncode == 0, r
+    else:
+        proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=180)
     wait_gone(run)
+    word, state = ("cancelled", "CANCELLED") if how == "cancel" else ("stopped", "STOPPED")
     assert proc.returncode == EXIT_STOPPED, out[-3000:]
-    assert f"cancelled before the first step: nothing to save; `trainctl resume {run}` starts from the beginning" \
+    assert f"{word} before the first step: nothing to save; `trainctl resume {run}` starts from the beginning" \
         in out, out[-2000:]
     assert "checkpoint saved" not in out and "killed by" not in out
     assert_clean(out)
     assert valid_steps(run) == [] and not read_jsonl(run / "metrics.jsonl")
     st = status(run)
-    assert st["state"] == "CANCELLED" and "nothing to save" in st["reason"], st
+    assert st["state"] == state and "nothing to save" in st["reason"], st
 
 
 @pytest.fixture
