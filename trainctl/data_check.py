@@ -2,26 +2,25 @@
 
 A vocab-parallel embedding and loss mask ids outside their shard, so an out-of-range id does not crash
 training: it silently trains on garbage. The scan is vectorised over a memory map in chunks (about 1 GB/s
-here, see `trainctl data check`), and its result is cached next to the file, keyed by size and modification
-time, so a relaunch or every rank of a job reads a few bytes instead of rescanning.
+here, see `trainctl data check`), and its result is cached next to the file (trainctl.sidecar), so a relaunch or
+every rank of a job reads a few bytes instead of rescanning.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from trainctl import sidecar
 from trainctl.token_files import ITEMSIZE
 
 CHUNK_TOKENS = 1 << 24  # 32-64 MB per chunk: big enough to be vectorised, small enough for any host
 CACHE_SUFFIX = ".trainctl-scan.json"
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: keyed by the inode too
 
 Progress = Callable[[int, int], None]  # (tokens scanned, tokens in all)
 
@@ -70,32 +69,17 @@ def scan(path: str | Path, dtype: str, vocab: int | None = None, progress: Progr
     return Scan(str(path), dtype, n, lo or 0, hi or 0, vocab, bad, first_at, first_id)
 
 
-def _cache_path(path: Path) -> Path:
-    return path.with_name(path.name + CACHE_SUFFIX)
-
-
-def _key(path: Path, dtype: str) -> dict[str, int | str]:
-    st = path.stat()
-    return {"version": CACHE_VERSION, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "dtype": dtype}
-
-
 def scan_cached(path: str | Path, dtype: str, vocab: int, progress: Progress | None = None) -> Scan:
-    """`scan`, reusing the cached count/min/max while the file's size and mtime are unchanged. The cache is
+    """`scan`, reusing the cached count/min/max while the file is unchanged (trainctl.sidecar). The cache is
     only a shortcut for files that pass: a file with ids out of range is scanned again to say where."""
-    p = Path(path)
-    key = _key(p, dtype)
-    cache = _cache_path(p)
-    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-        saved = json.loads(cache.read_text())
-        if saved["key"] == key and saved["min"] >= 0 and saved["max"] < vocab:
+    key = {"version": CACHE_VERSION, "dtype": dtype, **sidecar.stat_key(path)}
+    saved = sidecar.read(path, CACHE_SUFFIX, key)
+    with contextlib.suppress(KeyError, TypeError):
+        if saved is not None and saved["min"] >= 0 and saved["max"] < vocab:
             return Scan(str(path), dtype, saved["count"], saved["min"], saved["max"], vocab)
-    result = scan(p, dtype, vocab, progress)
+    result = scan(path, dtype, vocab, progress)
     if result.in_range(vocab):
-        with contextlib.suppress(OSError):  # a read-only data directory just means no cache
-            tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({"key": key, **{k: v for k, v in asdict(result).items()
-                                                      if k in ("count", "min", "max")}}))
-            os.replace(tmp, cache)  # atomic: ranks scanning side by side never read half a cache
+        sidecar.write(path, CACHE_SUFFIX, key, {"count": result.count, "min": result.min, "max": result.max})
     return result
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 from trainctl.errors import UsageError
-from trainctl.fileio import default_mode
+from trainctl.fileio import default_mode, require_writable
 from trainctl.token_files import ITEMSIZE, MegatronWriter, TokenFile, open_token_file
 
 if TYPE_CHECKING:
@@ -158,6 +158,7 @@ def _check_paths(src: Path, out: Path) -> None:
         raise UsageError(f"output {out} is a directory", hint="pass a file name such as tokens.bin")
     if not out.parent.is_dir():
         raise UsageError(f"output directory {out.parent} does not exist", hint="create it first")
+    require_writable(out.parent, f"output {out}")  # written beside it, then renamed into place
 
 
 @contextlib.contextmanager

@@ -21,6 +21,7 @@ from trainctl.checkpoint import (
     resolve_checkpoint_dir,
 )
 from trainctl.errors import UsageError
+from trainctl.fileio import require_writable
 from trainctl.model_shape import ModelShape
 from trainctl.rundir import RunPaths
 from trainctl.spec.models import ModelSpec
@@ -48,6 +49,7 @@ def plan_export(run: Path, step: int | None, fmt: str, out: Path) -> ExportPlan:
                          hint="give the directory `trainctl launch` created")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UsageError(f"{out}: exists and is not an empty directory", hint="give a new (or empty) directory")
+    require_writable(out.absolute().parent, f"OUT {out}")  # the model is written beside it, then renamed into place
     directory = resolve_checkpoint_dir(run)
     info = _checkpoint(directory, step)
     saved = (info.meta or {}).get("model")

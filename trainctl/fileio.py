@@ -7,8 +7,10 @@ cluster read run directories and token files, and a user who wants them private 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -46,3 +48,58 @@ def write_atomic(path: Path, text: str, executable: bool = False, fsync: bool = 
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+WRITABLE_FIX = "choose a writable place, or make it writable"  # said on the same line as the problem
+
+
+def nearest_existing(path: Path) -> Path:
+    """`path`, or the nearest of its parents that exists (what creating `path` writes into)."""
+    path = Path(os.path.abspath(path))
+    while not os.path.lexists(path) and path != path.parent:
+        path = path.parent
+    return path
+
+
+def writable_problem(directory: Path) -> str | None:
+    """Why nothing can be created in `directory` (or, when it does not exist yet, in the nearest parent it would
+    be made in), or None. Tried for real with a temporary file: permission bits say nothing about a read-only
+    mount, and root passes every access() check."""
+    where = nearest_existing(directory)
+    if not where.is_dir():
+        return f"{where} is not a directory"
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".trainctl-write-check.", dir=where)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as e:
+        return f"cannot write in {where} ({e.strerror or e})"
+    return None
+
+
+def require_writable(directory: Path, what: str) -> None:
+    """Refuse (UsageError, exit 2: one line) before any work when `what` (e.g. "run directory runs/x") cannot be
+    written."""
+    from trainctl.errors import UsageError
+
+    problem = writable_problem(directory)
+    if problem:
+        raise UsageError(f"{what}: {problem}; {WRITABLE_FIX}")
+
+
+def os_error_line(e: OSError) -> str:
+    """An OSError as one line naming the file: '<path>: Read-only file system'."""
+    where = f"{e.filename}: " if e.filename else ""
+    return f"{where}{e.strerror or e}"
+
+
+@contextlib.contextmanager
+def write_errors_as_usage(what: str) -> Iterator[None]:
+    """Turn an OSError of the writes inside into one line (UsageError, exit 2): what was being written, the path
+    and the reason; for what the check before (require_writable) cannot foresee (a full disk, a lost mount)."""
+    from trainctl.errors import UsageError
+
+    try:
+        yield
+    except OSError as e:
+        raise UsageError(f"{what}: {os_error_line(e)}; {WRITABLE_FIX}") from e

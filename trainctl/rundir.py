@@ -79,6 +79,8 @@ PREVIOUS_LAUNCH_SCRIPT = "launch.prev-{n}.sh"
 # torchrun's own layout under its --log-dir: <rendezvous run id>/attempt_<n>/<local rank>/{stdout,stderr}.log
 TORCHRUN_RANK_LOGS = "*/attempt_*/{local_rank}/std*.log"
 
+TAIL_BYTES = 64 * 1024  # last_jsonl: enough for the last records of any of our JSONL files
+
 _STEPTIMES_RE = re.compile(re.escape(STEPTIMES).replace(re.escape("{rank}"), r"(\d+)"))
 
 
@@ -265,26 +267,94 @@ def _files(paths: Any) -> list[Path]:
     return sorted(files, key=lambda p: (p.stat().st_mtime, p.name))
 
 
-def append_jsonl(path: Path, record: dict[str, Any]) -> None:
-    """Append one JSON object as one line; a single write() so concurrent appenders do not interleave."""
-    line = json.dumps(record, separators=(",", ":")) + "\n"
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(line)
+def append_text(path: Path, text: str) -> None:
+    """Append `text` (whole lines) in a single write(), so concurrent appenders do not interleave, and on a
+    fresh line: after a torn last line (a writer killed mid-line, a full disk) the new line would otherwise
+    be glued onto it and both be lost."""
+    with open(path, "a+b") as f:
+        data = text.encode("utf-8")
+        if f.tell() > 0:  # append mode: the position is the end
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                data = b"\n" + data
+        f.write(data)
         f.flush()
+
+
+def shell_fresh_line(path_word: str) -> str:
+    """`append_text`'s fresh line for a shell script's `printf FORMAT ... >>FILE`: a word to put right before the
+    quoted FORMAT that gives printf a leading `\\n` when FILE (a shell word, quoted as needed) does not end with
+    a newline."""
+    return f'"$([ -n "$(tail -c1 {path_word} 2>/dev/null)" ] && printf %s \'\\n\')"'
+
+
+def append_jsonl(path: Path, record: dict[str, Any]) -> None:
+    """Append one JSON object as one line (on a fresh line, in one write: `append_text`)."""
+    append_text(path, json.dumps(record, separators=(",", ":")) + "\n")
 
 
 def record_event(paths: RunPaths, kind: str, **fields: Any) -> None:
     append_jsonl(paths.events, {"time": time.time(), "event": kind, "pid": os.getpid(), **fields})
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Read a JSONL file, skipping a torn last line (a writer killed mid-line)."""
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
+@dataclass(frozen=True)
+class JsonlRead:
+    """The records of a JSONL file, and the lines skipped as unreadable (torn, not JSON, not UTF-8, not an
+    object), by line number (1-based)."""
+
+    records: list[dict[str, Any]]
+    bad_lines: list[int]
+
+    def skipped_note(self, path: Path) -> str | None:
+        """'metrics.jsonl: skipped 2 unreadable lines (3, 9)', or None when every line was read."""
+        n = len(self.bad_lines)
+        if not n:
+            return None
+        shown = ", ".join(map(str, self.bad_lines[:5])) + (", ..." if n > 5 else "")
+        return (f"{path.name}: skipped {n} unreadable line{'s' if n != 1 else ''} ({shown}): torn, not JSON "
+                "or not UTF-8")
+
+
+def parse_jsonl_line(raw: bytes) -> dict[str, Any] | None:
+    """One JSONL line as a JSON object, or None where it is not one (the one parser of every JSONL reader)."""
+    try:
+        rec = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
+def load_jsonl(path: Path) -> JsonlRead:
+    """Read a JSONL file; every line that is not a JSON object is skipped and counted, none stops the
+    reading (a missing file reads as empty)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return JsonlRead([], [])
+    records, bad = [], []
+    for n, raw in enumerate(data.split(b"\n"), 1):
+        if not raw.strip():
             continue
-    return out
+        rec = parse_jsonl_line(raw)
+        if rec is None:
+            bad.append(n)
+        else:
+            records.append(rec)
+    return JsonlRead(records, bad)
+
+
+def last_jsonl(path: Path) -> dict[str, Any] | None:
+    """The last readable record of a (possibly huge, possibly torn) JSONL file, reading only its tail."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - TAIL_BYTES))
+            lines = f.read().split(b"\n")
+    except FileNotFoundError:
+        return None
+    return next((rec for raw in reversed(lines) if (rec := parse_jsonl_line(raw)) is not None), None)
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The records of a JSONL file, its unreadable lines skipped (`load_jsonl` also counts them)."""
+    return load_jsonl(path).records

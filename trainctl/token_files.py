@@ -135,6 +135,12 @@ class MegatronWriter:
             p.unlink(missing_ok=True)
 
 
+def ids_file(path: str | Path, fmt: str = "auto") -> Path:
+    """The file holding the ids `data.path` names (P.bin for a Megatron dataset), without reading anything."""
+    prefix = megatron_prefix(path) if fmt in ("auto", "megatron") else None
+    return prefix.with_name(prefix.name + ".bin") if prefix is not None else Path(path)
+
+
 def open_token_file(path: str | Path, fmt: str = "auto", dtype: str = "uint16") -> TokenFile:
     """Resolve `data.path` (with `data.format`, `data.dtype`) to the file of ids, its dtype and length."""
     prefix = megatron_prefix(path) if fmt in ("auto", "megatron") else None

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -244,6 +245,26 @@ def test_full_directory_fails_loudly_and_keeps_previous(tmpfs, async_save):
     saved = len(infos)
     assert saved >= 1 and [i.step for i in infos] == list(range(1, saved + 1)) and all(i.valid for i in infos)
     assert mgr.latest_valid().step == saved and stale_dirs(d) == []  # the failed staging dir was removed
+
+
+def test_a_failed_async_save_is_known_before_the_next_save(tmpfs):
+    """failed() tells the training loop, without waiting, that the save in flight failed (it stops there);
+    wait() then raises the error once."""
+    d = tmpfs("1m")
+    model, optim = tiny(hidden=2000)  # ~0.3 MB of state per save: the 4th cannot fit
+    mgr = CheckpointManager(d, keep_last=10, async_save=True)
+    for s in range(1, 5):
+        assert not mgr.failed()
+        mgr.save(s, state(model, optim))
+        while mgr.in_flight():
+            time.sleep(0.01)
+        if mgr.failed():
+            break
+    assert mgr.failed(), [i.step for i in list_checkpoints(d)]
+    with pytest.raises(CheckpointError, match=rf"disk full: saving checkpoint step {s} in {d}"):
+        mgr.wait()
+    assert not mgr.failed()
+    mgr.wait()  # raised once
 
 
 def test_rng_state_round_trips_through_a_checkpoint(tmp_path):

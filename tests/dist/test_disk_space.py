@@ -62,20 +62,39 @@ def test_too_little_space_warns_and_strict_refuses(tmp_path: Path, tmpfs) -> Non
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+def steps_ended(run: Path) -> dict[int, list[tuple[int, float]]]:
+    """(step, when it ended) of every step each rank trained, from its step-time log."""
+    out = {}
+    for f in sorted((run / "logs").glob("steptimes-rank*.jsonl")):
+        rows = [r for r in read_jsonl(f) if "step" in r]
+        out[int(f.stem.removeprefix("steptimes-rank"))] = [(r["step"], r["time"]) for r in rows]
+    return out
+
+
 @pytest.mark.slow
 def test_disk_full_mid_run_stops_with_one_line_and_keeps_the_last_checkpoint(tmp_path: Path, tmpfs) -> None:
-    full = tmpfs("4m")  # step 2's checkpoint fits; step 4's cannot be written beside it (keep_last 1)
-    spec = spec_file(tmp_path, full)
+    """An async save that fails stops the run at the next step, not at the next save (step 30 here)."""
+    full = tmpfs("4m")  # step 10's checkpoint fits; step 20's cannot be written beside it (keep_last 1)
+    spec = spec_file(tmp_path, full, train={"steps": 40}, checkpoint={"every_steps": 10})
     run = tmp_path / "run"
     r = cli("launch", str(spec), "--run-dir", str(run))
     assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
     assert any(x.startswith("warning: checkpoint directory") for x in r.stdout.splitlines())  # said before
     (line,) = [x for x in r.stdout.splitlines() if x.startswith("run failed: disk full")]
-    assert f"saving checkpoint step 4 in {full} failed:" in line, line
-    assert " free, " in line and " needed per checkpoint" in line and "newest valid checkpoint: step 2" in line
+    assert f"saving checkpoint step 20 in {full} failed:" in line, line
+    assert " free, " in line and " needed per checkpoint" in line and "newest valid checkpoint: step 10" in line
     # retention deletes only after a commit: the last valid checkpoint is still there, nothing half-written
     infos = list_checkpoints(full)
-    assert [(i.step, i.valid) for i in infos] == [(2, True)] and stale_dirs(full) == []
-    (event,) = [e for e in read_jsonl(run / "events.jsonl") if e["event"] == "disk_full"]
-    assert event["newest_valid_step"] == 2 and event["dir"] == str(full)
+    assert [(i.step, i.valid) for i in infos] == [(10, True)] and stale_dirs(full) == []
+    events = read_jsonl(run / "events.jsonl")
+    (event,) = [e for e in events if e["event"] == "disk_full"]
+    assert event["newest_valid_step"] == 10 and event["dir"] == str(full)
     assert event["needed_bytes"] == checkpoint_bytes(load_spec(spec)) and event["free_bytes"] < event["needed_bytes"]
+    # every rank stopped after the same step, and rank 0 (whose writer recorded the failure when the writers
+    # agreed on it) ended at most one step after that
+    (failed,) = [e for e in events if e["event"] == "checkpoint_failed"]
+    ended = steps_ended(run)
+    assert len(ended) == 2 and len({rows[-1][0] for rows in ended.values()}) == 1, ended
+    after = [step for step, t in ended[0] if t > failed["time"]]
+    assert len(after) <= 1, f"steps trained after the save of step 20 was known to have failed: {after}"
+    assert 20 <= ended[0][-1][0] < 40

@@ -67,16 +67,16 @@ def test_torchrun_command_uses_this_interpreter_and_logs_every_rank(tmp_path: Pa
     cmd = local.torchrun_command(tmp_path, 4, max_restarts=2)
     assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
     for flag in ("--standalone", "--nproc-per-node=4", "--max-restarts=2", f"--log-dir={tmp_path / 'logs'}",
-                 "--redirects=3", "--tee=3", "--local-ranks-filter=0"):
+                 "--redirects=3", "--tee=3"):
         assert flag in cmd
+    assert not any(x.startswith("--local-ranks-filter") for x in cmd)  # every rank's lines: --verbose shows them
     assert cmd[-3:] == ["-m", "trainctl.runtime", str(tmp_path)]
 
 
 def test_torchrun_accepts_the_flags_we_render() -> None:
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--help"], capture_output=True,
                        text=True, timeout=120)
-    for flag in ("--standalone", "--nproc-per-node", "--max-restarts", "--log-dir", "--redirects", "--tee",
-                 "--local-ranks-filter"):
+    for flag in ("--standalone", "--nproc-per-node", "--max-restarts", "--log-dir", "--redirects", "--tee"):
         assert flag in r.stdout, flag
 
 
@@ -163,15 +163,22 @@ CONSOLE = ["[default0]:step 1\n",
            "[default0]:Traceback (most recent call last):\n", "[default0]:ValueError: bad\n",
            "[default0]:trainctl: rank 0 failed: ValueError: bad\n",
            "Traceback (most recent call last):\n", "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n",
-           "  rank      : 1 (local_rank: 1)\n", "[default0]:trainctl: warning: something\n", "[default0]:step 2\n"]
+           "  rank      : 1 (local_rank: 1)\n", "[default0]:trainctl: warning: something\n", "[default0]:step 2\n",
+           "[default1]:Traceback (most recent call last):\n", "[default1]:RuntimeError: rank 1's own\n",
+           "[default1]:trainctl: warning: rank 1's warning\n",
+           "[default0]:trainctl: rank 0: watchdog: no step progress for 4 s (limit 4 s; ...)\n",
+           "[default0]:Thread 0x00007f3 (most recent call first):\n", '[default0]:  File "t.py", line 9 in wait\n',
+           "[default0]:\n", "[default0]:Current thread 0x00007f4 (most recent call first):\n",
+           '[default0]:  File "d.py", line 3 in finish\n', "[default0]:step 3\n"]
 
 
 def test_console_filter_shows_rank0s_own_lines_only() -> None:
-    """Rank 0's step and warning lines; not its tracebacks (chained, with indented multi-line messages), not its
-    "failed" summary (the launcher names the first cause), not torchrun's log lines or failure block."""
+    """Rank 0's step and warning lines; not its tracebacks (chained, with indented multi-line messages) or the
+    watchdog's stack dump, not its "failed" or "watchdog" summary (the launcher names the first cause), not
+    torchrun's log lines or failure block, not the other ranks' lines."""
     f = local.ConsoleFilter()
     assert [x for x in (f.filter(line) for line in CONSOLE) if x is not None] == [
-        "step 1\n", "trainctl: warning: something\n", "step 2\n"]
+        "step 1\n", "trainctl: warning: something\n", "step 2\n", "step 3\n"]
 
 
 def test_console_filter_verbose_shows_everything() -> None:
@@ -241,3 +248,59 @@ def test_launch_on_prepared_sample_text(tmp_path: Path) -> None:
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2]
     assert load_spec(run_dir / "spec.yaml").data.path == str(tokens)
+
+
+DP2 = ["--set", "cluster.gpus_per_node=2", "--set", "parallel.tp=1", "--set", "parallel.pp=1",
+       "--set", "parallel.dp=2", "--set", "checkpoint.every_steps=null"]
+
+
+@pytest.mark.slow
+@needs_trainer
+def test_verbose_shows_the_failing_ranks_traceback(tmp_path: Path) -> None:
+    """Rank 1 raises at step 2: with --verbose its traceback reaches the terminal, prefixed by its rank; without,
+    the terminal has rank 0's lines and the one line naming the cause, the traceback only the logs."""
+    from trainctl.runtime import faults
+
+    env = {**os.environ, **faults.encode(fail_at_step=2, fail_rank=1), "OMP_NUM_THREADS": "1"}
+    out = {}
+    for mode in ("--verbose", None):
+        run_dir = tmp_path / f"run{mode or ''}"
+        r = subprocess.run([sys.executable, "-m", "trainctl", "launch", str(TINY), "--run-dir", str(run_dir),
+                            "--set", "train.steps=3", *DP2, *([mode] if mode else [])],
+                           capture_output=True, text=True, timeout=300, env=env)
+        assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
+        assert "run failed: rank 1 on " in r.stdout and "InjectedFailure" in r.stdout, r.stdout[-3000:]
+        out[mode] = r.stdout
+        log = (run_dir / "logs" / "launcher.log").read_text()
+        assert "[default1]:Traceback (most recent call last):" in log  # the console copy has every rank's
+    verbose, quiet = out["--verbose"], out[None]
+    assert "[default1]:Traceback (most recent call last):" in verbose
+    assert "[default1]:trainctl.runtime.trainer.InjectedFailure: fault fail_at_step=2" in verbose, verbose[-3000:]
+    assert "Traceback" not in quiet and "[default" not in quiet, quiet[-3000:]
+    assert "step 1" in quiet  # rank 0's own lines, as before
+
+
+@pytest.mark.slow
+@needs_trainer
+def test_ranks_import_the_installed_package_whatever_the_working_directory_holds(tmp_path: Path) -> None:
+    """Launched from the clone's parent directory, where `./trainctl/` is the git clone (a folder without the
+    package's __init__.py): the ranks must not import it. Without PYTHONSAFEPATH (Python 3.10 has none) their
+    start-up check stops the run before the first step, naming the folder."""
+    from trainer_utils import TINY as TINY_RUN
+    from trainer_utils import VENV_BIN, deep_update
+
+    parent = tmp_path / "parent"
+    (parent / "trainctl").mkdir(parents=True)
+    (parent / "trainctl" / "pyproject.toml").write_text("[project]\nname = 'trainctl'\n")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(deep_update(TINY_RUN, {"train": {"steps": 4}, "checkpoint": {"every_steps": 2}})))
+    launch = [str(VENV_BIN / "trainctl"), "launch", str(spec), "--run-dir"]  # the console script: not `python -m`
+    r = subprocess.run([*launch, "run"], cwd=parent, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert sorted(p.name for p in (parent / "run" / "checkpoints").iterdir()) == ["step-00000002", "step-00000004"]
+    r = subprocess.run([*launch, "bare", "--set", "launcher.env.PYTHONSAFEPATH="], cwd=parent, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 1
+    assert (f"run failed: rank 0 on {os.uname().nodename}: exception: trainctl was imported from "
+            f"{parent / 'trainctl'}, a folder without the package's __init__.py") in r.stdout
+    assert read_jsonl(parent / "bare" / "metrics.jsonl") == []  # stopped before the first step

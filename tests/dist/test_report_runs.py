@@ -168,10 +168,10 @@ def test_hung_rank_is_ended_by_the_watchdog(tmp_path):
     hangs = [e for e in read_jsonl(run / "events.jsonl") if e["event"] == "hang"]
     assert hangs, "no hang event recorded"
     for h in hangs:
-        log = rank_stderr(run, h["rank"])
+        log = rank_stderr(run, h["detected_by"])  # the rank whose watchdog fired
         assert "watchdog: no step progress" in log
         assert "Thread 0x" in log and "most recent call first" in log  # faulthandler's dump, all threads
-        if h["rank"] == 1:
+        if h["detected_by"] == 1:
             assert "hang_forever" in log  # the hung rank's main thread, where it is stuck
     metrics = read_jsonl(run / "metrics.jsonl")
     assert max(m["step"] for m in metrics) == 2  # nothing after the hang

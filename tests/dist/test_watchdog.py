@@ -1,18 +1,23 @@
 """The hang watchdog in one process (fast): a blocked main thread gets its stacks dumped, a "hang" event, a
-heartbeat marked hung and a non-zero exit; progress keeps it quiet. The multi-rank case is in
-tests/dist/test_report_runs.py."""
+heartbeat marked hung and a non-zero exit; progress keeps it quiet. With real ranks: a rank stopped by SIGSTOP
+is named (not the rank that waited for it) and killed, so the launch ends. The hang fault's multi-rank case is
+in tests/dist/test_report_runs.py."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 
-from trainctl.rundir import read_jsonl
+from trainctl.rundir import RunPaths, read_jsonl
 from trainctl.runtime import faults, watchdog
 
 from paths import REPO as ROOT
@@ -99,3 +104,57 @@ def test_hang_fault_parsing():
     assert watchdog.hang_step(0, env={}) is None
     with pytest.raises(ValueError, match="<rank>:<step>"):
         watchdog.hang_step(0, env=faults.encode(hang="x"))
+
+
+def wait_for_step(heartbeat: Path, step: int, proc: subprocess.Popen) -> dict:
+    """The heartbeat file once it shows `step` (or later); fails if the launch ends first (or hangs)."""
+    give_up = time.monotonic() + 240
+    while proc.poll() is None and time.monotonic() < give_up:
+        try:
+            beat = json.loads(heartbeat.read_text())
+            if beat["step"] >= step:
+                return beat
+        except (OSError, ValueError):
+            pass
+        try:
+            proc.wait(timeout=0.2)
+        except subprocess.TimeoutExpired:
+            pass
+    proc.kill()
+    raise AssertionError(f"the launch ended (status {proc.returncode}) before {heartbeat.name} showed step {step}")
+
+
+@pytest.mark.slow
+def test_a_stopped_rank_is_named_and_killed(tmp_path):
+    """Rank 1 is SIGSTOPped mid-run: rank 0, waiting for it in a collective, is the one whose watchdog fires,
+    but the line names rank 1 (its heartbeat went stale; rank 0's kept being rewritten), and rank 0 kills it,
+    so the launch ends instead of torchrun waiting for a process that cannot act on its SIGTERM."""
+    run = tmp_path / "run"
+    sets = ["parallel.tp=1", "parallel.pp=1", "parallel.dp=2", "cluster.gpus_per_node=2", "train.steps=100000",
+            "checkpoint.every_steps=null"]
+    env = {**os.environ, watchdog.WATCHDOG_ENV: "4", "OMP_NUM_THREADS": "1"}
+    env.pop(faults.ENV, None)
+    terminal = tmp_path / "terminal.txt"
+    with open(terminal, "w") as console:
+        proc = subprocess.Popen([sys.executable, "-m", "trainctl", "launch", str(ROOT / "recipes" / "tiny-cpu.yaml"),
+                                 "--run-dir", str(run), *(x for s in sets for x in ("--set", s))],
+                                cwd=ROOT, env=env, stdout=console, stderr=subprocess.STDOUT)
+    beat = wait_for_step(RunPaths(run).heartbeat(1), 3, proc)
+    os.kill(beat["pid"], signal.SIGSTOP)
+    try:
+        proc.wait(timeout=240)
+    finally:  # whatever failed: leave no stopped rank behind
+        proc.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(beat["pid"], signal.SIGKILL)
+    out = terminal.read_text()
+    assert proc.returncode == 1, out[-3000:]
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("run failed: rank 1 on ") and "hang: no step progress after step" in last, last
+    assert "its process stopped running" in last and "rank 0's watchdog fired" in last, last
+    assert "Thread 0x" not in out  # rank 0's stack dump is in its log, not on the terminal
+    hangs = [e for e in read_jsonl(run / "events.jsonl") if e["event"] == "hang"]
+    assert hangs and all(h["rank"] == 1 and h["detected_by"] == 0 and h["killed"] for h in hangs), hangs
+    status = subprocess.run([sys.executable, "-m", "trainctl", "status", str(run)], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert "FAILED" in status.stdout and "rank 1" in status.stdout, status.stdout

@@ -442,3 +442,50 @@ def test_start_failures_beyond_the_bound_end_the_run_with_the_cause(slurm_cluste
     assert "launch failure" in st["reason"] and "start_retries" in st["reason"], st
     assert [e.get("gave_up", False) for e in events(run, "start_failed")] == [False, True]
     assert not events(run, "start")  # the trainer never ran
+
+
+def test_ranks_import_the_installed_package_when_submitted_from_the_clones_parent(slurm_cluster: SlurmCluster,
+                                                                                    tmp_path: Path) -> None:
+    """sbatch runs the job in the directory it was submitted from; there `./trainctl/` is the git clone (a folder
+    without the package's __init__.py). The ranks import the installed package and reach their checkpoints."""
+    parent = tmp_path / "parent"
+    (parent / "trainctl").mkdir(parents=True)
+    (parent / "trainctl" / "pyproject.toml").write_text("[project]\nname = 'trainctl'\n")
+    run = tmp_path / "run"
+    trainctl = Path(sys.executable).with_name("trainctl")  # the console script: not `python -m`, which imports ./
+    r = subprocess.run([str(trainctl), "launch", str(TINY), *LONG, "--set", "train.steps=4", "--set",
+                        "checkpoint.every_steps=2", "--run-dir", str(run)], cwd=parent, capture_output=True,
+                       text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "export PYTHONSAFEPATH=1" in (run / "launch.sh").read_text()
+    wait_done(run)
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-00000002", "step-00000004"]
+
+
+def test_a_token_file_changed_before_a_requeue_stops_the_next_attempt_naming_it(slurm_cluster: SlurmCluster,
+                                                                                 tmp_path: Path) -> None:
+    """A restart that no `trainctl resume` checks: the token file is replaced by another of the same size while
+    the job trains (the running ranks keep reading the file they opened), `scontrol requeue` restarts the job,
+    and rank 0 of the next attempt stops before any step, naming the file."""
+    import numpy as np
+
+    tokens = tmp_path / "tokens.bin"
+    np.random.default_rng(0).integers(0, 256, 200_000, dtype="<u2").tofile(tokens)
+    run = tmp_path / "run"
+    r = cli("launch", *LONG, "--set", "launcher.mode=srun", "--set", "data.synthetic=false", "--set",
+            f"data.path={tokens}", "--run-dir", str(run))
+    assert r.returncode == 0, r.stdout + r.stderr
+    jid = job_id(run)
+    wait_step(run, 2)
+    other = tmp_path / "other.bin"
+    np.random.default_rng(1).integers(0, 256, 200_000, dtype="<u2").tofile(other)
+    os.replace(other, tokens)
+    subprocess.run(["scontrol", "requeue", jid], check=True)
+    wait_for(lambda: status(run)["state"] == "PENDING", "scontrol requeue", 60)
+    steps = last_step(run)
+    _start_now(jid)
+    st = wait_for(lambda: (s := status(run))["state"] == "FAILED" and s, "the next attempt to refuse the file", 150)
+    why = f"data file {tokens} changed since the run recorded it (job.json): same size, other content"
+    assert why in st["reason"], st
+    assert last_step(run) == steps  # no step ran on the other file
+    assert f"trainctl: rank 0 failed: {why}" in (run / "logs" / f"slurm-{jid}.out").read_text()

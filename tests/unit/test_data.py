@@ -294,10 +294,29 @@ def test_loader_guards_each_batch_against_a_file_changed_after_the_check(tmp_pat
     st = path.stat()
     np.full(10_000, 9999, dtype="<u2").tofile(path)  # same size, rewritten in place ...
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # ... and the old mtime: the cache still says ok
-    loader.source.tokens = np.memmap(path, dtype="<u2", mode="r")
     with pytest.raises(UsageError, match=r"token id 9999 at token offset [\d,]+ is outside 0..255 = model.vocab - 1 "
                                          r"\(the file changed after it was checked\)"):
         loader.next_step()
+
+
+def test_every_file_of_a_blend_has_an_identity_hashed_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainctl import data_identity
+
+    a, b = tmp_path / "a.bin", tmp_path / "b.bin"
+    np.full(1000, 1, dtype="<u2").tofile(a)
+    np.full(3000, 2, dtype="<u2").tofile(b)
+    spec = make_spec(f"{{blend: [{{path: {a}}}, {{path: {b}, weight: 2}}, {{path: {a}}}]}}")
+    hashed: list[str] = []
+    real = data_identity.file_digest
+    monkeypatch.setattr(data_identity, "file_digest", lambda p: hashed.append(str(p)) or real(p))
+    ids = data_identity.of_spec(spec)
+    assert [(i.path, i.size) for i in ids] == [(str(a), 2000), (str(b), 6000)] and hashed == [str(a), str(b)]
+    assert data_identity.of_spec(spec) == ids and len(hashed) == 2  # read from the cache beside each file
+    np.full(1000, 3, dtype="<u2").tofile(a)  # same size, other content
+    now = data_identity.of_spec(spec)
+    assert hashed[2:] == [str(a)]
+    assert [(p, w.split(" (")[0]) for p, w in data_identity.changes(ids, now)] == [(str(a), "same size, other content")]
+    assert data_identity.of_spec(make_spec("{synthetic: true}")) == []  # no file: nothing to record
 
 
 def test_data_check_command(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ import sys
 import typer
 
 from trainctl import terminal
-from trainctl.errors import TrainctlError
+from trainctl.errors import EXIT_USAGE, TrainctlError
 
 app = typer.Typer(
     name="trainctl",
@@ -69,6 +69,13 @@ def main(argv: list[str] | None = None) -> None:
             raise
         _print_error(e.message, e.hint)
         sys.exit(e.exit_code)
+    except OSError as e:  # a file the command could not read or write that no check foresaw: one line, not a traceback
+        if _state["debug"] or isinstance(e, BrokenPipeError):  # a closed pipe (`| head`) is no error of ours
+            raise
+        from trainctl.fileio import os_error_line
+
+        _print_error(f"{os_error_line(e)} (--debug shows where)")
+        sys.exit(EXIT_USAGE)
 
 
 def _print_error(message: str, hint: str | None = None) -> None:

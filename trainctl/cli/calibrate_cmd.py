@@ -11,6 +11,7 @@ from trainctl.cli.app import app
 from trainctl.cli.console import make_console, sayer
 from trainctl.cli.options import OptionalSpecArg, SetOpt, read_spec, say_held_back
 from trainctl.errors import UsageError
+from trainctl.fileio import require_writable, write_errors_as_usage
 
 
 @app.command()
@@ -49,7 +50,9 @@ def calibrate(
         if base_profile is not None:
             prof.check(base_profile, run_spec)
         target = out or default_out(run_spec)
-        prof.save(target, refit(from_run, base_profile))
+        require_writable(target.absolute().parent, f"--out {target}")
+        with write_errors_as_usage(f"--out {target}"):
+            prof.save(target, refit(from_run, base_profile))
         written = prof.load(target)
     elif base is not None:
         raise UsageError("--base goes with --from-run")
@@ -57,6 +60,7 @@ def calibrate(
         run = read_spec(spec, set_)
         say_held_back(console, credential_names(run.launcher.env))
         target = out or default_out(run)
+        require_writable(target.absolute().parent, f"--out {target}")  # before the measuring, not after it
         console.print(f"[bold]calibrating[/bold] {run.name}: {run.world_size} ranks ({run.cluster.gpus_per_node} per "
                       f"node, cluster.gpu {run.cluster.gpu}) with the {run.backend} backend")
         written = measure(run, target, run_dir, sayer(console))

@@ -9,6 +9,7 @@ import typer
 from trainctl.cli.app import app
 from trainctl.cli.console import make_console
 from trainctl.data_prep import prepare
+from trainctl.fileio import write_errors_as_usage
 from trainctl.token_files import ITEMSIZE
 
 data_app = typer.Typer(help="Prepare training data (token files).", no_args_is_help=True)
@@ -36,12 +37,14 @@ def prepare_cmd(
 
     if fmt not in ("flat", "megatron"):
         raise UsageError(f"--format {fmt!r}: use flat or megatron")
-    if tokenizer is not None:
-        result = prepare_with_tokenizer(text_file, out, tokenizer, fmt=fmt, dtype=dtype, eot=eot, json_key=json_key)
-    elif fmt == "megatron":
+    if tokenizer is None and fmt == "megatron":
         raise UsageError("--format megatron needs --tokenizer (documents end with its end-of-text token)")
-    else:
-        result = prepare(text_file, out, dtype or "uint16")
+    with write_errors_as_usage(f"output {out}"):  # what the check before cannot foresee: a full disk, a lost mount
+        if tokenizer is not None:
+            result = prepare_with_tokenizer(text_file, out, tokenizer, fmt=fmt, dtype=dtype, eot=eot,
+                                            json_key=json_key)
+        else:
+            result = prepare(text_file, out, dtype or "uint16")
     console = make_console()
     size = result.tokens * ITEMSIZE[result.dtype]
     what = f"{result.documents:,} documents, " if tokenizer is not None else ""

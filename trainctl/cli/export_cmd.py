@@ -10,6 +10,7 @@ import typer
 
 from trainctl.cli.app import app
 from trainctl.cli.console import make_console
+from trainctl.fileio import write_errors_as_usage
 
 
 @app.command()
@@ -24,7 +25,8 @@ def export(
     from trainctl.export import plan_export, run_export
 
     plan = plan_export(run, step, fmt, out)
-    files = run_export(plan)
+    with write_errors_as_usage(f"OUT {out}"):  # what the check before cannot foresee: a full disk, a lost mount
+        files = run_export(plan)
     size = sum((plan.out / f).stat().st_size for f in files)
     make_console().print(f"exported step {plan.checkpoint.step} of {run} as {plan.architecture} to {plan.out} "
                          f"({', '.join(files)}; {size / 1e6:.1f} MB)", soft_wrap=True)

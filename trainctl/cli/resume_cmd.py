@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.markup import escape
@@ -11,7 +12,11 @@ from trainctl.cli.app import app
 from trainctl.cli.console import make_console, sayer, show
 from trainctl.cli.jsonout import print_json
 from trainctl.cli.options import JsonOpt, SetOpt, StrictOpt, VerboseOpt, check_before_training, say_held_back
+from trainctl.fileio import require_writable, write_errors_as_usage
 from trainctl.prose import prose
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 @app.command()
@@ -20,7 +25,11 @@ def resume(
     from_step: int | None = typer.Option(None, "--from-step", min=0, help="Resume from this checkpoint step; "
                                          "newer checkpoints are moved aside (step-N.abandoned-<time>)."),
     set_: list[str] = SetOpt,
+    accept_data_change: bool = typer.Option(False, "--accept-data-change", help="Continue although a data file "
+                                            "changed since the checkpoint (recorded in events.jsonl and job.json)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Show what would be resumed and how; change nothing."),
+    repair: bool = typer.Option(False, "--repair", help="A damaged job.json (truncated, not JSON) is rebuilt first "
+                                "from spec.yaml, launch.sh and events.jsonl; the damaged one is kept beside it."),
     as_json: bool = JsonOpt,
     strict: bool = StrictOpt,
     verbose: bool = VerboseOpt,
@@ -30,7 +39,11 @@ def resume(
     from trainctl.launch.backend import backend_for
 
     console = make_console(stderr=as_json)
-    plan = rs.plan_resume(run, from_step, set_)
+    if repair:
+        _repair(console, run, dry_run)
+    plan = rs.plan_resume(run, from_step, set_, accept_data_change=accept_data_change)
+    for note in plan.notes:
+        console.print(f"[yellow]note:[/yellow] {escape(note)}", soft_wrap=True)
     say_held_back(console, plan.held_back)
     for i in plan.skipped:
         console.print(f"[yellow]skipping invalid checkpoint[/yellow] step {i.step} ({i.path.name}): {i.reason}",
@@ -45,6 +58,8 @@ def resume(
         console.print(f"layout change: {change} (model, optimizer and data position are resharded at load)")
     for change in plan.spec_changes:
         console.print(f"spec change: {change}", soft_wrap=True)
+    for change in plan.data_changes:
+        console.print(f"[yellow]data change[/yellow] (--accept-data-change): {escape(change)}", soft_wrap=True)
     for warning in plan.warnings:
         prose(console, escape(warning), "[yellow]warning[/yellow]: ")
     if plan.abandon:
@@ -60,8 +75,34 @@ def resume(
             for line in backend.resume_dry_run(relaunch):
                 show(console, line)
         return
-    rs.prepare(plan)
+    with write_errors_as_usage(f"run directory {plan.paths.root}"):
+        rs.prepare(plan)
     raise typer.Exit(backend.resume(relaunch, sayer(console), verbose=verbose))
+
+
+def _repair(console: Console, run: Path, dry_run: bool) -> None:
+    """--repair: rebuild a damaged job.json (or say that it is intact); --dry-run says what it would rebuild and
+    stops there, since the rest of the plan needs the record."""
+    from trainctl.launch import repair
+    from trainctl.launch.status import open_run, read_job_json
+
+    paths = open_run(run)
+    try:
+        read_job_json(paths)
+    except repair.DamagedJob as e:  # unparseable or missing
+        rebuilt = repair.rebuild(paths)
+        what = (f"job.json ({rebuilt.job['backend']} backend, {len(rebuilt.job.get('attempts') or [])} attempt(s)) "
+                f"from {', '.join(rebuilt.sources)}")
+        if dry_run:
+            console.print(f"--dry-run: would rebuild {what} ({e.why}); nothing changed", soft_wrap=True)
+            raise typer.Exit(0) from None
+        require_writable(paths.root, f"run directory {paths.root}")
+        with write_errors_as_usage(f"run directory {paths.root}"):
+            kept = repair.write_rebuilt(paths, rebuilt)
+        console.print(f"[bold]rebuilt[/bold] {what}" + (f"; the damaged one is kept as {kept.name}" if kept else ""),
+                      soft_wrap=True)
+        return
+    console.print(f"{paths.job.name} is intact: nothing to repair", soft_wrap=True)
 
 
 __all__ = ["resume"]

@@ -63,7 +63,8 @@ def status(run: Path = RunArg, json_: bool = JsonOpt) -> None:
 def runs(base: Path = typer.Argument(Path("runs"), help="Directory holding run directories."),
          json_: bool = JsonOpt) -> None:
     """List run directories with backend, state, steps done and last MFU."""
-    from trainctl.launch.status import find_runs, run_status
+    from trainctl.launch.repair import DamagedJob
+    from trainctl.launch.status import damaged_status, find_runs, run_status
 
     if not base.is_dir():
         raise UsageError(f"{base}: no such directory", hint="give the directory that holds run directories "
@@ -72,6 +73,8 @@ def runs(base: Path = typer.Argument(Path("runs"), help="Directory holding run d
     for p in find_runs(base):
         try:
             found.append(run_status(p))
+        except DamagedJob as e:  # listed, not hidden: `trainctl status RUN` says how to repair it
+            found.append(damaged_status(p, e))
         except UsageError:
             continue
     if not found:

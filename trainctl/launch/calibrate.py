@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from trainctl.fileio import write_errors_as_usage
 from trainctl.launch.backend import CALIBRATE_MODULE, Say
 from trainctl.launch.create import default_run_dir
 from trainctl.launch.worker_job import run_worker
@@ -40,5 +41,6 @@ def calibrate(spec: RunSpec, out: Path, run_dir: Path | None, say: Say) -> prof.
                        "calibration", "calibration", PROGRESS, say)
     measured = prof.load(paths.calibration)
     prof.check(measured, spec)  # the worker measured what the spec describes, or something is badly wrong
-    prof.save(out, measured.data)
+    with write_errors_as_usage(f"--out {out}"):  # e.g. the disk filled while the worker measured
+        prof.save(out, measured.data)
     return prof.load(out)

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
@@ -17,8 +18,9 @@ from typing import Any
 
 import yaml
 
+from trainctl import data_identity
 from trainctl.errors import UsageError
-from trainctl.fileio import write_atomic
+from trainctl.fileio import nearest_existing, require_writable, write_atomic, write_errors_as_usage
 from trainctl.launch import secrets
 from trainctl.rundir import RunPaths
 from trainctl.spec import RunSpec, resolved_dict
@@ -41,7 +43,8 @@ def _non_empty(path: Path) -> bool:
 
 
 def check_run_dir(path: Path) -> None:
-    """Refuse a run dir that already holds something: a run directory records exactly one run."""
+    """Refuse a run dir that already holds something (a run directory records exactly one run), or that cannot
+    be made and written: before anything is created."""
     if path.exists() and not path.is_dir():
         raise UsageError(f"run directory {path} exists and is not a directory",
                          hint="pass another --run-dir")
@@ -49,6 +52,7 @@ def check_run_dir(path: Path) -> None:
         raise UsageError(f"run directory {path} already exists and is not empty",
                          hint="pass a new --run-dir (or leave it out for a fresh runs/<name>-<time>); "
                               f"to continue that run from its last checkpoint: trainctl resume {path}")
+    require_writable(path, f"run directory {path}")
 
 
 def freeze_spec(spec: RunSpec) -> RunSpec:
@@ -60,6 +64,9 @@ def freeze_spec(spec: RunSpec) -> RunSpec:
     if path and not os.path.isabs(path):
         data = spec.data.model_copy(update={"path": str(Path(path).resolve())})
         spec = spec.model_copy(update={"data": data})
+    if spec.data.blend and any(not os.path.isabs(s.path) for s in spec.data.blend):
+        blend = [s.model_copy(update={"path": str(Path(s.path).resolve())}) for s in spec.data.blend]
+        spec = spec.model_copy(update={"data": spec.data.model_copy(update={"blend": blend})})
     init_from = spec.model.init_from  # read by every rank, which may start elsewhere
     if init_from and not os.path.isabs(init_from):
         spec = spec.model_copy(update={"model": spec.model.model_copy(
@@ -113,7 +120,8 @@ def now_iso() -> str:
 
 def create_run_dir(root: Path, spec: RunSpec, *, backend: str, command: Sequence[str],
                    env: Mapping[str, str]) -> RunPaths:
-    """Make RUN/ with spec.yaml, plan.json (when the planner exists), launch.sh, job.json and logs/.
+    """Make RUN/ with spec.yaml, plan.json (when the planner exists), launch.sh, job.json (with the identity of
+    the data files: trainctl.data_identity) and logs/.
 
     `spec` is frozen (`freeze_spec`) and `env` built from it: neither holds a credential's value."""
     check_run_dir(root)
@@ -121,15 +129,39 @@ def create_run_dir(root: Path, spec: RunSpec, *, backend: str, command: Sequence
     if leaked:  # a caller that skipped freeze_spec: refuse rather than publish the value
         raise RuntimeError(f"credential {', '.join(leaked)} would be written to {root}: freeze the spec first")
     paths = RunPaths(root.resolve())
-    paths.logs.mkdir(parents=True, exist_ok=True)
-    write_atomic(paths.spec, yaml.safe_dump(resolved_dict(spec), sort_keys=False))
-    write_atomic(paths.plan, build_plan_json(spec))
-    created = now_iso()
-    write_atomic(paths.launch_script, render_script(command, env, f"trainctl launch ({backend}), {created}",
-                                                    spec.launcher.env_passthrough), executable=True)
-    write_job(paths, {"backend": backend, "command": list(command), "env": dict(env), "git": git_info(),
-                      "created": created, "attempts": []})
+    existed = nearest_existing(paths.root)  # a failed write takes back what is made below it
+    try:
+        with write_errors_as_usage(f"run directory {paths.root}"):
+            paths.logs.mkdir(parents=True, exist_ok=True)
+            write_atomic(paths.spec, yaml.safe_dump(resolved_dict(spec), sort_keys=False))
+            write_atomic(paths.plan, build_plan_json(spec))
+            created = now_iso()
+            write_atomic(paths.launch_script, render_script(command, env, f"trainctl launch ({backend}), {created}",
+                                                            spec.launcher.env_passthrough), executable=True)
+            write_job(paths, {"backend": backend, "command": list(command), "env": dict(env), "git": git_info(),
+                              "created": created, "data": [i.to_json() for i in data_identity.of_spec(spec)],
+                              "attempts": []})
+    except BaseException:
+        _take_back(paths.root, existed)
+        raise
     return paths
+
+
+def _take_back(root: Path, existed: Path) -> None:
+    """Remove a run directory whose creation failed: the directories made for it (from below `existed`, the
+    nearest one that was there before), or, when `root` itself existed (empty, as check_run_dir requires),
+    what was written into it."""
+    if existed == root:
+        for p in list(root.iterdir()):
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+        return
+    first_made = root
+    while first_made.parent != existed:
+        first_made = first_made.parent
+    shutil.rmtree(first_made, ignore_errors=True)
 
 
 def read_job(paths: RunPaths) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from trainctl.checkpoint.location import resolve_checkpoint_dir
 from trainctl.errors import UsageError
+from trainctl.rundir import shell_fresh_line
 from trainctl.spec import RunSpec
 
 SETUP_FAILED = "setup_failed"  # the event a failing setup line records (launch/runstate.py reads it)
@@ -56,10 +57,12 @@ def task_setup(lines: Sequence[str], events: Path | str) -> list[str]:
     step, local torchrun's shell): a failing line is appended to `events` as a setup_failed event, said on
     stderr, and ends the shell with its status."""
     node = "${SLURMD_NODENAME:-$(hostname)}"
+    target = shlex.quote(str(events))
     return [
         f"{TASK_FAIL}() {{  # INDEX STATUS: one line of {Path(events).name}, one line on stderr, exit",
-        f'    printf \'{{"time":%s,"event":"{SETUP_FAILED}","item":%d,"exit_code":%d,"host":"%s","pid":%d}}\\n\' '
-        f'"$(date +%s.%N)" "$1" "$2" "{node}" "$$" >>{shlex.quote(str(events))}',
+        f'    printf {shell_fresh_line(target)}'
+        f'\'{{"time":%s,"event":"{SETUP_FAILED}","item":%d,"exit_code":%d,"host":"%s","pid":%d}}\\n\' '
+        f'"$(date +%s.%N)" "$1" "$2" "{node}" "$$" >>{target}',
         f'    echo "trainctl: launcher.setup[$1] failed (status $2) on {node}" >&2',
         '    exit "$2"',
         "}",

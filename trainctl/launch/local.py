@@ -1,7 +1,8 @@
 """Local launch: run the bundled trainer under `torchrun --standalone` on this machine. No torch import.
 
-torchrun writes every rank's stdout/stderr to RUN/logs/<run id>/attempt_<n>/<rank>/ and tees rank 0's
-to its own console; we stream that console to ours and into RUN/logs/launcher.log.
+torchrun writes every rank's stdout/stderr to RUN/logs/<run id>/attempt_<n>/<rank>/ and tees it to its own
+console; we copy that console into RUN/logs/launcher.log and show rank 0's lines on ours (every rank's with
+--verbose).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, BinaryIO, TextIO
 
-from trainctl import init_source, terminal
+from trainctl import init_source, package_origin, terminal
 from trainctl.data_prep import check_data
 from trainctl.errors import RunError, UsageError
 from trainctl.launch import environment, runlock
@@ -98,11 +99,13 @@ def available_cpus() -> int:
 
 def torchrun_command(run_dir: Path, nproc: int, max_restarts: int = 0, python: str | None = None,
                      module: str = TRAINER_MODULE) -> list[str]:
-    """`torchrun` through this interpreter (so the venv's torch runs), rank 0 on the console only."""
+    """`torchrun` through this interpreter (so the venv's torch runs). Every rank's output goes to its log files
+    and, prefixed `[default<rank>]:`, to torchrun's console, which the launcher copies to launcher.log and
+    filters for the terminal (ConsoleFilter: rank 0's own lines, or every line under --verbose)."""
     return [
         python or sys.executable, "-m", "torch.distributed.run",
         "--standalone", f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
-        f"--log-dir={RunPaths(run_dir).logs}", "--redirects=3", "--tee=3", "--local-ranks-filter=0",
+        f"--log-dir={RunPaths(run_dir).logs}", "--redirects=3", "--tee=3",
         "-m", module, str(run_dir),
     ]
 
@@ -130,6 +133,7 @@ def plan_local(spec: RunSpec, run_dir: Path | None = None, existing: bool = Fals
         # N ranks share the cores; without this each rank starts a thread per core and they thrash.
         "OMP_NUM_THREADS": str(max(1, available_cpus() // nproc)),
         "PYTHONUNBUFFERED": "1",  # step lines reach the log files (and the console) as they happen
+        **package_origin.rank_variables(spec.launcher.python),  # not a trainctl/ folder of the working directory
         **environment.spec_variables(spec),
     }
     lz = spec.launcher
@@ -163,14 +167,17 @@ def create(launch: LocalLaunch) -> RunPaths:
 
 TRACEBACK_STARTS = ("Traceback (most recent call last):", "During handling of the above exception",
                     "The above exception was the direct cause")
-FAILED_LINE = re.compile(r"trainctl: rank \d+ failed: ")  # runtime/entry.py's last line on a failing rank
+STACK_DUMP_STARTS = ("Thread 0x", "Current thread 0x")  # faulthandler's dump of every thread (hang watchdog)
+# a rank's own summary lines (runtime/entry.py's on a failure, runtime/watchdog.py's on a hang)
+SUMMARY_LINE = re.compile(r"trainctl: rank \d+( failed|: watchdog): ")
 
 
 class ConsoleFilter:
-    """What of torchrun's console a person needs: rank 0's own lines without the `[default0]:` prefix. Rank
-    0's Python tracebacks, torchrun's log lines (`W...`, `E...`) and its ChildFailedError block stay in
-    launcher.log (and the rank logs); the launcher ends with one line naming the first cause instead.
-    `verbose` shows everything as it comes."""
+    """What of torchrun's console a person needs: rank 0's own lines without the `[default0]:` prefix. The
+    other ranks' lines, rank 0's Python tracebacks and stack dumps, torchrun's log lines (`W...`, `E...`) and
+    its ChildFailedError block stay in launcher.log (and the rank logs); the launcher ends with one line
+    naming the first cause instead. `verbose` shows everything as it comes, every rank's lines with their
+    `[default<rank>]:` prefix."""
 
     RANK0 = "[default0]:"
 
@@ -185,12 +192,15 @@ class ConsoleFilter:
         if not line.startswith(self.RANK0):
             return None
         text = line[len(self.RANK0):]
-        if FAILED_LINE.match(text):  # the rank's own summary; the launcher's last line names the first cause
+        if SUMMARY_LINE.match(text):  # the rank's own summary; the launcher's last line names the first cause
             return None
         if text.startswith("USDT:"):  # kineto's profiler_start/stop trace markers (train.profile): in the log only
             return None
         if text.startswith(TRACEBACK_STARTS):
             self.in_traceback, self.after_message = True, False
+            return None
+        if text.startswith(STACK_DUMP_STARTS):  # indented frames follow, no message line
+            self.in_traceback, self.after_message = True, True
             return None
         # inside: the frames (indented), then "Type: message" whose own lines may go on indented or blank
         if self.in_traceback and (text[:1] in (" ", "\t", "\n", "") or not self.after_message):
@@ -275,7 +285,7 @@ class Stopper:
     def _forced(self) -> bool:
         try:
             return self.begun is not None and forced(since(read_jsonl(self.paths.events), self.begun))
-        except (OSError, UnicodeDecodeError):
+        except OSError:
             return False
 
     def _kill(self, by: str, name: str) -> None:

@@ -9,6 +9,10 @@ backend, appending to the same run directory (metrics.jsonl, events.jsonl, job.j
 is never a resume candidate, kept for inspection), so neither this start nor any later automatic restart
 continues the abandoned branch. `--set k=v` changes the frozen spec (e.g. a new allocation: dp and
 cluster.gpus_per_node together); the previous spec.yaml is kept as spec.prev-<n>.yaml.
+
+A token file whose size or content changed since the checkpoint was written is refused, naming it
+(trainctl.data_identity); `--accept-data-change` continues on it and records the change. A data file at
+another path (`--set data.path=...`) is a spec change, shown as such.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from trainctl import data_identity
 from trainctl.checkpoint import (
     CheckpointError,
     CheckpointInfo,
@@ -32,13 +37,15 @@ from trainctl.checkpoint import (
     list_checkpoints,
     resolve_checkpoint_dir,
 )
+from trainctl.data_identity import DataIdentity
 from trainctl.errors import UsageError
-from trainctl.fileio import write_atomic
+from trainctl.fileio import require_writable, write_atomic
 from trainctl.launch import secrets
 from trainctl.launch.backend import backend_for
-from trainctl.launch.create import freeze_spec, read_job
+from trainctl.launch.create import freeze_spec, read_job, write_job
+from trainctl.launch.status import open_run, read_job_json
 from trainctl.plan.lr_scaling import lr_unchanged_warning
-from trainctl.rundir import RunPaths, read_jsonl, record_event
+from trainctl.rundir import RunPaths, load_jsonl, record_event
 from trainctl.spec import RunSpec, load_spec, resolved_dict
 
 
@@ -56,6 +63,9 @@ class ResumePlan:
     spec_changes: list[str] = field(default_factory=list)  # `--set` changes that are not layout changes
     held_back: list[str] = field(default_factory=list)  # credentials of launcher.env --set now: not written
     warnings: list[str] = field(default_factory=list)  # what a careful engineer would ask about the change
+    notes: list[str] = field(default_factory=list)  # what the run directory holds that a reader skips
+    data: list[DataIdentity] = field(default_factory=list)  # the token files now (job.json "data" from here on)
+    data_changes: list[str] = field(default_factory=list)  # accepted with --accept-data-change
 
     def layout_changes(self) -> list[str]:
         """'tp 2 -> 4' for every parallel setting that differs from the checkpoint's (resharded at load)."""
@@ -67,7 +77,8 @@ class ResumePlan:
                 "layout_changes": self.layout_changes(),
                 "skipped": [{"step": i.step, "path": str(i.path), "reason": i.reason} for i in self.skipped],
                 "abandoned": [i.step for i in self.abandon], "overrides": self.overrides,
-                "spec_changes": self.spec_changes, "warnings": self.warnings,
+                "spec_changes": self.spec_changes, "data_changes": self.data_changes, "warnings": self.warnings,
+                "notes": self.notes,
                 "last_logged_step": self.last_logged_step, "steps": self.spec.train.steps}
 
 
@@ -78,22 +89,20 @@ def require_same_model(spec: RunSpec, info: CheckpointInfo) -> None:
         raise UsageError(problem, hint="resume with the model the checkpoint was written with")
 
 
-def plan_resume(run_dir: Path, from_step: int | None = None, overrides: list[str] | None = None) -> ResumePlan:
+def plan_resume(run_dir: Path, from_step: int | None = None, overrides: list[str] | None = None,
+                accept_data_change: bool = False) -> ResumePlan:
     """Read the run directory and decide what the relaunch will do; changes nothing."""
     root = Path(run_dir).absolute()
-    paths = RunPaths(root)
-    if not root.is_dir():
-        raise UsageError(f"{run_dir}: no such run directory", hint="give the directory `trainctl launch` created")
-    if not paths.spec.exists() or not paths.job.exists():
-        raise UsageError(f"{run_dir}: not a run directory (no spec.yaml or job.json)",
+    paths = open_run(Path(run_dir))
+    if not paths.spec.exists():
+        raise UsageError(f"{run_dir}: not a run directory (no {paths.spec.name})",
                          hint="give the directory `trainctl launch` created")
+    require_writable(root, f"run directory {run_dir}")  # the relaunch appends to it: refuse before any change
     before = load_spec(paths.spec)  # as frozen: what the run ran with so far
     loaded = load_spec(paths.spec, overrides or [])
     spec = freeze_spec(loaded)  # what is written back (--set): credentials held back, data paths absolute
-    try:
-        backend = str(read_job(paths).get("backend") or spec.backend)
-    except (OSError, ValueError) as e:
-        raise UsageError(f"{paths.job}: unreadable ({e})", hint="the run directory is damaged") from e
+    job = read_job_json(paths)  # damaged: how to repair it (exit 2)
+    backend = str(job.get("backend") or spec.backend)
     # before anything is changed: its job may still be queued or running
     backend_for(backend).require_not_active(paths)
     ckdir = resolve_checkpoint_dir(root, spec)
@@ -108,17 +117,32 @@ def plan_resume(run_dir: Path, from_step: int | None = None, overrides: list[str
         abandon = [i for i in list_checkpoints(ckdir) if i.step > from_step]
     else:
         info = latest_valid(ckdir, deep=True, skipped=skipped)
-    logged = [r.get("step") for r in read_jsonl(paths.metrics)]
-    last = max((s for s in logged if isinstance(s, int)), default=None)
+    metrics = load_jsonl(paths.metrics)
+    last = max((r["step"] for r in metrics.records if isinstance(r.get("step"), int)), default=None)
     if info is not None:
         require_same_model(spec, info)
+    data, changed = data_now(paths, spec, info, job, accept_data_change)
     if info is not None and info.step >= spec.train.steps:
         raise UsageError(f"checkpoint step {info.step} is already at train.steps={spec.train.steps}: nothing to run",
                          hint=f"train longer with --set train.steps=N (N > {info.step})")
     return ResumePlan(paths, spec, backend, ckdir, info, skipped, abandon,
                       [secrets.redact_override(o) for o in overrides or []], last,
                       spec_changes(before, spec), held_back=secrets.credential_names(loaded.launcher.env),
-                      warnings=change_warnings(before, spec))
+                      warnings=change_warnings(before, spec),
+                      notes=[n for n in (metrics.skipped_note(paths.metrics),
+                                         load_jsonl(paths.events).skipped_note(paths.events)) if n],
+                      data=data, data_changes=changed)
+
+
+def data_now(paths: RunPaths, spec: RunSpec, info: CheckpointInfo | None, job: dict[str, Any],
+             accept_change: bool) -> tuple[list[DataIdentity], list[str]]:
+    """The identity of the spec's token files now, and how each differs from the file the run trained on at
+    the same path (the checkpoint's record; job.json's for a checkpoint without one, or none). A difference is
+    refused (exit 2, naming the file) unless `accept_change`. A file at another path is a spec change."""
+    in_job = data_identity.recorded(job.get("data"))
+    trained = data_identity.recorded(info.meta.get("data")) if info is not None and "data" in info.meta else in_job
+    return data_identity.compare(spec, trained, known=in_job, accept=accept_change, run=str(paths.root),
+                                 since=f"checkpoint step {info.step}" if info else "the run recorded it")
 
 
 def change_warnings(before: RunSpec, after: RunSpec) -> list[str]:
@@ -181,6 +205,12 @@ def prepare(plan: ResumePlan) -> None:
         os.replace(paths.spec, paths.previous_spec(n))
         write_atomic(paths.spec, yaml.safe_dump(resolved_dict(plan.spec), sort_keys=False))
         record_event(paths, "spec_changed", overrides=plan.overrides, previous=paths.previous_spec(n).name)
+    job = read_job(paths)
+    job["data"] = [i.to_json() for i in plan.data]  # what the ranks check at their start from now on
+    write_job(paths, job)
+    if plan.data_changes:
+        record_event(paths, "data_changed", changes=plan.data_changes, accepted="--accept-data-change",
+                     step=plan.checkpoint.step if plan.checkpoint else 0)
     record_event(paths, "resume_requested", backend=plan.backend,
                  step=plan.checkpoint.step if plan.checkpoint else 0,
                  skipped=[i.step for i in plan.skipped], abandoned=[i.step for i in plan.abandon])

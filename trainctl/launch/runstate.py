@@ -199,12 +199,22 @@ def first_cause(events: list[dict[str, Any]]) -> Cause | None:
         return None
     e = pick[0]
     if e.get("event") == "hang":
-        return Cause("hang", f"no step progress for {e.get('idle_s')} s at step {e.get('step')} (watchdog)",
-                     e.get("rank"), e.get("host"))
+        return Cause("hang", hang_message(e), e.get("rank"), e.get("host"))
     msg = str(e.get("error") or "failed")
     kind = (OUT_OF_MEMORY if re.search(r"out of memory|OutOfMemoryError", msg, re.IGNORECASE)
             else LOST_PEER if SECONDARY.search(msg) else "exception")
     return Cause(kind, msg, e.get("rank"), e.get("host"))
+
+
+def hang_message(e: dict[str, Any]) -> str:
+    """A `hang` event in words: the rank's own watchdog fired, or another rank's found it stopped
+    (runtime/watchdog.py names the rank whose heartbeat went stale first)."""
+    by = e.get("detected_by", e.get("rank"))
+    if by == e.get("rank"):
+        return f"no step progress for {e.get('idle_s')} s at step {e.get('step')} (watchdog)"
+    return (f"no step progress after step {e.get('step')}: its process stopped running (heartbeat "
+            f"{e.get('heartbeat_age_s')} s old when rank {by}'s watchdog fired, which waited for it"
+            f"{'; killed' if e.get('killed') else ''})")
 
 
 # --- the run ---------------------------------------------------------------------------------------------

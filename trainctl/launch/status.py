@@ -7,18 +7,16 @@ beside it. Progress (name, steps, loss, MFU, trainer starts) is read from the ru
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainctl.errors import UsageError
 from trainctl.launch.runstate import run_state
-from trainctl.rundir import RunPaths, read_jsonl
+from trainctl.rundir import RunPaths, last_jsonl, read_jsonl
 
-TAIL_BYTES = 64 * 1024
+if TYPE_CHECKING:
+    from trainctl.launch.repair import DamagedJob
 
 
 @dataclass
@@ -47,37 +45,35 @@ class RunStatus:
         return out
 
 
+def is_run_dir(paths: RunPaths) -> bool:
+    """A run directory: its job.json, or (job.json lost) its frozen spec and its events."""
+    return paths.job.is_file() or (paths.spec.is_file() and paths.events.is_file())
+
+
 def open_run(path: Path) -> RunPaths:
     paths = RunPaths(path.absolute())
     if not path.is_dir():
         raise UsageError(f"{path}: no such run directory", hint="give the directory `trainctl launch` created")
-    if not paths.job.exists():
+    if not is_run_dir(paths):
         raise UsageError(f"{path} is not a run directory (no {paths.job.name})",
                          hint="give the directory `trainctl launch` printed (e.g. runs/<name>-<time>)")
     return paths
 
 
 def read_job_json(paths: RunPaths) -> dict[str, Any]:
+    """The run's job record; DamagedJob (exit 2: what is intact, how to repair) when it does not parse."""
+    from trainctl.launch.repair import DamagedJob, job_problem
+
     try:
-        return json.loads(paths.job.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise UsageError(f"{paths.job}: unreadable ({e})") from e
-
-
-def last_jsonl(path: Path) -> dict[str, Any] | None:
-    """The last complete JSON line of a (possibly huge, possibly torn) JSONL file, reading only its tail."""
-    if not path.exists():
-        return None
-    with open(path, "rb") as f:
-        f.seek(0, os.SEEK_END)
-        f.seek(max(0, f.tell() - TAIL_BYTES))
-        lines = f.read().splitlines()
-    for raw in reversed(lines):
-        with contextlib.suppress(json.JSONDecodeError, UnicodeDecodeError):
-            rec = json.loads(raw)
-            if isinstance(rec, dict):
-                return rec
-    return None
+        text = paths.job.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        raise DamagedJob(paths, "missing") from None
+    except OSError as e:
+        raise UsageError(f"{paths.job}: unreadable ({e.strerror})") from e
+    job, problem = job_problem(text)
+    if job is None:
+        raise DamagedJob(paths, problem or "unreadable")
+    return job
 
 
 def spec_steps(paths: RunPaths) -> tuple[str | None, int | None]:
@@ -103,30 +99,43 @@ def spec_world_size(paths: RunPaths) -> int | None:
         return None
 
 
+def _progress(paths: RunPaths) -> dict[str, Any]:
+    """The RunStatus fields the run directory's own files give (spec, metrics, events), whatever job.json says."""
+    name, total = spec_steps(paths)
+    last = last_jsonl(paths.metrics) or {}
+    return dict(run_dir=str(paths.root), name=name or paths.root.name, steps_done=int(last.get("step", 0) or 0),
+                steps_total=total, starts=sum(1 for e in read_jsonl(paths.events) if e.get("event") == "start"),
+                last_loss=last.get("loss"), last_mfu=last.get("mfu"))
+
+
 def run_status(path: Path) -> RunStatus:
     from trainctl.launch import exclusions
 
     paths = open_run(path)
     job = read_job_json(paths)
-    name, total = spec_steps(paths)
-    events = read_jsonl(paths.events)
-    last = last_jsonl(paths.metrics) or {}
-    starts = sum(1 for e in events if e.get("event") == "start")
     job_id = job.get("job_id")
     st = run_state(paths, job)
-    return RunStatus(run_dir=str(paths.root), name=name or paths.root.name, backend=st.backend, state=st.state,
+    return RunStatus(**_progress(paths), backend=st.backend, state=st.state,
                      job_id=str(job_id) if job_id is not None else None, reason=st.reason, job_state=st.job_state,
-                     eligible_at=st.eligible_at, steps_done=int(last.get("step", 0) or 0), steps_total=total,
-                     attempts=st.attempts, starts=starts, last_loss=last.get("loss"), last_mfu=last.get("mfu"),
-                     nodes=st.nodes, active=st.active,
+                     eligible_at=st.eligible_at, attempts=st.attempts, nodes=st.nodes, active=st.active,
                      excluded_nodes={n: str(v.get("reason")) for n, v in exclusions.read(paths).items()})
+
+
+def damaged_status(path: Path, error: DamagedJob) -> RunStatus:
+    """What `runs` lists of a run whose job.json is damaged: DAMAGED, with what the other files still say."""
+    from trainctl.launch.repair import DAMAGED, recorded_backend
+
+    paths = RunPaths(path.absolute())
+    return RunStatus(**_progress(paths), backend=recorded_backend(read_jsonl(paths.events)) or "?", state=DAMAGED,
+                     job_id=None,
+                     reason=error.message, job_state=None, eligible_at=None, attempts=0, nodes=None)
 
 
 def find_runs(base: Path) -> list[Path]:
     """Run directories directly under `base` (or `base` itself), newest first."""
-    if RunPaths(base).job.exists():
+    if is_run_dir(RunPaths(base)):
         return [base]
     if not base.is_dir():
         return []
-    runs = [p for p in base.iterdir() if RunPaths(p).job.is_file()]
+    runs = [p for p in base.iterdir() if p.is_dir() and is_run_dir(RunPaths(p))]
     return sorted(runs, key=lambda p: p.stat().st_mtime, reverse=True)

@@ -34,7 +34,7 @@ def analyze(run: RunData) -> dict[str, Any]:
     gp = goodput(run, attempts, final, replayed)
     steady = steady_steps(final, attempts)
     startup = (gp.get("lost_s") or {}).get("startup")
-    warnings = []
+    warnings = list(run.skipped)  # unreadable lines of metrics.jsonl / events.jsonl: what the report did not see
     if summary["mfu_bug"]:
         warnings.append(summary["mfu_bug"]["message"])
     div = divergence(run, final)  # skipped steps, rollbacks, divergence, loss spikes

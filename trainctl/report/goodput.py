@@ -41,10 +41,13 @@ def _queueing(run: RunData) -> tuple[float, bool]:
 
 
 def describe_cause(prev: Attempt) -> str:
-    hangs = [e for e in prev.end_events if e.get("event") == "hang"]
+    hangs: dict[Any, dict[str, Any]] = {}  # the first of each hung rank's: each rank that waited may name it
+    for e in prev.end_events:
+        if e.get("event") == "hang":
+            hangs.setdefault(e.get("rank"), e)
     if hangs:
         return "; ".join(f"rank {h.get('rank')} hung after step {h.get('step')} (watchdog: no progress for "
-                         f"{h.get('idle_s', 0):.0f} s)" for h in hangs)
+                         f"{h.get('idle_s', 0):.0f} s)" for h in hangs.values())
     fails = [e for e in prev.end_events if e.get("event") == "failure"]
     if fails:
         by_error: dict[str, list[str]] = {}

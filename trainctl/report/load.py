@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +12,7 @@ import yaml
 
 from trainctl import steptimes
 from trainctl.errors import UsageError
-from trainctl.rundir import RunPaths, read_jsonl
+from trainctl.rundir import RunPaths, load_jsonl
 from trainctl.steptimes import RankSteps
 
 
@@ -27,6 +27,7 @@ class RunData:
     spec: dict[str, Any] | None
     steptimes: dict[int, RankSteps]
     placement: list[dict[str, Any]]  # rank -> node/GPU, from RUN/placement.json or the plan
+    skipped: list[str] = field(default_factory=list)  # 'metrics.jsonl: skipped N unreadable lines (...)'
 
     def events_of(self, *kinds: str) -> list[dict[str, Any]]:
         return [e for e in self.events if e.get("event") in kinds]
@@ -64,8 +65,10 @@ def load_run(root: Path, calibration: Path | None = None) -> RunData:
     if not root.is_dir():
         raise UsageError(f"{root}: no such run directory", hint="give the directory `trainctl launch` created")
     paths = RunPaths(root)
-    metrics = [m for m in read_jsonl(paths.metrics) if isinstance(m.get("step"), int)]
-    events = sorted(read_jsonl(paths.events), key=lambda e: e.get("time", 0.0))
+    metrics_read, events_read = load_jsonl(paths.metrics), load_jsonl(paths.events)
+    metrics = [m for m in metrics_read.records if isinstance(m.get("step"), int)]
+    events = sorted(events_read.records, key=lambda e: e.get("time", 0.0))
+    skipped = [n for n in (metrics_read.skipped_note(paths.metrics), events_read.skipped_note(paths.events)) if n]
     if not metrics and not events:
         raise UsageError(f"{root}: no {paths.metrics.name} or {paths.events.name}: not a run directory, or the run "
                          "never started",
@@ -78,4 +81,4 @@ def load_run(root: Path, calibration: Path | None = None) -> RunData:
     name = (spec or {}).get("name") or root.name
     return RunData(root=root, name=str(name), metrics=metrics, events=events, plan=plan, job=_json(paths.job),
                    spec=spec if isinstance(spec, dict) else None, steptimes=steptimes.read(paths),
-                   placement=_placement(paths, plan))
+                   placement=_placement(paths, plan), skipped=skipped)

@@ -9,7 +9,8 @@ thread writes it with DCP, checksums, and commits. The thread talks over its OWN
 (training collectives on the default group and DCP's on the same group hang: docs/ARCHITECTURE.md,
 "Checked facts: PyTorch distributed on CPU/gloo").
 At most one save is in flight: the next `save()`, `load()` or `wait()` waits for it and re-raises
-its error, on every rank.
+its error, on every rank. `failed()` says, without waiting, that the save in flight failed: the trainer
+agrees on it across ranks after every step and stops there (runtime/checkpointing.py).
 """
 
 from __future__ import annotations
@@ -111,6 +112,7 @@ class CheckpointManager:
         self.pg = process_group
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._failing = False  # the save in flight is known to have failed; wait() raises its error
         self._buffers: dict[str, torch.Tensor] = {}
         self.last_stats: dict[str, Any] = {}
         self._check_writable()
@@ -153,12 +155,18 @@ class CheckpointManager:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        self._failing = False
         if self._error is not None:
             err, self._error = self._error, None
             raise err
 
     def in_flight(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
+
+    def failed(self) -> bool:
+        """Whether the async save is known to have failed, from the moment its writers agree that it did (every
+        rank learns it then, or at the latest when its error is set); wait() then raises the error."""
+        return self._failing or self._error is not None
 
     def close(self) -> None:
         self.wait()
@@ -264,6 +272,7 @@ class CheckpointManager:
         reports = self._all_gather({"error": error, "files": files})
         errors = list(dict.fromkeys(r["error"] for r in reports if r["error"]))  # DCP reports on every rank
         if errors:
+            self._failing = True  # before the event: the training loop stops at its next step from here on
             self._event("checkpoint_failed", step=step, path=str(tmp), errors=errors)
             full = self._out_of_space(tmp, errors)
             if self.rank == 0:  # free the space (a full disk is a likely cause); it was never valid
@@ -282,6 +291,7 @@ class CheckpointManager:
                 commit_error = f"{type(e).__name__}: {e}"
         commit_error = self._broadcast(commit_error)
         if commit_error:
+            self._failing = True
             self._event("checkpoint_failed", step=step, path=str(tmp), errors=[commit_error])
             if self._out_of_space(tmp, [commit_error]):
                 if self.rank == 0:

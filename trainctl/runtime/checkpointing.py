@@ -18,6 +18,7 @@ naming the difference (docs/ARCHITECTURE.md, "Checkpoint format and commit proto
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import time
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainctl import data_identity
 from trainctl.checkpoint import (
     CheckpointError,
     CheckpointInfo,
@@ -55,7 +57,8 @@ class Resumed:
     same_layout: bool = True  # False: resharded, and the RNG streams start afresh
 
 
-def save_meta(spec: RunSpec, paths: RunPaths, loader: BatchLoader, step: int) -> dict[str, Any]:
+def save_meta(spec: RunSpec, paths: RunPaths, loader: BatchLoader, step: int,
+              data: list[dict[str, Any]]) -> dict[str, Any]:
     try:
         spec_hash = hashlib.sha256(paths.spec.read_bytes()).hexdigest()
     except OSError:
@@ -63,7 +66,20 @@ def save_meta(spec: RunSpec, paths: RunPaths, loader: BatchLoader, step: int) ->
     return {"step": step, "layout": layout_of(spec), "model": model_of(spec),
             "seed": spec.train.seed, "global_batch": spec.train.global_batch,
             "consumed_samples": loader.consumed, "tokens": loader.consumed * spec.model.seq_len,
-            "spec_sha256": spec_hash}
+            "spec_sha256": spec_hash, "data": data}
+
+
+def data_trained_on(spec: RunSpec, paths: RunPaths) -> list[dict[str, Any]]:
+    """The identity of the spec's token files now (trainctl.data_identity), refusing a file changed since the run
+    recorded it in job.json: restarts that no `trainctl resume` checked (a Slurm requeue, a torchrun restart)
+    stop here, before any step."""
+    try:
+        job = json.loads(paths.job.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        job = {}  # ranks started without a launcher (tests): nothing recorded to compare with
+    recorded = data_identity.recorded(job.get("data") if isinstance(job, dict) else None)
+    now, _ = data_identity.compare(spec, recorded, since="the run recorded it (job.json)", run=str(paths.root))
+    return [i.to_json() for i in now]
 
 
 def check_compatible(info: CheckpointInfo, spec: RunSpec) -> None:
@@ -144,6 +160,8 @@ class Checkpointing:
         self.blocked_s = 0.0  # the loop was blocked this long by saves since take_blocked_s()
         self.stop = signals.STOP.install()  # entry.main installed it already; idempotent
         self.stop_after = signals.stop_after_step()
+        # Rank 0 writes the manifests: the data files' identity goes into every checkpoint.
+        self.data = data_trained_on(spec, paths) if self.log else []
 
     # -- start ------------------------------------------------------------------------------------------
     def resume(self) -> Resumed:
@@ -217,11 +235,16 @@ class Checkpointing:
     # -- every step -------------------------------------------------------------------------------------
     def after_step(self, step: int, may_save: Callable[[], bool] | None = None) -> int | None:
         """After optimizer step `step` (1-based): save when due; on a stop request save synchronously and
-        return the exit code (75 after a signal, 0 for the stop_after_step fault), else None.
+        return the exit code (75 after a signal, 0 for the stop_after_step fault), else None. An async save
+        that failed on any rank raises its error here, on every rank (one step after it was known at most).
 
         `may_save` (collective, asked only when a scheduled save is due): False defers the save, so that no
         checkpoint holds a diverging or non-finite state (runtime/divergence.py)."""
-        sig, time_due_all = signals.agree([self.stop.signum, int(self.schedule.time_due())], self.parts.par.device)
+        sig, time_due_all, save_failed = signals.agree(
+            [self.stop.signum, int(self.schedule.time_due()), int(self.mgr.failed())], self.parts.par.device)
+        if save_failed:  # an async save failed (a full disk...): stop now, not at the next save
+            self.mgr.wait()  # raises its error, the same on every rank (the writers agree on a failure)
+            raise CheckpointError(f"a checkpoint save failed on another rank; stopping after step {step}")
         if sig or step == self.stop_after:
             self.save(step, wait=True)
             if self.log:
@@ -260,7 +283,7 @@ class Checkpointing:
             return
         parts = self.parts
         self.mgr.save(step, state.app_state(parts, step), state.rank_state(parts),
-                      save_meta(self.spec, self.paths, parts.loader, step))
+                      save_meta(self.spec, self.paths, parts.loader, step, self.data))
         if wait:
             self.mgr.wait()
         self.blocked_s += time.perf_counter() - t0  # the loop was blocked this long (outside step time)

@@ -17,6 +17,7 @@ counter whatever cp is, so a resume may change cp.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -86,12 +87,17 @@ class SyntheticSource:
 
 
 class TokenFileSource:
-    """Windows of seq_len+1 tokens from a memory-mapped token file (flat or Megatron), shuffled per epoch."""
+    """Windows of seq_len+1 tokens from a token file (flat or Megatron), shuffled per epoch.
+
+    Each window is read with pread, not through a memory map: a file truncated under the running rank is then a
+    short read, named here, where a mapped page past the new end would kill the rank with SIGBUS."""
 
     def __init__(self, path: str, dtype: str, seq_len: int, vocab: int, seed: int, fmt: str = "auto") -> None:
-        tf = check_token_file(path, dtype, seq_len, vocab, fmt)  # every token checked (cached by size+mtime)
+        tf = check_token_file(path, dtype, seq_len, vocab, fmt)  # every token checked (cached beside the file)
         n = tf.count
-        self.tokens = tf.tokens()
+        self.file, self.dtype = tf.path, np.dtype(tf.dtype).newbyteorder("<")
+        self.fd = os.open(tf.path, os.O_RDONLY)  # held for the process's life: the windows are read from it
+        self.size = os.fstat(self.fd).st_size
         self.path, self.vocab = path, vocab
         self.seq_len, self.seed = seq_len, seed
         self.num_windows = (n - 1) // seq_len  # window i covers tokens [i*seq_len, i*seq_len + seq_len]
@@ -109,7 +115,7 @@ class TokenFileSource:
         for i, g in enumerate(slots.tolist()):
             epoch, index = divmod(g, self.num_windows)
             start = int(self._permutation(epoch)[index]) * self.seq_len
-            out[i] = self.tokens[start: start + self.seq_len + 1]
+            out[i] = self._read(start)
         # The whole file was checked at start (data_check); this guards against a file changed since.
         if out.size and (int(out.max()) >= self.vocab or int(out.min()) < 0):
             row, col = divmod(int(np.argmax((out >= self.vocab) | (out < 0))), self.seq_len + 1)
@@ -120,6 +126,17 @@ class TokenFileSource:
                              "checked)",
                              hint=f"run `trainctl data check {self.path} --vocab {self.vocab}`")
         return out
+
+    def _read(self, start: int) -> np.ndarray:
+        """Tokens [start, start + seq_len] of the file."""
+        want = (self.seq_len + 1) * self.dtype.itemsize
+        raw = os.pread(self.fd, want, start * self.dtype.itemsize)
+        if len(raw) < want:
+            raise UsageError(f"data file {self.file} was truncated under the running run: it is "
+                             f"{os.fstat(self.fd).st_size:,} bytes, {self.size:,} when this rank started (reading "
+                             f"token offset {start:,})",
+                             hint="put the original file back; `trainctl resume` continues from the newest checkpoint")
+        return np.frombuffer(raw, dtype=self.dtype)
 
     def epoch_of(self, slot: int) -> int:
         return slot // self.num_windows

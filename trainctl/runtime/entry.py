@@ -20,7 +20,8 @@ from typing import NoReturn
 
 import torch
 
-from trainctl.errors import SpecError, TrainctlError
+from trainctl import package_origin
+from trainctl.errors import SpecError, TrainctlError, UsageError
 from trainctl.rundir import SPEC, RunPaths, read_jsonl, record_event
 from trainctl.runtime import signals
 from trainctl.runtime.distributed import RankEnv, exit_now
@@ -52,6 +53,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
                          error=f"SpecError: {str(e).splitlines()[0]}")
         exit_now(2, barrier=False)
     try:
+        if (wrong := package_origin.problem()) is not None:  # before any step: not at the first checkpoint
+            raise UsageError(wrong, hint=package_origin.PROBLEM_HINT)
         from trainctl.plan.elastic import for_world, resize_event
         from trainctl.runtime.distributed import init
         from trainctl.runtime.placement_proof import prove_placement

@@ -81,7 +81,7 @@ def requested_before_start(paths: RunPaths) -> bool:
     request: either it reads the record or the launcher saw its handler (docs/ARCHITECTURE.md, "Signal chain")."""
     try:
         events = read_jsonl(paths.events)
-    except (OSError, UnicodeDecodeError):  # unreadable: no request can be read from it either
+    except OSError:  # unreadable: no request can be read from it either
         return False
     return stop_requested(since(events, attempt_begin(events))) is not None
 

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainctl.rundir import RunPaths
+from trainctl.rundir import RunPaths, append_text
 from trainctl.runtime import faults
 
 DEFAULT_EVERY = 10
@@ -72,11 +72,8 @@ class StepTimeLog:
             return
         data = "".join(self.buf)
         self.buf, self.pending = [], 0
-        try:
-            with open(self.path, "a", encoding="utf-8") as f:
-                f.write(data)
-        except OSError:
-            pass  # diagnostics must never fail the training step
+        with contextlib.suppress(OSError):  # diagnostics must never fail the training step
+            append_text(self.path, data)
 
 
 def _line(rec: dict[str, Any]) -> str:

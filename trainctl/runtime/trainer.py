@@ -266,7 +266,8 @@ class Trainer:
         self.steptimes = stragglers.StepTimeLog(self.paths, par.rank, par.env.local_rank, str(par.device))
         hang_at = watchdog.hang_step(par.rank)
         wd_timeout = watchdog.timeout_from(spec)
-        wd = watchdog.Watchdog(self.paths, par.rank, wd_timeout).start() if wd_timeout else None
+        wd = (watchdog.Watchdog(self.paths, par.rank, wd_timeout, world_size=par.world_size).start() if wd_timeout
+              else None)
         if self.log:
             self.tracking = tracking.open_tracking(spec, self.paths, first)
         profiler = profiling.for_rank(spec, self.paths, par.rank, par.device, first)

@@ -1,21 +1,32 @@
-"""Hang watchdog: a rank with no step progress for `timeout_s` dumps every Python stack and exits non-zero.
+"""Hang watchdog: a rank with no step progress for `timeout_s` names the rank that stopped, dumps every Python
+stack and exits non-zero.
 
 Why: a hung collective (a dead peer, a deadlocked pipeline, a stuck filesystem) otherwise holds the whole
 allocation until the job's time limit. Exiting makes torchrun (max_restarts) or Slurm (requeue) restart
-the job from the last checkpoint instead. Each rank also keeps a heartbeat file RUN/logs/heartbeat-rank<r>
-({"step", "time", "state"}, rewritten at most every few seconds) so a person or a launcher can see which
-rank stopped advancing. No torch import.
+the job from the last checkpoint instead.
+
+Heartbeats: each rank's watchdog thread rewrites RUN/logs/heartbeat-rank<r> ({"step", "progress", "time",
+"state", "pid", "host"}) every `heartbeat_every_s` whether or not the rank makes progress: "progress" is when
+step `step` ended, "time" when the file was written. When one rank stops, every rank waiting for it in a
+collective stops advancing too and its watchdog fires as well; what tells the cause apart is that a stopped
+process (SIGSTOP, a frozen node, C code that never lets the thread run) stops rewriting its file. So the
+watchdog that fires reads every rank's heartbeat and names the rank whose file went stale first (else
+itself) in the `hang` event: `rank` is the hung rank, `detected_by` the rank whose watchdog fired. A stale
+rank on this node, started by the same parent (torchrun's agent, slurmstepd), is SIGKILLed: a stopped
+process ignores the SIGTERM torchrun sends next, and torchrun would wait 30 s for it.
 
 Timeout: env TRAINCTL_WATCHDOG_S (seconds; 0 or "off" disables) wins over the spec's train.watchdog_s
-(default 600 s). The test-only fault `hang=<rank>:<step>` (runtime/faults.py) blocks that rank forever at the
-start of that step.
+(default 600 s). The test-only fault `hang=<rank>:<step>` (runtime/faults.py) blocks that rank's main thread
+forever at the start of that step (its own watchdog fires and dumps it).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import faulthandler
 import json
 import os
+import signal
 import socket
 import sys
 import threading
@@ -49,15 +60,56 @@ def heartbeat_path(paths: RunPaths, rank: int) -> Path:
     return paths.heartbeat(rank)
 
 
-class Watchdog:
-    """Call `beat(step)` after every step; the daemon thread fires when no beat came for `timeout_s`."""
+@dataclasses.dataclass(frozen=True)
+class Heartbeat:
+    """One rank's heartbeat file as read back."""
 
-    def __init__(self, paths: RunPaths, rank: int, timeout_s: float, heartbeat_every_s: float | None = None):
-        self.paths, self.rank, self.timeout_s = paths, rank, timeout_s
+    rank: int
+    step: int  # the last step it completed (as of the write)
+    time: float  # wall time the file was written: a running process rewrites it every heartbeat_every_s
+    state: str  # "running", "stopped", "hung"
+    pid: int
+    host: str
+
+    @classmethod
+    def read(cls, path: Path) -> Heartbeat | None:
+        try:
+            d = json.loads(path.read_text())
+            return cls(rank=int(d["rank"]), step=int(d["step"]), time=float(d["time"]), state=str(d["state"]),
+                       pid=int(d["pid"]), host=str(d.get("host")))
+        except (OSError, ValueError, KeyError, TypeError):  # absent (the rank has not started), or not ours
+            return None
+
+
+def hung_rank(beats: list[Heartbeat], me: Heartbeat, now: float, stale_after_s: float) -> Heartbeat:
+    """The rank whose progress stopped first, as the watchdog of `me` sees it when it fires: the running rank
+    whose file went stale first (its process no longer runs at all), else `me` (every rank is alive: the one
+    whose watchdog fires is as likely as any; a stuck rank's own watchdog names itself)."""
+    stale = [b for b in beats if b.state == "running" and b.rank != me.rank and now - b.time > stale_after_s]
+    if not stale:
+        return me
+    first = min(stale, key=lambda b: b.time)
+    # Every step ends in an all-reduce over every rank (the stop agreement), so the stopped rank completed
+    # every step `me` did; its file, rewritten every few seconds, may not show the last of them.
+    return dataclasses.replace(first, step=max(first.step, me.step))
+
+
+class Watchdog:
+    """Call `beat(step)` after every step; the daemon thread rewrites the heartbeat file and fires when no beat
+    came for `timeout_s`."""
+
+    def __init__(self, paths: RunPaths, rank: int, timeout_s: float, heartbeat_every_s: float | None = None,
+                 world_size: int = 1):
+        self.paths, self.rank, self.timeout_s, self.world_size = paths, rank, timeout_s, world_size
         self.heartbeat_every_s = heartbeat_every_s if heartbeat_every_s is not None else min(10.0, timeout_s / 4)
+        # a live rank's file is at most heartbeat_every_s (plus a poll) old; one not rewritten for half the hang
+        # limit belongs to a process that does not run (a stopped rank's is about the whole limit old by then)
+        self.stale_after_s = max(2 * self.heartbeat_every_s, timeout_s / 2)
         self.step = 0
         self.last = time.monotonic()
+        self.progress = time.time()
         self.last_file = 0.0
+        self.host = socket.gethostname()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"trainctl-watchdog-rank{rank}", daemon=True)
 
@@ -69,11 +121,12 @@ class Watchdog:
     def beat(self, step: int) -> None:
         self.step = step
         self.last = time.monotonic()
-        if self.last - self.last_file >= self.heartbeat_every_s:
-            self._write_heartbeat("running")
+        self.progress = time.time()
 
     def stop(self, state: str = "stopped") -> None:
         self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()  # its last "running" rewrite must not land after this one
         self._write_heartbeat(state)
 
     def _loop(self) -> None:
@@ -82,11 +135,18 @@ class Watchdog:
             idle = time.monotonic() - self.last
             if idle > self.timeout_s:
                 self._fire(idle)
+            if time.monotonic() - self.last_file >= self.heartbeat_every_s:
+                self._write_heartbeat("running")
 
     def _fire(self, idle: float) -> None:
+        hung = self._hung_rank()
+        killed = hung.rank != self.rank and self._kill_if_sibling(hung)
         msg = (f"trainctl: rank {self.rank}: watchdog: no step progress for {idle:.0f} s (limit "
-               f"{self.timeout_s:g} s; last completed step {self.step}); all Python stacks follow, then exit "
-               f"{HANG_EXIT_CODE} so the launcher can restart the job")
+               f"{self.timeout_s:g} s; last completed step {self.step}); "
+               + ("" if hung.rank == self.rank else
+                  f"rank {hung.rank} on {hung.host} stopped first (its heartbeat is {time.time() - hung.time:.0f} s "
+                  f"old{'; killed it' if killed else ''}); ")
+               + f"all Python stacks follow, then exit {HANG_EXIT_CODE} so the launcher can restart the job")
         try:
             print(msg, file=sys.stderr, flush=True)
             faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
@@ -95,11 +155,29 @@ class Watchdog:
             pass
         try:
             self._write_heartbeat("hung")
-            record_event(self.paths, "hang", rank=self.rank, host=socket.gethostname(), step=self.step,
-                         idle_s=round(idle, 3), timeout_s=self.timeout_s)
+            now = time.time()
+            record_event(self.paths, "hang", rank=hung.rank, host=hung.host, step=hung.step,
+                         idle_s=round(idle, 3), timeout_s=self.timeout_s, detected_by=self.rank,
+                         heartbeat_age_s=round(now - hung.time, 3), killed=killed)
         except OSError:
             pass
         os._exit(HANG_EXIT_CODE)  # not sys.exit: the main thread is stuck and would never unwind
+
+    def _hung_rank(self) -> Heartbeat:
+        me = Heartbeat(self.rank, self.step, time.time(), "running", os.getpid(), self.host)
+        beats = [b for r in range(self.world_size) if (b := Heartbeat.read(heartbeat_path(self.paths, r)))]
+        return hung_rank(beats, me, time.time(), self.stale_after_s)
+
+    def _kill_if_sibling(self, hung: Heartbeat) -> bool:
+        """SIGKILL the hung rank when it runs on this node under this rank's parent (torchrun's agent, Slurm's
+        step daemon): that tells a rank of this job from a process that reuses the pid of an older one."""
+        if hung.host != self.host or _parent_of(hung.pid) != os.getppid():
+            return False
+        try:
+            os.kill(hung.pid, signal.SIGKILL)
+        except OSError:
+            return False
+        return True
 
     def _write_heartbeat(self, state: str) -> None:
         self.last_file = time.monotonic()
@@ -107,11 +185,21 @@ class Watchdog:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text(json.dumps({"rank": self.rank, "step": self.step, "time": time.time(), "state": state,
-                                       "pid": os.getpid()}))
+            tmp.write_text(json.dumps({"rank": self.rank, "step": self.step, "progress": self.progress,
+                                       "time": time.time(), "state": state, "pid": os.getpid(),
+                                       "host": self.host}))
             os.replace(tmp, path)  # readers never see a torn file
         except OSError:
             pass
+
+
+def _parent_of(pid: int) -> int | None:
+    """The parent pid of a process on this machine (None: gone, or no /proc)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat[stat.rindex(")") + 1:].split()[1])  # after "(comm)": state, ppid
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def hang_step(rank: int, env: dict[str, str] | None = None) -> int | None:

@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainctl import init_source
+from trainctl import init_source, package_origin
 from trainctl.data_prep import check_data
 from trainctl.errors import UsageError
 from trainctl.launch import environment, exclusions, secrets
@@ -119,7 +119,8 @@ def render_launch(spec: RunSpec, root: Path, *, grace_s: int, python: str | None
         exclude=exclusions.merged(c.exclude, list(exclusions.read(RunPaths(root)))),  # and the run's record
         max_restarts=lz.max_restarts, grace_s=grace_s, min_nodes=c.min_nodes if c.elastic else None,
         start_retries=lz.start_retries,
-        srun_args=tuple(lz.srun_args), sbatch_args=tuple(lz.sbatch_args), env=environment.spec_variables(spec),
+        srun_args=tuple(lz.srun_args), sbatch_args=tuple(lz.sbatch_args),
+        env={**package_origin.rank_variables(python), **environment.spec_variables(spec)},
         passthrough=tuple(lz.env_passthrough),
         trainer_module=trainer_module, setup=tuple(lz.setup),
         container_image=container.image if container else None,

@@ -30,9 +30,10 @@ from pathlib import Path
 from trainctl.errors import EXIT_DIVERGED
 from trainctl.launch import environment, secrets
 from trainctl.launch.backend import DEFAULT_GRACE_S, TRAINER_MODULE
-from trainctl.rundir import COMMANDS, EVENTS, RunPaths
+from trainctl.rundir import COMMANDS, EVENTS, RunPaths, shell_fresh_line
 
 RUN = RunPaths(Path("$RUN_DIR"))  # the run directory's files as the script's body names them
+EVENTS_WORD = f'"{RUN.events}"'  # events.jsonl as one shell word
 RELATIVE = RunPaths(Path())  # and relative to the run directory
 MASTER_PORT_BASE = 20000
 
@@ -260,8 +261,9 @@ def render(req: SbatchRequest) -> SbatchRender:
         "",
         'attempt="${SLURM_RESTART_COUNT:-0}"',
         f"event() {{  # event KIND [EXTRA_JSON]: one line of RUN/{EVENTS} (values are ours: numbers, words)",
-        '    printf \'{"time":%s,"event":"%s","pid":%d,"job_id":"%s","attempt":%d%s}\\n\' '
-        f'"$(date +%s.%N)" "$1" "$$" "$SLURM_JOB_ID" "$attempt" "${{2:-}}" >>"{RUN.events}"',
+        f"    printf {shell_fresh_line(EVENTS_WORD)}"
+        '\'{"time":%s,"event":"%s","pid":%d,"job_id":"%s","attempt":%d%s}\\n\' '
+        f'"$(date +%s.%N)" "$1" "$$" "$SLURM_JOB_ID" "$attempt" "${{2:-}}" >>{EVENTS_WORD}',
         "}",
         'echo "trainctl: job $SLURM_JOB_ID attempt $attempt on $SLURM_JOB_NODELIST,'
         ' master $MASTER_ADDR:$MASTER_PORT"',

@@ -1,0 +1,198 @@
+"""A damaged run directory, through the real `trainctl` command and real torchrun runs: a torn or non-UTF-8
+metrics.jsonl/events.jsonl (every reader skips and counts a bad line, every writer starts on a fresh line), a
+truncated job.json (said with what is intact; `resume --repair` rebuilds it; `runs` lists the run as DAMAGED),
+and a read-only or permission-denied target for every command that writes (one line, exit 2, nothing made).
+
+One launch (2 ranks, stopped with a checkpoint after step 3 of 6) is copied for each case."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from resume_utils import stop_after
+from trainer_utils import ROOT, TINY, deep_update
+
+from trainctl.data_prep import sample_text_path
+from trainctl.errors import EXIT_STOPPED, EXIT_USAGE
+from trainctl.rundir import load_jsonl
+
+pytestmark = pytest.mark.slow
+
+STOPPED_AT = 3
+STEPS = 6
+
+
+def cli(*args: str, prefix: tuple[str, ...] = (), cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*prefix, sys.executable, "-m", "trainctl", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=300)
+
+
+def ok(r: subprocess.CompletedProcess[str]) -> None:
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(spec file, run directory stopped after step 3 with checkpoints at steps 2 and 3)."""
+    base = tmp_path_factory.mktemp("launched")
+    spec = deep_update(TINY, {"parallel": {"dp": 2}, "cluster": {"gpus_per_node": 2}, "train": {"steps": STEPS},
+                              "checkpoint": {"every_steps": 2, "keep_last": 5}})
+    spec_file = base / "spec.yaml"
+    spec_file.write_text(yaml.safe_dump(spec))
+    run = base / "run"
+    r = subprocess.run([sys.executable, "-m", "trainctl", "launch", str(spec_file), "--run-dir", str(run)],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300, env={**os.environ,
+                                                                                   **stop_after(STOPPED_AT)})
+    assert r.returncode == EXIT_STOPPED, r.stdout[-2000:] + r.stderr[-3000:]
+    return spec_file, run
+
+
+def copy_run(launched: tuple[Path, Path], where: Path) -> Path:
+    run = where / "run"
+    shutil.copytree(launched[1], run)
+    return run
+
+
+def steps(run: Path) -> list[int]:
+    return [m["step"] for m in load_jsonl(run / "metrics.jsonl").records]
+
+
+def test_torn_and_non_utf8_jsonl_resume_and_report(launched: tuple[Path, Path], tmp_path: Path) -> None:
+    run = copy_run(launched, tmp_path)
+    metrics, events = run / "metrics.jsonl", run / "events.jsonl"
+    lines = metrics.read_bytes().split(b"\n")[:-1]
+    assert len(lines) == STOPPED_AT
+    # a line of bytes that are not UTF-8 after step 1, and step 3's record torn mid-line (no newline at the end)
+    metrics.write_bytes(lines[0] + b"\n\xff\xfe\x80 not utf-8\n" + lines[1] + b"\n" + lines[2][:len(lines[2]) // 2])
+    events.write_bytes(events.read_bytes() + b'{"time": 1.0, "event": "torn')  # the launcher appends next
+
+    r = cli("resume", str(run))
+    ok(r)
+    assert "metrics.jsonl: skipped 2 unreadable lines (2, 4)" in r.stdout
+    assert "events.jsonl: skipped 1 unreadable line" in r.stdout
+    # every whole record kept, and the ranks' step 4 written on a fresh line, not glued onto the torn step 3
+    assert steps(run) == [1, 2, 4, 5, 6]
+    read = load_jsonl(metrics)
+    assert read.bad_lines == [2, 4]
+    ev = load_jsonl(events)
+    assert len(ev.bad_lines) == 1  # the torn event alone: the launcher's next event is on a line of its own
+    kinds = [e["event"] for e in ev.records]
+    assert kinds.count("resume_requested") == 1 and kinds.count("resume_from") == 1 and kinds[-1] == "launcher_exit"
+
+    r = cli("mfu-report", str(run), "--json")
+    ok(r)
+    (report,) = json.loads(r.stdout)["runs"]
+    assert report["summary"]["steps_completed"] == STEPS
+    assert [s["step"] for s in report["series"]] == [1, 2, 4, 5, 6]
+    assert any("metrics.jsonl: skipped 2 unreadable lines" in w for w in report["warnings"])
+    assert any("events.jsonl: skipped 1 unreadable line" in w for w in report["warnings"])
+    r = cli("mfu-report", str(run))
+    ok(r)
+    assert "metrics.jsonl: skipped 2 unreadable lines" in " ".join(r.stdout.split())
+
+
+def test_truncated_job_json_status_runs_and_repair(launched: tuple[Path, Path], tmp_path: Path) -> None:
+    run = copy_run(launched, tmp_path)
+    job = run / "job.json"
+    whole = json.loads(job.read_text())
+    job.write_text(job.read_text()[:120])  # truncated mid-record
+    for command in (("status", str(run)), ("resume", str(run))):
+        r = cli(*command)
+        assert r.returncode == EXIT_USAGE, r.stderr
+        (line,) = r.stderr.strip().splitlines()
+        assert f"{job} is damaged" in line and f"checkpoints up to step {STOPPED_AT}" in line, line
+        assert f"trainctl resume {run} --repair" in line and f"continues from step {STOPPED_AT}" in line, line
+        assert "Traceback" not in r.stderr
+
+    lost = tmp_path / "lost"  # job.json deleted: the spec and events still make it a run directory
+    shutil.copytree(launched[1], lost)
+    (lost / "job.json").unlink()
+    r = cli("status", str(lost))
+    assert r.returncode == EXIT_USAGE and f"{lost / 'job.json'} is damaged (missing)" in r.stderr, r.stderr
+    r = cli("resume", str(lost), "--repair", "--dry-run")
+    ok(r)
+    assert "would rebuild job.json (local backend, 1 attempt(s))" in r.stdout and not (lost / "job.json").exists()
+
+    r = cli("runs", str(tmp_path), "--json")
+    ok(r)
+    listed = {Path(s["run_dir"]).name: s for s in json.loads(r.stdout)}
+    assert set(listed) == {"run", "lost"}
+    for s in listed.values():
+        assert s["state"] == "DAMAGED" and s["backend"] == "local" and s["steps_done"] == STOPPED_AT, s
+        assert "--repair" in s["reason"], s
+
+    r = cli("resume", str(run), "--repair", "--dry-run")
+    ok(r)
+    assert "would rebuild job.json (local backend, 1 attempt(s))" in r.stdout
+    assert sorted(p.name for p in run.iterdir()) == sorted(p.name for p in launched[1].iterdir())  # unchanged
+
+    r = cli("resume", str(run), "--repair")
+    ok(r)
+    assert "rebuilt job.json" in r.stdout and f"from step {STOPPED_AT}" in r.stdout
+    assert steps(run) == list(range(1, STEPS + 1))
+    rebuilt = json.loads(job.read_text())
+    assert rebuilt["backend"] == "local" and rebuilt["command"] == whole["command"] and rebuilt["env"] == whole["env"]
+    assert [(a["attempt"], a["kind"], a["status"]) for a in rebuilt["attempts"]] == [
+        (1, "launch", "stopped"), (2, "resume", "completed")]
+    assert (run / rebuilt["repaired"]["damaged_copy"]).read_text() == (launched[1] / "job.json").read_text()[:120]
+    r = cli("status", str(run), "--json")
+    ok(r)
+    assert json.loads(r.stdout)["state"] == "COMPLETED"
+
+
+# --- targets that cannot be written ----------------------------------------------------------------------
+
+NO_DAC = ("setpriv", "--bounding-set=-dac_override,-dac_read_search")  # root, held to permission bits
+
+
+@pytest.fixture(params=["read-only", "permission-denied"])
+def unwritable(request: pytest.FixtureRequest, tmpfs: Callable[..., Path], launched: tuple[Path, Path],
+               tmp_path: Path) -> Iterator[tuple[Path, tuple[str, ...], str]]:
+    """(a directory holding a copy of the run that cannot be written, the command prefix, the problem's words):
+    a read-only mount, or a directory of mode 0555 for root without CAP_DAC_OVERRIDE (tests run as root, who
+    passes every permission check otherwise)."""
+    if request.param == "read-only":
+        target = tmpfs("64m")
+        copy_run(launched, target)
+        subprocess.run(["mount", "-o", "remount,ro", str(target)], check=True)
+        yield target, (), "Read-only file system"
+        return
+    if shutil.which("setpriv") is None or subprocess.run([*NO_DAC, "true"]).returncode != 0:
+        pytest.skip("setpriv cannot drop CAP_DAC_OVERRIDE here")
+    target = tmp_path / "denied"
+    target.mkdir()
+    copy_run(launched, target)
+    for d in (target, target / "run"):
+        d.chmod(0o555)
+    yield target, NO_DAC, "Permission denied"
+    for d in (target, target / "run"):
+        d.chmod(0o755)
+
+
+def test_unwritable_targets_refused_in_one_line(unwritable: tuple[Path, tuple[str, ...], str],
+                                                launched: tuple[Path, Path]) -> None:
+    target, prefix, problem = unwritable
+    spec, run = str(launched[0]), target / "run"
+    before = sorted(p.relative_to(target) for p in target.rglob("*"))
+    commands = {
+        "launch --run-dir": ("launch", spec, "--run-dir", str(target / "new-run")),
+        "resume": ("resume", str(run)),
+        "export": ("export", str(run), "--format", "hf", str(target / "hf")),
+        "data prepare": ("data", "prepare", str(sample_text_path()), str(target / "tokens.bin")),
+        "calibrate --out": ("calibrate", spec, "--out", str(target / "calibration.json")),
+    }
+    for what, args in commands.items():
+        r = cli(*args, prefix=prefix)
+        assert r.returncode == EXIT_USAGE, f"{what}: exit {r.returncode}\n{r.stdout}\n{r.stderr}"
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1, f"{what}: {r.stderr}"
+        assert lines[0].startswith("error: ") and problem in lines[0] and str(target) in lines[0], f"{what}: {lines}"
+    assert sorted(p.relative_to(target) for p in target.rglob("*")) == before  # nothing half-made

@@ -1,0 +1,193 @@
+"""A run directory whose job.json is damaged (truncated, not JSON): what is still intact, and job.json rebuilt
+from what the run directory holds (`trainctl resume RUN --repair`). No torch.
+
+job.json is a record of the launches (backend, command, attempts, Slurm job ids); none of it is needed to
+continue training: the frozen spec.yaml, launch.sh (the command), events.jsonl (every launch, attempt and
+submission) and the checkpoints hold the rest. What they do not hold (the git commit of the first launch) is
+recorded as unknown, and the damaged file is kept beside it for inspection.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from trainctl.errors import UsageError
+from trainctl.fileio import write_atomic
+from trainctl.rundir import RunPaths, last_jsonl, read_jsonl, record_event
+
+DAMAGED = "DAMAGED"  # the state `trainctl status --json` / `runs` show for a run whose job.json is damaged
+DAMAGED_COPY = "{name}.damaged-{stamp}"  # where --repair keeps the damaged job.json
+LOCAL_ATTEMPT_EVENTS = ("launch", "resume")  # launch/local.py: one per local attempt, with its number
+
+
+class DamagedJob(UsageError):
+    """job.json cannot be parsed: one line naming it, what is intact and how to go on (exit 2)."""
+
+    def __init__(self, paths: RunPaths, why: str) -> None:
+        self.why = why
+        run = shlex.quote(str(paths.root))
+        newest = newest_checkpoint(paths)
+        go_on = (f"continues from step {newest}" if newest is not None else "restarts from step 0")
+        fix = (f"`trainctl resume {run} --repair` rebuilds it from {paths.spec.name}, {paths.launch_script.name} "
+               f"and {paths.events.name} and {go_on}" if paths.spec.is_file() else
+               "nothing to rebuild it from: launch the spec again into a new run directory")
+        super().__init__(f"{paths.job} is damaged ({why}); intact: {', '.join(intact(paths, newest))}; {fix}")
+
+
+def job_problem(text: str) -> tuple[dict[str, Any] | None, str | None]:
+    """(the job record, None), or (None, what is wrong with it) for a job.json's text."""
+    try:
+        job = json.loads(text)
+    except ValueError as e:
+        return None, f"not valid JSON, truncated? {e}"
+    if not isinstance(job, dict):
+        return None, f"a JSON {type(job).__name__}, not an object"
+    return job, None
+
+
+def newest_checkpoint(paths: RunPaths) -> int | None:
+    """The step of the newest committed checkpoint (the trainer verifies its checksums before it loads it)."""
+    from trainctl.checkpoint import latest_valid, resolve_checkpoint_dir
+
+    try:
+        info = latest_valid(resolve_checkpoint_dir(paths.root))
+    except OSError:
+        return None
+    return info.step if info is not None else None
+
+
+def intact(paths: RunPaths, newest: int | None) -> list[str]:
+    """What the run directory still holds that a resume needs or a person looks for, in words (`newest`: the
+    newest committed checkpoint's step)."""
+    out = [paths.spec.name if paths.spec.is_file() else f"no {paths.spec.name} (cannot be rebuilt)"]
+    out.append(f"checkpoints up to step {newest}" if newest is not None else "no valid checkpoint")
+    last = last_jsonl(paths.metrics) or {}
+    if isinstance(last.get("step"), int):
+        out.append(f"{paths.metrics.name} to step {last['step']}")
+    return out
+
+
+def recorded_backend(events: list[dict[str, Any]]) -> str | None:
+    """The backend the run's last launch, resume or submission recorded in events.jsonl."""
+    said = [e["backend"] for e in events if isinstance(e.get("backend"), str)]
+    return said[-1] if said else None
+
+
+def _iso(t: Any) -> str | None:
+    return datetime.fromtimestamp(float(t), timezone.utc).isoformat(timespec="seconds") \
+        if isinstance(t, (int, float)) else None
+
+
+def _script_command(path: Path) -> tuple[list[str], dict[str, str]]:
+    """(command, variables) of a launch.sh rendered by trainctl.launch.create.render_script; empty if absent."""
+    command: list[str] = []
+    env: dict[str, str] = {}
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return command, env
+    for line in lines:
+        words = shlex.split(line, comments=True) if line.startswith(("export ", "exec ")) else []
+        if words[:1] == ["export"] and len(words) == 2 and "=" in words[1]:
+            key, _, value = words[1].partition("=")
+            env[key] = value
+        elif words[:1] == ["exec"]:
+            command = words[1:]
+    return command, env
+
+
+def _slurm_submit_command(paths: RunPaths) -> list[str]:
+    """The sbatch command line of commands.txt (its first line that is not a comment)."""
+    try:
+        lines = paths.commands.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return []
+    first = next((ln for ln in lines if ln.strip() and not ln.startswith("#")), "")
+    return shlex.split(first)
+
+
+def _local_attempts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """job.json's attempts as launch/local.py records them, from each attempt's start and launcher_exit events."""
+    attempts: list[dict[str, Any]] = []
+    for e in events:
+        if e.get("event") in LOCAL_ATTEMPT_EVENTS and isinstance(e.get("attempt"), int):
+            attempts.append({"attempt": e["attempt"], "started": _iso(e.get("time")), "kind": e["event"],
+                             "_time": e.get("time")})
+        elif e.get("event") == "launcher_exit" and attempts and "exit_code" not in attempts[-1]:
+            began = attempts[-1]["_time"]
+            attempts[-1].update(exit_code=e.get("exit_code"), status=str(e.get("state") or "").lower() or None,
+                                seconds=round(float(e["time"]) - float(began), 3)
+                                if isinstance(e.get("time"), (int, float)) and isinstance(began, (int, float))
+                                else None)
+    for a in attempts:
+        del a["_time"]
+    return attempts
+
+
+def _slurm_record(paths: RunPaths, events: list[dict[str, Any]]) -> dict[str, Any]:
+    """job.json's Slurm part (trainctl.launch.slurm.submit) from the submit events and commands.txt."""
+    submits = [e for e in events if e.get("event") == "submit" and e.get("job_id") is not None]
+    jobs = [{"job_id": str(e["job_id"]), "submitted": _iso(e.get("time"))} for e in submits]
+    sl: dict[str, Any] = {"mode": submits[-1].get("mode") if submits else None, "script": paths.launch_script.name,
+                          "submit_command": _slurm_submit_command(paths), "jobs": jobs}
+    if jobs:
+        sl.update(job_id=jobs[-1]["job_id"], submitted=jobs[-1]["submitted"])
+    return sl
+
+
+@dataclass(frozen=True)
+class Rebuilt:
+    job: dict[str, Any]
+    sources: list[str]  # the files it was rebuilt from
+
+
+def rebuild(paths: RunPaths) -> Rebuilt:
+    """job.json as the run directory's other files tell it; UsageError when the frozen spec is gone too."""
+    from trainctl.errors import SpecError
+    from trainctl.spec import load_spec
+
+    try:
+        spec = load_spec(paths.spec)
+    except (SpecError, OSError) as e:
+        raise UsageError(f"{paths.job} is damaged and {paths.spec} cannot be read either "
+                         f"({str(e).splitlines()[0]}): there is nothing to rebuild the run from",
+                         hint="launch the spec again into a new run directory") from None
+    events = sorted(read_jsonl(paths.events), key=lambda e: float(e.get("time") or 0.0)
+                    if isinstance(e.get("time"), (int, float)) else 0.0)
+    backend = recorded_backend(events) or spec.backend
+    sources = [paths.spec.name] + ([paths.events.name] if events else [])
+    job: dict[str, Any] = {"backend": backend, "git": {"commit": None, "dirty": None},
+                           "created": _iso(events[0].get("time")) if events else None, "attempts": []}
+    if backend == "slurm":
+        sl = _slurm_record(paths, events)
+        job.update(command=sl["submit_command"], env={}, slurm=sl)  # the sbatch argv, as slurm.submit records it
+        if sl.get("job_id"):
+            job["job_id"] = sl["job_id"]
+        sources.append(paths.commands.name)
+    else:
+        command, env = _script_command(paths.launch_script)
+        job.update(command=command, env=env, attempts=_local_attempts(events))
+        sources.append(paths.launch_script.name)
+    return Rebuilt(job, sources)
+
+
+def write_rebuilt(paths: RunPaths, rebuilt: Rebuilt) -> Path | None:
+    """Keep the damaged job.json beside it, write the rebuilt one, record the repair; the damaged copy (None: there
+    was no job.json)."""
+    from trainctl.launch.create import now_iso
+
+    kept = None
+    if paths.job.exists():
+        kept = paths.root / DAMAGED_COPY.format(name=paths.job.name, stamp=time.strftime("%Y%m%d-%H%M%S"))
+        paths.job.replace(kept)
+    copy = kept.name if kept else None
+    job = {**rebuilt.job, "repaired": {"time": now_iso(), "from": rebuilt.sources, "damaged_copy": copy}}
+    write_atomic(paths.job, json.dumps(job, indent=2) + "\n")
+    record_event(paths, "job_repaired", sources=rebuilt.sources, damaged_copy=copy)
+    return kept
