@@ -7,10 +7,14 @@ step"."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import pty
 import re
 import secrets
+import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,6 +28,7 @@ from trainer_utils import processes_mentioning
 
 from trainctl import oom_kills
 from trainctl.checkpoint import list_checkpoints
+from trainctl.checkpoint.format import step_dirname
 from trainctl.errors import EXIT_RUN_FAILED, EXIT_STOPPED
 from trainctl.hostname import this_host
 from trainctl.rundir import read_jsonl
@@ -161,7 +166,7 @@ def test_second_ctrl_c_kills_at_once(tmp_path: Path) -> None:
     assert proc.returncode == EXIT_STOPPED, out[-3000:]
     assert "SIGHUP: every rank saves a checkpoint after its current step" in out
     assert "SIGINT again: killing torchrun and every rank now" in out
-    assert "killed before the ranks could save" in out and valid_steps(run) == []
+    assert "killed before the ranks could save (a second Ctrl-C)" in out and valid_steps(run) == []
     assert_clean(out)
     assert status(run)["state"] == "STOPPED"
     print(f"second Ctrl-C: every process gone {gone:.2f} s after the launcher returned")
@@ -241,3 +246,157 @@ def test_ctrl_z_stops_the_launcher_while_the_ranks_train_on(tmp_path: Path) -> N
     out, _ = proc.communicate(timeout=180)
     assert proc.returncode == EXIT_STOPPED, out[-3000:]
     assert re.search(rf"^step +{stopped_at + 3}/", out, re.MULTILINE), out[-3000:]  # the steps trained meanwhile
+
+
+def trainctl(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "trainctl", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+
+
+def wait_for_event(run: Path, kind: str) -> None:
+    deadline = time.time() + 120
+    while not any(e["event"] == kind for e in read_jsonl(run / "events.jsonl")):
+        assert time.time() < deadline, f"no {kind} event"
+        time.sleep(0.1)
+
+
+def test_cancel_again_waits_for_the_save_and_force_keeps_the_committed_checkpoint(tmp_path: Path) -> None:
+    """Step 2's save commits; step 4's is still being written (the writer sleeps before its commit) when `cancel`
+    asks the ranks to stop. A second `cancel` sends nothing ("already stopping"), a second SIGTERM is only noted;
+    `cancel --force` kills every process, the save in flight with it, and the run resumes from step 2, the
+    newest committed checkpoint."""
+    run = tmp_path / "run"
+    proc = launch(run, "--set", "checkpoint.every_steps=2", "--set", "checkpoint.keep_last=1",
+                  env=faults.encode(slow_write_s=600, slow_write_from_step=4))
+    wait_for_step(run, proc, 5)
+    assert valid_steps(run) == [2] and list((run / "checkpoints").glob(f"{step_dirname(4)}.tmp-*"))
+    first = trainctl("cancel", str(run))
+    assert first.returncode == 0 and "every rank saves a checkpoint" in first.stdout, first
+    wait_for_event(run, "stop_requested")
+    again = trainctl("cancel", str(run))
+    assert again.returncode == 0, again
+    assert re.search(r"already stopping: step \d+, checkpoint in progress; nothing more sent", again.stdout), again
+    proc.send_signal(signal.SIGTERM)  # a second `kill` of the launcher is noted, not a kill either
+    assert proc.poll() is None and status(run)["state"] == "STOPPING"  # still saving, nothing killed
+    force = trainctl("cancel", "--force", str(run))
+    assert force.returncode == 0 and "kill torchrun and every rank now" in force.stdout, force
+    out, _ = proc.communicate(timeout=120)
+    wait_gone(run)
+    assert proc.returncode == EXIT_STOPPED, out[-3000:]
+    assert out.count("SIGTERM again: already stopping") == 1, out[-2000:]  # the kill's; the second cancel sent none
+    assert "SIGTERM from `trainctl cancel --force`: killing torchrun and every rank now" in out, out[-2000:]
+    assert "killed before the ranks could save (`trainctl cancel --force`)" in out and "Ctrl-C)" not in out
+    assert_clean(out)
+    assert valid_steps(run) == [2]  # the save in flight is discarded whole; the committed one is kept
+    st = status(run)
+    assert st["state"] == "CANCELLED" and "cancel --force" in st["reason"], st
+    exit_event = [e for e in read_jsonl(run / "events.jsonl") if e["event"] == "launcher_exit"][-1]
+    assert exit_event["state"] == "CANCELLED", exit_event
+    resumed = trainctl("resume", str(run), "--set", "train.steps=3")
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    assert "resumed from checkpoint step 2" in resumed.stdout, resumed.stdout[-2000:]
+
+
+@pytest.mark.parametrize("how", ["cancel", "ctrl-c"])
+def test_a_stop_during_start_up_is_resumable_with_nothing_to_save(tmp_path: Path, how: str) -> None:
+    """`cancel` as soon as the ranks' processes exist (still importing torch, before their signal handler), or
+    Ctrl-C as soon as the run lock exists (torchrun not started yet): no rank dies of the SIGTERM, none trains."""
+    run = tmp_path / "run"
+    proc = launch(run)
+    deadline = time.time() + 120
+    while not ((run / "run.lock").exists() if how == "ctrl-c"
+               else any(b"trainctl.runtime" in Path(f"/proc/{p}/cmdline").read_bytes() for p in processes_of(run)
+                        if Path(f"/proc/{p}/cmdline").exists())):
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()[0][-3000:]
+        time.sleep(0.02)
+    if how == "cancel":
+        r = trainctl("cancel", str(run))
+        assert r.returncode == 0, r
+    else:
+        proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=180)
+    wait_gone(run)
+    word, state = ("cancelled", "CANCELLED") if how == "cancel" else ("stopped", "STOPPED")
+    assert proc.returncode == EXIT_STOPPED, out[-3000:]
+    assert f"{word} before the first step: nothing to save; `trainctl resume {run}` starts from the beginning" \
+        in out, out[-2000:]
+    assert "checkpoint saved" not in out and "killed by" not in out
+    assert_clean(out)
+    assert valid_steps(run) == [] and not read_jsonl(run / "metrics.jsonl")
+    st = status(run)
+    assert st["state"] == state and "nothing to save" in st["reason"], st
+
+
+@pytest.fixture
+def read_only_later() -> Any:
+    """A function that makes a directory read-only in place (a read-only bind mount of it over itself: root
+    ignores file modes, not a read-only mount); unmounted at the end."""
+    mounted: list[Path] = []
+
+    def make(where: Path) -> None:
+        for argv in (["mount", "--bind", str(where), str(where)], ["mount", "-o", "remount,bind,ro", str(where)]):
+            r = subprocess.run(argv, capture_output=True, text=True)
+            if r.returncode != 0:
+                pytest.skip(f"cannot make a read-only mount here: {' '.join(argv)}: {r.stderr.strip()}")
+            if argv[1] == "--bind":
+                mounted.append(where)
+
+    yield make
+    for where in mounted:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+@pytest.mark.parametrize("what", ["was deleted while the run trained (job.json is gone)",
+                                  "became read-only while the run trained (its file system was remounted "
+                                  "read-only)"], ids=["deleted", "read-only"])
+def test_run_dir_lost_while_training_is_one_line(tmp_path: Path, read_only_later: Any, what: str) -> None:
+    run = tmp_path / "run"
+    proc = launch(run)
+    wait_for_step(run, proc, 2)
+    if "deleted" in what:
+        shutil.rmtree(run)
+    else:
+        read_only_later(run)
+    out, _ = proc.communicate(timeout=180)
+    wait_gone(run)
+    assert proc.returncode == EXIT_RUN_FAILED, out[-3000:]
+    assert out.rstrip().splitlines()[-1] == (f"run failed: the run directory {run} {what}; nothing more of this run "
+                                             "could be recorded there"), out[-2000:]
+    assert_clean(out)
+
+
+def test_terminal_that_goes_away_still_saves_and_records(tmp_path: Path) -> None:
+    """The launcher runs on a real pty; its other side closes (the terminal window went away: SIGHUP, then every
+    write to it fails with EIO). The ranks save, and the launcher records how the run ended and exits 75."""
+    run = tmp_path / "run"
+    pid, master = pty.fork()
+    if pid == 0:  # the child: the launcher, with the pty as its terminal
+        try:
+            os.chdir(REPO)
+            os.execv(sys.executable, [sys.executable, "-m", "trainctl", "launch", str(TINY), "--run-dir", str(run),
+                                      *DP2, *LONG])
+        finally:
+            os._exit(127)
+    seen = b""
+    deadline = time.time() + 180
+    while not any(m.get("step", 0) >= 2 for m in read_jsonl(run / "metrics.jsonl")):
+        assert time.time() < deadline, seen[-3000:]
+        if select.select([master], [], [], 0.2)[0]:
+            with contextlib.suppress(OSError):
+                seen += os.read(master, 65536)
+    os.close(master)  # the terminal goes away
+    deadline = time.time() + 180
+    while (waited := os.waitpid(pid, os.WNOHANG))[0] == 0:
+        assert time.time() < deadline, "the launcher did not end"
+        time.sleep(0.2)
+    wait_gone(run)
+    assert os.waitstatus_to_exitcode(waited[1]) == EXIT_STOPPED
+    last = max(m["step"] for m in read_jsonl(run / "metrics.jsonl"))
+    assert valid_steps(run) == [last]
+    events = read_jsonl(run / "events.jsonl")
+    assert [e["signal"] for e in events if e["event"] == "stop_requested"] == ["SIGHUP"]
+    exit_event = [e for e in events if e["event"] == "launcher_exit"]
+    assert exit_event and exit_event[-1]["state"] == "STOPPED", events[-3:]
+    attempt = json.loads((run / "job.json").read_text())["attempts"][-1]
+    assert attempt["status"] == "stopped" and attempt["exit_code"] == 0, attempt
+    assert status(run)["state"] == "STOPPED"

@@ -255,6 +255,25 @@ def wait_step(run: Path, step: int, timeout: float = 150) -> int:
     return wait_for(lambda: (s := last_step(run)) >= step and s, f"{run} to log step {step}", timeout, 0.2)
 
 
+def test_cancel_force_on_slurm_is_slurms_own_kill(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """`trainctl cancel --force` on Slurm is `scancel --signal=KILL --full`, which slurmctld turns into its own
+    cancel (SIGTERM, then SIGKILL after KillWait); the run reads CANCELLED, killed by the forced cancel (the stub
+    ranks die of the SIGTERM before any checkpoint)."""
+    spec = load_spec(TINY, [f"{k}={v}" for k, v in {
+        **STUB_LAYOUT, "launcher.backend": "slurm", "launcher.mode": "srun",
+        "launcher.env": json.dumps({"PYTHONPATH": str(Path(__file__).parent)})}.items()])
+    launch = render.plan_slurm(spec, tmp_path / "run", trainer_module="slurm_stub_trainer")
+    paths = submit.create(launch)
+    jid = submit.submit(launch, paths)
+    wait_for(lambda: len(list((paths.root / "stub").glob("up-*-0"))) == STUB_RANKS, "every rank up", 120)
+    r = cli("cancel", "--force", str(paths.root))
+    assert r.returncode == 0 and f"cancelled Slurm job {jid} with scancel --signal=KILL" in r.stdout, r
+    st = wait_for(lambda: (s := status(paths.root))["state"] != "STOPPING" and s, "the job to end", 60)
+    assert st["state"] == "CANCELLED" and "(`trainctl cancel --force`)" in st["reason"], st
+    log = (paths.logs / f"slurm-{jid}.out").read_text()
+    assert re.search(rf"JOB {jid} ON \S+ CANCELLED", log) and "trainctl: SIGTERM: stopping the ranks" in log, log
+
+
 def events(run: Path, kind: str) -> list[dict]:
     return [e for e in read_jsonl(run / "events.jsonl") if e["event"] == kind]
 
@@ -520,7 +539,7 @@ def test_a_stop_before_the_ranks_exist_reaches_them_and_the_log_reads_clean(slur
     _start_now(jid)
     stop_held_step("scancel", jid)
     st = wait_for(lambda: (s := status(run))["state"] == "CANCELLED" and s, "CANCELLED", 60)
-    assert st["reason"] == "cancelled (SIGTERM: scancel) before training started; nothing to save", st
+    assert st["reason"] == "cancelled (SIGTERM: scancel); before the first step, nothing to save", st
     assert read_jsonl(run / "metrics.jsonl") == []  # no step trained in either attempt
     log = (run / "logs" / f"slurm-{jid}.out").read_text()
     assert "trainctl: the ranks stopped before their first step; nothing new to save" in log, log

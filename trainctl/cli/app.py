@@ -10,6 +10,7 @@ import sys
 
 import typer
 
+from trainctl import terminal
 from trainctl.errors import EXIT_USAGE, TrainctlError
 
 app = typer.Typer(
@@ -83,7 +84,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _print_error(message: str, hint: str | None = None) -> None:
-    for line in message.splitlines() or [message]:
-        print(f"error: {line}", file=sys.stderr)
-    if hint:
-        print(f"hint: {hint}", file=sys.stderr)
+    text = "".join(f"error: {line}\n" for line in message.splitlines() or [message])
+    terminal.write(sys.stderr, text + (f"hint: {hint}\n" if hint else ""))

@@ -10,6 +10,7 @@ assumes 80 columns, and tables get 120 so they stay readable in logs.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -19,6 +20,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
+
+from trainctl import terminal
 
 if TYPE_CHECKING:
     from trainctl.launch.backend import Line
@@ -37,10 +40,11 @@ def make_console(*, stderr: bool = False) -> Console:
 def show(console: Console, line: Line) -> None:
     """Print a launch backend's line: styled parts through rich, verbatim lines to stdout exactly."""
     if line.verbatim:
-        print(line.text)
+        terminal.write(sys.stdout, line.text + "\n")
         return
-    console.print("".join(escape(p) if isinstance(p, str) else f"[{p[1]}]{escape(p[0])}[/{p[1]}]"
-                          for p in line.parts))
+    with terminal.guarded(console.file):  # a terminal that closed under a run must not end its launcher
+        console.print("".join(escape(p) if isinstance(p, str) else f"[{p[1]}]{escape(p[0])}[/{p[1]}]"
+                              for p in line.parts))
 
 
 def sayer(console: Console) -> Callable[[Line], None]:

@@ -15,7 +15,7 @@ from trainctl.cli.app import app
 from trainctl.cli.console import Col, fitted_table, make_console
 from trainctl.cli.jsonout import print_json
 from trainctl.cli.options import JsonOpt
-from trainctl.errors import UsageError
+from trainctl.errors import RunError, UsageError
 from trainctl.rundir import record_event
 
 STATE_COLOR = {"COMPLETED": "green", "RUNNING": "cyan", "STARTING": "cyan", "PENDING": "yellow",
@@ -91,9 +91,15 @@ def runs(base: Path = typer.Argument(Path("runs"), help="Directory holding run d
 
 
 @app.command()
-def cancel(run: Path = RunArg) -> None:
-    """Cancel a run: scancel its Slurm job, or stop the local launcher (SIGTERM, as Ctrl-C would)."""
+def cancel(run: Path = RunArg,
+           force: bool = typer.Option(False, "--force", help="Kill every process of the run now, a save in flight "
+                                      "included (the newest committed checkpoint stays; the steps since it are "
+                                      "lost). On Slurm: scancel --signal=KILL, which Slurm carries out as its "
+                                      "cancel, SIGKILL after its KillWait.")) -> None:
+    """Cancel a run: scancel its Slurm job, or stop the local launcher (SIGTERM, as Ctrl-C would): every rank saves
+    a checkpoint after its current step. Asking again while it stops changes nothing; --force kills."""
     from trainctl.launch.backend import backend_for
+    from trainctl.launch.runstate import STOPPING, stopping_progress
     from trainctl.launch.status import open_run, read_job_json, run_status
 
     paths = open_run(run)
@@ -102,8 +108,19 @@ def cancel(run: Path = RunArg) -> None:
     if not st.active:
         print(f"{st.name}: already {st.state}; nothing to cancel")
         return
-    record_event(paths, "cancel_requested", state=st.state)  # how the run ends reads "cancelled" (runstate)
-    print(backend_for(job).cancel(paths, job))
+    if st.state == STOPPING and not force:  # a second signal must not cut short the save it asked for
+        print(f"{st.name}: already stopping: {stopping_progress(paths)}; nothing more sent "
+              f"(`trainctl cancel --force {run}` kills at once)")
+        return
+    # recorded first: how the run ends reads "cancelled" (runstate); the launcher reads `force` (a SIGTERM
+    # alone cannot say it), and ranks still starting read the request (runtime/signals.requested_before_start)
+    try:
+        record_event(paths, "cancel_requested", state=st.state, force=force)
+    except OSError as e:
+        raise RunError(f"{paths.events}: cannot record the cancel ({e.strerror}); nothing was sent",
+                       hint="the run directory must be writable (its launcher stops a run whose directory "
+                            "became read-only by itself)") from e
+    print(backend_for(job).cancel(paths, job, force=force))
 
 
 @app.command()

@@ -149,8 +149,10 @@ class Backend(ABC, Generic[L, R]):
         """The run's console output (rank None) or one global rank's output; UsageError when a rank has none."""
 
     @abstractmethod
-    def cancel(self, paths: RunPaths, job: dict[str, Any]) -> str:
-        """Stop an active run the way its backend does; what was done, in one line."""
+    def cancel(self, paths: RunPaths, job: dict[str, Any], *, force: bool = False) -> str:
+        """Stop an active run the way its backend does (the ranks save after their current step; `force`: kill
+        every process at once, losing the steps since the newest committed checkpoint); what was done, in
+        one line."""
 
 
 def backend_for(source: RunSpec | Mapping[str, Any] | str) -> Backend[Any, Any]:

@@ -8,6 +8,7 @@ console; we copy that console into RUN/logs/launcher.log and show rank 0's lines
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import shlex
@@ -15,14 +16,15 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
 
-from trainctl import init_source, package_origin, terminal_width
+from trainctl import init_source, package_origin, terminal, terminal_width
 from trainctl.data_prep import check_data
 from trainctl.errors import RunError, UsageError
 from trainctl.launch import environment, runlock
@@ -48,15 +50,18 @@ from trainctl.launch.create import (
     record_attempt,
 )
 from trainctl.launch.diskspace import disk_full_line
-from trainctl.launch.procs import children, die_with_parent, kill_tree, signal_all
+from trainctl.launch.procs import children, die_with_parent, handles, kill_tree, signal_all
 from trainctl.launch.runstate import (
     CANCELLED,
     COMPLETED,
     DIVERGED,
     FAILED,
+    FORCED,
     LOST_PEER,
     STOPPED,
+    Cause,
     Outcome,
+    forced,
     lost_peer_ranks,
     oom_or,
     outcome,
@@ -68,6 +73,8 @@ from trainctl.spec import RunSpec
 
 NAME = "local"  # launcher.backend and job.json "backend" of runs this backend starts
 KILL_GRACE_S = 30.0  # after a forwarded signal, how long torchrun gets to stop its workers
+SECOND_CTRL_C = "a second Ctrl-C"  # what killed the tree, in a run's outcome
+RUN_DIR_LOST = "run directory"  # a Cause kind: the run directory was deleted or became unwritable under the run
 
 
 @dataclass(frozen=True)
@@ -178,7 +185,6 @@ class ConsoleFilter:
         self.verbose = verbose
         self.in_traceback = False
         self.after_message = False  # the traceback's "Type: message" line has passed
-        self.out_ok = True
 
     def filter(self, line: str) -> str | None:
         if self.verbose:
@@ -205,78 +211,195 @@ class ConsoleFilter:
 
 
 class Stopper:
-    """The launcher's signal handler. The first Ctrl-C (SIGINT), SIGTERM (`trainctl cancel`) or SIGHUP asks
-    every rank to stop: SIGTERM goes to the ranks themselves, not to torchrun, so they save after the
-    same step and exit 0, and torchrun ends cleanly with them. A second one kills the whole tree at once."""
+    """The launcher's signal handler. The first Ctrl-C (SIGINT), SIGTERM (`trainctl cancel`, `kill`) or SIGHUP (the
+    terminal closed) asks every rank to stop: it is recorded (`stop_requested`) first, then SIGTERM goes to the
+    ranks themselves, not to torchrun, so they save after the same step and exit 0, and torchrun ends cleanly
+    with them. Only a rank that already handles SIGTERM is signalled (SIGTERM's default action would kill it);
+    one still starting reads the record once its handler is in place (runtime/signals.requested_before_start).
+    Killing the whole tree at once takes a second Ctrl-C (the person at the terminal sees it happen) or a
+    `trainctl cancel --force`; a repeated SIGTERM or SIGHUP is only noted. Installed before the run lock is
+    taken, so `trainctl cancel` never finds a launcher without it."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], paths: RunPaths, say: Callable[[str], None]) -> None:
-        self.proc, self.paths, self.say = proc, paths, say
+    def __init__(self, paths: RunPaths, say: Callable[[str], None], *, trainer: bool) -> None:
+        self.paths, self.say = paths, say
+        self.begun: float | None = None  # when the attempt began: the time its begin event bears
+        self.trainer = trainer  # the trainer's ranks handle SIGTERM; a measuring worker's simply die of it
+        self.proc: subprocess.Popen[bytes] | None = None  # torchrun, once started
         self.signals: list[int] = []
-
-    @property
-    def killed(self) -> bool:
-        return len(self.signals) > 1
+        self.killed_by: str | None = None  # what killed the tree, in words (runstate.outcome)
+        self.lost: OSError | None = None  # the run directory can no longer be written (RunDirWatch, a write)
 
     def __call__(self, signum: int, _frame: FrameType | None) -> None:
         self.signals.append(signum)
         name = signal.Signals(signum).name
-        if len(self.signals) > 1:
-            self.say(f"trainctl: {name} again: killing torchrun and every rank now")
-            kill_tree(self.proc.pid)
+        force = self._forced()
+        if len(self.signals) > 1 or force:
+            if force or signum == signal.SIGINT:
+                self._kill(FORCED if force else SECOND_CTRL_C, name)
+            else:
+                self.say(f"trainctl: {name} again: already stopping, the ranks save after their current step "
+                         f"(`trainctl cancel --force {shlex.quote(str(self.paths.root))}` or Ctrl-C kills at once)")
             return
-        ranks = children(self.proc.pid)
-        record_event(self.paths, "stop_requested", signal=name, ranks=len(ranks))
-        # no rank yet (torchrun is starting them): nothing has trained, torchrun may stop them itself
-        signal_all(ranks, signal.SIGTERM) or signal_all([self.proc.pid], signal.SIGTERM)
+        if self.begun is not None:  # else begin() records it
+            self._record()
+        self._ask_ranks()
         self.say(f"trainctl: {name}: every rank saves a checkpoint after its current step, then stops "
                  "(press Ctrl-C again to kill at once)")
 
+    def begin(self, begun: float) -> None:
+        """The attempt began at `begun` (its begin event bears that time): a request made before is recorded
+        now, inside the attempt that its ranks and `status` read."""
+        self.begun = begun
+        if self.signals:
+            self._record()
+
+    def _record(self) -> None:
+        try:
+            record_event(self.paths, "stop_requested", signal=signal.Signals(self.signals[0]).name,
+                         ranks=len(self._ranks()))
+        except OSError as e:  # the run directory is gone or read-only: stop the ranks all the same
+            self.lost = self.lost or e
+
+    def lose(self, error: OSError) -> None:
+        """The run directory was deleted or became read-only under the run: stop the ranks. A deleted one
+        leaves nothing to save into (a save would only make parts of it again), so its ranks are killed."""
+        if self.lost is not None:
+            return
+        self.lost = error
+        if error.errno == errno.ENOENT:
+            if self.proc is not None:
+                kill_tree(self.proc.pid)
+        else:
+            self._ask_ranks()
+
+    def _ranks(self) -> list[int]:
+        return children(self.proc.pid) if self.proc is not None else []
+
+    def _ask_ranks(self) -> None:
+        ranks = self._ranks()
+        if self.trainer:
+            signal_all([p for p in ranks if handles(p, signal.SIGTERM)], signal.SIGTERM)
+        elif self.proc is not None:  # a measuring worker: SIGTERM ends it; torchrun ends one still starting
+            signal_all(ranks, signal.SIGTERM) or signal_all([self.proc.pid], signal.SIGTERM)
+
+    def _forced(self) -> bool:
+        try:
+            return self.begun is not None and forced(since(read_jsonl(self.paths.events), self.begun))
+        except OSError:
+            return False
+
+    def _kill(self, by: str, name: str) -> None:
+        self.killed_by = by
+        self.say(f"trainctl: {name} {'again' if by == SECOND_CTRL_C else f'from {by}'}: killing torchrun and "
+                 "every rank now")
+        if self.proc is not None:
+            kill_tree(self.proc.pid)
+
+
+class RunDirWatch:
+    """Notices, every few seconds, the run directory deleted (or replaced: a rank's heartbeat may make its
+    logs/ again) or made read-only under a running launcher, and has the Stopper stop the ranks."""
+
+    EVERY_S = 2.0
+
+    def __init__(self, paths: RunPaths, stopper: Stopper) -> None:
+        self.paths, self.stopper = paths, stopper
+        st = os.stat(paths.root)
+        self.identity = (st.st_dev, st.st_ino)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="trainctl-run-dir-watch", daemon=True)
+
+    def __enter__(self) -> RunDirWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.EVERY_S):
+            if (problem := self.problem()) is not None:
+                self.stopper.lose(problem)
+                return
+
+    def problem(self) -> OSError | None:
+        job = str(self.paths.job)
+        try:
+            st = os.stat(self.paths.root)
+            if (st.st_dev, st.st_ino) != self.identity or not self.paths.job.exists():
+                return FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), job)
+            if os.statvfs(self.paths.root).f_flag & os.ST_RDONLY:
+                return OSError(errno.EROFS, os.strerror(errno.EROFS), job)
+        except OSError as e:
+            return e
+        return None
+
 
 def run(launch: LocalLaunch, paths: RunPaths, out: TextIO | None = None, kind: str = "launch",
-        verbose: bool = False) -> Outcome:
-    """Run torchrun, stream rank 0's console, turn Ctrl-C/SIGTERM into "save and stop"; how it ended.
+        verbose: bool = False, lock_note: Callable[[str], None] | None = None) -> Outcome:
+    """Hold the run lock, run torchrun, stream rank 0's console, turn Ctrl-C/SIGTERM into "save and stop";
+    how it ended.
 
-    Appends a new attempt to job.json (a `trainctl resume` of the same run directory is attempt 2, ...)."""
+    Appends a new attempt to job.json (a `trainctl resume` of the same run directory is attempt 2, ...).
+    The person's terminal may go away (trainctl/terminal.py); the run directory may be deleted or become
+    read-only under it: the run then ends FAILED with one line naming the directory (run_dir_lost)."""
     out = out or sys.stdout
-    started = time.time()
-    attempt = len(read_job(paths).get("attempts") or []) + 1
-    record_attempt(paths, attempt=attempt, started=now_iso(), kind=kind)
-    record_event(paths, kind, backend=NAME, nproc=launch.nproc, attempt=attempt)
     console = ConsoleFilter(verbose)
-    log_from = paths.launcher_log.stat().st_size if paths.launcher_log.exists() else 0  # this attempt's part
 
     def say(text: str) -> None:
-        if console.out_ok:
-            with contextlib.suppress(BrokenPipeError):
-                out.write(text + "\n")
-                out.flush()
+        terminal.write(out, text + "\n")
 
+    stopper = Stopper(paths, say, trainer=launch.module == TRAINER_MODULE)
+    old = {s: signal.signal(s, stopper) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        with runlock.hold(paths.root, kind, lock_note) as lock:
+            stopper.begin(lock.owner.since)
+            return _run(launch, paths, out, kind, console, stopper, started=lock.owner.since)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _run(launch: LocalLaunch, paths: RunPaths, out: TextIO, kind: str, console: ConsoleFilter, stopper: Stopper,
+         *, started: float) -> Outcome:
+    """The attempt, from `started`, the moment its run lock was taken: a `trainctl cancel`, which finds the
+    launcher through the lock, records its request inside the attempt even before its begin event is written."""
+    try:
+        attempt = len(read_job(paths).get("attempts") or []) + 1
+        record_attempt(paths, attempt=attempt, started=now_iso(), kind=kind)
+        record_event(paths, kind, backend=NAME, nproc=launch.nproc, attempt=attempt, time=started)
+        log_from = paths.launcher_log.stat().st_size if paths.launcher_log.exists() else 0  # this attempt's part
+        log: BinaryIO | None = open(paths.launcher_log, "ab")  # noqa: SIM115 (closed below; may fail mid-run)
+    except OSError as e:
+        raise RunError(run_dir_lost(paths, e).reason) from e
     # Own session: a terminal Ctrl-C reaches only us, and we decide what the ranks get. torchrun dies with
     # us however we die (PDEATHSIG), and its ranks then stop themselves after a checkpoint.
     env = {**os.environ, **launch.env, **terminal_width.launch_variables()}
     proc = subprocess.Popen(launch.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True, preexec_fn=die_with_parent)
-    stopper = Stopper(proc, paths, say)
-    old = {s: signal.signal(s, stopper) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    try:
-        with open(paths.launcher_log, "ab") as log:
-            assert proc.stdout is not None
-            for line in iter(proc.stdout.readline, b""):
-                log.write(line)
-                log.flush()
-                shown = console.filter(line.decode("utf-8", errors="replace"))
-                if shown is not None and console.out_ok:
-                    try:
-                        out.write(shown)
-                        out.flush()
-                    except BrokenPipeError:  # `trainctl launch | head`: keep training, keep logging
-                        console.out_ok = False
+    stopper.proc = proc  # a stop asked for before now is recorded: the ranks read it as they start
+    assert proc.stdout is not None
+    with RunDirWatch(paths, stopper):
+        for line in iter(proc.stdout.readline, b""):
+            if log is not None:
+                try:
+                    log.write(line)
+                    log.flush()
+                except OSError as e:  # the disk filled or failed under the run
+                    stopper.lose(e)
+                    log = None
+            shown = console.filter(line.decode("utf-8", errors="replace"))
+            if shown is not None:
+                terminal.write(out, shown)
         rc = proc.wait()
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
+    if log is not None:
+        with contextlib.suppress(OSError):
+            log.close()
+    if stopper.lost is not None:  # the ranks failed of it too, most likely: the directory is the cause
+        return run_dir_lost(paths, stopper.lost)
     events = since(read_jsonl(paths.events), started)
-    result = outcome(events, killed=stopper.killed)
+    result = outcome(events, killed=stopper.killed_by)
     if rc and (result is None or (result.cause is not None and result.cause.kind == LOST_PEER)):
         # nothing recorded, or only the survivors' "connection closed": a rank died by a signal, or torchrun
         # could not start its ranks; torchrun's own record says which
@@ -285,18 +408,42 @@ def run(launch: LocalLaunch, paths: RunPaths, out: TextIO | None = None, kind: s
         result = Outcome(FAILED, None, cause.line() if cause else f"torchrun exited with status {rc}", cause)
     elif result is None:
         result = Outcome(COMPLETED, None, "every step done")
-    record_attempt(paths, attempt=attempt, exit_code=rc, status=result.state.lower(),
-                   seconds=round(time.time() - started, 3))
-    record_event(paths, "launcher_exit", backend=NAME, exit_code=rc, state=result.state, step=result.step,
-                 reason=result.reason, cause=result.cause.to_json() if result.cause else None,
-                 signal=signal.Signals(stopper.signals[0]).name if stopper.signals else None)
+    try:
+        record_attempt(paths, attempt=attempt, exit_code=rc, status=result.state.lower(),
+                       seconds=round(time.time() - started, 3))
+        record_event(paths, "launcher_exit", backend=NAME, exit_code=rc, state=result.state, step=result.step,
+                     reason=result.reason, cause=result.cause.to_json() if result.cause else None,
+                     signal=signal.Signals(stopper.signals[0]).name if stopper.signals else None)
+    except OSError as e:  # lost in the last moment
+        return run_dir_lost(paths, e)
     return result
 
 
+def run_dir_lost(paths: RunPaths, error: OSError) -> Outcome:
+    """A run whose directory the launcher can no longer write (deleted, read-only, full, or else): FAILED,
+    with one line naming the directory and what happened."""
+    where = f"the run directory {paths.root}"
+    name = Path(error.filename).name if error.filename else None
+    if error.errno == errno.ENOENT or not paths.root.is_dir():
+        what = f"was deleted while the run trained{f' ({name} is gone)' if name else ''}"
+    elif error.errno == errno.EROFS:
+        what = "became read-only while the run trained (its file system was remounted read-only)"
+    elif error.errno in (errno.ENOSPC, errno.EDQUOT):
+        what = "ran out of space (its disk or quota is full)"
+    else:
+        what = f"can no longer be written ({error.strerror or error})"
+    line = f"{where} {what}; nothing more of this run could be recorded there"
+    return Outcome(FAILED, None, line, Cause(RUN_DIR_LOST, line))
+
+
 def read_from(path: Path, offset: int) -> str:
-    with open(path, "rb") as f:
-        f.seek(offset)
-        return f.read().decode("utf-8", errors="replace")
+    """The file from `offset` on ("" when it is gone)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
 
 
 def end_line(paths: RunPaths, result: Outcome, *, trainer: bool = True) -> Line:
@@ -311,11 +458,17 @@ def end_line(paths: RunPaths, result: Outcome, *, trainer: bool = True) -> Line:
                     f"{f'step {result.kept}' if result.kept else 'none'}; {go_on}")
     if result.state in (STOPPED, CANCELLED):
         word = "cancelled" if result.state == CANCELLED else "stopped"
+        if result.before_first_step:
+            kept = f"checkpoint step {result.step} kept" if result.step else "nothing to save"
+            return note((f"{word} before the first step", "yellow"), f": {kept}; `trainctl resume {run}` "
+                        + ("continues" if result.step else "starts from the beginning"))
         if result.step is None:
             return note((word, "yellow"), f": {result.reason}; `trainctl resume {run}` continues from the newest "
                         "valid checkpoint")
         return note((f"{word} at step {result.step}, checkpoint saved", "yellow"),
                     f"; `trainctl resume {run}` continues")
+    if result.cause is not None and result.cause.kind == RUN_DIR_LOST:  # its logs are gone or unchanged since
+        return note(("run failed", "red"), f": {result.reason}")
     if full := disk_full_line(paths):
         return note(("run failed", "red"), f": {full}")
     log = ""
@@ -364,8 +517,8 @@ class LocalBackend(Backend[LocalLaunch, LocalLaunch]):
 
     def _attempt(self, launch: LocalLaunch, paths: RunPaths, kind: str, say: Say, verbose: bool) -> int:
         """Hold the run lock, run torchrun to the end, print the one last line; the exit code."""
-        with runlock.hold(paths.root, kind, lambda s: say(note(("note", "yellow"), f" {s}"))):
-            result = run(launch, paths, kind=kind, verbose=verbose)
+        result = run(launch, paths, kind=kind, verbose=verbose,
+                     lock_note=lambda s: say(note(("note", "yellow"), f" {s}")))
         say(end_line(paths, result, trainer=launch.module == TRAINER_MODULE))
         return result.exit_code
 
@@ -396,16 +549,24 @@ class LocalBackend(Backend[LocalLaunch, LocalLaunch]):
             raise no_rank_logs(paths, rank, "the run may not have started yet")
         return LogFiles(files)
 
-    def cancel(self, paths: RunPaths, job: dict[str, Any]) -> str:
-        # As Ctrl-C would: the launcher asks every rank to save after its step and stop. A launcher that is gone
-        # (killed) left ranks that stop by themselves; they are asked directly.
+    def cancel(self, paths: RunPaths, job: dict[str, Any], *, force: bool = False) -> str:
+        # As Ctrl-C would: the launcher asks every rank to save after its step and stop; with force (the request
+        # recorded says so: Stopper) it kills them. A launcher that is gone (killed) left ranks that stop by
+        # themselves; they are signalled directly.
         held = runlock.read_lock(paths.lock)
         if held is None or held.owner is None:
             raise RunError(f"{paths.root}: no live launcher recorded in {paths.lock.name}")
         if signal_all([held.owner.pid], signal.SIGTERM):
+            if force:
+                return f"asked the local launcher (pid {held.owner.pid}) to kill torchrun and every rank now"
             return (f"asked the local launcher (pid {held.owner.pid}) to stop: every rank saves a checkpoint after "
                     "its current step")
-        ranks = [p for p, _ in held.owner.children[1:]]  # the first child is torchrun
-        signal_all(ranks, signal.SIGTERM)
-        return f"the launcher is gone; asked its {len(ranks)} ranks to save and stop"
+        # torchrun is the first child recorded, then its ranks: those still running with their recorded start
+        # (never a recycled pid)
+        left = [p for p, start in held.owner.children[1:] if runlock.proc_start(p) == start]
+        if force:
+            signal_all(left, signal.SIGKILL)
+            return f"the launcher is gone; killed its {len(left)} ranks"
+        signal_all(left, signal.SIGTERM)
+        return f"the launcher is gone; asked its {len(left)} ranks to save and stop"
 

@@ -42,6 +42,17 @@ def descendants(pid: int) -> list[int]:
     return out[:MAX_CHILDREN]
 
 
+def handles(pid: int, sig: int) -> bool:
+    """Whether process `pid` has a handler installed for `sig` (SigCgt in /proc/PID/status), so that `sig` is
+    a request to it rather than its death (False where the process is gone or /proc is missing)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = next((line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), "0")
+    return bool(int(caught, 16) >> (sig - 1) & 1)
+
+
 def signal_all(pids: list[int], sig: int) -> int:
     """Send `sig` to each pid that still exists; how many were signalled."""
     sent = 0

@@ -47,6 +47,7 @@ EXIT_CODE = {COMPLETED: EXIT_OK, STOPPED: EXIT_STOPPED, CANCELLED: EXIT_STOPPED,
 LAUNCHER_SIGNAL = {"SIGINT": "Ctrl-C", "SIGTERM": "SIGTERM to the launcher", "SIGHUP": "the terminal closed"}
 BEGIN_EVENTS = ("launch", "resume", "slurm_start")  # one attempt begins (launcher / batch script)
 STOP_EVENTS = ("stop_requested", "cancel_requested")
+FORCED = "`trainctl cancel --force`"  # what killed a run's processes, in words (`outcome`)
 
 # A failure whose message says a peer went away is the consequence of another rank's death, not its cause.
 SECONDARY = re.compile(r"Connection (closed|reset) by peer|Broken pipe|connectFullMesh|Socket Timeout|"
@@ -85,6 +86,7 @@ class Outcome:
     reason: str
     cause: Cause | None = None
     kept: int | None = None  # DIVERGED: the last finite checkpoint
+    before_first_step: bool = False  # stopped before training: `step` is what was loaded, nothing was saved
 
     @property
     def exit_code(self) -> int:
@@ -121,10 +123,15 @@ def _last(events: list[dict[str, Any]], kind: str) -> dict[str, Any] | None:
     return next((e for e in reversed(events) if e.get("event") == kind), None)
 
 
-def outcome(events: list[dict[str, Any]], killed: bool = False) -> Outcome | None:
+def forced(events: list[dict[str, Any]]) -> bool:
+    """`trainctl cancel --force` was asked for (it records so before it signals: a SIGTERM cannot say it)."""
+    return any(e.get("event") == "cancel_requested" and e.get("force") for e in events)
+
+
+def outcome(events: list[dict[str, Any]], killed: str | None = None) -> Outcome | None:
     """The outcome of an attempt from its events (those written after it began), or None while none is
-    recorded. `killed`: the local launcher killed the ranks (a second Ctrl-C); once it has returned, its own
-    verdict is in its `launcher_exit` event."""
+    recorded. `killed`: what made the local launcher kill the ranks, in words (a second Ctrl-C, `trainctl
+    cancel --force`); once it has returned, its own verdict is in its `launcher_exit` event."""
     if (fin := _last(events, "finish")) is not None:
         return Outcome(COMPLETED, fin.get("steps"), "every step done")
     if (div := _last(events, "diverged")) is not None:
@@ -135,20 +142,20 @@ def outcome(events: list[dict[str, Any]], killed: bool = False) -> Outcome | Non
     cancelled = _last(events, "cancel_requested") is not None
     slurm = slurm_stop(events)
     if (sig := _last(events, "checkpoint_on_signal")) is not None or (sig := _last(events, "stopped")) is not None:
-        step = sig.get("step")
-        saved = ("before training started; nothing new to save" if sig.get("before_first_step")
-                 else f"checkpoint step {step} committed")
+        step, early = sig.get("step"), bool(sig.get("before_first_step"))
+        saved = (f"checkpoint step {step} committed" if not early else
+                 f"before the first step, nothing new to save (checkpoint step {step} kept)" if step else
+                 "before the first step, nothing to save")
         asked = _last(events, "stop_requested")
         by = (LAUNCHER_SIGNAL.get(asked.get("signal"), f"{asked.get('signal')} to the launcher") if asked
               else slurm or sig.get("reason") or sig.get("signal"))
         why = "cancelled" if cancelled else f"stopped ({by})"
-        return Outcome(CANCELLED if cancelled else STOPPED, step,
-                       f"{why} {saved}" if sig.get("before_first_step") else f"{why}; {saved}")
+        return Outcome(CANCELLED if cancelled else STOPPED, step, f"{why}; {saved}", before_first_step=early)
     cause = first_cause(events)
     if slurm is not None and _last(events, "start") is None and (cause is None or cause.kind == LOST_PEER):
         # Slurm ended the attempt while the ranks started: KillWait's SIGKILL came before they could record it
         why = "cancelled" if cancelled else f"stopped ({slurm})"
-        return Outcome(CANCELLED if cancelled else STOPPED, None, f"{why} before training started; nothing to save")
+        return Outcome(CANCELLED if cancelled else STOPPED, None, f"{why}; before the first step, nothing to save")
     ex = _last(events, "launcher_exit")
     if ex is not None and ex.get("state") in EXIT_CODE and (cause is None or cause.kind == LOST_PEER):
         # the local launcher's verdict: a kill, or torchrun's own record of a rank that died by a signal
@@ -156,9 +163,10 @@ def outcome(events: list[dict[str, Any]], killed: bool = False) -> Outcome | Non
         return Outcome(ex["state"], ex.get("step"), str(ex.get("reason") or ""), recorded)
     if cause is not None:
         return Outcome(FAILED, _last_step(events), cause.line(), cause)
+    killed = killed or (FORCED if forced(events) else None)  # Slurm: scancel --signal=KILL, nothing recorded
     if killed:
         return Outcome(CANCELLED if cancelled else STOPPED, None,
-                       "killed before the ranks could save (a second Ctrl-C); steps after the newest valid "
+                       f"killed before the ranks could save ({killed}); steps after the newest valid "
                        "checkpoint are lost")
     if ex is not None:  # a launcher of an older trainctl, or one that recorded no verdict
         return Outcome(FAILED, _last_step(events), "the trainer exited without recording why (see the logs)")
@@ -254,6 +262,19 @@ def restart_cause(events: list[dict[str, Any]]) -> str | None:
 
 def stop_requested(events: list[dict[str, Any]]) -> dict[str, Any] | None:
     return next((e for e in reversed(events) if e.get("event") in STOP_EVENTS), None)
+
+
+def stopping_progress(paths: RunPaths) -> str:
+    """Where a stopping run is, in words: its step and whether the checkpoint it stops with is committed."""
+    events = read_jsonl(paths.events)
+    current = since(events, attempt_begin(events))
+    if (sig := _last(current, "checkpoint_on_signal")) is not None:
+        return ("before the first step, nothing to save" if sig.get("before_first_step")
+                else f"step {sig.get('step')}, checkpoint committed; the ranks are exiting")
+    if _last(current, "start") is None:
+        return "before the first step, nothing to save"
+    steps = [m.get("step") for m in read_jsonl(paths.metrics) if isinstance(m.get("step"), int)]
+    return f"step {steps[-1] if steps else 0}, checkpoint in progress"
 
 
 def run_state(paths: RunPaths, job: dict[str, Any]) -> RunState:

@@ -260,7 +260,7 @@ class CheckpointManager:
                     f.flush()
                     os.fsync(f.fileno())
             slow = faults.get_float("slow_write_s")
-            if slow > 0:
+            if slow > 0 and step >= faults.get_int("slow_write_from_step"):
                 time.sleep(slow)
             for p in sorted(tmp.iterdir()):
                 if self._owns(p.name):

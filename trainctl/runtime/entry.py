@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -37,6 +38,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
     # First thing: a stop request from now on is recorded (the ranks stop at their next step boundary, or
     # before the first step), and a rank whose parent dies stops itself (runtime/signals.py).
     signals.STOP.install().watch_parent()
+    if signals.requested_before_start(paths):  # asked before the handler above existed: stop all the same
+        signals.STOP.request(signal.SIGTERM)
     env = RankEnv.from_env()
     _threads()
     try:

@@ -8,9 +8,11 @@ differs per rank.
 
 The flag is one per process (`STOP`), installed by the rank's entry point before anything else, so a
 stop request during start-up (process groups, model build, checkpoint load) is kept, not fatal: the ranks
-then stop before their first step. A rank whose parent goes away (torchrun killed, its launcher with it)
-raises the same flag itself, as SIGHUP ("hang-up: the controlling process died"), so a killed launcher
-never leaves ranks training on (docs/ARCHITECTURE.md, "Signal chain").
+then stop before their first step. A request made before the handler existed is read from the run directory
+instead (`requested_before_start`): the launcher signals only ranks that already handle SIGTERM. A rank
+whose parent goes away (torchrun killed, its launcher with it) raises the same flag itself, as SIGHUP
+("hang-up: the controlling process died"), so a killed launcher never leaves ranks training on
+(docs/ARCHITECTURE.md, "Signal chain").
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from types import FrameType
 import torch
 import torch.distributed as dist
 
+from trainctl.launch.runstate import attempt_begin, since, stop_requested
 from trainctl.rundir import RunPaths, read_jsonl
 from trainctl.runtime import faults
 
@@ -88,6 +91,18 @@ def recorded_stop(paths: RunPaths, env: Mapping[str, str] = os.environ) -> int:
         if e.get("event") == "signal" and str(e.get("job_id")) == job and e.get("attempt") == attempt:
             return int(getattr(signal.Signals, f"SIG{e.get('signal')}", 0))
     return 0
+
+
+def requested_before_start(paths: RunPaths) -> bool:
+    """Whether this attempt's stop was asked for (`stop_requested`, `cancel_requested` in events.jsonl) before
+    this rank could handle a signal. The launcher records a request before it signals, and signals only ranks
+    whose SIGTERM handler is installed, so a rank that reads this after installing its handler misses no
+    request: either it reads the record or the launcher saw its handler (docs/ARCHITECTURE.md, "Signal chain")."""
+    try:
+        events = read_jsonl(paths.events)
+    except OSError:  # unreadable: no request can be read from it either
+        return False
+    return stop_requested(since(events, attempt_begin(events))) is not None
 
 
 def stop_after_step() -> int:

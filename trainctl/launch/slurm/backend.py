@@ -125,9 +125,14 @@ class SlurmBackend(Backend[SlurmLaunch, RunPaths]):
                                             "rank's node")
         return LogFiles(files)
 
-    def cancel(self, paths: RunPaths, job: dict[str, Any]) -> str:
-        submit.cancel(str(job["job_id"]))
-        return f"cancelled Slurm job {job['job_id']}"
+    def cancel(self, paths: RunPaths, job: dict[str, Any], *, force: bool = False) -> str:
+        job_id = str(job["job_id"])
+        if force:  # slurmctld turns a SIGKILL for a running job into its own cancel: there is no quicker kill
+            submit.cancel(job_id, signal="KILL")
+            return (f"cancelled Slurm job {job_id} with scancel --signal=KILL: Slurm sends SIGTERM now and SIGKILL "
+                    "after its KillWait")
+        submit.cancel(job_id)
+        return f"cancelled Slurm job {job_id}"
 
 
 def requeued_because(events: list[dict[str, Any]], job_id: str, attempt: int, slurm_reason: str | None) -> str:

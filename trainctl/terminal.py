@@ -1,0 +1,60 @@
+"""Writes to the person's terminal that survive its going away. No torch.
+
+A terminal that closes (a pty whose other side is gone: EIO), or a pipe whose reader quit (`trainctl launch |
+head`: EPIPE), must not end a launcher that still has ranks to stop and a run to record. The first write that
+fails so puts /dev/null in place of that stream's file descriptor: every later write to it, rich's, print's,
+a traceback's and the interpreter's last flush at exit included, then goes nowhere instead of failing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from collections.abc import Iterator
+from typing import TextIO
+
+GONE = (errno.EIO, errno.EPIPE, errno.ENXIO, errno.EBADF)  # the terminal or the pipe's reader went away
+
+
+def write(stream: TextIO, text: str) -> None:
+    """Write and flush `text`; when the terminal is gone, drop it (and all that follows on this stream)."""
+    try:
+        stream.write(text)
+        stream.flush()
+    except OSError as e:
+        if e.errno not in GONE:
+            raise
+        detach(stream)
+
+
+def detach(stream: TextIO) -> None:
+    """/dev/null in place of the stream's file descriptor, and of stdout's or stderr's where it is the same
+    terminal (the stream objects stay usable)."""
+    with contextlib.suppress(OSError, ValueError):
+        fd = stream.fileno()
+        gone = os.fstat(fd)
+        same = [fd, *(other for other in (1, 2) if other != fd and _same_file(other, gone))]
+        null = os.open(os.devnull, os.O_WRONLY)
+        for each in same:
+            os.dup2(null, each)
+        os.close(null)
+
+
+def _same_file(fd: int, st: os.stat_result) -> bool:
+    try:
+        other = os.fstat(fd)
+    except OSError:
+        return False
+    return (other.st_dev, other.st_ino, other.st_rdev) == (st.st_dev, st.st_ino, st.st_rdev)
+
+
+@contextlib.contextmanager
+def guarded(stream: TextIO) -> Iterator[None]:
+    """For writers that are not ours (rich's Console.print): a gone terminal detaches the stream."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in GONE:
+            raise
+        detach(stream)
