@@ -37,22 +37,23 @@ def checkpoint_blocks(run: RunData) -> list[float]:
     return [float(r["ckpt_block_s"]) for r in run.metrics if r.get("ckpt_block_s")]
 
 
-def _last_start_rows(run: RunData) -> dict[int, list[dict[str, Any]]]:
-    """Each rank's step rows of its last start, without that start's first step when others remain."""
+def _steady_rows(run: RunData) -> dict[int, list[dict[str, Any]]]:
+    """Each rank's step rows of every start the run (or the segment of it: report/layouts.py) holds, without
+    each start's first step (warm-up) where that leaves any."""
     out = {}
     for rank, rs in run.steptimes.items():
-        if not rs.rows:
-            continue
-        last = max(r["attempt"] for r in rs.rows)
-        rows = [r for r in rs.rows if r["attempt"] == last]
-        out[rank] = rows[1:] if len(rows) > 1 else rows
+        starts = sorted({r["attempt"] for r in rs.rows})
+        by_start = [[r for r in rs.rows if r["attempt"] == a] for a in starts]
+        rows = [r for rows in by_start for r in rows[1:]] or rs.rows
+        if rows:
+            out[rank] = rows
     return out
 
 
 def measured_components(run: RunData, steady: list[dict[str, Any]]) -> dict[str, Any] | None:
     """Seconds per part of a median step, mean over ranks, all measured (they add up to the measured step);
     None without per-rank step times."""
-    rows = _last_start_rows(run)
+    rows = _steady_rows(run)
     if not rows:
         return None
     data = data_wait(steady) or 0.0

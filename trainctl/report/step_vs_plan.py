@@ -8,9 +8,10 @@ A rank's step splits into what it waited for and its own work:
   - DP gradient sync: sync_s (gradient reduction and the step's final all-reduce, waiting included)
   - data-loader wait: data_wait_s (rank 0's; every rank reads the same way)
   - compute: the rest of the step, this rank's own forward, backward and optimizer work.
-Each is the median over the final attempt's steps after its first (warm-up), averaged over the ranks, and
-held against the plan's matching terms (the planner's parts sum to its step). Checkpoint saves block
-outside the step (metrics `ckpt_block_s`) and are shown per save, against the plan's zero.
+Each is the median over the steps of every start the report covers after each start's first (warm-up),
+averaged over the ranks, and held against the plan's matching terms (the planner's parts sum to its step).
+Checkpoint saves block outside the step (metrics `ckpt_block_s`) and are shown per save, against the plan's
+zero.
 """
 
 from __future__ import annotations
