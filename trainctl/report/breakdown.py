@@ -39,12 +39,14 @@ def checkpoint_blocks(run: RunData) -> list[float]:
 
 def _steady_rows(run: RunData) -> dict[int, list[dict[str, Any]]]:
     """Each rank's step rows of every start the run (or the segment of it: report/layouts.py) holds, without
-    each start's first step (warm-up) where that leaves any."""
+    each start's first step (warm-up) when three or more remain: the rule of the summary's steps
+    (summary.steady_steps), so both medians are of the same steps."""
     out = {}
     for rank, rs in run.steptimes.items():
         starts = sorted({r["attempt"] for r in rs.rows})
         by_start = [[r for r in rs.rows if r["attempt"] == a] for a in starts]
-        rows = [r for rows in by_start for r in rows[1:]] or rs.rows
+        steady = [r for rows in by_start for r in rows[1:]]
+        rows = steady if len(steady) >= 3 else rs.rows
         if rows:
             out[rank] = rows
     return out
