@@ -5,7 +5,7 @@ name out (docs/ARCHITECTURE.md, "Run directory"). Checkpoint-internal names (ste
 marker) belong to trainctl/checkpoint/format.py.
 
     RUN/spec.yaml                    frozen, fully resolved spec (spec.prev-<n>.yaml: before a resume --set)
-    RUN/plan.json                    the planner's prediction at launch time
+    RUN/plan.json                    the planner's prediction for spec.yaml (plan.prev-<n>.json: spec.prev-<n>.yaml's)
     RUN/launch.sh                    the rendered launch script / command line (launch.prev-<n>.sh: replaced)
     RUN/commands.txt                 Slurm: the exact submission and step command lines
     RUN/job.json                     backend, ids, attempts, git commit
@@ -77,6 +77,7 @@ STEPTIMES = "steptimes-rank{rank}.jsonl"
 HEARTBEAT = "heartbeat-rank{rank}"
 OOM_COUNTERS = "oom-rank{rank}.json"
 PREVIOUS_SPEC = "spec.prev-{n}.yaml"
+PREVIOUS_PLAN = "plan.prev-{n}.json"  # the plan of the attempts that ran spec.prev-{n}.yaml
 PREVIOUS_LAUNCH_SCRIPT = "launch.prev-{n}.sh"
 # torchrun's own layout under its --log-dir: <rendezvous run id>/attempt_<n>/<local rank>/{stdout,stderr}.log
 TORCHRUN_RANK_LOGS = "*/attempt_*/{local_rank}/std*.log"
@@ -118,6 +119,10 @@ class RunPaths:
     def previous_spec(self, n: int) -> Path:
         """Where the n-th replaced spec.yaml is kept (`trainctl resume --set`)."""
         return self.root / PREVIOUS_SPEC.format(n=n)
+
+    def previous_plan(self, n: int) -> Path:
+        """The plan of the n-th replaced spec, kept beside it when `trainctl resume --set` plans the new one."""
+        return self.root / PREVIOUS_PLAN.format(n=n)
 
     @property
     def plan(self) -> Path:

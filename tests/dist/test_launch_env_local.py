@@ -31,3 +31,10 @@ def test_a_failing_setup_line_stops_the_local_run_naming_it(tmp_path: Path) -> N
     assert "run failed: setup failed: launcher.setup[1] exited with status 4 on " in r.stdout, r.stdout
     assert not (REPO / "never").exists() and not (run / "metrics.jsonl").exists()
     assert [e["event"] for e in read_jsonl(run / "events.jsonl")] == ["launch", "setup_failed", "launcher_exit"]
+    # mfu-report has no step to report: one line naming why (runstate's cause), exit 1, no tables of dashes
+    r = cli("mfu-report", str(run))
+    assert r.returncode == 1 and r.stdout == "", r.stdout + r.stderr
+    (error,) = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert error == (f"error: {run}: no step ran, nothing to report: setup failed: launcher.setup[1] exited with "
+                     "status 4 on " + error.split(" on ")[-1]), error
+    assert error.endswith("; the trainer did not start") and "Traceback" not in r.stderr

@@ -6,19 +6,20 @@ in the log, a failed-and-resumed run has goodput below 100% with the lost time a
 from __future__ import annotations
 
 import json
-import statistics
 import os
+import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from paths import REPO as ROOT
 
 from trainctl.hardware.detect import has_gpu
 from trainctl.rundir import read_jsonl
 from trainctl.runtime import faults
 
-from paths import REPO as ROOT
 TRAINCTL = [sys.executable, "-m", "trainctl"]
 DP2 = ["parallel.tp=1", "parallel.pp=1", "cluster.gpus_per_node=2"]
 SLOW_S = 0.25
@@ -133,7 +134,7 @@ def test_gpu_spec_on_a_machine_without_gpus_is_not_held_against_its_plan(runs):
     assert (plan["available"], plan["reason"], plan["planned_for"], plan["ran_on"]) == (
         False, "other_hardware", "h100-sxm", "cpu")
     assert "mfu_gap_points" not in plan and "measured_over_predicted_step" not in plan
-    (exposed,) = [i for i in r["time_breakdown"]["items"] if i["name"] == "exposed communication"]
+    (exposed,) = [i for i in r["time_breakdown"]["items"] if i["name"] == "exposed communication (predicted)"]
     assert exposed["seconds"] is None and "not comparable" in exposed["source"]
     text = report(runs["plain"]).stdout
     assert "not comparable: ran on cpu, planned for h100-sxm" in text and "measured" not in text.split(
@@ -214,3 +215,107 @@ def test_interrupted_and_resumed_run_has_goodput_below_100_percent(tmp_path):
     assert lost["other"] < 0.1 * g["wall_s"]
     text = report(run).stdout
     assert "restart -> attempt 1" in text and "InjectedFailure" in text
+
+
+def trainctl(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    e = {k: v for k, v in os.environ.items() if k not in KNOBS}
+    return subprocess.run([*TRAINCTL, *args], cwd=ROOT, env={**e, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def relaid(tmp_path_factory) -> dict:
+    """One run, three attempts, as a user would drive it: launched with DP=2 for 4 steps (COMPLETED); extended
+    with `resume --set` onto one rank (DP=1, another plan) and stopped by `trainctl cancel` once it trains; resumed
+    again to finish. Returns the run and its `mfu-report --json`."""
+    run = tmp_path_factory.mktemp("relaid") / "run"
+    p = launch(run, "train.steps=4", "checkpoint.every_steps=2")
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    e = {k: v for k, v in os.environ.items() if k not in KNOBS}
+    resumed = subprocess.Popen([*TRAINCTL, "resume", str(run), "--set", "train.steps=400", "--set", "parallel.dp=1",
+                                "--set", "cluster.gpus_per_node=1"], cwd=ROOT, env={**e, "PYTHONPATH": str(ROOT)},
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not any(m["step"] > 4 for m in read_jsonl(run / "metrics.jsonl")):  # the one-rank attempt trains
+            assert resumed.poll() is None and time.monotonic() < deadline, "the resumed run did not train"
+            time.sleep(0.3)
+        c = trainctl("cancel", str(run))
+        assert c.returncode == 0, c.stdout + c.stderr
+        out, _ = resumed.communicate(timeout=180)
+    finally:
+        if resumed.poll() is None:
+            resumed.kill()
+    assert resumed.returncode == 75, out[-2000:]
+    (stop,) = [ev for ev in read_jsonl(run / "events.jsonl") if ev["event"] == "checkpoint_on_signal"]
+    p = trainctl("resume", str(run), "--set", f"train.steps={stop['step'] + 1}")
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    r = report(run, extra=("--json",))
+    assert r.returncode == 0, r.stderr
+    (data,) = json.loads(r.stdout)["runs"]
+    return {"run": run, "report": data, "cancelled_at": stop["step"]}
+
+
+def test_each_layout_is_held_against_its_own_plan(relaid):
+    """resume --set parallel.dp=1 keeps the launch's plan as plan.prev-1.json and plans the new layout: the
+    one-rank attempts' memory and step times are held against the one-rank plan (ZeRO-1's optimizer state is
+    not sharded any more: held against the DP=2 plan it read +33%), and every table says which attempts it covers."""
+    run, r = relaid["run"], relaid["report"]
+    assert json.loads((run / "plan.prev-1.json").read_text())["layout"]["dp"] == 2
+    assert json.loads((run / "plan.json").read_text())["layout"]["dp"] == 1
+    first, later = r["layouts"]
+    assert (first["attempts"], first["layout"]) == ("attempt 0", "tp=1 pp=1 dp=2")
+    assert (later["attempts"], later["layout"]) == ("attempts 1-2", "tp=1 pp=1 dp=1")
+    assert first["step_vs_plan"]["measured"]["ranks"] == 2 and later["step_vs_plan"]["measured"]["ranks"] == 1
+    optimizer = [next(x for x in part["memory"]["rows"] if x["component"] == "optimizer") for part in (first, later)]
+    assert optimizer[1]["predicted_bytes"] > optimizer[0]["predicted_bytes"]  # DP=1: no sharding to share it
+    assert all(abs(x["error"]) < 0.01 for x in optimizer), optimizer
+    assert r["covers"] == "attempts 1-2" and r["summary"]["world_size"] == 1
+    assert r["summary"]["steps_completed"] == relaid["cancelled_at"] + 1
+    text = report(run).stdout
+    assert "attempts in the figures below │ attempts 1-2 (tp=1 pp=1 dp=1)" in text
+    for title in ("Step time, predicted vs measured", "Memory per GPU, predicted vs measured"):
+        assert f"{title} (run, attempt 0: tp=1 pp=1 dp=2" in text.replace("tiny-cpu", "run")
+        assert f"{title} (run, attempts 1-2: tp=1 pp=1 dp=1" in text.replace("tiny-cpu", "run")
+
+
+def test_where_the_time_went_subtracts_only_measured_from_measured(relaid):
+    b = relaid["report"]["time_breakdown"]
+    assert all(i["kind"] in ("measured", "predicted") and i["name"].endswith(f"({i['kind']})")
+               or i["name"].startswith(f"compute ({i['kind']}") for i in b["items"]), b["items"]
+    assert all(i["seconds"] is None or i["seconds"] >= 0 for i in b["items"])
+    parts = [i["seconds"] for i in b["items"] if i["kind"] == "measured" and i.get("per") != "save"]
+    assert sum(parts) == pytest.approx(b["step_time_s"], rel=1e-6)  # the measured parts make up the measured step
+
+
+def test_a_wait_after_a_finished_or_cancelled_attempt_is_idle_not_lost(relaid):
+    """The resume after the COMPLETED launch and the one after the cancel came when the user ran them: that wait
+    is idle, shown apart, and neither a restart's loss nor in the goodput; a cancel is named as one."""
+    g = relaid["report"]["goodput"]
+    assert g["attempts"] == 3 and g["final_outcome"] == "finished"
+    after_finish, after_cancel = g["restarts"]
+    assert after_finish["cause"] == "resumed after the previous attempt finished (more steps)"
+    assert after_cancel["cause"] == f"cancelled; checkpoint step {relaid['cancelled_at']} committed"
+    assert after_finish["idle_s"] > 0 and after_cancel["idle_s"] > 0
+    assert g["idle_s"] == pytest.approx(after_finish["idle_s"] + after_cancel["idle_s"])
+    assert g["lost_s"]["restarts"] == pytest.approx(after_finish["gap_s"] + after_cancel["gap_s"])
+    assert g["goodput"] == pytest.approx(g["productive_s"] / (g["wall_s"] - g["idle_s"]))
+    named = sum(v for k, v in g["lost_s"].items() if v and k != "other")
+    assert g["productive_s"] + g["idle_s"] + named + g["lost_s"]["other"] == pytest.approx(g["wall_s"], rel=1e-6)
+    idle = [s for s in relaid["report"]["timeline"]["spans"] if s["kind"] == "idle"]
+    assert sum(s["end"] - s["start"] for s in idle) == pytest.approx(g["idle_s"])
+    text = report(relaid["run"]).stdout
+    assert "preempted" not in text and "idle: finished or stopped, until resumed" in text
+
+
+def test_plot_legend_clears_the_restart_labels(relaid, tmp_path):
+    """The restart labels along the loss panel's top and its legend do not overlap (the legend sits outside)."""
+    from trainctl.report import build_report
+    from trainctl.report.plot import figure
+
+    fig = figure(build_report([relaid["run"]]))
+    fig.canvas.draw()
+    loss = fig.axes[0]
+    legend = loss.get_legend().get_window_extent()
+    labels = [t.get_window_extent() for t in loss.texts if t.get_text().startswith("restart ")]
+    assert len(labels) == 2 and not any(legend.overlaps(x) for x in labels)

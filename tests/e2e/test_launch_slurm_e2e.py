@@ -119,6 +119,12 @@ def test_two_node_job_completes_with_local_losses(slurm_cluster: SlurmCluster, t
         assert placement["tp_groups_across_nodes"] == [] and sorted(placement["nodes"]) == ["n1", "n2"]
     listed = cli("runs", str(tmp_path), "--json")
     assert json.loads(listed.stdout)[0]["state"] == "COMPLETED"
+    # mfu-report: queueing is sbatch -> the batch script's first line; start-up from there to the first step
+    (g,) = [x["goodput"] for x in json.loads(cli("mfu-report", str(run), "--json").stdout)["runs"]]
+    (submitted,), (started,) = events(run, "submit"), events(run, "slurm_start")
+    first = read_jsonl(run / "metrics.jsonl")[0]
+    assert g["lost_s"]["queueing"] == pytest.approx(started["time"] - submitted["time"], abs=1e-6)
+    assert g["lost_s"]["startup"] == pytest.approx(first["time"] - first["step_time_s"] - started["time"], abs=1e-6)
     if mode == "torchrun":
         script = (run / "launch.sh").read_text()
         assert probe.setup[0] in script and "export NCCL_SOCKET_IFNAME=lo" in script  # verbatim, ours quoted

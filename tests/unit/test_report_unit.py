@@ -137,8 +137,11 @@ def test_plan_prediction_side_by_side_and_cpu_note(tmp_path):
     p = report["runs"][0]["summary"]["plan"]
     assert p["available"] and p["mfu_gap_points"] == pytest.approx(-10.0)
     assert p["measured_over_predicted_step"] == pytest.approx(1.25)
-    bubble = report["runs"][0]["time_breakdown"]["items"][0]
-    assert bubble["name"] == "pipeline bubble" and bubble["seconds"] == pytest.approx(0.2)
+    items = {i["name"]: i for i in report["runs"][0]["time_breakdown"]["items"]}
+    bubble = items["pipeline bubble (predicted)"]  # the plan's fraction of the plan's step, never subtracted
+    assert bubble["kind"] == "predicted" and bubble["seconds"] == pytest.approx(0.2 * 0.8)
+    assert all(i["kind"] == "measured" for n, i in items.items() if "(predicted)" not in n)
+    assert all(i["seconds"] is None or i["seconds"] >= 0 for i in items.values())
     assert "no prediction" in report["runs"][1]["summary"]["plan"]["note"]
     buf = io.StringIO()
     render(report, Console(file=buf, width=200))
@@ -318,3 +321,18 @@ def test_scaling_efficiency_between_two_runs_of_one_model(tmp_path):
     render(report, Console(file=out, width=200))
     assert "warning: strong on 4 GPUs against base on 2: strong scaling efficiency 68%" in out.getvalue()
     assert "scaling: weak on 4 GPUs against base on 2: weak scaling efficiency 90%" in out.getvalue()
+
+
+def test_plot_marks_skipped_and_nan_steps(tmp_path):
+    """A diverged run's loss panel has one finite point: the skipped (NaN/inf) steps get a red x along the
+    bottom of every panel, so the gap reads as steps that ran and were skipped, not as steps that never ran."""
+    pytest.importorskip("matplotlib")
+    from trainctl.report.plot import figure
+
+    m = [_step(1, 1.0)] + [_step(k, float(k), loss=float("nan"), skipped=True) for k in range(2, 6)]
+    run = _write(tmp_path / "diverged", m, [{"time": 0.0, "event": "launch"}, {"time": 0.5, "event": "start"}])
+    fig = figure(build_report([run]))
+    for ax in fig.axes[:3]:
+        (marks,) = [c for c in ax.collections if c.get_offsets().shape[0] == 4]
+        assert sorted(x for x, _ in marks.get_offsets()) == [2, 3, 4, 5]
+    assert "skipped step (NaN/inf)" in [t.get_text() for t in fig.axes[0].get_legend().get_texts()]

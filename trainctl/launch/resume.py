@@ -42,7 +42,7 @@ from trainctl.errors import UsageError
 from trainctl.fileio import require_writable, write_atomic
 from trainctl.launch import secrets
 from trainctl.launch.backend import backend_for
-from trainctl.launch.create import freeze_spec, read_job, write_job
+from trainctl.launch.create import build_plan_json, freeze_spec, read_job, write_job
 from trainctl.launch.status import open_run, read_job_json
 from trainctl.plan.lr_scaling import lr_unchanged_warning
 from trainctl.rundir import RunPaths, load_jsonl, record_event
@@ -204,7 +204,14 @@ def prepare(plan: ResumePlan) -> None:
             n += 1
         os.replace(paths.spec, paths.previous_spec(n))
         write_atomic(paths.spec, yaml.safe_dump(resolved_dict(plan.spec), sort_keys=False))
-        record_event(paths, "spec_changed", overrides=plan.overrides, previous=paths.previous_spec(n).name)
+        # the attempts from here on are held against the new spec's plan, the earlier ones against their own
+        previous_plan = None
+        if paths.plan.exists():
+            os.replace(paths.plan, paths.previous_plan(n))
+            previous_plan = paths.previous_plan(n).name
+        write_atomic(paths.plan, build_plan_json(plan.spec))
+        record_event(paths, "spec_changed", overrides=plan.overrides, previous=paths.previous_spec(n).name,
+                     previous_plan=previous_plan)
     job = read_job(paths)
     job["data"] = [i.to_json() for i in plan.data]  # what the ranks check at their start from now on
     write_job(paths, job)

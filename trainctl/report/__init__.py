@@ -12,6 +12,7 @@ from trainctl.report.cadence import measured_cadence
 from trainctl.report.divergence import divergence
 from trainctl.report.divergence import warnings as divergence_warnings
 from trainctl.report.goodput import goodput
+from trainctl.report.layouts import Segment, kept_in, segments, view
 from trainctl.report.load import RunData, load_run
 from trainctl.report.memory import memory_vs_plan
 from trainctl.report.nodes import node_segments
@@ -26,13 +27,25 @@ from trainctl.report.timeline import timeline
 from trainctl.rundir import RunPaths
 
 
+def _held_against_plan(run: RunData, seg: Segment, final: list[dict[str, Any]]) -> dict[str, Any]:
+    """One layout's attempts against their own plan: step time and memory, predicted vs measured."""
+    part = view(run, seg)
+    steady = steady_steps(kept_in(seg, final), seg.attempts)
+    return {"attempts": seg.label, "layout": seg.describe(), "overrides": seg.layout.overrides,
+            "step_vs_plan": step_vs_plan(part, steady), "memory": memory_vs_plan(part)}
+
+
 def analyze(run: RunData) -> dict[str, Any]:
-    """Every section of the report for one run, as plain JSON-able data."""
+    """Every section of the report for one run, as plain JSON-able data. The step statistics, the time
+    breakdown and the plan comparison cover the attempts of the last layout ("covers"); a run resumed with
+    another layout has each earlier layout's attempts held against their own plan in "layouts"."""
     attempts = split_attempts(run)
     final, replayed = final_and_replayed(attempts)
-    summary = summarize(run, final, attempts)
+    segs = segments(run, attempts)
+    current = view(run, segs[-1])
+    summary = summarize(current, kept_in(segs[-1], final), segs[-1].attempts)
     gp = goodput(run, attempts, final, replayed)
-    steady = steady_steps(final, attempts)
+    steady = steady_steps(kept_in(segs[-1], final), segs[-1].attempts)
     startup = (gp.get("lost_s") or {}).get("startup")
     warnings = list(run.skipped)  # unreadable lines of metrics.jsonl / events.jsonl: what the report did not see
     if summary["mfu_bug"]:
@@ -45,13 +58,17 @@ def analyze(run: RunData) -> dict[str, Any]:
     cadence = measured_cadence(run, summary["step_time_s"]["median"], steps)
     if cadence.get("warning"):
         warnings.append(cadence["warning"])
-    vs_plan = step_vs_plan(run, steady)
+    vs_plan = step_vs_plan(current, steady)
     spikes = {s["step"] for s in div["loss_spikes"]}
     final_ids = {id(r) for r in final}
     return {
         "run": str(run.root), "name": run.name,
+        "covers": segs[-1].label if len(segs) > 1 else f"all {len(attempts)} attempts" if len(attempts) > 1
+        else "attempt 0",  # which attempts the step statistics, breakdown and plan comparison are of
+        "layout": segs[-1].describe(),
+        "layouts": [_held_against_plan(run, s, final) for s in segs] if len(segs) > 1 else [],
         "summary": summary,
-        "time_breakdown": time_breakdown(run, steady, summary["step_time_s"]["median"], startup),
+        "time_breakdown": time_breakdown(current, steady, summary["step_time_s"]["median"], startup),
         "step_vs_plan": vs_plan,
         "prediction": vs_plan["prediction"],  # the plan's step and its parts (None: no time prediction)
         "measured": vs_plan["measured"],  # the same parts as the ranks measured them
@@ -61,15 +78,15 @@ def analyze(run: RunData) -> dict[str, Any]:
         # nodes later jobs of the run keep out of (preflight, repeated first causes): node -> reason, source
         "excluded_nodes": exclusions.read(RunPaths(run.root)),
         "checkpoint_cadence": cadence,
-        "stragglers": stragglers(run),
-        "memory": memory_vs_plan(run),
+        "stragglers": stragglers(current),
+        "memory": memory_vs_plan(current),
         "series": [{"step": r["step"], "attempt": a.index, "loss": r.get("loss"), "mfu": r.get("mfu"),
                     "step_time_s": r.get("step_time_s"), "skipped": bool(r.get("skipped")),
                     "kept": id(r) in final_ids,
                     "spike": r["step"] in spikes and id(r) in final_ids} for a in attempts for r in a.records],
         "divergence": div,
         "routing": moe,
-        "profile": profile_files(run),  # train.profile's traces and memory snapshots
+        "profile": profile_files(run),  # train.profile's files
         "warnings": warnings,
     }
 

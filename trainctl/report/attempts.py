@@ -7,6 +7,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainctl.launch.runstate import stop_requested
 from trainctl.report.load import RunData
 
 BEGIN_EVENTS = ("launch", "submit", "submitted", "resume", "requeue", "requeued")
@@ -34,10 +35,20 @@ class Attempt:
     begin_t: float | None = None  # launch/resume/submit event, else the previous attempt's end
     records: list[dict[str, Any]] = field(default_factory=list)
     end_events: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)  # every event from its start to the next start
+
+    @property
+    def asked_to_stop(self) -> dict[str, Any] | None:
+        """The user's stop (Ctrl-C or SIGTERM at the launcher: stop_requested; `trainctl cancel`:
+        cancel_requested). The ranks then record the SIGTERM they got as "preempted", which it was not."""
+        return stop_requested(self.events)
 
     @property
     def outcome(self) -> str:
         kinds = {e.get("event") for e in self.end_events}
+        asked = self.asked_to_stop
+        if asked is not None and not kinds & {"hang", "failure"}:
+            return "cancelled" if asked.get("event") == "cancel_requested" else "stopped"
         for k in ("hang", "failure", "preempted", "preemption", "cancelled"):
             if k in kinds:
                 return "hang" if k == "hang" else ("failed" if k == "failure" else k)
@@ -96,6 +107,7 @@ def split_attempts(run: RunData) -> list[Attempt]:
         lo = a.start_t if a.start_t is not None else float("-inf")
         nxt = next((b for b in bounds[a.index + 1:] if b is not None), float("inf"))
         a.end_events = [e for e in run.events_of(*END_EVENTS) if lo <= e.get("time", lo) < nxt]
+        a.events = [e for e in run.events if lo <= e.get("time", lo) < nxt]
         prev_start = bounds[a.index - 1] if a.index > 0 and bounds[a.index - 1] is not None else float("-inf")
         hi = a.start_t if a.start_t is not None else float("inf")
         begins = [e["time"] for e in run.events_of(*BEGIN_EVENTS) if prev_start < e.get("time", hi) <= hi]

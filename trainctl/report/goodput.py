@@ -12,12 +12,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from trainctl.launch.runstate import outcome
 from trainctl.report.attempts import Attempt, log_weight
 from trainctl.report.load import RunData
 from trainctl.rundir import EVENTS
 
 QUEUE_EVENTS = ("submit", "submitted", "requeue", "requeued")
-RUN_EVENTS = ("launch", "start", "job_start")
+# the job left the queue: the local launcher's start, the Slurm batch script's first line (slurm_start), or the
+# trainer's start where neither is recorded; start-up runs from there to the first step
+RUN_EVENTS = ("launch", "slurm_start", "start", "job_start")
+# what `trainctl resume` writes before its attempt begins: the user's resume, which ends an idle wait
+RESUME_EVENTS = ("resume_requested", "spec_changed", "checkpoint_abandoned", "data_changed", "resume", "submit")
+USER_ENDED = ("finished", "stopped", "cancelled")  # outcomes the user wanted: the wait after them is not lost
 
 
 def _t(records: list[dict[str, Any]], key: str, weight: int) -> float:
@@ -32,6 +38,24 @@ def queue_intervals(run: RunData) -> list[tuple[float, float]]:
         if nxt is not None:
             out.append((float(q["time"]), float(nxt["time"])))
     return out
+
+
+def idle_wait(prev: Attempt) -> tuple[float, float] | None:
+    """(ended, resumed): the run waited for its user between an attempt that ended as asked (every step done,
+    or stopped/cancelled on request) and the `trainctl resume` that began the next. Not lost to a failure."""
+    if prev.outcome not in USER_ENDED:
+        return None
+    t0 = prev.start_t if prev.start_t is not None else float("-inf")
+    resumed = min((float(e["time"]) for e in prev.events if e.get("event") in RESUME_EVENTS
+                   and float(e.get("time", t0)) > t0), default=None)
+    if resumed is None:
+        return None
+    ended = max((float(e["time"]) for e in prev.events if "time" in e and float(e["time"]) < resumed), default=None)
+    return (ended, resumed) if ended is not None and resumed > ended else None
+
+
+def _overlap(spans: list[tuple[float, float]], lo: float, hi: float) -> float:
+    return sum(max(0.0, min(b, hi) - max(a, lo)) for a, b in spans)
 
 
 def _queueing(run: RunData) -> tuple[float, bool]:
@@ -54,6 +78,9 @@ def describe_cause(prev: Attempt) -> str:
         for f in fails:
             by_error.setdefault(str(f.get("error", "unknown error")), []).append(str(f.get("rank", "?")))
         return "; ".join(f"rank {', '.join(ranks)} failed: {err}" for err, ranks in by_error.items())
+    if prev.asked_to_stop is not None:  # Ctrl-C, SIGTERM to the launcher, `trainctl cancel`: runstate's words;
+        ended = outcome(prev.events)  # the ranks' "preempted" event only names the SIGTERM they got
+        return ended.reason if ended is not None else "stopped on request"
     pre = [e for e in prev.end_events if e.get("event") in ("preempted", "preemption", "cancelled")]
     if pre:
         return f"{pre[0]['event']}" + (f": {pre[0].get('reason')}" if pre[0].get("reason") else "")
@@ -78,13 +105,19 @@ def goodput(run: RunData, attempts: list[Attempt], final: list[dict[str, Any]],
                                      "checkpoint_stalls": _t(run.metrics, "ckpt_block_s", 1), "shutdown": None}
     restarts: list[dict[str, Any]] = []
     prev_end: float | None = None
+    idle_s = 0.0
+    queued = queue_intervals(run)
     for a in attempts:
         fb = a.first_step_begin()
         if a.index == 0 and fb is not None:
-            lost["startup"] = max(0.0, fb - begin - (queue if queue_known else 0.0))
+            lost["startup"] = max(0.0, fb - begin - _overlap(queued, begin, fb))
         if a.index > 0:
+            wait = idle_wait(attempts[a.index - 1])
+            idle = wait[1] - wait[0] if wait else 0.0
+            idle_s += idle
             gap = (fb - prev_end) if fb is not None and prev_end is not None else None
-            if gap is not None:
+            if gap is not None:  # the restart itself: the gap without the user's wait and the queue
+                gap -= idle + _overlap(queued, prev_end, fb)
                 lost["restarts"] = (lost["restarts"] or 0.0) + gap
             replay = [r for r in a.records if any(r["step"] == x["step"] for x in replayed)]
             cause = describe_cause(attempts[a.index - 1])
@@ -94,17 +127,20 @@ def goodput(run: RunData, attempts: list[Attempt], final: list[dict[str, Any]],
                 cause = f"{resized[-1].get('message')}, after: {cause}"
             restarts.append({"attempt": a.index, "cause": cause,
                              "resumed_at_step": a.records[0]["step"] - 1 if a.records else None,
-                             "gap_s": gap, "replayed_steps": len(replay)})
+                             "gap_s": gap, "replayed_steps": len(replay), "idle_s": idle, "idle": wait})
         prev_end = a.last_step_end() or prev_end
     if prev_end is not None:
         lost["shutdown"] = max(0.0, end - prev_end)
-    accounted = productive + sum(v for v in lost.values() if v)
+    accounted = productive + idle_s + sum(v for v in lost.values() if v)
     lost["other"] = max(0.0, wall - accounted)
     last = attempts[-1]
+    meant = wall - idle_s  # the time the run was meant to be running
     return {
         "available": True, "begin_time": begin, "wall_s": wall, "productive_s": productive,
-        "goodput": productive / wall if wall > 0 else None,
+        "idle_s": idle_s,  # waiting for the user's resume after a finished or stopped attempt: not lost
+        "goodput": productive / meant if meant > 0 else None,
         "lost_s": lost, "attempts": len(attempts), "restarts": restarts, "final_outcome": last.outcome,
         "note": ("productive = each step's time once (its last run); lost = everything else on the wall clock "
-                 "from the first launch to the last event"),
+                 "from the first launch to the last event, except the idle waits for a resume after a finished or "
+                 "stopped attempt (goodput = productive / (wall - idle))"),
     }

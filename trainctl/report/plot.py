@@ -7,6 +7,7 @@ the report works on a headless login node and the CLI stays fast without it.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,7 @@ KIND_STYLE = {  # timeline kind -> (colour, legend name)
     "productive": ("#2ca02c", "productive steps"), "replayed": ("#ff7f0e", "replayed steps"),
     "checkpoint": ("#d62728", "checkpoint stalls"), "startup": ("#7f7f7f", "start-up"),
     "restart": ("#9467bd", "restarts"), "queueing": ("#c7c7c7", "queueing"), "shutdown": ("#bcbd22", "shutdown"),
+    "idle": ("#e8e8e8", "idle (waiting for a resume)"),
 }
 LABEL_LANES = 3  # restart labels close together are staggered over this many heights instead of stacked
 
@@ -75,6 +77,7 @@ def _step_panels(axes: Any, report: dict[str, Any], colours: list[str]) -> None:
     panels = [("loss", "loss", 1.0), ("mfu", "MFU (%)", 100.0), ("step_time_s", "step time (ms)", 1e3)]
     unique = len({r["name"] for r in report["runs"]}) == len(report["runs"])
     markers: list[tuple[float, str, int]] = []
+    skipped_labelled = False
     for i, run in enumerate(report["runs"]):
         c = colours[i % len(colours)]
         label: str | None = run["name"] if unique else f"{run['name']} ({Path(run['run']).name})"
@@ -83,7 +86,7 @@ def _step_panels(axes: Any, report: dict[str, Any], colours: list[str]) -> None:
             if key == "mfu" and bug:
                 continue  # >100% is a bug, not a result: never drawn as one
             for a in sorted({p["attempt"] for p in run["series"]}):
-                pts = [p for p in run["series"] if p["attempt"] == a and p.get(key) is not None]
+                pts = [p for p in run["series"] if p["attempt"] == a and _finite(p.get(key))]
                 for group in _runs_of(pts, "kept"):
                     kept = group[0]["kept"]
                     ax.plot([p["step"] for p in group], [p[key] * scale for p in group], color=c, marker=".",
@@ -91,6 +94,8 @@ def _step_panels(axes: Any, report: dict[str, Any], colours: list[str]) -> None:
                             label=label if key == "loss" and kept else None)
                     if key == "loss" and kept:
                         label = None
+        _mark_skipped(axes, run, with_label=not skipped_labelled)
+        skipped_labelled = skipped_labelled or any(_skipped(p) for p in run["series"])
         markers += [(x["resumed_at_step"] + 0.5, c, x["attempt"]) for x in run["goodput"].get("restarts", [])
                     if x.get("resumed_at_step") is not None]
         predicted = (run["summary"].get("plan") or {}).get("mfu")
@@ -111,7 +116,27 @@ def _step_panels(axes: Any, report: dict[str, Any], colours: list[str]) -> None:
         ax.set_ylabel(label_)
         ax.grid(True, alpha=0.3)
     axes[-1].set_xlabel("step")
-    axes[0].legend(loc="upper right", fontsize=9)
+    # outside the panel, to its right: the restart labels along the panel's top never run into it
+    axes[0].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize=9)
+
+
+def _finite(x: Any) -> bool:
+    return x is not None and math.isfinite(float(x))
+
+
+def _skipped(p: dict[str, Any]) -> bool:
+    """A step the divergence guard skipped, or one whose loss was NaN/inf: it has no point to draw."""
+    return bool(p.get("skipped")) or (p.get("loss") is not None and not _finite(p["loss"]))
+
+
+def _mark_skipped(axes: Any, run: dict[str, Any], with_label: bool) -> None:
+    """A red x along the bottom of every panel at each skipped or NaN step, so a diverged run's gaps show."""
+    steps = [p["step"] for p in run["series"] if _skipped(p) and p.get("kept", True)]
+    if not steps:
+        return
+    for k, ax in enumerate(axes):
+        ax.scatter(steps, [0.03] * len(steps), transform=ax.get_xaxis_transform(), marker="x", color="red",
+                   s=28, zorder=3, clip_on=False, label="skipped step (NaN/inf)" if with_label and k == 0 else None)
 
 
 def _timeline_panel(ax: Any, report: dict[str, Any], colours: list[str]) -> None:
@@ -141,7 +166,7 @@ def _timeline_panel(ax: Any, report: dict[str, Any], colours: list[str]) -> None
                 ax.annotate(f"{x['nodes']} node{'s' if x['nodes'] != 1 else ''}", xy=(x["from_s"] / div, y),
                             xytext=(4, 0), textcoords="offset points", fontsize=8, va="center", color="white",
                             fontweight="bold")
-        lost = sorted(((s, k) for k, s in tl["seconds_by_kind"].items() if k != "productive" and s > 0),
+        lost = sorted(((s, k) for k, s in tl["seconds_by_kind"].items() if k not in ("productive", "idle") and s > 0),
                       reverse=True)
         text = "lost: " + ", ".join(f"{KIND_STYLE[k][1]} {dur(s)}" for s, k in lost) if lost else "no lost time"
         ax.annotate(text, xy=(0.003, y - 0.36), xycoords=("axes fraction", "data"), va="top", fontsize=8,

@@ -51,6 +51,8 @@ def _summary_rows() -> list[Row]:
         return pct(g.get("goodput"), 1) if g.get("available") else "-"
 
     return [
+        ("attempts in the figures below", lambda r: f"{r['covers']} ({r['layout']})" if r.get("layout")
+         else r["covers"]),
         ("steps", lambda r: f"{s(r)['steps_completed']}/{s(r)['steps_target'] or '?'}"),
         ("wall time (all attempts)", lambda r: dur(r["goodput"].get("wall_s"))),
         ("attempts / restarts", lambda r: f"{r['goodput'].get('attempts', 1)} / "
@@ -94,10 +96,18 @@ def _breakdown_rows(runs: list[dict[str, Any]]) -> list[Row]:
                 return "-" if it is None else f"- ({it['source']})"
             if it.get("per") == "save":
                 return f"{dur(it['seconds'])} per save ({it['source']})"
+            if it.get("kind") == "predicted":  # the plan's seconds: beside the measured step, not a part of it
+                share = f", {pct(it['fraction'], 1)} of the planned step" if it.get("fraction") is not None else ""
+                return f"{dur(it['seconds'])}{share} ({it['source']})"
             return f"{dur(it['seconds'])} ({pct(it['fraction'], 1)})"
         return f
 
-    rows: list[Row] = [("median step", lambda r: dur(r["time_breakdown"]["step_time_s"]))]
+    def step(r: dict[str, Any]) -> str:
+        b = r["time_breakdown"]
+        over = f"mean over {b['ranks']} ranks" if b.get("ranks") else "rank 0"
+        return f"{dur(b['step_time_s'])} (measured, {over}, {r['covers']})"
+
+    rows: list[Row] = [("median step", step)]
     rows += [(n, cell(n)) for n in names]
     rows.append(("start-up (launch to first step)", lambda r: dur(r["time_breakdown"]["startup_s"])))
     return rows
@@ -116,7 +126,8 @@ def _goodput_rows() -> list[Row]:
             v = g["lost_s"].get(key)
             if v is None:
                 return "unknown" if key == "queueing" else "-"
-            return f"{dur(v)} ({pct(v / g['wall_s'], 1)})" if g["wall_s"] else dur(v)
+            meant = g["wall_s"] - (g.get("idle_s") or 0.0)  # goodput's denominator
+            return f"{dur(v)} ({pct(v / meant, 1)})" if meant > 0 else dur(v)
         return f
 
     def cadence(key: str) -> Callable[[dict[str, Any]], str]:
@@ -133,8 +144,13 @@ def _goodput_rows() -> list[Row]:
             return f"{dur(c['optimal_s'])}{steps}: {pct(c['loss_optimal'], 2)} (MTBF {dur(c['mtbf_s'])})"
         return f
 
+    def idle(r: dict[str, Any]) -> str:
+        v = r["goodput"].get("idle_s")
+        return "-" if v is None else f"{dur(v)} (not lost, not in the goodput)" if v else "0 s"
+
     rows: list[Row] = [("productive step time", lambda r: dur(r["goodput"].get("productive_s"))),
                        ("wall time", lambda r: dur(r["goodput"].get("wall_s"))),
+                       ("idle: finished or stopped, until resumed", idle),
                        ("goodput", lambda r: pct(r["goodput"].get("goodput"), 1))]
     rows += [(f"lost: {v}", lost(k)) for k, v in labels.items()]
     return rows + [("checkpoint save", cadence("save")), ("checkpoint interval", cadence("configured")),
@@ -159,12 +175,13 @@ def render(report: dict[str, Any], console: Console | None = None) -> None:
             prose(con, f"[dim]{escape(s['plan']['note'])}[/dim]", f"[dim]{escape(r['name'])}:[/dim] ")
     con.print(_table("Where the time of a median step went", runs, _breakdown_rows(runs)))
     _render_step_vs_plan(con, runs)
-    con.print(_table("Goodput (whole run, across restarts)", runs, _goodput_rows()))
+    con.print(_table("Goodput (whole run: every attempt, across restarts)", runs, _goodput_rows()))
     for r in runs:
         for x in r["goodput"].get("restarts", []):
             cause = x["cause"] if len(x["cause"]) < 300 else x["cause"][:300] + "..."
+            idle = f", after {dur(x['idle_s'])} idle" if x.get("idle_s") else ""
             prose(con, escape(f"restart -> attempt {x['attempt']} (resumed after step {x['resumed_at_step']}, gap "
-                              f"{dur(x['gap_s'])}, {x['replayed_steps']} steps replayed): {cause}"),
+                              f"{dur(x['gap_s'])}{idle}, {x['replayed_steps']} steps replayed): {cause}"),
                   f"  {escape(r['name'])}: ")
     _render_nodes(con, runs)
     _render_memory(con, runs)
@@ -236,58 +253,67 @@ def _routing_rows() -> list[Row]:
     ]
 
 
+def _held_against_plans(r: dict[str, Any]) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """(which attempts and layout, step vs plan, memory) for each layout the run ran under, in order."""
+    if not r.get("layouts"):
+        return [(r["covers"], r["step_vs_plan"], r.get("memory") or {})]
+    return [(f"{x['attempts']}: {x['layout']}", x["step_vs_plan"], x["memory"]) for x in r["layouts"]]
+
+
 def _render_step_vs_plan(con: Console, runs: list[dict[str, Any]]) -> None:
     for r in runs:
-        v = r["step_vs_plan"]
-        name = escape(r["name"])
-        if v["measured"] is None:
-            prose(con, "[dim]no per-rank step times in the run directory[/dim]", f"[dim]{name}: step vs plan:[/dim] ")
-            continue
-        pred, meas = v["prediction"], v["measured"]
-        t = Table(title=f"Step time, predicted vs measured ({r['name']}, mean over {meas['ranks']} ranks)",
-                  title_justify="left")
-        for col in ("component", "predicted", "measured", "difference"):
-            t.add_column(col, justify="left" if col == "component" else "right")
-        for x in v["rows"]:
-            diff = "-" if x["error_s"] is None else ("+" if x["error_s"] >= 0 else "-") + dur(abs(x["error_s"]))
-            t.add_row(x["component"], dur(x["predicted_s"]), dur(x["measured_s"]), diff)
-        step_diff = "-" if v["step_error"] is None else f"{v['step_error']:+.1%}"
-        t.add_row("[bold]step[/bold]", dur(pred["step_time_s"]) if pred else "-", dur(meas["step_time_s"]),
-                  step_diff)
-        if v["checkpoint_saves"]:
-            t.add_row("checkpoint blocking (per save, outside the step)", "0 s",
-                      dur(v["checkpoint_block_s_per_save"]),
-                      f"{v['checkpoint_saves']} save" + ("s" if v["checkpoint_saves"] != 1 else ""))
-        con.print(t)
-        if v["priced_with"]:
-            prose(con, f"[dim]{escape(v['priced_with'])}[/dim]", f"  [dim]{name}: times priced with:[/dim] ")
-        if v["no_prediction"]:
-            prose(con, f"[dim]{escape(v['no_prediction'])}[/dim]", f"  [dim]{name}: no prediction:[/dim] ")
-        if meas.get("note"):
-            prose(con, f"[dim]{escape(meas['note'])}[/dim]", f"  [dim]{name}:[/dim] ")
-        if v["largest_gap"]:
-            prose(con, escape(v["largest_gap"]), f"  {name}: largest gap: ")
+        for covers, v, _ in _held_against_plans(r):
+            _step_vs_plan_table(con, r["name"], covers, v)
+
+
+def _step_vs_plan_table(con: Console, run_name: str, covers: str, v: dict[str, Any]) -> None:
+    name = escape(run_name)
+    if v["measured"] is None:
+        prose(con, f"[dim]no per-rank step times for {escape(covers)} in the run directory[/dim]",
+              f"[dim]{name}: step vs plan:[/dim] ")
+        return
+    pred, meas = v["prediction"], v["measured"]
+    t = Table(title=f"Step time, predicted vs measured ({run_name}, {covers}, mean over {meas['ranks']} ranks)",
+              title_justify="left")
+    for col in ("component", "predicted", "measured", "difference"):
+        t.add_column(col, justify="left" if col == "component" else "right")
+    for x in v["rows"]:
+        diff = "-" if x["error_s"] is None else ("+" if x["error_s"] >= 0 else "-") + dur(abs(x["error_s"]))
+        t.add_row(x["component"], dur(x["predicted_s"]), dur(x["measured_s"]), diff)
+    step_diff = "-" if v["step_error"] is None else f"{v['step_error']:+.1%}"
+    t.add_row("[bold]step[/bold]", dur(pred["step_time_s"]) if pred else "-", dur(meas["step_time_s"]), step_diff)
+    if v["checkpoint_saves"]:
+        t.add_row("checkpoint blocking (per save, outside the step)", "0 s", dur(v["checkpoint_block_s_per_save"]),
+                  f"{v['checkpoint_saves']} save" + ("s" if v["checkpoint_saves"] != 1 else ""))
+    con.print(t)
+    if v["priced_with"]:
+        prose(con, f"[dim]{escape(v['priced_with'])}[/dim]", f"  [dim]{name}: times priced with:[/dim] ")
+    if v["no_prediction"]:
+        prose(con, f"[dim]{escape(v['no_prediction'])}[/dim]", f"  [dim]{name}: no prediction:[/dim] ")
+    if meas.get("note"):
+        prose(con, f"[dim]{escape(meas['note'])}[/dim]", f"  [dim]{name}:[/dim] ")
+    if v["largest_gap"]:
+        prose(con, escape(v["largest_gap"]), f"  {name}: largest gap: ")
 
 
 def _render_memory(con: Console, runs: list[dict[str, Any]]) -> None:
     for r in runs:
-        mem = r.get("memory") or {}
-        if not mem.get("available"):
-            prose(con, f"[dim]{escape(mem.get('note', 'not measured'))}[/dim]",
-                  f"[dim]{escape(r['name'])}: memory:[/dim] ")
-            continue
-        t = Table(title=f"Memory per GPU, predicted vs measured ({r['name']})", title_justify="left")
-        for col in ("pipeline rank", "component", "predicted", "measured", "error"):
-            t.add_column(col, justify="left" if col == "component" else "right")
-        for x in mem["rows"]:
-            err = "-" if x["error"] is None else f"{x['error']:+.1%}"
-            t.add_row(str(x["pp_rank"]), x["component"], size(x["predicted_bytes"]), size(x["measured_bytes"]),
-                      err)
-        con.print(t)
-        if mem.get("largest_gap"):
-            prose(con, escape(mem["largest_gap"]), f"  {escape(r['name'])}: ")
-
-
+        for covers, _, mem in _held_against_plans(r):
+            name = escape(r["name"])
+            if not mem.get("available"):
+                prose(con, f"[dim]{escape(mem.get('note', 'not measured'))}[/dim]",
+                      f"[dim]{name}: memory ({escape(covers)}):[/dim] ")
+                continue
+            t = Table(title=f"Memory per GPU, predicted vs measured ({r['name']}, {covers})", title_justify="left")
+            for col in ("pipeline rank", "component", "predicted", "measured", "error"):
+                t.add_column(col, justify="left" if col == "component" else "right")
+            for x in mem["rows"]:
+                err = "-" if x["error"] is None else f"{x['error']:+.1%}"
+                t.add_row(str(x["pp_rank"]), x["component"], size(x["predicted_bytes"]), size(x["measured_bytes"]),
+                          err)
+            con.print(t)
+            if mem.get("largest_gap"):
+                prose(con, escape(f"{covers}: {mem['largest_gap']}"), f"  {name}: ")
 
 
 def _render_profile(con: Console, runs: list[dict[str, Any]]) -> None:

@@ -8,9 +8,10 @@ A rank's step splits into what it waited for and its own work:
   - DP gradient sync: sync_s (gradient reduction and the step's final all-reduce, waiting included)
   - data-loader wait: data_wait_s (rank 0's; every rank reads the same way)
   - compute: the rest of the step, this rank's own forward, backward and optimizer work.
-Each is the median over the final attempt's steps after its first (warm-up), averaged over the ranks, and
-held against the plan's matching terms (the planner's parts sum to its step). Checkpoint saves block
-outside the step (metrics `ckpt_block_s`) and are shown per save, against the plan's zero.
+Each is the median over the steps of every start the report covers after each start's first (warm-up),
+averaged over the ranks, and held against the plan's matching terms (the planner's parts sum to its step).
+Checkpoint saves block outside the step (metrics `ckpt_block_s`) and are shown per save, against the plan's
+zero.
 """
 
 from __future__ import annotations
@@ -18,8 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainctl.plan.rates import calibration_text
-from trainctl.report.attempts import median
-from trainctl.report.breakdown import checkpoint_blocks, data_wait
+from trainctl.report.breakdown import checkpoint_blocks, measured_components
 from trainctl.report.load import RunData
 from trainctl.report.summary import other_hardware
 from trainctl.units import dur
@@ -44,44 +44,6 @@ WHY = {  # what a gap in each component usually means, in plain words
                                   "or a slow rank kept the others waiting in it",
     "data-loader wait": "the data loader did not keep up (the plan assumes it always does)",
 }
-
-
-def _final_rows(run: RunData) -> dict[int, list[dict[str, Any]]]:
-    """Each rank's step rows of the last attempt, without that attempt's first step when others remain."""
-    out = {}
-    for rank, rs in run.steptimes.items():
-        if not rs.rows:
-            continue
-        last = max(r["attempt"] for r in rs.rows)
-        rows = [r for r in rs.rows if r["attempt"] == last]
-        out[rank] = rows[1:] if len(rows) > 1 else rows
-    return out
-
-
-def measured_components(run: RunData, steady: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Seconds per component of a median step, mean over ranks; None without per-rank step times."""
-    rows = _final_rows(run)
-    if not rows:
-        return None
-    data = data_wait(steady) or 0.0
-    has_pp = all("pp_s" in r for rs in rows.values() for r in rs)
-
-    def mean_over_ranks(field: str) -> float:
-        meds = [median([float(r.get(field) or 0.0) for r in rs]) or 0.0 for rs in rows.values()]
-        return sum(meds) / len(meds)
-
-    step, sync, comm = mean_over_ranks("step_s"), mean_over_ranks("sync_s"), mean_over_ranks("comm_s")
-    pp = mean_over_ranks("pp_s") if has_pp else None
-    parts = {
-        "compute": max(0.0, step - sync - comm - data),
-        "collectives (TP, CP, EP)": comm - (pp or 0.0) if has_pp else None,
-        "pipeline bubble + point-to-point": pp,
-        "DP gradient sync (exposed)": sync,
-        "data-loader wait": data,
-    }
-    return {"step_time_s": step, "components_s": parts, "ranks": len(rows),
-            "note": None if has_pp else "collectives and pipeline waits are one figure in this run (no pp_s: "
-                                        "written by an older trainctl); compute is still separated"}
 
 
 def predicted_components(run: RunData) -> tuple[dict[str, Any] | None, str | None]:
