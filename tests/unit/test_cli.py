@@ -134,6 +134,23 @@ def test_every_independent_spec_error_is_reported_at_once():
         assert sum(needle in ln for ln in lines) == 1, (needle, out.stderr)
 
 
+def test_field_errors_and_cross_section_rules_are_reported_in_one_pass():
+    """A field error (train.lr), an unknown key and a nested typo no longer hide the rules about the fields
+    that did validate: tp=3 gets its four problems and the world size its own, all in one run."""
+    out = trainctl("validate", TINY, "--set", "parallel.tp=3", "--set", "train.lr=-1", "--set", "train.foo=1",
+                   "--set", "model.moe.num_expert=3", "--set", "data.blend=[{path: /b.bin, wieght: 1}]")
+    assert out.returncode == 2
+    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("error:")]
+    for needle in ("train.lr = -1: Input should be greater than 0", "train.foo: unknown key",
+                   "model.moe.num_expert: unknown key. Fix: did you mean `num_experts`?",
+                   "data.blend.0.wieght: unknown key. Fix: did you mean `weight`?",
+                   "model.heads=4 is not divisible by tp", "model.kv_heads=4 is not divisible by tp",
+                   "model.ffn_hidden = 256: the MLP is split over tp=3", "model.seq_len = 64: sequence_parallel",
+                   "parallel.dp = 2: tp*pp*dp = 3*2*2 = 12"):
+        assert sum(needle in ln for ln in lines) == 1, (needle, out.stderr)
+    assert not any(ln.split(": ", 2)[-1].startswith("train.lr = 0.") for ln in lines), "a rule judged a default"
+
+
 def test_a_bound_fix_agrees_with_its_rule_and_names_null():
     out = trainctl("validate", TINY, "--set", "train.grad_clip=0")
     assert out.returncode == 2

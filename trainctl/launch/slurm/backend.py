@@ -33,8 +33,8 @@ class SlurmBackend(Backend[SlurmLaunch, RunPaths]):
     name = NAME
 
     def prepare(self, spec: RunSpec, run_dir: Path | None, *, grace_s: int = DEFAULT_GRACE_S,
-                module: str = TRAINER_MODULE) -> SlurmLaunch:
-        return plan_slurm(spec, run_dir, grace_s=grace_s, trainer_module=module)
+                module: str = TRAINER_MODULE, dry_run: bool = False) -> SlurmLaunch:
+        return plan_slurm(spec, run_dir, grace_s=grace_s, trainer_module=module, dry_run=dry_run)
 
     def dry_run(self, launch: SlurmLaunch) -> list[Line]:
         lines = [note(("run dir (not created)", "bold"), f" {launch.run_dir}")]
