@@ -394,7 +394,7 @@ class Trainer:
                 rec["profiled"] = True  # the profiler's overhead is in step_time_s (the report leaves it out)
             append_jsonl(self.paths.metrics, rec)  # the record; the tracking sinks mirror it
             self.tracking.write(rec)
-            print(metrics.console_line(rec), flush=True)
+            print(metrics.console_line(rec, per="rank" if par.device.type == "cpu" else "gpu"), flush=True)
             if rec.get("mfu_bug"):
                 metrics.warn(f"MFU {rec['mfu']:.1%} > 100% at step {step + 1}: a FLOPs/timing accounting "
                              "bug, not a result")
