@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from paths import REPO
 
-from trainctl.launch.node_health import Thresholds, judge, matmul_spread
+from trainctl.launch.node_health import Thresholds, judge
 from trainctl.runtime.preflight import WINDOWS
 
 pytestmark = pytest.mark.slow
@@ -32,9 +32,9 @@ def test_local_preflight_shows_the_ratio_with_its_spread_and_keeps_every_window(
     measured = json.loads((run_dir / "preflight.json").read_text())
     assert [len(rank["matmul_windows"]) for rank in measured["ranks"]] == [WINDOWS, WINDOWS]
     assert all(rank["matmul_flops"] == max(rank["matmul_windows"]) for rank in measured["ranks"])
-    spread = matmul_spread(measured["ranks"])
     row = next(line for line in r.stdout.splitlines() if line.startswith("│ ") and "│ 2 " in line)
-    ratio = judge(measured, Thresholds())[0].matmul_ratio
+    verdict = judge(measured, Thresholds())[0]
+    ratio, spread = verdict.matmul_ratio, verdict.matmul_spread
     shown = f"{ratio:.3f} ±{spread:.0%}" if spread else f"{ratio:.3f}"
     assert f"│ {shown} " in row, (shown, row)  # the verdict the table shows is the measurement's, 3 digits
     assert re.search(r"│ \d\.\d{3}", row)

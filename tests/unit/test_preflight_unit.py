@@ -49,6 +49,10 @@ def test_a_ratio_below_the_threshold_by_less_than_the_measured_spread_is_a_note_
     slow = {**slow, "matmul_flops": 5e12, "matmul_windows": windows(5e12, 0.10)}
     v = judge({"nodes": ["n0", "n1", "n2"], "ranks": [*loaded[:2], slow]}, Thresholds())
     assert bad_nodes(v) == ["n2"] and "0.500x" in v[2].reasons[0] and "measured spread 10.0%" in v[2].reasons[0]
+    # a throttled device's own spread does not excuse it: judged with its peers' (quiet: 0.2%)
+    quiet = [rank(i, f"n{i}", 10e12, matmul_windows=windows(10e12, 0.002)) for i in range(2)]
+    noisy_slow = rank(2, "n2", 7.95e12, matmul_windows=windows(7.95e12, 0.5))
+    assert bad_nodes(judge({"nodes": ["n0", "n1", "n2"], "ranks": [*quiet, noisy_slow]}, Thresholds())) == ["n2"]
     # a quiet host (windows within 0.2%): the same 0.795x is judged bad
     quiet = [rank(i, f"n{i}", 10e12, matmul_windows=windows(10e12, 0.002)) for i in range(2)]
     slow = rank(2, "n2", 7.95e12, matmul_windows=windows(7.95e12, 0.002))

@@ -47,7 +47,7 @@ class NodeVerdict:
     ranks: int = 0
     matmul_flops: float | None = None  # the node's slowest device
     matmul_ratio: float | None = None  # ... over its peers' median
-    matmul_spread: float | None = None  # the measured spread the ratio is judged with (matmul_spread())
+    matmul_spread: float | None = None  # the measured spread the ratio is judged with (its peers' window_spread)
     memory_bytes: int = 0  # verified, summed over the node's devices
     intra_bytes_per_s: float | None = None
     links: list[str] = field(default_factory=list)  # "n2 4.1 GB/s" per pair of the ring
@@ -72,13 +72,11 @@ def peer_median(values: list[float], i: int) -> float | None:
     return statistics.median(others) if others else None
 
 
-def matmul_spread(ranks: list[dict[str, Any]]) -> float:
-    """How much the matmul windows of this measurement varied: the median over devices of how far a device's
-    median window fell below its best, as a fraction of the best. On a loaded host a device's best window can
-    miss by that much, so a ratio within it of the threshold says nothing about the device; a throttled device
-    is slow in every window and stays far below. 0 without windows."""
-    spreads = [(max(w) - statistics.median(w)) / max(w) for r in ranks if (w := r.get("matmul_windows")) and max(w) > 0]
-    return statistics.median(spreads) if spreads else 0.0
+def window_spread(rank: dict[str, Any]) -> float:
+    """How far a device's median matmul window fell below its best, as a fraction of the best (0 without
+    windows). On a loaded host a best window can miss by that much."""
+    w = rank.get("matmul_windows") or []
+    return (max(w) - statistics.median(w)) / max(w) if w and max(w) > 0 else 0.0
 
 
 def _gb(x: float) -> str:
@@ -92,13 +90,16 @@ def judge(result: dict[str, Any], th: Thresholds, *, needed_bytes: int | None = 
     ranks = result.get("ranks", [])
     measured = [r for r in ranks if r.get("matmul_flops")]
     rates = [r["matmul_flops"] for r in measured]
-    spread = matmul_spread(measured)
+    spreads = [window_spread(r) for r in measured]
     for r in ranks:
         v = out.setdefault(r["node"], NodeVerdict(r["node"]))
         v.ranks += 1
         rate = r.get("matmul_flops")
         median = peer_median(rates, measured.index(r)) if rate else None
         if rate and median:
+            # judged with its peers' spread, as their median is: a ratio within it of the threshold may be the
+            # moment's load; a throttled device's own spread (slow in every window) does not excuse it
+            spread = peer_median(spreads, measured.index(r)) or 0.0
             ratio = rate / median
             if v.matmul_ratio is None or ratio < v.matmul_ratio:
                 v.matmul_flops, v.matmul_ratio, v.matmul_spread = rate, ratio, spread
