@@ -212,7 +212,8 @@ def prepare(text_path: str | Path, out_path: str | Path, dtype: str = "uint16", 
     pending = bytearray()
     with _atomic_output(out) as dst:
         def flush() -> None:
-            dst.write(np.frombuffer(pending, dtype=np.uint8).astype(np.dtype(dtype).newbyteorder("<")).tobytes())
+            ids = np.frombuffer(bytes(pending), dtype=np.uint8)  # a copy: the buffer is cleared next
+            dst.write(ids.astype(np.dtype(dtype).newbyteorder("<")).tobytes())
             pending.clear()
 
         for doc in _documents(src, json_key):

@@ -211,8 +211,9 @@ def _without(data: Any, locs: list[tuple[str | int, ...]]) -> Any:
         parent, key = None, None
         node = data
         for part in loc:
-            if isinstance(node, dict) and part in node or isinstance(node, list) and isinstance(part, int) \
-                    and 0 <= part < len(node):
+            in_dict = isinstance(node, dict) and part in node
+            in_list = isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node)
+            if in_dict or in_list:
                 parent, key, node = node, part, node[part]
             else:
                 break
