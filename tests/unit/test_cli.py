@@ -149,6 +149,10 @@ def test_field_errors_and_cross_section_rules_are_reported_in_one_pass():
                    "parallel.dp = 2: tp*pp*dp = 3*2*2 = 12"):
         assert sum(needle in ln for ln in lines) == 1, (needle, out.stderr)
     assert not any(ln.split(": ", 2)[-1].startswith("train.lr = 0.") for ln in lines), "a rule judged a default"
+    # a field set aside is no ground for rules about it: tp=0 is one line, not also the world size with tp=1
+    out = trainctl("validate", TINY, "--set", "parallel.tp=0")
+    assert [ln for ln in out.stderr.splitlines() if ln.startswith("error:")] == [
+        f"error: {TINY}: parallel.tp = 0: Input should be greater than or equal to 1. Fix: use a value >= 1"]
 
 
 def test_plan_counts_read_as_numbers_and_words():

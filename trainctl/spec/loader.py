@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import difflib
 import math
+import re
 import typing
 from collections.abc import Sequence
 from pathlib import Path
@@ -175,6 +176,7 @@ def validate_spec(data: dict[str, Any], source: str = "<spec>") -> RunSpec:
     invalid fields aside (their defaults stand in) and validates again, and the rules then judge the rest."""
     lines: list[str] = []
     removed: list[tuple[str | int, ...]] = []
+    defaulted: list[tuple[str | int, ...]] = []  # set aside with a default standing in (not an unknown key)
     for _ in range(MAX_VALIDATION_PASSES):
         try:
             spec = RunSpec.model_validate(data)
@@ -187,13 +189,12 @@ def validate_spec(data: dict[str, Any], source: str = "<spec>") -> RunSpec:
             if not fresh:
                 break
             removed += locs
+            defaulted += [tuple(err["loc"]) for err in fresh if err["type"] != "extra_forbidden"]
             continue
         except (RecursionError, OverflowError, MemoryError) as e:
             raise SpecError([f"spec could not be validated ({type(e).__name__}). Fix: simplify the values"],
                             source) from None
-        # a rule about a field set aside would judge its default, not what the user wrote
-        aside = {".".join(str(x) for x in loc) for loc in removed}
-        lines += [line for line in rules.check(spec) if line.split(" = ", 1)[0] not in aside]
+        lines += [line for line in rules.check(spec) if not _mentions_any(line, defaulted)]
         if lines:
             raise SpecError(lines, source)
         return spec
@@ -201,6 +202,12 @@ def validate_spec(data: dict[str, Any], source: str = "<spec>") -> RunSpec:
 
 
 MAX_VALIDATION_PASSES = 8  # each pass sets aside a deeper layer of errors; a spec has few layers of sections
+
+
+def _mentions_any(rule_line: str, locs: list[tuple[str | int, ...]]) -> bool:
+    """Whether a rule's line names a field set aside (`tp` in `tp*pp*dp = 1*2*2`, `data` in `data.path`): it
+    judged the default standing in for it, not what the user wrote, so it is no independent error."""
+    return any(re.search(rf"(?<!\w){re.escape(str(loc[-1]))}(?!\w)", rule_line) for loc in locs if loc)
 
 
 def _without(data: Any, locs: list[tuple[str | int, ...]]) -> Any:
