@@ -132,7 +132,7 @@ class SlurmBackend(Backend[SlurmLaunch, RunPaths]):
 def plan_summary(spec: RunSpec) -> list[str]:
     """A few lines of the plan: layout, placement, the planner's headline estimate (if it is there)."""
     c, par = spec.cluster, spec.parallel
-    lines = [f"{spec.name}: {spec.world_size} ranks = tp {par.tp} x pp {par.pp} x dp {spec.dp} on "
+    lines = [f"{spec.name}: {spec.world_size:,} ranks = tp {par.tp} x pp {par.pp} x dp {spec.dp} on "
              f"{c.nodes} node(s) x {c.gpus_per_node} ({c.gpu}); launcher {spec.launcher.mode}, "
              f"max_restarts {spec.launcher.max_restarts}; {spec.train.steps} steps"]
     from trainctl.plan.placement import Layout, tp_groups_across_nodes
