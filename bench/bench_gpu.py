@@ -17,7 +17,7 @@ What runs, each in its own processes through the CLI a user types (`python -m tr
              rewound to step 8 by `trainctl resume --from-step 8`: steps 9-16 bit for bit? (also without
              train.deterministic, to say what differs)
   pytest     the unit tests, the local launch, trainer, compile and resume tests with CUDA visible (their CPU
-             recipes must stay on the CPU)
+             recipes must stay on the CPU); with --cpu-smoke one of them (seconds: the suite is the CPU's)
 
     python3 bench/bench_gpu.py --out DIR          # skips (exit 0) on a machine without a CUDA GPU
     python3 bench/bench_gpu.py --cpu-smoke        # the same flow at toy size on the CPU (checks this script)
@@ -331,10 +331,16 @@ def resume_pair(b: Bench, name: str, deterministic: bool) -> dict[str, Any]:
             "checkpoint": checkpoint_figures(run, straight)}
 
 
+PYTEST_FILES = ["tests/unit", "tests/dist/test_launch_local.py", "tests/dist/test_trainer_runtime.py",
+                "tests/dist/test_compile.py", "tests/dist/test_resume_cli.py"]
+
+
 def check_pytest(b: Bench) -> dict[str, Any]:
-    r = b.sh([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "8", "tests/unit",
-              "tests/dist/test_launch_local.py", "tests/dist/test_trainer_runtime.py", "tests/dist/test_compile.py",
-              "tests/dist/test_resume_cli.py"], 240, "pytest")
+    if b.a.cpu_smoke:  # the suite is the CPU's own anyway: the smoke runs one test through the same command
+        how = ["-n", "0", "tests/unit/test_cli.py::test_validate_ok"]
+    else:  # a worker per core, at most 8 (each test file stays in one worker)
+        how = ["-n", str(min(8, os.cpu_count() or 1)), *PYTEST_FILES]
+    r = b.sh([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *how], 240, "pytest")
     tail = (r.stdout.strip().splitlines() or [""])[-1]
     return {"rc": r.returncode, "summary": tail}
 

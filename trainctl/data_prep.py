@@ -65,30 +65,49 @@ DOC_BATCH = 1000  # documents encoded per call (the tokenizers library paralleli
 
 
 def _documents(src: Path, json_key: str) -> Iterator[str]:
-    """JSON lines (one document per line, text under `json_key`, as Megatron's preprocess_data.py reads),
-    or plain text with documents separated by blank lines."""
+    """The documents of a text file, the same for every tokenizer: JSON lines (one document per line, text
+    under `json_key`, as Megatron's preprocess_data.py reads), or plain text with documents separated by
+    blank lines."""
     import json
 
     if src.suffix == ".jsonl":
-        with open(src, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if line.strip():
-                    try:
-                        yield json.loads(line)[json_key]
-                    except (ValueError, KeyError, TypeError):
-                        raise UsageError(f"{src}:{n}: not a JSON object with a {json_key!r} string",
-                                         hint="pass --json-key for another field") from None
+        for n, line in _utf8_lines(src):
+            if line.strip():
+                try:
+                    text = json.loads(line)[json_key]
+                except (ValueError, KeyError, TypeError):
+                    text = None
+                if not isinstance(text, str):
+                    raise UsageError(f"{src}:{n}: not a JSON object with a {json_key!r} string",
+                                     hint="pass --json-key for another field")
+                yield text
         return
     paragraph: list[str] = []
-    with open(src, encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                paragraph.append(line)
-            elif paragraph:
-                yield "".join(paragraph)
-                paragraph = []
+    for _, line in _utf8_lines(src):
+        if line.strip():
+            paragraph.append(line)
+        elif paragraph:
+            yield "".join(paragraph)
+            paragraph = []
     if paragraph:
         yield "".join(paragraph)
+
+
+def _utf8_lines(src: Path) -> Iterator[tuple[int, str]]:
+    """(line number, line) of a UTF-8 file; a byte that is not UTF-8 stops it with its offset (a binary file
+    passed by mistake, or text in another encoding, would otherwise train as garbage tokens)."""
+    offset = 0
+    with open(src, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise UsageError(f"input text {src}: not UTF-8: byte {raw[e.start]:#04x} at offset "
+                                 f"{offset + e.start:,} (line {n})",
+                                 hint="pass UTF-8 text (convert it with iconv); a token file needs no prepare "
+                                      "(`trainctl data check` reads it)") from None
+            yield n, line
+            offset += len(raw)
 
 
 def prepare_with_tokenizer(text_path: str | Path, out_path: str | Path, tokenizer_json: str | Path, *,
@@ -177,21 +196,37 @@ def _atomic_output(out: Path) -> Iterator[BinaryIO]:
         raise
 
 
-def prepare(text_path: str | Path, out_path: str | Path, dtype: str = "uint16") -> Prepared:
-    """Tokenize a text file byte by byte into a flat token file, written atomically (temp + rename)."""
+def prepare(text_path: str | Path, out_path: str | Path, dtype: str = "uint16", *,
+            json_key: str = "text") -> Prepared:
+    """Tokenize the documents of a text file byte by byte into a flat token file, written atomically (temp +
+    rename). The byte vocabulary has no id to spare for an end-of-text token, so documents are separated as
+    plain text separates them, by one blank line: a text file written that way comes back byte for byte
+    (longer runs of blank lines become one)."""
     import numpy as np
 
     if dtype not in ("uint16", "uint32"):
         raise UsageError(f"--dtype {dtype!r} is not a token dtype", hint="use uint16 or uint32")
     src, out = Path(text_path), Path(out_path)
     _check_paths(src, out)
-    tokens = 0
-    with _atomic_output(out) as dst, open(src, "rb") as f:
-        while chunk := f.read(CHUNK_BYTES):
-            ids = np.frombuffer(chunk, dtype=np.uint8).astype(np.dtype(dtype).newbyteorder("<"))
-            dst.write(ids.tobytes())
-            tokens += len(chunk)
-    return Prepared(path=out.resolve(), tokens=tokens, dtype=dtype)
+    tokens = documents = 0
+    pending = bytearray()
+    with _atomic_output(out) as dst:
+        def flush() -> None:
+            ids = np.frombuffer(bytes(pending), dtype=np.uint8)  # a copy: the buffer is cleared next
+            dst.write(ids.astype(np.dtype(dtype).newbyteorder("<")).tobytes())
+            pending.clear()
+
+        for doc in _documents(src, json_key):
+            pending += (b"\n" if documents else b"") + doc.encode("utf-8") + (b"" if doc.endswith("\n") else b"\n")
+            documents += 1
+            if len(pending) >= CHUNK_BYTES:
+                tokens += len(pending)
+                flush()
+        tokens += len(pending)
+        flush()
+        if documents == 0:
+            raise UsageError(f"input text {src} holds no documents", hint="pass a file with some text in it")
+    return Prepared(path=out.resolve(), tokens=tokens, dtype=dtype, documents=documents)
 
 
 def check_token_file(path: str | Path, dtype: str, seq_len: int, vocab: int, fmt: str = "auto") -> TokenFile:

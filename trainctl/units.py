@@ -69,3 +69,8 @@ def size(n: float | None) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} TiB"
+
+
+def count(n: int, noun: str) -> str:
+    """A whole number of things, with thousands separators and the noun's plural: 1 step, 2,048 nodes."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"

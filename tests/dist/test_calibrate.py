@@ -225,6 +225,22 @@ def test_from_run_refits_the_compute_rate(finished_run: Path, calibrated, tmp_pa
     assert trainctl("calibrate", TINY, "--from-run", str(finished_run)).returncode == 2  # spec comes from the run
 
 
+@pytest.mark.slow
+def test_from_run_never_replaces_its_base_profile(finished_run: Path, calibrated, tmp_path: Path) -> None:
+    """The README's profile as the base of a refit in the directory it was written to: the default --out
+    (once the base's own name) names the refit after the run; --out the base itself is refused."""
+    base = tmp_path / PROFILE
+    base.write_bytes(calibrated[0].read_bytes())
+    out = trainctl("calibrate", "--from-run", str(finished_run), "--base", PROFILE, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert base.read_bytes() == calibrated[0].read_bytes()
+    refit = tmp_path / "calibration-tiny-cpu-from-quick.json"
+    assert json.loads(refit.read_text())["source"] == "run" and f"profile {refit.name}" in out.stdout
+    out = trainctl("calibrate", "--from-run", str(finished_run), "--base", PROFILE, "--out", str(base), cwd=tmp_path)
+    assert out.returncode == 2 and "is the --base profile" in out.stderr
+    assert base.read_bytes() == calibrated[0].read_bytes()
+
+
 # --- a finished run held against a profile measured after it -------------------------------------------
 
 @pytest.mark.slow

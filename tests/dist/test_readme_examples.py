@@ -7,8 +7,9 @@
   size, a decimal, a percentage, a throughput and a date or time stamp may differ from the README's; every
   other number (steps, ranks, counts, exit codes) must be exactly the README's.
 - A `trainctl ...` line of a ```bash block must run and exit 0. Those that would train run with --dry-run
-  (the `$` examples train the same recipes for real); the Llama 3 70B recipe's data and Slurm cluster are
-  not on this machine (synthetic data, and no sinfo query of the shared test cluster). ADAPTED says so.
+  (the `$` examples train the same recipes for real); the Llama 3 70B recipe's Slurm cluster is not this
+  machine's (no sinfo query of the shared test cluster; its data, not here either, is what its dry run warns
+  about). ADAPTED says so.
 - Exit codes other than 0 are the ones the README names (EXIT).
 
 The quick run the walkthrough builds (launch, then resume) is also checked in depth (test_quick_run_directory).
@@ -51,7 +52,7 @@ _VARYING = [
     (r"(?<=-)\d{8}-\d{6}(?:-\d+)?", r"\d{8}-\d{6}(?:-\d+)?"),  # runs/<name>-<YYYYmmdd-HHMMSS>
     (r"(?<![\w.])(?:\d+m \d+s|\d+h \d+m|{n} ?(?:ns|µs|us|ms|s))(?![\w/])".format(n=_NUM), _TIME),
     (r"(?<![\w.]){n} ?(?:B|kB|MB|GB|TB|KiB|MiB|GiB|TiB)(?!\w)".format(n=_NUM), _SIZE),
-    (r"(?<![\w.])(?:\d[\d,]*\.\d+(?:e[-+]?\d+)?k?|\d{1,3}(?:,\d{3})+|\d+(?=%|k\b| ?tok/s|/gpu))", _NUM),
+    (r"(?<![\w.])(?:\d[\d,]*\.\d+(?:e[-+]?\d+)?k?|\d{1,3}(?:,\d{3})+|\d+(?=%|k\b| ?tok/s|/gpu|/rank))", _NUM),
 ]
 _VARYING_RE = re.compile("|".join(f"({p})" for p, _ in _VARYING))
 
@@ -151,3 +152,28 @@ def test_quick_run_directory(readme_walkthrough: Walkthrough) -> None:
         limit = 0.10 if row["component"] == "activations" else 0.01  # states: bucket padding, step counters
         assert abs(row["error"]) <= limit, row
     assert "largest gap" in mem["largest_gap"]
+
+
+def test_slurm_dry_run_prints_the_script_and_warns_what_it_cannot_check(readme_walkthrough: Walkthrough) -> None:
+    """The Llama 3 70B recipe's data and cluster are not on this machine: its dry run, as the README writes it,
+    still prints the script, with a warning for the data file and the cluster it could not check."""
+    out = readme_walkthrough.result("trainctl launch recipes/llama3-70b.yaml --dry-run").output
+    assert "warning: not checked here: data.path /data/llama3/train_tokens.bin: no such file" in out
+    assert "sinfo not found: cluster checks skipped" in out
+    assert "#SBATCH --nodes=32" in out
+
+
+def test_following_the_readme_in_the_repository_leaves_git_clean(readme_walkthrough: Walkthrough) -> None:
+    """Every file the walkthrough wrote where it was followed (the token files, their caches, the calibration
+    profiles, runs/) is ignored by the repository's .gitignore: a user who follows the README in the clone
+    then launches runs whose job.json records `git dirty: false`."""
+    from paths import REPO
+
+    given = {"recipes", "trainctl", "tokenizer.json", "corpus.jsonl"}  # the test's own (follow())
+    written = sorted(p.name + ("/" if p.is_dir() and not p.is_symlink() else "")
+                     for p in readme_walkthrough.cwd.iterdir() if p.name not in given)
+    assert "sample.bin" in written and "calibration-tiny-cpu.json" in written and "runs/" in written, written
+    check = subprocess.run(["git", "-C", str(REPO), "check-ignore", "--no-index", *written], capture_output=True,
+                           text=True, timeout=60)
+    assert sorted(check.stdout.split()) == written, f"not ignored: {set(written) - set(check.stdout.split())}"
+

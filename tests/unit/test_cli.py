@@ -134,6 +134,35 @@ def test_every_independent_spec_error_is_reported_at_once():
         assert sum(needle in ln for ln in lines) == 1, (needle, out.stderr)
 
 
+def test_field_errors_and_cross_section_rules_are_reported_in_one_pass():
+    """A field error (train.lr), an unknown key and a nested typo no longer hide the rules about the fields
+    that did validate: tp=3 gets its four problems and the world size its own, all in one run."""
+    out = trainctl("validate", TINY, "--set", "parallel.tp=3", "--set", "train.lr=-1", "--set", "train.foo=1",
+                   "--set", "model.moe.num_expert=3", "--set", "data.blend=[{path: /b.bin, wieght: 1}]")
+    assert out.returncode == 2
+    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("error:")]
+    for needle in ("train.lr = -1: Input should be greater than 0", "train.foo: unknown key",
+                   "model.moe.num_expert: unknown key. Fix: did you mean `num_experts`?",
+                   "data.blend.0.wieght: unknown key. Fix: did you mean `weight`?",
+                   "model.heads=4 is not divisible by tp", "model.kv_heads=4 is not divisible by tp",
+                   "model.ffn_hidden = 256: the MLP is split over tp=3", "model.seq_len = 64: sequence_parallel",
+                   "parallel.dp = 2: tp*pp*dp = 3*2*2 = 12"):
+        assert sum(needle in ln for ln in lines) == 1, (needle, out.stderr)
+    assert not any(ln.split(": ", 2)[-1].startswith("train.lr = 0.") for ln in lines), "a rule judged a default"
+    # a field set aside is no ground for rules about it: tp=0 is one line, not also the world size with tp=1
+    out = trainctl("validate", TINY, "--set", "parallel.tp=0")
+    assert [ln for ln in out.stderr.splitlines() if ln.startswith("error:")] == [
+        f"error: {TINY}: parallel.tp = 0: Input should be greater than or equal to 1. Fix: use a value >= 1"]
+
+
+def test_plan_counts_read_as_numbers_and_words():
+    """16,384 GPUs on 2,048 nodes (separators), a Young/Daly interval of ~1 step (not "~1 steps")."""
+    out = trainctl("plan", str(ROOT / "recipes" / "llama3-405b.yaml"), "--set", "checkpoint.mtbf_hours=0.5")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("llama3-405b: 16,384 GPUs = tp 8 x pp 16 x dp 128 on 2,048 nodes x 8 h100-sxm")
+    assert "(~1 step)" in out.stdout and "(~1 steps)" not in out.stdout
+
+
 def test_a_bound_fix_agrees_with_its_rule_and_names_null():
     out = trainctl("validate", TINY, "--set", "train.grad_clip=0")
     assert out.returncode == 2

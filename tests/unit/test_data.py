@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -103,13 +104,36 @@ def test_cli_data_prepare(tmp_path: Path) -> None:
     out = tmp_path / "tokens.bin"
     r = run_cli("data", "prepare", str(sample_text_path()), str(out))
     assert r.returncode == 0, r.stderr
-    n = sample_text_path().stat().st_size
-    assert f"{n:,} tokens" in r.stdout
+    # the text's documents (paragraphs), one blank line between them, byte by byte
+    text = re.sub(r"\n\n+", "\n\n", sample_text_path().read_text(encoding="utf-8")).encode()
+    n = len(text)
+    assert np.fromfile(out, dtype="<u2").tolist() == list(text)
+    documents = text.count(b"\n\n") + 1
+    assert f"wrote {documents:,} documents, {n:,} tokens" in r.stdout
     assert f"data:\n  path: {out.resolve()}\n  dtype: uint16" in r.stdout
-    assert out.stat().st_size == 2 * n
 
     r = run_cli("data", "prepare", str(sample_text_path()), str(tmp_path / "t32.bin"), "--dtype", "uint32")
     assert r.returncode == 0 and (tmp_path / "t32.bin").stat().st_size == 4 * n
+
+
+def test_cli_data_prepare_bytes_reads_documents_as_every_tokenizer_does(tmp_path: Path) -> None:
+    """Without --tokenizer a .jsonl's documents are the --json-key field's text, not its JSON lines, and a
+    file that is not UTF-8 text is refused at the first bad byte."""
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": i, "body": f"doc {i}: é"}) + "\n" for i in range(3)))
+    out = tmp_path / "out.bin"
+    r = run_cli("data", "prepare", str(corpus), str(out), "--json-key", "body")
+    assert r.returncode == 0, r.stderr
+    assert "wrote 3 documents, 32 tokens" in r.stdout
+    assert bytes(np.fromfile(out, dtype="<u2").astype(np.uint8)) == "doc 0: é\n\ndoc 1: é\n\ndoc 2: é\n".encode()
+    r = run_cli("data", "prepare", str(corpus), str(tmp_path / "o.bin"))  # the default key is absent
+    assert r.returncode == 2 and "corpus.jsonl:1: not a JSON object with a 'text' string" in r.stderr
+    binary = tmp_path / "random.txt"
+    binary.write_bytes(b"ok line\nsecond " + bytes([0xFF, 0x00, 0x81]) + b"\n")
+    r = run_cli("data", "prepare", str(binary), str(tmp_path / "b.bin"))
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert r.returncode == 2 and errors == [f"error: input text {binary}: not UTF-8: byte 0xff at offset 15 (line 2)"]
+    assert not (tmp_path / "b.bin").exists() and not (tmp_path / "o.bin").exists()
 
 
 @pytest.mark.parametrize("case", ["missing", "empty"])
@@ -154,7 +178,7 @@ def test_check_token_file_errors(tmp_path: Path, token_file: Path) -> None:
     with pytest.raises(UsageError, match=">= model.vocab") as e:
         check_token_file(token_file, "uint32", SEQ, 256)  # uint16 read as uint32
     assert "uint16" in (e.value.hint or "")
-    assert check_token_file(wide, "uint32", SEQ, 256).count == sample_text_path().stat().st_size
+    assert check_token_file(wide, "uint32", SEQ, 256).count == token_file.stat().st_size // 2
 
 
 def test_build_loader_reports_data_errors(tmp_path: Path) -> None:
@@ -324,6 +348,7 @@ def test_data_check_command(tmp_path: Path) -> None:
     np.random.default_rng(3).integers(0, 256, 50_000, dtype="<u2").tofile(good)
     r = run_cli("data", "check", str(good), "--vocab", "256")
     assert r.returncode == 0 and "50,000 uint16 tokens, min 0, max 255" in r.stdout and "ok" in r.stdout
+    assert r.stdout.startswith(f"{good}: ")  # piped: no blank line where a progress bar would have been
     r = run_cli("data", "check", str(good), "--vocab", "200")
     assert r.returncode == 1 and "ids are outside 0..199" in r.stdout and "--dtype" not in r.stdout
     r = run_cli("data", "check", str(good), "--vocab", "256", "--dtype", "uint32")

@@ -25,11 +25,38 @@ def test_a_device_below_its_peers_median_is_named_with_its_ratio() -> None:
     v = judge(result, Thresholds())
     assert bad_nodes(v) == ["n3"]
     # against the others' median (9.5), not the fleet's (9), which would count the slow device itself
-    assert "0.32x the other ranks' median 9.5" in v[2].reasons[0] and v[2].matmul_ratio == pytest.approx(3 / 9.5)
+    assert "0.316x the other ranks' median 9.5" in v[2].reasons[0] and v[2].matmul_ratio == pytest.approx(3 / 9.5)
     # of two nodes, the fleet median is their mean: a node at 0.45x the other measures 0.62x of it and would
     # pass a 0.6 threshold; against its one peer it does not
     v = judge({"nodes": ["n1", "n2"], "ranks": [rank(0, "n1", 10e12), rank(1, "n2", 4.5e12)]}, Thresholds(0.6))
     assert bad_nodes(v) == ["n2"] and v[0].matmul_ratio == pytest.approx(10 / 4.5)
+
+
+def windows(best: float, spread: float) -> list[float]:
+    """8 matmul windows whose best is `best` and whose median is `spread` below it."""
+    return [best, best * (1 - spread / 2), *[best * (1 - spread)] * 6]
+
+
+def test_a_ratio_below_the_threshold_by_less_than_the_measured_spread_is_a_note_not_a_verdict() -> None:
+    """A loaded host: every device's windows spread 10%. A device at 0.795x its peers (0.8 threshold) is as
+    likely the moment's load as the device: noted with three digits, not judged bad; one at 0.5x is bad."""
+    loaded = [rank(i, f"n{i}", 10e12, matmul_windows=windows(10e12, 0.10)) for i in range(3)]
+    slow = {**loaded[2], "matmul_flops": 7.95e12, "matmul_windows": windows(7.95e12, 0.10)}
+    v = judge({"nodes": ["n0", "n1", "n2"], "ranks": [*loaded[:2], slow]}, Thresholds())
+    assert bad_nodes(v) == [] and v[2].matmul_spread == pytest.approx(0.10)
+    assert "0.795x the other ranks' median 10 (threshold 0.8, measured spread 10.0%): below the threshold by " \
+           "less than the spread, not judged bad" in v[2].notes[0]
+    slow = {**slow, "matmul_flops": 5e12, "matmul_windows": windows(5e12, 0.10)}
+    v = judge({"nodes": ["n0", "n1", "n2"], "ranks": [*loaded[:2], slow]}, Thresholds())
+    assert bad_nodes(v) == ["n2"] and "0.500x" in v[2].reasons[0] and "measured spread 10.0%" in v[2].reasons[0]
+    # a throttled device's own spread does not excuse it: judged with its peers' (quiet: 0.2%)
+    quiet = [rank(i, f"n{i}", 10e12, matmul_windows=windows(10e12, 0.002)) for i in range(2)]
+    noisy_slow = rank(2, "n2", 7.95e12, matmul_windows=windows(7.95e12, 0.5))
+    assert bad_nodes(judge({"nodes": ["n0", "n1", "n2"], "ranks": [*quiet, noisy_slow]}, Thresholds())) == ["n2"]
+    # a quiet host (windows within 0.2%): the same 0.795x is judged bad
+    quiet = [rank(i, f"n{i}", 10e12, matmul_windows=windows(10e12, 0.002)) for i in range(2)]
+    slow = rank(2, "n2", 7.95e12, matmul_windows=windows(7.95e12, 0.002))
+    assert bad_nodes(judge({"nodes": ["n0", "n1", "n2"], "ranks": [*quiet, slow]}, Thresholds())) == ["n2"]
 
 
 def test_ring_names_the_node_all_of_whose_links_are_slow_or_else_the_link() -> None:

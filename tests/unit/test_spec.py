@@ -165,7 +165,14 @@ def test_missing_sections_named():
 
 def test_data_source_rule():
     assert "no data source" in one_problem(BASE, "data.synthetic=false")
-    assert "not both" in one_problem(BASE, "data.path=/x.bin", "data.synthetic=true")
+    assert "not both" in one_problem(BASE + "data: {path: /x.bin, dtype: uint32, synthetic: true}\n")
+    # on the command line a source replaces the spec's: the last one given is the run's
+    with_path = BASE + "data: {path: /x.bin, dtype: uint32}\n"
+    assert load_spec_text(with_path, overrides=["data.synthetic=true"]).data.synthetic
+    assert load_spec_text(with_path, overrides=["data.synthetic=true"]).data.path is None
+    assert load_spec_text(BASE, overrides=["data.path=/x.bin", "data.dtype=uint32"]).data.path == "/x.bin"
+    assert load_spec_text(BASE, overrides=["data.path=/y.bin", "data.synthetic=false",
+                                           "data.dtype=uint32"]).data.path == "/y.bin"
     assert load_spec_text(BASE, overrides=["data.path=/x.bin", "data.dtype=uint32"]).data.path == "/x.bin"
     assert "data.dtype = 'uint16'" in one_problem(BASE, "data.path=/x.bin")
 

@@ -19,7 +19,8 @@ def calibrate(
     spec: Path | None = OptionalSpecArg,
     set_: list[str] = SetOpt,
     out: Path | None = typer.Option(None, "--out", "-o", help="Profile to write (default: calibration-<name>.json "
-                                    "in the working directory); replaced atomically."),
+                                    "in the working directory, calibration-<name>-from-<run>.json with "
+                                    "--from-run); replaced atomically."),
     run_dir: Path | None = typer.Option(None, "--run-dir", help="Run directory of the measuring job (default "
                                         "runs/calibrate/<name>-<YYYYmmdd-HHMMSS>)."),
     from_run: Path | None = typer.Option(None, "--from-run", metavar="RUN", help="Measure nothing: refit the compute "
@@ -49,7 +50,10 @@ def calibrate(
         base_profile = prof.load(base) if base is not None else None
         if base_profile is not None:
             prof.check(base_profile, run_spec)
-        target = out or default_out(run_spec)
+        target = out or default_out(run_spec, from_run)
+        if base is not None and target.resolve() == base.resolve():
+            raise UsageError(f"--out {target} is the --base profile: the refit would replace the measurements "
+                             "it keeps", hint="give another --out (the default names the refit after the run)")
         require_writable(target.absolute().parent, f"--out {target}")
         with write_errors_as_usage(f"--out {target}"):
             prof.save(target, refit(from_run, base_profile))

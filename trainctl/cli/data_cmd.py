@@ -39,17 +39,18 @@ def prepare_cmd(
         raise UsageError(f"--format {fmt!r}: use flat or megatron")
     if tokenizer is None and fmt == "megatron":
         raise UsageError("--format megatron needs --tokenizer (documents end with its end-of-text token)")
+    if tokenizer is None and eot is not None:
+        raise UsageError("--eot needs --tokenizer: the byte-level tokenizer separates documents by a blank line")
     with write_errors_as_usage(f"output {out}"):  # what the check before cannot foresee: a full disk, a lost mount
         if tokenizer is not None:
             result = prepare_with_tokenizer(text_file, out, tokenizer, fmt=fmt, dtype=dtype, eot=eot,
                                             json_key=json_key)
         else:
-            result = prepare(text_file, out, dtype or "uint16")
+            result = prepare(text_file, out, dtype or "uint16", json_key=json_key)
     console = make_console()
     size = result.tokens * ITEMSIZE[result.dtype]
-    what = f"{result.documents:,} documents, " if tokenizer is not None else ""
-    console.print(f"[green]wrote[/green] {what}{result.tokens:,} tokens ({size:,} bytes, {result.dtype}, "
-                  f"{result.format}) to {result.path}")
+    console.print(f"[green]wrote[/green] {result.documents:,} documents, {result.tokens:,} tokens ({size:,} bytes, "
+                  f"{result.dtype}, {result.format}) to {result.path}")
     console.print(f"{'tokenizer' if tokenizer else 'byte-level tokenizer'}: set model.vocab >= {result.vocab}. "
                   "Paste into your spec:")
     print(result.spec_block())  # plain print: no rich markup or wrapping in the pasteable block
@@ -81,7 +82,8 @@ def check_cmd(
     console = make_console()
     t0 = time.perf_counter()
     with Progress(TextColumn("scanning"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-                  TimeRemainingColumn(), console=console, transient=True) as bar:
+                  TimeRemainingColumn(), console=console, transient=True,
+                  disable=not console.is_terminal) as bar:  # piped: it would leave a blank line, not a bar
         task = bar.add_task("scan", total=max(1, tf.count))
         result = scan(token_file, dtype, vocab, progress=lambda done, _total: bar.update(task, completed=done))
     dt = time.perf_counter() - t0

@@ -64,7 +64,7 @@ def launch(
         run, excluded = _preflight(console, run, target, preflight_nodes,
                                    Thresholds(min_matmul_ratio, min_link_ratio, min_peak_fraction))
     backend = backend_for(run)
-    launch = backend.prepare(run, target, grace_s=run.launcher.grace_s)
+    launch = backend.prepare(run, target, grace_s=run.launcher.grace_s, dry_run=dry_run)
     check_before_training(console, run, run_dir or default_run_dir(run), strict)
     if dry_run:
         for line in backend.dry_run(launch):

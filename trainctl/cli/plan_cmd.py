@@ -21,7 +21,7 @@ from trainctl.cli.console import make_console
 from trainctl.cli.jsonout import print_json
 from trainctl.cli.options import JsonOpt, SetOpt, SpecArg, read_spec
 from trainctl.prose import prose
-from trainctl.units import decimal_size, dur, pct, tflops
+from trainctl.units import count, decimal_size, dur, pct, tflops
 
 if TYPE_CHECKING:
     from trainctl.plan.auto import AutoResult
@@ -77,13 +77,13 @@ def _where(j: dict[str, Any]) -> str:
     """The header's machine: GPUs with their NVLink domain and fabric, or CPU ranks (shared memory, and the
     network between nodes: gloo has no NVLink or InfiniBand transport)."""
     L, hw = j["layout"], j["hardware"]
-    nodes = f"{L['nodes']} node" + ("s" if L["nodes"] != 1 else "")
+    nodes = count(L["nodes"], "node")
     cp = f"cp {L['cp']} x " if L["cp"] > 1 else ""
     grid = f"tp {L['tp']} x {cp}pp {L['pp']} x dp {L['dp']}"
     if hw["gpu"] == "cpu":
-        return (f"{j['world_size']} CPU ranks = {grid} on {nodes} x {L['gpus_per_node']} ranks (gloo: shared "
+        return (f"{j['world_size']:,} CPU ranks = {grid} on {nodes} x {L['gpus_per_node']} ranks (gloo: shared "
                 f"memory inside a node{', the network between nodes' if L['nodes'] > 1 else ''})")
-    return (f"{j['world_size']} GPUs = {grid} on {nodes} x {L['gpus_per_node']} {hw['gpu']} (NVLink domain "
+    return (f"{j['world_size']:,} GPUs = {grid} on {nodes} x {L['gpus_per_node']} {hw['gpu']} (NVLink domain "
             f"{L['nvlink_domain']}, fabric {hw['fabric']})")
 
 
@@ -229,7 +229,7 @@ def checkpoint_rows(ck: dict[str, Any]) -> list[tuple[str, str]]:
         f" = {dur(cad['configured_s'])}" if cad["configured_s"] else "")
     if cad["loss_configured"] is not None:
         configured += f"; {pct(cad['loss_configured'], 2)} expected lost"
-    steps = f" (~{cad['optimal_steps']:,} steps)" if cad["optimal_steps"] else ""
+    steps = f" (~{count(cad['optimal_steps'], 'step')})" if cad["optimal_steps"] else ""
     return [
         ("size", _bytes(ck["bytes"])),
         ("save", f"blocks training {dur(ck['blocking_s'])}" + (f", written in {dur(ck['save_s'])} (async)"
@@ -259,7 +259,7 @@ def render_ranks(plan: Plan, console: Console) -> None:
                                      *((r.ep, r.edp) if moe else ()), r.pp, r.nvlink_domain)))
     console.print(t)
     inner = layout.tp * layout.cp  # ranks of one (dp, pp) position
-    for kind, stride, size, count in (("tp", 1, layout.tp, world // layout.tp),
+    for kind, stride, size, groups in (("tp", 1, layout.tp, world // layout.tp),
                                       *((("cp", layout.tp, layout.cp, world // layout.cp),) if cp else ()),
                                       ("dp", inner, layout.dp, world // layout.dp),
                                       *((("dp_cp", layout.tp, layout.dp * layout.cp, layout.tp * layout.pp),)
@@ -271,7 +271,7 @@ def render_ranks(plan: Plan, console: Console) -> None:
         first = getattr(Groups(layout), kind)[0] if world <= RANKS_FULL_LIMIT else list(range(0, stride * size, stride))
         shown = ", ".join(map(str, first[:8])) + (", …" if len(first) > 8 else "")
         label = {"dp_cp": "DP x CP (gradient reduction, ZeRO)"}.get(kind, kind.upper())
-        prose(console, f"{count} of {size} ranks, stride {stride}; the first: \\[{shown}]", f"  {label} groups: ")
+        prose(console, f"{groups} of {size} ranks, stride {stride}; the first: \\[{shown}]", f"  {label} groups: ")
 
 
 def _powersgd_line(g: dict[str, Any]) -> str:

@@ -39,7 +39,7 @@ def show_preflight(console: Console, pf: Preflight) -> None:
         t.add_column(col)
     for v in pf.verdicts:
         t.add_row(v.node, str(v.ranks), f"{v.matmul_flops / 1e12:.3g}" if v.matmul_flops else "-",
-                  f"{v.matmul_ratio:.2f}" if v.matmul_ratio else "-", size(v.memory_bytes),
+                  _ratio(v.matmul_ratio, v.matmul_spread), size(v.memory_bytes),
                   f"{v.intra_bytes_per_s / 1e9:.3g}" if v.intra_bytes_per_s else "-", "; ".join(v.links) or "-",
                   size(v.free_bytes) if v.free_bytes is not None else "-",
                   "[green]ok[/green]" if v.ok else "[red]BAD[/red]")
@@ -54,6 +54,13 @@ def show_preflight(console: Console, pf: Preflight) -> None:
     console.print(f"measured in {dur(float(pf.result.get('elapsed_s') or 0))}; "
                   + ("every node healthy" if not pf.bad else f"{len(pf.bad)} bad node(s): "
                      + ",".join(v.node for v in pf.bad)))
+
+
+def _ratio(ratio: float | None, spread: float | None) -> str:
+    """x peers, to three digits (0.797 is not 0.80) and the spread it was judged with."""
+    if ratio is None:
+        return "-"
+    return f"{ratio:.3f} ±{spread:.0%}" if spread else f"{ratio:.3f}"
 
 
 @app.command()

@@ -103,10 +103,11 @@ class Backend(ABC, Generic[L, R]):
     # --- trainctl launch ---------------------------------------------------------------------------------
     @abstractmethod
     def prepare(self, spec: RunSpec, run_dir: Path | None, *, grace_s: int = DEFAULT_GRACE_S,
-                module: str = TRAINER_MODULE) -> L:
+                module: str = TRAINER_MODULE, dry_run: bool = False) -> L:
         """Check what can be checked before anything exists (UsageError, exit 2) and render the launch.
         `grace_s`: warning before a time limit, for backends that have one. `module`: what every rank runs
-        (`python -m MODULE RUN_DIR`): the trainer, or the calibration worker."""
+        (`python -m MODULE RUN_DIR`): the trainer, or the calibration worker. `dry_run`: only printed, so a
+        backend whose ranks run elsewhere warns about what it cannot check here instead of refusing."""
 
     @abstractmethod
     def dry_run(self, launch: L) -> list[Line]:

@@ -23,9 +23,17 @@ from trainctl.spec.models import DataSpec
 PROGRESS = "calibrate: "  # how the worker's rank 0 starts each progress line (trainctl/runtime/calibrate.py)
 
 
-def default_out(spec: RunSpec) -> Path:
-    name = re.sub(r"[^A-Za-z0-9._-]+", "_", spec.name).strip("._") or "run"
+def default_out(spec: RunSpec, from_run: Path | None = None) -> Path:
+    """calibration-NAME.json for a measured profile; a refit is named after its run as well
+    (calibration-NAME-from-RUN.json), so it never replaces the measured profile it keeps (--base)."""
+    name = _file_word(spec.name)
+    if from_run is not None:
+        name = f"{name}-from-{_file_word(from_run.resolve().name)}"
     return Path(f"calibration-{name}.json")
+
+
+def _file_word(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._") or "run"
 
 
 def calibration_spec(spec: RunSpec) -> RunSpec:

@@ -502,8 +502,9 @@ class LocalBackend(Backend[LocalLaunch, LocalLaunch]):
     name = NAME
 
     def prepare(self, spec: RunSpec, run_dir: Path | None, *, grace_s: int = DEFAULT_GRACE_S,
-                module: str = TRAINER_MODULE) -> LocalLaunch:
-        return plan_local(spec, run_dir, module=module)  # no time limit here: grace_s has nothing to warn of
+                module: str = TRAINER_MODULE, dry_run: bool = False) -> LocalLaunch:
+        # no time limit here: grace_s has nothing to warn of; the ranks run here, so a dry run checks it all
+        return plan_local(spec, run_dir, module=module)
 
     def dry_run(self, launch: LocalLaunch) -> list[Line]:
         return [note(f"run dir (not created): {launch.run_dir}"),

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from trainctl.units import dur
+from trainctl.units import count, dur
 
 NODE_MTBF_HOURS = 6300.0
 WASTE_WARN = 0.05  # a configured interval losing this much more of the wall clock than Daly's is warned about
@@ -31,7 +31,7 @@ def job_mtbf(nodes: int, mtbf_hours: float | None) -> tuple[float, str]:
     if mtbf_hours is not None:
         return mtbf_hours * 3600.0, f"checkpoint.mtbf_hours {mtbf_hours:g} h"
     hours = NODE_MTBF_HOURS / max(1, nodes)
-    return hours * 3600.0, f"{NODE_MTBF_HOURS:,.0f} h per node / {nodes} node{'s' * (nodes != 1)} (Llama 3's fleet)"
+    return hours * 3600.0, f"{NODE_MTBF_HOURS:,.0f} h per node / {count(nodes, 'node')} (Llama 3's fleet)"
 
 
 def young_interval(cost_s: float, mtbf_s: float) -> float:
@@ -91,7 +91,8 @@ class Cadence:
         loss = self.loss_configured
         if self.cost_s <= 0:
             return None
-        advice = f"every {dur(self.optimal_s)}" + (f" (~{self.optimal_steps} steps)" if self.optimal_steps else "")
+        advice = f"every {dur(self.optimal_s)}" + (f" (~{count(self.optimal_steps, 'step')})"
+                                                   if self.optimal_steps else "")
         if loss is None:
             if self.run_s is None or self.run_s <= self.optimal_s:
                 return None  # a run shorter than the interval loses little without saves
@@ -101,7 +102,7 @@ class Cadence:
         if loss - self.loss_optimal <= WASTE_WARN:
             return None
         assert self.configured_s is not None
-        which = "often" if self.configured_s < self.optimal_s else "rarely"
+        which = "frequent" if self.configured_s < self.optimal_s else "far apart"
         return (f"checkpoints every {dur(self.configured_s)} are too {which}: expected {loss:.0%} of the wall "
                 f"clock lost to saves and redone work, against {self.loss_optimal:.1%} at the Young/Daly "
                 f"interval; save {advice}")

@@ -13,7 +13,7 @@ from rich.text import Text
 from trainctl.prose import prose
 from trainctl.report.divergence import cell as divergence_cell
 from trainctl.report.scaling import WARN_BELOW
-from trainctl.units import dur, pct, si, size, tflops
+from trainctl.units import count, dur, pct, si, size, tflops
 
 Row = tuple[str, Callable[[dict[str, Any]], Any]]  # a cell: str (escaped) or rich Text
 
@@ -140,7 +140,7 @@ def _goodput_rows() -> list[Row]:
             if key == "configured":
                 return "none scheduled" if c["configured_s"] is None else (
                     f"{dur(c['configured_s'])}: {pct(c['loss_configured'], 2)} expected lost")
-            steps = f" (~{c['optimal_steps']:,} steps)" if c["optimal_steps"] else ""
+            steps = f" (~{count(c['optimal_steps'], 'step')})" if c["optimal_steps"] else ""
             return f"{dur(c['optimal_s'])}{steps}: {pct(c['loss_optimal'], 2)} (MTBF {dur(c['mtbf_s'])})"
         return f
 

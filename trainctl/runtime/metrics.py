@@ -77,7 +77,8 @@ def _si(x: float) -> str:
     return f"{x:.0f}"
 
 
-def console_line(r: dict[str, Any]) -> str:
+def console_line(r: dict[str, Any], per: str = "gpu") -> str:
+    """Rank 0's line for a step; `per`: what one rank is, for the per-rank rates ("rank" on CPUs: no GPU)."""
     width = len(str(r["steps"]))
     # Above 100% of the peak is an accounting bug: never print it as if it were a result.
     util = ("MFU BUG (>100% of peak: FLOPs/timing accounting error)" if r.get("mfu_bug") else
@@ -88,14 +89,14 @@ def console_line(r: dict[str, Any]) -> str:
                                   + f" a2a {moe['a2a_s'] * 1e3:.1f} ms")
     return (f"step {r['step']:>{width}}/{r['steps']} | loss {r['loss']:.4f} | lr {r['lr']:.2e} | "
             f"gnorm {r['grad_norm']:.3f} | {r['step_time_s'] * 1e3:7.1f} ms | "
-            f"{_si(r['tokens_per_s'])} tok/s ({_si(r['tokens_per_s_per_gpu'])}/gpu) | "
-            f"{r['tflops_per_gpu']:.3g} TFLOP/s/gpu | {util} | mem {r['peak_mem_bytes'] / 2**30:.2f} GiB{routing}")
+            f"{_si(r['tokens_per_s'])} tok/s ({_si(r['tokens_per_s_per_gpu'])}/{per}) | "
+            f"{r['tflops_per_gpu']:.3g} TFLOP/s/{per} | {util} | mem {r['peak_mem_bytes'] / 2**30:.2f} GiB{routing}")
 
 
-def step_line(r: dict[str, Any], *, compact: bool) -> str:
+def step_line(r: dict[str, Any], *, compact: bool, per: str = "gpu") -> str:
     """The line rank 0 prints per step: `compact_line` for a terminal under terminal_width.COMPACT_BELOW
     columns, else `console_line`."""
-    return compact_line(r) if compact else console_line(r)
+    return compact_line(r) if compact else console_line(r, per=per)
 
 
 def compact_line(r: dict[str, Any]) -> str:

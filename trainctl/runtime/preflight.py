@@ -1,12 +1,13 @@
 """`python -m trainctl.runtime.preflight RUN_DIR`: what every rank runs for `trainctl preflight`.
 
 Measures only; the verdict is trainctl/launch/preflight.py's (torch-free). Every rank at once: (1) a matmul
-rate, the best of a few windows (a window spans many CPU-quota periods, so a throttled node cannot hide in one
-lucky window; the best one drops a neighbour's burst of load); (2) a device-memory allocate-and-verify pass
-(on a CPU a host buffer); (3) an all-reduce inside each node; (4) a ping-pong between the first ranks of each
-node pair of a ring (node i with i+1), one pair at a time, so a slow link is named; (5) on GPUs the NVML
-state; (6) the checkpoint directory: free space, and every node writes a token file that every node must
-then see. Rank 0 gathers everything into RUN/preflight.json. Exit status: 0, 1 on a failure, 2 spec error.
+rate in each of a few windows (a window spans many CPU-quota periods, so a throttled node cannot hide in one
+lucky window; the best one drops a neighbour's burst of load, and their spread says how much load there
+was); (2) a device-memory allocate-and-verify pass (on a CPU a host buffer); (3) an all-reduce inside each
+node; (4) a ping-pong between the first ranks of each node pair of a ring (node i with i+1), one pair at a
+time, so a slow link is named; (5) on GPUs the NVML state; (6) the checkpoint directory: free space, and
+every node writes a token file that every node must then see. Rank 0 gathers everything into
+RUN/preflight.json. Exit status: 0, 1 on a failure, 2 spec error.
 """
 
 from __future__ import annotations
@@ -70,9 +71,10 @@ class Preflight:
         mine: dict[str, Any] = {"rank": self.env.rank, "local_rank": self.env.local_rank, "node": self.node,
                                 "device": self.device_name()}
         self.say(f"{self.env.world_size} ranks on {len(names)} node(s): {', '.join(names)}")
-        mine["matmul_flops"] = self.matmul()
+        mine["matmul_windows"] = self.matmul()
+        mine["matmul_flops"] = max(mine["matmul_windows"])
         mine["peak_flops"] = self.catalog_peak()
-        self.say(f"[1/6] matmul rate ({WINDOWS} windows of {WINDOW_S * 1e3:.0f} ms, the best)")
+        self.say(f"[1/6] matmul rate ({WINDOWS} windows of {WINDOW_S * 1e3:.0f} ms: the best, and their spread)")
         mine["memory"] = self.memory()
         self.say("[2/6] memory allocated and verified")
         intra = self.intra_node(nodes)
@@ -119,12 +121,13 @@ class Preflight:
         return GPU_MATMUL_N if self.device.type == "cuda" else CPU_MATMUL_N
 
     # --- (1) compute -------------------------------------------------------------------------------------
-    def matmul(self) -> float:
+    def matmul(self) -> list[float]:
+        """FLOP/s of each window: the verdict takes the best, and judges it with their spread."""
         n = self.matmul_n()
         a = torch.randn(n, n, device=self.device, dtype=self.dtype())
         b = torch.randn(n, n, device=self.device, dtype=self.dtype())
-        best = min(mb.windowed(lambda: torch.mm(a, b), self.device, 1, window_s=WINDOW_S) for _ in range(WINDOWS))
-        return 2 * n**3 / best
+        return [2 * n**3 / mb.windowed(lambda: torch.mm(a, b), self.device, 1, window_s=WINDOW_S)
+                for _ in range(WINDOWS)]
 
     # --- (2) memory --------------------------------------------------------------------------------------
     def memory(self) -> dict[str, Any]:

@@ -400,7 +400,8 @@ class Trainer:
                 rec["profiled"] = True  # the profiler's overhead is in step_time_s (the report leaves it out)
             append_jsonl(self.paths.metrics, rec)  # the record; the tracking sinks mirror it
             self.tracking.write(rec)
-            print(metrics.step_line(rec, compact=self.compact_step_line), flush=True)
+            print(metrics.step_line(rec, compact=self.compact_step_line,
+                                    per="rank" if par.device.type == "cpu" else "gpu"), flush=True)
             if rec.get("mfu_bug"):
                 metrics.warn(f"MFU {rec['mfu']:.1%} > 100% at step {step + 1}: a FLOPs/timing accounting "
                              "bug, not a result")

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 import difflib
 import math
+import re
+import typing
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -155,27 +158,80 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str], source: str 
                                  "section"], source)
             node[key] = child = dict(child)
             node = child
+        if keys[:-1] == ["data"] and keys[-1] in DATA_SOURCES and value:
+            # `--set data.synthetic=true` on a recipe with a data.path means "this source instead"
+            for other in DATA_SOURCES:
+                node.pop(other, None)
         node[keys[-1]] = value
     return data
 
 
+# The keys of the data section that each name the run's whole data source (the spec allows one).
+DATA_SOURCES = ("path", "blend", "synthetic")
+
+
 def validate_spec(data: dict[str, Any], source: str = "<spec>") -> RunSpec:
-    try:
-        spec = RunSpec.model_validate(data)
-    except ValidationError as e:
-        raise SpecError(_explain(e), source) from None
-    except (RecursionError, OverflowError, MemoryError) as e:
-        raise SpecError([f"spec could not be validated ({type(e).__name__}). Fix: simplify the values"],
-                        source) from None
-    problems = rules.check(spec)
-    if problems:
-        raise SpecError(problems, source)
-    return spec
+    """The validated spec, or a SpecError with every independent problem at once: pydantic stops a section's
+    own checks, and the cross-section rules cannot run, while any field is invalid, so each pass sets the
+    invalid fields aside (their defaults stand in) and validates again, and the rules then judge the rest."""
+    lines: list[str] = []
+    removed: list[tuple[str | int, ...]] = []
+    defaulted: list[tuple[str | int, ...]] = []  # set aside with a default standing in (not an unknown key)
+    for _ in range(MAX_VALIDATION_PASSES):
+        try:
+            spec = RunSpec.model_validate(data)
+        except ValidationError as e:
+            # an error at a field set aside is that field's own (a required one now missing): said already
+            fresh = [err for err in e.errors(include_url=False) if tuple(err["loc"]) not in removed]
+            lines += [line for line in _explain_errors(fresh) if line not in lines]
+            locs = [tuple(err["loc"]) for err in fresh]
+            data = _without(data, locs)
+            if not fresh:
+                break
+            removed += locs
+            defaulted += [tuple(err["loc"]) for err in fresh if err["type"] != "extra_forbidden"]
+            continue
+        except (RecursionError, OverflowError, MemoryError) as e:
+            raise SpecError([f"spec could not be validated ({type(e).__name__}). Fix: simplify the values"],
+                            source) from None
+        lines += [line for line in rules.check(spec) if not _mentions_any(line, defaulted)]
+        if lines:
+            raise SpecError(lines, source)
+        return spec
+    raise SpecError(lines, source)
 
 
-def _explain(error: ValidationError) -> list[str]:
+MAX_VALIDATION_PASSES = 8  # each pass sets aside a deeper layer of errors; a spec has few layers of sections
+
+
+def _mentions_any(rule_line: str, locs: list[tuple[str | int, ...]]) -> bool:
+    """Whether a rule's line names a field set aside (`tp` in `tp*pp*dp = 1*2*2`, `data` in `data.path`): it
+    judged the default standing in for it, not what the user wrote, so it is no independent error."""
+    return any(re.search(rf"(?<!\w){re.escape(str(loc[-1]))}(?!\w)", rule_line) for loc in locs if loc)
+
+
+def _without(data: Any, locs: list[tuple[str | int, ...]]) -> Any:
+    """`data` without the values at `locs` (each cut at the deepest key it names that exists: a union's
+    member name or a list index past the end is not a key of the data)."""
+    data = copy.deepcopy(data)
+    for loc in reversed(locs):  # the last first: removing a list item leaves the earlier indices as they were
+        parent, key = None, None
+        node = data
+        for part in loc:
+            in_dict = isinstance(node, dict) and part in node
+            in_list = isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node)
+            if in_dict or in_list:
+                parent, key, node = node, part, node[part]
+            else:
+                break
+        if parent is not None:
+            del parent[key]
+    return data
+
+
+def _explain_errors(errors: list[Any]) -> list[str]:
     lines = []
-    for err in error.errors(include_url=False):
+    for err in errors:
         loc = [str(x) for x in err["loc"]]
         field = clip(".".join(loc)) or "(top level)"
         value = err.get("input")
@@ -228,9 +284,10 @@ def _suggest(loc: list[str]) -> str:
     """Name the closest valid key, walking the models along the location."""
     model: type[BaseModel] | None = RunSpec
     for part in loc[:-1]:
+        if part.isdigit():  # an item of a list of sections (data.blend.0): the same model
+            continue
         field = model.model_fields.get(part) if model else None
-        ann = field.annotation if field else None
-        model = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+        model = _section_model(field.annotation) if field else None
     if model is None:
         return "remove it"
     names = [f.alias or n for n, f in model.model_fields.items()]
@@ -238,6 +295,13 @@ def _suggest(loc: list[str]) -> str:
     if close:
         return f"did you mean `{close[0]}`?"
     return f"remove it; valid keys here: {', '.join(names)}"
+
+
+def _section_model(annotation: Any) -> type[BaseModel] | None:
+    """The model of a section's annotation, through `X | None` and `list[X]`."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next((m for arg in typing.get_args(annotation) if (m := _section_model(arg)) is not None), None)
 
 
 def resolved_dict(spec: RunSpec) -> dict[str, Any]:

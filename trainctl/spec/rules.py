@@ -14,6 +14,7 @@ from trainctl.hardware.topology import aligned_groups_fit, nvlink_domain_size
 from trainctl.spec import time_limit
 from trainctl.spec.models import NCCL_VARIABLES, RunSpec
 from trainctl.token_files import megatron_prefix
+from trainctl.units import count
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^\d+-\d+$|^(infinite|UNLIMITED)$")
@@ -136,14 +137,14 @@ def _layout(spec: RunSpec) -> Iterator[str]:  # noqa: C901 - world size, batch a
     if p.dp == "auto":
         if world % model_parallel:
             yield problem("parallel", f"tp={p.tp} {f'cp={p.cp} ' if p.cp > 1 else ''}pp={p.pp}",
-                          f"{names} = {model_parallel} does not divide the {world} GPUs "
+                          f"{names} = {model_parallel} does not divide the {world:,} GPUs "
                           f"(cluster.nodes={c.nodes} x cluster.gpus_per_node={c.gpus_per_node})",
                           f"choose {names} among the divisors of {world}: {_divisors(world)}")
             return  # dp is undefined; the rules below would only repeat this mistake
     elif model_parallel * p.dp != world:
         yield problem("parallel.dp", p.dp,
                       f"{names}*dp = {values}*{p.dp} = {model_parallel * p.dp} but the cluster has "
-                      f"{c.nodes} node{'s' if c.nodes != 1 else ''} x {c.gpus_per_node} GPUs = {world}",
+                      f"{count(c.nodes, 'node')} x {c.gpus_per_node} GPUs = {world:,}",
                       f"set parallel.dp to {world // model_parallel if world % model_parallel == 0 else 'auto'}"
                       " or change cluster.nodes")
         return

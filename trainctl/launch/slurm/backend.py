@@ -34,8 +34,8 @@ class SlurmBackend(Backend[SlurmLaunch, RunPaths]):
     name = NAME
 
     def prepare(self, spec: RunSpec, run_dir: Path | None, *, grace_s: int = DEFAULT_GRACE_S,
-                module: str = TRAINER_MODULE) -> SlurmLaunch:
-        return plan_slurm(spec, run_dir, grace_s=grace_s, trainer_module=module)
+                module: str = TRAINER_MODULE, dry_run: bool = False) -> SlurmLaunch:
+        return plan_slurm(spec, run_dir, grace_s=grace_s, trainer_module=module, dry_run=dry_run)
 
     def dry_run(self, launch: SlurmLaunch) -> list[Line]:
         lines = [note(("run dir (not created)", "bold"), f" {launch.run_dir}")]
@@ -151,7 +151,7 @@ def requeued_because(events: list[dict[str, Any]], job_id: str, attempt: int, sl
 def plan_summary(spec: RunSpec) -> list[str]:
     """A few lines of the plan: layout, placement, the planner's headline estimate (if it is there)."""
     c, par = spec.cluster, spec.parallel
-    lines = [f"{spec.name}: {spec.world_size} ranks = tp {par.tp} x pp {par.pp} x dp {spec.dp} on "
+    lines = [f"{spec.name}: {spec.world_size:,} ranks = tp {par.tp} x pp {par.pp} x dp {spec.dp} on "
              f"{c.nodes} node(s) x {c.gpus_per_node} ({c.gpu}); launcher {spec.launcher.mode}, "
              f"max_restarts {spec.launcher.max_restarts}; {spec.train.steps} steps"]
     from trainctl.plan.placement import Layout, tp_groups_across_nodes
