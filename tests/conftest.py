@@ -2,11 +2,18 @@
 (paths, trainer_utils, resume_utils) import by name. Tests are laid out by kind: unit/ (one process), dist/ (real
 multi-process runs under torchrun, gloo, CPU; each worker next to its test), e2e/ (the real local Slurm cluster)."""
 
+import os
 import subprocess
 import uuid
 from pathlib import Path
 
 import pytest
+
+# pytest-xdist hands its workers COLUMNS (the controller's width, 80 in a pipe): a launch from a worker would
+# take it for the user's terminal and print the compact step line (trainctl/terminal_width.py). Tests that
+# mean a width set COLUMNS themselves; the rest run as `pytest -n 0` does, with none.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.pop("COLUMNS", None)
 
 
 @pytest.fixture

@@ -277,7 +277,8 @@ def test_cancel_force_on_slurm_is_slurms_own_kill(slurm_cluster: SlurmCluster, t
     st = wait_for(lambda: (s := status(paths.root))["state"] != "STOPPING" and s, "the job to end", 60)
     assert st["state"] == "CANCELLED" and "(`trainctl cancel --force`)" in st["reason"], st
     log = (paths.logs / f"slurm-{jid}.out").read_text()
-    assert re.search(rf"JOB {jid} ON \S+ CANCELLED", log) and "trainctl: SIGTERM: stopping the ranks" in log, log
+    assert "trainctl: SIGTERM (scancel): stopping the ranks" in log, log
+    assert re.search(rf"JOB {jid} ON \S+ CANCELLED", (paths.logs / f"slurm-{jid}.err").read_text())  # Slurm's own
 
 
 def events(run: Path, kind: str) -> list[dict]:
