@@ -1,8 +1,9 @@
 """Data parallelism: bucketed gradient reduction overlapped with backward, ZeRO-1/2, FSDP2 for ZeRO-3.
 
 Why the gradient reduction is written by hand instead of DDP: DDP combined with torch.distributed.pipelining
-crashes (reducer.cpp internal assert, see the CPU notes), and composable `replicate()` gives silently wrong
-losses with TP or PP. A post-accumulate-grad hook per parameter sees each micro-batch's gradient; buckets
+crashes (reducer.cpp internal assert), and composable `replicate()` gives silently wrong losses with TP or PP
+(docs/ARCHITECTURE.md, "Checked facts: PyTorch distributed on CPU/gloo").
+A post-accumulate-grad hook per parameter sees each micro-batch's gradient; buckets
 (flat runs of parameters in roughly the order backward produces them, never spanning two stage modules,
 each padded to a multiple of dp) are reduced asynchronously, strictly in bucket order so every DP rank
 issues the same collectives in the same order. This works unchanged under the pipeline schedules.

@@ -220,7 +220,8 @@ def _subgroup(lists: list[list[int]], rank: int) -> dist.ProcessGroup | None:
 
 
 def exit_now(code: int, barrier: bool) -> NoReturn:
-    """Leave without running interpreter shutdown: it SIGABRTs at random after gloo/FSDP (see notes).
+    """Leave without running interpreter shutdown: it SIGABRTs at random after gloo/FSDP
+    (docs/ARCHITECTURE.md, "Checked facts: PyTorch distributed on CPU/gloo").
 
     On success every rank meets at a barrier first so no rank tears down sockets another still uses;
     on failure there is no barrier (the peers may be dead) and torchrun stops the rest."""
