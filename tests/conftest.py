@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 # pytest-xdist hands its workers COLUMNS (the controller's width, 80 in a pipe): a launch from a worker would
-# take it for the user's terminal and print the compact step line (trainctl/terminal_width.py). Tests that
+# take it for the user's terminal and print the compact step line (trainctl/terminal.py). Tests that
 # mean a width set COLUMNS themselves; the rest run as `pytest -n 0` does, with none.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.pop("COLUMNS", None)

@@ -1,9 +1,14 @@
-"""Writes to the person's terminal that survive its going away. No torch.
+"""The person's terminal: writes to it that survive its going away, and its width handed to the ranks. No torch.
 
 A terminal that closes (a pty whose other side is gone: EIO), or a pipe whose reader quit (`trainctl launch |
 head`: EPIPE), must not end a launcher that still has ranks to stop and a run to record. The first write that
 fails so puts /dev/null in place of that stream's file descriptor: every later write to it, rich's, print's,
 a traceback's and the interpreter's last flush at exit included, then goes nowhere instead of failing.
+
+The ranks' stdout goes through torchrun to the launcher, so no rank sees the terminal: the launcher puts the
+terminal's width in TRAINCTL_COLUMNS when it starts torchrun, and rank 0 prints its per-step line in a compact
+form when that is narrower than COMPACT_BELOW. Without a terminal (a pipe, a log, Slurm) the variable is unset
+and the line keeps its full form.
 """
 
 from __future__ import annotations
@@ -11,8 +16,27 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
+import sys
 from collections.abc import Iterator
 from typing import TextIO
+
+COLUMNS_VARIABLE = "TRAINCTL_COLUMNS"
+COMPACT_BELOW = 100  # the full step line is about 150 characters: under this many columns it would wrap
+
+
+def launch_variables() -> dict[str, str]:
+    """{TRAINCTL_COLUMNS: width} when the launcher prints to a terminal or COLUMNS says the width; else {}."""
+    if not (sys.stdout.isatty() or os.environ.get("COLUMNS", "").strip().isdigit()):
+        return {}
+    return {COLUMNS_VARIABLE: str(shutil.get_terminal_size().columns)}
+
+
+def compact() -> bool:
+    """Whether the step line must fit a terminal narrower than COMPACT_BELOW (the launcher said so)."""
+    value = os.environ.get(COLUMNS_VARIABLE, "").strip()
+    return value.isdigit() and int(value) < COMPACT_BELOW
+
 
 GONE = (errno.EIO, errno.EPIPE, errno.ENXIO, errno.EBADF)  # the terminal or the pipe's reader went away
 

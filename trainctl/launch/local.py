@@ -24,7 +24,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, BinaryIO, TextIO
 
-from trainctl import init_source, package_origin, terminal, terminal_width
+from trainctl import init_source, package_origin, terminal
 from trainctl.data_prep import check_data
 from trainctl.errors import RunError, UsageError
 from trainctl.launch import environment, runlock
@@ -375,7 +375,7 @@ def _run(launch: LocalLaunch, paths: RunPaths, out: TextIO, kind: str, console: 
         raise RunError(run_dir_lost(paths, e).reason) from e
     # Own session: a terminal Ctrl-C reaches only us, and we decide what the ranks get. torchrun dies with
     # us however we die (PDEATHSIG), and its ranks then stop themselves after a checkpoint.
-    env = {**os.environ, **launch.env, **terminal_width.launch_variables()}
+    env = {**os.environ, **launch.env, **terminal.launch_variables()}
     proc = subprocess.Popen(launch.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True, preexec_fn=die_with_parent)
     stopper.proc = proc  # a stop asked for before now is recorded: the ranks read it as they start

@@ -94,7 +94,7 @@ def console_line(r: dict[str, Any], per: str = "gpu") -> str:
 
 
 def step_line(r: dict[str, Any], *, compact: bool, per: str = "gpu") -> str:
-    """The line rank 0 prints per step: `compact_line` for a terminal under terminal_width.COMPACT_BELOW
+    """The line rank 0 prints per step: `compact_line` for a terminal under terminal.COMPACT_BELOW
     columns, else `console_line`."""
     return compact_line(r) if compact else console_line(r, per=per)
 

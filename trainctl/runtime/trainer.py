@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainctl import oom_kills, terminal_width
+from trainctl import oom_kills, terminal
 from trainctl.launch.runstate import restart_cause
 from trainctl.model_shape import ModelShape
 from trainctl.plan.memory import compute_precision
@@ -173,7 +173,7 @@ class Trainer:
         self.guard = divergence.DivergenceGuard(spec, paths, par, self.scaler.enabled)  # non-finite steps
         self.tracking = tracking.Tracking()  # TensorBoard / W&B beside metrics.jsonl (rank 0; opened by run())
         prof = t.profile
-        self.compact_step_line = terminal_width.compact()  # the launcher's terminal is narrow
+        self.compact_step_line = terminal.compact()  # the launcher's terminal is narrow
         # steps any rank profiles run slower on every rank: their metrics lines say so
         self.profiled_steps = range(prof.start_step, prof.last_step + 1) if prof is not None else range(0)
 
