@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import sys
 import traceback
 from pathlib import Path
@@ -38,8 +37,6 @@ def main(argv: list[str] | None = None) -> NoReturn:
     # First thing: a stop request from now on is recorded (the ranks stop at their next step boundary, or
     # before the first step), and a rank whose parent dies stops itself (runtime/signals.py).
     signals.STOP.install().watch_parent()
-    if signals.requested_before_start(paths):  # asked before the handler above existed: stop all the same
-        signals.STOP.request(signal.SIGTERM)
     env = RankEnv.from_env()
     _threads()
     try:
@@ -67,8 +64,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
             print(f"trainctl: {resize['message']}", flush=True)
         # Every rank reports where it really runs; rank 0 writes RUN/placement.json (fails on a split TP group).
         prove_placement(spec, paths, par.rank, par.env.local_rank, par.world_size)
-        # A stop the Slurm batch script got before this rank could (runtime/signals.recorded_stop): the ranks
-        # stop before their first step. Read after the process groups exist, so the script has long written it.
+        # A stop asked for before this rank could handle it (runtime/signals.recorded_stop): the ranks stop
+        # before their first step. Read after the process groups exist: every rank reads the same record.
         signals.STOP.request(signals.recorded_stop(paths))
         code = Trainer(spec, par, paths).run()
     except TrainctlError as e:  # a known condition (e.g. an unusable checkpoint): one line + hint, no traceback

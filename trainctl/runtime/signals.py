@@ -9,7 +9,7 @@ differs per rank.
 The flag is one per process (`STOP`), installed by the rank's entry point before anything else, so a
 stop request during start-up (process groups, model build, checkpoint load) is kept, not fatal: the ranks
 then stop before their first step. A request made before the handler existed is read from the run directory
-instead (`requested_before_start`): the launcher signals only ranks that already handle SIGTERM. A rank
+instead (`recorded_stop`): the launcher signals only ranks that already handle SIGTERM. A rank
 whose parent goes away (torchrun killed, its launcher with it) raises the same flag itself, as SIGHUP
 ("hang-up: the controlling process died"), so a killed launcher never leaves ranks training on
 (docs/ARCHITECTURE.md, "Signal chain").
@@ -76,33 +76,29 @@ STOP = StopFlag()  # the process's one stop flag: entry.main installs it first t
 
 
 def recorded_stop(paths: RunPaths, env: Mapping[str, str] = os.environ) -> int:
-    """The stop signal the Slurm batch script recorded for this job attempt (its `signal` event), 0 if none.
+    """The stop asked for this attempt before this rank could handle a signal, as a signal number (0: none).
 
-    Slurm signals the processes of a job that exist: a stop (scancel, scontrol requeue, the time-limit warning)
-    that comes while torchrun or srun is still starting the ranks never reaches them, and under torchrun a rank
-    ignores it until its handler is installed (the step's wrapper ignores TERM and USR1 for torchrun). The
-    batch script records it before anything else, so a rank that reads it once its handler is installed stops
-    before its first step like one that received it."""
+    Every stop is recorded in events.jsonl before it is sent, so a rank that reads it once its handler is
+    installed misses none and stops before its first step like one that received it:
+    - the local launcher's and `trainctl cancel`'s (`stop_requested`, `cancel_requested`: SIGTERM), which
+      signal only ranks that already handle SIGTERM;
+    - the Slurm batch script's (`signal`, for this job and attempt): Slurm signals only the processes that exist,
+      and under torchrun a rank ignores a stop until its handler is installed (the step's wrapper ignores TERM
+      and USR1 for torchrun). (docs/ARCHITECTURE.md, "Signal chain".)"""
+    try:
+        events = read_jsonl(paths.events)
+    except OSError:  # unreadable: no request can be read from it either
+        return 0
+    if stop_requested(since(events, attempt_begin(events))) is not None:
+        return int(signal.SIGTERM)
     job = env.get("SLURM_JOB_ID")
     if not job:
         return 0
     attempt = int(env.get("SLURM_RESTART_COUNT") or 0)
-    for e in reversed(read_jsonl(paths.events)):
+    for e in reversed(events):
         if e.get("event") == "signal" and str(e.get("job_id")) == job and e.get("attempt") == attempt:
             return int(getattr(signal.Signals, f"SIG{e.get('signal')}", 0))
     return 0
-
-
-def requested_before_start(paths: RunPaths) -> bool:
-    """Whether this attempt's stop was asked for (`stop_requested`, `cancel_requested` in events.jsonl) before
-    this rank could handle a signal. The launcher records a request before it signals, and signals only ranks
-    whose SIGTERM handler is installed, so a rank that reads this after installing its handler misses no
-    request: either it reads the record or the launcher saw its handler (docs/ARCHITECTURE.md, "Signal chain")."""
-    try:
-        events = read_jsonl(paths.events)
-    except OSError:  # unreadable: no request can be read from it either
-        return False
-    return stop_requested(since(events, attempt_begin(events))) is not None
 
 
 def stop_after_step() -> int:
