@@ -32,7 +32,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from trainctl.checkpoint import file_digest, list_checkpoints  # noqa: E402
-from trainctl.runtime.checkpoint import CheckpointManager  # noqa: E402
+from trainctl.runtime.checkpoint.storage import CheckpointManager  # noqa: E402
 
 OPTS = StateDictOptions(flatten_optimizer_state_dict=True)
 

@@ -1,6 +1,6 @@
 """Benchmark: data-parallel gradient reduction per step, fp32 vs bf16 vs PowerSGD rank 4, on 2 and 4 ranks.
 
-The trainer's own GradSync (runtime/data_parallel.py) over a model's real parameters (the trainer's model,
+The trainer's own GradSync (runtime/parallel/data_parallel.py) over a model's real parameters (the trainer's model,
 built on every rank; ZeRO-0 buckets), with random gradients in its buckets: each step times `finish()`, which
 launches every bucket's reduction and waits for it (for PowerSGD also its matmuls and QRs: what it adds to a
 step), after a barrier so every rank starts together. The three variants alternate step by step in one process
@@ -39,10 +39,10 @@ def worker(a: argparse.Namespace) -> None:
     from trainctl.model_shape import ModelShape
     from trainctl.plan import comm, powersgd
     from trainctl.plan.placement import Layout
-    from trainctl.runtime.data_parallel import GradSync, ParamInfo
-    from trainctl.runtime.distributed import RankEnv, parallel_groups, start_process_group
-    from trainctl.runtime.model import build_stage
-    from trainctl.runtime.tensor_parallel import TPContext
+    from trainctl.runtime.model.transformer import build_stage
+    from trainctl.runtime.parallel.data_parallel import GradSync, ParamInfo
+    from trainctl.runtime.parallel.process_groups import RankEnv, parallel_groups, start_process_group
+    from trainctl.runtime.parallel.tensor_parallel import TPContext
     from trainctl.spec.loader import validate_spec
 
     torch.set_num_threads(1)

@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from trainctl.rundir import RunPaths, read_jsonl  # noqa: E402  (the repository on sys.path first)
+from trainctl.rundir.paths import RunPaths, read_jsonl  # noqa: E402  (the repository on sys.path first)
 
 LLAMA = {"activation": "swiglu", "norm": "rmsnorm", "position": "rope", "tied_embeddings": False, "bias": False}
 

@@ -1,4 +1,4 @@
-"""The MoE layer (runtime/moe.py) side by side on 2 ranks: expert parallelism EP=2 vs EP=1, and a dense MLP
+"""The MoE layer (runtime/model/moe.py) side by side on 2 ranks: expert parallelism EP=2 vs EP=1, and a dense MLP
 of the same active FLOPs.
 
 Each rank holds its own batch of tokens (data parallel) and runs forward + backward of one MLP part of a layer
@@ -71,10 +71,10 @@ def shapes(a: argparse.Namespace):
 def make_steps(a: argparse.Namespace, x) -> tuple[dict, dict]:
     import torch.distributed as dist
 
-    from trainctl.runtime.init import init_parameters
-    from trainctl.runtime.model import Block
-    from trainctl.runtime.moe import EPContext, MoEContext
-    from trainctl.runtime.tensor_parallel import TPContext
+    from trainctl.runtime.model.init import init_parameters
+    from trainctl.runtime.model.moe import EPContext, MoEContext
+    from trainctl.runtime.model.transformer import Block
+    from trainctl.runtime.parallel.tensor_parallel import TPContext
 
     moe_cfg, dense_cfg = shapes(a)
     tp = TPContext.single()

@@ -30,7 +30,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 sys.path.insert(0, str(ROOT))
-from trainctl.runtime import faults  # noqa: E402  (no torch: this process only launches torchrun)
+from trainctl.runtime.train import faults  # noqa: E402  (no torch: this process only launches torchrun)
 
 LAYOUTS: dict[str, dict[str, Any]] = {
     "tp2": {"tp": 2, "dp": 1, "zero": 0},

@@ -70,8 +70,8 @@ def make_steps(cfg, x, y, mesh, only: set[str]) -> dict:
     from dtensor_ref_worker import build_reference, reference_loss
     from torch.distributed.tensor import DTensor, Replicate
 
-    from trainctl.runtime.model import build_stage, loss_fn
-    from trainctl.runtime.tensor_parallel import TPContext, sync_sequence_parallel_grads
+    from trainctl.runtime.model.transformer import build_stage, loss_fn
+    from trainctl.runtime.parallel.tensor_parallel import TPContext, sync_sequence_parallel_grads
 
     group = mesh.get_group()
 

@@ -44,10 +44,10 @@ def bare_loop(run_dir: Path, out: Path) -> None:
     import torch
 
     from trainctl.model_shape import ModelShape
-    from trainctl.runtime.data import build_loader
-    from trainctl.runtime.model import build_stage, compile_blocks, loss_fn
-    from trainctl.runtime.optim import lr_at
-    from trainctl.runtime.tensor_parallel import TPContext
+    from trainctl.runtime.model.transformer import build_stage, compile_blocks, loss_fn
+    from trainctl.runtime.parallel.tensor_parallel import TPContext
+    from trainctl.runtime.train.loader import build_loader
+    from trainctl.runtime.train.optim import lr_at
     from trainctl.spec import load_spec
 
     spec = load_spec(run_dir / "spec.yaml")

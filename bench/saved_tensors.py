@@ -41,8 +41,8 @@ def main() -> None:
 
     from trainctl.model_shape import ModelShape
     from trainctl.plan.memory import trainer_head_activation_bytes, trainer_layer_activation_bytes
-    from trainctl.runtime.model import build_stage, loss_fn
-    from trainctl.runtime.tensor_parallel import TPContext
+    from trainctl.runtime.model.transformer import build_stage, loss_fn
+    from trainctl.runtime.parallel.tensor_parallel import TPContext
     from trainctl.spec.models import ModelSpec
 
     spec = ModelSpec(layers=a.layers, hidden=a.hidden, heads=a.heads, kv_heads=a.kv_heads, ffn_hidden=a.ffn,

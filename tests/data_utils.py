@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from trainctl.data_prep import sample_text_path
+from trainctl.data.prep import sample_text_path
 
 
 def write_bpe_tokenizer(path: Path, vocab_size: int = 500) -> Any:

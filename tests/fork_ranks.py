@@ -43,7 +43,7 @@ import torch._dynamo  # noqa: F401
 import torch.distributed.pipelining  # noqa: F401
 from trainer_utils import free_port  # tests/ is sys.path[0]: this file runs as a script
 
-from trainctl.runtime.trainer import Trainer  # noqa: F401
+from trainctl.runtime.train.trainer import Trainer  # noqa: F401
 
 KILL_AFTER_S = 30.0
 

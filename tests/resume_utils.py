@@ -15,7 +15,7 @@ import yaml
 from trainer_utils import ROOT, deep_update, final_weights, free_port, make_run, metrics, rank_env, run_trainer
 
 from trainctl.checkpoint import abandoned_dirname, list_checkpoints
-from trainctl.runtime import faults
+from trainctl.runtime.train import faults
 
 
 def stop_after(step: int) -> dict[str, str]:
@@ -42,7 +42,7 @@ def curve(run: Path) -> list[tuple[int, float, float]]:
 
 
 def events(run: Path) -> list[dict[str, Any]]:
-    from trainctl.rundir import read_jsonl
+    from trainctl.rundir.paths import read_jsonl
 
     return read_jsonl(run / "events.jsonl")
 

@@ -152,7 +152,7 @@ def files_containing(root: Path, *needles: str) -> list[str]:
 
 
 def metrics(run: Path) -> list[dict[str, Any]]:
-    from trainctl.rundir import read_jsonl
+    from trainctl.rundir.paths import read_jsonl
 
     return read_jsonl(run / "metrics.jsonl")
 
@@ -165,7 +165,7 @@ def final_weights(run: Path) -> dict[str, Any]:
     """name -> full tensor, TP shards concatenated with the model's own shard layout."""
     import torch
 
-    from trainctl.runtime.tensor_parallel import unshard_tensors
+    from trainctl.runtime.parallel.tensor_parallel import unshard_tensors
 
     by_pp: dict[int, dict[int, dict[str, Any]]] = {}
     for f in sorted((run / "final_weights").glob("pp*-tp*.pt")):

@@ -6,7 +6,7 @@ EXIT_OK = 0
 EXIT_RUN_FAILED = 1
 EXIT_USAGE = 2
 # The divergence guard stopped the run: the loss or gradient norm stayed NaN/inf for
-# train.divergence.max_consecutive_skips steps (trainctl.runtime.divergence); the last finite checkpoint is kept.
+# train.divergence.max_consecutive_skips steps (trainctl.runtime.train.divergence); the last finite checkpoint is kept.
 EXIT_DIVERGED = 3
 # Stopped on purpose after committing a checkpoint (Ctrl-C, SIGTERM/SIGUSR1/SIGUSR2, `trainctl cancel`,
 # preemption, a time limit): `trainctl resume` (or Slurm's requeue) continues from it. EX_TEMPFAIL.

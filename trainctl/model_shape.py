@@ -429,7 +429,7 @@ def attention_flops_per_pair(m: ModelShape) -> float:
 def causal_pairs_per_rank(seq_len: int, cp: int, balanced: bool = True) -> list[int]:
     """(query, key) pairs each CP rank computes under a causal mask, for one sequence of seq_len tokens.
 
-    Balanced (what the trainer does; runtime/context_parallel.py): 2*cp chunks of c tokens, rank i holds chunks
+    Balanced (what the trainer does; runtime/parallel/context_parallel.py): 2*cp chunks of c tokens, rank i holds chunks
     i and 2cp-1-i; chunk j's queries see the j whole chunks before it (j*c*c pairs) and the causal triangle of
     their own (c*(c+1)/2). A contiguous split instead gives rank k the k-th of cp chunks: the last rank does
     about (2*cp-1)/cp times the mean (k + 1/2 chunk-squares against a mean of cp/2)."""

@@ -1,4 +1,5 @@
-"""The person's terminal: writes to it that survive its going away, and its width handed to the ranks. No torch.
+"""The person's terminal: writes to it that survive its going away, its width handed to the ranks, and prose
+wrapped to a console's width. No torch.
 
 A terminal that closes (a pty whose other side is gone: EIO), or a pipe whose reader quit (`trainctl launch |
 head`: EPIPE), must not end a launcher that still has ranks to stop and a run to record. The first write that
@@ -9,6 +10,9 @@ The ranks' stdout goes through torchrun to the launcher, so no rank sees the ter
 terminal's width in TRAINCTL_COLUMNS when it starts torchrun, and rank 0 prints its per-step line in a compact
 form when that is narrower than COMPACT_BELOW. Without a terminal (a pipe, a log, Slurm) the variable is unset
 and the line keeps its full form.
+
+The CLI's consoles never wrap by themselves (cli/console.py: a path or a job id cut in two breaks copy-paste),
+so prose that holds no such token (notes, warnings, explanations) is wrapped here (`prose`), at spaces.
 """
 
 from __future__ import annotations
@@ -19,7 +23,10 @@ import os
 import shutil
 import sys
 from collections.abc import Iterator
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 COLUMNS_VARIABLE = "TRAINCTL_COLUMNS"
 COMPACT_BELOW = 100  # the full step line is about 150 characters: under this many columns it would wrap
@@ -82,3 +89,14 @@ def guarded(stream: TextIO) -> Iterator[None]:
         if e.errno not in GONE:
             raise
         detach(stream)
+
+
+def prose(console: Console, text: str, lead: str = "") -> None:
+    """`lead` + `text` (both rich markup), wrapped to the console's width; later lines start under `text`."""
+    from rich.text import Text  # imported here: the ranks use this module and print no prose
+
+    head = Text.from_markup(lead)
+    body = Text.from_markup(text)
+    for i, line in enumerate(body.wrap(console, max(20, console.width - head.cell_len))):
+        line.rstrip()
+        console.print(Text.assemble(head if i == 0 else " " * head.cell_len, line), soft_wrap=True)

@@ -29,8 +29,8 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor
 
-from trainctl.runtime import faults
-from trainctl.runtime.checkpoint import CheckpointManager
+from trainctl.runtime.train import faults
+from trainctl.runtime.checkpoint.storage import CheckpointManager
 
 OPTS = StateDictOptions(flatten_optimizer_state_dict=True)
 

@@ -3,7 +3,7 @@
 `python tests/fork_ranks.py 2 tests/dist/dtensor_ref_worker.py OUT.json` (or torchrun)
 
 Why this exists (issue 3): PyTorch-native building blocks are the default; trainctl hand-writes Megatron TP
-(trainctl/runtime/tensor_parallel.py) because DTensor's per-op dispatch overhead made it 2-5x slower on the tiny
+(trainctl/runtime/parallel/tensor_parallel.py) because DTensor's per-op dispatch overhead made it 2-5x slower on the tiny
 CPU models the project runs (bench/bench_tp.py measures it), and KEEPS THE NATIVE ONE AS THE CHECKED REFERENCE.
 This file is that reference: a plain, unfused transformer (separate q/k/v/o projections, separate fc1/fc2 or
 gate/up/down, nn.LayerNorm / nn.RMSNorm, nn.Embedding, nn.Linear head) parallelized only with
@@ -50,8 +50,8 @@ from torch.distributed.tensor.parallel import (
 from tp_worker import data, gather_grads  # the same data and full-gradient gathering as the trainctl TP tests
 
 from trainctl.model_shape import ModelShape
-from trainctl.runtime.model import build_stage, loss_fn
-from trainctl.runtime.tensor_parallel import TPContext, sync_sequence_parallel_grads
+from trainctl.runtime.model.transformer import build_stage, loss_fn
+from trainctl.runtime.parallel.tensor_parallel import TPContext, sync_sequence_parallel_grads
 
 SEED = 1234
 
@@ -63,7 +63,7 @@ LLAMA = dict(layers=2, hidden=64, heads=8, kv_heads=4, ffn_hidden=96, vocab=256,
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The reference model: plain, unfused modules (written independently of trainctl.runtime.model)
+# The reference model: plain, unfused modules (written independently of trainctl.runtime.model.transformer)
 # ---------------------------------------------------------------------------------------------------------
 
 

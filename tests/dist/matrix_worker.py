@@ -5,7 +5,7 @@
 CASES.json is a list of {"id": str, "spec": {...a whole run spec...}}. A case whose layout has one rank is a
 reference: the ranks share the references out round-robin and train them side by side, each alone. The
 other cases run one after another on global ranks [0, world) of the layout (ranks beyond it wait); their
-groups come from the same code the trainer uses (trainctl.runtime.distributed.parallel_groups), made once
+groups come from the same code the trainer uses (trainctl.runtime.parallel.process_groups.parallel_groups), made once
 per distinct rank list. Each case writes OUT_DIR/<id>/metrics.jsonl (loss and grad norm per step, from
 the trainer) and OUT_DIR/<id>/final_weights/ (trainer.dump_weights). Starting torch once for the whole
 matrix is what makes a covering design of ~100 configurations affordable on two cores.
@@ -23,10 +23,10 @@ import torch
 import torch.distributed as dist
 
 from trainctl.plan.placement import Layout
-from trainctl.rundir import RunPaths
-from trainctl.runtime import metrics
-from trainctl.runtime.distributed import Parallel, RankEnv, exit_now, parallel_groups, start_process_group
-from trainctl.runtime.trainer import Trainer
+from trainctl.rundir.paths import RunPaths
+from trainctl.runtime.observe import metrics
+from trainctl.runtime.parallel.process_groups import Parallel, RankEnv, exit_now, parallel_groups, start_process_group
+from trainctl.runtime.train.trainer import Trainer
 from trainctl.spec.loader import validate_spec
 
 

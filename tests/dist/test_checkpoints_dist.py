@@ -17,8 +17,8 @@ from torch import nn  # noqa: E402
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict  # noqa: E402
 
 from trainctl.checkpoint import MARKER, CheckpointError, list_checkpoints, stale_dirs, step_dirname  # noqa: E402
-from trainctl.runtime import faults  # noqa: E402
-from trainctl.runtime.checkpoint import CheckpointManager, rng_state, set_rng_state  # noqa: E402
+from trainctl.runtime.train import faults  # noqa: E402
+from trainctl.runtime.checkpoint.storage import CheckpointManager, rng_state, set_rng_state  # noqa: E402
 
 from paths import REPO as ROOT
 from trainer_utils import fork_ranks

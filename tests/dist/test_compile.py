@@ -19,7 +19,7 @@ import pytest
 from resume_utils import set_spec, stop_after
 from trainer_utils import losses, make_run, max_rel_diff, metrics, run_trainer
 
-from trainctl.rundir import read_jsonl
+from trainctl.rundir.paths import read_jsonl
 
 pytestmark = pytest.mark.slow
 

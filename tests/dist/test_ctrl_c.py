@@ -26,13 +26,13 @@ import pytest
 from paths import REPO
 from trainer_utils import processes_mentioning
 
-from trainctl import oom_kills
+from trainctl.hardware import oom_kills
 from trainctl.checkpoint import list_checkpoints
 from trainctl.checkpoint.format import step_dirname
 from trainctl.errors import EXIT_RUN_FAILED, EXIT_STOPPED
-from trainctl.hostname import this_host
-from trainctl.rundir import read_jsonl
-from trainctl.runtime import faults
+from trainctl.hardware.hostname import this_host
+from trainctl.rundir.paths import read_jsonl
+from trainctl.runtime.train import faults
 
 pytestmark = pytest.mark.slow
 

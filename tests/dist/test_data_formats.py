@@ -15,9 +15,9 @@ from data_utils import write_bpe_tokenizer, write_jsonl_corpus
 from resume_utils import assert_resumed_bitwise, curve, straight_and_resumed
 from trainer_utils import ROOT, make_run, metrics, run_trainer
 
-from trainctl.data_prep import check_token_file, sample_text_path
+from trainctl.data.prep import check_token_file, sample_text_path
 from trainctl.errors import UsageError
-from trainctl.token_files import open_token_file, read_megatron_index
+from trainctl.data.files import open_token_file, read_megatron_index
 
 
 def megatron_dataset_by_hand(prefix: Path, documents: list[list[int]], dtype: str = "uint16") -> None:
@@ -77,7 +77,7 @@ def test_a_broken_megatron_pair_is_refused(tmp_path: Path) -> None:
 
 
 def test_blend_deals_slots_in_proportion_and_in_blocks() -> None:
-    from trainctl.runtime.data import BlendedSource
+    from trainctl.runtime.train.loader import BlendedSource
 
     class Fake:
         seq_len = 1

@@ -1,4 +1,4 @@
-"""The identity of the data a run trains on (trainctl.data_identity): recorded in job.json and in every
+"""The identity of the data a run trains on (trainctl.data.identity): recorded in job.json and in every
 checkpoint, checked by `trainctl resume` (a changed file is refused with one line naming it;
 --accept-data-change continues knowingly and records it) and by the ranks at every start; a token file truncated
 under a running rank ends the run naming it, not with "killed by SIGBUS"."""

@@ -17,7 +17,7 @@ from trainctl.checkpoint import list_checkpoints, stale_dirs
 from trainctl.checkpoint.space import human_bytes
 from trainctl.launch import local
 from trainctl.plan.checkpoint_size import checkpoint_bytes
-from trainctl.rundir import read_jsonl
+from trainctl.rundir.paths import read_jsonl
 from trainctl.spec import load_spec
 
 

@@ -22,8 +22,8 @@ from trainer_utils import ROOT, make_run, metrics, run_trainer
 
 from trainctl.checkpoint import list_checkpoints
 from trainctl.errors import EXIT_DIVERGED
-from trainctl.rundir import read_jsonl
-from trainctl.runtime import faults
+from trainctl.rundir.paths import read_jsonl
+from trainctl.runtime.train import faults
 
 pytestmark = pytest.mark.slow
 

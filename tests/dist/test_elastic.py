@@ -21,7 +21,7 @@ from resume_utils import curve, events, ok
 from trainer_utils import ROOT, TINY, deep_update, free_port, max_rel_diff, rank_env, run_trainer
 
 from trainctl.launch.procs import children
-from trainctl.runtime import faults
+from trainctl.runtime.train import faults
 
 pytestmark = pytest.mark.slow
 

@@ -63,8 +63,8 @@ def our_model(fam: str, weights: dict[str, Any]):
     import torch
 
     from trainctl.model_shape import ModelShape
-    from trainctl.runtime.model import build_stage
-    from trainctl.runtime.tensor_parallel import TPContext
+    from trainctl.runtime.model.transformer import build_stage
+    from trainctl.runtime.parallel.tensor_parallel import TPContext
 
     shape = ModelShape(**FAMILIES[fam])
     model = build_stage(shape, range(shape.layers), True, True, TPContext.single(), seed=0).eval()
@@ -76,7 +76,7 @@ def our_model(fam: str, weights: dict[str, Any]):
 
 def first_batch(run: Path):
     """The global batch of the run's first step, [global_batch, seq_len] inputs and targets."""
-    from trainctl.runtime.data import build_loader
+    from trainctl.runtime.train.loader import build_loader
     from trainctl.spec import load_spec
 
     spec = load_spec(run / "spec.yaml")
@@ -128,11 +128,11 @@ def test_init_from_a_run_reshards_its_checkpoint(exported) -> None:
     """model.init_from: RUN (a trainctl run of tp 2) read into tp 1 in one process: the run's final weights."""
     import torch
 
-    from trainctl import init_source
+    from trainctl.hf import init_source
     from trainctl.checkpoint import step_dirname
     from trainctl.model_shape import ModelShape
-    from trainctl.runtime.hf_weights import load_init
-    from trainctl.runtime.tensor_parallel import TPContext
+    from trainctl.runtime.model.hf_weights import load_init
+    from trainctl.runtime.parallel.tensor_parallel import TPContext
     from trainctl.spec.loader import validate_spec
 
     fam, run, _out = exported

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from paths import REPO
 
-from trainctl.rundir import read_jsonl
+from trainctl.rundir.paths import read_jsonl
 
 pytestmark = pytest.mark.slow
 

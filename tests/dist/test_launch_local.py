@@ -18,7 +18,7 @@ import yaml
 from trainctl.errors import UsageError
 from trainctl.launch import local
 from trainctl.launch.create import check_run_dir, default_run_dir, freeze_spec, git_info
-from trainctl.rundir import RunPaths, read_jsonl
+from trainctl.rundir.paths import RunPaths, read_jsonl
 from trainctl.spec import load_spec, resolved_dict
 
 from paths import REPO
@@ -259,7 +259,7 @@ DP2 = ["--set", "cluster.gpus_per_node=2", "--set", "parallel.tp=1", "--set", "p
 def test_verbose_shows_the_failing_ranks_traceback(tmp_path: Path) -> None:
     """Rank 1 raises at step 2: with --verbose its traceback reaches the terminal, prefixed by its rank; without,
     the terminal has rank 0's lines and the one line naming the cause, the traceback only the logs."""
-    from trainctl.runtime import faults
+    from trainctl.runtime.train import faults
 
     env = {**os.environ, **faults.encode(fail_at_step=2, fail_rank=1), "OMP_NUM_THREADS": "1"}
     out = {}
@@ -275,7 +275,7 @@ def test_verbose_shows_the_failing_ranks_traceback(tmp_path: Path) -> None:
         assert "[default1]:Traceback (most recent call last):" in log  # the console copy has every rank's
     verbose, quiet = out["--verbose"], out[None]
     assert "[default1]:Traceback (most recent call last):" in verbose
-    assert "[default1]:trainctl.runtime.trainer.InjectedFailure: fault fail_at_step=2" in verbose, verbose[-3000:]
+    assert "[default1]:trainctl.runtime.train.trainer.InjectedFailure: fault fail_at_step=2" in verbose, verbose[-3000:]
     assert "Traceback" not in quiet and "[default" not in quiet, quiet[-3000:]
     assert "step 1" in quiet  # rank 0's own lines, as before
 

@@ -18,7 +18,7 @@ import pytest
 from env_probe import PROBE_VALUE, make_probe
 from trainer_utils import ROOT, files_containing, processes_mentioning
 
-from trainctl.rundir import read_jsonl
+from trainctl.rundir.paths import read_jsonl
 from trainctl.spec import load_spec
 
 pytestmark = pytest.mark.slow

@@ -359,7 +359,7 @@ def test_expert_parallel_matches_one_rank_over_ten_steps(tmp_path: Path) -> None
 
 @pytest.mark.slow
 def test_capacity_drops_the_same_tokens_in_every_layout(tmp_path: Path) -> None:
-    """With a capacity factor an expert takes at most C assignments of each sequence (runtime/moe.py): the
+    """With a capacity factor an expert takes at most C assignments of each sequence (runtime/model/moe.py): the
     same ones in every layout, so the losses, grad norms and weights still match one rank, drops and all."""
     rows = [{"model": "moe-llama-capacity", "layout": layout, "micro_batch": mb, "recompute": "none"}
             for layout, mb in (("tp2-dp2-ep2-sp", "2"), ("pp2-dp2-ep2-1f1b", "4"), ("dp4-ep2-zero1", "1"))]

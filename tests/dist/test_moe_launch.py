@@ -14,7 +14,7 @@ import pytest
 from paths import RECIPES
 
 from trainctl.checkpoint import list_checkpoints
-from trainctl.rundir import RunPaths, read_jsonl
+from trainctl.rundir.paths import RunPaths, read_jsonl
 from trainctl.spec import load_spec
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""PowerSGD (parallel.grad_compression.powersgd, runtime/powersgd.py): one compression round equals torch's
+"""PowerSGD (parallel.grad_compression.powersgd, runtime/parallel/powersgd.py): one compression round equals torch's
 DDP powerSGD_hook on the same inputs; training on the tiny recipe's model tracks the uncompressed loss; a resume
 mid-run is bitwise (Q and the error feedback are in the checkpoint); a resume on another layout restarts them
 with a warning."""
@@ -16,7 +16,7 @@ from resume_utils import assert_resumed_bitwise, curve, ok, set_spec, straight_a
 from trainer_utils import fork_ranks, make_run, metrics, run_trainer
 
 from trainctl.checkpoint import list_checkpoints, rank_state_filename
-from trainctl.checkpoint.durable import HASH, file_digest
+from trainctl.fileio import HASH, file_digest
 from trainctl.checkpoint.format import MANIFEST, MARKER, marker_bytes
 from trainctl.plan.memory import dp_bucket_numel
 from trainctl.plan.plan import build_plan

@@ -15,7 +15,7 @@ import pytest
 from paths import REPO
 
 from trainctl.launch.node_health import Thresholds, judge
-from trainctl.runtime.preflight import WINDOWS
+from trainctl.runtime.workers.preflight import WINDOWS
 
 pytestmark = pytest.mark.slow
 

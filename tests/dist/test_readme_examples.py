@@ -27,7 +27,7 @@ import pytest
 import yaml
 from readme_walkthrough import README, Example, Walkthrough, examples
 
-from trainctl.rundir import RunPaths, read_jsonl
+from trainctl.rundir.paths import RunPaths, read_jsonl
 from trainctl.spec import load_spec, resolved_dict
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]

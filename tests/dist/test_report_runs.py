@@ -17,8 +17,8 @@ import pytest
 from paths import REPO as ROOT
 
 from trainctl.hardware.detect import has_gpu
-from trainctl.rundir import read_jsonl
-from trainctl.runtime import faults
+from trainctl.rundir.paths import read_jsonl
+from trainctl.runtime.train import faults
 
 TRAINCTL = [sys.executable, "-m", "trainctl"]
 DP2 = ["parallel.tp=1", "parallel.pp=1", "cluster.gpus_per_node=2"]

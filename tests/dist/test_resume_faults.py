@@ -17,7 +17,7 @@ from resume_utils import curve, events, ok, set_spec, spawn_ranks, stop_after, w
 from trainer_utils import ROOT, make_run, max_rel_diff, rank_env, run_trainer
 
 from trainctl.checkpoint import MARKER, list_checkpoints, stale_dirs, step_dirname
-from trainctl.runtime import faults
+from trainctl.runtime.train import faults
 
 pytestmark = pytest.mark.slow
 

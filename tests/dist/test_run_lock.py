@@ -18,10 +18,10 @@ import pytest
 import yaml
 from trainer_utils import ROOT, TINY, deep_update
 
-from trainctl.hostname import this_host
+from trainctl.hardware.hostname import this_host
 from trainctl.checkpoint import latest_valid
 from trainctl.launch import runlock
-from trainctl.rundir import RunPaths, read_jsonl
+from trainctl.rundir.paths import RunPaths, read_jsonl
 
 pytestmark = pytest.mark.slow
 

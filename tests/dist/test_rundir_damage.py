@@ -20,9 +20,9 @@ import yaml
 from resume_utils import stop_after
 from trainer_utils import ROOT, TINY, deep_update
 
-from trainctl.data_prep import sample_text_path
+from trainctl.data.prep import sample_text_path
 from trainctl.errors import EXIT_STOPPED, EXIT_USAGE
-from trainctl.rundir import load_jsonl
+from trainctl.rundir.paths import load_jsonl
 
 pytestmark = pytest.mark.slow
 

@@ -21,7 +21,7 @@ from trainer_utils import ROOT, make_run, metrics, run_trainer
 
 from trainctl.report import build_report
 from trainctl.report.render import render
-from trainctl.runtime import faults
+from trainctl.runtime.train import faults
 
 STEPS = 6
 FAIL_AT = 4  # the first attempt fails here; it saved step 2, so step 3 runs twice
@@ -129,7 +129,7 @@ def test_tensorboard_wandb_and_traces_across_a_restart(tmp_path: Path) -> None:
 _IMPORTS = """
 import sys
 from pathlib import Path
-from trainctl.rundir import RunPaths
+from trainctl.rundir.paths import RunPaths
 from trainctl.runtime import profiling, tracking, trainer
 from trainctl.spec import load_spec
 import torch

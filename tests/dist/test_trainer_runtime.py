@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from trainer_utils import ROOT, make_run, metrics, run_trainer
 
-from trainctl.rundir import read_jsonl
-from trainctl.runtime import faults
-from trainctl.runtime.optim import lr_at
+from trainctl.rundir.paths import read_jsonl
+from trainctl.runtime.train import faults
+from trainctl.runtime.train.optim import lr_at
 from trainctl.spec.models import TrainSpec
 
 
@@ -98,7 +98,7 @@ def test_lr_schedule_is_pure_warmup_then_cosine_to_min() -> None:
 
 
 def test_peak_cache_is_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from trainctl.runtime import peak
+    from trainctl.runtime.observe import peak
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     first = peak.cpu_single_thread_flops()

@@ -17,16 +17,17 @@ from pathlib import Path
 
 import pytest
 
-from trainctl.rundir import RunPaths, read_jsonl
-from trainctl.runtime import faults, watchdog
+from trainctl.rundir.paths import RunPaths, read_jsonl
+from trainctl.runtime.train import faults
+from trainctl.runtime.observe import watchdog
 
 from paths import REPO as ROOT
 
 SCRIPT = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from trainctl.rundir import RunPaths
-    from trainctl.runtime.watchdog import Watchdog, hang_forever, hang_step
+    from trainctl.rundir.paths import RunPaths
+    from trainctl.runtime.observe.watchdog import Watchdog, hang_forever, hang_step
     paths = RunPaths(Path(sys.argv[1]))
     wd = Watchdog(paths, rank=3, timeout_s=float(sys.argv[2]), heartbeat_every_s=0.0).start()
     for step in range(1, 6):

@@ -25,8 +25,8 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from trainctl.model_shape import ModelShape
-from trainctl.runtime.model import StageModule, build_stage, loss_fn
-from trainctl.runtime.tensor_parallel import (
+from trainctl.runtime.model.transformer import StageModule, build_stage, loss_fn
+from trainctl.runtime.parallel.tensor_parallel import (
     TPContext,
     sync_sequence_parallel_grads,
     tp_dropout,

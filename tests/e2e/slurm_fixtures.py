@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from paths import REPO
 
-from trainctl.rundir import RunPaths, read_jsonl
+from trainctl.rundir.paths import RunPaths, read_jsonl
 
 CLUSTER_SCRIPT = REPO / "slurm" / "local-cluster.sh"
 EXIT_CANNOT_RUN_HERE = 3

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from trainctl.rundir import RunPaths, record_event
-from trainctl.runtime.distributed import RankEnv
-from trainctl.runtime.placement_proof import prove_placement
+from trainctl.rundir.paths import RunPaths, record_event
+from trainctl.runtime.parallel.placement_proof import prove_placement
+from trainctl.runtime.parallel.process_groups import RankEnv
 from trainctl.spec import load_spec
 
 
@@ -45,7 +45,7 @@ def main() -> None:
         if env.rank == 0:
             record_event(paths, "finish", steps=0)
     sys.stdout.flush()
-    os._exit(0)  # no gloo teardown (see trainctl.runtime.distributed.exit_now)
+    os._exit(0)  # no gloo teardown (see trainctl.runtime.parallel.process_groups.exit_now)
 
 
 if __name__ == "__main__":

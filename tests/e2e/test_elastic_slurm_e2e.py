@@ -27,8 +27,8 @@ from resume_utils import curve, ok
 from slurm_fixtures import SlurmCluster, cli, step_exited, step_pids
 from trainer_utils import TINY, deep_update, max_rel_diff, run_trainer
 
-from trainctl.rundir import RunPaths, read_jsonl
-from trainctl.runtime import faults
+from trainctl.rundir.paths import RunPaths, read_jsonl
+from trainctl.runtime.train import faults
 
 pytestmark = pytest.mark.slow
 

@@ -21,13 +21,13 @@ from paths import REPO
 from slurm_fixtures import SlurmCluster, cli
 
 from trainctl.launch.slurm import render, sbatch_template, submit
-from trainctl.rundir import RunPaths, read_jsonl
-from trainctl.runtime import faults
+from trainctl.rundir.paths import RunPaths, read_jsonl
+from trainctl.runtime.train import faults
 from trainctl.spec import load_spec
 
 pytestmark = pytest.mark.slow
 
-TINY = REPO / "trainctl" / "recipes" / "tiny-cpu.yaml"
+TINY = REPO / "trainctl" / "spec" / "tiny-cpu.yaml"
 STEPS = 6
 SLURM = ["--set", "cluster.nodes=2", "--set", "cluster.gpus_per_node=4", "--set", "launcher.backend=slurm",
          "--set", f"train.steps={STEPS}"]
@@ -130,7 +130,7 @@ def test_two_node_job_completes_with_local_losses(slurm_cluster: SlurmCluster, t
         assert probe.setup[0] in script and "export NCCL_SOCKET_IFNAME=lo" in script  # verbatim, ours quoted
         assert probe.where_setup_ran() == ["none", "0", "0"], out  # the batch script, then each node's task
         assert probe.python_saw() == [PROBE_VALUE] * 2  # one torchrun per node, by launcher.python after setup
-        assert probe.python_saw("trainctl.runtime.faults") == [PROBE_VALUE]  # the batch script's own use
+        assert probe.python_saw("trainctl.runtime.train.faults") == [PROBE_VALUE]  # the batch script's own use
         seen = probe.ranks_saw()
         assert sorted(seen) == [0, 1, 2, 3], out
         assert all(v == {"TRAINCTL_PROBE": PROBE_VALUE, "NCCL_DEBUG": "INFO"} for v in seen.values()), seen

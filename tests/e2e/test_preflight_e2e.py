@@ -12,7 +12,7 @@ import slurm_fixtures
 from slow_node import slow_node
 from slurm_fixtures import SlurmCluster, cli, step_exited
 
-from trainctl.rundir import RunPaths, read_jsonl
+from trainctl.rundir.paths import RunPaths, read_jsonl
 
 pytestmark = pytest.mark.slow
 

@@ -25,8 +25,8 @@ from paths import REPO
 from slurm_fixtures import SlurmCluster, cli, step_exited
 from trainer_utils import TINY, deep_update
 
-from trainctl.rundir import RunPaths, read_jsonl
-from trainctl.runtime import faults
+from trainctl.rundir.paths import RunPaths, read_jsonl
+from trainctl.runtime.train import faults
 
 pytestmark = pytest.mark.slow
 

@@ -214,9 +214,9 @@ def test_cli_lists_json_without_torch(tmp_path):
 @given(rows=st.integers(1, 9), cols=st.integers(1, 9), data=st.data())
 def test_zero_master_ranges_become_rectangles_that_tile_them(rows, cols, data):
     """A ZeRO-1/2 rank's master covers a flat range [lo, hi) of a parameter; the checkpoint saves it as the
-    parameter-shaped rectangles that range covers (runtime/state.py). They must tile the range exactly, in
+    parameter-shaped rectangles that range covers (runtime/checkpoint/state.py). They must tile the range exactly, in
     order, each a block of the row-major layout."""
-    from trainctl.runtime.state import _rectangles
+    from trainctl.runtime.checkpoint.state import _rectangles
 
     n = rows * cols
     lo = data.draw(st.integers(0, n))

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainctl.runtime.context_parallel import CPContext, _chunk_attention, reversed_causal_mask, split_sequence
-from trainctl.runtime.data import BatchLoader, SyntheticSource
+from trainctl.runtime.parallel.context_parallel import CPContext, _chunk_attention, reversed_causal_mask, split_sequence
+from trainctl.runtime.train.loader import BatchLoader, SyntheticSource
 
 T = 16
 

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from trainctl.data_prep import BYTE_VOCAB, check_token_file, decode, encode, prepare, sample_text_path
+from trainctl.data.prep import BYTE_VOCAB, check_token_file, decode, encode, prepare, sample_text_path
 from trainctl.errors import UsageError
-from trainctl.runtime.data import SyntheticSource, build_loader
+from trainctl.runtime.train.loader import SyntheticSource, build_loader
 from trainctl.spec import load_spec_text
 
 SEQ = 16
@@ -276,7 +276,7 @@ def test_synthetic_is_deterministic_per_slot_and_learnable() -> None:
 
 def test_every_token_is_checked_not_a_sample(tmp_path: Path) -> None:
     """8.4M ids with 1.1M out of range away from the head, middle and tail that a sample would read."""
-    from trainctl.data_check import scan_cached
+    from trainctl.data.check import scan_cached
 
     ids = np.random.default_rng(0).integers(0, 256, 8_400_000, dtype="<u2")
     ids[3_000_000:4_100_000] = 60000
@@ -294,7 +294,7 @@ def test_every_token_is_checked_not_a_sample(tmp_path: Path) -> None:
 
 
 def test_scan_is_cached_by_size_and_mtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from trainctl import data_check
+    from trainctl.data import check as data_check
 
     path = tmp_path / "ok.bin"
     np.random.default_rng(1).integers(0, 256, 100_000, dtype="<u2").tofile(path)
@@ -324,7 +324,7 @@ def test_loader_guards_each_batch_against_a_file_changed_after_the_check(tmp_pat
 
 
 def test_every_file_of_a_blend_has_an_identity_hashed_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from trainctl import data_identity
+    from trainctl.data import identity as data_identity
 
     a, b = tmp_path / "a.bin", tmp_path / "b.bin"
     np.full(1000, 1, dtype="<u2").tofile(a)

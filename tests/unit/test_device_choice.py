@@ -8,7 +8,7 @@ import pytest
 import torch
 from trainer_utils import TINY, deep_update
 
-from trainctl.runtime.distributed import runs_on_gpu
+from trainctl.runtime.parallel.process_groups import runs_on_gpu
 from trainctl.spec.loader import validate_spec
 
 

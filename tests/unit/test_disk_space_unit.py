@@ -12,7 +12,7 @@ from paths import REPO
 from trainctl.checkpoint.space import disk_full_message, existing_ancestor, human_bytes, is_disk_full
 from trainctl.launch.diskspace import disk_full_line, space_problem
 from trainctl.plan.checkpoint_size import BYTES_PER_PARAM, checkpoint_bytes
-from trainctl.rundir import RunPaths, record_event
+from trainctl.rundir.paths import RunPaths, record_event
 from trainctl.spec import load_spec
 
 TINY = REPO / "recipes" / "tiny-cpu.yaml"

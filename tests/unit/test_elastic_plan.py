@@ -12,13 +12,13 @@ import pytest
 from paths import REPO
 from spec_utils import one_problem
 
-from trainctl.launch.runstate import COMPLETED, FAILED, live_outcome, outcome
 from trainctl.launch.slurm import render
 from trainctl.plan.elastic import CannotShrink, for_world, resize_event, shrink_options
 from trainctl.plan.plan import build_plan
+from trainctl.rundir.runstate import COMPLETED, FAILED, live_outcome, outcome
 from trainctl.spec import load_spec
 
-TINY = REPO / "trainctl" / "recipes" / "tiny-cpu.yaml"
+TINY = REPO / "trainctl" / "spec" / "tiny-cpu.yaml"
 # tp2 x pp2 on 4 nodes x 4 ranks: dp 4, global batch 16 = micro-batch 2 x 2 micro-batches x dp 4
 ELASTIC = {"cluster.nodes": "4", "cluster.gpus_per_node": "4", "cluster.min_nodes": "2", "launcher.backend": "slurm",
            "launcher.max_restarts": "3", "parallel.dp": "auto"}

@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from trainctl.runtime import faults, stragglers
+from trainctl.runtime.observe import stragglers
+from trainctl.runtime.train import faults
 
 
 def test_encode_parse_round_trip():

@@ -38,7 +38,7 @@ def test_data_prepare_output_gets_the_umask_mode(tmp_path: Path, mask: int) -> N
     import subprocess
     import sys
 
-    from trainctl.data_prep import sample_text_path
+    from trainctl.data.prep import sample_text_path
 
     out = tmp_path / "sample.bin"
     r = subprocess.run([sys.executable, "-m", "trainctl", "data", "prepare", str(sample_text_path()), str(out)],

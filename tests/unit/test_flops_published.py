@@ -1,4 +1,4 @@
-"""The trainer's own FLOPs accounting (trainctl.runtime.metrics, what every step line and metrics.jsonl use)
+"""The trainer's own FLOPs accounting (trainctl.runtime.observe.metrics, what every step line and metrics.jsonl use)
 against published figures, and MFU on a real local run recomputed from the spec by hand.
 
 The planner's functions are checked against the same papers in tests/unit/test_plan_model.py; this file covers
@@ -21,7 +21,7 @@ import pytest
 from trainctl.spec import load_spec_text
 
 torch = pytest.importorskip("torch")
-from trainctl.runtime import metrics  # noqa: E402 - needs torch
+from trainctl.runtime.observe import metrics  # noqa: E402 - needs torch
 
 GPT3 = """
 name: gpt3

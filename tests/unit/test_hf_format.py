@@ -1,4 +1,4 @@
-"""The Hugging Face mapping (trainctl/hf_format.py, runtime/hf_weights.py) in one process, against transformers'
+"""The Hugging Face mapping (trainctl/hf/format.py, runtime/model/hf_weights.py) in one process, against transformers'
 own classes built from our config.json with random weights (no download): our model's weights written as
 safetensors load into LlamaForCausalLM / GPT2LMHeadModel / MixtralForCausalLM and give our logits; weights
 transformers saved load into our model (each TP rank's shard read as a slice) and give its logits; a
@@ -14,12 +14,13 @@ import json
 import pytest
 import torch
 
-from trainctl import hf_format, init_source
 from trainctl.errors import SpecError, UsageError
+from trainctl.hf import format as hf_format
+from trainctl.hf import init_source
 from trainctl.model_shape import ModelShape, MoEShape
-from trainctl.runtime import hf_weights
-from trainctl.runtime.model import build_stage
-from trainctl.runtime.tensor_parallel import TPContext, shard_tensor
+from trainctl.runtime.model import hf_weights
+from trainctl.runtime.model.transformer import build_stage
+from trainctl.runtime.parallel.tensor_parallel import TPContext, shard_tensor
 from trainctl.spec.loader import validate_spec
 
 transformers = pytest.importorskip("transformers")

@@ -16,11 +16,11 @@ from paths import REPO
 
 from trainctl.errors import SpecError, UsageError
 from trainctl.launch import local
-from trainctl.launch.runstate import first_cause
 from trainctl.launch.slurm import render
+from trainctl.rundir.runstate import first_cause
 from trainctl.spec import load_spec
 
-TINY = REPO / "trainctl" / "recipes" / "tiny-cpu.yaml"
+TINY = REPO / "trainctl" / "spec" / "tiny-cpu.yaml"
 SLURM = {"cluster.nodes": "2", "cluster.gpus_per_node": "2", "parallel.dp": "1", "launcher.backend": "slurm"}
 EVIL = "x'; touch MARK $(touch MARK) `touch MARK` \" |"
 SETUP = ["module load cuda/12.4", 'export PROBE="a b $((6 * 7))"  # a comment',
@@ -194,8 +194,8 @@ def _run(tmp_path: Path, mode: str, setup: list[str]) -> tuple[int, str, list[di
     bindir.mkdir()
     fakes = {"srun": FAKE_SRUN, "scontrol": "#!/bin/bash\n[ \"$1\" = show ] && echo n1\n",
              # the batch script's own uses of python: the fault probe, the run's excluded nodes
-             "fake-python": '#!/bin/bash\ncase "$2" in trainctl.runtime.faults|trainctl.launch.exclusions) exit 0;; '
-                            'esac\n'
+             "fake-python": '#!/bin/bash\ncase "$2" in trainctl.runtime.train.faults|trainctl.launch.exclusions) '
+                            'exit 0;; esac\n'
                             f'echo "trainer ran with PROBE=$PROBE" >>{shlex.quote(str(run))}/ran\n'}
     for name, text in fakes.items():
         (bindir / name).write_text(text)

@@ -16,7 +16,7 @@ from trainctl.launch.slurm import cluster, job_state, render, submit
 from trainctl.launch.slurm.sbatch_template import SAFE_SBATCH_VALUE
 from trainctl.spec import load_spec
 
-TINY = REPO / "trainctl" / "recipes" / "tiny-cpu.yaml"
+TINY = REPO / "trainctl" / "spec" / "tiny-cpu.yaml"
 BASE = {"cluster.nodes": "2", "cluster.gpus_per_node": "4", "launcher.backend": "slurm", "train.steps": "6"}
 
 
@@ -251,7 +251,7 @@ def _reports(nodes: list[str]) -> list[dict]:
 
 def test_placement_map_follows_what_ranks_report() -> None:
     from trainctl.plan.placement import Layout
-    from trainctl.runtime.placement_proof import PlacementError, build_map, check
+    from trainctl.runtime.parallel.placement_proof import PlacementError, build_map, check
 
     layout = Layout(tp=2, pp=2, dp=2, gpus_per_node=4, nvlink_domain=4)
     joined = build_map(_reports(["n2"] * 4 + ["n1"] * 4), layout)  # c10d join order: ranks 0-3 on n2
@@ -427,7 +427,7 @@ def fake_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _submitted_run(tmp_path: Path, **over: str):
-    from trainctl.rundir import RunPaths
+    from trainctl.rundir.paths import RunPaths
 
     launch = render.plan_slurm(spec(**over), tmp_path / "run", python="/venv/bin/python")
     paths = submit.create(launch)
@@ -438,7 +438,7 @@ def _submitted_run(tmp_path: Path, **over: str):
 def test_resubmit_submits_the_same_script_again_and_records_it(tmp_path: Path, fake_slurm: Path) -> None:
     import json
 
-    from trainctl.rundir import read_jsonl
+    from trainctl.rundir.paths import read_jsonl
 
     launch, paths = _submitted_run(tmp_path)
     script = paths.launch_script.read_text()
@@ -457,7 +457,7 @@ def test_resubmit_submits_the_same_script_again_and_records_it(tmp_path: Path, f
 
 def test_resubmit_refuses_while_the_job_is_queued_or_running(tmp_path: Path, fake_slurm: Path) -> None:
     from trainctl.cli.app import main
-    from trainctl.rundir import read_jsonl
+    from trainctl.rundir.paths import read_jsonl
 
     _, paths = _submitted_run(tmp_path)
     (fake_slurm / "state").write_text("RUNNING\n")
@@ -473,7 +473,7 @@ def test_resubmit_refuses_while_the_job_is_queued_or_running(tmp_path: Path, fak
 def test_trainctl_resume_on_slurm_rerenders_a_changed_spec(tmp_path: Path, fake_slurm: Path,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     from trainctl.cli.app import main
-    from trainctl.rundir import read_jsonl
+    from trainctl.rundir.paths import read_jsonl
 
     _, paths = _submitted_run(tmp_path, **{"launcher.mode": "srun"})
     old = paths.launch_script.read_text()
@@ -496,7 +496,7 @@ def test_rank_logs_follow_each_attempts_placement(tmp_path: Path) -> None:
     import json as _json
 
     from trainctl.launch.slurm.backend import torchrun_rank_logs
-    from trainctl.rundir import RunPaths, append_jsonl
+    from trainctl.rundir.paths import RunPaths, append_jsonl
 
     paths = RunPaths(tmp_path)
     orders = {"0": ["n2", "n1"], "1": ["n1", "n2"]}  # attempt -> node of ranks 0-3, then 4-7

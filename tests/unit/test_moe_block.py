@@ -1,4 +1,4 @@
-"""The MoE block (runtime/moe.py) against independent implementations: transformers' Mixtral (topk_softmax),
+"""The MoE block (runtime/model/moe.py) against independent implementations: transformers' Mixtral (topk_softmax),
 OLMoE (softmax_topk) and Qwen2-MoE (softmax_topk with a shared expert) blocks, built from a config with
 random weights (no download), our weights copied in, fp64: router logits, routing, outputs and gradients
 equal (transformers' routers round their softmax to fp32, so the reference routes with their formula in
@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from trainctl.model_shape import ModelShape, MoEShape
-from trainctl.runtime.init import init_parameters
-from trainctl.runtime.model import Block
-from trainctl.runtime.moe import MoE, MoEContext, regroup
-from trainctl.runtime.tensor_parallel import TPContext
+from trainctl.runtime.model.init import init_parameters
+from trainctl.runtime.model.moe import MoE, MoEContext, regroup
+from trainctl.runtime.model.transformer import Block
+from trainctl.runtime.parallel.tensor_parallel import TPContext
 
 transformers = pytest.importorskip("transformers")
 

@@ -1,5 +1,5 @@
 """The out-of-memory verdict on a SIGKILLed rank: the counters it recorded at its start against the same
-counters now (trainctl/oom_kills.py). The real kernel kill is tests/dist/test_ctrl_c.py's."""
+counters now (trainctl/hardware/oom_kills.py). The real kernel kill is tests/dist/test_ctrl_c.py's."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import socket
 from dataclasses import asdict
 from pathlib import Path
 
-from trainctl import oom_kills
+from trainctl.hardware import oom_kills
 
 
 def recorded(tmp_path: Path, counter: Path, kills: int, host: str | None = None) -> Path:

@@ -12,9 +12,9 @@ from paths import RECIPES, TINY_RECIPE
 from trainctl.model_shape import ModelShape, param_counts
 from trainctl.plan.pipeline import spec_stages_of_pp_rank, stage_layer_ranges
 from trainctl.plan.plan import build_plan
-from trainctl.runtime.model import StageModule, params_built, params_record
-from trainctl.runtime.moe import EPContext, MoEContext
-from trainctl.runtime.tensor_parallel import TPContext
+from trainctl.runtime.model.moe import EPContext, MoEContext
+from trainctl.runtime.model.transformer import StageModule, params_built, params_record
+from trainctl.runtime.parallel.tensor_parallel import TPContext
 from trainctl.spec import load_spec
 
 RECIPE_FILES = sorted(RECIPES.glob("*.yaml"))

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trainctl.model_shape import ModelShape, embedding_cost
-from trainctl.plan import schedule
+from trainctl.plan import bubble as schedule
 from trainctl.plan.estimate import Evaluator
 from trainctl.plan.pipeline import balanced_split, stage_layers
 from trainctl.plan.plan import candidate_from_spec, context_from_spec
@@ -143,7 +143,7 @@ launcher: {backend: slurm}
 def test_zero_bubble_bubble_is_a_third_of_1f1b_idle_time() -> None:
     """Qi et al. 2023 (Zero Bubble Pipeline Parallelism), Sec. 3.1: ZB-H1 idles (p-1)(T_F + T_B - T_W) per
     rank against 1F1B's (p-1)(T_F + T_B + T_W); with T_F = T_B = T_W that is one third."""
-    from trainctl.plan.schedule import bubble_fraction, bubble_over_ideal, in_flight
+    from trainctl.plan.bubble import bubble_fraction, bubble_over_ideal, in_flight
 
     for p, m, v in ((2, 4, 1), (4, 8, 2), (8, 32, 4)):
         idle_1f1b = bubble_over_ideal(p, m, v, "interleaved" if v > 1 else "1f1b") * v * m
@@ -215,8 +215,8 @@ def test_zbv_bubble_and_memory_match_a_replay_of_torchs_order(p: int) -> None:
     layers per chunk."""
     from torch.distributed.pipelining.schedules import _ComputationType as T
 
+    from trainctl.plan.bubble import bubble_fraction, in_flight, zbv_idle_passes, zbv_order
     from trainctl.plan.pipeline import stages_of_pp_rank
-    from trainctl.plan.schedule import bubble_fraction, in_flight, zbv_idle_passes, zbv_order
 
     for m in sorted({1, 2, p, 2 * p - 2, 2 * p - 1, 2 * p, 4 * p + 1} - {0}):
         makespan, held = _replay_zbv(p, m)

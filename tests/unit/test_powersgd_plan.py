@@ -20,8 +20,8 @@ from trainctl.plan.auto import search
 from trainctl.plan.comm import all_reduce_bytes
 from trainctl.plan.plan import build_plan
 from trainctl.plan.powersgd import stage_matrices
-from trainctl.runtime.model import build_stage
-from trainctl.runtime.tensor_parallel import TPContext
+from trainctl.runtime.model.transformer import build_stage
+from trainctl.runtime.parallel.tensor_parallel import TPContext
 from trainctl.spec import load_spec, load_spec_text
 
 BASE = """
@@ -152,7 +152,7 @@ def test_runtime_state_is_q_and_error_per_matrix() -> None:
     """The compressor's checkpointed state: every compressed matrix's Q and error, refused when the matrices
     (or the rank) differ, so a resume never mixes another layout's state in. The first Q depends on the name
     only (the same on every DP rank), and reset() (after a non-finite step) goes back to it with e = 0."""
-    from trainctl.runtime.powersgd import PowerSGD
+    from trainctl.runtime.parallel.powersgd import PowerSGD
 
     flat = torch.zeros(64 * 32 + 8)
     psgd = PowerSGD(2, 1, 0, None, 2)

@@ -12,7 +12,7 @@ from trainctl.errors import UsageError
 from trainctl.launch import exclusions
 from trainctl.launch.node_health import Thresholds, bad_nodes, enough_left, judge
 from trainctl.launch.slurm.sbatch_template import SbatchRequest, render
-from trainctl.rundir import RunPaths
+from trainctl.rundir.paths import RunPaths
 
 
 def rank(r: int, node: str, flops: float, **kw: object) -> dict:

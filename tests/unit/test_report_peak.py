@@ -10,7 +10,7 @@ from trainctl.hardware.catalog import ACCELERATORS
 from trainctl.spec import load_spec_text
 
 torch = pytest.importorskip("torch")
-from trainctl.runtime import metrics, peak  # noqa: E402 - needs torch
+from trainctl.runtime.observe import metrics, peak  # noqa: E402 - needs torch
 
 BASE = """
 name: p

@@ -1,4 +1,4 @@
-"""The run directory's JSONL files (trainctl/rundir.py): every appender starts on a fresh line, every reader skips
+"""The run directory's JSONL files (trainctl/rundir/paths.py): every appender starts on a fresh line, every reader skips
 and counts a line that is not a JSON object; and job.json rebuilt from a Slurm run's files (launch/repair.py).
 The multi-process cases (a real resume and mfu-report, `resume --repair`) are tests/dist/test_rundir_damage.py."""
 
@@ -14,7 +14,8 @@ import yaml
 from trainer_utils import TINY, deep_update
 
 from trainctl.launch.repair import rebuild
-from trainctl.rundir import RunPaths, append_jsonl, last_jsonl, load_jsonl
+from trainctl.rundir import runstate
+from trainctl.rundir.paths import RunPaths, append_jsonl, last_jsonl, load_jsonl
 
 
 def test_appends_start_on_a_fresh_line_and_reads_skip_and_count(tmp_path: Path) -> None:
@@ -39,7 +40,7 @@ def test_appends_start_on_a_fresh_line_and_reads_skip_and_count(tmp_path: Path) 
 def test_concurrent_appenders_after_a_torn_line_lose_no_record(tmp_path: Path) -> None:
     f = tmp_path / "events.jsonl"
     f.write_bytes(b'{"event": "tor')
-    code = ("import sys; from pathlib import Path; from trainctl.rundir import append_jsonl\n"
+    code = ("import sys; from pathlib import Path; from trainctl.rundir.paths import append_jsonl\n"
             "for i in range(200): append_jsonl(Path(sys.argv[1]), {'writer': sys.argv[2], 'i': i})")
     procs = [subprocess.Popen([sys.executable, "-c", code, str(f), str(w)]) for w in range(3)]
     assert [p.wait(timeout=120) for p in procs] == [0, 0, 0]
@@ -78,7 +79,7 @@ def test_shell_writers_start_on_a_fresh_line(tmp_path: Path) -> None:
     from trainctl.spec import load_spec
 
     run = tmp_path / "run"
-    spec = load_spec(REPO / "trainctl" / "recipes" / "tiny-cpu.yaml",
+    spec = load_spec(REPO / "trainctl" / "spec" / "tiny-cpu.yaml",
                      ["cluster.nodes=2", "cluster.gpus_per_node=4", "launcher.backend=slurm"])
     script = render.plan_slurm(spec, run).script.splitlines()
     begin = next(i for i, ln in enumerate(script) if ln.startswith("event() {"))
@@ -95,4 +96,4 @@ def test_shell_writers_start_on_a_fresh_line(tmp_path: Path) -> None:
     read = load_jsonl(events)
     assert read.bad_lines == [1]
     assert [(e["event"], e.get("job_id")) for e in read.records] == [("slurm_start", "7"),
-                                                                      (environment.SETUP_FAILED, None)]
+                                                                      (runstate.SETUP_FAILED, None)]

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from trainctl.errors import UsageError
-from trainctl.hostname import this_host
+from trainctl.hardware.hostname import this_host
 from trainctl.launch import runlock
 from trainctl.launch.runlock import UNKNOWN_START, Here, Owner, verdict
-from trainctl.rundir import RunPaths
+from trainctl.rundir.paths import RunPaths
 
 HOST, BOOT = "login1", "boot-a"
 

@@ -1,8 +1,8 @@
-"""The first cause of a failed attempt from torchrun's own record (launch/runstate.py)."""
+"""The first cause of a failed attempt from torchrun's own record (rundir/runstate.py)."""
 
 from __future__ import annotations
 
-from trainctl.launch.runstate import lost_peer_ranks, torchrun_root_cause
+from trainctl.rundir.runstate import lost_peer_ranks, torchrun_root_cause
 
 
 def _entry(rank: int, code: int, sig: str = "") -> str:

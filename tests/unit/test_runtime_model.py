@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from trainctl.model_shape import ModelShape, param_counts
-from trainctl.runtime.init import full_tensor, iter_param_meta
-from trainctl.runtime.model import build_stage, loss_fn
-from trainctl.runtime.tensor_parallel import (
+from trainctl.runtime.model.init import full_tensor, iter_param_meta
+from trainctl.runtime.model.transformer import build_stage, loss_fn
+from trainctl.runtime.parallel.tensor_parallel import (
     ShardSpec,
     TPContext,
     shard_tensor,

@@ -1,4 +1,4 @@
-"""Persistent straggler nodes from synthetic step-time files (trainctl/steptimes.py): ranks are held against the
+"""Persistent straggler nodes from synthetic step-time files (trainctl/rundir/steptimes.py): ranks are held against the
 ranks of their own pipeline stage on other nodes, so a pipeline's last stage (LM head, loss) is never a
 straggler; noise and short starts are not persistent; the report's comparison is per stage too."""
 
@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from trainctl import steptimes
 from trainctl.launch import exclusions
 from trainctl.launch.slurm.cluster import NodeInfo, too_few_left
-from trainctl.rundir import RunPaths
+from trainctl.rundir import steptimes
+from trainctl.rundir.paths import RunPaths
+from trainctl.rundir.steptimes import compare_in_stage, straggler_nodes
 from trainctl.spec import load_spec
-from trainctl.steptimes import compare_in_stage, straggler_nodes
 
 STEPS = 9
 SPEC = """name: t

@@ -107,7 +107,7 @@ def test_a_missing_extra_is_one_line_naming_it_exit_2(command: list[str], tmp_pa
 
 
 def test_scalars_are_every_finite_number_of_the_metrics_line() -> None:
-    from trainctl.runtime.tracking import scalars
+    from trainctl.runtime.observe.tracking import scalars
 
     rec = {"step": 7, "steps": 10, "time": 1.5e9, "loss": 2.5, "lr": 1e-3, "grad_norm": float("nan"), "mfu": 0.4,
            "tokens": 256, "peak_source": "catalog", "skipped": True, "profiled": True,

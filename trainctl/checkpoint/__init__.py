@@ -1,17 +1,17 @@
 """The on-disk checkpoint format, shared by the CLI, the launcher and the trainer. No torch.
 
+Checksums and fsynced writes are trainctl/fileio.py's.
+
     format.py     names, manifest, commit marker, validity, listing, the newest valid checkpoint
-    durable.py    checksums and fsynced writes
     retention.py  which old checkpoints may go (keep the newest K and milestones)
-    schedule.py   SaveSchedule: when the trainer saves
+    save_schedule.py  SaveSchedule: when the trainer saves
     meta.py       the layout and model shape a checkpoint records, compared with a spec
     location.py   resolve_checkpoint_dir: where a run's checkpoints live
 
-The trainer's side (DCP storage, what a checkpoint holds, the save/resume policy) is in trainctl/runtime/
+The trainer's side (DCP storage, what a checkpoint holds, the save/resume policy) is in trainctl/runtime/checkpoint/
 (docs/ARCHITECTURE.md, "Checkpoint format and commit protocol").
 """
 
-from trainctl.checkpoint.durable import HASH, file_digest, fsync_path, write_durable
 from trainctl.checkpoint.format import (
     DCP_INDEX,
     FORMAT_VERSION,
@@ -49,7 +49,8 @@ from trainctl.checkpoint.meta import (
     same_layout,
 )
 from trainctl.checkpoint.retention import is_milestone, to_delete
-from trainctl.checkpoint.schedule import SaveSchedule
+from trainctl.checkpoint.save_schedule import SaveSchedule
+from trainctl.fileio import HASH, file_digest, fsync_path, write_durable
 
 __all__ = [
     "DCP_INDEX", "FORMAT_VERSION", "HASH", "MANIFEST", "MARKER", "CheckpointError", "CheckpointInfo", "SaveSchedule",

@@ -1,7 +1,7 @@
 """Checkpoint directories on disk: names, manifest, commit marker, validity, listing. No torch.
 
 Used by the CLI (`trainctl checkpoints`, `trainctl resume`), the launcher and the runtime writer
-(trainctl/runtime/checkpoint.py), so all of them agree on what "a valid checkpoint" means
+(trainctl/runtime/checkpoint/storage.py), so all of them agree on what "a valid checkpoint" means
 (docs/ARCHITECTURE.md, "Checkpoint format and commit protocol").
 
 Layout of one checkpoint, in the checkpoints directory (default RUN/checkpoints):
@@ -45,8 +45,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from trainctl.checkpoint.durable import HASH, bytes_digest, file_digest
 from trainctl.errors import RunError
+from trainctl.fileio import HASH, bytes_digest, file_digest
 
 MANIFEST = "manifest.json"
 MARKER = "COMMITTED"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trainctl.rundir import RunPaths
+from trainctl.rundir.paths import RunPaths
 
 if TYPE_CHECKING:
     from trainctl.spec import RunSpec

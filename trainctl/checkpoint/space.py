@@ -1,6 +1,6 @@
 """Disk space for checkpoints: free bytes, the one line of a full disk, the event that carries it. No torch.
 
-The trainer (runtime/checkpoint.py) turns a save that failed with ENOSPC (or EDQUOT) into one line and a
+The trainer (runtime/checkpoint/storage.py) turns a save that failed with ENOSPC (or EDQUOT) into one line and a
 `disk_full` event; the launcher prints that line for the run (launch/diskspace.py, which also holds the
 check before training). docs/ARCHITECTURE.md, "Disk space".
 """
@@ -12,8 +12,9 @@ import os
 import shutil
 from pathlib import Path
 
+from trainctl.rundir.runstate import DISK_FULL
+
 DISK_FULL_EVENT = "disk_full"
-DISK_FULL = "disk full"  # the kind of failure, first in the line a full disk prints
 # What an OSError of a full disk or an exhausted quota says (DCP reports errors as text, one per rank)
 _FULL = (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT), f"[Errno {errno.ENOSPC}]", f"[Errno {errno.EDQUOT}]")
 

@@ -40,7 +40,7 @@ def calibrate(
         if spec is not None or set_:
             raise UsageError("--from-run refits the run's own spec: drop SPEC and --set")
         from trainctl.report.refit import refit
-        from trainctl.rundir import RunPaths
+        from trainctl.rundir.paths import RunPaths
         from trainctl.spec import load_spec
 
         run_spec = load_spec(RunPaths(from_run).spec) if RunPaths(from_run).spec.is_file() else None

@@ -13,8 +13,8 @@ from trainctl.cli.console import Col, fitted_table, make_console
 from trainctl.cli.jsonout import print_json
 from trainctl.cli.options import JsonOpt
 from trainctl.errors import UsageError
-from trainctl.prose import prose
-from trainctl.rundir import RunPaths
+from trainctl.rundir.paths import RunPaths
+from trainctl.terminal import prose
 from trainctl.units import size
 
 

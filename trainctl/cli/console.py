@@ -2,7 +2,7 @@
 
 Lines never wrap by default (``soft_wrap``): a run directory path or a job id cut in two breaks copy-paste
 and every script that greps our output. Tables fit the width, and so does prose that holds no such token
-(`trainctl.prose`: the plan's notes and warnings, wrapped with a hanging indent). The width is the
+(`trainctl.terminal`: the plan's notes and warnings, wrapped with a hanging indent). The width is the
 terminal's, or COLUMNS when set; when stdout is not a terminal and COLUMNS is not set (CI logs, pipes) rich
 assumes 80 columns, and tables get 120 so they stay readable in logs.
 """

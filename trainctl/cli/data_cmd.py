@@ -8,9 +8,9 @@ import typer
 
 from trainctl.cli.app import app
 from trainctl.cli.console import make_console
-from trainctl.data_prep import prepare
+from trainctl.data.files import ITEMSIZE
+from trainctl.data.prep import prepare
 from trainctl.fileio import write_errors_as_usage
-from trainctl.token_files import ITEMSIZE
 
 data_app = typer.Typer(help="Prepare training data (token files).", no_args_is_help=True)
 app.add_typer(data_app, name="data")
@@ -32,7 +32,7 @@ def prepare_cmd(
     json_key: str = typer.Option("text", "--json-key", help="Field of each .jsonl line holding the text."),
 ) -> None:
     """Tokenize TEXT_FILE into a token file the trainer reads (nanoGPT/Megatron formats)."""
-    from trainctl.data_prep import prepare_with_tokenizer
+    from trainctl.data.prep import prepare_with_tokenizer
     from trainctl.errors import UsageError
 
     if fmt not in ("flat", "megatron"):
@@ -69,9 +69,9 @@ def check_cmd(
 
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from trainctl.data_check import other_dtype_fits, scan, uint32_read_as_uint16
+    from trainctl.data.check import other_dtype_fits, scan, uint32_read_as_uint16
+    from trainctl.data.files import open_token_file
     from trainctl.errors import UsageError
-    from trainctl.token_files import open_token_file
     from trainctl.units import decimal_size, dur
 
     if dtype not in ("uint16", "uint32"):

@@ -1,6 +1,6 @@
 """`trainctl export RUN --format hf OUT`: a run's checkpoint as a Hugging Face transformers model.
 
-The checks run without torch (trainctl/export.py); the export itself imports it, in this process."""
+The checks run without torch (trainctl/hf/export.py); the export itself imports it, in this process."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def export(
     step: int | None = typer.Option(None, "--step", min=0, help="Checkpoint step (default: the newest valid)."),
 ) -> None:
     """Export a checkpoint of any layout as full weights in another format (Hugging Face: safetensors)."""
-    from trainctl.export import plan_export, run_export
+    from trainctl.hf.export import plan_export, run_export
 
     plan = plan_export(run, step, fmt, out)
     with write_errors_as_usage(f"OUT {out}"):  # what the check before cannot foresee: a full disk, a lost mount

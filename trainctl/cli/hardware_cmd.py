@@ -11,7 +11,7 @@ from trainctl.cli.jsonout import print_json
 from trainctl.cli.options import JsonOpt
 from trainctl.hardware.catalog import ACCELERATORS, FABRICS
 from trainctl.hardware.detect import detect_gpus
-from trainctl.prose import prose
+from trainctl.terminal import prose
 
 MEASURED = "*"  # a figure measured at run time (the CPU's), said under the table: a word here costs 80 columns
 

@@ -73,7 +73,7 @@ def launch(
     code = backend.start(launch, sayer(console), verbose=verbose)
     if excluded:  # the submission already excludes them (cluster.exclude); the record keeps them out of resumes
         from trainctl.launch import exclusions
-        from trainctl.rundir import RunPaths
+        from trainctl.rundir.paths import RunPaths
 
         exclusions.add(RunPaths(Path(launch.run_dir)), excluded, exclusions.PREFLIGHT)
     raise typer.Exit(code)

@@ -31,7 +31,7 @@ OptionalSpecArg = typer.Argument(
 
 def default_spec_path() -> Path:
     """The embedded quickstart recipe (tiny GPT, TP=2 x PP=2 x DP=2 on 8 CPU ranks)."""
-    return Path(__file__).resolve().parents[1] / "recipes" / "tiny-cpu.yaml"
+    return Path(__file__).resolve().parents[1] / "spec" / "tiny-cpu.yaml"
 
 
 def require_extras(spec: RunSpec, source: str | None = None) -> None:

@@ -20,7 +20,7 @@ from trainctl.cli.app import app
 from trainctl.cli.console import make_console
 from trainctl.cli.jsonout import print_json
 from trainctl.cli.options import JsonOpt, SetOpt, SpecArg, read_spec
-from trainctl.prose import prose
+from trainctl.terminal import prose
 from trainctl.units import count, decimal_size, dur, pct, tflops
 
 if TYPE_CHECKING:

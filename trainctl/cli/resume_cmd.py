@@ -13,7 +13,7 @@ from trainctl.cli.console import make_console, sayer, show
 from trainctl.cli.jsonout import print_json
 from trainctl.cli.options import JsonOpt, SetOpt, StrictOpt, VerboseOpt, check_before_training, say_held_back
 from trainctl.fileio import require_writable, write_errors_as_usage
-from trainctl.prose import prose
+from trainctl.terminal import prose
 
 if TYPE_CHECKING:
     from rich.console import Console

@@ -16,7 +16,7 @@ from trainctl.cli.console import Col, fitted_table, make_console
 from trainctl.cli.jsonout import print_json
 from trainctl.cli.options import JsonOpt
 from trainctl.errors import RunError, UsageError
-from trainctl.rundir import record_event
+from trainctl.rundir.paths import record_event
 
 STATE_COLOR = {"COMPLETED": "green", "RUNNING": "cyan", "STARTING": "cyan", "PENDING": "yellow",
                "STOPPING": "yellow", "STOPPED": "yellow", "CANCELLED": "yellow"}
@@ -99,8 +99,8 @@ def cancel(run: Path = RunArg,
     """Cancel a run: scancel its Slurm job, or stop the local launcher (SIGTERM, as Ctrl-C would): every rank saves
     a checkpoint after its current step. Asking again while it stops changes nothing; --force kills."""
     from trainctl.launch.backend import backend_for
-    from trainctl.launch.runstate import STOPPING, stopping_progress
     from trainctl.launch.status import open_run, read_job_json, run_status
+    from trainctl.rundir.runstate import STOPPING, stopping_progress
 
     paths = open_run(run)
     job = read_job_json(paths)

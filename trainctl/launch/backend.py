@@ -20,15 +20,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from trainctl.errors import UsageError
-from trainctl.rundir import RunPaths
+from trainctl.rundir.paths import RunPaths
 from trainctl.spec.models import DEFAULT_GRACE_S
 
 if TYPE_CHECKING:
     from trainctl.spec import RunSpec
 
 TRAINER_MODULE = "trainctl.runtime"  # what every rank runs: python -m trainctl.runtime RUN_DIR
-CALIBRATE_MODULE = "trainctl.runtime.calibrate"  # what every rank runs for `trainctl calibrate`
-PREFLIGHT_MODULE = "trainctl.runtime.preflight"  # what every rank runs for `trainctl preflight`
+CALIBRATE_MODULE = "trainctl.runtime.workers.calibrate"  # what every rank runs for `trainctl calibrate`
+PREFLIGHT_MODULE = "trainctl.runtime.workers.preflight"  # what every rank runs for `trainctl preflight`
 
 # name -> "module:class"; imported on first use, so `trainctl launch` never loads a backend it does not use
 BACKENDS: dict[str, str] = {
@@ -74,7 +74,7 @@ class JobState:
     nodes: str | None = None
     pending: bool = False  # queued, not running yet (Slurm PENDING, a requeued job waiting)
     eligible_at: str | None = None  # a pending job held until a time (Slurm's BeginTime after a requeue)
-    state_hint: str | None = None  # a run state only the backend knows (launch/runstate.py): an ended job
+    state_hint: str | None = None  # a run state only the backend knows (rundir/runstate.py): an ended job
     #                                with no trainer record of how (Slurm: CANCELLED before start, TIMEOUT...)
 
 

@@ -1,6 +1,6 @@
 """`trainctl calibrate SPEC`: run the calibration worker on the spec's cluster through the same launch backend
 as `trainctl launch` (local torchrun or Slurm, the spec's ranks per node), wait for it, keep its profile.
-No torch: the worker is trainctl/runtime/calibrate.py.
+No torch: the worker is trainctl/runtime/workers/calibrate.py.
 
 The run directory (default runs/calibrate/<name>-<time>, not listed by `trainctl runs`) holds what a launch's
 does (frozen spec, launch script, job record, per-rank logs) and the worker's RUN/calibration.json, which is
@@ -20,7 +20,7 @@ from trainctl.plan.calibration import profile as prof
 from trainctl.spec import RunSpec
 from trainctl.spec.models import DataSpec
 
-PROGRESS = "calibrate: "  # how the worker's rank 0 starts each progress line (trainctl/runtime/calibrate.py)
+PROGRESS = "calibrate: "  # how the worker's rank 0 starts each progress line (trainctl/runtime/workers/calibrate.py)
 
 
 def default_out(spec: RunSpec, from_run: Path | None = None) -> Path:

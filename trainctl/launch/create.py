@@ -1,4 +1,4 @@
-"""Creating a run directory (layout in `trainctl.rundir`): frozen spec, plan, launch script, job record.
+"""Creating a run directory (layout in `trainctl.rundir.paths`): frozen spec, plan, launch script, job record.
 
 No torch: the launch layer runs in the CLI process.
 """
@@ -18,11 +18,11 @@ from typing import Any
 
 import yaml
 
-from trainctl import data_identity
+from trainctl.data import identity as data_identity
 from trainctl.errors import UsageError
 from trainctl.fileio import nearest_existing, require_writable, write_atomic, write_errors_as_usage
 from trainctl.launch import secrets
-from trainctl.rundir import RunPaths
+from trainctl.rundir.paths import RunPaths
 from trainctl.spec import RunSpec, resolved_dict
 
 
@@ -121,7 +121,7 @@ def now_iso() -> str:
 def create_run_dir(root: Path, spec: RunSpec, *, backend: str, command: Sequence[str],
                    env: Mapping[str, str]) -> RunPaths:
     """Make RUN/ with spec.yaml, plan.json (when the planner exists), launch.sh, job.json (with the identity of
-    the data files: trainctl.data_identity) and logs/.
+    the data files: trainctl.data.identity) and logs/.
 
     `spec` is frozen (`freeze_spec`) and `env` built from it: neither holds a credential's value."""
     check_run_dir(root)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainctl.checkpoint import list_checkpoints, resolve_checkpoint_dir
 from trainctl.checkpoint.space import DISK_FULL_EVENT, existing_ancestor, free_bytes, human_bytes
-from trainctl.rundir import RunPaths, read_jsonl
+from trainctl.rundir.paths import RunPaths, read_jsonl
 
 if TYPE_CHECKING:
     from trainctl.spec import RunSpec

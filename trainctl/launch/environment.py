@@ -17,10 +17,10 @@ from pathlib import Path
 
 from trainctl.checkpoint.location import resolve_checkpoint_dir
 from trainctl.errors import UsageError
-from trainctl.rundir import shell_fresh_line
+from trainctl.rundir.paths import shell_fresh_line
+from trainctl.rundir.runstate import SETUP_FAILED
 from trainctl.spec import RunSpec
 
-SETUP_FAILED = "setup_failed"  # the event a failing setup line records (launch/runstate.py reads it)
 TASK_FAIL = "trainctl_setup_failed"  # the shell function a task's setup calls on a failing line
 
 

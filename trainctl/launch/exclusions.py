@@ -1,6 +1,6 @@
 """Nodes kept out of a run's jobs (RUN/excluded_nodes.json), and why: named bad by `launch --preflight`, the
 first cause of two failed trainer starts (a crash, a hang, a kill), or a persistent straggler of the last start
-(trainctl/steptimes.py; cluster.exclude_stragglers, never leaving the partition fewer than cluster.nodes
+(trainctl/rundir/steptimes.py; cluster.exclude_stragglers, never leaving the partition fewer than cluster.nodes
 nodes). No torch.
 
 The record feeds Slurm's `--exclude` of every later submission (`trainctl resume`), and the batch script
@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainctl.fileio import write_atomic
-from trainctl.launch.runstate import LOST_PEER, first_cause
-from trainctl.rundir import RunPaths, read_jsonl
-from trainctl.steptimes import straggler_nodes
+from trainctl.rundir.paths import RunPaths, read_jsonl
+from trainctl.rundir.runstate import LOST_PEER, first_cause
+from trainctl.rundir.steptimes import straggler_nodes
 
 if TYPE_CHECKING:
     from trainctl.spec.models import RunSpec

@@ -2,7 +2,7 @@
 
 The CLI refuses (exit 2) a spec whose tracking sinks it could not load, before anything is queued or started;
 importlib's finder only looks the package up, so `validate` stays as fast as without it (a test checks that
-neither tensorboard nor wandb is imported). The ranks import them lazily (runtime/tracking.py); where they run
+neither tensorboard nor wandb is imported). The ranks import them lazily (runtime/observe/tracking.py); where they run
 in another environment without them, that sink is off with a warning and training goes on.
 """
 

@@ -24,10 +24,11 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, BinaryIO, TextIO
 
-from trainctl import init_source, package_origin, terminal
-from trainctl.data_prep import check_data
+from trainctl import terminal
+from trainctl.data.prep import check_data
 from trainctl.errors import RunError, UsageError
-from trainctl.launch import environment, runlock
+from trainctl.hf import init_source
+from trainctl.launch import environment, package_origin, runlock
 from trainctl.launch.backend import (
     DEFAULT_GRACE_S,
     TRAINER_MODULE,
@@ -51,7 +52,8 @@ from trainctl.launch.create import (
 )
 from trainctl.launch.diskspace import disk_full_line
 from trainctl.launch.procs import children, die_with_parent, handles, kill_tree, signal_all
-from trainctl.launch.runstate import (
+from trainctl.rundir.paths import RunPaths, read_jsonl, record_event
+from trainctl.rundir.runstate import (
     CANCELLED,
     COMPLETED,
     DIVERGED,
@@ -68,7 +70,6 @@ from trainctl.launch.runstate import (
     since,
     torchrun_root_cause,
 )
-from trainctl.rundir import RunPaths, read_jsonl, record_event
 from trainctl.spec import RunSpec
 
 NAME = "local"  # launcher.backend and job.json "backend" of runs this backend starts
@@ -168,7 +169,7 @@ def create(launch: LocalLaunch) -> RunPaths:
 TRACEBACK_STARTS = ("Traceback (most recent call last):", "During handling of the above exception",
                     "The above exception was the direct cause")
 STACK_DUMP_STARTS = ("Thread 0x", "Current thread 0x")  # faulthandler's dump of every thread (hang watchdog)
-# a rank's own summary lines (runtime/entry.py's on a failure, runtime/watchdog.py's on a hang)
+# a rank's own summary lines (runtime/entry.py's on a failure, runtime/observe/watchdog.py's on a hang)
 SUMMARY_LINE = re.compile(r"trainctl: rank \d+( failed|: watchdog): ")
 
 

@@ -1,5 +1,5 @@
 """The verdict of a preflight: which nodes are fit to train, and why not. Pure functions over what the
-preflight worker measured (RUN/preflight.json, trainctl/runtime/preflight.py); no torch, no I/O.
+preflight worker measured (RUN/preflight.json, trainctl/runtime/workers/preflight.py); no torch, no I/O.
 
 Rates are judged against the median of their peers, the fleet without the device or node judged (one
 throttled GPU among healthy ones stands out whatever the hardware; leaving it out keeps a small fleet's

@@ -1,5 +1,5 @@
 """`trainctl preflight SPEC` and `trainctl launch --preflight`: check the nodes before training, through the
-same launch backend as `trainctl launch` (the worker is trainctl/runtime/preflight.py), and judge them
+same launch backend as `trainctl launch` (the worker is trainctl/runtime/workers/preflight.py), and judge them
 (trainctl/launch/node_health.py). No torch.
 
 The preflight job has a run directory of its own (default runs/preflight/<name>-<time>): a run directory the
@@ -18,10 +18,10 @@ from trainctl.launch.backend import PREFLIGHT_MODULE, Say
 from trainctl.launch.create import default_run_dir
 from trainctl.launch.node_health import NodeVerdict, Thresholds, judge
 from trainctl.launch.worker_job import run_worker
-from trainctl.rundir import RunPaths
+from trainctl.rundir.paths import RunPaths
 from trainctl.spec import RunSpec, validate_spec
 
-PROGRESS = "preflight: "  # how the worker's rank 0 starts each progress line (trainctl/runtime/preflight.py)
+PROGRESS = "preflight: "  # how the worker's rank 0 starts each progress line (trainctl/runtime/workers/preflight.py)
 POLL_S = 1.0  # a preflight job takes seconds: ask Slurm often whether it has ended
 
 

@@ -71,7 +71,7 @@ def kill_tree(pid: int) -> None:
 def die_with_parent() -> None:
     """For Popen's preexec_fn: the child gets SIGKILL when the thread that started it dies (prctl
     PR_SET_PDEATHSIG), so torchrun never outlives a launcher killed with SIGKILL. Its ranks notice the lost
-    parent and stop themselves after a checkpoint (runtime/signals.py, parent watch). No-op off Linux."""
+    parent and stop themselves after a checkpoint (runtime/train/signals.py, parent watch). No-op off Linux."""
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)

@@ -19,7 +19,7 @@ from typing import Any
 
 from trainctl.errors import UsageError
 from trainctl.fileio import write_atomic
-from trainctl.rundir import RunPaths, last_jsonl, read_jsonl, record_event
+from trainctl.rundir.paths import RunPaths, last_jsonl, read_jsonl, record_event
 
 DAMAGED = "DAMAGED"  # the state `trainctl status --json` / `runs` show for a run whose job.json is damaged
 DAMAGED_COPY = "{name}.damaged-{stamp}"  # where --repair keeps the damaged job.json

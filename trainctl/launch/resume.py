@@ -1,6 +1,6 @@
 """`trainctl resume RUN`: relaunch an existing run directory from its newest valid checkpoint. No torch.
 
-The trainer itself finds and loads the checkpoint at start (runtime/checkpointing.py); this layer runs
+The trainer itself finds and loads the checkpoint at start (runtime/checkpoint/policy.py); this layer runs
 the same search (trainctl.checkpoint.latest_valid) in the same directory (resolve_checkpoint_dir) to
 decide which one that will be, shows it (and the invalid ones it skips), and relaunches with the run's
 backend, appending to the same run directory (metrics.jsonl, events.jsonl, job.json attempts, logs/).
@@ -11,7 +11,7 @@ continues the abandoned branch. `--set k=v` changes the frozen spec (e.g. a new 
 cluster.gpus_per_node together); the previous spec.yaml is kept as spec.prev-<n>.yaml.
 
 A token file whose size or content changed since the checkpoint was written is refused, naming it
-(trainctl.data_identity); `--accept-data-change` continues on it and records the change. A data file at
+(trainctl.data.identity); `--accept-data-change` continues on it and records the change. A data file at
 another path (`--set data.path=...`) is a spec change, shown as such.
 """
 
@@ -25,7 +25,6 @@ from typing import Any
 
 import yaml
 
-from trainctl import data_identity
 from trainctl.checkpoint import (
     CheckpointError,
     CheckpointInfo,
@@ -37,7 +36,8 @@ from trainctl.checkpoint import (
     list_checkpoints,
     resolve_checkpoint_dir,
 )
-from trainctl.data_identity import DataIdentity
+from trainctl.data import identity as data_identity
+from trainctl.data.identity import DataIdentity
 from trainctl.errors import UsageError
 from trainctl.fileio import require_writable, write_atomic
 from trainctl.launch import secrets
@@ -45,7 +45,7 @@ from trainctl.launch.backend import backend_for
 from trainctl.launch.create import build_plan_json, freeze_spec, read_job, write_job
 from trainctl.launch.status import open_run, read_job_json
 from trainctl.plan.lr_scaling import lr_unchanged_warning
-from trainctl.rundir import RunPaths, load_jsonl, record_event
+from trainctl.rundir.paths import RunPaths, load_jsonl, record_event
 from trainctl.spec import RunSpec, load_spec, resolved_dict
 
 

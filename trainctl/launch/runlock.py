@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from trainctl.errors import UsageError
-from trainctl.hostname import this_host
+from trainctl.hardware.hostname import this_host
 from trainctl.launch.procs import descendants
-from trainctl.rundir import RunPaths
+from trainctl.rundir.paths import RunPaths
 
 HEARTBEAT_S = 10.0  # the owner touches the lock this often
 STALE_AFTER_S = 120.0  # another host: a lock not touched for this long has lost its owner

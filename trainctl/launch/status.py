@@ -1,6 +1,6 @@
 """What `trainctl status` and `runs` show of a run directory. No torch.
 
-The state is the run-state model's (launch/runstate.py: PENDING, STARTING, RUNNING, STOPPING, STOPPED,
+The state is the run-state model's (rundir/runstate.py: PENDING, STARTING, RUNNING, STOPPING, STOPPED,
 CANCELLED, COMPLETED, FAILED, DIVERGED), the same for every backend; Slurm's own word for the job is shown
 beside it. Progress (name, steps, loss, MFU, trainer starts) is read from the run directory.
 """
@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainctl.errors import UsageError
-from trainctl.launch.runstate import run_state
-from trainctl.rundir import RunPaths, last_jsonl, read_jsonl
+from trainctl.rundir.paths import RunPaths, last_jsonl, read_jsonl
+from trainctl.rundir.runstate import run_state
 
 if TYPE_CHECKING:
     from trainctl.launch.repair import DamagedJob
@@ -24,7 +24,7 @@ class RunStatus:
     run_dir: str
     name: str
     backend: str
-    state: str  # launch/runstate.py
+    state: str  # rundir/runstate.py
     job_id: str | None
     reason: str | None
     job_state: str | None  # the backend's own word (Slurm's JobState), when it has one

@@ -12,7 +12,7 @@ from typing import Any
 from trainctl.errors import EXIT_OK, RunError
 from trainctl.launch.backend import Say, backend_for, note
 from trainctl.launch.create import read_job
-from trainctl.rundir import RunPaths, read_jsonl
+from trainctl.rundir.paths import RunPaths, read_jsonl
 from trainctl.spec import RunSpec
 
 POLL_S = 5.0  # how often a submitted (Slurm) job is asked whether it has ended

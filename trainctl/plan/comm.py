@@ -75,7 +75,7 @@ def all_to_all_bytes(tokens: float, top_k: int, hidden: int, act_bytes: int, ep:
 def cp_exchange_bytes(seq_len: int, micro_batch: int, kv_width: float, act_bytes: int, cp: int,
                       passes: int = 2) -> float:
     """Bytes one GPU sends in one layer's K/V exchange over its CP group, per micro-batch, as the trainer
-    exchanges them (runtime/context_parallel.py): an all-gather of K and V, which are kv_width values per
+    exchanges them (runtime/parallel/context_parallel.py): an all-gather of K and V, which are kv_width values per
     token each (this TP rank's KV heads) and seq_len*micro_batch tokens for the whole sequence, so each rank
     sends (cp-1)/cp of 2*s*b*kv_width values; backward reduce-scatters their gradients (the same volume);
     recompute gathers them again (passes = 3). A ring (ring attention) sends the same K/V blocks forward,

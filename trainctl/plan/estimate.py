@@ -48,7 +48,8 @@ from functools import lru_cache
 
 from trainctl import model_shape as model
 from trainctl.model_shape import ModelShape
-from trainctl.plan import comm, memory, powersgd, schedule
+from trainctl.plan import bubble as schedule
+from trainctl.plan import comm, memory, powersgd
 from trainctl.plan.comm import INTER_NODE, NVLINK
 from trainctl.plan.pipeline import balanced_split, pp_rank_of_stage, stages_of_pp_rank
 from trainctl.plan.rates import CP_OPS, EMBEDDING_OPS, EP_OPS, PP_OPS, TP_OPS, AssumedRates, MeasuredRates, Ops

@@ -42,8 +42,8 @@ GIB = 2**30
 GPU_RESERVE_BYTES = 3 * GIB
 
 
-# The trainer's data-parallel gradient buckets (runtime/data_parallel.py): 16 MB of fp32 gradients per collective
-# (DDP's default is 25 MB). TRAINCTL_BUCKET_NUMEL overrides it, for the trainer and the plan alike (tests use
+# The trainer's data-parallel gradient buckets (runtime/parallel/data_parallel.py): 16 MB of fp32 gradients per
+# collective (DDP's default is 25 MB). TRAINCTL_BUCKET_NUMEL overrides it, for the trainer and the plan alike (tests use
 # small buckets so that a tiny model has several).
 DP_BUCKET_NUMEL = 4_000_000
 # ZeRO-2 reduces each micro-batch's gradients through this many bucket-sized buffers: one filling while the
@@ -98,7 +98,7 @@ def offloads(zero: int, dp: int, offload: bool) -> bool:
 def offloaded_state_bytes(zero: int, dp: int, precision: str = "fp32", reduce_bf16: bool = False
                           ) -> tuple[tuple[float, float, float], float]:
     """Under optimizer offload: ((weights, gradients, optimizer) bytes per parameter left on the GPU, bytes per
-    parameter in host memory). ZeRO-1/2 (runtime/data_parallel.py): the fp32 master slice and moments (12/dp)
+    parameter in host memory). ZeRO-1/2 (runtime/parallel/data_parallel.py): the fp32 master slice and moments (12/dp)
     move to the host, plus the host copy of the fp32 gradient slice AdamW reads (4/dp) and with 16-bit
     parameters the slice rounded on the host before it is sent (2/dp). ZeRO-3: FSDP2's CPUOffloadPolicy keeps
     the fp32 weight, gradient and moment shards on the host (16/dp); the GPU holds what it gathers."""
@@ -178,7 +178,7 @@ def trainer_layer_activation_bytes(m: ModelShape, micro_batch: int, tp: int, sp:
     bench/saved_tensors.py) the flash attention kernel saves the same tensors as the CPU's. The 16-bit
     weight copies autocast saves are `autocast_copies`, per stage, not per layer-micro-batch.
 
-    Context parallelism (runtime/context_parallel.py): every per-token tensor holds this rank's s/cp tokens.
+    Context parallelism (runtime/parallel/context_parallel.py): every per-token tensor holds this rank's s/cp tokens.
     Without recompute the attention keeps, instead of the fused QKV output and RoPE's rotated Q and K: the
     gathered K and V of the whole sequence (2*s*b*kv_width values, split over TP), the two chunk calls'
     queries (sbh/cp: the CPU path reverses them, a copy; on a GPU the rotated Q or the QKV output of the
@@ -221,7 +221,7 @@ def trainer_layer_activation_bytes(m: ModelShape, micro_batch: int, tp: int, sp:
 def moe_layer_activation_delta(m: ModelShape, micro_batch: int, tp: int, sp: bool, recompute: str, precision: str,
                                expert_factor: float = 1.0, ep: int = 1) -> float:
     """Bytes an MoE layer keeps beyond a dense layer of the same shape, per micro-batch: its MLP part as the
-    trainer's MoE block saves it (runtime/moe.py; checked with saved-tensor hooks) less the dense MLP's. 0 under
+    trainer's MoE block saves it (runtime/model/moe.py; checked with saved-tensor hooks) less the dense MLP's. 0 under
     full recompute, where a block keeps only its input.
 
     N = s*b/tp tokens are routed on a rank under SP (else s*b); the experts of a rank see k*s*b rows (under SP

@@ -14,6 +14,7 @@ from trainctl import model_shape
 from trainctl.checkpoint import storage
 from trainctl.hardware.catalog import peak_tflops_for, resolve_accelerator, resolve_fabric
 from trainctl.model_shape import ModelShape, ParamCounts
+from trainctl.plan.bubble import BUBBLE_DEFINITION
 from trainctl.plan.cadence import Cadence, configured_interval, job_mtbf
 from trainctl.plan.checkpoint_size import checkpoint_bytes, save_seconds
 from trainctl.plan.checks import PlanWarning, advise
@@ -23,7 +24,6 @@ from trainctl.plan.estimate import Assumptions, Candidate, Context, Estimate, Ev
 from trainctl.plan.memory import compute_precision, host_memory_bytes, reserve_bytes
 from trainctl.plan.placement import Groups, Layout, placement_table
 from trainctl.plan.rates import describe, measured_rates
-from trainctl.plan.schedule import BUBBLE_DEFINITION
 from trainctl.spec import time_limit
 from trainctl.spec.models import RunSpec
 from trainctl.units import dur

@@ -1,4 +1,4 @@
-"""PowerSGD's bytes and compute, as the trainer compresses (runtime/powersgd.py): the one owner of which
+"""PowerSGD's bytes and compute, as the trainer compresses (runtime/parallel/powersgd.py): the one owner of which
 gradient matrices are compressed and what that costs.
 
 A matrix of n x m elements (a rank's local TP shard of a weight) is compressed at rank r = min(n, m, rank) when

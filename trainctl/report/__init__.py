@@ -24,7 +24,7 @@ from trainctl.report.step_vs_plan import step_vs_plan
 from trainctl.report.stragglers import stragglers
 from trainctl.report.summary import steady_steps, summarize
 from trainctl.report.timeline import timeline
-from trainctl.rundir import RunPaths
+from trainctl.rundir.paths import RunPaths
 
 
 def _held_against_plan(run: RunData, seg: Segment, final: list[dict[str, Any]]) -> dict[str, Any]:

@@ -7,8 +7,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainctl.launch.runstate import stop_requested
 from trainctl.report.load import RunData
+from trainctl.rundir.runstate import stop_requested
 
 BEGIN_EVENTS = ("launch", "submit", "submitted", "resume", "requeue", "requeued")
 END_EVENTS = ("finish", "failure", "hang", "preempted", "preemption", "launcher_exit", "cancelled")

@@ -1,5 +1,5 @@
 """Skipped steps, rollbacks, divergence and loss spikes of a run, for `mfu-report` (the trainer's divergence
-guard is trainctl/runtime/divergence.py). Pure functions over RunData."""
+guard is trainctl/runtime/train/divergence.py). Pure functions over RunData."""
 
 from __future__ import annotations
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainctl.launch.runstate import outcome
 from trainctl.report.attempts import Attempt, log_weight
 from trainctl.report.load import RunData
-from trainctl.rundir import EVENTS
+from trainctl.rundir.paths import EVENTS
+from trainctl.rundir.runstate import outcome
 
 QUEUE_EVENTS = ("submit", "submitted", "requeue", "requeued")
 # the job left the queue: the local launcher's start, the Slurm batch script's first line (slurm_start), or the

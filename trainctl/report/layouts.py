@@ -10,7 +10,7 @@ from typing import Any
 
 from trainctl.report.attempts import Attempt
 from trainctl.report.load import Layout, RunData
-from trainctl.steptimes import RankSteps
+from trainctl.rundir.steptimes import RankSteps
 
 
 @dataclass

@@ -9,11 +9,11 @@ from typing import Any
 
 import yaml
 
-from trainctl import steptimes
 from trainctl.errors import RunError, UsageError
-from trainctl.launch.runstate import attempt_begin, outcome, since
-from trainctl.rundir import RunPaths, load_jsonl
-from trainctl.steptimes import RankSteps
+from trainctl.rundir import steptimes
+from trainctl.rundir.paths import RunPaths, load_jsonl
+from trainctl.rundir.runstate import attempt_begin, outcome, since
+from trainctl.rundir.steptimes import RankSteps
 
 
 @dataclass

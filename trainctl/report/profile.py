@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainctl.report.load import RunData
-from trainctl.rundir import RunPaths
+from trainctl.rundir.paths import RunPaths
 
 
 def profile_files(run: RunData) -> list[dict[str, Any]]:

@@ -1,7 +1,7 @@
 """`trainctl calibrate --from-run RUN`: a calibration profile refitted from a finished run's own step times.
 
 Every rank records each step's time, its gradient-sync time and its wait inside TP collectives and pipeline
-receives (RUN/logs/steptimes-rank<r>.jsonl, trainctl/runtime/stragglers.py). busy = step - sync - wait is
+receives (RUN/logs/steptimes-rank<r>.jsonl, trainctl/runtime/observe/stragglers.py). busy = step - sync - wait is
 the rank's own work; the planner's hardware FLOPs of that rank per step (its pipeline rank's layers and
 ends, divided by tp, for its DP replica's share of the tokens) against busy gives the FLOP/s the planner
 should charge, with every overhead the trainer really has (autograd, optimizer, Python) in it. Fitted as
@@ -27,7 +27,7 @@ from trainctl.plan.calibration import profile as prof
 from trainctl.plan.calibration.fit import fit_rate
 from trainctl.plan.placement import coords
 from trainctl.report.load import load_run
-from trainctl.rundir import RunPaths
+from trainctl.rundir.paths import RunPaths
 from trainctl.spec import RunSpec, load_spec
 
 

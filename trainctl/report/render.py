@@ -10,9 +10,9 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from trainctl.prose import prose
 from trainctl.report.divergence import cell as divergence_cell
 from trainctl.report.scaling import WARN_BELOW
+from trainctl.terminal import prose
 from trainctl.units import count, dur, pct, si, size, tflops
 
 Row = tuple[str, Callable[[dict[str, Any]], Any]]  # a cell: str (escaped) or rich Text

@@ -1,7 +1,7 @@
 """Mixture-of-experts routing over a run, for `mfu-report`: load imbalance (tokens of the busiest expert over
 the mean, worst MoE layer, per step), tokens per expert, the balance and z losses, dropped tokens, and the
 share of the step spent in the expert-parallel all-to-all. From the `moe` record of each step in
-metrics.jsonl (trainctl/runtime/moe.py, MoEStats). Pure functions over RunData."""
+metrics.jsonl (trainctl/runtime/model/moe.py, MoEStats). Pure functions over RunData."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Predicted vs measured step time per component: the plan's `prediction.breakdown_s` beside what the ranks
-measured in their steps (RUN/logs/steptimes-rank<r>.jsonl, written by trainctl/runtime/stragglers.py, and
+measured in their steps (RUN/logs/steptimes-rank<r>.jsonl, written by trainctl/runtime/observe/stragglers.py, and
 `data_wait_s` in metrics.jsonl).
 
 A rank's step splits into what it waited for and its own work:

@@ -1,6 +1,6 @@
 """Stragglers: ranks whose own step work is persistently above the median rank's of their pipeline stage, from
-the per-rank step times every rank writes (trainctl/runtime/stragglers.py); the comparison itself is
-trainctl/steptimes.py's, which the exclusion of straggling nodes also uses.
+the per-rank step times every rank writes (trainctl/runtime/observe/stragglers.py); the comparison itself is
+trainctl/rundir/steptimes.py's, which the exclusion of straggling nodes also uses.
 
 A rank's busy time is step_s - sync_s - comm_s: its step minus the time it spent in the gradient sync and
 final all-reduce, in tensor-parallel collectives and in pipeline receives, where it waits for slower peers.
@@ -16,8 +16,8 @@ from typing import Any
 
 from trainctl.report.attempts import median
 from trainctl.report.load import RunData
-from trainctl.rundir import LOGS, STEPTIMES
-from trainctl.steptimes import ABS_THRESHOLD_S, PERSISTENT, REL_THRESHOLD, busy_s, compare_in_stage
+from trainctl.rundir.paths import LOGS, STEPTIMES
+from trainctl.rundir.steptimes import ABS_THRESHOLD_S, PERSISTENT, REL_THRESHOLD, busy_s, compare_in_stage
 
 GROUP_NOTE = ("slow together: one data-parallel replica whose TP/PP peers wait for its slowest rank inside "
               "TP/PP collectives, which this run's step times do not separate (no comm_s: written by an older "

@@ -7,7 +7,7 @@ from typing import Any
 
 from trainctl.report.attempts import Attempt, median, percentile
 from trainctl.report.load import RunData
-from trainctl.rundir import PLAN
+from trainctl.rundir.paths import PLAN
 
 CPU_NO_PREDICTION = ("the plan has no prediction for this run: its accelerator has no catalog peak (a CPU's "
                      "peak is measured at run time), so the planner cannot estimate step time or MFU")

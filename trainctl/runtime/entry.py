@@ -18,12 +18,12 @@ from typing import NoReturn
 
 import torch
 
-from trainctl import package_origin
 from trainctl.errors import SpecError, TrainctlError, UsageError
-from trainctl.hostname import this_host
-from trainctl.rundir import SPEC, RunPaths, read_jsonl, record_event
-from trainctl.runtime import signals
-from trainctl.runtime.distributed import RankEnv, exit_now
+from trainctl.hardware.hostname import this_host
+from trainctl.launch import package_origin
+from trainctl.rundir.paths import SPEC, RunPaths, read_jsonl, record_event
+from trainctl.runtime.parallel.process_groups import RankEnv, exit_now
+from trainctl.runtime.train import signals
 
 USAGE = f"usage: python -m trainctl.runtime RUN_DIR   (RUN_DIR holds the frozen {SPEC})"
 
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
         exit_now(0 if args and args[0] in ("-h", "--help") else 2, barrier=False)
     paths = RunPaths(Path(args[0]))
     # First thing: a stop request from now on is recorded (the ranks stop at their next step boundary, or
-    # before the first step), and a rank whose parent dies stops itself (runtime/signals.py).
+    # before the first step), and a rank whose parent dies stops itself (runtime/train/signals.py).
     signals.STOP.install().watch_parent()
     env = RankEnv.from_env()
     _threads()
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
         spec = load_spec(paths.spec)
     except SpecError as e:
         print(f"trainctl: rank {env.rank}: {e}", file=sys.stderr)
-        with contextlib.suppress(OSError):  # a failure of the run, not of its start (launch/runstate.py)
+        with contextlib.suppress(OSError):  # a failure of the run, not of its start (rundir/runstate.py)
             record_event(paths, "failure", rank=env.rank, host=this_host(),
                          error=f"SpecError: {str(e).splitlines()[0]}")
         exit_now(2, barrier=False)
@@ -53,9 +53,9 @@ def main(argv: list[str] | None = None) -> NoReturn:
         if (wrong := package_origin.problem()) is not None:  # before any step: not at the first checkpoint
             raise UsageError(wrong, hint=package_origin.PROBLEM_HINT)
         from trainctl.plan.elastic import for_world, resize_event
-        from trainctl.runtime.distributed import init
-        from trainctl.runtime.placement_proof import prove_placement
-        from trainctl.runtime.trainer import Trainer
+        from trainctl.runtime.parallel.placement_proof import prove_placement
+        from trainctl.runtime.parallel.process_groups import init
+        from trainctl.runtime.train.trainer import Trainer
 
         nominal, spec = spec, for_world(spec, env.world_size)  # elastic: the layout of the nodes torchrun found
         par = init(spec, env)
@@ -92,7 +92,7 @@ def _first_line(e: BaseException) -> str:
 def failure_summary(e: BaseException) -> str:
     """One line: the exception and, when it wraps another (pipelining re-raises a peer's lost connection as
     "Failed to run stage backward"), the root of its chain, whose words tell a first cause from the
-    consequence of another rank's death (launch/runstate.py)."""
+    consequence of another rank's death (rundir/runstate.py)."""
     root = e
     while (nxt := root.__cause__ or root.__context__) is not None and nxt is not root:
         root = nxt

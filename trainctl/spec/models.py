@@ -121,7 +121,7 @@ class ModelSpec(Strict):
 
 
 class PowerSGDSpec(Strict):
-    """PowerSGD (Vogels et al. 2019) of the data-parallel gradient all-reduce (runtime/powersgd.py). The bounds
+    """PowerSGD (Vogels et al. 2019) of the data-parallel gradient all-reduce (runtime/parallel/powersgd.py). The bounds
     are spec rules (spec/rules.py), so a bad value gets a message with its fix."""
 
     rank: Annotated[int, Field(ge=-1_000_000, le=1_000_000)] = Field(
@@ -188,7 +188,7 @@ class ParallelSpec(Strict):
 
 
 class DivergenceSpec(Strict):
-    """The divergence guard (runtime/divergence.py): what happens when the loss or the gradient norm is not a
+    """The divergence guard (runtime/train/divergence.py): what happens when the loss or the gradient norm is not a
     finite number. The bounds are spec rules (spec/rules.py), so a bad value gets a message with its fix."""
 
     max_consecutive_skips: Annotated[int, Field(ge=-1_000_000, le=1_000_000)] = Field(
@@ -202,7 +202,7 @@ class DivergenceSpec(Strict):
 
 
 class ProfileSpec(Strict):
-    """torch.profiler traces of a window of steps (runtime/profiling.py). The bounds against train.steps and the
+    """torch.profiler traces of a window of steps (runtime/observe/profiling.py). The bounds against train.steps and the
     world size are spec rules (spec/rules.py), so a bad value gets a message with its fix."""
 
     start_step: Annotated[int, Field(ge=-1_000_000, le=1_000_000_000)] = Field(
@@ -442,7 +442,7 @@ class WandbSpec(Strict):
 
 
 class TrackingSpec(Strict):
-    """Extra sinks of the per-step metrics line; RUN/metrics.jsonl stays the record (runtime/tracking.py)."""
+    """Extra sinks of the per-step metrics line; RUN/metrics.jsonl stays the record (runtime/observe/tracking.py)."""
 
     tensorboard: bool = Field(False, description="TensorBoard event files under RUN/tensorboard (the `tensorboard` "
                               "extra): every numeric field of the metrics line, by global step")

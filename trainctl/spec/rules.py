@@ -9,11 +9,11 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
+from trainctl.data.files import megatron_prefix
 from trainctl.hardware.catalog import ACCELERATORS, FABRICS
 from trainctl.hardware.topology import aligned_groups_fit, nvlink_domain_size
 from trainctl.spec import time_limit
 from trainctl.spec.models import NCCL_VARIABLES, RunSpec
-from trainctl.token_files import megatron_prefix
 from trainctl.units import count
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -106,7 +106,7 @@ def _model_vs_tp(spec: RunSpec) -> Iterator[str]:
 
 
 def _context_parallel(spec: RunSpec) -> Iterator[str]:
-    """Context parallelism (runtime/context_parallel.py; docs/ARCHITECTURE.md, "Context parallelism")."""
+    """Context parallelism (runtime/parallel/context_parallel.py; docs/ARCHITECTURE.md, "Context parallelism")."""
     m, p = spec.model, spec.parallel
     if p.cp == 1:
         return
@@ -258,7 +258,7 @@ def _moe(spec: RunSpec) -> Iterator[str]:  # noqa: C901 - a flat list of indepen
 
 
 def _grad_compression(spec: RunSpec) -> Iterator[str]:
-    """parallel.grad_compression.powersgd (runtime/powersgd.py): it replaces the once-per-step all-reduce of
+    """parallel.grad_compression.powersgd (runtime/parallel/powersgd.py): it replaces the once-per-step all-reduce of
     plain DP and ZeRO-1; ZeRO-2/3 reduce-scatter every micro-batch, which a low-rank all-reduce cannot replace."""
     p = spec.parallel
     ps = p.powersgd
@@ -292,7 +292,7 @@ def _training(spec: RunSpec) -> Iterator[str]:
 
 
 def _profile(spec: RunSpec) -> Iterator[str]:
-    """train.profile (runtime/profiling.py): a window of steps the run has, on ranks the job has."""
+    """train.profile (runtime/observe/profiling.py): a window of steps the run has, on ranks the job has."""
     prof, steps, world = spec.train.profile, spec.train.steps, spec.world_size
     if prof is None:
         return

@@ -26,7 +26,7 @@ from trainctl.launch.slurm import NAME, cluster, submit
 from trainctl.launch.slurm import job_state as jobs
 from trainctl.launch.slurm.render import SlurmLaunch, plan_slurm
 from trainctl.launch.slurm.stop_cause import NODE_FAILURE
-from trainctl.rundir import RunPaths
+from trainctl.rundir.paths import RunPaths
 from trainctl.spec import RunSpec
 
 
@@ -186,7 +186,7 @@ def torchrun_rank_logs(paths: RunPaths, rank: int) -> list[Path]:
     """torchrun's files of a global rank, oldest attempt first. Rendezvous order decides a rank's node and
     local rank, in every attempt anew (docs/ARCHITECTURE.md, "Rank order"): each attempt's `placement` event
     says where the rank ran then; a run without them falls back to placement.json (the latest attempt)."""
-    from trainctl.rundir import TORCHRUN_RANK_LOGS, read_jsonl
+    from trainctl.rundir.paths import TORCHRUN_RANK_LOGS, read_jsonl
 
     found: list[Path] = []
     for e in read_jsonl(paths.events):

@@ -31,7 +31,7 @@ TERMINAL = frozenset({COMPLETED, FAILED, CANCELLED, "TIMEOUT", "NODE_FAIL", "OUT
 WAITING = frozenset({PENDING, REQUEUED, "REQUEUE_HOLD", "REQUEUE_FED"})
 
 
-# How an ended job ended, in the run-state model's words (launch/runstate.py), for a job whose trainer left
+# How an ended job ended, in the run-state model's words (rundir/runstate.py), for a job whose trainer left
 # no record of it (cancelled while pending, killed at its time limit, a node lost): the trainer's own
 # events win when there are any.
 RUN_STATE_OF = {COMPLETED: "FAILED", FAILED: "FAILED", CANCELLED: "CANCELLED", "TIMEOUT": "FAILED",

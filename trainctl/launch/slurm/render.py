@@ -9,16 +9,16 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainctl import init_source, package_origin
-from trainctl.data_prep import check_data
+from trainctl.data.prep import check_data
 from trainctl.errors import UsageError
-from trainctl.launch import environment, exclusions, secrets
+from trainctl.hf import init_source
+from trainctl.launch import environment, exclusions, package_origin, secrets
 from trainctl.launch.backend import DEFAULT_GRACE_S, TRAINER_MODULE
 from trainctl.launch.create import check_run_dir, default_run_dir, freeze_spec
 from trainctl.launch.slurm import NAME
 from trainctl.launch.slurm.cluster import parse_time
 from trainctl.launch.slurm.sbatch_template import CONTROL_CHARS, SbatchRender, SbatchRequest, render
-from trainctl.rundir import PLAN, SPEC, RunPaths
+from trainctl.rundir.paths import PLAN, SPEC, RunPaths
 from trainctl.spec import RunSpec
 
 

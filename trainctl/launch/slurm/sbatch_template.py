@@ -30,8 +30,8 @@ from pathlib import Path
 from trainctl.errors import EXIT_DIVERGED
 from trainctl.launch import environment, secrets
 from trainctl.launch.backend import DEFAULT_GRACE_S, TRAINER_MODULE
-from trainctl.launch.runstate import SECONDARY
-from trainctl.rundir import COMMANDS, EVENTS, RunPaths, shell_fresh_line
+from trainctl.rundir.paths import COMMANDS, EVENTS, RunPaths, shell_fresh_line
+from trainctl.rundir.runstate import SECONDARY, SETUP_FAILED
 
 RUN = RunPaths(Path("$RUN_DIR"))  # the run directory's files as the script's body names them
 EVENTS_WORD = f'"{RUN.events}"'  # events.jsonl as one shell word
@@ -215,7 +215,7 @@ def batch_setup(req: SbatchRequest) -> list[str]:
     return [
         f"{SETUP_FAIL}() {{  # INDEX STATUS: a launcher.setup line failed; the step is not started",
         '    echo "trainctl: launcher.setup[$1] failed (status $2); the training step was not started"',
-        f'    event {environment.SETUP_FAILED} ",\\"item\\":$1,\\"exit_code\\":$2"',
+        f'    event {SETUP_FAILED} ",\\"item\\":$1,\\"exit_code\\":$2"',
         "    exit 1",
         "}",
         "# launcher.setup: the spec's own shell lines, verbatim",
@@ -317,9 +317,9 @@ def render(req: SbatchRequest) -> SbatchRender:
         "",
         *exclusion_lines(),
         *batch_setup(req),
-        "# The test-only start-failure fault (trainctl/runtime/faults.py): this attempt's launch fails for real.",
+        "# The test-only start-failure fault (trainctl/runtime/train/faults.py): this attempt's launch fails for real.",
         'STEP_PYTHON="$PYTHON"',
-        'for a in $("$PYTHON" -m trainctl.runtime.faults get start_fail_attempts 2>/dev/null | tr "+" " "); do',
+        'for a in $("$PYTHON" -m trainctl.runtime.train.faults get start_fail_attempts 2>/dev/null | tr "+" " "); do',
         '    if [ "$a" = "$attempt" ]; then STEP_PYTHON=/nonexistent/trainctl-fault/python; fi',
         "done",
         "",
@@ -329,7 +329,7 @@ def render(req: SbatchRequest) -> SbatchRender:
         '    echo "trainctl: the stop came before the training step started, which was not started; nothing to save"',
         "elif this_attempt finish; then",
         '    echo "trainctl: every step done"',
-        f"elif this_attempt {environment.SETUP_FAILED}; then",
+        f"elif this_attempt {SETUP_FAILED}; then",
         '    echo "trainctl: launcher.setup failed in the step (the line above says where); the trainer did not'
         ' start"',
         "elif event_line checkpoint_on_signal | grep -qs '\"before_first_step\": *true'; then",
@@ -349,7 +349,7 @@ def render(req: SbatchRequest) -> SbatchRender:
         "# program missing on a node): the trainer never began and recorded no failure. Requeue, at most",
         f"# launcher.start_retries = {req.start_retries} times per job; Slurm holds a requeued job ~2 minutes.",
         'if [ "$rc" != 0 ] && [ "$terminated" = 0 ] && ! this_attempt start && ! this_attempt failure \\',
-        f'        && ! this_attempt {environment.SETUP_FAILED}; then',
+        f'        && ! this_attempt {SETUP_FAILED}; then',
         '    tries=$(grep -c "\\"event\\":\\"start_failed\\".*\\"job_id\\":\\"$SLURM_JOB_ID\\"" \\',
         f'        "{RUN.events}" 2>/dev/null)',
         f'    if [ "${{tries:-0}}" -lt {req.start_retries} ]; then',

@@ -18,7 +18,7 @@ from trainctl.launch.slurm.cluster import require_cluster_fits
 from trainctl.launch.slurm.job_state import WAITING, is_active, job_state
 from trainctl.launch.slurm.render import SlurmLaunch, commands_text, render_launch
 from trainctl.launch.slurm.tools import run_slurm
-from trainctl.rundir import RunPaths, record_event
+from trainctl.rundir.paths import RunPaths, record_event
 
 
 def create(launch: SlurmLaunch) -> RunPaths:

@@ -72,7 +72,7 @@ class FixedWork:
 
 
 def fit_fixed(raw: dict[str, Any], compute_rate: float) -> FixedWork:
-    """The fits of calibrate's phase 5 (`raw`: per-rank seconds, see trainctl/runtime/calibrate.py);
+    """The fits of calibrate's phase 5 (`raw`: per-rank seconds, see trainctl/runtime/workers/calibrate.py);
     `compute_rate` is the planner's tp-1 FLOP/s, at which it charges the head's FLOPs."""
     opt = raw["optimizer"]
     flat = fit_latency_bandwidth([(o["elements"], median_of(o["seconds"])) for o in opt if o["tensors"] == 1])

@@ -157,7 +157,7 @@ class Profile:
 
     @property
     def peak_flops(self) -> float | None:
-        """The peak the trainer's MFU divides by (trainctl/runtime/peak.py), measured where it runs."""
+        """The peak the trainer's MFU divides by (trainctl/runtime/observe/peak.py), measured where it runs."""
         p = self.data.get("peak_flops_per_rank")
         return float(p) if p else None
 

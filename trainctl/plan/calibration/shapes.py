@@ -30,7 +30,7 @@ class Gemm:
 
 def gemms(shape: ModelShape, tokens: int, tp: int) -> list[Gemm]:
     """The forward GEMMs of one layer and the LM head on one TP rank (column-parallel layers split their
-    output, row-parallel ones their input, as trainctl/runtime/model.py does)."""
+    output, row-parallel ones their input, as trainctl/runtime/model/transformer.py does)."""
     h, f = shape.hidden, shape.ffn_hidden or 4 * shape.hidden
     qkv = (shape.heads + 2 * (shape.kv_heads or shape.heads)) * shape.head_dim
     up = 2 * f if shape.swiglu else f

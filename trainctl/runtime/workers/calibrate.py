@@ -1,0 +1,307 @@
+"""`python -m trainctl.runtime.workers.calibrate RUN_DIR`: what every rank runs for `trainctl calibrate`.
+
+Five phases, each run on every rank of the spec's cluster at once (its ranks per node share the node as
+in training): (1) GEMMs at the model's shapes for every TP size `plan --auto` may pick, in the precision the
+trainer computes in; (2) all-reduce, all-gather, reduce-scatter, send/recv (ping-pong) and all-to-all over
+message sizes, in groups inside each node (of 2 ranks and of the whole node) and, with several nodes, in
+groups of one rank per node; (3) one real layer's forward + backward on each rank, alone and as a TP rank in
+TP groups of each size that fits in a node (sequence parallelism off and on); (4) a small all-reduce
+after each forward of that layer, against the forwards alone: what a collective costs while the other
+ranks compute; (5) the work outside the layers (trainctl.plan.calibration.fixed): the embedding, the LM head
++ loss, the optimizer step per tensor and per element, and one layer as an FSDP2 unit (ZeRO-3).
+Rank 0 gathers every rank's figures, fits them (trainctl.plan.calibration.profile, torch-free) and writes
+RUN/calibration.json atomically; `trainctl calibrate` copies it to its --out. Exit status: 0, 1 on a
+failure (one line), 2 for a spec error.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+import torch
+import torch.distributed as dist
+
+from trainctl.model_shape import ModelShape, head_flops_per_token
+from trainctl.plan.calibration import profile as prof
+from trainctl.plan.calibration.shapes import INTER, INTRA, MESSAGE_BYTES, OPS, bus_bytes, gemms, tp_sizes
+from trainctl.rundir.paths import RunPaths
+from trainctl.runtime.parallel.process_groups import RankEnv
+from trainctl.runtime.parallel.tensor_parallel import TPContext
+from trainctl.runtime.train.optim import fused_adamw
+from trainctl.runtime.workers import microbench as mb
+from trainctl.runtime.workers.worker_main import worker_main
+from trainctl.spec.models import RunSpec
+
+MODULE = "trainctl.runtime.workers.calibrate"
+REPEATS = 3  # timed loops per figure: the median of three is robust to one preempted loop
+LOAD_ITERATIONS = 20  # layer forward (+ all-reduce) iterations of phase 4, REPEATS pairs: ~0.05-0.1 s a mode
+
+Group = tuple[str, int, Any, list[int]]  # (link class, group size, this rank's process group, its members)
+
+
+def autocast_dtype(spec: RunSpec, device: torch.device) -> torch.dtype | None:
+    """The compute dtype the trainer autocasts to (Trainer._precision): none for fp32, and none on a CPU
+    unless train.low_precision_on_cpu."""
+    prec = spec.train.precision
+    if prec == "fp32" or (device.type != "cuda" and not spec.train.low_precision_on_cpu):
+        return None
+    return torch.bfloat16 if prec == "bf16" else torch.float16
+
+
+class Calibration:
+    def __init__(self, spec: RunSpec, env: RankEnv, device: torch.device) -> None:
+        self.spec, self.env, self.device = spec, env, device
+        self.shape = ModelShape.from_spec(spec.model)
+        self.nodes, self.per_node = spec.cluster.nodes, spec.cluster.gpus_per_node
+        self.autocast = autocast_dtype(spec, device)
+        self.tokens = spec.parallel.micro_batch * self.shape.seq_len
+        self.t0 = time.perf_counter()
+        self.groups_made: list[Group] = []
+        self.layer: mb.Layer | None = None
+
+    def say(self, text: str) -> None:
+        if self.env.rank == 0:
+            print(f"calibrate: {text}", flush=True)
+
+    def gather(self, mine: list[float | None]) -> list[list[float | None]]:
+        every: list[Any] = [None] * self.env.world_size
+        dist.all_gather_object(every, mine)
+        return every
+
+    def run(self) -> dict[str, Any] | None:
+        peak, source = self.peak()
+        where = f"{self.device_name()}, {self.env.world_size} ranks ({self.per_node} per node), {self.precision()}"
+        self.say(f"{where}; peak {peak / 1e12:.3g} TFLOP/s per rank ({source})" if peak else where)
+        raw = {"matmul": self.phase("1/5", self.matmul), "collectives": self.phase("2/5", self.collectives),
+               "layer": self.phase("3/5", self.time_layer), "load": self.phase("4/5", self.under_load),
+               "fixed": self.phase("5/5", self.fixed_work)}
+        if self.env.rank != 0:
+            return None
+        meta = {**prof.spec_meta(self.spec), "precision": self.precision(), "peak_flops_per_rank": peak,
+                "peak_source": source, "device": {"type": self.device.type, "name": self.device_name(),
+                                                  "threads_per_rank": torch.get_num_threads()},
+                "repeats": REPEATS, "elapsed_s": round(time.perf_counter() - self.t0, 3)}
+        return prof.build(meta, raw)
+
+    def phase(self, n: str, body: Callable[[], tuple[Any, str]]) -> Any:
+        t0 = time.perf_counter()
+        out, what = body()
+        self.say(f"[{n}] {what} in {time.perf_counter() - t0:.1f} s")
+        return out
+
+    def precision(self) -> str:
+        return {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[self.autocast]
+
+    def device_name(self) -> str:
+        from trainctl.runtime.observe.peak import cpu_model, gpu_product_name
+
+        if self.device.type == "cuda":
+            return gpu_product_name(self.env.local_rank) or "cuda"
+        return cpu_model()
+
+    def peak(self) -> tuple[float | None, str | None]:
+        """The peak the trainer's MFU divides by, measured on rank 0 while the others wait (uncontended, as
+        trainctl/runtime/observe/peak.py caches it)."""
+        from trainctl.runtime.observe.peak import peak_flops_per_rank
+
+        out: list[Any] = [None, None]
+        if self.env.rank == 0:
+            try:
+                out = list(peak_flops_per_rank(self.spec, self.device))
+            except RuntimeError as e:  # a GPU without a catalog peak: the profile then has none
+                out = [None, str(e)]
+        dist.broadcast_object_list(out, src=0)
+        return out[0], out[1]
+
+    # --- (1) GEMMs ---------------------------------------------------------------------------------------
+    def matmul(self) -> tuple[list[dict[str, Any]], str]:
+        rows, dtype = [], self.autocast or torch.float32
+        tps = tp_sizes(self.spec)
+        for tp in tps:
+            for g in gemms(self.shape, self.tokens, tp):
+                dist.barrier()
+                rows.append({"name": g.name, "tp": tp, "m": g.m, "k": g.k, "n": g.n, "flops": g.flops,
+                             "seconds": mb.time_gemm(g, dtype, self.device, REPEATS)})
+        self._spread(rows)
+        return rows, f"matmul: {len(rows) // len(tps)} GEMM shapes x tp {'/'.join(map(str, tps))}"
+
+    def _spread(self, rows: list[dict[str, Any]]) -> None:
+        """Replace each row's own seconds by every rank's (None where a rank had no part)."""
+        every = self.gather([r["seconds"] for r in rows])
+        for i, r in enumerate(rows):
+            r["seconds"] = [ranks[i] for ranks in every if ranks[i] is not None]
+
+    # --- (2) collectives ---------------------------------------------------------------------------------
+    def groups(self) -> list[Group]:
+        """Groups of 2 and of the whole node inside every node; one rank per node across nodes. Every rank
+        creates every group (new_group is collective); all groups of a kind then run at once."""
+        out: list[Group] = []
+        nodes, per = self.nodes, self.per_node
+        for size in sorted({2, per}):
+            if size < 2 or per % size:
+                continue
+            lists = [[node * per + i for i in range(start, start + size)]
+                     for node in range(nodes) for start in range(0, per, size)]
+            out.append((INTRA, size, *self._subgroup(lists)))
+        if nodes > 1:
+            out.append((INTER, nodes, *self._subgroup([[n * per + i for n in range(nodes)] for i in range(per)])))
+        return out
+
+    def _subgroup(self, lists: list[list[int]]) -> tuple[Any, list[int]]:
+        mine, _ = dist.new_subgroups_by_enumeration(lists)
+        return mine, next(g for g in lists if self.env.rank in g)
+
+    def collectives(self) -> tuple[list[dict[str, Any]], str]:
+        rows: list[dict[str, Any]] = []
+        groups = self.groups_made = self.groups()
+        paired: set[str] = set()
+        for link, n, group, members in groups:
+            for op in OPS:
+                if op == "send_recv" and link in paired:
+                    continue  # a pair is a pair whatever group it was drawn from
+                for nbytes in MESSAGE_BYTES:
+                    numel = mb.fp32_numel(nbytes, n)
+                    dist.barrier()
+                    size = 2 if op == "send_recv" else n
+                    rows.append({"op": op, "link": link, "group_size": size, "bytes": numel * 4,
+                                 "bus_bytes": bus_bytes(op, numel * 4, size),
+                                 "seconds": self._time_collective(op, numel, group, n, members)})
+            paired.add(link)
+        self._spread(rows)
+        kinds = ", ".join(f"{link.replace('_', '-')} groups of {n}" for link, n, _, _ in groups)
+        return rows, f"collectives: {len(OPS)} ops x {len(MESSAGE_BYTES)} sizes ({kinds or 'none: one rank'})"
+
+    def under_load(self) -> tuple[list[dict[str, Any]], str]:
+        """The smallest all-reduce after each forward of the layer (about the work between two TP
+        collectives), in the smallest group of each link class, against the forwards alone."""
+        assert self.layer is not None, "time_layer runs first"
+        rows, seen = [], set()
+        for link, n, group, _ in self.groups_made:
+            if link in seen:
+                continue
+            seen.add(link)
+            numel = mb.fp32_numel(MESSAGE_BYTES[0], n)
+            call = mb.collective_call("all_reduce", numel, group, n, self.device)
+            alone, mixed = mb.loaded(self.layer.forward, call, self.device, LOAD_ITERATIONS, REPEATS)
+            rows.append({"op": "all_reduce", "link": link, "group_size": n, "bytes": numel * 4,
+                         "bus_bytes": bus_bytes("all_reduce", numel * 4, n), "compute_s": alone, "mixed_s": mixed})
+        every = self.gather([r["mixed_s"] - r["compute_s"] for r in rows])
+        for i, r in enumerate(rows):
+            r["seconds"] = [ranks[i] for ranks in every]
+        return rows, (f"all-reduce after each layer forward, {REPEATS} x {LOAD_ITERATIONS} iterations (" +
+                      ", ".join(f"{r['link'].replace('_', '-')} groups of {r['group_size']}" for r in rows) + ")")
+
+    def _time_collective(self, op: str, numel: int, group: Any, n: int, members: list[int]) -> float | None:
+        if op != "send_recv":
+            return mb.timed(mb.collective_call(op, numel, group, n, self.device), self.device, REPEATS)
+        i = members.index(self.env.rank)
+        if i // 2 * 2 + 1 >= len(members):
+            return None  # the odd one out
+        peer = members[i ^ 1]
+        call = mb.ping_pong(numel, peer, first=i % 2 == 0, device=self.device)
+        seconds = mb.timed(call, self.device, REPEATS) / 2
+        return seconds if i % 2 == 0 else None
+
+    # --- (3) one layer -----------------------------------------------------------------------------------
+    def time_layer(self) -> tuple[dict[str, Any], str]:
+        dist.barrier()
+        recompute, micro_batch = self.spec.train.recompute, self.spec.parallel.micro_batch
+        self.layer = mb.Layer(self.shape, micro_batch, recompute, self.autocast, self.device, self.spec.train.seed,
+                              compile_with=self.spec.train.compile_with)
+        # the figure every layer's price starts from: five windows, so a burst of other work on the machine
+        # in one or two of them does not set it
+        seconds = mb.windowed(self.layer.step, self.device, 5, window_s=2 * mb.WINDOW_S)
+        tp_rows = self._tp_layers()
+        every = self.gather([seconds, *[r["seconds"] for r in tp_rows]])
+        for i, r in enumerate(tp_rows, start=1):
+            r["seconds"] = [ranks[i] for ranks in every]
+        mine = [ranks[0] for ranks in every if ranks[0] is not None]
+        sizes = sorted({r["tp"] for r in tp_rows})
+        also = f"; tp {'/'.join(map(str, sizes))} with SP off and on in TP groups" if sizes else ""
+        return ({"recompute": recompute, "tokens": self.tokens, "flops": self.layer.flops, "seconds": mine,
+                 "tp": tp_rows},
+                f"layer forward+backward (tp 1, micro-batch {micro_batch}, recompute {recompute}): "
+                f"{statistics.median(mine) * 1e3:.2f} ms median over ranks{also}")
+
+    def _tp_layers(self) -> list[dict[str, Any]]:
+        """The same layer as this rank's shard at every TP size > 1 that fits in a node, in groups of
+        consecutive ranks (the placement's TP groups), sequence parallelism off and on: the trainer's own TP
+        collectives, with the other groups of the node running at once."""
+        rows = []
+        micro_batch, recompute = self.spec.parallel.micro_batch, self.spec.train.recompute
+        for tp in tp_sizes(self.spec):
+            if tp == 1 or self.per_node % tp or self.shape.seq_len % tp:
+                continue
+            lists = [list(range(start, start + tp)) for start in range(0, self.env.world_size, tp)]
+            group, _ = self._subgroup(lists)
+            for sp in (False, True):
+                ctx = TPContext.from_group(group, sp)
+                layer = mb.Layer(self.shape, micro_batch, recompute, self.autocast, self.device,
+                                 self.spec.train.seed, tp=ctx, compile_with=self.spec.train.compile_with)
+                rows.append({"tp": tp, "sequence_parallel": sp,
+                             "seconds": mb.windowed_collective(layer.step, self.device, REPEATS,
+                                                               window_s=2 * mb.WINDOW_S)})
+        return rows
+
+    # --- (5) the work outside the layers -------------------------------------------------------------------
+    def fixed_work(self) -> tuple[dict[str, Any], str]:
+        assert self.layer is not None, "time_layer runs first"
+        dist.barrier()
+        micro_batch, seed = self.spec.parallel.micro_batch, self.spec.train.seed
+        ends = mb.Ends(self.shape, micro_batch, self.autocast, self.device, seed)
+        mine: list[float | None] = [mb.windowed(ends.embedding_step, self.device, REPEATS),
+                                    mb.windowed(ends.head_step, self.device, REPEATS)]
+        shapes = [tuple(p.shape) for p in self.layer.module.parameters()]
+        n = sum(math.prod(s) for s in shapes)
+        opts = [(len(shapes), n, shapes), (1, n, [(n,)]), (1, 4 * n, [(4 * n,)])]
+        # the device's step as the trainer takes it (an offloaded host step is priced by estimate.host_adam_gbps)
+        fused = fused_adamw(self.device, offload=False, dp=self.spec.dp)
+        for _, _, tensor_shapes in opts:
+            mine.append(mb.windowed(mb.OptimizerStep(tensor_shapes, self.device, fused).step, self.device, REPEATS))
+        fsdp = self._fsdp_unit(mine)
+        every = self.gather(mine)
+        col = [[ranks[i] for ranks in every if ranks[i] is not None] for i in range(len(mine))]
+        raw: dict[str, Any] = {
+            "micro_batch": micro_batch, "embedding_s": col[0], "head_s": col[1],
+            "head_flops": head_flops_per_token(self.shape, self.shape.padded_vocab(1)) * self.tokens,
+            "tensors": {"layer": len(shapes), "embedding": mb.tensors(ends.first), "head": mb.tensors(ends.last)},
+            "optimizer": [{"tensors": k, "elements": e, "seconds": col[2 + i]} for i, (k, e, _) in enumerate(opts)],
+        }
+        if fsdp is not None:
+            raw["fsdp"] = {**fsdp, "plain_s": col[5], "sharded_s": col[6]}
+        where = f"; a layer as an FSDP2 unit over {fsdp['group_size']} ranks" if fsdp else ""
+        return raw, f"embedding, LM head + loss, optimizer step per tensor and element{where}"
+
+    def _fsdp_unit(self, mine: list[float | None]) -> dict[str, Any] | None:
+        """One layer's forward + backward as an FSDP2 unit in the smallest group (every rank at once), and the
+        plain layer again beside it (the same moment's load); appended to `mine`. None with one rank."""
+        if not self.groups_made:
+            return None
+        link, n, group, members = self.groups_made[0]
+        assert self.layer is not None
+        unit = mb.Layer(self.shape, self.spec.parallel.micro_batch, self.spec.train.recompute, self.autocast,
+                        self.device, self.spec.train.seed, compile_with=self.spec.train.compile_with)
+        nbytes = sum(p.numel() * p.element_size() for p in unit.module.parameters())
+        mb.shard_layer(unit, group, members, self.device)
+        mine.append(mb.windowed(self.layer.step, self.device, REPEATS, window_s=2 * mb.WINDOW_S))
+        mine.append(mb.windowed_collective(unit.step, self.device, REPEATS, window_s=2 * mb.WINDOW_S))
+        return {"link": link, "group_size": n, "unit_bytes": nbytes}
+
+
+def _calibrate(spec: RunSpec, env: RankEnv, device: torch.device, paths: RunPaths) -> None:
+    result = Calibration(spec, env, device).run()
+    if result is not None:
+        prof.save(paths.calibration, result)
+        print(f"calibrate: fits: {prof.summary(result)}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> NoReturn:
+    worker_main(MODULE, "calibrate", _calibrate, argv)
+
+
+if __name__ == "__main__":
+    main()

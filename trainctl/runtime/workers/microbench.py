@@ -1,0 +1,269 @@
+"""The timed micro-benchmarks of `trainctl calibrate`: GEMMs, collectives, one layer's forward + backward.
+
+Every rank runs them at the same moment (the caller puts a barrier before each), so the ranks of a node
+share cores, memory bandwidth and links as they do in training. Times are host wall-clock after a device
+synchronize; a first call warms up (allocations, gloo connections, cuBLAS heuristics) and is not counted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from trainctl.model_shape import ModelShape, layer_flops_per_token
+from trainctl.plan.calibration.shapes import Gemm
+from trainctl.runtime.model.transformer import build_stage, compile_blocks
+from trainctl.runtime.parallel.tensor_parallel import TPContext, _all_gather_single, _reduce_scatter_single
+
+# Compute is timed in windows of this long, on every rank at once: well above a scheduler slice, so ranks
+# sharing a core overlap for the whole window and the rate includes the sharing.
+WINDOW_S = 0.05
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
+    """Median seconds per call of `repeats` calls (collectives: every rank makes the same calls)."""
+    fn()
+    synchronize(device)
+    calls = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        synchronize(device)
+        calls.append(time.perf_counter() - t0)
+    return statistics.median(calls)
+
+
+def windowed(fn: Callable[[], object], device: torch.device, repeats: int, window_s: float = WINDOW_S) -> float:
+    """Median seconds per call over `repeats` windows in which every rank calls `fn` until `window_s` has
+    passed. The windows start together (a barrier) and end together, so the ranks sharing a core contend
+    all the way through; loops of a fixed count would end at different times and leave the last ranks a
+    core of their own. The warm-up call is not counted (a first layer call takes 100x the next)."""
+    fn()
+    synchronize(device)
+    per_call = []
+    for _ in range(repeats):
+        dist.barrier()
+        n, t0 = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - t0) < window_s:
+            fn()
+            synchronize(device)
+            n += 1
+        per_call.append(elapsed / n)
+    return statistics.median(per_call)
+
+
+def windowed_collective(fn: Callable[[], object], device: torch.device, repeats: int,
+                        window_s: float = WINDOW_S) -> float:
+    """`windowed` for a call with collectives inside (a TP layer, an FSDP2 unit): every rank must make the
+    same number of calls, so the count per window is agreed first (the most any rank needs to fill
+    `window_s`), then every window runs that many calls on every rank."""
+    fn()
+    synchronize(device)
+    t0 = time.perf_counter()
+    fn()
+    synchronize(device)
+    need = torch.tensor([max(1, math.ceil(window_s / max(time.perf_counter() - t0, 1e-6)))], device=device)
+    dist.all_reduce(need, op=dist.ReduceOp.MAX)
+    n = int(need.item())
+    per_call = []
+    for _ in range(repeats):
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        synchronize(device)
+        per_call.append((time.perf_counter() - t0) / n)
+    return statistics.median(per_call)
+
+
+def time_gemm(g: Gemm, dtype: torch.dtype, device: torch.device, repeats: int) -> float:
+    a = torch.randn(g.m, g.k, device=device, dtype=dtype)
+    b = torch.randn(g.k, g.n, device=device, dtype=dtype)
+    return windowed(lambda: torch.mm(a, b), device, repeats)
+
+
+class Layer:
+    """One real transformer layer on one rank, built by the trainer's own builder (compiled as train.compile
+    compiles it), and an input: tp 1, or this rank's shard in a TP group (`tp`, with or without sequence
+    parallelism: its collectives run)."""
+
+    def __init__(self, shape: ModelShape, micro_batch: int, recompute: str, autocast: torch.dtype | None,
+                 device: torch.device, seed: int, tp: TPContext | None = None,
+                 compile_with: str | None = None) -> None:
+        tp = tp or TPContext.single()
+        self.module = build_stage(shape, range(0, 1), first=False, last=False, tp=tp, seed=seed,
+                                  recompute=recompute, device=device)
+        compile_blocks([self.module], compile_with)  # the run's kernels (the windows' warm-up call compiles)
+        tokens = shape.seq_len // tp.size if tp.sequence_parallel else shape.seq_len  # SP: this rank's shard
+        self.x = torch.randn(micro_batch, tokens, shape.hidden, device=device, requires_grad=True)
+        self.grad = torch.randn_like(self.x)
+        self.autocast, self.device = autocast, device
+        # hardware FLOPs of a forward + backward, by the planner's arithmetic (trainctl.model_shape)
+        self.flops = layer_flops_per_token(shape, recompute) * micro_batch * shape.seq_len
+
+    def _forward(self) -> torch.Tensor:
+        with torch.autocast(self.device.type, dtype=self.autocast or torch.bfloat16, enabled=bool(self.autocast)):
+            return self.module(self.x)
+
+    def step(self) -> None:
+        self._forward().backward(self.grad)
+
+    def forward(self) -> None:
+        with torch.no_grad():
+            self._forward()
+
+
+def fp32_numel(nbytes: int, n: int) -> int:
+    """fp32 elements of a whole tensor of about `nbytes`, divisible by the group size."""
+    return max(n, nbytes // 4 // n * n)
+
+
+def collective_call(op: str, numel: int, group: dist.ProcessGroup, n: int,
+                    device: torch.device) -> Callable[[], object]:
+    """One call of `op` over a whole tensor of `numel` fp32 elements in `group` (n ranks)."""
+    whole = torch.randn(numel, device=device)
+    shard = torch.empty(numel // n, device=device)
+    if op == "all_reduce":
+        return lambda: dist.all_reduce(whole, group=group)
+    if op == "all_gather":
+        return lambda: _all_gather_single(whole, shard, group=group)  # the trainer's own calls
+    if op == "reduce_scatter":
+        return lambda: _reduce_scatter_single(shard, whole, group=group)
+    if op == "all_to_all":
+        out = torch.empty_like(whole)
+        return lambda: dist.all_to_all_single(out, whole, group=group)
+    raise ValueError(f"unknown collective {op!r}")
+
+
+def ping_pong(numel: int, peer: int, first: bool, device: torch.device) -> Callable[[], object]:
+    """Half a round trip between two ranks: the one-way time of a pipeline send, with both ends' clocks
+    out of the measurement (the `first` rank's timing is the one recorded)."""
+    buf = torch.randn(numel, device=device)
+
+    def call() -> None:
+        if first:
+            dist.send(buf, peer)
+            dist.recv(buf, peer)
+        else:
+            dist.recv(buf, peer)
+            dist.send(buf, peer)
+
+    return call
+
+
+
+def loaded(compute: Callable[[], object], collective: Callable[[], object], device: torch.device,
+           iterations: int, repeats: int = 1) -> tuple[float, float]:
+    """(seconds per iteration of `compute` alone, of `compute` then one `collective`), every rank at once.
+    The difference is what a collective costs while the other ranks compute: on an oversubscribed CPU
+    mostly waiting for a peer that is not on a core, which idle timings of collectives never see. Measured
+    `repeats` times as back-to-back pairs (alone, then with the collective) and the median pair's difference
+    kept: one pair caught in a burst of the machine's other work is not the rule."""
+    compute()
+    collective()
+    alone, excess = [], []
+    for _ in range(repeats):
+        pair = []
+        for with_collective in (False, True):
+            synchronize(device)
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(iterations):
+                compute()
+                if with_collective:
+                    collective()
+            synchronize(device)
+            pair.append((time.perf_counter() - t0) / iterations)
+        alone.append(pair[0])
+        excess.append(pair[1] - pair[0])
+    base = statistics.median(alone)
+    return base, base + statistics.median(excess)
+
+
+class Ends:
+    """The model's two ends on one rank (tp 1), built by the trainer's own builder: the embedding stage (token
+    lookup) and the last stage's final norm + LM head + the trainer's loss, each forward + backward of one
+    micro-batch. With tied embeddings the head stage holds its own copy of the table, as the trainer's last
+    stage does when the first is elsewhere."""
+
+    def __init__(self, shape: ModelShape, micro_batch: int, autocast: torch.dtype | None, device: torch.device,
+                 seed: int) -> None:
+        from trainctl.runtime.model.transformer import loss_fn
+
+        tp = TPContext.single()
+        self.first = build_stage(shape, range(0, 0), first=True, last=False, tp=tp, seed=seed, device=device)
+        self.last = build_stage(shape, range(0, 0), first=False, last=True, tp=tp, seed=seed, device=device)
+        g = torch.Generator().manual_seed(seed)
+        self.tokens = torch.randint(0, shape.vocab, (micro_batch, shape.seq_len), generator=g).to(device)
+        self.targets = torch.randint(0, shape.vocab, (micro_batch, shape.seq_len), generator=g).to(device)
+        self.x = torch.randn(micro_batch, shape.seq_len, shape.hidden, device=device, requires_grad=True)
+        self.shape, self.tp, self.loss_fn = shape, tp, loss_fn
+        self.autocast, self.device = autocast, device
+
+    def _cast(self) -> contextlib.AbstractContextManager:
+        return torch.autocast(self.device.type, dtype=self.autocast or torch.bfloat16, enabled=bool(self.autocast))
+
+    def embedding_step(self) -> None:
+        with self._cast():
+            out = self.first(self.tokens)
+        out.backward(torch.ones_like(out))
+
+    def head_step(self) -> None:
+        with self._cast():
+            loss = self.loss_fn(self.last(self.x), self.targets, self.shape, self.tp)
+        loss.backward()
+
+
+def tensors(module: torch.nn.Module) -> int:
+    return sum(1 for _ in module.parameters())
+
+
+class OptimizerStep:
+    """What the trainer does per optimizer step on every tensor it owns, after the backward
+    (trainer.train_step): the gradient norm (torch._foreach_norm, divergence.reduce_norm_and_loss), clipping
+    (torch._foreach_mul_) and the AdamW step (runtime/train/optim.py, fused where the trainer's is: `fused_adamw`),
+    over `shapes`' tensors. Zeroing the gradients is left out: the trainer zeroes flat bucket buffers, one call
+    each."""
+
+    def __init__(self, shapes: list[tuple[int, ...]], device: torch.device, fused: bool = False) -> None:
+        from types import SimpleNamespace
+
+        from trainctl.runtime.train.optim import adamw
+
+        self.params = [torch.nn.Parameter(torch.randn(s, device=device)) for s in shapes]
+        for p in self.params:
+            p.grad = torch.randn_like(p)
+        train = SimpleNamespace(lr=1e-4, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)
+        self.opt = adamw([(self.params, True)], train, fused=fused)  # type: ignore[arg-type]
+        self.elements = sum(p.numel() for p in self.params)
+
+    def step(self) -> None:
+        grads = [p.grad for p in self.params]
+        torch.stack(torch._foreach_norm(grads)).double().pow(2).sum().item()
+        torch._foreach_mul_(grads, 0.999)
+        self.opt.step()
+
+
+def shard_layer(layer: Layer, group: dist.ProcessGroup, members: list[int], device: torch.device) -> None:
+    """Make `layer` one FSDP2 unit over `group`, as data_parallel.apply_fsdp shards each block (ZeRO-3),
+    gradient reduction off: a micro-batch other than a step's last (schedules.Accumulate), so a step of it
+    is the unit's all-gather before forward and again before backward."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = DeviceMesh.from_group(group, device.type, mesh=torch.tensor(members), mesh_dim_names=("dp",))
+    for block in layer.module.layers.values():  # a block under a root: FSDP2 never reshards its root's
+        fully_shard(block, mesh=mesh, reshard_after_forward=True)
+    fully_shard(layer.module, mesh=mesh, reshard_after_forward=True)
+    layer.module.set_requires_gradient_sync(False)
