@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from trainer_utils import ROOT, deep_update, final_weights, free_port, make_run, metrics, rank_env, run_trainer
+from spec_utils import deep_update, write_spec
+from trainer_utils import ROOT, final_weights, free_port, make_run, metrics, rank_env, run_trainer
 
 from trainctl.checkpoint import abandoned_dirname, list_checkpoints
 from trainctl.runtime.train import faults
@@ -25,11 +26,8 @@ def stop_after(step: int) -> dict[str, str]:
 
 def set_spec(run: Path, **sections: dict[str, Any]) -> None:
     """Edit the run's spec.yaml in place (a resume with another allocation)."""
-    spec = yaml.safe_load((run / "spec.yaml").read_text())
-    spec = deep_update(spec, sections)
-    p = spec["parallel"]
-    spec["cluster"]["gpus_per_node"] = p["tp"] * p.get("cp", 1) * p["pp"] * p.get("dp", 1)
-    (run / "spec.yaml").write_text(yaml.safe_dump(spec))
+    path = run / "spec.yaml"
+    write_spec(path, sections, base=yaml.safe_load(path.read_text()), one_node=True)
 
 
 def ok(r: subprocess.CompletedProcess, what: str = "run") -> None:

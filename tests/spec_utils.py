@@ -1,11 +1,53 @@
-"""The spec-error lines a spec text gives (the one helper of the spec-rule tests)."""
+"""Specs for tests: the tiny run spec every multi-process test starts from, the one writer of spec files, and the
+spec-error lines a spec text gives (the helper of the spec-rule tests)."""
 
 from __future__ import annotations
 
+import copy
+from pathlib import Path
+from typing import Any
+
 import pytest
+import yaml
 
 from trainctl.errors import SpecError
 from trainctl.spec import load_spec_text
+
+TINY: dict[str, Any] = {
+    "name": "tiny",
+    "model": {"layers": 4, "hidden": 64, "heads": 4, "vocab": 256, "seq_len": 32},
+    "parallel": {"tp": 1, "pp": 1, "dp": 1, "micro_batch": 1},
+    "train": {"global_batch": 8, "steps": 10, "lr": 1e-3, "warmup": 2, "precision": "fp32", "seed": 7,
+              "grad_clip": 1.0},
+    "data": {"synthetic": True},
+    "cluster": {"nodes": 1, "gpus_per_node": 1, "gpu": "cpu"},
+    "launcher": {"backend": "local"},
+}
+
+
+def deep_update(base: dict[str, Any], upd: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for k, v in upd.items():
+        out[k] = deep_update(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def world_size(parallel: dict[str, Any]) -> int:
+    return parallel["tp"] * parallel.get("cp", 1) * parallel["pp"] * parallel.get("dp", 1)
+
+
+def write_spec(path: Path, *updates: dict[str, Any], base: dict[str, Any] = TINY,
+               one_node: bool = False) -> Path:
+    """`path`, holding `base` (the tiny spec unless told) with each of `updates` applied in turn (nested sections
+    merged) as YAML; with one_node, cluster.gpus_per_node is the layout's world size (one node holds every
+    rank)."""
+    spec = base
+    for update in updates:
+        spec = deep_update(spec, update)
+    if one_node:
+        spec = deep_update(spec, {"cluster": {"gpus_per_node": world_size(spec["parallel"])}})
+    path.write_text(yaml.safe_dump(spec))
+    return path
 
 
 def problems(text: str, *overrides: str) -> list[str]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import copy
 import json
 import os
 import shutil
@@ -18,42 +17,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
 from paths import REPO as ROOT
+from spec_utils import TINY, deep_update, world_size, write_spec
 
 VENV_BIN = Path(sys.executable).parent
 TORCHRUN = str(VENV_BIN / "torchrun")
 FORK_RANKS = Path(__file__).with_name("fork_ranks.py")
 
-TINY: dict[str, Any] = {
-    "name": "tiny",
-    "model": {"layers": 4, "hidden": 64, "heads": 4, "vocab": 256, "seq_len": 32},
-    "parallel": {"tp": 1, "pp": 1, "dp": 1, "micro_batch": 1},
-    "train": {"global_batch": 8, "steps": 10, "lr": 1e-3, "warmup": 2, "precision": "fp32", "seed": 7,
-              "grad_clip": 1.0},
-    "data": {"synthetic": True},
-    "cluster": {"nodes": 1, "gpus_per_node": 1, "gpu": "cpu"},
-    "launcher": {"backend": "local"},
-}
-
-
-def deep_update(base: dict[str, Any], upd: dict[str, Any]) -> dict[str, Any]:
-    out = copy.deepcopy(base)
-    for k, v in upd.items():
-        out[k] = deep_update(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
 def make_run(root: Path, name: str, **sections: dict[str, Any]) -> tuple[Path, int]:
     """A run directory with spec.yaml = TINY updated by `sections`; returns (dir, world size)."""
-    spec = deep_update(TINY, sections)
-    p = spec["parallel"]
-    world = p["tp"] * p.get("cp", 1) * p["pp"] * p.get("dp", 1)
-    spec["cluster"]["gpus_per_node"] = world
     run = root / name
     run.mkdir(parents=True, exist_ok=True)
-    (run / "spec.yaml").write_text(yaml.safe_dump(spec))
-    return run, world
+    spec = deep_update(TINY, sections)
+    write_spec(run / "spec.yaml", base=spec, one_node=True)
+    return run, world_size(spec["parallel"])
 
 
 def rank_env(extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -18,14 +18,10 @@ import pytest
 
 from trainctl.plan.calibration.fit import fit_latency_bandwidth, fit_rate
 
+from cli_utils import trainctl
 from paths import REPO as ROOT
 TINY = str(ROOT / "recipes" / "tiny-cpu.yaml")
 OPS = {"all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_to_all"}
-
-
-def trainctl(*args: str, cwd: Path = ROOT, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "trainctl", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=timeout)
 
 
 def plan_json(*args: str) -> dict[str, Any]:

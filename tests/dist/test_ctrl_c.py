@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_utils import TRAINCTL, trainctl
 from paths import REPO
 from trainer_utils import processes_mentioning
 
@@ -45,8 +46,8 @@ GONE_WITHIN_S = 60.0  # a liveness bound, not a timing claim: "within seconds" i
 
 
 def launch(run: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "trainctl", "launch", str(TINY), "--run-dir", str(run), *DP2, *LONG,
-                             *extra], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    return subprocess.Popen([*TRAINCTL, "launch", str(TINY), "--run-dir", str(run), *DP2, *LONG, *extra], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, **(env or {})})
 
 
@@ -71,8 +72,7 @@ def wait_gone(run: Path) -> float:
 
 
 def status(run: Path) -> dict[str, Any]:
-    r = subprocess.run([sys.executable, "-m", "trainctl", "status", str(run), "--json"], cwd=REPO,
-                       capture_output=True, text=True, timeout=120)
+    r = trainctl("status", str(run), "--json")
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
@@ -186,8 +186,7 @@ def test_sigkilled_launcher_leaves_no_orphan_and_a_resumable_run(tmp_path: Path)
     st = status(run)
     assert st["state"] == "STOPPED" and "the launcher or torchrun was killed" in st["reason"], st
     # the lock left by the dead launcher is stale: resume takes it over and continues from that step
-    r = subprocess.run([sys.executable, "-m", "trainctl", "resume", str(run), "--set", f"train.steps={last + 1}"],
-                       cwd=REPO, capture_output=True, text=True, timeout=300)
+    r = trainctl("resume", str(run), "--set", f"train.steps={last + 1}")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "took over the stale lock" in r.stdout and f"from step {last}" in r.stdout
     assert status(run)["state"] == "COMPLETED"
@@ -246,11 +245,6 @@ def test_ctrl_z_stops_the_launcher_while_the_ranks_train_on(tmp_path: Path) -> N
     out, _ = proc.communicate(timeout=180)
     assert proc.returncode == EXIT_STOPPED, out[-3000:]
     assert re.search(rf"^step +{stopped_at + 3}/", out, re.MULTILINE), out[-3000:]  # the steps trained meanwhile
-
-
-def trainctl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "trainctl", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=120)
 
 
 def wait_for_event(run: Path, kind: str) -> None:

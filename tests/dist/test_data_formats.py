@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import json
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_utils import trainctl
 from data_utils import write_bpe_tokenizer, write_jsonl_corpus
 from resume_utils import assert_resumed_bitwise, curve, straight_and_resumed
-from trainer_utils import ROOT, make_run, metrics, run_trainer
+from trainer_utils import make_run, metrics, run_trainer
 
 from trainctl.data.prep import check_token_file, sample_text_path
 from trainctl.errors import UsageError
@@ -120,9 +119,8 @@ def test_bpe_tokenizer_prepares_the_sample_and_a_run_trains_on_it(tmp_path: Path
     jsonl = tmp_path / "docs.jsonl"
     paragraphs = write_jsonl_corpus(jsonl)
     for fmt, out in (("flat", tmp_path / "sample.bin"), ("megatron", tmp_path / "sample_text_document")):
-        r = subprocess.run([sys.executable, "-m", "trainctl", "data", "prepare", str(jsonl), str(out), "--tokenizer",
-                            str(tmp_path / "tokenizer.json"), "--format", fmt], capture_output=True, text=True,
-                           cwd=ROOT, timeout=120)
+        r = trainctl("data", "prepare", str(jsonl), str(out), "--tokenizer", str(tmp_path / "tokenizer.json"),
+                     "--format", fmt)
         assert r.returncode == 0, r.stderr
         assert f"{len(paragraphs):,} documents" in r.stdout and f"model.vocab >= {vocab}" in r.stdout
         ids = open_token_file(out).tokens()

@@ -4,14 +4,12 @@ previous checkpoint kept (retention never deletes the last valid checkpoint befo
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import yaml
-from trainer_utils import ROOT, TINY, deep_update
+from cli_utils import trainctl
+from spec_utils import write_spec
+from trainer_utils import ROOT
 
 from trainctl.checkpoint import list_checkpoints, stale_dirs
 from trainctl.checkpoint.space import human_bytes
@@ -20,18 +18,8 @@ from trainctl.plan.checkpoint_size import checkpoint_bytes
 from trainctl.rundir.paths import read_jsonl
 from trainctl.spec import load_spec
 
-
-def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "trainctl", *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
-
-
-def spec_file(tmp_path: Path, ckdir: Path, **sections) -> Path:
-    spec = deep_update(TINY, {"parallel": {"dp": 2}, "cluster": {"gpus_per_node": 2}, "train": {"steps": 6},
-                              "checkpoint": {"every_steps": 2, "keep_last": 1, "dir": str(ckdir)}})
-    p = tmp_path / "spec.yaml"
-    p.write_text(yaml.safe_dump(deep_update(spec, sections)))
-    return p
+DP2 = {"parallel": {"dp": 2}, "cluster": {"gpus_per_node": 2}, "train": {"steps": 6},
+       "checkpoint": {"every_steps": 2, "keep_last": 1}}
 
 
 def test_checkpoint_size_of_the_plan() -> None:
@@ -41,24 +29,24 @@ def test_checkpoint_size_of_the_plan() -> None:
 
 def test_too_little_space_warns_and_strict_refuses(tmp_path: Path, tmpfs) -> None:
     small = tmpfs("3m")  # one checkpoint of the tiny model (~2.6 MB) fits, keep_last 1 + 1 do not
-    spec = spec_file(tmp_path, small / "ck")
+    spec = write_spec(tmp_path / "spec.yaml", DP2, {"checkpoint": {"dir": str(small / "ck")}})
     run = tmp_path / "run"
-    r = cli("launch", str(spec), "--run-dir", str(run), "--dry-run")
+    r = trainctl("launch", str(spec), "--run-dir", str(run), "--dry-run")
     assert r.returncode == 0, r.stderr
     (warning,) = [x for x in r.stdout.splitlines() if x.startswith("warning:")]
     need = human_bytes(2 * checkpoint_bytes(load_spec(spec)))
     assert f"checkpoint directory {small / 'ck'} has" in warning and f"needs {need}" in warning, warning
     assert "keep_last 1 + 1 checkpoints" in warning
-    r = cli("launch", str(spec), "--run-dir", str(run), "--strict")
+    r = trainctl("launch", str(spec), "--run-dir", str(run), "--strict")
     assert r.returncode == 2, r.stdout + r.stderr
     (line,) = [x for x in r.stderr.splitlines() if x.strip()]
     assert line.startswith(f"error: checkpoint directory {small / 'ck'} has") and need in line, line
     assert not run.exists()
     # resume checks the same, with the spec it will run
     local.create(local.plan_local(load_spec(spec), run))
-    r = cli("resume", str(run), "--strict")
+    r = trainctl("resume", str(run), "--strict")
     assert r.returncode == 2 and f"checkpoint directory {small / 'ck'} has" in r.stderr, r.stdout + r.stderr
-    r = cli("resume", str(run), "--strict", "--dry-run", "--set", f"checkpoint.dir={tmp_path / 'roomy'}")
+    r = trainctl("resume", str(run), "--strict", "--dry-run", "--set", f"checkpoint.dir={tmp_path / 'roomy'}")
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -75,15 +63,16 @@ def steps_ended(run: Path) -> dict[int, list[tuple[int, float]]]:
 def test_disk_full_mid_run_stops_with_one_line_and_keeps_the_last_checkpoint(tmp_path: Path, tmpfs) -> None:
     """An async save that fails stops the run at the next step, not at the next save (step 30 here)."""
     full = tmpfs("4m")  # step 10's checkpoint fits; step 20's cannot be written beside it (keep_last 1)
-    spec = spec_file(tmp_path, full, train={"steps": 40}, checkpoint={"every_steps": 10})
+    spec = write_spec(tmp_path / "spec.yaml", DP2,
+                      {"train": {"steps": 40}, "checkpoint": {"dir": str(full), "every_steps": 10}})
     run = tmp_path / "run"
-    r = cli("launch", str(spec), "--run-dir", str(run))
+    r = trainctl("launch", str(spec), "--run-dir", str(run))
     assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
     assert any(x.startswith("warning: checkpoint directory") for x in r.stdout.splitlines())  # said before
     (line,) = [x for x in r.stdout.splitlines() if x.startswith("run failed: disk full")]
     assert f"saving checkpoint step 20 in {full} failed:" in line, line
     assert " free, " in line and " needed per checkpoint" in line and "newest valid checkpoint: step 10" in line
-    st = cli("status", str(run))  # the same words, naming the kind once
+    st = trainctl("status", str(run))  # the same words, naming the kind once
     assert st.returncode == 0 and "FAILED - disk full: saving checkpoint step 20" in st.stdout, st.stdout
     assert st.stdout.count("disk full") == 1, st.stdout
     # retention deletes only after a commit: the last valid checkpoint is still there, nothing half-written

@@ -8,17 +8,16 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+from cli_utils import trainctl
 from json_utils import strict_loads
-from trainer_utils import ROOT, make_run, metrics, run_trainer
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+from trainer_utils import make_run, metrics, run_trainer
 
 from trainctl.checkpoint import list_checkpoints
 from trainctl.errors import EXIT_DIVERGED
@@ -28,12 +27,6 @@ from trainctl.runtime.train import faults
 pytestmark = pytest.mark.slow
 
 DIVERGE = ["--set", "train.lr=1e9", "--set", "train.grad_clip=null"]
-
-
-def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    e = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "trainctl", *args], capture_output=True, text=True, timeout=300,
-                          cwd=ROOT, env=e)
 
 
 def events(run: Path, kind: str) -> list[dict[str, Any]]:
@@ -83,13 +76,13 @@ def assert_diverged(run: Path, proc: subprocess.CompletedProcess[str], first_bad
 
 def test_lr_1e9_dp2_diverges_with_exit_3_and_keeps_the_finite_checkpoint(tmp_path: Path) -> None:
     run = tmp_path / "dp2"
-    proc = cli("launch", "--run-dir", str(run), "--set", "parallel.tp=1", "--set", "parallel.pp=1",
-               "--set", "parallel.dp=2", "--set", "parallel.sequence_parallel=false",
-               "--set", "cluster.gpus_per_node=2", "--set", "train.steps=12", "--set", "checkpoint.every_steps=1",
-               "--set", "train.divergence.max_consecutive_skips=3", *DIVERGE)
+    proc = trainctl("launch", "--run-dir", str(run), "--set", "parallel.tp=1", "--set", "parallel.pp=1",
+                    "--set", "parallel.dp=2", "--set", "parallel.sequence_parallel=false",
+                    "--set", "cluster.gpus_per_node=2", "--set", "train.steps=12", "--set", "checkpoint.every_steps=1",
+                    "--set", "train.divergence.max_consecutive_skips=3", *DIVERGE)
     assert_diverged(run, proc, first_bad=2, in_row=3, kept=1, tmp=tmp_path)
     # mfu-report marks the skipped steps and the divergence
-    rep = cli("mfu-report", str(run), "--json")
+    rep = trainctl("mfu-report", str(run), "--json")
     assert rep.returncode == 0, rep.stderr
     r = strict_loads(rep.stdout)["runs"][0]
     assert r["divergence"]["skipped_steps"] == [2, 3, 4]
@@ -102,7 +95,7 @@ def test_lr_1e9_dp2_diverges_with_exit_3_and_keeps_the_finite_checkpoint(tmp_pat
     for args in (["checkpoints", str(run)], ["resume", str(run), "--dry-run", "--set", "train.steps=13"],
                  ["validate", str(run / "spec.yaml")], ["plan", str(run / "spec.yaml")],
                  ["plan", str(run / "spec.yaml"), "--ranks"]):
-        out = cli(*args, "--json")
+        out = trainctl(*args, "--json")
         assert out.returncode == 0, (args, out.stderr)
         assert strict_loads(out.stdout), args
 
@@ -113,10 +106,11 @@ def test_lr_1e9_pp2_diverges_on_every_stage(tmp_path: Path) -> None:
     run = tmp_path / "pp2"
     layout = ["--set", "parallel.tp=1", "--set", "parallel.pp=2", "--set", "parallel.dp=1",
               "--set", "parallel.sequence_parallel=false", "--set", "cluster.gpus_per_node=2"]
-    ok = cli("launch", "--run-dir", str(run), *layout, "--set", "train.steps=2", "--set", "checkpoint.every_steps=2")
+    ok = trainctl("launch", "--run-dir", str(run), *layout, "--set", "train.steps=2",
+                  "--set", "checkpoint.every_steps=2")
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    proc = cli("resume", str(run), "--set", "train.steps=12", "--set", "train.divergence.max_consecutive_skips=2",
-               *DIVERGE)
+    proc = trainctl("resume", str(run), "--set", "train.steps=12", "--set", "train.divergence.max_consecutive_skips=2",
+                    *DIVERGE)
     # step 3 applies the huge update (finite), step 4 on is NaN; the save due at step 4 is not written
     assert_diverged(run, proc, first_bad=4, in_row=2, kept=2, tmp=tmp_path)
 

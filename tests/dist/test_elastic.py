@@ -17,8 +17,10 @@ from typing import Any
 
 import pytest
 import yaml
+from cli_utils import trainctl
 from resume_utils import curve, events, ok
-from trainer_utils import ROOT, TINY, deep_update, free_port, max_rel_diff, rank_env, run_trainer
+from spec_utils import TINY, deep_update
+from trainer_utils import ROOT, free_port, max_rel_diff, rank_env, run_trainer
 
 from trainctl.launch.procs import children
 from trainctl.runtime.train import faults
@@ -118,8 +120,7 @@ def test_losing_a_node_finishes_on_the_other_on_the_curve(tmp_path: Path) -> Non
     assert rel <= 1e-5
 
     # mfu-report shows the node count and throughput over time
-    rep = subprocess.run([sys.executable, "-m", "trainctl", "mfu-report", str(run), "--json"], cwd=ROOT,
-                         capture_output=True, text=True, env=rank_env())
+    rep = trainctl("mfu-report", str(run), "--json", env=rank_env())
     assert rep.returncode == 0, rep.stderr
     nodes = json.loads(rep.stdout)["runs"][0]["nodes"]
     assert [(x["nodes"], x["world_size"], x["micro_batches"]) for x in nodes["segments"]][-1] == (1, 1, 8)

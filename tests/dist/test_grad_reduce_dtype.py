@@ -14,8 +14,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from spec_utils import deep_update
 from test_layout_matrix import BASE, run_matrix
-from trainer_utils import deep_update, max_rel_diff, metrics
+from trainer_utils import max_rel_diff, metrics
 
 pytestmark = pytest.mark.slow
 

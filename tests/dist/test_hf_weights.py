@@ -13,16 +13,14 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_utils import trainctl
 from resume_utils import events, ok, set_spec, stop_after
-from trainer_utils import ROOT, final_weights, make_run, metrics, run_trainer
+from trainer_utils import final_weights, make_run, metrics, run_trainer
 
 pytestmark = pytest.mark.slow
 transformers = pytest.importorskip("transformers")
@@ -38,11 +36,6 @@ INIT_LAYOUT = {"llama": {"tp": 1, "pp": 1, "dp": 2, "zero": 1}, "gpt2": {"tp": 1
 TRAIN = {"global_batch": 4, "steps": 2}
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "trainctl", *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
-
-
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
 def exported(request, tmp_path_factory) -> tuple[str, Path, Path]:
     """(family, the TP2 x PP2 run, its export)."""
@@ -52,7 +45,7 @@ def exported(request, tmp_path_factory) -> tuple[str, Path, Path]:
                           parallel={"tp": 2, "pp": 2, "dp": 1, "micro_batch": 1}, checkpoint={"every_steps": 2})
     ok(run_trainer(run, world))
     out = root / "hf"
-    r = cli("export", str(run), "--format", "hf", str(out))
+    r = trainctl("export", str(run), "--format", "hf", str(out))
     ok(r, "export")
     assert f"exported step 2 of {run}" in r.stdout
     return fam, run, out
@@ -128,8 +121,8 @@ def test_init_from_a_run_reshards_its_checkpoint(exported) -> None:
     """model.init_from: RUN (a trainctl run of tp 2) read into tp 1 in one process: the run's final weights."""
     import torch
 
-    from trainctl.hf import init_source
     from trainctl.checkpoint import step_dirname
+    from trainctl.hf import init_source
     from trainctl.model_shape import ModelShape
     from trainctl.runtime.model.hf_weights import load_init
     from trainctl.runtime.parallel.tensor_parallel import TPContext
@@ -170,12 +163,12 @@ def test_usage_errors(exported, tmp_path: Path) -> None:
     }
     for (r, fmt, dest), message in cases.items():
         dest = dest if dest != "new" else str(tmp_path / "out")
-        p = cli("export", r, "--format", fmt, dest)
+        p = trainctl("export", r, "--format", fmt, dest)
         assert p.returncode == 2 and message in p.stderr and "Traceback" not in p.stderr, (message, p.stderr)
-    p = cli("export", str(run), "--step", "7", "--format", "hf", str(tmp_path / "out"))
+    p = trainctl("export", str(run), "--step", "7", "--format", "hf", str(tmp_path / "out"))
     assert p.returncode == 2 and "no checkpoint for step 7" in p.stderr and "valid steps: [2]" in p.stderr, p.stderr
     assert not (tmp_path / "out").exists()
-    p = cli("launch", str(run / "spec.yaml"), "--run-dir", str(tmp_path / "launched"), "--set",
-            f"model.init_from={out}", "--set", "model.hidden=128")
+    p = trainctl("launch", str(run / "spec.yaml"), "--run-dir", str(tmp_path / "launched"), "--set",
+                 f"model.init_from={out}", "--set", "model.hidden=128")
     assert p.returncode == 2 and "model.hidden = 128, source 64" in p.stderr and "Traceback" not in p.stderr, p.stderr
     assert not (tmp_path / "launched").exists()

@@ -4,11 +4,10 @@ every rank of a real launch is checked with the credentials' launch (tests/dist/
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_utils import trainctl
 from paths import REPO
 
 from trainctl.rundir.paths import read_jsonl
@@ -19,20 +18,15 @@ DP2 = ["--set", "parallel.tp=1", "--set", "parallel.pp=1", "--set", "parallel.dp
        "--set", "parallel.sequence_parallel=false", "--set", "train.global_batch=4", "--set", "train.steps=2"]
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "trainctl", *args], capture_output=True, text=True, timeout=300,
-                          cwd=REPO, stdin=subprocess.DEVNULL)
-
-
 def test_a_failing_setup_line_stops_the_local_run_naming_it(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    r = cli("launch", "--run-dir", str(run), *DP2, "--set", 'launcher.setup=["true", "(exit 4)", "touch never"]')
+    r = trainctl("launch", "--run-dir", str(run), *DP2, "--set", 'launcher.setup=["true", "(exit 4)", "touch never"]')
     assert r.returncode == 1, r.stdout + r.stderr
     assert "run failed: setup failed: launcher.setup[1] exited with status 4 on " in r.stdout, r.stdout
     assert not (REPO / "never").exists() and not (run / "metrics.jsonl").exists()
     assert [e["event"] for e in read_jsonl(run / "events.jsonl")] == ["launch", "setup_failed", "launcher_exit"]
     # mfu-report has no step to report: one line naming why (runstate's cause), exit 1, no tables of dashes
-    r = cli("mfu-report", str(run))
+    r = trainctl("mfu-report", str(run))
     assert r.returncode == 1 and r.stdout == "", r.stdout + r.stderr
     (error,) = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
     assert error == (f"error: {run}: no step ran, nothing to report: setup failed: launcher.setup[1] exited with "

@@ -21,15 +21,11 @@ from trainctl.launch.create import check_run_dir, default_run_dir, freeze_spec, 
 from trainctl.rundir.paths import RunPaths, read_jsonl
 from trainctl.spec import load_spec, resolved_dict
 
+from cli_utils import trainctl
 from paths import REPO
 from trainer_utils import processes_mentioning
 TINY = REPO / "recipes" / "tiny-cpu.yaml"
 PLANNER = (REPO / "trainctl" / "plan" / "plan.py").exists()
-
-
-def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "trainctl", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd)
 
 
 def small_spec(**over: str):
@@ -189,7 +185,7 @@ def test_console_filter_verbose_shows_everything() -> None:
 # --- the CLI ---------------------------------------------------------------------------------------
 
 def test_cli_dry_run_creates_nothing(tmp_path: Path) -> None:
-    r = run_cli("launch", str(TINY), "--dry-run", "--set", "train.steps=3", cwd=tmp_path)
+    r = trainctl("launch", str(TINY), "--dry-run", "--set", "train.steps=3", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "run dir (not created): " + str(tmp_path / "runs" / "tiny-cpu-") in r.stdout
     assert "-m torch.distributed.run --standalone --nproc-per-node=8" in r.stdout
@@ -210,7 +206,7 @@ def test_cli_launch_errors_exit_2_with_one_line(tmp_path: Path, case: str) -> No
         (run_dir / "spec.yaml").write_text("name: other\n")
     else:
         args += ["--set", "cluster.nodes=2", "--set", "cluster.gpus_per_node=4"]
-    r = run_cli(*args)
+    r = trainctl(*args)
     assert r.returncode == 2, r.stdout + r.stderr
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
     assert len(errors) >= 1 and "Traceback" not in r.stderr
@@ -237,13 +233,13 @@ needs_trainer = pytest.mark.skipif(not (REPO / "trainctl" / "runtime" / "__main_
 def test_launch_on_prepared_sample_text(tmp_path: Path) -> None:
     """The quickstart path end to end: prepare the shipped text, train on the token file."""
     tokens = tmp_path / "sample.bin"
-    r = run_cli("data", "prepare", str(REPO / "trainctl" / "data" / "sample.txt"), str(tokens))
+    r = trainctl("data", "prepare", str(REPO / "trainctl" / "data" / "sample.txt"), str(tokens))
     assert r.returncode == 0, r.stderr
     run_dir = tmp_path / "run"
-    r = run_cli("launch", str(TINY), "--run-dir", str(run_dir), "--set", "train.steps=2",
-                "--set", "data.synthetic=false", "--set", f"data.path={tokens}",
-                "--set", "cluster.gpus_per_node=2", "--set", "parallel.tp=1", "--set", "parallel.pp=1",
-                "--set", "parallel.dp=2", "--set", "parallel.sequence_parallel=false")
+    r = trainctl("launch", str(TINY), "--run-dir", str(run_dir), "--set", "train.steps=2",
+                   "--set", "data.synthetic=false", "--set", f"data.path={tokens}",
+                   "--set", "cluster.gpus_per_node=2", "--set", "parallel.tp=1", "--set", "parallel.pp=1",
+                   "--set", "parallel.dp=2", "--set", "parallel.sequence_parallel=false")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2]
@@ -261,13 +257,11 @@ def test_verbose_shows_the_failing_ranks_traceback(tmp_path: Path) -> None:
     the terminal has rank 0's lines and the one line naming the cause, the traceback only the logs."""
     from trainctl.runtime.train import faults
 
-    env = {**os.environ, **faults.encode(fail_at_step=2, fail_rank=1), "OMP_NUM_THREADS": "1"}
     out = {}
     for mode in ("--verbose", None):
         run_dir = tmp_path / f"run{mode or ''}"
-        r = subprocess.run([sys.executable, "-m", "trainctl", "launch", str(TINY), "--run-dir", str(run_dir),
-                            "--set", "train.steps=3", *DP2, *([mode] if mode else [])],
-                           capture_output=True, text=True, timeout=300, env=env)
+        r = trainctl("launch", str(TINY), "--run-dir", str(run_dir), "--set", "train.steps=3", *DP2,
+                     *([mode] if mode else []), env=faults.encode(fail_at_step=2, fail_rank=1))
         assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
         assert "run failed: rank 1 on " in r.stdout and "InjectedFailure" in r.stdout, r.stdout[-3000:]
         out[mode] = r.stdout

@@ -6,8 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from spec_utils import deep_update
 from test_layout_matrix import BASE, run_matrix
-from trainer_utils import deep_update, metrics
+from trainer_utils import metrics
 
 pytestmark = pytest.mark.slow
 

@@ -6,11 +6,10 @@ what the planner counts, checkpoints record ep, and mfu-report shows the routing
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_utils import trainctl
 from paths import RECIPES
 
 from trainctl.checkpoint import list_checkpoints
@@ -22,13 +21,9 @@ pytestmark = pytest.mark.slow
 TINY_MOE = RECIPES / "tiny-moe-cpu.yaml"
 
 
-def cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "trainctl", *args], capture_output=True, text=True, timeout=timeout)
-
-
 def test_launch_tiny_moe_recipe(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    r = cli("launch", str(TINY_MOE), "--run-dir", str(run_dir))
+    r = trainctl("launch", str(TINY_MOE), "--run-dir", str(run_dir), timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     paths = RunPaths(run_dir.resolve())
     spec = load_spec(paths.spec)
@@ -45,7 +40,7 @@ def test_launch_tiny_moe_recipe(tmp_path: Path) -> None:
         assert moe["imbalance"] >= 1.0 and moe["dropped"] == 0 and moe["aux_loss"] > 0 and moe["a2a_s"] > 0
 
     # the parameters built (experts gathered over the EP group) are the planned ones
-    plan = json.loads(cli("plan", str(paths.spec), "--json").stdout)
+    plan = json.loads(trainctl("plan", str(paths.spec), "--json").stdout)
     (start,) = [e for e in read_jsonl(paths.events) if e["event"] == "start"]
     assert start["params"] == {"total": plan["params"]["total"], "per_rank": plan["params"]["per_rank"]}
     assert start["ep"] == 2
@@ -63,7 +58,7 @@ def test_launch_tiny_moe_recipe(tmp_path: Path) -> None:
         assert m["moe"]["a2a_bytes"] == pytest.approx(planned * share / (1 / 2), rel=1e-12)
 
     # memory: model states as planned (up to bucket padding and AdamW's step counters), activations within 10%
-    report = json.loads(cli("mfu-report", str(run_dir), "--json").stdout)["runs"][0]
+    report = json.loads(trainctl("mfu-report", str(run_dir), "--json").stdout)["runs"][0]
     mem = report["memory"]
     assert mem["available"]
     for row in mem["rows"]:
@@ -74,7 +69,7 @@ def test_launch_tiny_moe_recipe(tmp_path: Path) -> None:
     routing = report["routing"]
     assert routing["available"] and routing["imbalance"]["median"] >= 1.0 and 0 < routing["a2a_share"] < 1
     assert any(i["name"] == "EP all-to-all (measured)" for i in report["time_breakdown"]["items"])
-    text = cli("mfu-report", str(run_dir)).stdout
+    text = trainctl("mfu-report", str(run_dir)).stdout
     assert "Mixture-of-experts routing" in text
 
     # checkpoints record ep in their layout

@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from trainer_utils import ROOT, TINY, deep_update
+from cli_utils import trainctl
+from spec_utils import TINY, deep_update
+from trainer_utils import ROOT
 
 from trainctl.hardware.catalog import ACCELERATORS
 
@@ -48,8 +50,7 @@ def in_terminal(*args: str, columns: int = WIDTH, timeout: float = 300) -> tuple
 
 
 def at_width(*args: str) -> str:
-    out = subprocess.run([sys.executable, "-m", "trainctl", *args], capture_output=True, text=True, cwd=ROOT,
-                         timeout=120, env={**os.environ, "COLUMNS": str(WIDTH)})
+    out = trainctl(*args, env={"COLUMNS": str(WIDTH)})
     assert out.returncode == 0, out.stderr
     return out.stdout
 

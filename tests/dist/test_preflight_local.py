@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from cli_utils import trainctl
 from paths import REPO
 
 from trainctl.launch.node_health import Thresholds, judge
@@ -25,9 +25,8 @@ TWO_RANKS = ["--set", "cluster.gpus_per_node=2", "--set", "parallel.tp=1", "--se
 
 def test_local_preflight_shows_the_ratio_with_its_spread_and_keeps_every_window(tmp_path: Path) -> None:
     run_dir = tmp_path / "pf"
-    r = subprocess.run([sys.executable, "-m", "trainctl", "preflight", str(REPO / "recipes" / "tiny-cpu.yaml"),
-                        *TWO_RANKS, "--run-dir", str(run_dir)], capture_output=True, text=True, timeout=300,
-                       cwd=tmp_path, env={"COLUMNS": "160", "PATH": str(Path(sys.executable).parent)})
+    r = trainctl("preflight", str(REPO / "recipes" / "tiny-cpu.yaml"), *TWO_RANKS, "--run-dir", str(run_dir),
+                 cwd=tmp_path, env={"COLUMNS": "160", "PATH": str(Path(sys.executable).parent)}, inherit_env=False)
     assert r.returncode in (0, 1), r.stdout + r.stderr  # 1: this host's load made a rank clearly slower
     measured = json.loads((run_dir / "preflight.json").read_text())
     assert [len(rank["matmul_windows"]) for rank in measured["ranks"]] == [WINDOWS, WINDOWS]

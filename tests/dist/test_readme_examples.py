@@ -21,10 +21,10 @@ import json
 import re
 import shlex
 import subprocess
-import sys
 
 import pytest
 import yaml
+from cli_utils import trainctl
 from readme_walkthrough import README, Example, Walkthrough, examples
 
 from trainctl.rundir.paths import RunPaths, read_jsonl
@@ -141,15 +141,13 @@ def test_quick_run_directory(readme_walkthrough: Walkthrough) -> None:
     assert events[0]["event"] == "launch" and events[-1]["event"] == "launcher_exit"
     # the parameters the trainer built (TP x PP x ZeRO-1 here) are the ones the plan predicted
     starts = [e for e in events if e["event"] == "start"]
-    plan = subprocess.run([sys.executable, "-m", "trainctl", "plan", str(paths.spec), "--json"], capture_output=True,
-                          text=True, timeout=120)
+    plan = trainctl("plan", str(paths.spec), "--json")
     planned = json.loads(plan.stdout)["params"]
     assert len(starts) == 2 and all(s["params"] == {"total": planned["total"], "per_rank": planned["per_rank"]}
                                     for s in starts)
     assert planned["total"] == 217_664  # the tiny preset, LayerNorm without bias (tests/unit/test_params_built.py)
     # mfu-report holds the measured memory against the plan, per pipeline rank and component
-    report = subprocess.run([sys.executable, "-m", "trainctl", "mfu-report", str(paths.root), "--json"],
-                            capture_output=True, text=True, timeout=120)
+    report = trainctl("mfu-report", str(paths.root), "--json")
     mem = json.loads(report.stdout)["runs"][0]["memory"]
     assert mem["available"] and {x["pp_rank"] for x in mem["rows"]} == {0, 1}
     for row in mem["rows"]:

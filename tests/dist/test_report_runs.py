@@ -9,40 +9,34 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from cli_utils import TRAINCTL, trainctl
 from paths import REPO as ROOT
 
 from trainctl.hardware.detect import has_gpu
 from trainctl.rundir.paths import read_jsonl
 from trainctl.runtime.train import faults
 
-TRAINCTL = [sys.executable, "-m", "trainctl"]
 DP2 = ["parallel.tp=1", "parallel.pp=1", "cluster.gpus_per_node=2"]
 SLOW_S = 0.25
 
 
 KNOBS = (faults.ENV, "TRAINCTL_WATCHDOG_S")
+# what every command here changes in the environment: no fault knob of the caller's, the repository importable
+CLEAN = {**dict.fromkeys(KNOBS), "PYTHONPATH": str(ROOT)}
 
 
 def launch(run: Path, *sets: str, env: dict[str, str] | None = None,
            timeout: float = 240) -> subprocess.CompletedProcess:
     args = [x for s in (*DP2, *sets) for x in ("--set", s)]
-    e = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    for k in KNOBS:
-        if k not in (env or {}):
-            e.pop(k, None)
-    return subprocess.run([*TRAINCTL, "launch", "--run-dir", str(run), *args], cwd=ROOT, env=e,
-                          capture_output=True, text=True, timeout=timeout)
+    return trainctl("launch", "--run-dir", str(run), *args, env={**CLEAN, **(env or {})}, timeout=timeout)
 
 
 def report(*runs: Path, extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    return subprocess.run([*TRAINCTL, "mfu-report", *map(str, runs), *extra], cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"},
-                          capture_output=True, text=True, timeout=120)
+    return trainctl("mfu-report", *map(str, runs), *extra, env={"PYTHONPATH": str(ROOT), "COLUMNS": "200"})
 
 
 def rank_stderr(run: Path, rank: int) -> str:
@@ -189,9 +183,7 @@ def test_interrupted_and_resumed_run_has_goodput_below_100_percent(tmp_path):
                env=faults.encode(fail_at_step=5, fail_rank=1))
     assert p.returncode == 1
     logged_before = max(m["step"] for m in read_jsonl(run / "metrics.jsonl"))
-    e = {k: v for k, v in os.environ.items() if k not in KNOBS}
-    p = subprocess.run([*TRAINCTL, "resume", str(run)], cwd=ROOT, env={**e, "PYTHONPATH": str(ROOT)},
-                       capture_output=True, text=True, timeout=240)
+    p = trainctl("resume", str(run), env=CLEAN)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     (resumed,) = [ev for ev in read_jsonl(run / "events.jsonl") if ev["event"] == "resume_from"]
     ckpt_step = resumed["step"]
@@ -217,12 +209,6 @@ def test_interrupted_and_resumed_run_has_goodput_below_100_percent(tmp_path):
     assert "restart -> attempt 1" in text and "InjectedFailure" in text
 
 
-def trainctl(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    e = {k: v for k, v in os.environ.items() if k not in KNOBS}
-    return subprocess.run([*TRAINCTL, *args], cwd=ROOT, env={**e, "PYTHONPATH": str(ROOT)}, capture_output=True,
-                          text=True, timeout=timeout)
-
-
 @pytest.fixture(scope="module")
 def relaid(tmp_path_factory) -> dict:
     """One run, three attempts, as a user would drive it: launched with DP=2 for 4 steps (COMPLETED); extended
@@ -240,7 +226,7 @@ def relaid(tmp_path_factory) -> dict:
         while not any(m["step"] > 4 for m in read_jsonl(run / "metrics.jsonl")):  # the one-rank attempt trains
             assert resumed.poll() is None and time.monotonic() < deadline, "the resumed run did not train"
             time.sleep(0.3)
-        c = trainctl("cancel", str(run))
+        c = trainctl("cancel", str(run), env=CLEAN)
         assert c.returncode == 0, c.stdout + c.stderr
         out, _ = resumed.communicate(timeout=180)
     finally:
@@ -248,7 +234,7 @@ def relaid(tmp_path_factory) -> dict:
             resumed.kill()
     assert resumed.returncode == 75, out[-2000:]
     (stop,) = [ev for ev in read_jsonl(run / "events.jsonl") if ev["event"] == "checkpoint_on_signal"]
-    p = trainctl("resume", str(run), "--set", f"train.steps={stop['step'] + 1}")
+    p = trainctl("resume", str(run), "--set", f"train.steps={stop['step'] + 1}", env=CLEAN)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     r = report(run, extra=("--json",))
     assert r.returncode == 0, r.stderr

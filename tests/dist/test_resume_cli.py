@@ -11,41 +11,30 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cli_utils import TRAINCTL, trainctl
 from resume_utils import curve, events, stop_after
-from trainer_utils import ROOT, TINY, deep_update
+from spec_utils import write_spec
+from trainer_utils import ROOT
 
 from trainctl.checkpoint import list_checkpoints
 from trainctl.errors import EXIT_STOPPED
 
-
-def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    import os
-
-    return subprocess.run([sys.executable, "-m", "trainctl", *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=timeout, env={**os.environ, **(env or {})})
-
-
-def spec_file(tmp_path: Path, **sections) -> Path:
-    spec = deep_update(TINY, {"parallel": {"dp": 2}, "cluster": {"gpus_per_node": 2},
-                              "train": {"steps": 6}, "checkpoint": {"every_steps": 2, "keep_last": 5}})
-    spec = deep_update(spec, sections)
-    p = tmp_path / "spec.yaml"
-    p.write_text(yaml.safe_dump(spec))
-    return p
+DP2 = {"parallel": {"dp": 2}, "cluster": {"gpus_per_node": 2}, "train": {"steps": 6},
+       "checkpoint": {"every_steps": 2, "keep_last": 5}}
 
 
 @pytest.mark.slow
 def test_resume_local_appends_and_from_step_rewinds(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    r = cli("launch", str(spec_file(tmp_path)), "--run-dir", str(run), env=stop_after(3))
+    r = trainctl("launch", str(write_spec(tmp_path / "spec.yaml", DP2)), "--run-dir", str(run), env=stop_after(3))
     assert r.returncode == EXIT_STOPPED, r.stderr[-3000:]  # stopped with steps left: resumable
     assert [s for s, _, _ in curve(run)] == [1, 2, 3]
     batch = yaml.safe_load((run / "spec.yaml").read_text())["train"]["global_batch"]
-    dry = cli("resume", str(run), "--dry-run", "--json")
+    dry = trainctl("resume", str(run), "--dry-run", "--json")
     assert dry.returncode == 0, dry.stderr
     plan = json.loads(dry.stdout)
     assert plan["resume_step"] == 3 and plan["backend"] == "local" and "torch.distributed.run" in plan["command"]
-    r = cli("resume", str(run))
+    r = trainctl("resume", str(run))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert "resuming" in r.stdout and "from step 3" in r.stdout
     first = curve(run)
@@ -58,7 +47,7 @@ def test_resume_local_appends_and_from_step_rewinds(tmp_path: Path) -> None:
     # rewind to step 2: newer checkpoints are moved aside (never resumed by a later restart), steps 3-6 rerun;
     # the directory was copied without its logs (they are not needed to resume)
     shutil.rmtree(run / "logs")
-    r = cli("resume", str(run), "--from-step", "2")
+    r = trainctl("resume", str(run), "--from-step", "2")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert [i.step for i in list_checkpoints(run / "checkpoints")] == [2, 4, 6]  # 4, 6 re-saved by the rerun
     assert len(list((run / "checkpoints").glob("step-*.abandoned-*"))) == 3
@@ -68,39 +57,39 @@ def test_resume_local_appends_and_from_step_rewinds(tmp_path: Path) -> None:
     assert [s for s, _, _ in again] == [1, 2, 3, 4, 5, 6, 3, 4, 5, 6]
     assert again[6:] == first[2:]  # the rerun is bitwise the same training
     # --set: a longer run continues from the final checkpoint with the changed spec frozen in the run dir
-    r = cli("resume", str(run), "--set", "train.steps=7", "--dry-run")
+    r = trainctl("resume", str(run), "--set", "train.steps=7", "--dry-run")
     assert r.returncode == 0 and not (run / "spec.prev-1.yaml").exists()
     assert "warning" not in r.stdout
     # a new global batch with the old learning rate: the scaling rules are named, the choice left to the user
-    r = cli("resume", str(run), "--set", "train.steps=7", "--set", f"train.global_batch={2 * batch}", "--dry-run")
+    r = trainctl("resume", str(run), "--set", "train.steps=7", "--set", f"train.global_batch={2 * batch}", "--dry-run")
     assert r.returncode == 0, r.stderr
     assert f"warning: train.global_batch {batch} -> {2 * batch} (x2) with train.lr unchanged" in " ".join(
         r.stdout.split())
 
     # another model shape is refused before anything is launched or changed; another layout is resharded
-    r = cli("resume", str(run), "--set", "train.steps=8", "--set", "model.hidden=128")
+    r = trainctl("resume", str(run), "--set", "train.steps=8", "--set", "model.hidden=128")
     assert r.returncode == 2 and "different model shape (model.hidden: checkpoint 64, this run 128" in r.stderr
     assert len(json.loads((run / "job.json").read_text())["attempts"]) == 3
     new_layout = ["--set", "train.steps=8", "--set", "parallel.tp=2", "--set", "parallel.dp=1"]
-    dry = cli("resume", str(run), *new_layout, "--dry-run", "--json")
+    dry = trainctl("resume", str(run), *new_layout, "--dry-run", "--json")
     assert dry.returncode == 0, dry.stderr
     assert json.loads(dry.stdout)["layout_changes"] == ["tp 1 -> 2", "dp 2 -> 1"]
-    r = cli("resume", str(run), *new_layout)
+    r = trainctl("resume", str(run), *new_layout)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert "layout change: tp 1 -> 2" in r.stdout
     assert [s for s, _, _ in curve(run)][-2:] == [7, 8]
 
 
 def test_resume_usage_errors(tmp_path: Path) -> None:
-    r = cli("resume", str(tmp_path / "missing"))
+    r = trainctl("resume", str(tmp_path / "missing"))
     assert r.returncode == 2 and "no such run directory" in r.stderr
     run = tmp_path / "run"
     run.mkdir()
-    (run / "spec.yaml").write_text(spec_file(tmp_path).read_text())
-    r = cli("resume", str(run))
+    write_spec(run / "spec.yaml", DP2)
+    r = trainctl("resume", str(run))
     assert r.returncode == 2 and "not a run directory" in r.stderr
     (run / "job.json").write_text(json.dumps({"backend": "local", "attempts": []}))
-    r = cli("resume", str(run), "--from-step", "4")
+    r = trainctl("resume", str(run), "--from-step", "4")
     assert r.returncode == 2 and "no checkpoint for step 4" in r.stderr
 
 
@@ -112,7 +101,7 @@ def test_slurm_run_is_handed_to_the_slurm_launcher(tmp_path: Path, monkeypatch: 
 
     run = tmp_path / "run"
     run.mkdir()
-    (run / "spec.yaml").write_text(spec_file(tmp_path).read_text())
+    write_spec(run / "spec.yaml", DP2)
     (run / "job.json").write_text(json.dumps({"backend": "slurm", "attempts": []}))
     calls = []
     monkeypatch.setattr(submit, "resubmit", lambda paths, say: calls.append(paths.root) or "42")
@@ -157,8 +146,8 @@ def test_sigterm_to_trainctl_launch_checkpoints_then_resume_finishes(tmp_path: P
     from resume_utils import wait_for_step
 
     run = tmp_path / "run"
-    spec = spec_file(tmp_path, train={"steps": 40}, checkpoint={"every_steps": 100})
-    proc = subprocess.Popen([sys.executable, "-m", "trainctl", "launch", str(spec), "--run-dir", str(run)], cwd=ROOT,
+    spec = write_spec(tmp_path / "spec.yaml", DP2, {"train": {"steps": 40}, "checkpoint": {"every_steps": 100}})
+    proc = subprocess.Popen([*TRAINCTL, "launch", str(spec), "--run-dir", str(run)], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ})
     try:
         wait_for_step(run, 3)
@@ -173,6 +162,6 @@ def test_sigterm_to_trainctl_launch_checkpoints_then_resume_finishes(tmp_path: P
     assert job["attempts"][0]["status"] == "stopped"
     stop = next(e for e in events(run) if e["event"] == "checkpoint_on_signal")
     assert stop["signal"] == "SIGTERM" and [i.step for i in list_checkpoints(run / "checkpoints")] == [stop["step"]]
-    r = cli("resume", str(run))
+    r = trainctl("resume", str(run))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert [s for s, _, _ in curve(run)] == list(range(1, 41))

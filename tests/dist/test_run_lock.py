@@ -15,29 +15,21 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
-from trainer_utils import ROOT, TINY, deep_update
+from cli_utils import TRAINCTL, trainctl
+from spec_utils import write_spec
+from trainer_utils import ROOT
 
-from trainctl.hardware.hostname import this_host
 from trainctl.checkpoint import latest_valid
+from trainctl.hardware.hostname import this_host
 from trainctl.launch import runlock
 from trainctl.rundir.paths import RunPaths, read_jsonl
 
 pytestmark = pytest.mark.slow
 
 
-def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "trainctl", *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
-
-
-def spec_file(tmp_path: Path, **sections) -> Path:
-    # one rank: the lock is the launcher's, and a second rank would only cost CPU
-    spec = deep_update(TINY, {"parallel": {"dp": 1}, "cluster": {"gpus_per_node": 1},
-                              "train": {"steps": 2}, "checkpoint": {"every_steps": 2, "keep_last": 2}})
-    p = tmp_path / "spec.yaml"
-    p.write_text(yaml.safe_dump(deep_update(spec, sections)))
-    return p
+# one rank: the lock is the launcher's, and a second rank would only cost CPU
+ONE_RANK = {"parallel": {"dp": 1}, "cluster": {"gpus_per_node": 1}, "train": {"steps": 2},
+            "checkpoint": {"every_steps": 2, "keep_last": 2}}
 
 
 def kill_tree(proc: subprocess.Popen[str]) -> None:
@@ -53,9 +45,10 @@ def error_lines(r: subprocess.CompletedProcess[str]) -> list[str]:
 
 
 def test_second_launch_and_resume_on_a_live_run_exit_2_fast(tmp_path: Path) -> None:
-    spec = spec_file(tmp_path, train={"steps": 100000}, checkpoint={"every_steps": 100000})
+    spec = write_spec(tmp_path / "spec.yaml", ONE_RANK,
+                      {"train": {"steps": 100000}, "checkpoint": {"every_steps": 100000}})
     run = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "trainctl", "launch", str(spec), "--run-dir", str(run)],
+    proc = subprocess.Popen([*TRAINCTL, "launch", str(spec), "--run-dir", str(run)],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     lock = RunPaths(run).lock
@@ -70,7 +63,7 @@ def test_second_launch_and_resume_on_a_live_run_exit_2_fast(tmp_path: Path) -> N
         torchrun = held["children"][0][0]
         for args in (["launch", str(spec), "--run-dir", str(run)], ["resume", str(run)]):
             t0 = time.perf_counter()
-            r = cli(*args)
+            r = trainctl(*args)
             took = time.perf_counter() - t0
             print(f"trainctl {args[0]} on a live run: exit {r.returncode} in {took:.2f} s")
             assert r.returncode == 2, r.stdout + r.stderr
@@ -80,7 +73,7 @@ def test_second_launch_and_resume_on_a_live_run_exit_2_fast(tmp_path: Path) -> N
             assert f"torchrun pid {torchrun}" in line and f"`trainctl cancel {run}`" in line, line
             assert took < 10, took
         assert not [e for e in read_jsonl(run / "events.jsonl") if e["event"] == "resume_requested"]
-        r = cli("cancel", str(run))  # what the line says to do
+        r = trainctl("cancel", str(run))  # what the line says to do
         assert r.returncode == 0, r.stdout + r.stderr
         proc.wait(timeout=90)
         assert not lock.exists()  # released when the launcher exits
@@ -92,7 +85,7 @@ def test_second_launch_and_resume_on_a_live_run_exit_2_fast(tmp_path: Path) -> N
 def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("lock")
     run = tmp / "run"
-    r = cli("launch", str(spec_file(tmp)), "--run-dir", str(run))
+    r = trainctl("launch", str(write_spec(tmp / "spec.yaml", ONE_RANK)), "--run-dir", str(run))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert not RunPaths(run).lock.exists()  # released when the launcher exits
     return run
@@ -101,7 +94,7 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def resume_one_more_step(run: Path) -> subprocess.CompletedProcess[str]:
     info = latest_valid(run / "checkpoints")
     assert info is not None
-    return cli("resume", str(run), "--set", f"train.steps={info.step + 1}")
+    return trainctl("resume", str(run), "--set", f"train.steps={info.step + 1}")
 
 
 def test_stale_lock_of_a_dead_launcher_is_taken_over_with_a_note(finished_run: Path) -> None:
@@ -122,7 +115,7 @@ def test_lock_of_another_host_refuses_while_it_beats_and_is_taken_over_when_old(
                           command="resume", since=time.time() - 3600)
     lock = RunPaths(finished_run).lock
     lock.write_text(other.to_json())  # fresh heartbeat: live, whatever pid 4242 is here
-    r = cli("resume", str(finished_run))
+    r = trainctl("resume", str(finished_run))
     assert r.returncode == 2, r.stdout + r.stderr
     (line,) = error_lines(r)
     assert "trainctl resume (pid 4242 on host login-elsewhere" in line and "heartbeat" in line, line

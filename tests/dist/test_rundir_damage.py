@@ -8,17 +8,15 @@ One launch (2 ranks, stopped with a checkpoint after step 3 of 6) is copied for 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-import yaml
+from cli_utils import trainctl
 from resume_utils import stop_after
-from trainer_utils import ROOT, TINY, deep_update
+from spec_utils import write_spec
 
 from trainctl.data.prep import sample_text_path
 from trainctl.errors import EXIT_STOPPED, EXIT_USAGE
@@ -30,11 +28,6 @@ STOPPED_AT = 3
 STEPS = 6
 
 
-def cli(*args: str, prefix: tuple[str, ...] = (), cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*prefix, sys.executable, "-m", "trainctl", *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=300)
-
-
 def ok(r: subprocess.CompletedProcess[str]) -> None:
     assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
 
@@ -43,14 +36,11 @@ def ok(r: subprocess.CompletedProcess[str]) -> None:
 def launched(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(spec file, run directory stopped after step 3 with checkpoints at steps 2 and 3)."""
     base = tmp_path_factory.mktemp("launched")
-    spec = deep_update(TINY, {"parallel": {"dp": 2}, "cluster": {"gpus_per_node": 2}, "train": {"steps": STEPS},
-                              "checkpoint": {"every_steps": 2, "keep_last": 5}})
-    spec_file = base / "spec.yaml"
-    spec_file.write_text(yaml.safe_dump(spec))
+    spec_file = write_spec(base / "spec.yaml", {"parallel": {"dp": 2}, "cluster": {"gpus_per_node": 2},
+                                                "train": {"steps": STEPS},
+                                                "checkpoint": {"every_steps": 2, "keep_last": 5}})
     run = base / "run"
-    r = subprocess.run([sys.executable, "-m", "trainctl", "launch", str(spec_file), "--run-dir", str(run)],
-                       capture_output=True, text=True, cwd=ROOT, timeout=300, env={**os.environ,
-                                                                                   **stop_after(STOPPED_AT)})
+    r = trainctl("launch", str(spec_file), "--run-dir", str(run), env=stop_after(STOPPED_AT))
     assert r.returncode == EXIT_STOPPED, r.stdout[-2000:] + r.stderr[-3000:]
     return spec_file, run
 
@@ -74,7 +64,7 @@ def test_torn_and_non_utf8_jsonl_resume_and_report(launched: tuple[Path, Path], 
     metrics.write_bytes(lines[0] + b"\n\xff\xfe\x80 not utf-8\n" + lines[1] + b"\n" + lines[2][:len(lines[2]) // 2])
     events.write_bytes(events.read_bytes() + b'{"time": 1.0, "event": "torn')  # the launcher appends next
 
-    r = cli("resume", str(run))
+    r = trainctl("resume", str(run))
     ok(r)
     assert "metrics.jsonl: skipped 2 unreadable lines (2, 4)" in r.stdout
     assert "events.jsonl: skipped 1 unreadable line" in r.stdout
@@ -87,14 +77,14 @@ def test_torn_and_non_utf8_jsonl_resume_and_report(launched: tuple[Path, Path], 
     kinds = [e["event"] for e in ev.records]
     assert kinds.count("resume_requested") == 1 and kinds.count("resume_from") == 1 and kinds[-1] == "launcher_exit"
 
-    r = cli("mfu-report", str(run), "--json")
+    r = trainctl("mfu-report", str(run), "--json")
     ok(r)
     (report,) = json.loads(r.stdout)["runs"]
     assert report["summary"]["steps_completed"] == STEPS
     assert [s["step"] for s in report["series"]] == [1, 2, 4, 5, 6]
     assert any("metrics.jsonl: skipped 2 unreadable lines" in w for w in report["warnings"])
     assert any("events.jsonl: skipped 1 unreadable line" in w for w in report["warnings"])
-    r = cli("mfu-report", str(run))
+    r = trainctl("mfu-report", str(run))
     ok(r)
     assert "metrics.jsonl: skipped 2 unreadable lines" in " ".join(r.stdout.split())
 
@@ -105,7 +95,7 @@ def test_truncated_job_json_status_runs_and_repair(launched: tuple[Path, Path], 
     whole = json.loads(job.read_text())
     job.write_text(job.read_text()[:120])  # truncated mid-record
     for command in (("status", str(run)), ("resume", str(run))):
-        r = cli(*command)
+        r = trainctl(*command)
         assert r.returncode == EXIT_USAGE, r.stderr
         (line,) = r.stderr.strip().splitlines()
         assert f"{job} is damaged" in line and f"checkpoints up to step {STOPPED_AT}" in line, line
@@ -115,13 +105,13 @@ def test_truncated_job_json_status_runs_and_repair(launched: tuple[Path, Path], 
     lost = tmp_path / "lost"  # job.json deleted: the spec and events still make it a run directory
     shutil.copytree(launched[1], lost)
     (lost / "job.json").unlink()
-    r = cli("status", str(lost))
+    r = trainctl("status", str(lost))
     assert r.returncode == EXIT_USAGE and f"{lost / 'job.json'} is damaged (missing)" in r.stderr, r.stderr
-    r = cli("resume", str(lost), "--repair", "--dry-run")
+    r = trainctl("resume", str(lost), "--repair", "--dry-run")
     ok(r)
     assert "would rebuild job.json (local backend, 1 attempt(s))" in r.stdout and not (lost / "job.json").exists()
 
-    r = cli("runs", str(tmp_path), "--json")
+    r = trainctl("runs", str(tmp_path), "--json")
     ok(r)
     listed = {Path(s["run_dir"]).name: s for s in json.loads(r.stdout)}
     assert set(listed) == {"run", "lost"}
@@ -129,12 +119,12 @@ def test_truncated_job_json_status_runs_and_repair(launched: tuple[Path, Path], 
         assert s["state"] == "DAMAGED" and s["backend"] == "local" and s["steps_done"] == STOPPED_AT, s
         assert "--repair" in s["reason"], s
 
-    r = cli("resume", str(run), "--repair", "--dry-run")
+    r = trainctl("resume", str(run), "--repair", "--dry-run")
     ok(r)
     assert "would rebuild job.json (local backend, 1 attempt(s))" in r.stdout
     assert sorted(p.name for p in run.iterdir()) == sorted(p.name for p in launched[1].iterdir())  # unchanged
 
-    r = cli("resume", str(run), "--repair")
+    r = trainctl("resume", str(run), "--repair")
     ok(r)
     assert "rebuilt job.json" in r.stdout and f"from step {STOPPED_AT}" in r.stdout
     assert steps(run) == list(range(1, STEPS + 1))
@@ -143,7 +133,7 @@ def test_truncated_job_json_status_runs_and_repair(launched: tuple[Path, Path], 
     assert [(a["attempt"], a["kind"], a["status"]) for a in rebuilt["attempts"]] == [
         (1, "launch", "stopped"), (2, "resume", "completed")]
     assert (run / rebuilt["repaired"]["damaged_copy"]).read_text() == (launched[1] / "job.json").read_text()[:120]
-    r = cli("status", str(run), "--json")
+    r = trainctl("status", str(run), "--json")
     ok(r)
     assert json.loads(r.stdout)["state"] == "COMPLETED"
 
@@ -190,7 +180,7 @@ def test_unwritable_targets_refused_in_one_line(unwritable: tuple[Path, tuple[st
         "calibrate --out": ("calibrate", spec, "--out", str(target / "calibration.json")),
     }
     for what, args in commands.items():
-        r = cli(*args, prefix=prefix)
+        r = trainctl(*args, prefix=prefix)
         assert r.returncode == EXIT_USAGE, f"{what}: exit {r.returncode}\n{r.stdout}\n{r.stderr}"
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1, f"{what}: {r.stderr}"

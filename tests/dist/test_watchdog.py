@@ -21,6 +21,7 @@ from trainctl.rundir.paths import RunPaths, read_jsonl
 from trainctl.runtime.train import faults
 from trainctl.runtime.observe import watchdog
 
+from cli_utils import trainctl
 from paths import REPO as ROOT
 
 SCRIPT = textwrap.dedent("""
@@ -156,6 +157,5 @@ def test_a_stopped_rank_is_named_and_killed(tmp_path):
     assert "Thread 0x" not in out  # rank 0's stack dump is in its log, not on the terminal
     hangs = [e for e in read_jsonl(run / "events.jsonl") if e["event"] == "hang"]
     assert hangs and all(h["rank"] == 1 and h["detected_by"] == 0 and h["killed"] for h in hangs), hangs
-    status = subprocess.run([sys.executable, "-m", "trainctl", "status", str(run)], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=60)
+    status = trainctl("status", str(run), env=env)
     assert "FAILED" in status.stdout and "rank 1" in status.stdout, status.stdout

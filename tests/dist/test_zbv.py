@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from spec_utils import deep_update
 from test_layout_matrix import BASE, GPT, LLAMA, compare, run_matrix
 from test_resume_faults import assert_layout_chain_stays_on_the_curve
-from trainer_utils import deep_update
 
 pytestmark = pytest.mark.slow
 

@@ -25,7 +25,8 @@ import slurm_fixtures
 import yaml
 from resume_utils import curve, ok
 from slurm_fixtures import SlurmCluster, cli, step_exited, step_pids
-from trainer_utils import TINY, deep_update, max_rel_diff, run_trainer
+from spec_utils import TINY, deep_update
+from trainer_utils import max_rel_diff, run_trainer
 
 from trainctl.rundir.paths import RunPaths, read_jsonl
 from trainctl.runtime.train import faults

@@ -23,7 +23,7 @@ import slurm_fixtures
 import yaml
 from paths import REPO
 from slurm_fixtures import SlurmCluster, cli, step_exited
-from trainer_utils import TINY, deep_update
+from spec_utils import TINY, deep_update
 
 from trainctl.rundir.paths import RunPaths, read_jsonl
 from trainctl.runtime.train import faults

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from trainer_utils import TINY, deep_update
+from spec_utils import TINY, deep_update
 
 from trainctl.runtime.parallel.process_groups import runs_on_gpu
 from trainctl.spec.loader import validate_spec

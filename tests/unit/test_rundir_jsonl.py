@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import yaml
-from trainer_utils import TINY, deep_update
+from spec_utils import TINY, deep_update
 
 from trainctl.launch.repair import rebuild
 from trainctl.rundir import runstate

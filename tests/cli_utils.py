@@ -1,0 +1,31 @@
+"""The `trainctl` command as a user runs it, in its own process: the one helper every test drives the CLI with.
+(Tests that need the process while it runs, to signal it or read it line by line, start it with Popen and
+`TRAINCTL` themselves.)"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from paths import REPO
+
+TRAINCTL = [sys.executable, "-m", "trainctl"]
+
+
+def trainctl(*args: str, cwd: Path | str = REPO, env: Mapping[str, str | None] | None = None,
+             inherit_env: bool = True, prefix: Sequence[str] = (),
+             timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """`trainctl ARGS` run from `cwd` (the repository unless told) with no terminal on stdin; its exit status and
+    its stdout and stderr as text.
+
+    env: variables set over this process's environment and OMP_NUM_THREADS=1 (the processes of a test share
+    the cores; `trainctl launch` sets its ranks' own), a None value removing one; with inherit_env=False, the
+    whole environment. prefix: a command the CLI runs under (e.g. setpriv dropping a capability).
+    timeout: seconds before the test fails as hung; a command that trains for longer says so."""
+    base = {**os.environ, "OMP_NUM_THREADS": "1"} if inherit_env else {}
+    merged = {k: v for k, v in {**base, **(env or {})}.items() if v is not None}
+    return subprocess.run([*prefix, *TRAINCTL, *args], cwd=cwd, env=merged, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=timeout)
