@@ -21,11 +21,10 @@ def trainctl(*args: str, cwd: Path | str = REPO, env: Mapping[str, str | None] |
     """`trainctl ARGS` run from `cwd` (the repository unless told) with no terminal on stdin; its exit status and
     its stdout and stderr as text.
 
-    env: variables set over this process's environment and OMP_NUM_THREADS=1 (the processes of a test share
-    the cores; `trainctl launch` sets its ranks' own), a None value removing one; with inherit_env=False, the
-    whole environment. prefix: a command the CLI runs under (e.g. setpriv dropping a capability).
+    env: variables set over this process's environment (a None value removes one); with inherit_env=False,
+    the whole environment. prefix: a command the CLI runs under (e.g. setpriv dropping a capability).
     timeout: seconds before the test fails as hung; a command that trains for longer says so."""
-    base = {**os.environ, "OMP_NUM_THREADS": "1"} if inherit_env else {}
+    base = dict(os.environ) if inherit_env else {}
     merged = {k: v for k, v in {**base, **(env or {})}.items() if v is not None}
     return subprocess.run([*prefix, *TRAINCTL, *args], cwd=cwd, env=merged, stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=timeout)

@@ -7,13 +7,12 @@ README's launches and calibration run once per session (tests/conftest.py `readm
 
 from __future__ import annotations
 
-import os
 import shlex
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cli_utils import trainctl
 from data_utils import write_bpe_tokenizer, write_jsonl_corpus
 from paths import REPO
 
@@ -89,12 +88,11 @@ class Result:
 
 
 def run(ex: Example, cwd: Path) -> Result:
-    env = {k: v for k, v in os.environ.items() if k not in ("TRAINCTL_FAULTS", "TRAINCTL_WATCHDOG_S")}
-    env["COLUMNS"] = "120"  # the width the README's tables were printed at
+    env = {"TRAINCTL_FAULTS": None, "TRAINCTL_WATCHDOG_S": None,
+           "COLUMNS": "120"}  # the width the README's tables were printed at
     if ex.args[0] == "launch" and SLURM_ELSEWHERE in ex.args:
         env["PATH"] = str(Path(sys.executable).parent)  # no sinfo: the shared Slurm test cluster is not ours
-    p = subprocess.run([sys.executable, "-m", "trainctl", *ex.args], cwd=cwd, env=env, capture_output=True,
-                       text=True, timeout=600)
+    p = trainctl(*ex.args, cwd=cwd, env=env, timeout=600)
     # the README shows paths relative to the directory it is followed in
     output = (p.stdout + p.stderr).replace(f"{cwd}/", "")
     return Result(ex, p.returncode, output)

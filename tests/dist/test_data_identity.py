@@ -8,11 +8,11 @@ from __future__ import annotations
 import hashlib
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_utils import TRAINCTL
 from resume_utils import events, wait_for_step
 from test_resume_cli import cli, spec_file
 from trainer_utils import ROOT, rank_env
@@ -35,7 +35,7 @@ def test_a_changed_token_file_is_named_under_a_running_rank_at_resume_and_at_a_r
     run = tmp_path / "run"
     spec = spec_file(tmp_path, train={"steps": 400}, data={"synthetic": False, "path": str(tokens)},
                      parallel={"dp": 1}, cluster={"gpus_per_node": 1})
-    launch = subprocess.Popen([sys.executable, "-m", "trainctl", "launch", str(spec), "--run-dir", str(run)],
+    launch = subprocess.Popen([*TRAINCTL, "launch", str(spec), "--run-dir", str(run)],
                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_for_step(run, 3)

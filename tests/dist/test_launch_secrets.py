@@ -10,11 +10,11 @@ import json
 import os
 import stat
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from cli_utils import TRAINCTL
 from env_probe import PROBE_VALUE, make_probe
 from trainer_utils import ROOT, files_containing, processes_mentioning
 
@@ -32,7 +32,7 @@ def launch_watching_ranks(run: Path, args: list[str], env: dict[str, str]) -> tu
                                                                                      list[dict[str, str]]]:
     """Run the CLI under umask 022 and read every rank's environment (/proc/PID/environ) while it lives."""
     e = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "WANDB_API_KEY", "OTHER_TOKEN")}
-    proc = subprocess.Popen([sys.executable, "-m", "trainctl", *args], cwd=ROOT, env={**e, **env}, text=True,
+    proc = subprocess.Popen([*TRAINCTL, *args], cwd=ROOT, env={**e, **env}, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=lambda: os.umask(0o022))
     seen: dict[int, dict[str, str]] = {}
     while proc.poll() is None:

@@ -11,13 +11,12 @@ import re
 import shutil
 import struct
 import subprocess
-import sys
 import termios
 from pathlib import Path
 
 import pytest
 import yaml
-from cli_utils import trainctl
+from cli_utils import TRAINCTL, trainctl
 from spec_utils import TINY, deep_update
 from trainer_utils import ROOT
 
@@ -32,7 +31,7 @@ def in_terminal(*args: str, columns: int = WIDTH, timeout: float = 300) -> tuple
     leader, follower = pty.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
-    proc = subprocess.Popen([sys.executable, "-m", "trainctl", *args], stdin=subprocess.DEVNULL, stdout=follower,
+    proc = subprocess.Popen([*TRAINCTL, *args], stdin=subprocess.DEVNULL, stdout=follower,
                             stderr=follower, cwd=ROOT, env={**env, "OMP_NUM_THREADS": "1"})
     os.close(follower)
     chunks = []

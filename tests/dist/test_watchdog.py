@@ -21,7 +21,7 @@ from trainctl.rundir.paths import RunPaths, read_jsonl
 from trainctl.runtime.train import faults
 from trainctl.runtime.observe import watchdog
 
-from cli_utils import trainctl
+from cli_utils import TRAINCTL, trainctl
 from paths import REPO as ROOT
 
 SCRIPT = textwrap.dedent("""
@@ -138,7 +138,7 @@ def test_a_stopped_rank_is_named_and_killed(tmp_path):
     env.pop(faults.ENV, None)
     terminal = tmp_path / "terminal.txt"
     with open(terminal, "w") as console:
-        proc = subprocess.Popen([sys.executable, "-m", "trainctl", "launch", str(ROOT / "recipes" / "tiny-cpu.yaml"),
+        proc = subprocess.Popen([*TRAINCTL, "launch", str(ROOT / "recipes" / "tiny-cpu.yaml"),
                                  "--run-dir", str(run), *(x for s in sets for x in ("--set", s))],
                                 cwd=ROOT, env=env, stdout=console, stderr=subprocess.STDOUT)
     beat = wait_for_step(RunPaths(run).heartbeat(1), 3, proc)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,12 +75,6 @@ def wait_for(predicate, what: str, timeout: float = 30, interval: float = 0.2):
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-def cli(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """`trainctl ARGS` as a user runs it from the repository, no terminal on stdin."""
-    return subprocess.run([sys.executable, "-m", "trainctl", *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=REPO, stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
 
 
 def step_exited(paths: RunPaths, job: str | None = None) -> bool:

@@ -23,8 +23,9 @@ from pathlib import Path
 import pytest
 import slurm_fixtures
 import yaml
+from cli_utils import trainctl
 from resume_utils import curve, ok
-from slurm_fixtures import SlurmCluster, cli, step_exited, step_pids
+from slurm_fixtures import SlurmCluster, step_exited, step_pids
 from spec_utils import TINY, deep_update
 from trainer_utils import max_rel_diff, run_trainer
 
@@ -69,7 +70,7 @@ def test_losing_a_node_finishes_on_the_other_on_the_curve(slurm_cluster: SlurmCl
 
     spec, run = tmp_path / "spec.yaml", tmp_path / "run"
     spec.write_text(yaml.safe_dump(SPEC))
-    r = cli("launch", str(spec), "--run-dir", str(run), env=faults.encode(slow_rank="0:0.2+1:0.2"))  # paced steps
+    r = trainctl("launch", str(spec), "--run-dir", str(run), env=faults.encode(slow_rank="0:0.2+1:0.2"))  # paced steps
     assert r.returncode == 0, r.stdout + r.stderr
     paths = RunPaths(run)
     job = json.loads(paths.job.read_text())["job_id"]
@@ -100,12 +101,12 @@ def test_losing_a_node_finishes_on_the_other_on_the_curve(slurm_cluster: SlurmCl
           f"{starts[-1]['time'] - t_kill:.1f} s after the kill")
     assert rel <= 1e-5
 
-    st = json.loads(cli("status", str(run), "--json").stdout)
+    st = json.loads(trainctl("status", str(run), "--json").stdout)
     assert st["state"] == "COMPLETED" and st["steps_done"] == STEPS, st
-    rep = cli("mfu-report", str(run), "--json")
+    rep = trainctl("mfu-report", str(run), "--json")
     assert rep.returncode == 0, rep.stderr
     segments = json.loads(rep.stdout)["runs"][0]["nodes"]["segments"]
     assert [(x["nodes"], x["world_size"], x["micro_batches"]) for x in (segments[0], segments[-1])] == [
         (2, 2, 4), (1, 1, 8)]
-    text = cli("mfu-report", str(run)).stdout
+    text = trainctl("mfu-report", str(run)).stdout
     assert "elastic: 2 -> 1 node" in " ".join(text.split()), text

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 import slurm_fixtures
+from cli_utils import trainctl
 from env_probe import PROBE_VALUE, make_probe
 from paths import REPO
-from slurm_fixtures import SlurmCluster, cli
+from slurm_fixtures import SlurmCluster
 
 from trainctl.launch.slurm import render, sbatch_template, submit
 from trainctl.rundir.paths import RunPaths, read_jsonl
@@ -35,7 +36,7 @@ TRAINER_PROVES_PLACEMENT = "prove_placement" in (REPO / "trainctl" / "runtime" /
     REPO / "trainctl" / "runtime" / "trainer.py").read_text()
 
 def status(run: Path) -> dict:
-    r = cli("status", str(run), "--json")
+    r = trainctl("status", str(run), "--json")
     assert r.returncode == 0, r.stdout + r.stderr
     return json.loads(r.stdout)
 
@@ -79,7 +80,7 @@ LONG = ["--set", "cluster.nodes=2", "--set", "cluster.gpus_per_node=2", "--set",
 def reference_losses(tmp_path_factory) -> list[float]:
     """The same spec run uninterrupted on this machine (torchrun --standalone): the loss of every step."""
     run = tmp_path_factory.mktemp("reference") / "run"
-    r = cli("launch", str(TINY), *LONG_RUN, "--set", "cluster.gpus_per_node=4", "--run-dir", str(run), timeout=300)
+    r = trainctl("launch", str(TINY), *LONG_RUN, "--set", "cluster.gpus_per_node=4", "--run-dir", str(run), timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     out = losses(run)
     assert len(out) == LONG_STEPS
@@ -102,7 +103,7 @@ def test_two_node_job_completes_with_local_losses(slurm_cluster: SlurmCluster, t
     else:
         extra = ["--set", f"launcher.setup={json.dumps(probe.setup)}", "--set", f"launcher.python={probe.python}",
                  "--set", "launcher.nccl.debug=INFO", "--set", "launcher.nccl.socket_ifname=lo"]
-    r = cli("launch", *LONG, "--set", f"launcher.mode={mode}", *extra, "--run-dir", str(run))
+    r = trainctl("launch", *LONG, "--set", f"launcher.mode={mode}", *extra, "--run-dir", str(run))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "submitted Slurm job" in r.stdout and "trainctl logs" in r.stdout
     st = wait_done(run)
@@ -112,15 +113,15 @@ def test_two_node_job_completes_with_local_losses(slurm_cluster: SlurmCluster, t
     assert f"step {LONG_STEPS}/{LONG_STEPS}" in out
     kinds = [e["event"] for e in read_jsonl(run / "events.jsonl")]
     assert kinds[:2] == ["submit", "slurm_start"] and "finish" in kinds and kinds[-1] == "step_exit"
-    logs = cli("logs", str(run))
+    logs = trainctl("logs", str(run))
     assert logs.returncode == 0 and f"step {LONG_STEPS}/{LONG_STEPS}" in logs.stdout
     if TRAINER_PROVES_PLACEMENT:
         placement = json.loads((run / "placement.json").read_text())
         assert placement["tp_groups_across_nodes"] == [] and sorted(placement["nodes"]) == ["n1", "n2"]
-    listed = cli("runs", str(tmp_path), "--json")
+    listed = trainctl("runs", str(tmp_path), "--json")
     assert json.loads(listed.stdout)[0]["state"] == "COMPLETED"
     # mfu-report: queueing is sbatch -> the batch script's first line; start-up from there to the first step
-    (g,) = [x["goodput"] for x in json.loads(cli("mfu-report", str(run), "--json").stdout)["runs"]]
+    (g,) = [x["goodput"] for x in json.loads(trainctl("mfu-report", str(run), "--json").stdout)["runs"]]
     (submitted,), (started,) = events(run, "submit"), events(run, "slurm_start")
     first = read_jsonl(run / "metrics.jsonl")[0]
     assert g["lost_s"]["queueing"] == pytest.approx(started["time"] - submitted["time"], abs=1e-6)
@@ -146,13 +147,13 @@ def test_shell_metacharacters_run_exactly_what_was_asked(slurm_cluster: SlurmClu
     run = tmp_path / f"run {EVIL}"  # relative MARKs: they would land in the job's cwd (REPO) or the run dir
     spec = tmp_path / "spec.yaml"
     spec.write_text(TINY.read_text())
-    r = cli("launch", str(spec), "--set", "cluster.nodes=2", "--set", "cluster.gpus_per_node=1",
-            "--set", "launcher.backend=slurm", "--set", "launcher.mode=srun", "--set", "train.steps=2",
-            "--set", "parallel.tp=1", "--set", "parallel.pp=1", "--set", "parallel.dp=2",
-            "--set", f"name={json.dumps(EVIL)}",
-            "--set", f"launcher.srun_args={json.dumps(['--comment=' + evil])}",
-            "--set", f"launcher.env={json.dumps({'TRAINCTL_EVIL': evil, 'HF_TOKEN': SECRET})}",
-            "--run-dir", str(run))
+    r = trainctl("launch", str(spec), "--set", "cluster.nodes=2", "--set", "cluster.gpus_per_node=1",
+                 "--set", "launcher.backend=slurm", "--set", "launcher.mode=srun", "--set", "train.steps=2",
+                 "--set", "parallel.tp=1", "--set", "parallel.pp=1", "--set", "parallel.dp=2",
+                 "--set", f"name={json.dumps(EVIL)}",
+                 "--set", f"launcher.srun_args={json.dumps(['--comment=' + evil])}",
+                 "--set", f"launcher.env={json.dumps({'TRAINCTL_EVIL': evil, 'HF_TOKEN': SECRET})}",
+                 "--run-dir", str(run))
     assert r.returncode == 0, r.stdout + r.stderr
     jid = job_id(run)
     show = subprocess.run(["scontrol", "show", "job", "-o", jid], capture_output=True, text=True).stdout
@@ -167,7 +168,7 @@ def test_shell_metacharacters_run_exactly_what_was_asked(slurm_cluster: SlurmClu
 
 def test_dry_run_submits_nothing(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     before = squeue_ids()
-    r = cli("launch", *SLURM, "--dry-run", "--run-dir", str(tmp_path / "run"))
+    r = trainctl("launch", *SLURM, "--dry-run", "--run-dir", str(tmp_path / "run"))
     assert r.returncode == 0, r.stderr
     assert "#SBATCH --nodes=2" in r.stdout and "torch.distributed.run" in r.stdout
     assert "8 ranks = tp 2 x pp 2 x dp 2" in r.stdout and "cluster check (sinfo): ok" in r.stdout
@@ -184,7 +185,7 @@ def test_sinfo_checks_reject_before_submitting(slurm_cluster: SlurmCluster, tmp_
                                                needle: str) -> None:
     before = squeue_ids()
     args = [x for s in sets for x in ("--set", s)]
-    r = cli("launch", *SLURM, *args, "--run-dir", str(tmp_path / "run"))
+    r = trainctl("launch", *SLURM, *args, "--run-dir", str(tmp_path / "run"))
     assert r.returncode == 2, r.stdout + r.stderr
     assert needle in r.stderr and r.stderr.startswith("error: ")
     assert not (tmp_path / "run").exists() and squeue_ids() == before
@@ -241,13 +242,13 @@ def test_cancel_and_logs_of_a_running_job(slurm_cluster: SlurmCluster, tmp_path:
     submit.submit(launch, paths)
     wait_for(lambda: len(list((paths.root / "stub").glob("up-*-0"))) == STUB_RANKS, "every rank up", 120)
     assert status(paths.root)["state"] == "RUNNING"
-    r = cli("cancel", str(paths.root))
+    r = trainctl("cancel", str(paths.root))
     assert r.returncode == 0 and "cancelled Slurm job" in r.stdout, r.stderr
     wait_for(lambda: status(paths.root)["state"] == "CANCELLED", "CANCELLED", 60)
-    assert "already CANCELLED" in cli("cancel", str(paths.root)).stdout
-    text = cli("status", str(paths.root)).stdout
+    assert "already CANCELLED" in trainctl("cancel", str(paths.root)).stdout
+    text = trainctl("status", str(paths.root)).stdout
     assert re.search(r"CANCELLED", text)
-    assert cli("logs", str(paths.root)).returncode == 0
+    assert trainctl("logs", str(paths.root)).returncode == 0
     assert RunPaths(paths.root).job.exists()
 
 
@@ -272,7 +273,7 @@ def test_cancel_force_on_slurm_is_slurms_own_kill(slurm_cluster: SlurmCluster, t
     paths = submit.create(launch)
     jid = submit.submit(launch, paths)
     wait_for(lambda: len(list((paths.root / "stub").glob("up-*-0"))) == STUB_RANKS, "every rank up", 120)
-    r = cli("cancel", "--force", str(paths.root))
+    r = trainctl("cancel", "--force", str(paths.root))
     assert r.returncode == 0 and f"cancelled Slurm job {jid} with scancel --signal=KILL" in r.stdout, r
     st = wait_for(lambda: (s := status(paths.root))["state"] != "STOPPING" and s, "the job to end", 60)
     assert st["state"] == "CANCELLED" and "(`trainctl cancel --force`)" in st["reason"], st
@@ -318,7 +319,7 @@ def test_warning_signal_then_scontrol_requeue_resume_with_the_reference_losses(
     ranks checkpoint if they can, else attempt 3 replays from the last periodic checkpoint. The job's log reads
     as clean stops: no traceback, no torchrun SignalException, no srun error."""
     run = tmp_path / "run"
-    r = cli("launch", *LONG, "--set", "launcher.mode=srun", "--run-dir", str(run))
+    r = trainctl("launch", *LONG, "--set", "launcher.mode=srun", "--run-dir", str(run))
     assert r.returncode == 0, r.stdout + r.stderr
     jid = job_id(run)
     wait_step(run, 5)
@@ -375,8 +376,8 @@ def test_killed_rank_restarts_then_cancel_and_trainctl_resume(slurm_cluster: Slu
     latest checkpoint; then the job is cancelled mid-run and `trainctl resume RUN` submits the run's script
     again: a new job resumes from the latest checkpoint and finishes with the reference losses."""
     run = tmp_path / "run"
-    r = cli("launch", *LONG, "--set", "launcher.mode=torchrun", "--set", "launcher.max_restarts=2",
-            "--run-dir", str(run))
+    r = trainctl("launch", *LONG, "--set", "launcher.mode=torchrun", "--set", "launcher.max_restarts=2",
+                 "--run-dir", str(run))
     assert r.returncode == 0, r.stdout + r.stderr
     jid = job_id(run)
     wait_step(run, 6)
@@ -386,7 +387,7 @@ def test_killed_rank_restarts_then_cancel_and_trainctl_resume(slurm_cluster: Slu
     [start0, start1] = events(run, "start")
     killed_at = max(r["step"] for r in read_jsonl(run / "metrics.jsonl") if r["time"] < start1["time"])
     wait_step(run, killed_at + 4)
-    r = cli("cancel", str(run))
+    r = trainctl("cancel", str(run))
     assert r.returncode == 0, r.stdout + r.stderr
     wait_for(lambda: status(run)["state"] == "CANCELLED", "CANCELLED", 60)
     cancelled_at = last_step(run)
@@ -402,7 +403,7 @@ def test_killed_rank_restarts_then_cancel_and_trainctl_resume(slurm_cluster: Slu
     if events(run, "checkpoint_on_signal"):
         assert "the ranks stopped after step" in out
     assert cancelled_at < LONG_STEPS, "the run finished before it could be cancelled: raise LONG_STEPS"
-    r = cli("resume", str(run))
+    r = trainctl("resume", str(run))
     assert r.returncode == 0, r.stdout + r.stderr
     new = job_id(run)
     assert new != jid and f"submitted job {new}" in r.stdout and "resuming" in r.stdout
@@ -421,9 +422,7 @@ def test_killed_rank_restarts_then_cancel_and_trainctl_resume(slurm_cluster: Slu
 
 def launch_with_faults(run: Path, env: dict[str, str], *sets: str) -> str:
     """`trainctl launch` on Slurm with a test fault in the submitting environment (sbatch exports it)."""
-    r = subprocess.run([sys.executable, "-m", "trainctl", "launch", *LONG, "--set", "launcher.mode=srun", *sets,
-                        "--run-dir", str(run)], capture_output=True, text=True, timeout=120, cwd=REPO,
-                       stdin=subprocess.DEVNULL, env={**os.environ, **env})
+    r = trainctl("launch", *LONG, "--set", "launcher.mode=srun", *sets, "--run-dir", str(run), env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     return job_id(run)
 
@@ -489,8 +488,8 @@ def test_a_token_file_changed_before_a_requeue_stops_the_next_attempt_naming_it(
     tokens = tmp_path / "tokens.bin"
     np.random.default_rng(0).integers(0, 256, 200_000, dtype="<u2").tofile(tokens)
     run = tmp_path / "run"
-    r = cli("launch", *LONG, "--set", "launcher.mode=srun", "--set", "data.synthetic=false", "--set",
-            f"data.path={tokens}", "--run-dir", str(run))
+    r = trainctl("launch", *LONG, "--set", "launcher.mode=srun", "--set", "data.synthetic=false", "--set",
+                 f"data.path={tokens}", "--run-dir", str(run))
     assert r.returncode == 0, r.stdout + r.stderr
     jid = job_id(run)
     wait_step(run, 2)
@@ -525,8 +524,8 @@ def test_a_stop_before_the_ranks_exist_reaches_them_and_the_log_reads_clean(slur
     run, held, go = tmp_path / "run", tmp_path / "held", tmp_path / "go"
     hold = (f'if [ -n "${{SLURM_STEP_ID:-}}" ]; then touch "{held}-$SLURMD_NODENAME"; '
             f'while [ ! -e "{go}" ]; do sleep 0.2; done; fi')
-    r = cli("launch", *LONG, "--set", "launcher.mode=torchrun", "--set", f"launcher.setup={json.dumps([hold])}",
-            "--run-dir", str(run))
+    r = trainctl("launch", *LONG, "--set", "launcher.mode=torchrun", "--set", f"launcher.setup={json.dumps([hold])}",
+                 "--run-dir", str(run))
     assert r.returncode == 0, r.stdout + r.stderr
     jid = job_id(run)
 

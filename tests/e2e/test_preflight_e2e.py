@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 import slurm_fixtures
+from cli_utils import trainctl
 from slow_node import slow_node
-from slurm_fixtures import SlurmCluster, cli, step_exited
+from slurm_fixtures import SlurmCluster, step_exited
 
 from trainctl.rundir.paths import RunPaths, read_jsonl
 
@@ -33,7 +34,7 @@ LOOSE = ["--min-matmul-ratio", "0.4"]
 def test_healthy_cluster_passes(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     spec = tmp_path / "spec.yaml"
     spec.write_text(SPEC)
-    r = cli("preflight", str(spec), "--nodes", "2", *LOOSE, "--json", "--run-dir", str(tmp_path / "pf"))
+    r = trainctl("preflight", str(spec), "--nodes", "2", *LOOSE, "--json", "--run-dir", str(tmp_path / "pf"))
     assert r.returncode == 0, r.stdout + r.stderr
     out = json.loads(r.stdout)
     assert out["ok"] and out["bad_nodes"] == [] and [n["node"] for n in out["nodes"]] == ["n1", "n2"]
@@ -46,7 +47,7 @@ def test_slow_node_is_named_and_the_launch_runs_without_it(slurm_cluster: SlurmC
     spec, run = tmp_path / "spec.yaml", tmp_path / "run"
     spec.write_text(SPEC)
     with slow_node("n2", 0.2):
-        r = cli("launch", str(spec), "--preflight", "--preflight-nodes", "2", *LOOSE, "--run-dir", str(run))
+        r = trainctl("launch", str(spec), "--preflight", "--preflight-nodes", "2", *LOOSE, "--run-dir", str(run))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "bad node n2: rank" in r.stdout and "matmul" in r.stdout and "bad node n1" not in r.stdout, r.stdout
     assert "excluding n2" in r.stdout, r.stdout
@@ -59,8 +60,8 @@ def test_slow_node_is_named_and_the_launch_runs_without_it(slurm_cluster: SlurmC
     starts = [e for e in read_jsonl(paths.events) if e["event"] == "slurm_start"]
     assert [e["nodes"] for e in starts] == ["n1"]
     assert any(e["event"] == "finish" for e in read_jsonl(paths.events))
-    report = cli("mfu-report", str(run))  # the run's report says which node its later jobs keep out of
+    report = trainctl("mfu-report", str(run))  # the run's report says which node its later jobs keep out of
     assert report.returncode == 0 and "n2 excluded from later jobs (preflight): rank" in " ".join(
         report.stdout.split()), report.stdout + report.stderr
-    assert json.loads(cli("mfu-report", str(run), "--json").stdout)["runs"][0]["excluded_nodes"]["n2"]["source"] == \
-        "preflight"
+    listed = json.loads(trainctl("mfu-report", str(run), "--json").stdout)["runs"][0]
+    assert listed["excluded_nodes"]["n2"]["source"] == "preflight"

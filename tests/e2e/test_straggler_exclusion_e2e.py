@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 import slurm_fixtures
 import yaml
+from cli_utils import trainctl
 from paths import REPO
-from slurm_fixtures import SlurmCluster, cli, step_exited
+from slurm_fixtures import SlurmCluster, step_exited
 from spec_utils import TINY, deep_update
 
 from trainctl.rundir.paths import RunPaths, read_jsonl
@@ -46,7 +47,7 @@ SPEC = deep_update(TINY, {
 def test_persistent_straggler_node_is_excluded_by_resume(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     spec, run = tmp_path / "spec.yaml", tmp_path / "run"
     spec.write_text(yaml.safe_dump(SPEC))
-    r = cli("launch", str(spec), "--run-dir", str(run), env=faults.encode(slow_work=f"1:{SLOW_FACTOR}"))
+    r = trainctl("launch", str(spec), "--run-dir", str(run), env=faults.encode(slow_work=f"1:{SLOW_FACTOR}"))
     assert r.returncode == 0, r.stdout + r.stderr
     paths = RunPaths(run)
     job = json.loads(paths.job.read_text())["job_id"]
@@ -64,8 +65,8 @@ def test_persistent_straggler_node_is_excluded_by_resume(slurm_cluster: SlurmClu
         "and cluster.nodes = 2" in q.stderr, q.stderr
     assert not paths.excluded_nodes.exists()
 
-    r = cli("resume", str(run), "--set", "cluster.nodes=1", "--set", "parallel.dp=1",
-            "--set", f"train.steps={STEPS + 2}")
+    r = trainctl("resume", str(run), "--set", "cluster.nodes=1", "--set", "parallel.dp=1",
+                 "--set", f"train.steps={STEPS + 2}")
     assert r.returncode == 0, r.stdout + r.stderr
     said = " ".join(r.stdout.split())
     assert "excluding n2 from the run's next jobs: persistent straggler: rank 1 (pipeline stage 0)" in said, said
@@ -77,9 +78,9 @@ def test_persistent_straggler_node_is_excluded_by_resume(slurm_cluster: SlurmClu
     starts = [e["nodes"] for e in read_jsonl(paths.events) if e["event"] == "slurm_start"]
     assert starts == ["n[1-2]", "n1"]
 
-    st = cli("status", str(run))
+    st = trainctl("status", str(run))
     assert "excluded n2 from later jobs of this run: persistent straggler" in " ".join(st.stdout.split()), st.stdout
-    rep = cli("mfu-report", str(run))
+    rep = trainctl("mfu-report", str(run))
     assert rep.returncode == 0, rep.stderr
     assert "n2 excluded from later jobs (stragglers): persistent straggler: rank 1" in " ".join(
         rep.stdout.split()), rep.stdout

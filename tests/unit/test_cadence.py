@@ -7,10 +7,9 @@ Formulas: Young, CACM 17(9) 1974 (T = sqrt(2CM)); Daly, FGCS 22(3) 2006, eq. 37
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
+from cli_utils import trainctl
 from paths import REPO
 
 from trainctl.plan import cadence
@@ -78,10 +77,9 @@ def test_plan_warns_about_a_wasteful_or_missing_cadence():
 
 
 def test_plan_prints_the_checkpoint_rows_and_rejects_a_bad_mtbf():
-    run = [sys.executable, "-m", "trainctl", "plan", str(LLAMA_8B)]
-    out = subprocess.run(run, capture_output=True, text=True, cwd=REPO).stdout
+    out = trainctl("plan", str(LLAMA_8B)).stdout
     assert "Young/Daly interval" in out and "every 1000 steps" in out
-    p = subprocess.run([*run, "--set", "checkpoint.mtbf_hours=-1"], capture_output=True, text=True, cwd=REPO)
+    p = trainctl("plan", str(LLAMA_8B), "--set", "checkpoint.mtbf_hours=-1")
     assert p.returncode == 2 and "checkpoint.mtbf_hours" in p.stderr and "Traceback" not in p.stderr
 
 

@@ -3,10 +3,9 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
+from cli_utils import trainctl
 from paths import REPO
 
 from trainctl.checkpoint.storage import mount_of, storage_problem
@@ -49,8 +48,7 @@ def test_plan_and_launch_name_a_node_local_checkpoint_dir(tmp_path):
                 if w["code"] == "CHECKPOINT_NODE_LOCAL"]
     # launch, dry run: the default checkpoint directory lies in the run directory, here under /tmp
     run = Path("/tmp") / tmp_path.name / "run"
-    p = subprocess.run([sys.executable, "-m", "trainctl", "launch", str(LLAMA_8B), "--dry-run", "--run-dir", str(run),
-                        "--set", "checkpoint.dir=null", "--set", "data.synthetic=true", "--set", "data.path=null"],
-                       capture_output=True, text=True, cwd=REPO)
+    p = trainctl("launch", str(LLAMA_8B), "--dry-run", "--run-dir", str(run), "--set", "checkpoint.dir=null",
+                 "--set", "data.synthetic=true", "--set", "data.path=null")
     assert p.returncode == 0, p.stderr
     assert f"warning: checkpoint directory {run}/checkpoints is on a" in " ".join((p.stdout + p.stderr).split())

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_utils import trainctl
 from paths import REPO as ROOT
 
 TINY = str(ROOT / "recipes" / "tiny-cpu.yaml")
@@ -30,15 +31,15 @@ sys.exit(code)
 """
 
 
-def trainctl(*args: str, probe: bool = False) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-c", _PROBE, *args] if probe else [sys.executable, "-m", "trainctl", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
+def probed(*args: str) -> subprocess.CompletedProcess[str]:
+    """`trainctl ARGS` run by _PROBE, its stderr ending in the heavy modules the command imported."""
+    return subprocess.run([sys.executable, "-c", _PROBE, *args], capture_output=True, text=True, cwd=ROOT, timeout=120)
 
 
 @pytest.mark.parametrize("args", [["--help"], ["validate", TINY], ["plan", TINY], ["plan", "--auto", TINY],
                                   ["hardware"], ["schema"]])
 def test_fast_commands_do_not_import_torch(args):
-    out = trainctl(*args, probe=True)
+    out = probed(*args)
     assert out.returncode == 0, out.stderr
     assert "HEAVY=\n" in out.stderr or out.stderr.rstrip().endswith("HEAVY="), out.stderr[-500:]
 
@@ -54,9 +55,7 @@ def test_output_lines_never_wrap_on_a_narrow_terminal(tmp_path):
     deep.mkdir(parents=True)
     spec = deep / "tiny.yaml"
     spec.write_text(Path(TINY).read_text())
-    env = {**os.environ, "COLUMNS": "40"}
-    out = subprocess.run([sys.executable, "-m", "trainctl", "validate", str(spec)],
-                         capture_output=True, text=True, cwd=ROOT, timeout=120, env=env)
+    out = trainctl("validate", str(spec), env={"COLUMNS": "40"})
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("\n") == 1 and str(spec) in out.stdout and "dp 2" in out.stdout
 
@@ -183,23 +182,21 @@ def test_version_and_help_without_type_placeholders():
 
 
 def test_shell_completion_installs_and_completes(tmp_path: Path):
-    env = {**os.environ, "HOME": str(tmp_path), "SHELL": "/bin/bash"}
+    user = {"HOME": str(tmp_path), "SHELL": "/bin/bash"}
     # the script click's handler sources for each shell (`--show-completion SHELL` and each shell loading
     # it: tests/unit/test_completion_shells.py)
     for shell in ("bash", "zsh", "fish"):
-        out = subprocess.run([sys.executable, "-m", "trainctl"], capture_output=True, text=True, timeout=60,
-                             env={**env, "_TRAINCTL_COMPLETE": f"source_{shell}"})
+        out = trainctl(env={**user, "_TRAINCTL_COMPLETE": f"source_{shell}"})
         assert out.returncode == 0 and "trainctl" in out.stdout, (shell, out.stderr)
     # installed from a bash, as a user types it there (the `exit` keeps bash from exec'ing the command: bash
     # stays its parent, the shell it detects)
     out = subprocess.run(["bash", "-c", f"{shlex.quote(sys.executable)} -m trainctl --install-completion; exit $?"],
-                         capture_output=True, text=True, env=env, timeout=60)
+                         capture_output=True, text=True, env={**os.environ, **user}, timeout=60)
     assert out.returncode == 0, out.stderr
     assert (tmp_path / ".bash_completions" / "trainctl.sh").exists()
     assert "trainctl.sh" in (tmp_path / ".bashrc").read_text()
     # what bash asks while the user types `trainctl pl<TAB>` and `trainctl plan --au<TAB>`
     for words, cword, expect in (("trainctl pl", "1", "plan"), ("trainctl plan --au", "2", "--auto")):
-        out = subprocess.run([sys.executable, "-m", "trainctl"], capture_output=True, text=True, timeout=60,
-                             env={**env, "_TRAINCTL_COMPLETE": "complete_bash", "COMP_WORDS": words,
-                                  "COMP_CWORD": cword})
+        out = trainctl(env={**user, "_TRAINCTL_COMPLETE": "complete_bash", "COMP_WORDS": words,
+                            "COMP_CWORD": cword})
         assert expect in out.stdout.split(), (words, out.stdout, out.stderr)

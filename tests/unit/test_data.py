@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from cli_utils import trainctl
 
 from trainctl.data.prep import BYTE_VOCAB, check_token_file, decode, encode, prepare, sample_text_path
 from trainctl.errors import UsageError
@@ -96,13 +95,9 @@ def test_prepare_errors(tmp_path: Path) -> None:
     assert not (tmp_path / "o.bin").exists()
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "trainctl", *args], capture_output=True, text=True, timeout=120)
-
-
 def test_cli_data_prepare(tmp_path: Path) -> None:
     out = tmp_path / "tokens.bin"
-    r = run_cli("data", "prepare", str(sample_text_path()), str(out))
+    r = trainctl("data", "prepare", str(sample_text_path()), str(out))
     assert r.returncode == 0, r.stderr
     # the text's documents (paragraphs), one blank line between them, byte by byte
     text = re.sub(r"\n\n+", "\n\n", sample_text_path().read_text(encoding="utf-8")).encode()
@@ -112,7 +107,7 @@ def test_cli_data_prepare(tmp_path: Path) -> None:
     assert f"wrote {documents:,} documents, {n:,} tokens" in r.stdout
     assert f"data:\n  path: {out.resolve()}\n  dtype: uint16" in r.stdout
 
-    r = run_cli("data", "prepare", str(sample_text_path()), str(tmp_path / "t32.bin"), "--dtype", "uint32")
+    r = trainctl("data", "prepare", str(sample_text_path()), str(tmp_path / "t32.bin"), "--dtype", "uint32")
     assert r.returncode == 0 and (tmp_path / "t32.bin").stat().st_size == 4 * n
 
 
@@ -122,15 +117,15 @@ def test_cli_data_prepare_bytes_reads_documents_as_every_tokenizer_does(tmp_path
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"id": i, "body": f"doc {i}: é"}) + "\n" for i in range(3)))
     out = tmp_path / "out.bin"
-    r = run_cli("data", "prepare", str(corpus), str(out), "--json-key", "body")
+    r = trainctl("data", "prepare", str(corpus), str(out), "--json-key", "body")
     assert r.returncode == 0, r.stderr
     assert "wrote 3 documents, 32 tokens" in r.stdout
     assert bytes(np.fromfile(out, dtype="<u2").astype(np.uint8)) == "doc 0: é\n\ndoc 1: é\n\ndoc 2: é\n".encode()
-    r = run_cli("data", "prepare", str(corpus), str(tmp_path / "o.bin"))  # the default key is absent
+    r = trainctl("data", "prepare", str(corpus), str(tmp_path / "o.bin"))  # the default key is absent
     assert r.returncode == 2 and "corpus.jsonl:1: not a JSON object with a 'text' string" in r.stderr
     binary = tmp_path / "random.txt"
     binary.write_bytes(b"ok line\nsecond " + bytes([0xFF, 0x00, 0x81]) + b"\n")
-    r = run_cli("data", "prepare", str(binary), str(tmp_path / "b.bin"))
+    r = trainctl("data", "prepare", str(binary), str(tmp_path / "b.bin"))
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
     assert r.returncode == 2 and errors == [f"error: input text {binary}: not UTF-8: byte 0xff at offset 15 (line 2)"]
     assert not (tmp_path / "b.bin").exists() and not (tmp_path / "o.bin").exists()
@@ -141,7 +136,7 @@ def test_cli_data_prepare_errors(tmp_path: Path, case: str) -> None:
     src = tmp_path / "in.txt"
     if case == "empty":
         src.write_bytes(b"")
-    r = run_cli("data", "prepare", str(src), str(tmp_path / "o.bin"))
+    r = trainctl("data", "prepare", str(src), str(tmp_path / "o.bin"))
     assert r.returncode == 2
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
     assert len(errors) == 1 and str(src) in errors[0]
@@ -346,16 +341,16 @@ def test_every_file_of_a_blend_has_an_identity_hashed_once(tmp_path: Path, monke
 def test_data_check_command(tmp_path: Path) -> None:
     good = tmp_path / "good.bin"
     np.random.default_rng(3).integers(0, 256, 50_000, dtype="<u2").tofile(good)
-    r = run_cli("data", "check", str(good), "--vocab", "256")
+    r = trainctl("data", "check", str(good), "--vocab", "256")
     assert r.returncode == 0 and "50,000 uint16 tokens, min 0, max 255" in r.stdout and "ok" in r.stdout
     assert r.stdout.startswith(f"{good}: ")  # piped: no blank line where a progress bar would have been
-    r = run_cli("data", "check", str(good), "--vocab", "200")
+    r = trainctl("data", "check", str(good), "--vocab", "200")
     assert r.returncode == 1 and "ids are outside 0..199" in r.stdout and "--dtype" not in r.stdout
-    r = run_cli("data", "check", str(good), "--vocab", "256", "--dtype", "uint32")
+    r = trainctl("data", "check", str(good), "--vocab", "256", "--dtype", "uint32")
     assert r.returncode == 1 and "try --dtype uint16" in r.stdout
     wide = tmp_path / "wide.bin"
     np.fromfile(good, dtype="<u2").astype("<u4").tofile(wide)
-    r = run_cli("data", "check", str(wide), "--vocab", "256")
+    r = trainctl("data", "check", str(wide), "--vocab", "256")
     assert r.returncode == 1 and "looks like uint32" in r.stdout
-    r = run_cli("data", "check", str(tmp_path / "missing.bin"), "--vocab", "256")
+    r = trainctl("data", "check", str(tmp_path / "missing.bin"), "--vocab", "256")
     assert r.returncode == 2 and "no such file" in r.stderr and "Traceback" not in r.stderr

@@ -5,10 +5,10 @@ torchrun restart. The run itself: tests/dist/test_elastic.py."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_utils import trainctl
 from paths import REPO
 from spec_utils import one_problem
 
@@ -44,9 +44,8 @@ def test_elastic_needs_torchrun_mode_and_restarts() -> None:
 
 
 def test_plan_exits_2_with_one_line() -> None:
-    r = subprocess.run([sys.executable, "-m", "trainctl", "plan", str(TINY), "--set", "cluster.nodes=2",
-                        "--set", "cluster.gpus_per_node=4", "--set", "launcher.backend=slurm",
-                        "--set", "cluster.min_nodes=3"], capture_output=True, text=True, cwd=REPO)
+    r = trainctl("plan", str(TINY), "--set", "cluster.nodes=2", "--set", "cluster.gpus_per_node=4",
+                 "--set", "launcher.backend=slurm", "--set", "cluster.min_nodes=3")
     assert r.returncode == 2 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "cluster.min_nodes = 3" in r.stderr
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
+from cli_utils import trainctl
 from paths import REPO
 
 from trainctl.spec import time_limit
@@ -17,9 +17,9 @@ TINY = str(REPO / "recipes" / "tiny-cpu.yaml")
 SLURM = ["--set", "launcher.backend=slurm", "--set", "cluster.nodes=2", "--set", "cluster.gpus_per_node=4"]
 
 
-def trainctl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "trainctl", *args], capture_output=True, text=True, timeout=120,
-                          cwd=REPO, stdin=subprocess.DEVNULL, env={"COLUMNS": "400", "PATH": "/usr/bin:/bin"})
+def in_bare_shell(*args: str) -> subprocess.CompletedProcess[str]:
+    """`trainctl ARGS` with only a wide COLUMNS and the system PATH in its environment."""
+    return trainctl(*args, env={"COLUMNS": "400", "PATH": "/usr/bin:/bin"}, inherit_env=False)
 
 
 REFUSED = ("launcher.grace_s = 300: not shorter than cluster.time = '00:02:00' (120 s): Slurm's stop warning would "
@@ -30,7 +30,7 @@ REFUSED = ("launcher.grace_s = 300: not shorter than cluster.time = '00:02:00' (
 @pytest.mark.parametrize("command", [["validate", TINY], ["plan", TINY],
                                      ["launch", TINY, *SLURM, "--dry-run", "--run-dir", "/nonexistent/run"]])
 def test_a_grace_as_long_as_the_time_limit_is_refused(command: list[str]) -> None:
-    r = trainctl(*command, "--set", "cluster.time=00:02:00")  # the default grace: 300 s
+    r = in_bare_shell(*command, "--set", "cluster.time=00:02:00")  # the default grace: 300 s
     assert r.returncode == 2, r.stdout + r.stderr
     [line] = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert line.startswith("error: ") and line.endswith(REFUSED), line
@@ -38,11 +38,11 @@ def test_a_grace_as_long_as_the_time_limit_is_refused(command: list[str]) -> Non
 
 
 def test_launch_grace_option_is_the_spec_field() -> None:
-    ok = trainctl("launch", TINY, *SLURM, "--set", "cluster.time=00:02:00", "--grace", "20", "--dry-run",
+    ok = in_bare_shell("launch", TINY, *SLURM, "--set", "cluster.time=00:02:00", "--grace", "20", "--dry-run",
                   "--run-dir", "/nonexistent/run")
     assert ok.returncode == 0, ok.stderr
     assert "#SBATCH --signal=B:USR1@20" in ok.stdout and "grace" not in ok.stderr
-    refused = trainctl("launch", TINY, *SLURM, "--set", "cluster.time=00:02:00", "--grace", "120", "--dry-run")
+    refused = in_bare_shell("launch", TINY, *SLURM, "--set", "cluster.time=00:02:00", "--grace", "120", "--dry-run")
     assert refused.returncode == 2 and "launcher.grace_s = 120: not shorter than cluster.time" in refused.stderr
 
 
@@ -52,26 +52,26 @@ WARNING = ("launcher.grace_s = 300 is 50% of cluster.time = '00:10:00' (10m 00s)
 
 
 def test_a_grace_over_a_quarter_of_the_time_limit_warns_with_the_numbers() -> None:
-    v = trainctl("validate", TINY, "--set", "cluster.time=00:10:00")
+    v = in_bare_shell("validate", TINY, "--set", "cluster.time=00:10:00")
     assert v.returncode == 0 and v.stdout.startswith("ok "), v.stderr
     assert v.stderr.strip() == f"warning: {WARNING}"
-    j = trainctl("validate", TINY, "--set", "cluster.time=00:10:00", "--json")
+    j = in_bare_shell("validate", TINY, "--set", "cluster.time=00:10:00", "--json")
     assert json.loads(j.stdout)["launcher"]["grace_s"] == 300  # stdout stays one JSON document
-    p = trainctl("plan", TINY, "--set", "cluster.time=00:10:00", "--json")
+    p = in_bare_shell("plan", TINY, "--set", "cluster.time=00:10:00", "--json")
     assert p.returncode == 0, p.stderr
     assert {"code": "GRACE_OF_TIME_LIMIT", "level": "warning", "message": WARNING}.items() <= next(
         w for w in json.loads(p.stdout)["warnings"] if w["code"] == "GRACE_OF_TIME_LIMIT").items()
     for quiet in (["--set", "cluster.time=00:20:00"],
                   ["--set", "cluster.time=00:10:00", "--set", "launcher.grace_s=60"]):
-        assert "grace" not in trainctl("validate", TINY, *quiet).stderr
-        assert "GRACE_OF_TIME_LIMIT" not in trainctl("plan", TINY, *quiet, "--json").stdout
+        assert "grace" not in in_bare_shell("validate", TINY, *quiet).stderr
+        assert "GRACE_OF_TIME_LIMIT" not in in_bare_shell("plan", TINY, *quiet, "--json").stdout
 
 
 def test_launch_without_any_option_takes_the_spec_grace(tmp_path) -> None:
     spec = tmp_path / "spec.yaml"
     spec.write_text((REPO / "recipes" / "tiny-cpu.yaml").read_text() + "\nlauncher: {backend: slurm, grace_s: 45}\n"
                     "cluster: {nodes: 2, gpus_per_node: 4, gpu: cpu, time: '01:00:00'}\n")
-    r = trainctl("launch", str(spec), "--dry-run")  # no --set, no --grace
+    r = in_bare_shell("launch", str(spec), "--dry-run")  # no --set, no --grace
     assert r.returncode == 0, r.stderr
     assert "#SBATCH --signal=B:USR1@45" in r.stdout
 

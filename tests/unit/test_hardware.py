@@ -7,12 +7,12 @@ sparsity, so a dense catalog must hold exactly half of those headlines.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import types
 
 import pytest
+from cli_utils import trainctl
 
 from trainctl.errors import SpecError
 from trainctl.hardware import (
@@ -329,14 +329,11 @@ def test_detect_on_this_machine_does_not_raise() -> None:
 
 # --- the command ---------------------------------------------------------------------------------
 
-def _trainctl(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "200"}  # rich would wrap the table at 80 columns in a pipe
-    return subprocess.run([sys.executable, "-m", "trainctl", *args], capture_output=True, text=True, timeout=60,
-                          env=env)
+WIDE = {"COLUMNS": "200"}  # rich would wrap the table at 80 columns in a pipe
 
 
 def test_hardware_json_lists_every_key() -> None:
-    r = _trainctl("hardware", "--json")
+    r = trainctl("hardware", "--json", env=WIDE)
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     assert {a["key"] for a in data["accelerators"]} == set(ACCELERATORS)
@@ -348,7 +345,7 @@ def test_hardware_json_lists_every_key() -> None:
 
 
 def test_hardware_table() -> None:
-    r = _trainctl("hardware")
+    r = trainctl("hardware", env=WIDE)
     assert r.returncode == 0, r.stderr
     for key in ("h100-sxm", "mi300x", "989.4", "xdr"):
         assert key in r.stdout

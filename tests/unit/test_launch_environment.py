@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_utils import trainctl
 from paths import REPO
 
 from trainctl.errors import SpecError, UsageError
@@ -72,8 +73,8 @@ def test_spec_rules_name_the_field(sets: dict, needle: str) -> None:
 
 
 def test_cli_refuses_a_container_on_the_local_backend_with_one_line(tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "trainctl", "launch", str(TINY), "--set", "launcher.container.image=img",
-                        "--dry-run", "--run-dir", str(tmp_path / "r")], capture_output=True, text=True, timeout=60)
+    r = trainctl("launch", str(TINY), "--set", "launcher.container.image=img", "--dry-run",
+                 "--run-dir", str(tmp_path / "r"))
     assert r.returncode == 2 and r.stdout == "", r.stdout + r.stderr
     [line] = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert "launcher.container = 'img'" in line and "Traceback" not in r.stderr

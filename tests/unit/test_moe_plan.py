@@ -19,12 +19,11 @@ Sources of the published figures:
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from dataclasses import replace
 
 import pytest
-from paths import RECIPES, REPO
+from cli_utils import trainctl
+from paths import RECIPES
 
 from trainctl import model_shape as ms
 from trainctl.plan.auto import search
@@ -37,11 +36,6 @@ from trainctl.spec import load_spec
 MIXTRAL = RECIPES / "mixtral-8x7b.yaml"
 OLMOE = RECIPES / "olmoe-1b-7b.yaml"
 TINY_MOE = RECIPES / "tiny-moe-cpu.yaml"
-
-
-def trainctl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "trainctl", *args], capture_output=True, text=True, cwd=REPO,
-                          timeout=120)
 
 
 def counts(path):

@@ -3,22 +3,15 @@ clear line through `trainctl validate`), and `trainctl launch` accepting an MoE 
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
-from paths import RECIPES, REPO
+from cli_utils import trainctl
+from paths import RECIPES
 
 from trainctl.errors import SpecError
 from trainctl.spec import load_spec
 
 TINY_MOE = str(RECIPES / "tiny-moe-cpu.yaml")
 TINY = str(RECIPES / "tiny-cpu.yaml")
-
-
-def trainctl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "trainctl", *args], capture_output=True, text=True, cwd=REPO,
-                          timeout=120)
 
 
 def test_moe_defaults_and_absent_is_dense() -> None:

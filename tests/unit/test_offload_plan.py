@@ -4,11 +4,8 @@ count), `plan --auto` proposes offload where nothing fits without it, and offloa
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
-from paths import REPO as ROOT
+from cli_utils import trainctl
 
 from trainctl.errors import SpecError
 from trainctl.plan.auto import search
@@ -118,8 +115,7 @@ def test_offload_without_zero_exits_2_with_the_fix(tmp_path):
     assert "set parallel.zero 1, 2 or 3" in e.value.message
     path = tmp_path / "spec.yaml"
     path.write_text(spec_text(zero=0))
-    out = subprocess.run([sys.executable, "-m", "trainctl", "plan", str(path), "--json"], capture_output=True,
-                         text=True, cwd=ROOT, timeout=120)
+    out = trainctl("plan", str(path), "--json")
     assert out.returncode == 2 and "Traceback" not in out.stderr
     lines = [ln for ln in (out.stdout + out.stderr).splitlines() if "parallel.offload" in ln]
     assert len(lines) == 1 and "optimizer offload needs a sharded optimizer" in lines[0], out

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 
 import pytest
+from cli_utils import trainctl
 from paths import REPO as ROOT
 
 from trainctl.plan.plan import build_plan
@@ -19,11 +18,6 @@ from trainctl.spec import load_spec
 
 TINY = str(ROOT / "recipes" / "tiny-cpu.yaml")
 RECIPES = ["tiny-cpu", "gpt2-124m", "llama3-8b", "llama3-70b", "llama3-405b", "gpt3-175b-a100"]
-
-
-def trainctl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "trainctl", *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=120)
 
 
 def test_plan_json_has_the_documented_keys():
@@ -63,10 +57,7 @@ def test_plan_tables_and_ranks():
 
 def narrow(*args: str, columns: int = 80) -> str:
     """The command's output at COLUMNS=columns through a pipe, as `COLUMNS=80 trainctl ... | less` shows it."""
-    import os
-
-    out = subprocess.run([sys.executable, "-m", "trainctl", *args], capture_output=True, text=True, cwd=ROOT,
-                         timeout=120, env={**os.environ, "COLUMNS": str(columns)})
+    out = trainctl(*args, env={"COLUMNS": str(columns)})
     assert out.returncode == 0, out.stderr
     return out.stdout
 

@@ -5,13 +5,10 @@ layout with the saving the two estimates differ by."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
+from cli_utils import trainctl
 from paths import RECIPES
-from paths import REPO as ROOT
 from spec_utils import one_problem
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _should_compress
 
@@ -50,8 +47,7 @@ def test_rules_name_the_field_and_the_fix(overrides: list[str], expected: str) -
 def test_cli_refuses_powersgd_with_fsdp_in_one_line_exit_2(tmp_path) -> None:
     spec = tmp_path / "s.yaml"
     spec.write_text(BASE)
-    out = subprocess.run([sys.executable, "-m", "trainctl", "validate", str(spec), "--set", "parallel.zero=3"],
-                         capture_output=True, text=True, cwd=ROOT, timeout=60)
+    out = trainctl("validate", str(spec), "--set", "parallel.zero=3")
     assert out.returncode == 2
     errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
     assert errors == [f"error: {spec}: parallel.zero = 3: PowerSGD compresses the plain-DP and ZeRO-1 all-reduce. "

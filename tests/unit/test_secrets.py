@@ -4,10 +4,8 @@ with --set, and the spec rules of launcher.env_passthrough. The runs themselves:
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
+from cli_utils import trainctl
 from paths import TINY_RECIPE
 
 from trainctl.launch.secrets import looks_like_credential, redact_override
@@ -45,8 +43,7 @@ def test_a_credential_given_with_set_is_recorded_redacted() -> None:
 ])
 def test_passthrough_rules_exit_2_with_one_line(sets: list[str], needle: str) -> None:
     args = [x for s in sets for x in ("--set", s)]
-    out = subprocess.run([sys.executable, "-m", "trainctl", "validate", str(TINY_RECIPE), *args],
-                         capture_output=True, text=True, timeout=60)
+    out = trainctl("validate", str(TINY_RECIPE), *args)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     (line,) = out.stderr.strip().splitlines()
     assert needle in line, line
