@@ -4,6 +4,8 @@ spec-error lines a spec text gives (the helper of the spec-rule tests)."""
 from __future__ import annotations
 
 import copy
+import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +13,7 @@ import pytest
 import yaml
 
 from trainctl.errors import SpecError
-from trainctl.spec import load_spec_text
+from trainctl.spec import RunSpec, load_spec, load_spec_text
 
 TINY: dict[str, Any] = {
     "name": "tiny",
@@ -33,7 +35,8 @@ def deep_update(base: dict[str, Any], upd: dict[str, Any]) -> dict[str, Any]:
 
 
 def world_size(parallel: dict[str, Any]) -> int:
-    return parallel["tp"] * parallel.get("cp", 1) * parallel["pp"] * parallel.get("dp", 1)
+    """The ranks a `parallel` section lays out (an absent degree is 1)."""
+    return parallel.get("tp", 1) * parallel.get("cp", 1) * parallel.get("pp", 1) * parallel.get("dp", 1)
 
 
 def write_spec(path: Path, *updates: dict[str, Any], base: dict[str, Any] = TINY,
@@ -48,6 +51,15 @@ def write_spec(path: Path, *updates: dict[str, Any], base: dict[str, Any] = TINY
         spec = deep_update(spec, {"cluster": {"gpus_per_node": world_size(spec["parallel"])}})
     path.write_text(yaml.safe_dump(spec))
     return path
+
+
+def spec_with(path: Path, *settings: Mapping[str, object]) -> RunSpec:
+    """The spec at `path` with `settings` (merged, a later one's key winning) applied as `--set key=value` applies
+    them (a value that is not a string written as JSON)."""
+    merged: dict[str, object] = {}
+    for s in settings:
+        merged.update(s)
+    return load_spec(path, [f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in merged.items()])
 
 
 def problems(text: str, *overrides: str) -> list[str]:

@@ -19,18 +19,18 @@ from trainctl.errors import UsageError
 from trainctl.launch import local
 from trainctl.launch.create import check_run_dir, default_run_dir, freeze_spec, git_info
 from trainctl.rundir.paths import RunPaths, read_jsonl
-from trainctl.spec import load_spec, resolved_dict
+from trainctl.spec import RunSpec, load_spec, resolved_dict
 
 from cli_utils import trainctl
 from paths import REPO
+from spec_utils import spec_with
 from trainer_utils import processes_mentioning
 TINY = REPO / "recipes" / "tiny-cpu.yaml"
 PLANNER = (REPO / "trainctl" / "plan" / "plan.py").exists()
 
 
-def small_spec(**over: str):
-    spec = load_spec(TINY, [f"{k}={v}" for k, v in over.items()])
-    return spec
+def small_spec(**over: str) -> RunSpec:
+    return spec_with(TINY, over)
 
 
 # --- no torch in the CLI / launch layer ------------------------------------------------------------

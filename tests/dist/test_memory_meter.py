@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from spec_utils import deep_update
+from spec_utils import deep_update, world_size
 from test_layout_matrix import BASE, run_matrix
 from trainer_utils import metrics
 
@@ -28,9 +28,8 @@ ZERO2_BUFFERS = 2 * (4 * SLOT + 4 * SLOT // 2)
 
 
 def spec(train: dict | None = None, **parallel) -> dict:
-    world = parallel.get("tp", 1) * parallel.get("pp", 1) * parallel.get("dp", 1)
     return deep_update(BASE, {"parallel": {"micro_batch": 4, **parallel}, "train": {"steps": 3, **(train or {})},
-                              "cluster": {"gpus_per_node": world}})
+                              "cluster": {"gpus_per_node": world_size(parallel)}})
 
 
 def test_model_state_bytes_are_exact_and_activations_measured(tmp_path: Path) -> None:

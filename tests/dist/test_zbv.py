@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from spec_utils import deep_update
+from spec_utils import deep_update, world_size
 from test_layout_matrix import BASE, GPT, LLAMA, compare, run_matrix
 from test_resume_faults import assert_layout_chain_stays_on_the_curve
 
@@ -25,10 +25,9 @@ PP4_ZBV_SPLIT = [0, 1, 1, 1, 1, 1, 1, 0]
 
 def spec(model: dict[str, Any], parallel: dict[str, Any], micro_batches: int) -> dict[str, Any]:
     """BASE with `parallel`, micro_batch 2 and `micro_batches` micro-batches per DP replica."""
-    world = parallel.get("pp", 1) * parallel.get("dp", 1)
     return deep_update(BASE, {"model": model, "parallel": {"micro_batch": 2, **parallel},
                               "train": {"global_batch": 2 * micro_batches * parallel.get("dp", 1)},
-                              "cluster": {"gpus_per_node": world}})
+                              "cluster": {"gpus_per_node": world_size(parallel)}})
 
 
 # id -> (model, ZBV layout, the 1F1B layout it is held against, micro-batches per replica): what the layout

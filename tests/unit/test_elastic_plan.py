@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 from cli_utils import trainctl
 from paths import REPO
-from spec_utils import one_problem
+from spec_utils import one_problem, spec_with
 
 from trainctl.launch.slurm import render
 from trainctl.plan.elastic import CannotShrink, for_world, resize_event, shrink_options
 from trainctl.plan.plan import build_plan
 from trainctl.rundir.runstate import COMPLETED, FAILED, live_outcome, outcome
-from trainctl.spec import load_spec
+from trainctl.spec import RunSpec
 
 TINY = REPO / "trainctl" / "spec" / "tiny-cpu.yaml"
 # tp2 x pp2 on 4 nodes x 4 ranks: dp 4, global batch 16 = micro-batch 2 x 2 micro-batches x dp 4
@@ -24,8 +24,8 @@ ELASTIC = {"cluster.nodes": "4", "cluster.gpus_per_node": "4", "cluster.min_node
            "launcher.max_restarts": "3", "parallel.dp": "auto"}
 
 
-def spec(**over: str):
-    return load_spec(TINY, [f"{k}={v}" for k, v in {**ELASTIC, **over}.items()])
+def elastic_spec(**over: str) -> RunSpec:
+    return spec_with(TINY, ELASTIC, over)
 
 
 @pytest.mark.parametrize(("value", "words"), [
@@ -51,7 +51,7 @@ def test_plan_exits_2_with_one_line() -> None:
 
 
 def test_fewer_nodes_keep_the_global_batch_with_more_micro_batches() -> None:
-    s = spec()
+    s = elastic_spec()
     assert (s.dp, s.micro_batches) == (4, 2)
     small = for_world(s, 8)  # two nodes left
     assert (small.cluster.nodes, small.dp, small.micro_batches) == (2, 2, 4)
@@ -61,18 +61,18 @@ def test_fewer_nodes_keep_the_global_batch_with_more_micro_batches() -> None:
 
 
 def test_a_layout_that_cannot_shrink_stops_naming_why() -> None:
-    s = spec()
+    s = elastic_spec()
     with pytest.raises(CannotShrink) as e:
         for_world(s, 12)  # 3 nodes: dp 3, and 16 sequences do not split into micro-batch 2 x dp 3
     assert "cannot continue on 3 of cluster.nodes = 4 nodes" in e.value.message
     assert "train.global_batch = 16" in e.value.message
-    s2 = spec(**{"cluster.gpus_per_node": "2", "cluster.nodes": "4", "cluster.min_nodes": "1"})
+    s2 = elastic_spec(**{"cluster.gpus_per_node": "2", "cluster.nodes": "4", "cluster.min_nodes": "1"})
     with pytest.raises(CannotShrink, match="tp\\*pp = 4 does not divide its 2 ranks"):
         for_world(s2, 2)
 
 
 def test_plan_names_the_smallest_layout_and_the_node_counts_it_cannot_use() -> None:
-    s = spec()
+    s = elastic_spec()
     assert [(o.nodes, o.dp, o.micro_batches, o.why_not is None) for o in shrink_options(s)] == [
         (2, 2, 4, True), (3, None, None, False), (4, 4, 2, True)]
     j = build_plan(s).to_json()
@@ -80,11 +80,11 @@ def test_plan_names_the_smallest_layout_and_the_node_counts_it_cannot_use() -> N
     assert "cannot run on 3 node(s)" in j["elastic"]["summary"]
     warned = [w for w in j["warnings"] if w["code"] == "ELASTIC_CANNOT_SHRINK"]
     assert len(warned) == 1 and "shrinks to 3 node(s)" in warned[0]["message"]
-    assert "elastic" not in build_plan(spec(**{"cluster.min_nodes": "4"})).to_json()
+    assert "elastic" not in build_plan(elastic_spec(**{"cluster.min_nodes": "4"})).to_json()
 
 
 def test_resize_event_compares_with_the_previous_start() -> None:
-    s = spec()
+    s = elastic_spec()
     small = for_world(s, 8)
     e = resize_event(s, small, [])
     assert e is not None and (e["previous_nodes"], e["nodes"], e["previous_micro_batches"], e["micro_batches"]) == (
@@ -95,7 +95,7 @@ def test_resize_event_compares_with_the_previous_start() -> None:
 
 
 def test_slurm_step_is_elastic(tmp_path: Path) -> None:
-    elastic = render.plan_slurm(spec(), tmp_path / "e", python="/p/python")
+    elastic = render.plan_slurm(elastic_spec(), tmp_path / "e", python="/p/python")
     step = " ".join(elastic.rendered.step)
     assert "--nnodes=2:4" in step and "--kill-on-bad-exit=0" in step and "--no-kill" in step
     assert "--max-restarts=3" in step and "#SBATCH --no-kill" in elastic.script
@@ -103,7 +103,7 @@ def test_slurm_step_is_elastic(tmp_path: Path) -> None:
     assert "if this_attempt finish; then rc=0; fi" in elastic.script
     (tmp_path / "e.sh").write_text(elastic.script)
     assert subprocess.run(["bash", "-n", str(tmp_path / "e.sh")]).returncode == 0
-    launch = render.plan_slurm(spec(**{"cluster.min_nodes": "4"}), tmp_path / "f", python="/p/python")
+    launch = render.plan_slurm(elastic_spec(**{"cluster.min_nodes": "4"}), tmp_path / "f", python="/p/python")
     fixed = " ".join(launch.rendered.step)
     assert "--nnodes=$SLURM_NNODES" in fixed and "--kill-on-bad-exit=1" in fixed and "--no-kill" not in fixed
     assert "--no-kill" not in launch.script and "then rc=0" not in launch.script

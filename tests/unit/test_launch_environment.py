@@ -14,12 +14,13 @@ from pathlib import Path
 import pytest
 from cli_utils import trainctl
 from paths import REPO
+from spec_utils import spec_with
 
 from trainctl.errors import SpecError, UsageError
 from trainctl.launch import local
 from trainctl.launch.slurm import render
 from trainctl.rundir.runstate import first_cause
-from trainctl.spec import load_spec
+from trainctl.spec import RunSpec, load_spec
 
 TINY = REPO / "trainctl" / "spec" / "tiny-cpu.yaml"
 SLURM = {"cluster.nodes": "2", "cluster.gpus_per_node": "2", "parallel.dp": "1", "launcher.backend": "slurm"}
@@ -28,13 +29,12 @@ SETUP = ["module load cuda/12.4", 'export PROBE="a b $((6 * 7))"  # a comment',
          "if [ -n \"${PROBE:-}\" ]; then\n  echo ready\nfi"]
 
 
-def spec(**over: object):
-    return load_spec(TINY, [f"{k}={json.dumps(v) if not isinstance(v, str) else v}"
-                            for k, v in {**SLURM, **over}.items()])
+def slurm_spec(**over: object) -> RunSpec:
+    return spec_with(TINY, SLURM, over)
 
 
 def slurm(tmp_path: Path, mode: str, **over: object) -> render.SlurmLaunch:
-    return render.plan_slurm(spec(**{"launcher.mode": mode, **over}), tmp_path / mode, python="/venv/bin/python")
+    return render.plan_slurm(slurm_spec(**{"launcher.mode": mode, **over}), tmp_path / mode, python="/venv/bin/python")
 
 
 def words(step: list[str], tmp_path: Path) -> list[str]:
@@ -68,7 +68,7 @@ def words(step: list[str], tmp_path: Path) -> list[str]:
 ])
 def test_spec_rules_name_the_field(sets: dict, needle: str) -> None:
     with pytest.raises(SpecError) as e:
-        spec(**sets)
+        slurm_spec(**sets)
     assert needle in str(e.value)
 
 
@@ -187,7 +187,7 @@ exec "$@"
 
 def _run(tmp_path: Path, mode: str, setup: list[str]) -> tuple[int, str, list[dict]]:
     run = tmp_path / "run"
-    launch = render.plan_slurm(spec(**{"launcher.mode": mode, "launcher.setup": setup}), run,
+    launch = render.plan_slurm(slurm_spec(**{"launcher.mode": mode, "launcher.setup": setup}), run,
                                python=str(tmp_path / "bin" / "fake-python"))
     run.mkdir()
     (run / "events.jsonl").write_text("")

@@ -9,19 +9,20 @@ from pathlib import Path
 
 import pytest
 from paths import REPO
+from spec_utils import spec_with
 from trainer_utils import files_containing
 
 from trainctl.errors import UsageError
 from trainctl.launch.slurm import cluster, job_state, render, submit
 from trainctl.launch.slurm.sbatch_template import SAFE_SBATCH_VALUE
-from trainctl.spec import load_spec
+from trainctl.spec import RunSpec, load_spec
 
 TINY = REPO / "trainctl" / "spec" / "tiny-cpu.yaml"
 BASE = {"cluster.nodes": "2", "cluster.gpus_per_node": "4", "launcher.backend": "slurm", "train.steps": "6"}
 
 
-def spec(**over: str):
-    return load_spec(TINY, [f"{k}={v}" for k, v in {**BASE, **over}.items()])
+def slurm_spec(**over: str) -> RunSpec:
+    return spec_with(TINY, BASE, over)
 
 
 def sbatch_lines(script: str) -> list[str]:
@@ -29,7 +30,7 @@ def sbatch_lines(script: str) -> list[str]:
 
 
 def test_srun_mode_script(tmp_path: Path) -> None:
-    s = spec(**{"launcher.mode": "srun", "cluster.gpu": "h100-sxm", "cluster.partition": "debug",
+    s = slurm_spec(**{"launcher.mode": "srun", "cluster.gpu": "h100-sxm", "cluster.partition": "debug",
                 "cluster.time": "'00:10:00'", "cluster.account": "acct", "cluster.qos": "normal",
                 "cluster.constraint": "h100", "cluster.exclude": "n3", "cluster.mem": "'0'",
                 "cluster.cpus_per_task": "2", "launcher.sbatch_args": "['--reservation=r1']"})
@@ -63,7 +64,7 @@ def test_srun_mode_script(tmp_path: Path) -> None:
 
 
 def test_torchrun_mode_script(tmp_path: Path) -> None:
-    launch = render.plan_slurm(spec(**{"launcher.max_restarts": "3"}), tmp_path / "r", python="/p/python")
+    launch = render.plan_slurm(slurm_spec(**{"launcher.max_restarts": "3"}), tmp_path / "r", python="/p/python")
     lines = sbatch_lines(launch.script)
     assert "--ntasks-per-node=1" in lines and "--cpus-per-task=4" in lines  # one rank's CPU at least
     assert not any(x.startswith("--gpus-per-node") for x in lines)  # cluster.gpu: cpu asks for no gres
@@ -82,7 +83,7 @@ def test_torchrun_first_node_hosts_the_rendezvous(tmp_path: Path) -> None:
     """Each node's wrapper tells torchrun whether it hosts the c10d store (the first node of the allocation),
     keeping a launcher.env PET_RDZV_CONF in front: on the one-host test cluster every node matched the
     endpoint's name and n2's agent could host it (docs/ARCHITECTURE.md, "Elastic node ranges")."""
-    launch = render.plan_slurm(spec(**{"cluster.min_nodes": "1", "launcher.max_restarts": "1"}), tmp_path / "r")
+    launch = render.plan_slurm(slurm_spec(**{"cluster.min_nodes": "1", "launcher.max_restarts": "1"}), tmp_path / "r")
     step = launch.rendered.step
     wrapper = shlex.split(step[step.index("bash") + 2])[0]
     for node, user, want in (("n1", "", "is_host=1"), ("n2", "", "is_host=0"),
@@ -104,7 +105,7 @@ def test_torchrun_accepts_rendered_flags() -> None:
 
 def test_script_is_valid_bash(tmp_path: Path) -> None:
     for mode in ("srun", "torchrun"):
-        launch = render.plan_slurm(spec(**{"launcher.mode": mode}), tmp_path / mode)
+        launch = render.plan_slurm(slurm_spec(**{"launcher.mode": mode}), tmp_path / mode)
         f = tmp_path / f"{mode}.sh"
         f.write_text(launch.script)
         r = subprocess.run(["bash", "-n", str(f)], capture_output=True, text=True)
@@ -116,7 +117,7 @@ EVIL = "x; touch /tmp/PWNED $(touch /tmp/PWNED) `touch /tmp/PWNED` \" ' & | < > 
 
 def test_metacharacters_are_quoted_or_moved_to_the_command_line(tmp_path: Path) -> None:
     run = tmp_path / EVIL.replace("/", "_")
-    s = spec(**{"launcher.mode": "srun"}).model_copy(update={"name": EVIL})
+    s = slurm_spec(**{"launcher.mode": "srun"}).model_copy(update={"name": EVIL})
     s = s.model_copy(update={"launcher": s.launcher.model_copy(update={
         "srun_args": [f"--comment={EVIL}"], "env": {"TRAINCTL_X": EVIL}, "sbatch_args": ["--comment=ok"]})})
     launch = render.plan_slurm(s, run)
@@ -147,7 +148,7 @@ def test_metacharacters_are_quoted_or_moved_to_the_command_line(tmp_path: Path) 
     ("cluster.time", "ten minutes", "not a Slurm time"),
 ])
 def test_bad_values_are_rejected(tmp_path: Path, field: str, value, match: str) -> None:
-    s = spec()
+    s = slurm_spec()
     section, _, key = field.rpartition(".")
     if section:
         sub = getattr(s, section).model_copy(update={key: value})
@@ -159,10 +160,10 @@ def test_bad_values_are_rejected(tmp_path: Path, field: str, value, match: str) 
 
 
 def test_percent_in_run_dir_is_escaped_and_backslash_rejected(tmp_path: Path) -> None:
-    launch = render.plan_slurm(spec(), tmp_path / "a%b")
+    launch = render.plan_slurm(slurm_spec(), tmp_path / "a%b")
     assert any("a%%b/logs/slurm-%j.out" in o for o in launch.rendered.options)
     with pytest.raises(UsageError, match="backslash"):
-        render.plan_slurm(spec(), tmp_path / "a\\b")
+        render.plan_slurm(slurm_spec(), tmp_path / "a\\b")
 
 
 def test_parse_time() -> None:
@@ -185,19 +186,19 @@ cpu|up|infinite|c1|idle|(null)|64
 def test_sinfo_checks() -> None:
     nodes = cluster.parse_sinfo(SINFO)
     assert nodes[1].gpus == 4 and nodes[0].default and nodes[3].max_time_min == 10**9
-    assert cluster.check_cluster(spec(**{"cluster.gpu": "h100-sxm"}), nodes) == []
-    assert cluster.check_cluster(spec(**{"cluster.gpu": "h100-sxm", "cluster.partition": "debug",
+    assert cluster.check_cluster(slurm_spec(**{"cluster.gpu": "h100-sxm"}), nodes) == []
+    assert cluster.check_cluster(slurm_spec(**{"cluster.gpu": "h100-sxm", "cluster.partition": "debug",
                                        "cluster.time": "'1:00:00'"}), nodes) == []
-    [p] = cluster.check_cluster(spec(**{"cluster.partition": "gpu"}), nodes)
+    [p] = cluster.check_cluster(slurm_spec(**{"cluster.partition": "gpu"}), nodes)
     assert "cluster.partition = 'gpu'" in p and "debug, short" in p
-    [p] = cluster.check_cluster(spec(**{"cluster.partition": "debug", "cluster.time": "'2:00:00'"}), nodes)
+    [p] = cluster.check_cluster(slurm_spec(**{"cluster.partition": "debug", "cluster.time": "'2:00:00'"}), nodes)
     assert "cluster.time = '2:00:00'" in p and "01:00:00" in p
-    problems = cluster.check_cluster(spec(**{"cluster.partition": "short", "cluster.gpu": "h100-sxm"}), nodes)
+    problems = cluster.check_cluster(slurm_spec(**{"cluster.partition": "short", "cluster.gpu": "h100-sxm"}), nodes)
     assert any("cluster.nodes = 2" in x and "1 node(s)" in x for x in problems)
-    problems = cluster.check_cluster(spec(**{"cluster.partition": "cpu", "cluster.gpu": "h100-sxm",
+    problems = cluster.check_cluster(slurm_spec(**{"cluster.partition": "cpu", "cluster.gpu": "h100-sxm",
                                            "cluster.nodes": "1", "cluster.gpus_per_node": "8"}), nodes)
     assert len(problems) == 1 and "cluster.gpus_per_node = 8" in problems[0] and "at most 0" in problems[0]
-    one = spec(**{"cluster.partition": "cpu", "cluster.nodes": "1", "cluster.gpus_per_node": "8"})
+    one = slurm_spec(**{"cluster.partition": "cpu", "cluster.nodes": "1", "cluster.gpus_per_node": "8"})
     assert cluster.check_cluster(one, nodes) == []  # gpu: cpu needs no gres
 
 
@@ -212,7 +213,7 @@ def test_parse_kv_and_jobcomp(tmp_path: Path) -> None:
 
 
 def test_create_writes_script_commands_and_job(tmp_path: Path) -> None:
-    launch = render.plan_slurm(spec(), tmp_path / "run")
+    launch = render.plan_slurm(slurm_spec(), tmp_path / "run")
     paths = submit.create(launch)
     assert paths.launch_script.read_text() == launch.script
     assert (paths.launch_script.stat().st_mode & 0o111) != 0
@@ -307,7 +308,7 @@ def _run_batch_script(tmp_path: Path, mode: str, *, signal: str | None = None, r
     import time
 
     run = tmp_path / "run"
-    launch = render.plan_slurm(spec(**{"launcher.mode": mode}), run, python="/bin/false")
+    launch = render.plan_slurm(slurm_spec(**{"launcher.mode": mode}), run, python="/bin/false")
     run.mkdir(parents=True)
     (run / "events.jsonl").write_text(before)
     script = tmp_path / "launch.sh"
@@ -429,7 +430,7 @@ def fake_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def _submitted_run(tmp_path: Path, **over: str):
     from trainctl.rundir.paths import RunPaths
 
-    launch = render.plan_slurm(spec(**over), tmp_path / "run", python="/venv/bin/python")
+    launch = render.plan_slurm(slurm_spec(**over), tmp_path / "run", python="/venv/bin/python")
     paths = submit.create(launch)
     assert submit.submit(launch, paths) == "101"
     return launch, RunPaths(paths.root)
@@ -584,9 +585,9 @@ def test_an_export_that_keeps_passthrough_variables_from_the_job_is_refused(tmp_
     import json
 
     monkeypatch.setenv("WANDB_API_KEY", "x")
-    s = spec(**{"launcher.env_passthrough": "[WANDB_API_KEY]", "launcher.sbatch_args": json.dumps(args)})
+    s = slurm_spec(**{"launcher.env_passthrough": "[WANDB_API_KEY]", "launcher.sbatch_args": json.dumps(args)})
     with pytest.raises(UsageError, match="launcher.sbatch_args --export=.*keeps WANDB_API_KEY"):
         render.plan_slurm(s, tmp_path / "run")
-    ok = spec(**{"launcher.env_passthrough": "[WANDB_API_KEY]",
+    ok = slurm_spec(**{"launcher.env_passthrough": "[WANDB_API_KEY]",
                  "launcher.sbatch_args": '["--export=ALL,EXTRA=1"]'})
     assert ': "${WANDB_API_KEY:?' in render.plan_slurm(ok, tmp_path / "run2").script
