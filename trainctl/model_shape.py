@@ -191,7 +191,7 @@ class MoELayerParams:
 def moe_layer_params(m: ModelShape) -> MoELayerParams:
     e = m.moe
     if e is None:
-        return MoELayerParams(0, 0, 0, 0)
+        return MoELayerParams(router=0, experts=0, experts_active=0, shared=0)
     one = mlp_matmul_params(m, e.expert_ffn_hidden)
     return MoELayerParams(router=m.hidden * e.num_experts, experts=e.num_experts * one, experts_active=e.top_k * one,
                           shared=e.shared_experts * mlp_matmul_params(m, e.shared_ffn_hidden or 0))

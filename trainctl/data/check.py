@@ -66,7 +66,8 @@ def scan(path: str | Path, dtype: str, vocab: int | None = None, progress: Progr
                 first_at, first_id = start + i, int(chunk[i])
         if progress is not None:
             progress(min(start + CHUNK_TOKENS, n), n)
-    return Scan(str(path), dtype, n, lo or 0, hi or 0, vocab, bad, first_at, first_id)
+    return Scan(path=str(path), dtype=dtype, count=n, min=lo or 0, max=hi or 0, vocab=vocab, out_of_range=bad,
+                first_bad_offset=first_at, first_bad_id=first_id)
 
 
 def scan_cached(path: str | Path, dtype: str, vocab: int, progress: Progress | None = None) -> Scan:
@@ -76,7 +77,8 @@ def scan_cached(path: str | Path, dtype: str, vocab: int, progress: Progress | N
     saved = sidecar.read(path, CACHE_SUFFIX, key)
     with contextlib.suppress(KeyError, TypeError):
         if saved is not None and saved["min"] >= 0 and saved["max"] < vocab:
-            return Scan(str(path), dtype, saved["count"], saved["min"], saved["max"], vocab)
+            return Scan(path=str(path), dtype=dtype, count=saved["count"], min=saved["min"], max=saved["max"],
+                        vocab=vocab)
     result = scan(path, dtype, vocab, progress)
     if result.in_range(vocab):
         sidecar.write(path, CACHE_SUFFIX, key, {"count": result.count, "min": result.min, "max": result.max})

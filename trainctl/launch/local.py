@@ -406,7 +406,8 @@ def _run(launch: LocalLaunch, paths: RunPaths, out: TextIO, kind: str, console: 
         # could not start its ranks; torchrun's own record says which
         cause = oom_or(torchrun_root_cause(read_from(paths.launcher_log, log_from), lost_peer_ranks(events))
                        or (result and result.cause), paths)
-        result = Outcome(FAILED, None, cause.line() if cause else f"torchrun exited with status {rc}", cause)
+        result = Outcome(state=FAILED, step=None, reason=cause.line() if cause else f"torchrun exited with status {rc}",
+                         cause=cause)
     elif result is None:
         result = Outcome(COMPLETED, None, "every step done")
     try:
@@ -434,7 +435,7 @@ def run_dir_lost(paths: RunPaths, error: OSError) -> Outcome:
     else:
         what = f"can no longer be written ({error.strerror or error})"
     line = f"{where} {what}; nothing more of this run could be recorded there"
-    return Outcome(FAILED, None, line, Cause(RUN_DIR_LOST, line))
+    return Outcome(state=FAILED, step=None, reason=line, cause=Cause(RUN_DIR_LOST, line))
 
 
 def read_from(path: Path, offset: int) -> str:

@@ -125,10 +125,10 @@ def plan_resume(run_dir: Path, from_step: int | None = None, overrides: list[str
     if info is not None and info.step >= spec.train.steps:
         raise UsageError(f"checkpoint step {info.step} is already at train.steps={spec.train.steps}: nothing to run",
                          hint=f"train longer with --set train.steps=N (N > {info.step})")
-    return ResumePlan(paths, spec, backend, ckdir, info, skipped, abandon,
-                      [secrets.redact_override(o) for o in overrides or []], last,
-                      spec_changes(before, spec), held_back=secrets.credential_names(loaded.launcher.env),
-                      warnings=change_warnings(before, spec),
+    return ResumePlan(paths=paths, spec=spec, backend=backend, checkpoint_dir=ckdir, checkpoint=info, skipped=skipped,
+                      abandon=abandon, overrides=[secrets.redact_override(o) for o in overrides or []],
+                      last_logged_step=last, spec_changes=spec_changes(before, spec),
+                      held_back=secrets.credential_names(loaded.launcher.env), warnings=change_warnings(before, spec),
                       notes=[n for n in (metrics.skipped_note(paths.metrics),
                                          load_jsonl(paths.events).skipped_note(paths.events)) if n],
                       data=data, data_changes=changed)

@@ -184,9 +184,13 @@ def _with_tp_cp(spec: RunSpec, world: int, tp: int, cp: int, sp: bool, skip: Cal
             for sched, v in schedules:
                 for rec in RECOMPUTE:
                     for zero in (0, 1, 2, 3):
-                        out.append(Candidate(tp, pp, dp, zero, mb, rec, sp, sched, v, None, ep, cp))
+                        out.append(Candidate(tp=tp, pp=pp, dp=dp, zero=zero, micro_batch=mb, recompute=rec,
+                                             sequence_parallel=sp, schedule=sched, virtual_stages=v, stage_layers=None,
+                                             ep=ep, cp=cp))
                         if zero and dp * cp > 1:  # offload moves nothing without a sharded optimizer
-                            out.append(Candidate(tp, pp, dp, zero, mb, rec, sp, sched, v, None, ep, cp, True))
+                            out.append(Candidate(tp=tp, pp=pp, dp=dp, zero=zero, micro_batch=mb, recompute=rec,
+                                                 sequence_parallel=sp, schedule=sched, virtual_stages=v,
+                                                 stage_layers=None, ep=ep, cp=cp, offload=True))
     return out
 
 

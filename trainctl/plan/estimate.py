@@ -373,10 +373,10 @@ class Evaluator:
         for r, stages in enumerate(held):
             per_rank.append(tuple(layers[g] for g in stages))
             sends.append(sum(remote(g + 1, r) + remote(g - 1, r) for g in stages))
-        return _Profile(tuple(held), tuple(per_rank), tuple(sum(x) for x in per_rank),
-                        tuple(0 in st for st in held), tuple(n_stages - 1 in st for st in held), tuple(sends),
-                        tuple(st.index(0) if 0 in st else -1 for st in held),
-                        tuple(st.index(n_stages - 1) if n_stages - 1 in st else -1 for st in held))
+        return _Profile(stages=tuple(held), layers=tuple(per_rank), rank_layers=tuple(sum(x) for x in per_rank),
+                        has_first=tuple(0 in st for st in held), has_last=tuple(n_stages - 1 in st for st in held),
+                        sends=tuple(sends), first_chunk=tuple(st.index(0) if 0 in st else -1 for st in held),
+                        last_chunk=tuple(st.index(n_stages - 1) if n_stages - 1 in st else -1 for st in held))
 
     def _make_rank_params(self, tp: int, pp: int, v: int, layers: tuple[int, ...], ep: int, schedule_: str
                           ) -> tuple[tuple[float, ...], tuple[float, ...], tuple[int, ...], tuple[int, ...]]:
@@ -394,7 +394,7 @@ class Evaluator:
             for g, n in zip(prof.stages[r], prof.layers[r], strict=True):
                 k = m.moe_layers_in(starts[g], starts[g] + n)
                 total += model.stage_params_per_gpu(m, tp, n, g == 0, g == n_stages - 1, k, ep)
-                expert += model.layers_params_per_gpu(m, tp, n, k, ep)[1]
+                expert += model.layers_params_per_gpu(m, tp, layers=n, moe_layers=k, ep=ep)[1]
                 n_moe += k
                 big = max(big, model.largest_param_per_gpu(m, tp, n, g == 0, g == n_stages - 1))
             totals.append(total)
@@ -513,10 +513,11 @@ class Evaluator:
         # autocast's weight copies: a full recompute saves only the LM head's (the layers' live while one re-runs)
         copy = memory.AUTOCAST_COPY_BYTES
         kept = c.recompute != "full"
-        cast_params = [model.stage_matmul_params_per_gpu(m, tp, prof.rank_layers[r] if kept else 0, prof.has_last[r],
-                                                         moe_layers[r] if kept else 0, c.ep) for r in range(pp)]
-        cast_working = 0.0 if kept else model.stage_matmul_params_per_gpu(m, tp, 1, False, int(m.moe is not None),
-                                                                          c.ep)
+        cast_params = [model.stage_matmul_params_per_gpu(m, tp, layers=prof.rank_layers[r] if kept else 0,
+                                                         last=prof.has_last[r], moe_layers=moe_layers[r] if kept else 0,
+                                                         ep=c.ep) for r in range(pp)]
+        cast_working = 0.0 if kept else model.stage_matmul_params_per_gpu(m, tp, layers=1, last=False,
+                                                                          moe_layers=int(m.moe is not None), ep=c.ep)
         acts_copied = tuple(x + copy * n for x, n in zip(acts, cast_params, strict=True))
         transient_copied = tuple(t + copy * cast_working if t else 0.0 for t in transient)
 
@@ -588,7 +589,8 @@ class Evaluator:
             cp_layer_time=cp_layer_time, attn_layer_time=attn_layer_time, bubble_slots=bubble_slots, slot=slot,
             compute_mb=compute_mb, emb_time=rates.comm(pp_link, EMBEDDING_OPS, emb_bytes, float(emb_bytes > 0)),
             layer_params_gpu=max(model.layer_params_per_gpu(m, tp),
-                                 sum(model.layers_params_per_gpu(m, tp, 1, 1, c.ep)) if m.moe is not None else 0.0),
+                                 sum(model.layers_params_per_gpu(m, tp, layers=1, moe_layers=1, ep=c.ep))
+                                 if m.moe is not None else 0.0),
         )
 
     def _with_zero(self, b: _Base, zero: int, dp: int, ep: int = 1, offload: bool = False) -> _Zero:
@@ -646,9 +648,11 @@ class Evaluator:
         host = max((p - e) * host_dense + e * host_expert for p, e in zip(b.params, b.experts, strict=True))
         copy_s, cpu_s = self._offload_seconds(b, zero, dp, edp) if host else (0.0, 0.0)
         opt_s = self._optimizer_seconds(b, zero, dp)
-        out = _Zero(dense, expert, gather, buffers, handed, acts, transient, worst, totals[worst] + gather,
-                    sum(x for _, x, _ in dp_traffic), sum(x for _, x, _ in edp_traffic), t_dp, t_edp, None, None,
-                    host, copy_s, cpu_s, opt_s, fsdp_s)
+        out = _Zero(dense=dense, expert=expert, gather=gather, buffers=buffers, handed=handed, acts=acts,
+                    transient=transient, worst=worst, total=totals[worst] + gather,
+                    dp_bytes=sum(x for _, x, _ in dp_traffic), edp_bytes=sum(x for _, x, _ in edp_traffic),
+                    dp_time=t_dp, edp_time=t_edp, dp_exposed=None, step=None, host=host, offload_copy=copy_s,
+                    offload_step=cpu_s, optimizer=opt_s, fsdp=fsdp_s)
         if b.slot is None:
             return out
         window = b.slot if zero <= 1 else b.n_micro * b.slot
@@ -730,8 +734,9 @@ class Evaluator:
         def rank_memory(r: int) -> RankMemory:
             p, e = b.params[r], b.experts[r]
             (wd, gd, od), (we, ge, oe) = z.dense, z.expert
-            return RankMemory(r, p, (p - e) * wd + e * we, (p - e) * gd + e * ge + z.buffers[r], (p - e) * od + e * oe,
-                              z.acts[r], z.transient[r] + z.handed[r] + z.gather, e)
+            return RankMemory(pp_rank=r, params=p, weights=(p - e) * wd + e * we,
+                              gradients=(p - e) * gd + e * ge + z.buffers[r], optimizer=(p - e) * od + e * oe,
+                              activations=z.acts[r], transient=z.transient[r] + z.handed[r] + z.gather, expert_params=e)
 
         ranks = tuple(rank_memory(r) for r in range(c.pp)) if detail else ()
         comm_bytes = {"tp": b.tp_bytes, "pp": b.pp_bytes, "dp": z.dp_bytes, "embedding": b.emb_bytes}

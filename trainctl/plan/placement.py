@@ -41,8 +41,9 @@ class Layout:
 
     @classmethod
     def from_spec(cls, spec: RunSpec) -> Layout:
-        return cls(spec.parallel.tp, spec.parallel.pp, spec.dp, spec.cluster.gpus_per_node,
-                   nvlink_domain_size(spec.cluster), spec.parallel.ep, spec.parallel.cp, spec.parallel.schedule)
+        return cls(tp=spec.parallel.tp, pp=spec.parallel.pp, dp=spec.dp, gpus_per_node=spec.cluster.gpus_per_node,
+                   nvlink_domain=nvlink_domain_size(spec.cluster), ep=spec.parallel.ep, cp=spec.parallel.cp,
+                   schedule=spec.parallel.schedule)
 
     @property
     def edp(self) -> int:
@@ -98,8 +99,9 @@ def placement(layout: Layout) -> list[RankInfo]:
     for rank in range(layout.world_size):
         t, d, p = coords(rank, layout)
         e, ed = expert_coords(d, layout)
-        out.append(RankInfo(rank, rank // layout.gpus_per_node, rank % layout.gpus_per_node, t, d, p,
-                            rank // layout.nvlink_domain, e, ed, cp_coord(rank, layout)))
+        out.append(RankInfo(rank=rank, node=rank // layout.gpus_per_node, local_gpu=rank % layout.gpus_per_node, tp=t,
+                            dp=d, pp=p, nvlink_domain=rank // layout.nvlink_domain, ep=e, edp=ed,
+                            cp=cp_coord(rank, layout)))
     return out
 
 

@@ -98,8 +98,9 @@ def context_from_spec(spec: RunSpec) -> Context:
         host_memory_bytes=host_memory_bytes(c.host_memory_gb, on_cpu),
     )
     e = spec.estimate
-    assume = Assumptions(e.compute_efficiency, e.comm_efficiency, dp_overlap(e.dp_overlap, on_cpu, c.gpus_per_node),
-                         e.tp_overlap, e.offload_pcie_gbps, e.host_adam_gbps)
+    assume = Assumptions(compute_efficiency=e.compute_efficiency, comm_efficiency=e.comm_efficiency,
+                         dp_overlap=dp_overlap(e.dp_overlap, on_cpu, c.gpus_per_node), tp_overlap=e.tp_overlap,
+                         offload_pcie_gbps=e.offload_pcie_gbps, host_adam_gbps=e.host_adam_gbps)
     rates = measured_rates(spec, assumed_rates(hw, assume))  # cluster.calibration (plan/rates.py)
     if rates is not None and hw.peak_flops is None:  # a CPU: MFU against the peak measured where it runs
         hw = replace(hw, peak_flops=rates.profile.peak_flops)
@@ -367,8 +368,9 @@ def checkpoint_plan(spec: RunSpec, step_time: float | None) -> tuple[dict[str, A
     blocking, total = save_seconds(spec)
     ck = spec.checkpoint
     mtbf, source = job_mtbf(spec.cluster.nodes, ck.mtbf_hours)
-    cadence = Cadence(blocking, mtbf, source, configured_interval(ck.every_steps, ck.every_minutes, step_time),
-                      step_time, run_s=step_time * spec.train.steps if step_time else None)
+    cadence = Cadence(cost_s=blocking, mtbf_s=mtbf, mtbf_source=source,
+                      configured_s=configured_interval(ck.every_steps, ck.every_minutes, step_time),
+                      step_time_s=step_time, run_s=step_time * spec.train.steps if step_time else None)
     e = spec.estimate
     out = {"bytes": checkpoint_bytes(spec), "async": ck.async_save, "blocking_s": blocking, "save_s": total,
            "write_gbps_per_node": e.checkpoint_write_gbps, "stage_gbps_per_gpu": e.checkpoint_stage_gbps,

@@ -74,7 +74,7 @@ class Compression:
         return params + self.p_elements + 2 * self.q_elements
 
 
-NONE = Compression(0.0, 0.0, 0.0, 0.0)
+NONE = Compression(compressed_params=0.0, p_elements=0.0, q_elements=0.0, flops=0.0)
 
 
 def compression(matrices: list[Matrix], rank: int, experts: bool = False) -> Compression:
@@ -88,4 +88,4 @@ def compression(matrices: list[Matrix], rank: int, experts: bool = False) -> Com
         p += k * n * r
         q += k * c * r
         flops += k * (3 * 2 * n * c * r + 2 * (n + c) * r * r)
-    return Compression(params, p, q, flops)
+    return Compression(compressed_params=params, p_elements=p, q_elements=q, flops=flops)

@@ -125,7 +125,8 @@ def slow_ranks(busy: Mapping[int, Mapping[int, float]], where: Mapping[int, tupl
             if row[r] - ref > max(margin * ref, ABS_THRESHOLD_S):
                 above += 1
         if above >= PERSISTENT * len(busy):
-            out.append(SlowRank(r, node, stage, above, len(busy), statistics.median(ratios)))
+            out.append(SlowRank(rank=r, node=node, stage=stage, steps_above=above, steps=len(busy),
+                                ratio=statistics.median(ratios)))
     return out
 
 
