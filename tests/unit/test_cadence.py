@@ -105,7 +105,7 @@ def test_lr_scaling_rules_for_a_changed_global_batch():
     1.2e-3; an unchanged batch, or an lr the user changed too, is no warning."""
     from trainctl.plan.lr_scaling import lr_unchanged_warning
 
-    line = lr_unchanged_warning(256, 1024, 3e-4, 3e-4)
+    line = lr_unchanged_warning(old_batch=256, new_batch=1024, old_lr=3e-4, new_lr=3e-4)
     assert line is not None and "(x4)" in line and "gives 0.0006, the linear rule" in line and "0.0012" in line
-    assert lr_unchanged_warning(256, 256, 3e-4, 3e-4) is None
-    assert lr_unchanged_warning(256, 1024, 3e-4, 6e-4) is None
+    assert lr_unchanged_warning(old_batch=256, new_batch=256, old_lr=3e-4, new_lr=3e-4) is None
+    assert lr_unchanged_warning(old_batch=256, new_batch=1024, old_lr=3e-4, new_lr=6e-4) is None

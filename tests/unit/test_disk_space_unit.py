@@ -28,7 +28,8 @@ def test_disk_full_message_is_one_line_with_every_fact(tmp_path: Path) -> None:
     m = disk_full_message(tmp_path, 40, free=3 * 2**20, needed=5 * 2**30, newest_valid=30)
     assert "\n" not in m and str(tmp_path) in m and "step 40" in m
     assert "3.0 MiB free, 5.0 GiB needed" in m and "newest valid checkpoint: step 30" in m
-    assert "newest valid checkpoint: none" in disk_full_message(tmp_path, 2, 0, 1, None)
+    assert "newest valid checkpoint: none" in disk_full_message(directory=tmp_path, step=2, free=0, needed=1,
+                                                                newest_valid=None)
     assert human_bytes(512) == "512 B" and human_bytes(1536) == "1.5 KiB"
 
 

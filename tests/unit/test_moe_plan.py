@@ -125,7 +125,7 @@ def test_all_to_all_bytes_against_a_hand_count() -> None:
     (256 bytes); with 2 of the 4 experts on each EP rank half the copies leave: 64 * 256 = 16,384 bytes per
     exchange. Dispatch + combine forward, their gradients backward: 4 exchanges = 65,536 bytes per layer
     and micro-batch; 4 MoE layers and 16/(2*2) = 4 micro-batches: 1,048,576 bytes per step."""
-    assert all_to_all_bytes(64, 2, 64, 4, 2) == 4 * 16_384
+    assert all_to_all_bytes(tokens=64, top_k=2, hidden=64, act_bytes=4, ep=2) == 4 * 16_384
     spec = load_spec(TINY_MOE)
     plan = build_plan(spec)
     assert plan.est.comm_bytes["ep"] == 1_048_576
@@ -140,8 +140,8 @@ def test_all_to_all_bytes_against_a_hand_count() -> None:
 
 def test_all_to_all_formula() -> None:
     # per MoE layer: 4 x tokens_per_rank x top_k x hidden x bytes x (ep-1)/ep
-    assert all_to_all_bytes(2048, 2, 4096, 2, 4) == 4 * 2048 * 2 * 4096 * 2 * 3 / 4
-    assert all_to_all_bytes(2048, 2, 4096, 2, 1) == 0.0
+    assert all_to_all_bytes(tokens=2048, top_k=2, hidden=4096, act_bytes=2, ep=4) == 4 * 2048 * 2 * 4096 * 2 * 3 / 4
+    assert all_to_all_bytes(tokens=2048, top_k=2, hidden=4096, act_bytes=2, ep=1) == 0.0
 
 
 # --- memory -------------------------------------------------------------------------------------------------

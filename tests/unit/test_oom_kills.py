@@ -12,7 +12,8 @@ from trainctl.hardware import oom_kills
 
 
 def recorded(tmp_path: Path, counter: Path, kills: int, host: str | None = None) -> Path:
-    start = oom_kills.OomCounters(host or socket.gethostname(), 1234, str(counter), kills, None)
+    start = oom_kills.OomCounters(host=host or socket.gethostname(), pid=1234, cgroup_file=str(counter),
+                                  cgroup_kills=kills, node_kills=None)
     path = tmp_path / "oom-rank1.json"
     path.write_text(json.dumps(asdict(start)))
     return path

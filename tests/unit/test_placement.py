@@ -27,7 +27,7 @@ from trainctl.plan.placement import (
 )
 
 layouts = st.builds(
-    lambda tp, pp, dp, g, dom, cp: Layout(tp, pp, dp, g, dom, cp=cp),
+    lambda tp, pp, dp, g, dom, cp: Layout(tp=tp, pp=pp, dp=dp, gpus_per_node=g, nvlink_domain=dom, cp=cp),
     tp=st.sampled_from([1, 2, 3, 4, 8]), pp=st.integers(1, 4), dp=st.integers(1, 6),
     g=st.sampled_from([1, 2, 4, 8]), dom=st.sampled_from([1, 2, 3, 4, 8, 16, 72]), cp=st.sampled_from([1, 1, 2, 4]),
 )
@@ -95,7 +95,7 @@ def test_link_classes_match_the_explicit_groups(layout):
 
 def test_llama3_405b_layout_groups():
     """16,384 GPUs as TP 8 x DP 128 x PP 16: TP inside each 8-GPU node, DP and PP across nodes."""
-    layout = Layout(8, 16, 128, 8, 8)
+    layout = Layout(tp=8, pp=16, dp=128, gpus_per_node=8, nvlink_domain=8)
     assert tp_fits_nvlink(layout)
     assert comm.dp_link(8, 128, layout.world_size, 8) == comm.INTER_NODE
     assert comm.pp_link(16, layout.world_size, 8) == comm.INTER_NODE
@@ -118,7 +118,8 @@ def test_context_parallel_groups_in_megatron_core_order():
     assert sorted(g.dp) == [[0, 4], [1, 5], [2, 6], [3, 7]]  # replicas of one (tp, cp) position
     assert g.dp_cp == [[0, 2, 4, 6], [1, 3, 5, 7]]  # gradients of every parameter reduce over dp x cp
     assert (coords(6, layout), cp_coord(6, layout)) == ((0, 1, 0), 1)
-    assert {"cp", "dp_cp"} <= set(g.as_dict()) and "cp" not in Groups(Layout(2, 1, 4, 8, 8)).as_dict()
+    without_cp = Layout(tp=2, pp=1, dp=4, gpus_per_node=8, nvlink_domain=8)
+    assert {"cp", "dp_cp"} <= set(g.as_dict()) and "cp" not in Groups(without_cp).as_dict()
 
 
 def test_llama3_405b_long_context_layout_groups():

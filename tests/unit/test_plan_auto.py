@@ -57,7 +57,7 @@ small_clusters = dict(
 @given(**small_clusters)
 def test_auto_never_returns_an_invalid_layout(nodes, gpn, layers, heads, kv_div, gb):
     try:  # --auto starts from a valid spec (pure data parallelism here)
-        spec = small_spec(nodes, gpn, layers, heads, heads // kv_div, gb)
+        spec = small_spec(nodes=nodes, gpn=gpn, layers=layers, heads=heads, kv=heads // kv_div, gb=gb)
     except SpecError:
         assume(False)
     res = search(spec, top=10_000)
@@ -75,14 +75,15 @@ def test_auto_never_returns_an_invalid_layout(nodes, gpn, layers, heads, kv_div,
 def test_auto_enumerates_every_layout_the_rules_accept(nodes, gpn, layers, heads, kv, gb):
     """Complete: brute force over a grid of parallel settings and schedules, keep what validate_spec accepts
     (with the search's fixed choices: sp iff tp > 1 and no gpipe), and compare with the enumeration."""
-    spec = small_spec(nodes, gpn, layers, heads, kv, gb)
+    spec = small_spec(nodes=nodes, gpn=gpn, layers=layers, heads=heads, kv=kv, gb=gb)
     world = nodes * gpn
     accepted = set()
     for tp, pp, mb, v, sched in itertools.product(range(1, world + 1), range(1, world + 1), range(1, gb + 1),
                                                   range(1, layers + 1), ("1f1b", "interleaved", "zero-bubble", "zbv")):
         if world % (tp * pp) or (v > 1 and pp == 1):
             continue
-        c = Candidate(tp, pp, world // (tp * pp), 1, mb, "none", tp > 1 and 128 % tp == 0, sched, v)
+        c = Candidate(tp=tp, pp=pp, dp=world // (tp * pp), zero=1, micro_batch=mb, recompute="none",
+                      sequence_parallel=tp > 1 and 128 % tp == 0, schedule=sched, virtual_stages=v)
         try:
             validate_spec(as_data(spec, c))
         except SpecError:
@@ -140,8 +141,9 @@ cluster: {nodes: 1, gpus_per_node: 8, gpu: h100-sxm}
                                                    comm_efficiency=d["cme"], dp_overlap=d["overlap"],
                                                    tp_overlap=d["tp_overlap"]))
     v = d["v"] if d["pp"] > 1 else 1
-    c = Candidate(d["tp"], d["pp"], d["dp"], d["zero"], d["micro_batch"], d["recompute"], d["tp"] > 1,
-                  "interleaved" if v > 1 else "1f1b", v)
+    c = Candidate(tp=d["tp"], pp=d["pp"], dp=d["dp"], zero=d["zero"], micro_batch=d["micro_batch"],
+                  recompute=d["recompute"], sequence_parallel=d["tp"] > 1, schedule="interleaved" if v > 1 else "1f1b",
+                  virtual_stages=v)
     ev = Evaluator(ctx)
     e = ev.evaluate(c)
     mfu = e.mfu(world, ctx.hw.peak_flops)

@@ -166,7 +166,7 @@ def test_first_stage_holds_p_microbatches_1f1b():
     micro-batch; and (not in the paper) autocast's one 16-bit copy of the stage's L/p layers' matmul weights
     (12h^2/t each: QKV and O 4h^2, the 4h MLP 8h^2), which it saves for backward as the weights are fp32."""
     a, h, L, t, p = 96, 12288, 96, 8, 8  # the 175B row
-    spec = _spec(p, 1, L, a, h, t, "selective", 64)
+    spec = _spec(pp=p, v=1, layers=L, heads=a, hidden=h, tp=t, recompute="selective", m=64)
     ev = Evaluator(context_from_spec(spec))
     from trainctl.plan.plan import candidate_from_spec
 
@@ -181,7 +181,7 @@ def test_interleaved_scaling_of_first_stage():
     """Korthikanti Sec. 4.2.3: interleaving with v chunks multiplies the first stage's activations by
     1 + (p-1)/(p*v) (here with full recompute: the block input per layer, s*b*h/t values with SP)."""
     a, h, L, t, p, v = 96, 12288, 96, 8, 8, 2
-    spec = _spec(p, v, L, a, h, t, "full", 64)
+    spec = _spec(pp=p, v=v, layers=L, heads=a, hidden=h, tp=t, recompute="full", m=64)
     from trainctl.plan.plan import candidate_from_spec
 
     first = Evaluator(context_from_spec(spec)).evaluate(candidate_from_spec(spec)).ranks[0]
@@ -219,7 +219,8 @@ def test_memory_per_gpu_never_grows_with_dp_under_zero(tp, pp, v, zero, mb, rec,
 
     def total(d: int, global_batch: int) -> float:
         ctx = replace(ctx0, world=tp * pp * d, global_batch=global_batch)
-        c = Candidate(tp, pp, d, zero, mb, rec, tp > 1, sched, v)
+        c = Candidate(tp=tp, pp=pp, dp=d, zero=zero, micro_batch=mb, recompute=rec, sequence_parallel=tp > 1,
+                      schedule=sched, virtual_stages=v)
         return Evaluator(ctx).evaluate(c, detail=False).memory_total
 
     small = total(dp, gb if fixed_global else per_replica * mb * dp)
