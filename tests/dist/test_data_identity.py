@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cli_utils import TRAINCTL
+from cli_utils import TRAINCTL, trainctl
 from resume_utils import events, wait_for_step
-from test_resume_cli import cli, spec_file
+from spec_utils import write_spec
 from trainer_utils import ROOT, rank_env
 
 from trainctl.checkpoint import latest_valid, list_checkpoints
@@ -33,8 +33,9 @@ def test_a_changed_token_file_is_named_under_a_running_rank_at_resume_and_at_a_r
     tokens.write_bytes(original)
     trained = [(str(tokens), SIZE, hashlib.sha256(original).hexdigest())]
     run = tmp_path / "run"
-    spec = spec_file(tmp_path, train={"steps": 400}, data={"synthetic": False, "path": str(tokens)},
-                     parallel={"dp": 1}, cluster={"gpus_per_node": 1})
+    one_rank = {"parallel": {"dp": 1}, "cluster": {"gpus_per_node": 1}, "train": {"steps": 400},
+                "checkpoint": {"every_steps": 2, "keep_last": 5}, "data": {"synthetic": False, "path": str(tokens)}}
+    spec = write_spec(tmp_path / "spec.yaml", one_rank)
     launch = subprocess.Popen([*TRAINCTL, "launch", str(spec), "--run-dir", str(run)],
                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -56,12 +57,12 @@ def test_a_changed_token_file_is_named_under_a_running_rank_at_resume_and_at_a_r
     step = latest_valid(run / "checkpoints").step
 
     # resume refuses the truncated file, then another file of the same size, launching nothing
-    r = cli("resume", str(run))
+    r = trainctl("resume", str(run))
     assert r.returncode == 2, r.stdout + r.stderr
     assert f"data file {tokens} changed since checkpoint step {step}: size 4,000,000 -> 100,000 bytes" in r.stderr
     other = np.random.default_rng(1).integers(0, 256, SIZE // 2, dtype="<u2").tobytes()
     tokens.write_bytes(other)
-    r = cli("resume", str(run))
+    r = trainctl("resume", str(run))
     assert r.returncode == 2 and f"data file {tokens} changed since checkpoint step {step}: same size, other " \
                                   "content" in r.stderr, r.stderr
     assert len(json.loads((run / "job.json").read_text())["attempts"]) == 1
@@ -76,12 +77,12 @@ def test_a_changed_token_file_is_named_under_a_running_rank_at_resume_and_at_a_r
     # another path is a deliberate spec change, said as such: no refusal
     moved = tmp_path / "moved.bin"
     moved.write_bytes(original)
-    r = cli("resume", str(run), "--set", f"data.path={moved}", "--dry-run")
+    r = trainctl("resume", str(run), "--set", f"data.path={moved}", "--dry-run")
     assert r.returncode == 0, r.stderr
     assert f"spec change: data.path: '{tokens}' -> '{moved}'" in r.stdout and "data change" not in r.stdout
 
     # knowingly: the change is recorded, and the run and its new checkpoints record the new file
-    r = cli("resume", str(run), "--accept-data-change", "--set", f"train.steps={step + 2}")
+    r = trainctl("resume", str(run), "--accept-data-change", "--set", f"train.steps={step + 2}")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert f"data change (--accept-data-change): {tokens}: same size, other content" in " ".join(r.stdout.split())
     changed = [e for e in events(run) if e["event"] == "data_changed"]
