@@ -31,8 +31,6 @@ TINY = REPO / "trainctl" / "spec" / "tiny-cpu.yaml"
 STEPS = 6
 SLURM = ["--set", "cluster.nodes=2", "--set", "cluster.gpus_per_node=4", "--set", "launcher.backend=slurm",
          "--set", f"train.steps={STEPS}"]
-TRAINER_PROVES_PLACEMENT = "prove_placement" in (REPO / "trainctl" / "runtime" / "entry.py").read_text() + (
-    REPO / "trainctl" / "runtime" / "trainer.py").read_text()
 
 def status(run: Path) -> dict:
     r = cli("status", str(run), "--json")
@@ -114,9 +112,8 @@ def test_two_node_job_completes_with_local_losses(slurm_cluster: SlurmCluster, t
     assert kinds[:2] == ["submit", "slurm_start"] and "finish" in kinds and kinds[-1] == "step_exit"
     logs = cli("logs", str(run))
     assert logs.returncode == 0 and f"step {LONG_STEPS}/{LONG_STEPS}" in logs.stdout
-    if TRAINER_PROVES_PLACEMENT:
-        placement = json.loads((run / "placement.json").read_text())
-        assert placement["tp_groups_across_nodes"] == [] and sorted(placement["nodes"]) == ["n1", "n2"]
+    placement = json.loads((run / "placement.json").read_text())
+    assert placement["tp_groups_across_nodes"] == [] and sorted(placement["nodes"]) == ["n1", "n2"]
     listed = cli("runs", str(tmp_path), "--json")
     assert json.loads(listed.stdout)[0]["state"] == "COMPLETED"
     # mfu-report: queueing is sbatch -> the batch script's first line; start-up from there to the first step

@@ -113,7 +113,7 @@ def cancel(run: Path = RunArg,
               f"(`trainctl cancel --force {run}` kills at once)")
         return
     # recorded first: how the run ends reads "cancelled" (runstate); the launcher reads `force` (a SIGTERM
-    # alone cannot say it), and ranks still starting read the request (runtime/signals.recorded_stop)
+    # alone cannot say it), and ranks still starting read the request (runtime/train/signals.recorded_stop)
     try:
         record_event(paths, "cancel_requested", state=st.state, force=force)
     except OSError as e:
