@@ -1,6 +1,6 @@
 """Benchmark: `trainctl plan --auto` on the Llama 3 405B recipe (16,384 H100s) as a whole process.
 
-Target (issue 2): under 1 s wall time on a 2-core machine. Each run is a fresh `python -m trainctl`
+Target: under 1 s wall time on a 2-core machine. Each run is a fresh `python -m trainctl`
 process, so the figure includes interpreter start-up and every import, as a user sees it; the
 `trainctl --help` time beside it is the floor that start-up alone costs.
 
