@@ -386,6 +386,9 @@ def test_killed_rank_restarts_then_cancel_and_trainctl_resume(slurm_cluster: Slu
     r = cli("cancel", str(run))
     assert r.returncode == 0, r.stdout + r.stderr
     wait_for(lambda: status(run)["state"] == "CANCELLED", "CANCELLED", 60)
+    # Slurm says CANCELLED from the scancel on, while the batch script still waits for its step to end and
+    # then writes its last line: read the log once the job has left the queue
+    wait_for(lambda: jid not in squeue_ids(), "the cancelled job to leave the queue", 120)
     cancelled_at = last_step(run)
     # torchrun ignores the SIGTERM (the ranks save and exit 0): no SignalException traceback, no srun error; the
     # lost rank is one line, its peers' gloo tracebacks and torchrun's agent's lines are in their own logs
