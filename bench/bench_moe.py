@@ -141,7 +141,9 @@ def main_rank(a: argparse.Namespace) -> None:
     dist.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)  # avoids the random SIGABRT at interpreter shutdown (docs/ARCHITECTURE.md, "Checked facts")
+    # avoids the random SIGABRT at interpreter shutdown (docs/ARCHITECTURE.md, "Checked facts: PyTorch
+    # distributed on CPU/gloo")
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -2,9 +2,10 @@
 planner's activation model (docs/ARCHITECTURE.md, "Memory model"), to tell where a device's kernels save other
 tensors than the CPU's (flash attention, fused norms).
 
-Builds the trainer's own stage (runtime/model.build_stage) of a Llama-style model, runs one forward under the
-trainer's autocast and lists each storage autograd saves (first save counted, as runtime/memory_meter does) by
-the module that saved it, then the total against the planner's per-layer and head figures.
+Builds the trainer's own stage (runtime/model/transformer.build_stage) of a Llama-style model, runs one forward
+under the trainer's autocast and lists each storage autograd saves (first save counted, as
+runtime/observe/memory_meter does) by the module that saved it, then the total against the planner's per-layer
+and head figures.
 
     python bench/saved_tensors.py [--device cuda] [--layers 2] [--hidden 2048] [--seq 2048] [--micro-batch 2]
 """

@@ -2,7 +2,7 @@
 
 `python tests/fork_ranks.py 2 tests/dist/dtensor_ref_worker.py OUT.json` (or torchrun)
 
-Why this exists (issue 3): PyTorch-native building blocks are the default; trainctl hand-writes Megatron TP
+Why this exists: PyTorch-native building blocks are the default; trainctl hand-writes Megatron TP
 (trainctl/runtime/parallel/tensor_parallel.py) because DTensor's per-op dispatch overhead made it 2-5x slower on the tiny
 CPU models the project runs (bench/bench_tp.py measures it), and KEEPS THE NATIVE ONE AS THE CHECKED REFERENCE.
 This file is that reference: a plain, unfused transformer (separate q/k/v/o projections, separate fc1/fc2 or

@@ -1,4 +1,4 @@
-"""Issue 14's Hugging Face round trip, for a Llama and a GPT-2 model, from one TP2 x PP2 run's checkpoint each
+"""The Hugging Face round trip, for a Llama and a GPT-2 model, from one TP2 x PP2 run's checkpoint each
 (4 real ranks, 2 steps, vocabulary 255 padded to 256 over TP, GQA for Llama, tied embeddings for GPT-2):
 
 - `trainctl export RUN --format hf OUT` loads in transformers (AutoModelForCausalLM.from_pretrained) and gives

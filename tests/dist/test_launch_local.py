@@ -26,7 +26,6 @@ from paths import REPO
 from spec_utils import spec_with
 from trainer_utils import processes_mentioning
 TINY = REPO / "recipes" / "tiny-cpu.yaml"
-PLANNER = (REPO / "trainctl" / "plan" / "plan.py").exists()
 
 
 def small_spec(**over: str) -> RunSpec:
@@ -131,9 +130,8 @@ def test_create_run_dir(tmp_path: Path) -> None:
     assert script.startswith("#!/usr/bin/env bash\n") and os.access(paths.launch_script, os.X_OK)
     assert "exec " + shlex.join(plan.command) in script
     assert "export OMP_NUM_THREADS=" in script
-    if PLANNER:
-        predicted = json.loads(paths.plan.read_text())
-        assert predicted["world_size"] == 8 and predicted["layout"]["tp"] == 2
+    predicted = json.loads(paths.plan.read_text())
+    assert predicted["world_size"] == 8 and predicted["layout"]["tp"] == 2
     job = json.loads(paths.job.read_text())
     assert job["backend"] == "local" and job["command"] == plan.command and job["attempts"] == []
     assert set(job["git"]) == {"commit", "dirty"} and job["created"]
@@ -220,16 +218,11 @@ def test_cli_launch_errors_exit_2_with_one_line(tmp_path: Path, case: str) -> No
 
 # --- real launches of the bundled trainer ----------------------------------------------------------
 
-needs_trainer = pytest.mark.skipif(not (REPO / "trainctl" / "runtime" / "__main__.py").exists(),
-                                   reason="the trainer entry point trainctl.runtime is not there yet")
-
-
 # The default recipe's real launch (8 ranks, TP2 x PP2 x DP2) is the README's walkthrough, run and checked in
 # tests/dist/test_readme_examples.py (test_quick_run_directory).
 
 
 @pytest.mark.slow
-@needs_trainer
 def test_launch_on_prepared_sample_text(tmp_path: Path) -> None:
     """The quickstart path end to end: prepare the shipped text, train on the token file."""
     tokens = tmp_path / "sample.bin"
@@ -251,7 +244,6 @@ DP2 = ["--set", "cluster.gpus_per_node=2", "--set", "parallel.tp=1", "--set", "p
 
 
 @pytest.mark.slow
-@needs_trainer
 def test_verbose_shows_the_failing_ranks_traceback(tmp_path: Path) -> None:
     """Rank 1 raises at step 2: with --verbose its traceback reaches the terminal, prefixed by its rank; without,
     the terminal has rank 0's lines and the one line naming the cause, the traceback only the logs."""
@@ -275,7 +267,6 @@ def test_verbose_shows_the_failing_ranks_traceback(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@needs_trainer
 def test_ranks_import_the_installed_package_whatever_the_working_directory_holds(tmp_path: Path) -> None:
     """Launched from the clone's parent directory, where `./trainctl/` is the git clone (a folder without the
     package's __init__.py): the ranks must not import it. Without PYTHONSAFEPATH (Python 3.10 has none) their

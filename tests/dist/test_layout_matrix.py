@@ -26,14 +26,14 @@ precision (ZeRO-3, fp32 shards gathered in bf16, fp32 reduction) at the fp32 mat
 losses equal, grad norms 1.5e-8, fp32 master weights 4.7e-10). The test also checks that bf16's grad norms
 differ from fp32's by far more than fp32 layouts differ among themselves, i.e. that bf16 really ran.
 
-Context parallelism (issue 12's done-when): CP2, CP4, CP2 x TP2 + SP, CP2 x PP2 and CP2 x DP2 with ZeRO-1,
+Context parallelism: CP2, CP4, CP2 x TP2 + SP, CP2 x PP2 and CP2 x DP2 with ZeRO-1,
 for the Llama family (RoPE, GQA: 2 KV heads for 4 query heads) and the GPT family (learned positions), and
 CP2 with the other pipeline schedules (GPipe, interleaved, zero-bubble) and with FSDP, are held against one
 rank over 10 steps with the same tolerances, the rows spread over micro-batch sizes and recompute modes
 (selective and full recompute re-run the K/V all-gather in backward); at most 4 ranks, so the run stays
 cheap. Measured: losses 1.8e-7, grad norms 2.4e-7, weights 4.8e-7.
 
-Expert parallelism (issue 11's done-when): EP2, EP2 x TP2 + SP, EP2 x PP2 and EP4 with ZeRO-1, for both MoE
+Expert parallelism: EP2, EP2 x TP2 + SP, EP2 x PP2 and EP4 with ZeRO-1, for both MoE
 models (both router conventions, a shared expert), over 10 steps with the same tolerances. Measured:
 losses 1.7e-7, grad norms 3.9e-7, weights 2.3e-6.
 """
@@ -131,7 +131,7 @@ LAYOUTS: dict[str, dict[str, Any]] = {
     "tp2-pp2-dp2-ep2-sp-zero1": {"tp": 2, "pp": 2, "dp": 2, "ep": 2, "sequence_parallel": True, "zero": 1},
 }
 
-LONG_STEPS = 10  # issues 11 and 12: expert and context parallelism against one rank over 10 steps
+LONG_STEPS = 10  # expert and context parallelism are held against one rank over 10 steps
 CP_LAYOUTS: dict[str, dict[str, Any]] = {
     "cp2": {"cp": 2},
     "cp4": {"cp": 4},
@@ -342,7 +342,7 @@ def test_context_parallel_matches_one_rank(tmp_path: Path) -> None:
     check_rows_over(CP_ROWS, tmp_path, "context parallel")
 
 
-# issue 11's done-when: EP2, EP2 x TP2 (+SP), EP2 x PP2 and EP4 with ZeRO-1 over 10 steps, both router
+# expert parallelism: EP2, EP2 x TP2 (+SP), EP2 x PP2 and EP4 with ZeRO-1 over 10 steps, both router
 # conventions (moe-llama: topk_softmax with a shared expert; moe-gpt: softmax_topk, every other layer MoE)
 MOE_ROWS = [
     ("moe-llama", "dp2-ep2", "2", "none"), ("moe-gpt", "dp2-ep2", "4", "selective"),

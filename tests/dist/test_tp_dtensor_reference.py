@@ -1,5 +1,5 @@
-"""The hand-written Megatron TP equals the PyTorch-native DTensor TP reference (issue 3: "keep the other as the
-checked reference").
+"""The hand-written Megatron TP equals the PyTorch-native DTensor TP reference: the
+project keeps the native one as the checked reference.
 
 tests/dist/dtensor_ref_worker.py runs at TP=2 (real processes, gloo, CPU, fp64), for a GPT-2-like model (LayerNorm with
 biases, learned positions, GELU, tied embeddings) and a Llama-like one (RMSNorm, rope, SwiGLU, GQA, untied head),

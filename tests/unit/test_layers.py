@@ -1,18 +1,24 @@
-"""The layering the architecture promises (docs/ARCHITECTURE.md, "Layers"), read from the source: torch is
-imported at module level only under trainctl/runtime/ (the CLI, spec, planner, launcher and reports start
-without it), and no two trainctl modules import each other at module level, directly or round a loop (an
-import that works only in one order breaks with the next innocent import). Imports inside functions (lazy:
-torch in a command that trains, typer's registration of the commands) and under TYPE_CHECKING do not run at
-import time and are not counted."""
+"""The layering docs/ARCHITECTURE.md promises (section "Layers"), read from the source, and the page's own
+truth: its layers table in the real import order, its section names cited where they exist, and no comment
+pointing outside the repository.
+
+Layering: torch is imported at module level only under trainctl/runtime/ (the CLI, spec, planner, launcher and
+reports start without it); no two trainctl modules import each other at module level, directly or round a
+loop (an import that works only in one order breaks with the next innocent import); and every import, at
+module level or inside a function, points down the layers table or stays in its row, save for the exceptions
+the page lists. Imports under TYPE_CHECKING are annotations only and not counted."""
 
 from __future__ import annotations
 
 import ast
+import re
+import subprocess
 from pathlib import Path
 
 from paths import REPO
 
 PACKAGE = REPO / "trainctl"
+ARCHITECTURE = REPO / "docs" / "ARCHITECTURE.md"
 
 
 def module_name(f: Path) -> str:
@@ -23,25 +29,52 @@ def module_name(f: Path) -> str:
 MODULES = {module_name(f): f for f in PACKAGE.rglob("*.py")}
 
 
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imported(n: ast.Import | ast.ImportFrom) -> set[str]:
+    """Top-level names of the modules an import statement loads (submodules resolved by name)."""
+    if isinstance(n, ast.Import):
+        return {a.name for a in n.names}
+    if not n.module or n.level:
+        return set()
+    subs = {f"{n.module}.{a.name}" for a in n.names} & MODULES.keys()
+    return subs or {n.module}
+
+
 def module_level_imports(f: Path) -> set[str]:
-    """Top-level names of every module imported when `f` is imported (submodules resolved by name)."""
+    """Every module imported when `f` is imported."""
     out: set[str] = set()
     for node in ast.parse(f.read_text()).body:
         body = [node]
         if isinstance(node, ast.If):  # `if TYPE_CHECKING:` never runs; other ifs do
-            test = node.test
-            if (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-                    isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"):
+            if _is_type_checking(node):
                 continue
             body = node.body + node.orelse
         elif isinstance(node, ast.Try):
             body = node.body
         for n in body:
-            if isinstance(n, ast.Import):
-                out.update(a.name for a in n.names)
-            elif isinstance(n, ast.ImportFrom) and n.module and n.level == 0:
-                subs = {f"{n.module}.{a.name}" for a in n.names} & MODULES.keys()
-                out.update(subs or {n.module})
+            if isinstance(n, ast.Import | ast.ImportFrom):
+                out |= _imported(n)
+    return out
+
+
+def all_imports(f: Path) -> set[str]:
+    """Every module `f` imports anywhere, inside functions too, leaving out `if TYPE_CHECKING:` blocks."""
+    out: set[str] = set()
+
+    def walk(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child):
+                continue
+            if isinstance(child, ast.Import | ast.ImportFrom):
+                out.update(_imported(child))
+            walk(child)
+
+    walk(ast.parse(f.read_text()))
     return out
 
 
@@ -77,3 +110,116 @@ def test_no_import_cycle_between_trainctl_modules() -> None:
             visit(m)
     assert [" -> ".join(c) for c in cycles] == []
     assert len(MODULES) > 100  # the walk found the package
+
+
+# --- the layers table -------------------------------------------------------------------------------------
+
+
+def section(heading: str) -> str:
+    """The text of one `## heading` section of ARCHITECTURE.md, up to the next heading of its level."""
+    text = ARCHITECTURE.read_text()
+    start = text.index(f"\n## {heading}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end > 0 else None]
+
+
+def layers_table() -> list[list[str]]:
+    """The entries of each row of the layers table, top row first: package names and module file names."""
+    rows = [line for line in section("Layers").splitlines() if line.startswith("| `")]
+    return [re.findall(r"`([\w.]+)`", row.split("|")[1]) for row in rows]
+
+
+def row_of(module: str, rows: list[list[str]]) -> int:
+    """The index of the row a trainctl module belongs to (its top-level package, or its own file)."""
+    top = module.split(".")[1] if "." in module else module
+    for i, entries in enumerate(rows):
+        if top in entries or f"{top}.py" in entries:
+            return i
+    raise AssertionError(f"{module} has no row in docs/ARCHITECTURE.md's layers table")
+
+
+def listed_exceptions() -> set[tuple[str, str]]:
+    """The imports that reach up the table, as the page lists them: (`importer.py`, `imported.py`) pairs."""
+    text = section("Layers").split("Imports that reach up the table", 1)[1]
+    pairs = re.findall(r"^- `([\w/]+)\.py` -> `([\w/]+)\.py`", text, flags=re.MULTILINE)
+    return {(f"trainctl.{a.replace('/', '.')}", f"trainctl.{b.replace('/', '.')}") for a, b in pairs}
+
+
+def test_every_entry_of_the_package_has_a_row_in_the_layers_table() -> None:
+    rows = layers_table()
+    assert len(rows) >= 10, rows  # the table was found
+    entries = sorted(p.name for p in PACKAGE.iterdir()
+                     if (p / "__init__.py").exists() or (p.suffix == ".py" and p.stem not in ("__init__", "__main__")))
+    listed = {e.removesuffix(".py") for row in rows for e in row}
+    assert [e for e in entries if e.removesuffix(".py") not in listed] == []
+    assert sorted(listed - {e.removesuffix(".py") for e in entries}) == []  # and no row names what is gone
+
+
+def test_imports_point_down_the_layers_table() -> None:
+    """A module imports from its own row or the rows below it; the few that reach up are the page's list."""
+    rows = layers_table()
+    exceptions = listed_exceptions()
+    upward: set[tuple[str, str]] = set()
+    for m, f in MODULES.items():
+        if m == "trainctl" or m == "trainctl.__main__":
+            continue
+        for i in all_imports(f):
+            if i in MODULES and i != "trainctl" and row_of(i, rows) < row_of(m, rows):
+                upward.add((m, i))
+    assert sorted(upward - exceptions) == []  # imports against the table's order
+    assert sorted(exceptions - upward) == []  # listed exceptions that no longer exist
+
+
+# --- the page's references ----------------------------------------------------------------------------------
+
+
+def tracked_text_files() -> list[Path]:
+    names = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    return [REPO / n for n in names.split() if n.endswith((".py", ".md", ".sh", ".yaml", ".toml"))
+            and (REPO / n).is_file()]
+
+
+def headings() -> set[str]:
+    return {line.lstrip("#").strip() for line in ARCHITECTURE.read_text().splitlines() if line.startswith("#")}
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+
+
+# `docs/ARCHITECTURE.md, "Section"`, also across a comment's line break; `section "Section"` on the page itself
+CITATION = re.compile(r'ARCHITECTURE\.md(?:[,:]|\s)*(?:#\s*)?\(?(?:section\s+)?\\?"([^"\\]+)\\?"')
+SELF_CITATION = re.compile(r'\bsections?\s+"([^"]+)"')
+LINK = re.compile(r"ARCHITECTURE\.md#([\w-]+)")
+
+
+def test_every_citation_of_the_architecture_page_names_a_real_section() -> None:
+    names = headings()
+    anchors = {anchor(h) for h in names}
+    cited: list[tuple[str, str]] = []
+    broken: list[str] = []
+    for f in tracked_text_files():
+        if f.name == "test_layers.py":  # its own patterns
+            continue
+        text = f.read_text()
+        found = [re.sub(r"\s*\n\s*#?\s*", " ", c) for c in CITATION.findall(text)]  # a citation broken over lines
+        if f == ARCHITECTURE:
+            found += SELF_CITATION.findall(text)
+        cited += [(f.name, c) for c in found]
+        broken += [f"{f.relative_to(REPO)}: \"{c}\"" for c in found if c not in names]
+        broken += [f"{f.relative_to(REPO)}: #{a}" for a in LINK.findall(text) if a not in anchors]
+    assert len(cited) > 50  # the citations were found
+    assert broken == []
+
+
+# Comments and docs stand on their own: no pointer to notes, issues or machines outside the repository.
+OUTSIDE = re.compile(r"shared notes|cpu notes|\.\./shared|\bthe issue\b|\bissues? #?\d+|done[- ]when|"
+                     r"DEVELOPERS\.md|/work/|github\.com/[\w.-]+/[\w.-]+/(?:issues|pull)", re.IGNORECASE)
+
+
+def test_no_comment_points_outside_the_repository() -> None:
+    hits = [f"{f.relative_to(REPO)}:{n}: {line.strip()[:80]}"
+            for f in tracked_text_files() if f.name != "test_layers.py"
+            for n, line in enumerate(f.read_text().splitlines(), 1) if OUTSIDE.search(line)]
+    assert hits == []

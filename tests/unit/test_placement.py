@@ -1,6 +1,6 @@
 """Rank placement and process groups (Megatron-Core order tp-cp-ep-dp-pp: tp fastest, then cp, then dp, then pp).
 
-Properties from the issue's "Done when": placement is a bijection between ranks and (node, gpu); every
+Properties: placement is a bijection between ranks and (node, gpu); every
 kind of group partitions the ranks; TP groups lie inside an NVLink domain iff tp_fits_nvlink. Also the
 planner's closed forms for which link class each group kind uses (trainctl.plan.comm), checked against
 the explicit groups. Megatron-LM's order: megatron/core/parallel_state.py (RankGenerator, "tp-cp-ep-dp-pp").

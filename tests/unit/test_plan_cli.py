@@ -1,6 +1,6 @@
 """`trainctl plan` as a user runs it (subprocess), and the recipes through the planner.
 
-Sources: the issue's output contract (--json with every figure in plain units, --ranks, --auto, exit code
+Sources: the plan's output contract (--json with every figure in plain units, --ranks, --auto, exit code
 2 with one stderr line for a spec error) and the exit codes of docs/ARCHITECTURE.md (0 ok, 1 failed, 2 usage/spec).
 """
 

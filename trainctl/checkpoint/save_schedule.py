@@ -13,7 +13,7 @@ class SaveSchedule:
     Steps are multiples (not "N since the last save") so a resumed run saves at the same steps.
 
     Time differs across ranks: the trainer asks `time_due()` on every rank and agrees on the answer (one
-    all-reduce, runtime/signals.agree) so every rank enters save() at the same step.
+    all-reduce, runtime/train/signals.agree) so every rank enters save() at the same step.
     """
 
     every_steps: int | None = None

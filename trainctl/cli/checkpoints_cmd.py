@@ -7,13 +7,11 @@ from pathlib import Path
 
 import typer
 
-from trainctl.checkpoint import describe_layout, list_checkpoints, newest_valid, resolve_checkpoint_dir
 from trainctl.cli.app import app
 from trainctl.cli.console import Col, fitted_table, make_console
 from trainctl.cli.jsonout import print_json
 from trainctl.cli.options import JsonOpt
 from trainctl.errors import UsageError
-from trainctl.rundir.paths import RunPaths
 from trainctl.terminal import prose
 from trainctl.units import size
 
@@ -26,6 +24,9 @@ def checkpoints(
     as_json: bool = JsonOpt,
 ) -> None:
     """List a run's checkpoints: step, size, validity (and why not), milestone, layout, time."""
+    from trainctl.checkpoint import describe_layout, list_checkpoints, newest_valid, resolve_checkpoint_dir
+    from trainctl.rundir.paths import RunPaths
+
     if directory is None:
         paths = RunPaths(run)
         if not run.is_dir():

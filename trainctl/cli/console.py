@@ -15,15 +15,13 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from rich.cells import cell_len
 from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
-from rich.text import Text
 
 from trainctl import terminal
 
 if TYPE_CHECKING:
+    from rich.table import Table
+
     from trainctl.launch.backend import Line
 
 MIN_PIPED_WIDTH = 120
@@ -42,6 +40,8 @@ def show(console: Console, line: Line) -> None:
     if line.verbatim:
         terminal.write(sys.stdout, line.text + "\n")
         return
+    from rich.markup import escape
+
     with terminal.guarded(console.file):  # a terminal that closed under a run must not end its launcher
         console.print("".join(escape(p) if isinstance(p, str) else f"[{p[1]}]{escape(p[0])}[/{p[1]}]"
                               for p in line.parts))
@@ -68,6 +68,10 @@ def fitted_table(console: Console, columns: Sequence[Col], rows: Iterable[Sequen
     """A table of `rows` (rich markup) that fits the console's width without losing what names or explains a
     row: the widest column that may give width gives it first (`_narrowed`), `key` columns never. Rich alone
     shrinks only the wrappable columns and may squeeze the one explaining column to nothing."""
+    from rich.cells import cell_len
+    from rich.table import Table
+    from rich.text import Text
+
     rows = [list(r) for r in rows]
     table = Table(**table_options)
     for c in columns:

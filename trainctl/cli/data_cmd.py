@@ -8,8 +8,6 @@ import typer
 
 from trainctl.cli.app import app
 from trainctl.cli.console import make_console
-from trainctl.data.files import ITEMSIZE
-from trainctl.data.prep import prepare
 from trainctl.fileio import write_errors_as_usage
 
 data_app = typer.Typer(help="Prepare training data (token files).", no_args_is_help=True)
@@ -32,7 +30,8 @@ def prepare_cmd(
     json_key: str = typer.Option("text", "--json-key", help="Field of each .jsonl line holding the text."),
 ) -> None:
     """Tokenize TEXT_FILE into a token file the trainer reads (nanoGPT/Megatron formats)."""
-    from trainctl.data.prep import prepare_with_tokenizer
+    from trainctl.data.files import ITEMSIZE
+    from trainctl.data.prep import prepare, prepare_with_tokenizer
     from trainctl.errors import UsageError
 
     if fmt not in ("flat", "megatron"):
@@ -70,7 +69,7 @@ def check_cmd(
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     from trainctl.data.check import other_dtype_fits, scan, uint32_read_as_uint16
-    from trainctl.data.files import open_token_file
+    from trainctl.data.files import ITEMSIZE, open_token_file
     from trainctl.errors import UsageError
     from trainctl.units import decimal_size, dur
 

@@ -9,8 +9,6 @@ from trainctl.cli.app import app
 from trainctl.cli.console import Col, fitted_table, make_console
 from trainctl.cli.jsonout import print_json
 from trainctl.cli.options import JsonOpt
-from trainctl.hardware.catalog import ACCELERATORS, FABRICS
-from trainctl.hardware.detect import detect_gpus
 from trainctl.terminal import prose
 
 MEASURED = "*"  # a figure measured at run time (the CPU's), said under the table: a word here costs 80 columns
@@ -26,6 +24,9 @@ def _num(x: float | None, digits: int = 2) -> str:
 
 def catalog_dict() -> dict[str, Any]:
     """Everything `--json` prints: plain units named in the keys' documentation."""
+    from trainctl.hardware.catalog import ACCELERATORS, FABRICS
+    from trainctl.hardware.detect import detect_gpus
+
     return {
         "units": {
             "peak_*_tflops": "dense (no sparsity) TFLOP/s per GPU; null = measured at run time",
@@ -43,6 +44,9 @@ def catalog_dict() -> dict[str, Any]:
 @app.command()
 def hardware(as_json: bool = JsonOpt) -> None:
     """List the accelerator and interconnect catalog (dense peaks, memory, NVLink) and local GPUs."""
+    from trainctl.hardware.catalog import ACCELERATORS, FABRICS
+    from trainctl.hardware.detect import detect_gpus
+
     if as_json:
         print_json(catalog_dict())
         return

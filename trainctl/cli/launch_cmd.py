@@ -20,14 +20,11 @@ from trainctl.cli.options import (
 )
 from trainctl.cli.preflight_cmd import LinkRatioOpt, MatmulRatioOpt, PeakFractionOpt, show_preflight
 from trainctl.errors import RunError
-from trainctl.launch.backend import backend_for
-from trainctl.launch.create import default_run_dir
-from trainctl.launch.node_health import Thresholds
-from trainctl.launch.secrets import credential_names
 
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from trainctl.launch.node_health import Thresholds
     from trainctl.spec import RunSpec
 
 
@@ -55,6 +52,11 @@ def launch(
 
     Locally it runs to the end here: Ctrl-C makes every rank save a checkpoint after its current step and stop
     (exit 75; `trainctl resume RUN` continues); a second Ctrl-C kills at once."""
+    from trainctl.launch.backend import backend_for
+    from trainctl.launch.create import default_run_dir
+    from trainctl.launch.node_health import Thresholds
+    from trainctl.launch.secrets import credential_names
+
     console = make_console()
     run = read_spec(spec, [*(set_ or []), *([f"launcher.grace_s={grace}"] if grace is not None else [])])
     say_held_back(console, credential_names(run.launcher.env))

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
-from rich.console import Console
 
 from trainctl.errors import SpecError, UsageError
-from trainctl.spec import RunSpec, load_spec
+
+if TYPE_CHECKING:  # a command's --help builds no spec model: imported where a spec is read
+    from rich.console import Console
+
+    from trainctl.spec import RunSpec
 
 SpecArg = typer.Argument(..., help="Run spec YAML (see recipes/).", show_default=False)
 SetOpt = typer.Option(
@@ -69,4 +73,6 @@ def say_held_back(console: Console, names: list[str]) -> None:
 
 
 def read_spec(path: Path | None, overrides: list[str] | None) -> RunSpec:
+    from trainctl.spec import load_spec
+
     return load_spec(path if path is not None else default_spec_path(), overrides or [])

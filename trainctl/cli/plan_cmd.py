@@ -11,10 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
-from rich import box
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from trainctl.cli.app import app
 from trainctl.cli.console import make_console
@@ -58,6 +56,8 @@ def _title(console: Console, title: str) -> None:
 
 
 def _print_kv(console: Console, title: str, rows: list[tuple[str, str]]) -> None:
+    from rich.table import Table
+
     _title(console, title)
     t = Table(show_header=False)
     t.add_column("", style="bold")
@@ -88,6 +88,8 @@ def _where(j: dict[str, Any]) -> str:
 
 
 def render_plan(plan: Plan, console: Console, ranks: bool) -> None:
+    from rich.table import Table
+
     j = plan.to_json()
     L, hw = j["layout"], j["hardware"]
     per = "rank" if hw["gpu"] == "cpu" else "GPU"  # a CPU rank is no GPU
@@ -241,6 +243,8 @@ def checkpoint_rows(ck: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def render_ranks(plan: Plan, console: Console) -> None:
+    from rich.table import Table
+
     from trainctl.plan.placement import Groups, placement
 
     layout = plan.layout
@@ -293,6 +297,9 @@ SCHEDULE_ABBREV = {"interleaved": "il", "zero-bubble": "zb", "zbv": "zbv"}  # --
 
 
 def render_auto(res: AutoResult, console: Console, on_cpu: bool = False) -> None:
+    from rich import box
+    from rich.table import Table
+
     prose(console, f"[bold]{res.name}[/bold] --auto: {res.evaluated:,} valid layouts evaluated on {res.world:,} "
                    f"{'CPU ranks' if on_cpu else 'GPUs'}, {res.fitting:,} fit in "
                    f"memory ({res.elapsed_s * 1e3:.0f} ms). Ranked by predicted MFU, ties by less memory.")

@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 import typer
-from rich import box
 from rich.markup import escape
 
 from trainctl.cli.app import app
@@ -16,7 +15,6 @@ from trainctl.cli.console import Col, fitted_table, make_console
 from trainctl.cli.jsonout import print_json
 from trainctl.cli.options import JsonOpt
 from trainctl.errors import RunError, UsageError
-from trainctl.rundir.paths import record_event
 
 STATE_COLOR = {"COMPLETED": "green", "RUNNING": "cyan", "STARTING": "cyan", "PENDING": "yellow",
                "STOPPING": "yellow", "STOPPED": "yellow", "CANCELLED": "yellow"}
@@ -63,6 +61,8 @@ def status(run: Path = RunArg, json_: bool = JsonOpt) -> None:
 def runs(base: Path = typer.Argument(Path("runs"), help="Directory holding run directories."),
          json_: bool = JsonOpt) -> None:
     """List run directories with backend, state, steps done and last MFU."""
+    from rich import box
+
     from trainctl.launch.repair import DamagedJob
     from trainctl.launch.status import damaged_status, find_runs, run_status
 
@@ -100,6 +100,7 @@ def cancel(run: Path = RunArg,
     a checkpoint after its current step. Asking again while it stops changes nothing; --force kills."""
     from trainctl.launch.backend import backend_for
     from trainctl.launch.status import open_run, read_job_json, run_status
+    from trainctl.rundir.paths import record_event
     from trainctl.rundir.runstate import STOPPING, stopping_progress
 
     paths = open_run(run)
@@ -113,7 +114,7 @@ def cancel(run: Path = RunArg,
               f"(`trainctl cancel --force {run}` kills at once)")
         return
     # recorded first: how the run ends reads "cancelled" (runstate); the launcher reads `force` (a SIGTERM
-    # alone cannot say it), and ranks still starting read the request (runtime/signals.recorded_stop)
+    # alone cannot say it), and ranks still starting read the request (runtime/train/signals.recorded_stop)
     try:
         record_event(paths, "cancel_requested", state=st.state, force=force)
     except OSError as e:

@@ -11,12 +11,13 @@ from trainctl.cli.app import app
 from trainctl.cli.console import make_console
 from trainctl.cli.jsonout import print_json
 from trainctl.cli.options import JsonOpt, SetOpt, SpecArg, read_spec, require_extras
-from trainctl.spec import resolved_dict, time_limit
 
 
 @app.command()
 def validate(spec: Path = SpecArg, set_: list[str] = SetOpt, as_json: bool = JsonOpt) -> None:
     """Check a run spec; print it with every default filled in."""
+    from trainctl.spec import resolved_dict, time_limit
+
     run = read_spec(spec, set_)
     require_extras(run, str(spec))
     # Legal but probably unintended (stderr, so --json stays one document); `plan` lists the same warning.

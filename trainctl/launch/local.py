@@ -216,7 +216,7 @@ class Stopper:
     terminal closed) asks every rank to stop: it is recorded (`stop_requested`) first, then SIGTERM goes to the
     ranks themselves, not to torchrun, so they save after the same step and exit 0, and torchrun ends cleanly
     with them. Only a rank that already handles SIGTERM is signalled (SIGTERM's default action would kill it);
-    one still starting reads the record once its handler is in place (runtime/signals.recorded_stop).
+    one still starting reads the record once its handler is in place (runtime/train/signals.recorded_stop).
     Killing the whole tree at once takes a second Ctrl-C (the person at the terminal sees it happen) or a
     `trainctl cancel --force`; a repeated SIGTERM or SIGHUP is only noted. Installed before the run lock is
     taken, so `trainctl cancel` never finds a launcher without it."""

@@ -12,11 +12,60 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainctl.errors import UsageError
+from trainctl.launch.backend import backend_for
 from trainctl.rundir.paths import RunPaths, last_jsonl, read_jsonl
-from trainctl.rundir.runstate import run_state
+from trainctl.rundir.runstate import (
+    CANCELLED,
+    COMPLETED,
+    FAILED,
+    PENDING,
+    RUNNING,
+    STARTING,
+    STOPPED,
+    STOPPING,
+    Outcome,
+    RunState,
+    attempt_begin,
+    live_outcome,
+    outcome,
+    since,
+    stop_requested,
+)
 
 if TYPE_CHECKING:
     from trainctl.launch.repair import DamagedJob
+
+
+def run_state(paths: RunPaths, job: dict[str, Any]) -> RunState:
+    """The run's state now (asks the backend: Slurm's job state, or whether the local launcher lives)."""
+    backend = backend_for(job)
+    events = sorted(read_jsonl(paths.events), key=lambda e: float(e.get("time", 0.0)))
+    js = backend.job_state(paths, job, events)
+    current = since(events, attempt_begin(events))
+    attempts = job.get("attempts") or []
+    ended = outcome(current)
+    base = dict(backend=backend.name, job_state=js.state if backend.name != "local" else None,
+                attempts=js.attempts, nodes=js.nodes, eligible_at=js.eligible_at)
+    if js.active:
+        if js.pending:
+            return RunState(PENDING, js.reason, True, **base)
+        live = live_outcome(current)
+        if stop_requested(current) is not None or (live is not None and live.state != COMPLETED):
+            return RunState(STOPPING, "the ranks save a checkpoint after their current step, then exit", True,
+                            outcome=live, **base)
+        if any(e.get("event") == "start" for e in current):
+            return RunState(RUNNING, js.reason if backend.name != "local" else None, True, **base)
+        return RunState(STARTING, "the job runs; the trainer has not started training yet", True, **base)
+    if ended is not None:
+        if ended.state == STOPPED and js.state_hint == CANCELLED:  # scancel'ed by hand: the ranks saw a SIGTERM
+            ended = Outcome(CANCELLED, ended.step, ended.reason.replace("stopped", "cancelled", 1))
+        return RunState(ended.state, ended.reason, False, outcome=ended, **base)
+    if js.state_hint is not None:  # the backend knows how it ended (Slurm: CANCELLED, TIMEOUT, NODE_FAIL...)
+        return RunState(js.state_hint, js.reason, False, **base)
+    if not attempts and not current:
+        return RunState(PENDING, "not started", False, **base)
+    return RunState(FAILED, js.reason or "the launcher is gone without a record of how the run ended "
+                    "(killed?); `trainctl resume` continues from the newest valid checkpoint", False, **base)
 
 
 @dataclass

@@ -13,7 +13,7 @@ measured FLOP/s and, per collective, latency * calls + bytes / measured bandwidt
   slot      = max over pipeline ranks of (compute + tp) + p2p        [one micro-batch on one rank]
   pipeline  = slot * (m + (p-1)/v)                                  [m slots of work + the bubble; a third of
                                                                     (p-1)/v zero-bubble;
-                                                                    zbv: plan/schedule.zbv_idle_passes/6]
+                                                                    zbv: plan/bubble.zbv_idle_passes/6]
   dp        = DP bytes / DP link rate; hidden = min(dp_overlap * dp, window),
               window = one slot for the once-per-step traffic of ZeRO 0/1 (Megatron overlaps the
               gradient reduce with the last micro-batch's backward and the weight all-gather with the

@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
             print(f"trainctl: {resize['message']}", flush=True)
         # Every rank reports where it really runs; rank 0 writes RUN/placement.json (fails on a split TP group).
         prove_placement(spec, paths, par.rank, par.env.local_rank, par.world_size)
-        # A stop asked for before this rank could handle it (runtime/signals.recorded_stop): the ranks stop
+        # A stop asked for before this rank could handle it (runtime/train/signals.recorded_stop): the ranks stop
         # before their first step. Read after the process groups exist: every rank reads the same record.
         signals.STOP.request(signals.recorded_stop(paths))
         code = Trainer(spec, par, paths).run()

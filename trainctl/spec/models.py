@@ -61,23 +61,31 @@ class MoESpec(Strict):
 
 
 class ModelSpec(Strict):
-    preset: str | None = None
-    layers: Count
-    hidden: Size
-    heads: Count
+    preset: str | None = Field(None, description="A published architecture to start from, one of "
+                               f"{', '.join(sorted(MODEL_PRESETS))}; fields given beside it override the preset's")
+    layers: Count = Field(description="Transformer blocks")
+    hidden: Size = Field(description="Model width: the size of the residual stream and the embeddings")
+    heads: Count = Field(description="Attention heads (the query heads under grouped-query attention)")
     kv_heads: Count | None = Field(None, description="Grouped-query attention KV heads; default = heads")
     ffn_hidden: Size | None = Field(None, description="MLP inner size; default 4*hidden (GELU) or "
                                     "the Llama rule 2/3*4*hidden rounded up to 256 (SwiGLU)")
-    vocab: Size
-    seq_len: Size
-    activation: Literal["gelu", "swiglu"] = "gelu"
-    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
-    position: Literal["learned", "rope"] = "learned"
-    rope_theta: PositiveFloat = 10000.0
-    tied_embeddings: bool = True
-    bias: bool = False
-    dropout: Fraction = 0.0
-    norm_eps: PositiveFloat = 1e-5
+    vocab: Size = Field(description="Vocabulary size (token ids 0 to vocab-1); the embedding and LM head are "
+                        "padded to a multiple of parallel.tp")
+    seq_len: Size = Field(description="Tokens per training sequence (the context length)")
+    activation: Literal["gelu", "swiglu"] = Field("gelu", description="MLP activation: gelu (GPT) or swiglu, "
+                                                  "the gated SiLU of Llama")
+    norm: Literal["layernorm", "rmsnorm"] = Field("layernorm", description="Normalisation layers: layernorm (GPT) "
+                                                  "or rmsnorm (Llama)")
+    position: Literal["learned", "rope"] = Field("learned", description="Position encoding: learned absolute "
+                                                 "position embeddings (GPT) or rotary embeddings (rope, Llama)")
+    rope_theta: PositiveFloat = Field(10000.0, description="Base of the rotary frequencies (position: rope); "
+                                      "Llama 3 uses 500000")
+    tied_embeddings: bool = Field(True, description="The LM head shares the input embedding's weights")
+    bias: bool = Field(False, description="Biases in the attention and MLP linear layers (and the LayerNorms); "
+                       "GPT-2 has them, Llama does not")
+    dropout: Fraction = Field(0.0, description="Dropout probability on the attention weights and on the attention "
+                              "and MLP outputs before each residual add")
+    norm_eps: PositiveFloat = Field(1e-5, description="Epsilon of the normalisation layers")
     moe: MoESpec | None = Field(None, description="Mixture-of-experts MLPs; absent: dense")
     init_from: str | None = Field(None, description="Start from these weights instead of a random init: a Hugging "
                                   "Face directory (config.json + safetensors), a trainctl run directory (its newest "
@@ -137,20 +145,27 @@ class GradCompressionSpec(Strict):
 
 
 class ParallelSpec(Strict):
-    tp: Count = 1
+    tp: Count = Field(1, description="Tensor-parallel size: each layer's weight matrices are split over tp ranks "
+                      "(Megatron-LM), within one NVLink domain unless allow_tp_across_nodes")
     cp: Count = Field(1, description="Context-parallel size: each sequence is split into 2*cp chunks and CP rank i "
                       "holds chunks i and 2*cp-1-i (balanced causal work); K/V are all-gathered over the CP group "
                       "(Megatron-Core order tp-cp-ep-dp-pp). Gradients are reduced, and ZeRO shards, over dp x cp")
-    pp: Count = 1
-    dp: Count | Literal["auto"] = "auto"
+    pp: Count = Field(1, description="Pipeline-parallel size: the layers are split into pp stages (more with "
+                      "virtual_stages), each on its own ranks")
+    dp: Count | Literal["auto"] = Field("auto", description="Data-parallel size; auto: the world size divided by "
+                                        "tp x cp x pp")
     ep: Count = Field(1, description="Expert-parallel size: the routed experts are split over ep ranks carved from "
                       "the data-parallel group (Megatron-Core order tp-cp-ep-dp-pp); the expert weights' gradients "
                       "and optimizer state are then reduced/sharded over the expert-data-parallel group of dp/ep")
     virtual_stages: Count = Field(1, description="Model chunks per pipeline rank (interleaved 1F1B, zero-bubble; "
                                   "always 2 under zbv, its default there)")
     zero: Literal[0, 1, 2, 3] = Field(0, description="0 plain DP, 1 optimizer, 2 +grads, 3 +weights (FSDP)")
-    sequence_parallel: bool = False
-    micro_batch: Count = 1
+    sequence_parallel: bool = Field(False, description="Megatron sequence parallelism: the norms, dropout and "
+                                    "residual adds between the tensor-parallel regions work on a 1/tp slice of the "
+                                    "sequence (less activation memory; reduce-scatter and all-gather instead of "
+                                    "all-reduce)")
+    micro_batch: Count = Field(1, description="Sequences per micro-batch on each data-parallel rank; "
+                               "train.global_batch / (micro_batch x dp) micro-batches make one step")
     schedule: Literal["1f1b", "interleaved", "gpipe", "zero-bubble", "zbv"] = Field(
         "1f1b", description="Pipeline schedule; zero-bubble: interleaved zero-bubble (backward split into input- "
         "and weight-gradient parts, Qi et al. 2023), chunks placed as interleaved; zbv: ZB-V (Qi et al. 2023, "
@@ -220,18 +235,24 @@ class ProfileSpec(Strict):
 
 class TrainSpec(Strict):
     global_batch: Count = Field(description="Sequences per optimizer step, across all DP ranks")
-    steps: Count
-    lr: PositiveFloat = 3e-4
+    steps: Count = Field(description="Optimizer steps to train for")
+    lr: PositiveFloat = Field(3e-4, description="Peak learning rate, reached at the end of the warm-up")
     min_lr: Annotated[float, Field(ge=0.0, le=1e9, allow_inf_nan=False)] | None = Field(
         None, description="Floor of the schedule; default lr/10"
     )
-    lr_schedule: Literal["cosine", "linear", "constant"] = "cosine"
-    warmup: NonNegCount = 0
-    weight_decay: Annotated[float, Field(ge=0.0, le=10.0)] = 0.1
-    beta1: Fraction = 0.9
-    beta2: Fraction = 0.95
-    eps: PositiveFloat = 1e-8
-    precision: Literal["bf16", "fp16", "fp32"] = "bf16"
+    lr_schedule: Literal["cosine", "linear", "constant"] = Field(
+        "cosine", description="Decay from lr to min_lr over the steps after the warm-up; constant: stay at lr")
+    warmup: NonNegCount = Field(0, description="Steps of linear warm-up from lr/warmup to lr")
+    weight_decay: Annotated[float, Field(ge=0.0, le=10.0)] = Field(
+        0.1, description="AdamW weight decay, on the weight matrices (linear and embedding) only, not on norms "
+        "and biases")
+    beta1: Fraction = Field(0.9, description="AdamW's decay rate of the gradient's running mean")
+    beta2: Fraction = Field(0.95, description="AdamW's decay rate of the squared gradient's running mean")
+    eps: PositiveFloat = Field(1e-8, description="AdamW's epsilon, added to the denominator")
+    precision: Literal["bf16", "fp16", "fp32"] = Field(
+        "bf16", description="Compute precision: bf16 or fp16 autocast over fp32 master weights (fp16 with "
+        "dynamic loss scaling), or fp32 throughout; on a CPU bf16 and fp16 compute in fp32 unless "
+        "low_precision_on_cpu")
     low_precision_on_cpu: bool = Field(
         False, description="Run bf16/fp16 autocast on the CPU too instead of falling back to fp32 (slow on "
         "CPUs without bf16 matrix units; it exercises the mixed-precision path a GPU run takes)")
@@ -245,10 +266,16 @@ class TrainSpec(Strict):
     compile_backend: Literal["inductor", "aot_eager"] = Field(
         "inductor", description="train.compile's backend: aot_eager traces the blocks as inductor does but runs "
         "PyTorch's own kernels (to tell a compiler problem from a tracing one; no speed-up)")
-    recompute: Literal["none", "selective", "full"] = "none"
-    seed: Annotated[int, Field(ge=0, le=2**63 - 1)] = 1234
-    grad_clip: PositiveFloat | None = 1.0
-    log_every: Count = 1
+    recompute: Literal["none", "selective", "full"] = Field(
+        "none", description="Activation recomputation in the backward pass: selective recomputes the attention "
+        "core, full each whole transformer block (least memory, one more forward of every block)")
+    seed: Annotated[int, Field(ge=0, le=2**63 - 1)] = Field(
+        1234, description="Random seed of the weight initialisation, dropout and the data order (the shuffle of "
+        "token files, the synthetic tokens)")
+    grad_clip: PositiveFloat | None = Field(1.0, description="Clip the global gradient norm to this value; null: "
+                                            "no clipping")
+    log_every: Count = Field(1, description="Write a metrics line (console and RUN/metrics.jsonl) every n steps, "
+                             "and after the last step and every skipped one")
     watchdog_s: PositiveFloat | None = Field(
         600.0, description="Hang watchdog: a rank with no step progress this long dumps its stacks and exits; "
         "null disables (env TRAINCTL_WATCHDOG_S overrides)")
@@ -264,6 +291,10 @@ class TrainSpec(Strict):
 
 
 TokenFormat = Literal["auto", "flat", "megatron"]
+TokenDtype = Literal["uint16", "uint32"]
+# data.* and data.blend[].* describe a token file alike
+TOKEN_FORMAT_DESCRIPTION = "auto: megatron when P.idx exists beside the path, else flat"
+TOKEN_DTYPE_DESCRIPTION = "Token dtype of a flat file"
 
 
 class DataSource(Strict):
@@ -271,18 +302,19 @@ class DataSource(Strict):
 
     path: str = Field(description="Token file, or a Megatron indexed-dataset prefix (P.bin + P.idx)")
     weight: PositiveFloat = Field(1.0, description="Share of the training sequences (normalised over the blend)")
-    format: TokenFormat = "auto"
-    dtype: Literal["uint16", "uint32"] = "uint16"
+    format: TokenFormat = Field("auto", description=TOKEN_FORMAT_DESCRIPTION)
+    dtype: TokenDtype = Field("uint16", description=TOKEN_DTYPE_DESCRIPTION)
 
 
 class DataSpec(Strict):
     path: str | None = Field(None, description="Token file (flat array of token ids, nanoGPT) or a Megatron "
                              "indexed-dataset prefix (P.bin + P.idx, dtype from the index)")
-    format: TokenFormat = Field("auto", description="auto: megatron when P.idx exists beside the path, else flat")
-    dtype: Literal["uint16", "uint32"] = Field("uint16", description="Token dtype of a flat file")
+    format: TokenFormat = Field("auto", description=TOKEN_FORMAT_DESCRIPTION)
+    dtype: TokenDtype = Field("uint16", description=TOKEN_DTYPE_DESCRIPTION)
     blend: list[DataSource] | None = Field(None, min_length=1, description="Weighted blend of token sources, "
                                            "instead of data.path")
-    synthetic: bool = False
+    synthetic: bool = Field(False, description="Train on generated sequences (a short motif repeated, a function "
+                            "of train.seed) instead of a token file: no data needed")
 
     @model_validator(mode="after")
     def _one_source(self) -> DataSpec:
@@ -305,45 +337,57 @@ class DataSpec(Strict):
 
 class CheckpointSpec(Strict):
     dir: str | None = Field(None, description="Default: <run dir>/checkpoints")
-    every_steps: Count | None = None
-    every_minutes: PositiveFloat | None = None
-    keep_last: Count = 3
+    every_steps: Count | None = Field(None, description="Save at every multiple of n steps. With this or "
+                                      "every_minutes set a run also saves after its last step; a stop (Ctrl-C, "
+                                      "cancel, the time limit) saves either way")
+    every_minutes: PositiveFloat | None = Field(None, description="Save when this many minutes have passed since "
+                                                "the last save")
+    keep_last: Count = Field(3, description="Checkpoints kept; older ones are deleted after each save (milestones "
+                             "stay)")
     milestone_every: Count | None = Field(None, description="Also keep every N-th step forever")
-    async_save: bool = Field(True, alias="async")
+    async_save: bool = Field(True, alias="async", description="Save in the background: training goes on once "
+                             "the state is copied to host memory while the write runs; false: training waits for "
+                             "the write")
     mtbf_hours: PositiveFloat | None = Field(None, description="The job's mean time between failures, for the "
                                              "Young/Daly checkpoint interval that plan and mfu-report advise; "
                                              "default 6,300 h per node / nodes (Llama 3's fleet)")
 
 
 class ClusterSpec(Strict):
-    nodes: Count = 1
+    nodes: Count = Field(1, description="Nodes the run uses")
     min_nodes: int | None = Field(None, description="Elastic: the fewest nodes the run may continue on after losing "
                                   "some (torchrun --nnodes=min_nodes:nodes, launcher.mode torchrun); default "
                                   "nodes (not elastic). The data-parallel size follows the nodes left and "
                                   "gradient accumulation keeps train.global_batch")
-    gpus_per_node: Annotated[int, Field(ge=1, le=1024)] = 8
-    gpu: str = "h100-sxm"
+    gpus_per_node: Annotated[int, Field(ge=1, le=1024)] = Field(8, description="GPUs per node, one rank each "
+                                                                "(with gpu: cpu, the ranks per node)")
+    gpu: str = Field("h100-sxm", description="Accelerator, by its name in the catalog (`trainctl hardware`); cpu: "
+                     "CPU ranks that communicate over gloo")
     peak_tflops: PositiveFloat | None = Field(None, description="Override the catalog's dense BF16 peak")
     memory_gb: PositiveFloat | None = Field(None, description="Override the catalog's device memory")
     nvlink_domain: Count | None = Field(None, description="GPUs per NVLink domain; default from catalog")
     host_memory_gb: PositiveFloat | None = Field(None, description="Host memory per node, GB (what optimizer "
                                                  "offload may fill); default 2,000 GB for GPU nodes (an 8-GPU "
                                                  "DGX H100/H200/B200 node), this machine's RAM for gpu: cpu")
-    nvlink_gbps: PositiveFloat | None = None
+    nvlink_gbps: PositiveFloat | None = Field(None, description="Override the catalog's NVLink bandwidth, GB/s "
+                                              "per GPU and direction inside the NVLink domain")
     interconnect: str = Field("ndr", description="Inter-node fabric (see `trainctl hardware`)")
     inter_node_gbps: PositiveFloat | None = Field(None, description="Per-GPU inter-node GB/s override")
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
+    partition: str | None = Field(None, description="Slurm --partition")
+    account: str | None = Field(None, description="Slurm --account")
+    qos: str | None = Field(None, description="Slurm --qos")
     time: str | None = Field(None, description="Slurm time limit, e.g. 12:00:00")
-    constraint: str | None = None
-    exclude: str | None = None
+    constraint: str | None = Field(None, description="Slurm --constraint: node features the job needs")
+    exclude: str | None = Field(None, description="Slurm --exclude: nodes never to run on; the nodes the run "
+                                "keeps out itself (failed preflight or starts, stragglers) are added to it")
     exclude_stragglers: bool = Field(True, description="Slurm: keep a node out of the run's next job (trainctl resume, "
                                      "a requeue) when one of its ranks worked 1.5x as long as its pipeline stage's "
                                      "ranks on other nodes in 3 of 4 steps of the last start; never when the "
                                      "partition would keep fewer than cluster.nodes nodes (said instead)")
     mem: str | None = Field(None, description="Slurm --mem per node, e.g. 0 for all")
-    cpus_per_task: Count | None = None
+    cpus_per_task: Count | None = Field(None, description="Slurm: CPUs per rank (--cpus-per-task; in torchrun "
+                                        "mode the node's one task gets this times gpus_per_node); default one per "
+                                        "rank in torchrun mode, Slurm's default in srun mode")
     calibration: str | None = Field(None, description="Calibration profile from `trainctl calibrate` (JSON): the "
                                     "planner's times then come from its measured rates instead of catalog peaks "
                                     "x estimate.* efficiencies; a relative path is relative to the working directory")
@@ -401,8 +445,12 @@ class LauncherSpec(Strict):
     backend: Literal["auto", "local", "slurm"] = Field(
         "auto", description="auto: slurm for multi-node clusters, else local torchrun on this machine"
     )
-    mode: Literal["torchrun", "srun"] = "torchrun"
-    max_restarts: Annotated[int, Field(ge=0, le=1000)] = 0
+    mode: Literal["torchrun", "srun"] = Field(
+        "torchrun", description="torchrun: one torchrun per node starts the node's ranks (restarts, elastic "
+        "nodes); srun: Slurm starts every rank as its own task (needs the Slurm backend)")
+    max_restarts: Annotated[int, Field(ge=0, le=1000)] = Field(
+        0, description="torchrun --max-restarts: times torchrun restarts the ranks after a failure, from the last "
+        "checkpoint, within one attempt; an elastic run needs at least 1")
     start_retries: Annotated[int, Field(ge=0, le=100)] = Field(
         3, description="Slurm: an attempt whose step fails to start (a launch failure, a revoked credential, a "
         "node lost at start: the trainer never began) requeues the job, after Slurm's requeue delay, at most "
@@ -410,8 +458,10 @@ class LauncherSpec(Strict):
     grace_s: Annotated[int, Field(ge=1, le=65535)] = Field(
         DEFAULT_GRACE_S, description="Slurm: seconds before cluster.time at which the ranks are told to checkpoint "
         "and the job requeues itself (--signal=B:USR1@GRACE); must be well below cluster.time")
-    srun_args: list[str] = Field(default_factory=list)
-    sbatch_args: list[str] = Field(default_factory=list)
+    srun_args: list[str] = Field(default_factory=list, description="Extra arguments of the training step's srun, "
+                                 "after trainctl's own")
+    sbatch_args: list[str] = Field(default_factory=list, description="Extra sbatch arguments, after trainctl's own "
+                                   "(so they win)")
     env: dict[str, str] = Field(default_factory=dict, description="Variables set for every rank; a name that "
                                 "looks like a credential (TOKEN, KEY, SECRET, PASSWORD...) is passed through the "
                                 "environment instead and its value never written to the run directory")
@@ -433,7 +483,8 @@ class WandbSpec(Strict):
     """Weights & Biases (the `wandb` extra). Its API key reaches the ranks only through
     launcher.env_passthrough: [WANDB_API_KEY] (launch/secrets.py), never the spec."""
 
-    project: Annotated[str, Field(min_length=1, max_length=128)] = "trainctl"
+    project: Annotated[str, Field(min_length=1, max_length=128)] = Field(
+        "trainctl", description="W&B project the run is logged to")
     entity: Annotated[str, Field(min_length=1, max_length=128)] | None = Field(
         None, description="W&B team or user; default: the API key's own")
     mode: Literal["offline", "online"] = Field(
@@ -486,16 +537,25 @@ class EstimateSpec(Strict):
 
 
 class RunSpec(Strict):
-    name: Annotated[str, Field(min_length=1, max_length=200)]
-    model: ModelSpec
-    parallel: ParallelSpec = ParallelSpec()
-    train: TrainSpec
-    data: DataSpec = DataSpec(synthetic=True)
-    checkpoint: CheckpointSpec = CheckpointSpec()
-    cluster: ClusterSpec = ClusterSpec()
-    launcher: LauncherSpec = LauncherSpec()
-    estimate: EstimateSpec = EstimateSpec()
-    tracking: TrackingSpec = TrackingSpec()
+    name: Annotated[str, Field(min_length=1, max_length=200)] = Field(
+        description="Run name: the Slurm job name and the start of the default run directory, runs/<name>-<time>")
+    model: ModelSpec = Field(description="The model architecture (or a preset)")
+    parallel: ParallelSpec = Field(ParallelSpec(), description="The parallel layout: tensor, context, pipeline, "
+                                   "expert and data parallelism, ZeRO, the pipeline schedule")
+    train: TrainSpec = Field(description="The optimisation: batch, steps, learning-rate schedule, precision, "
+                             "recompute, guards")
+    data: DataSpec = Field(DataSpec(synthetic=True), description="The training tokens: a token file, a weighted "
+                           "blend of them, or synthetic sequences (the default)")
+    checkpoint: CheckpointSpec = Field(CheckpointSpec(), description="When and where checkpoints are saved, and "
+                                       "how many are kept")
+    cluster: ClusterSpec = Field(ClusterSpec(), description="The machines: nodes, accelerators and links (the "
+                                 "catalog's, or overridden), the Slurm allocation")
+    launcher: LauncherSpec = Field(LauncherSpec(), description="How the ranks start: local torchrun or Slurm, "
+                                   "restarts, environment, container, NCCL")
+    estimate: EstimateSpec = Field(EstimateSpec(), description="Assumptions of the planner's roofline "
+                                   "(efficiencies, bandwidths); printed with every plan")
+    tracking: TrackingSpec = Field(TrackingSpec(), description="Extra sinks of the per-step metrics (TensorBoard, "
+                                   "Weights & Biases); RUN/metrics.jsonl is always written")
 
     @property
     def dp(self) -> int:

@@ -179,7 +179,7 @@ def step_command(req: SbatchRequest) -> list[str]:
     # store then lived in whichever agent bound first, n2's included, and losing n2 ended the job. The variable
     # is torchrun's --rdzv-conf (read when the option is absent); a launcher.env value of it is kept in front.
     # The trap comes first, before launcher.setup: a stop during the task's setup must not kill the task (a failed
-    # step); the batch script has recorded it, and the ranks read it once started (runtime/signals.recorded_stop).
+    # step); the batch script has recorded it, and the ranks read it once started (runtime/train/signals.recorded_stop).
     wrapper = ('export PET_LOG_DIR="$0/$SLURMD_NODENAME"; '
                'export PET_RDZV_CONF="${PET_RDZV_CONF:+$PET_RDZV_CONF,}is_host=$([ "$SLURMD_NODENAME" = '
                '"$MASTER_ADDR" ] && echo 1 || echo 0)"; exec "$@"')
@@ -305,7 +305,7 @@ def render(req: SbatchRequest) -> SbatchRender:
         "}",
         "on_term() {  # scancel, scontrol requeue, a node failure, a preemption's grace: Slurm decides what follows",
         "    terminated=1",
-        '    event signal \',"signal":"TERM"\'  # first: ranks starting now read it (runtime/signals.recorded_stop)',
+        '    event signal \',"signal":"TERM"\'  # first: ranks starting now read it (train/signals.recorded_stop)',
         '    if [ -n "$step_pid" ]; then kill -TERM "$step_pid" 2>/dev/null; fi',
         '    stopped_by="$("$PYTHON" -m trainctl.launch.slurm.stop_cause "$SLURM_JOB_ID" "$attempt" \\',
         '        "$SLURM_JOB_NODELIST" "$SLURM_MESSAGES" "$messages_at_start" 2>/dev/null)"',

@@ -60,7 +60,7 @@ class TrainState:
     """The parts of a trainer that a checkpoint saves and restores, handed over by the trainer so that no
     checkpoint code sees (or writes into) the Trainer. Restoring fills these objects in place.
 
-    The LR schedule is a function of the step (runtime/optim.lr_at), so the saved step restores it; the RNG
+    The LR schedule is a function of the step (runtime/train/optim.lr_at), so the saved step restores it; the RNG
     streams are this process's own (rank_state)."""
 
     par: Parallel  # this rank's coordinates: checkpoint keys and ZeRO/FSDP ranges follow from them

@@ -511,7 +511,8 @@ def apply_fsdp(modules: list[nn.Module], par: Parallel, reduce_dtype: torch.dtyp
 
     Native FSDP2 here: sharding parameters themselves (gather before use, free after) is what FSDP2 does
     well and checked on CPU/gloo with TP and every PP schedule we use (docs/ARCHITECTURE.md, "Checked
-    facts"). DP mesh built from the placement's DP group so its ranks are the plan's."""
+    facts: PyTorch distributed on CPU/gloo"). DP mesh built from the placement's DP group so its ranks are the
+    plan's."""
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
 

@@ -11,7 +11,7 @@ A slot maps to its sequence in O(1) (no replay), so the loader state is just the
 - synthetic: slot g's tokens are a pure function of (seed, g), a counter-based hash.
 
 Under context parallelism the CP ranks of one replica read the same slots and keep their own chunks of each
-sequence, inputs and targets alike (runtime/context_parallel.split_sequence): the data position is the same
+sequence, inputs and targets alike (runtime/parallel/context_parallel.split_sequence): the data position is the same
 counter whatever cp is, so a resume may change cp.
 """
 

@@ -120,7 +120,8 @@ class Trainer:
         offload = p.offload == "optimizer"
         if fsdp:
             # zero-bubble schedules run weight-gradient passes after later forwards: with FSDP2's default
-            # resharding they train on wrong weights (docs/ARCHITECTURE.md, "Checked facts: PyTorch ...")
+            # resharding they train on wrong weights (docs/ARCHITECTURE.md, "Checked facts: PyTorch distributed
+            # on CPU/gloo")
             reshard = p.schedule not in ("zero-bubble", "zbv")
             for shard in (expert_sync.shard_experts, data_parallel.apply_fsdp):  # experts first, over expert-DP
                 shard(self.modules, par, reduce_dtype, reshard_after_forward=reshard, param_dtype=bf16,
