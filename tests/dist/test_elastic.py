@@ -16,10 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from cli_utils import trainctl
 from resume_utils import curve, events, ok
-from spec_utils import TINY, deep_update
+from spec_utils import TINY, deep_update, write_spec
 from trainer_utils import ROOT, free_port, max_rel_diff, rank_env, run_trainer
 
 from trainctl.launch.procs import children
@@ -43,7 +42,7 @@ RDZV_CONF = "join_timeout=60,last_call_timeout=2,close_timeout=5,keep_alive_inte
 def write_run(root: Path, name: str) -> Path:
     run = root / name
     run.mkdir(parents=True)
-    (run / "spec.yaml").write_text(yaml.safe_dump(SPEC))
+    write_spec(run / "spec.yaml", base=SPEC)
     return run
 
 

@@ -271,14 +271,13 @@ def test_ranks_import_the_installed_package_whatever_the_working_directory_holds
     """Launched from the clone's parent directory, where `./trainctl/` is the git clone (a folder without the
     package's __init__.py): the ranks must not import it. Without PYTHONSAFEPATH (Python 3.10 has none) their
     start-up check stops the run before the first step, naming the folder."""
-    from trainer_utils import TINY as TINY_RUN
-    from trainer_utils import VENV_BIN, deep_update
+    from spec_utils import write_spec
+    from trainer_utils import VENV_BIN
 
     parent = tmp_path / "parent"
     (parent / "trainctl").mkdir(parents=True)
     (parent / "trainctl" / "pyproject.toml").write_text("[project]\nname = 'trainctl'\n")
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(yaml.safe_dump(deep_update(TINY_RUN, {"train": {"steps": 4}, "checkpoint": {"every_steps": 2}})))
+    spec = write_spec(tmp_path / "spec.yaml", {"train": {"steps": 4}, "checkpoint": {"every_steps": 2}})
     launch = [str(VENV_BIN / "trainctl"), "launch", str(spec), "--run-dir"]  # the console script: not `python -m`
     r = subprocess.run([*launch, "run"], cwd=parent, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

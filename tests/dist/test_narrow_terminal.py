@@ -15,9 +15,8 @@ import termios
 from pathlib import Path
 
 import pytest
-import yaml
 from cli_utils import TRAINCTL, trainctl
-from spec_utils import TINY, deep_update
+from spec_utils import write_spec
 from trainer_utils import ROOT
 
 from trainctl.hardware.catalog import ACCELERATORS
@@ -64,10 +63,8 @@ def fits(text: str, *unbroken: Path) -> None:
 def runs(tmp_path_factory) -> Path:
     """Two run directories whose names differ only in their last characters (a copy of one real run)."""
     base = tmp_path_factory.mktemp("narrow")
-    spec = base / "spec.yaml"
-    spec.write_text(yaml.safe_dump(deep_update(TINY, {"name": "tiny-cpu", "parallel": {"dp": 2},
-                                                      "cluster": {"gpus_per_node": 2}, "train": {"steps": 4},
-                                                      "checkpoint": {"every_steps": 2, "keep_last": 2}})))
+    spec = write_spec(base / "spec.yaml", {"name": "tiny-cpu", "parallel": {"dp": 2}, "cluster": {"gpus_per_node": 2},
+                                           "train": {"steps": 4}, "checkpoint": {"every_steps": 2, "keep_last": 2}})
     first = base / "runs" / "tiny-cpu-20261126-144500"
     rc, out = in_terminal("launch", str(spec), "--run-dir", str(first))
     assert rc == 0, out[-3000:]

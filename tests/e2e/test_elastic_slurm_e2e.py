@@ -22,11 +22,10 @@ from pathlib import Path
 
 import pytest
 import slurm_fixtures
-import yaml
 from cli_utils import trainctl
 from resume_utils import curve, ok
 from slurm_fixtures import SlurmCluster, step_exited, step_pids
-from spec_utils import TINY, deep_update
+from spec_utils import TINY, deep_update, write_spec
 from trainer_utils import max_rel_diff, run_trainer
 
 from trainctl.rundir.paths import RunPaths, read_jsonl
@@ -65,11 +64,11 @@ def lose_node(job: str, node: str) -> list[int]:
 def test_losing_a_node_finishes_on_the_other_on_the_curve(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     straight = tmp_path / "straight"
     straight.mkdir()
-    (straight / "spec.yaml").write_text(yaml.safe_dump(SPEC))
+    write_spec(straight / "spec.yaml", base=SPEC)
     ok(run_trainer(straight, 2, dump=False), "uninterrupted run on two ranks")
 
     spec, run = tmp_path / "spec.yaml", tmp_path / "run"
-    spec.write_text(yaml.safe_dump(SPEC))
+    write_spec(spec, base=SPEC)
     r = trainctl("launch", str(spec), "--run-dir", str(run), env=faults.encode(slow_rank="0:0.2+1:0.2"))  # paced steps
     assert r.returncode == 0, r.stdout + r.stderr
     paths = RunPaths(run)

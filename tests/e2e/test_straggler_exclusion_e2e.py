@@ -20,11 +20,10 @@ from pathlib import Path
 
 import pytest
 import slurm_fixtures
-import yaml
 from cli_utils import trainctl
 from paths import REPO
 from slurm_fixtures import SlurmCluster, step_exited
-from spec_utils import TINY, deep_update
+from spec_utils import TINY, deep_update, write_spec
 
 from trainctl.rundir.paths import RunPaths, read_jsonl
 from trainctl.runtime.train import faults
@@ -46,7 +45,7 @@ SPEC = deep_update(TINY, {
 
 def test_persistent_straggler_node_is_excluded_by_resume(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     spec, run = tmp_path / "spec.yaml", tmp_path / "run"
-    spec.write_text(yaml.safe_dump(SPEC))
+    write_spec(spec, base=SPEC)
     r = trainctl("launch", str(spec), "--run-dir", str(run), env=faults.encode(slow_work=f"1:{SLOW_FACTOR}"))
     assert r.returncode == 0, r.stdout + r.stderr
     paths = RunPaths(run)

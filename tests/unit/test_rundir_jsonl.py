@@ -10,8 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import yaml
-from spec_utils import TINY, deep_update
+from spec_utils import write_spec
 
 from trainctl.launch.repair import rebuild
 from trainctl.rundir import runstate
@@ -51,8 +50,7 @@ def test_concurrent_appenders_after_a_torn_line_lose_no_record(tmp_path: Path) -
 
 def test_job_json_of_a_slurm_run_rebuilt_from_its_files(tmp_path: Path) -> None:
     paths = RunPaths(tmp_path)
-    spec = deep_update(TINY, {"launcher": {"backend": "slurm"}, "cluster": {"nodes": 2}, "parallel": {"dp": 2}})
-    paths.spec.write_text(yaml.safe_dump(spec))
+    write_spec(paths.spec, {"launcher": {"backend": "slurm"}, "cluster": {"nodes": 2}, "parallel": {"dp": 2}})
     argv = ["sbatch", "--parsable", "--job-name=tiny", str(paths.launch_script)]
     paths.commands.write_text(f"# submission (run from anywhere)\n{shlex.join(argv)}\n\n# the training step\nsrun x\n")
     for e in ({"time": 10.0, "event": "submit", "backend": "slurm", "job_id": "41", "mode": "torchrun"},
