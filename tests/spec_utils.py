@@ -28,6 +28,7 @@ TINY: dict[str, Any] = {
 
 
 def deep_update(base: dict[str, Any], upd: dict[str, Any]) -> dict[str, Any]:
+    """A copy of `base` with `upd` merged in: a section into a section, any other value replacing."""
     out = copy.deepcopy(base)
     for k, v in upd.items():
         out[k] = deep_update(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v

@@ -24,6 +24,7 @@ VENV_BIN = Path(sys.executable).parent
 TORCHRUN = str(VENV_BIN / "torchrun")
 FORK_RANKS = Path(__file__).with_name("fork_ranks.py")
 
+
 def make_run(root: Path, name: str, **sections: dict[str, Any]) -> tuple[Path, int]:
     """A run directory with spec.yaml = TINY updated by `sections`; returns (dir, world size)."""
     run = root / name
