@@ -204,6 +204,7 @@ class Estimate:
     offload_copy_time: float = 0.0
     offload_step_time: float = 0.0
     optimizer_time: float = 0.0  # calibrated only: gradient norm, clipping, AdamW (after the backward, exposed)
+    ends_time: float = 0.0  # calibrated only: the embedding's and LM head + loss's work beyond FLOPs (in compute)
     fsdp_time: float = 0.0  # calibrated ZeRO-3: what the FSDP2 units add to forward + backward (exposed)
 
     @property
@@ -307,6 +308,7 @@ class _Base:
     bubble_slots: float
     slot: float | None
     compute_mb: float | None
+    ends_mb: float  # the slowest pipeline rank's ends beyond their FLOPs per micro-batch (in compute_mb)
     emb_time: float
     layer_params_gpu: float  # one layer's parameters on one GPU, the largest kind (ZeRO-3 gathers two at a time)
     shape_key: tuple = ()  # (tp, pp, v, layers, ep, schedule): what PowerSGD's figures depend on (_psgd)
@@ -568,8 +570,9 @@ class Evaluator:
         cp_mb_time = prof.rank_layers[load.slow] * cp_layer_time
         bubble_slots = schedule.bubble_slots(pp, v, c.schedule, n_micro)
         slot = compute_mb = attn_layer_time = None
+        ends_mb = load.ends[load.slow] * tokens_mb
         if rate:
-            compute_mb = (load.flops[load.slow] / rate + load.ends[load.slow]) * tokens_mb
+            compute_mb = load.flops[load.slow] / rate * tokens_mb + ends_mb
             pairs = max(model.causal_pairs_per_rank(m.seq_len, cp))  # the same on every rank: balanced chunks
             attn_layer_time = mb * pairs * model.attention_flops_per_pair(m) / tp / rate
             slot = compute_mb + tp_mb_time + ep_mb_time + cp_mb_time + p2p
@@ -589,7 +592,7 @@ class Evaluator:
             ep_bytes=n_micro * ep_mb_bytes, cp_bytes=n_micro * max(prof.rank_layers) * cp_layer,
             tp_exposed=n_micro * tp_mb_time, p2p=p2p, ep_mb_time=ep_mb_time, cp_mb_time=cp_mb_time,
             cp_layer_time=cp_layer_time, attn_layer_time=attn_layer_time, bubble_slots=bubble_slots, slot=slot,
-            compute_mb=compute_mb,
+            compute_mb=compute_mb, ends_mb=ends_mb,
             emb_time=rates.comm(pp_link, EMBEDDING_OPS, emb_bytes, float(emb_bytes > 0), groups["embedding"]),
             layer_params_gpu=max(model.layer_params_per_gpu(m, tp),
                                  sum(model.layers_params_per_gpu(m, tp, 1, 1, c.ep)) if m.moe is not None else 0.0),
@@ -766,7 +769,7 @@ class Evaluator:
             embedding_sync_time=b.emb_time, step_time=z.step,
             host_per_gpu=z.host, host_per_node=z.host * self._node_gpus(), host_capacity=ctx.hw.host_memory_bytes,
             offload_copy_time=z.offload_copy, offload_step_time=z.offload_step,
-            optimizer_time=z.optimizer, fsdp_time=z.fsdp,
+            optimizer_time=z.optimizer, fsdp_time=z.fsdp, ends_time=b.n_micro * b.ends_mb,
             extra={"tokens_per_step": float(self.tokens_per_step), "ep_time": b.n_micro * b.ep_mb_time,
                    "expert_pace": self.expert_pace, "cp_time": b.n_micro * b.cp_mb_time,
                    "cp_layer_time": b.cp_layer_time, "attn_layer_time": b.attn_layer_time or 0.0,
