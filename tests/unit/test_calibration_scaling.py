@@ -7,6 +7,7 @@ group n0, bus bytes at the fitted bandwidth) and, off the profile's links, from 
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -77,9 +78,17 @@ def test_the_ring_latency_grows_beyond_the_fitted_group_and_the_busy_peer_wait_d
 
 
 def test_build_records_the_group_each_fit_was_measured_in(tmp_path: Path) -> None:
-    data = prof.load(_profile(tmp_path, TWO_RANKS, [(INTRA, 2)]))
+    path = _profile(tmp_path, TWO_NODES, [(INTRA, 2), (INTRA, 4), (INTER, 2)])
+    data = prof.load(path)
+    assert {op: f.group_size for op, f in data.links[INTRA].items()} == {**dict.fromkeys(OPS, 4), "send_recv": 2}
+    assert {op: f.group_size for op, f in data.links[INTER].items()} == dict.fromkeys(OPS, 2)
+    # a profile written before the fits recorded it: taken from its raw figures
+    old = json.loads(path.read_text())
+    for ops in old["fits"]["links"].values():
+        for fit in ops.values():
+            del fit["group_size"]
+    assert prof.parse(path, old).links[INTRA]["all_reduce"].group_size == 4
     fits = data.links[INTRA]
-    assert {op: f.group_size for op, f in fits.items()} == dict.fromkeys(OPS, 2)
     assert fits["all_reduce"].latency_s == pytest.approx(LATENCY, rel=1e-6)
     assert fits["all_reduce"].bytes_per_s == pytest.approx(BUS_BW, rel=1e-6)
 
@@ -95,6 +104,7 @@ def test_a_two_rank_profile_prices_an_eight_rank_spec_by_the_ring_rule(tmp_path:
     assert ("intra-node all-gather, all-reduce, all-to-all, reduce-scatter in groups of up to 8 ranks from fits "
             "at 2: ring latency x (n-1)/1, bandwidth term x (n-1)/n through the bus bytes") in text
     assert "measured with 2 ranks per node, the spec has 8" in text
+    assert "tp 4 priced at the GEMM rate of tp 2, the largest measured (tp 1/2)" in text  # --auto may pick tp 4
     assert "inter-node" not in text and "another model" not in text
 
 

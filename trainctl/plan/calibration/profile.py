@@ -40,7 +40,7 @@ from trainctl.hardware.catalog import resolve_fabric
 from trainctl.model_shape import ModelShape
 from trainctl.plan.calibration.fit import LinkFit, fit_latency_bandwidth, fit_rate, median_of
 from trainctl.plan.calibration.fixed import FixedWork, fit_fixed
-from trainctl.plan.calibration.shapes import INTER, INTRA
+from trainctl.plan.calibration.shapes import INTER, INTRA, tp_sizes
 from trainctl.plan.memory import compute_precision
 from trainctl.spec.models import RunSpec
 
@@ -64,8 +64,7 @@ def build(meta: dict[str, Any], raw: dict[str, Any]) -> dict[str, Any]:
         for op in sorted({r["op"] for r in raw["collectives"] if r["link"] == link}):
             rows = [r for r in raw["collectives"] if r["link"] == link and r["op"] == op]
             fit = fit_latency_bandwidth([(r["bus_bytes"], median_of(r["seconds"])) for r in rows])
-            group = max(int(r.get("group_size", 0)) for r in rows)  # the latency's reference size (fit.py)
-            links.setdefault(link, {})[op] = replace(fit, group_size=group).as_dict()
+            links.setdefault(link, {})[op] = replace(fit, group_size=measured_group(raw, link, op)).as_dict()
     for r in raw.get("load", []):  # every op of the link pays the same wait for a busy peer
         ops = links[r["link"]]
         idle = LinkFit(**ops[r["op"]]).seconds(r["bus_bytes"], 1)
@@ -82,6 +81,13 @@ def build(meta: dict[str, Any], raw: dict[str, Any]) -> dict[str, Any]:
     if "fixed" in raw:
         fits["fixed"] = fit_fixed(raw["fixed"], fits["compute"]["1"]).as_dict()
     return {"kind": KIND, "schema": SCHEMA, "source": "micro-benchmarks", **meta, "raw": raw, "fits": fits}
+
+
+def measured_group(raw: dict[str, Any], link: str, op: str) -> int:
+    """The largest group a collective was timed in on a link (0: none recorded): its fit's latency is that
+    group's, the reference a larger group's is grown from (fit.LinkFit.latency_at)."""
+    return max((int(r.get("group_size", 0)) for r in raw.get("collectives", [])
+                if r["link"] == link and r["op"] == op), default=0)
 
 
 def _tp_layers(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
@@ -229,8 +235,10 @@ def parse(path: Path, data: Any) -> Profile:
         for key in ("gpu", "ranks", "ranks_per_node"):
             cluster[key]  # noqa: B018 - presence check
         compute = {int(tp): float(v) for tp, v in fits["compute"].items()}
+        raw = data.get("raw") or {}  # a profile written before fits recorded their group: its raw figures do
         links = {link: {op: LinkFit(float(f["latency_s"]), float(f["bytes_per_s"]), int(f["points"]),
-                                    float(f["rms_rel_error"]), int(f.get("group_size", 0)),
+                                    float(f["rms_rel_error"]),
+                                    int(f.get("group_size") or measured_group(raw, link, op)),
                                     float(f.get("load_excess_s", 0.0))) for op, f in ops.items()}
                  for link, ops in (fits.get("links") or {}).items()}
         fixed = FixedWork.from_dict(fits["fixed"]) if fits.get("fixed") else None
@@ -295,6 +303,11 @@ def extrapolations(profile: Profile, spec: RunSpec) -> list[str]:
     if profile.cluster.get("ranks_per_node") != c.gpus_per_node:
         out.append(f"measured with {profile.cluster.get('ranks_per_node')} ranks per node, the spec has "
                    f"{c.gpus_per_node}: the compute rates are per rank as the node was shared then")
+    measured_tp = sorted(profile.compute)
+    beyond = [t for t in tp_sizes(spec) if t > measured_tp[-1]]
+    if beyond:
+        out.append(f"tp {'/'.join(map(str, beyond))} priced at the GEMM rate of tp {measured_tp[-1]}, the largest "
+                   f"measured (tp {'/'.join(map(str, measured_tp))}): their GEMM shapes were not timed")
     # the largest group the spec's cluster can form on each link class: a node; every rank across nodes
     largest = {INTRA: c.gpus_per_node, INTER: spec.world_size if c.nodes > 1 else 1}
     for link, n in largest.items():
