@@ -113,7 +113,8 @@ def test_plan_predicts_a_cpu_step_time_only_with_a_profile(calibrated) -> None:
     after = plan_json("--calibration", str(path))
     pred = after["prediction"]
     assert pred["step_time_s"] > 0 and pred["tokens_per_s"] > 0 and 0 < pred["mfu"] < 1
-    assert pred["breakdown_s"]["optimizer step"] > 0  # the profile's fixed work is priced
+    assert pred["breakdown_s"]["optimizer step"] > 0  # the profile's fixed work is priced, and shown
+    assert pred["outside_layers"]["total_s"] > pred["breakdown_s"]["optimizer step"]
     assert after["calibration"]["calibrated"] is True and after["calibration"]["path"] == str(path)
     assert after["hardware"]["peak_flops"] == json.loads(path.read_text())["peak_flops_per_rank"]
     assert not [w for w in after["warnings"] if w["code"] == "CALIBRATION_DIFFERS"]  # same machine, just made

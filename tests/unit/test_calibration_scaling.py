@@ -104,7 +104,7 @@ def test_a_two_rank_profile_prices_an_eight_rank_spec_by_the_ring_rule(tmp_path:
     assert ("intra-node all-gather, all-reduce, all-to-all, reduce-scatter in groups of up to 8 ranks from fits "
             "at 2: ring latency x (n-1)/1, bandwidth term x (n-1)/n through the bus bytes") in text
     assert "measured with 2 ranks per node, the spec has 8" in text
-    assert "tp 4 priced at the GEMM rate of tp 2, the largest measured (tp 1/2)" in text  # --auto may pick tp 4
+    assert "tp 4 priced at the compute rate of tp 2, the largest measured (tp 1/2)" in text  # --auto may pick tp 4
     assert "inter-node" not in text and "another model" not in text
 
 

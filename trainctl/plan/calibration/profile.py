@@ -306,7 +306,7 @@ def extrapolations(profile: Profile, spec: RunSpec) -> list[str]:
     measured_tp = sorted(profile.compute)
     beyond = [t for t in tp_sizes(spec) if t > measured_tp[-1]]
     if beyond:
-        out.append(f"tp {'/'.join(map(str, beyond))} priced at the GEMM rate of tp {measured_tp[-1]}, the largest "
+        out.append(f"tp {'/'.join(map(str, beyond))} priced at the compute rate of tp {measured_tp[-1]}, the largest "
                    f"measured (tp {'/'.join(map(str, measured_tp))}): their GEMM shapes were not timed")
     # the largest group the spec's cluster can form on each link class: a node; every rank across nodes
     largest = {INTRA: c.gpus_per_node, INTER: spec.world_size if c.nodes > 1 else 1}
