@@ -552,7 +552,7 @@ class Evaluator:
         rates, tp_calls, sends = self.rates, load.collectives[load.slow], max(prof.sends) if pp > 1 else 0
         tp_mb_slow = tp_calls * tp_ar
         groups = {"tp": tp, "pp": 2, "embedding": 2, "ep": c.ep, "cp": cp}  # pairs: send/recv, first + last
-        tp_mb_time = rates.comm(links["tp"], TP_OPS[sp], tp_mb_slow, tp_calls, tp) * (1 - a.tp_overlap)
+        tp_mb_time = rates.comm(links["tp"], TP_OPS[sp], tp_mb_slow, tp_calls, groups["tp"]) * (1 - a.tp_overlap)
         measured = rates.tp_layer(links["tp"], tp, sp, c.recompute) if tp > 1 and cp == 1 and m.moe is None else None
         rate = rates.compute(tp)
         if measured is not None and rate:
@@ -562,11 +562,11 @@ class Evaluator:
             layer_compute = self._layer_flops[c.recompute] / tp / rate * tokens_mb
             ends = prof.has_first[load.slow] + prof.has_last[load.slow]
             tp_mb_time = (prof.rank_layers[load.slow] * max(0.0, seconds * tokens_mb / tokens - layer_compute)
-                          + rates.comm(links["tp"], TP_OPS[sp], ends * tp_ar, ends, tp) * (1 - a.tp_overlap))
+                          + rates.comm(links["tp"], TP_OPS[sp], ends * tp_ar, ends, groups["tp"]) * (1 - a.tp_overlap))
         p2p = rates.comm(pp_link, PP_OPS, p2p_mb_bytes, sends, groups["pp"])
-        ep_mb_time = rates.comm(links["ep"], EP_OPS, ep_mb_bytes, ep_calls_mb, c.ep)
+        ep_mb_time = rates.comm(links["ep"], EP_OPS, ep_mb_bytes, ep_calls_mb, groups["ep"])
         cp_ops = CP_OPS[cp_passes == 3]
-        cp_layer_time = rates.comm(links["cp"], cp_ops, cp_layer, cp_passes if cp_layer else 0, cp)
+        cp_layer_time = rates.comm(links["cp"], cp_ops, cp_layer, cp_passes if cp_layer else 0, groups["cp"])
         cp_mb_time = prof.rank_layers[load.slow] * cp_layer_time
         bubble_slots = schedule.bubble_slots(pp, v, c.schedule, n_micro)
         slot = compute_mb = attn_layer_time = None
