@@ -42,7 +42,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def ours(shape: ModelShape, seed: int = 3) -> torch.nn.Module:
-    return build_stage(shape, range(shape.layers), True, True, TPContext.single(), seed=seed).eval()
+    return build_stage(shape, range(shape.layers), first=True, last=True, seed=seed).eval()
 
 
 def ids(shape: ModelShape) -> torch.Tensor:
