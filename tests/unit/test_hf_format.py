@@ -88,7 +88,7 @@ def test_transformers_weights_load_into_our_shards(name, tmp_path):
         spec = metas[n].shard.for_tp(2) if metas[n].shard is not None else None
         for r in range(2):
             want = shard_tensor(p.detach(), spec, r, 2) if spec is not None else p.detach()
-            assert torch.equal(hf_weights.hf_shard(reader, lay.pieces[n], metas[n], r, 2), want), (n, r)
+            assert torch.equal(hf_weights.hf_shard(reader, lay.pieces[n], metas[n], tp_rank=r, tp_size=2), want), (n, r)
     reader.close()
 
 

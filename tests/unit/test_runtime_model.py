@@ -143,7 +143,7 @@ def test_tp_shards_are_slices_of_the_single_model(tp_size):
                       norm="rmsnorm", position="rope", activation="swiglu", tied_embeddings=False)
     single = build_stage(cfg, range(2), first=True, last=True, seed=9)
     shards = [build_stage(cfg, range(2), first=True, last=True, seed=9,
-                          ctx=ParallelContext(tp=TPContext(None, tp_size, r, True)))
+                          ctx=ParallelContext(tp=TPContext(group=None, size=tp_size, rank=r, sequence_parallel=True)))
               for r in range(tp_size)]
     metas = shards[0].named_param_meta()
     per_rank = [dict(s.named_parameters()) for s in shards]

@@ -243,7 +243,7 @@ def hf_shard(reader: SafetensorsReader, pieces: list[Piece], meta: ParamMeta, tp
     spec = meta.shard.for_tp(tp_size) if meta.shard is not None else None
     if spec is None or tp_size == 1:
         full = _read_rows(reader, pieces, 0, rows, None, meta.full_shape)
-        return shard_tensor(full, spec, tp_rank, tp_size) if spec is not None else full
+        return shard_tensor(full, spec, rank=tp_rank, size=tp_size) if spec is not None else full
     ranges, offset = [], 0
     for part in spec.parts:
         n = part // tp_size

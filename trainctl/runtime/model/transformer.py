@@ -253,8 +253,8 @@ class Embedding(nn.Module):
         self.cp = ctx.cp
         self.learned_pos = lookup and cfg.position == "learned"
         # without learned positions the token lookup can reduce-scatter straight into the SP region
-        self.tok = VocabParallelEmbedding(cfg.vocab, cfg.padded_vocab(tp.size), cfg.hidden, tp, std=cfg.init_std,
-                                          scatter_output=tp.sp and not self.learned_pos)
+        self.tok = VocabParallelEmbedding(cfg.vocab, padded_vocab=cfg.padded_vocab(tp.size), dim=cfg.hidden, tp=tp,
+                                          std=cfg.init_std, scatter_output=tp.sp and not self.learned_pos)
         if self.learned_pos:
             self.pos = PositionEmbedding(cfg, tp)
 

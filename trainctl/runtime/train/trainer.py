@@ -143,7 +143,7 @@ class Trainer:
         par = self.par
 
         def scaled_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-            return loss_fn(logits, targets, self.cfg, self.ctx.tp) * self.scaler.scale
+            return loss_fn(logits, targets, cfg=self.cfg, tp=self.ctx.tp) * self.scaler.scale
 
         if par.pp == 1:
             return Accumulate(self.modules[0], scaled_loss, micro_batches=self.micro_batches, device=par.device,
