@@ -111,6 +111,7 @@ class Trainer:
         # parallelize: compile, FSDP, gradient sync (runtime/parallelize.py)
         parallel = parallelize(self.modules, spec, par, precision=self.precision, micro_batches=self.micro_batches)
         self.sync = parallel.sync
+        # loop: the optimizer over the sync's parameter groups, what runs a step's micro-batches, the data
         offload = p.offload == "optimizer"
         self.opt = optim.adamw(self.sync.optimizer_groups(), t, fused=optim.fused_adamw(par.device, offload, par.dp))
         self.executor = self._executor(n_stages, fsdp=parallel.fsdp)
