@@ -42,7 +42,6 @@ def worker(a: argparse.Namespace) -> None:
     from trainctl.runtime.model.transformer import build_stage
     from trainctl.runtime.parallel.data_parallel import GradSync, ParamInfo
     from trainctl.runtime.parallel.process_groups import RankEnv, parallel_groups, start_process_group
-    from trainctl.runtime.parallel.tensor_parallel import TPContext
     from trainctl.spec.loader import validate_spec
 
     torch.set_num_threads(1)
@@ -57,7 +56,7 @@ def worker(a: argparse.Namespace) -> None:
     cfg = ModelShape.from_spec(spec.model)
     syncs = {}
     for v in VARIANTS:  # one model per variant: a GradSync owns its parameters' .grad
-        model = build_stage(cfg, range(0, cfg.layers), True, True, TPContext.single(), 1, device=device)
+        model = build_stage(cfg, range(0, cfg.layers), first=True, last=True, seed=1, device=device)
         infos = [ParamInfo(n, p, True, False, False) for n, p in model.named_parameters()]
         syncs[v] = GradSync(infos, par, 0, 1, reduce_dtype=torch.bfloat16 if v == "bf16" else None,
                             powersgd=(4, 1, 1) if v.startswith("powersgd") else None)

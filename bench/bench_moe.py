@@ -73,14 +73,15 @@ def make_steps(a: argparse.Namespace, x) -> tuple[dict, dict]:
 
     from trainctl.runtime.model.init import init_parameters
     from trainctl.runtime.model.moe import EPContext, MoEContext
+    from trainctl.runtime.model.parallel_context import ParallelContext
     from trainctl.runtime.model.transformer import Block
     from trainctl.runtime.parallel.tensor_parallel import TPContext
 
     moe_cfg, dense_cfg = shapes(a)
     tp = TPContext.single()
 
-    def variant(cfg, ctx):
-        block = Block(cfg, tp, "none", moe=ctx, layer=0)
+    def variant(cfg, moe):
+        block = Block(cfg, ParallelContext(tp=tp, moe=moe), "none", layer=0)
         init_parameters(block, SEED, tp)
         mlp = block.mlp
         x_ = x.clone().requires_grad_()

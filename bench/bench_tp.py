@@ -70,13 +70,14 @@ def make_steps(cfg, x, y, mesh, only: set[str]) -> dict:
     from dtensor_ref_worker import build_reference, reference_loss
     from torch.distributed.tensor import DTensor, Replicate
 
+    from trainctl.runtime.model.parallel_context import ParallelContext
     from trainctl.runtime.model.transformer import build_stage, loss_fn
     from trainctl.runtime.parallel.tensor_parallel import TPContext, sync_sequence_parallel_grads
 
     group = mesh.get_group()
 
     def trainctl_variant(tp: TPContext):
-        stage = build_stage(cfg, range(cfg.layers), True, True, tp, SEED)
+        stage = build_stage(cfg, range(cfg.layers), first=True, last=True, seed=SEED, ctx=ParallelContext(tp=tp))
 
         def step():
             loss = loss_fn(stage(x), y, cfg, tp)

@@ -57,7 +57,8 @@ def bare_loop(run_dir: Path, out: Path) -> None:
     amp = device.type == "cuda" and t.precision == "bf16"
     cfg = ModelShape.from_spec(spec.model)
     tp = TPContext.single()
-    model = build_stage(cfg, range(cfg.layers), True, True, tp, t.seed, recompute=t.recompute, device=device)
+    model = build_stage(cfg, range(cfg.layers), first=True, last=True, seed=t.seed, recompute=t.recompute,
+                        device=device)
     compile_blocks([model], t.compile_with)  # the trainer's own compile: torch.compile on in both or off in both
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and not n.endswith("bias")]
     no_decay = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and not n.endswith("bias"))]

@@ -51,8 +51,7 @@ def main() -> None:
                      tied_embeddings=False, bias=False)
     cfg = ModelShape.from_spec(spec)
     device = torch.device(a.device)
-    model = build_stage(cfg, range(cfg.layers), True, True, TPContext.single(), 1234, recompute=a.recompute,
-                        device=device)
+    model = build_stage(cfg, range(cfg.layers), first=True, last=True, seed=1234, recompute=a.recompute, device=device)
     x = torch.randint(0, a.vocab, (a.micro_batch, a.seq), device=device)
     current = ["-"]
     for name, mod in model.named_modules():

@@ -50,6 +50,7 @@ from torch.distributed.tensor.parallel import (
 from tp_worker import data, gather_grads  # the same data and full-gradient gathering as the trainctl TP tests
 
 from trainctl.model_shape import ModelShape
+from trainctl.runtime.model.parallel_context import ParallelContext
 from trainctl.runtime.model.transformer import build_stage, loss_fn
 from trainctl.runtime.parallel.tensor_parallel import TPContext, sync_sequence_parallel_grads
 
@@ -309,7 +310,7 @@ def reference_to_trainctl(cfg: ModelShape, ref: dict[str, Tensor]) -> dict[str, 
 def build_reference(cfg: ModelShape, mesh: DeviceMesh | None, sp: bool, seed: int = SEED,
                     dtype: torch.dtype = torch.float64) -> RefModel:
     """The reference loaded with exactly trainctl's (layout-independent) initial weights, then parallelized."""
-    single = build_stage(cfg, range(cfg.layers), True, True, TPContext.single(), seed, dtype=dtype)
+    single = build_stage(cfg, range(cfg.layers), first=True, last=True, seed=seed, dtype=dtype)
     full = {n: p.detach() for n, p in single.named_parameters()}
     model = RefModel(cfg).to(dtype)
     weights = trainctl_to_reference(cfg, full)
@@ -344,7 +345,8 @@ def reference_grads(model: RefModel) -> dict[str, Tensor]:
 
 
 def trainctl_step(cfg: ModelShape, tp: TPContext, x: Tensor, y: Tensor, dtype=torch.float64):
-    stage = build_stage(cfg, range(cfg.layers), True, True, tp, SEED, dtype=dtype)
+    stage = build_stage(cfg, range(cfg.layers), first=True, last=True, seed=SEED, ctx=ParallelContext(tp=tp),
+                        dtype=dtype)
     loss = loss_fn(stage(x), y, cfg, tp)
     loss.backward()
     sync_sequence_parallel_grads(stage, tp)

@@ -32,8 +32,9 @@ from trainctl.spec.loader import validate_spec
 
 def alone(layout: Layout, device: torch.device) -> Parallel:
     """A one-rank layout on this rank, outside every group (a reference run)."""
-    return Parallel(RankEnv(0, 0, 1), layout, device, 0, 0, 0, None, None, None, None,
-                    {"tp": [0], "dp": [0], "pp": [0], "embedding": [0]})
+    return Parallel(env=RankEnv(0, 0, 1), layout=layout, device=device, tp_rank=0, dp_rank=0, pp_rank=0,
+                    tp_group=None, dp_group=None, pp_group=None, embedding_group=None,
+                    ranks={"tp": [0], "dp": [0], "pp": [0], "embedding": [0]})
 
 
 def train(case: dict, par: Parallel, out: Path) -> None:

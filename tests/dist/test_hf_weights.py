@@ -60,7 +60,7 @@ def our_model(fam: str, weights: dict[str, Any]):
     from trainctl.runtime.parallel.tensor_parallel import TPContext
 
     shape = ModelShape(**FAMILIES[fam])
-    model = build_stage(shape, range(shape.layers), True, True, TPContext.single(), seed=0).eval()
+    model = build_stage(shape, range(shape.layers), first=True, last=True, seed=0).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.copy_(weights[name])

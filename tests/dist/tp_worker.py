@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from trainctl.model_shape import ModelShape
+from trainctl.runtime.model.parallel_context import ParallelContext
 from trainctl.runtime.model.transformer import StageModule, build_stage, loss_fn
 from trainctl.runtime.parallel.tensor_parallel import (
     TPContext,
@@ -83,11 +84,12 @@ def equivalence(kw: dict, tp: TPContext, split: list[range] | None = None, dtype
     recompute = kw.pop("recompute", "none")
     cfg = ModelShape(**kw)
     x, y = data(cfg)
-    ref = build_stage(cfg, range(cfg.layers), True, True, TPContext.single(), SEED, dtype=dtype)
+    ref = build_stage(cfg, range(cfg.layers), first=True, last=True, seed=SEED, dtype=dtype)
     ref_loss = run([ref], cfg, TPContext.single(), x, y)
     ref_grads = gather_grads([ref], TPContext.single())
     split = split or [range(cfg.layers)]
-    stages = [build_stage(cfg, r, i == 0, i == len(split) - 1, tp, SEED, recompute=recompute, dtype=dtype)
+    stages = [build_stage(cfg, r, first=i == 0, last=i == len(split) - 1, seed=SEED, ctx=ParallelContext(tp=tp),
+                          recompute=recompute, dtype=dtype)
               for i, r in enumerate(split)]
     loss = run(stages, cfg, tp, x, y)
     grads = gather_grads(stages, tp)
@@ -123,7 +125,7 @@ def no_full_logits(tp: TPContext) -> dict:
     # vocab chosen larger than every other dimension of the model and the batch (B*T = 32, ffn 128)
     cfg = ModelShape(layers=2, hidden=32, heads=4, vocab=384, seq_len=16, ffn_hidden=128)
     x, y = data(cfg)
-    stage = build_stage(cfg, range(cfg.layers), True, True, tp, SEED)
+    stage = build_stage(cfg, range(cfg.layers), first=True, last=True, seed=SEED, ctx=ParallelContext(tp=tp))
     torch.manual_seed(1)
     with MaxDim(limit=cfg.vocab) as mode:
         loss = loss_fn(stage(x), y, cfg, tp)
@@ -174,7 +176,8 @@ def dropout_checks(tp: TPContext) -> dict:
     out = {}
     for rc in ("none", "selective", "full"):
         cfg = ModelShape(**base)
-        stage = build_stage(cfg, range(cfg.layers), True, True, tps, SEED, recompute=rc, dtype=torch.float64)
+        stage = build_stage(cfg, range(cfg.layers), first=True, last=True, seed=SEED, ctx=ParallelContext(tp=tps),
+                            recompute=rc, dtype=torch.float64)
         loss = run([stage], cfg, tps, x, y, rng_seed=3)
         out[rc] = (loss, {n: p.grad.clone() for n, p in stage.named_parameters()})
     for rc in ("selective", "full"):
@@ -183,7 +186,8 @@ def dropout_checks(tp: TPContext) -> dict:
                                                for n, g in out["none"][1].items())
     # dropout really is active: a different RNG seed gives a different loss
     cfg = ModelShape(**base)
-    stage = build_stage(cfg, range(cfg.layers), True, True, tps, SEED, dtype=torch.float64)
+    stage = build_stage(cfg, range(cfg.layers), first=True, last=True, seed=SEED, ctx=ParallelContext(tp=tps),
+                        dtype=torch.float64)
     res["dropout_changes_loss"] = abs(run([stage], cfg, tps, x, y, rng_seed=4).item() - out["none"][0].item())
     return res
 
@@ -193,18 +197,19 @@ def bench(tp: TPContext, steps: int = 60) -> dict:
     res = {}
     variants = (("single", TPContext.single()), ("tp", tp), ("tp_sp", TPContext(tp.group, tp.size, tp.rank, True)),
                 ("tp_sp_deferred", TPContext(tp.group, tp.size, tp.rank, True, True)))
-    for label, ctx in variants:
+    for label, tp_variant in variants:
         cfg = ModelShape(**kw)
-        stage = build_stage(cfg, range(cfg.layers), True, True, ctx, SEED)
+        stage = build_stage(cfg, range(cfg.layers), first=True, last=True, seed=SEED,
+                            ctx=ParallelContext(tp=tp_variant))
         opt = torch.optim.SGD(stage.parameters(), lr=0.01)
         x, y = data(cfg)
         times = []
         for _ in range(steps):
             dist.barrier()
             t0 = time.perf_counter()
-            loss = loss_fn(stage(x), y, cfg, ctx)
+            loss = loss_fn(stage(x), y, cfg, tp_variant)
             loss.backward()
-            sync_sequence_parallel_grads(stage, ctx)
+            sync_sequence_parallel_grads(stage, tp_variant)
             opt.step()
             opt.zero_grad(set_to_none=True)
             times.append(time.perf_counter() - t0)

@@ -5,6 +5,7 @@ from the model's own counts."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from trainctl.plan.calibration import profile as prof
 from trainctl.plan.calibration.fixed import fit_fixed
 from trainctl.plan.calibration.shapes import OPS
 from trainctl.plan.estimate import Evaluator, assumed_rates
-from trainctl.plan.plan import candidate_from_spec, context_from_spec
+from trainctl.plan.plan import build_plan, candidate_from_spec, context_from_spec
 from trainctl.plan.rates import MeasuredRates
 from trainctl.spec import load_spec
 
@@ -92,6 +93,25 @@ def test_the_step_adds_the_ends_per_micro_batch_and_the_optimizer_step(zero: int
     assert with_fixed.optimizer_time == pytest.approx(opt)
     assert with_fixed.compute_time - without.compute_time == pytest.approx(ends)
     assert with_fixed.step_time - without.step_time == pytest.approx(ends + opt)
+
+
+def test_the_plan_shows_the_work_outside_the_layers_and_its_breakdown_keeps_the_step(tmp_path: Path) -> None:
+    """`plan --json`: the ends per micro-batch x micro-batches + the optimizer step, both inside the step's
+    breakdown (the ends in compute), which still sums to the step."""
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(_profile(FIXED).data))
+    spec = load_spec(TINY, overrides=[*TWO_RANKS, "parallel.zero=0"]).with_calibration(path)
+    pred = build_plan(spec).to_json()["prediction"]
+    micro_batches = spec.train.global_batch // (spec.parallel.micro_batch * 2)
+    ends = FIXED["embedding_s"] + FIXED["head_extra_s"]  # one stage holds both ends
+    outside = pred["outside_layers"]
+    assert outside["per_micro_batch_s"] == pytest.approx(ends) and outside["micro_batches"] == micro_batches
+    assert outside["total_s"] == pytest.approx(micro_batches * ends + pred["breakdown_s"]["optimizer step"])
+    assert pred["breakdown_s"]["compute"] == pytest.approx(pred["compute_s"])
+    assert sum(pred["breakdown_s"].values()) == pytest.approx(pred["step_time_s"])
+    without = tmp_path / "no-fixed.json"
+    without.write_text(json.dumps(_profile(None).data))
+    assert build_plan(spec.with_calibration(without)).to_json()["prediction"]["outside_layers"] is None
 
 
 def test_zero3_charges_the_measured_fsdp_unit_moved_by_the_gather_fit() -> None:

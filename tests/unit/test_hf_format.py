@@ -42,7 +42,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def ours(shape: ModelShape, seed: int = 3) -> torch.nn.Module:
-    return build_stage(shape, range(shape.layers), True, True, TPContext.single(), seed=seed).eval()
+    return build_stage(shape, range(shape.layers), first=True, last=True, seed=seed).eval()
 
 
 def ids(shape: ModelShape) -> torch.Tensor:
@@ -88,7 +88,7 @@ def test_transformers_weights_load_into_our_shards(name, tmp_path):
         spec = metas[n].shard.for_tp(2) if metas[n].shard is not None else None
         for r in range(2):
             want = shard_tensor(p.detach(), spec, r, 2) if spec is not None else p.detach()
-            assert torch.equal(hf_weights.hf_shard(reader, lay.pieces[n], metas[n], r, 2), want), (n, r)
+            assert torch.equal(hf_weights.hf_shard(reader, lay.pieces[n], metas[n], tp_rank=r, tp_size=2), want), (n, r)
     reader.close()
 
 

@@ -16,6 +16,7 @@ import torch
 from trainctl.model_shape import ModelShape, MoEShape
 from trainctl.runtime.model.init import init_parameters
 from trainctl.runtime.model.moe import MoE, MoEContext, regroup
+from trainctl.runtime.model.parallel_context import ParallelContext
 from trainctl.runtime.model.transformer import Block
 from trainctl.runtime.parallel.tensor_parallel import TPContext
 
@@ -32,7 +33,7 @@ def shape(router: str, shared: int = 0, activation: str = "swiglu", **moe) -> Mo
 
 
 def our_block(cfg: ModelShape, seed: int = 3) -> MoE:
-    block = Block(cfg, TPContext.single(), "none", moe=MoEContext.single(cfg), layer=0)
+    block = Block(cfg, ParallelContext(moe=MoEContext.single(cfg)), "none", layer=0)
     init_parameters(block, seed, TPContext.single())
     return block.mlp.double()
 
@@ -180,7 +181,7 @@ def test_capacity_drops_in_gshard_order(factor: float) -> None:
         assert (~keep).any()  # the case really drops
     # a dropped assignment contributes nothing: the block equals the dropless block with its weight zeroed
     y = ours(x)
-    row = ours.ctx.stats.records[0][-1]
+    row = ours.moe.stats.records[0][-1]
     assert row[E].item() == (~want).sum().item()  # dropped assignments counted
     dropless = our_block(shape("topk_softmax"))
     weights, idx2 = dropless._top_k(logits, logits.softmax(-1))

@@ -13,6 +13,7 @@ from trainctl.model_shape import ModelShape, param_counts
 from trainctl.plan.pipeline import spec_stages_of_pp_rank, stage_layer_ranges
 from trainctl.plan.plan import build_plan
 from trainctl.runtime.model.moe import EPContext, MoEContext
+from trainctl.runtime.model.parallel_context import ParallelContext
 from trainctl.runtime.model.transformer import StageModule, params_built, params_record
 from trainctl.runtime.parallel.tensor_parallel import TPContext
 from trainctl.spec import load_spec
@@ -55,7 +56,8 @@ def built_record(spec) -> dict:
             built = []
             for e in range(p.ep):
                 moe = MoEContext.build(shape, EPContext(None, p.ep, e)) if shape.moe is not None else None
-                stages = [StageModule(shape, ranges[s], s == 0, s == len(ranges) - 1, tp, moe=moe)
+                stages = [StageModule(shape, ranges[s], first=s == 0, last=s == len(ranges) - 1,
+                                      ctx=ParallelContext(tp=tp, moe=moe))
                           for s in spec_stages_of_pp_rank(r, spec)]
                 built.append(params_built(stages))
             by_pp_rank[r] = (built[0][0], {k: v for _, names in built for k, v in names.items()})

@@ -18,7 +18,6 @@ from trainctl.plan.comm import all_reduce_bytes
 from trainctl.plan.plan import build_plan
 from trainctl.plan.powersgd import stage_matrices
 from trainctl.runtime.model.transformer import build_stage
-from trainctl.runtime.parallel.tensor_parallel import TPContext
 from trainctl.spec import load_spec, load_spec_text
 
 BASE = """
@@ -65,7 +64,7 @@ def test_planned_matrices_are_the_models_2d_parameters(model: dict, one_torch_th
     from trainctl.spec.models import ModelSpec
 
     cfg = ModelShape.from_spec(ModelSpec(**model))
-    built = build_stage(cfg, range(0, cfg.layers), True, True, TPContext.single(), 1)
+    built = build_stage(cfg, range(0, cfg.layers), first=True, last=True, seed=1)
     got = sorted(tuple(p.shape) for p in built.parameters() if p.dim() == 2)
     planned = stage_matrices(cfg, 1, cfg.layers, True, True, cfg.moe_layers)
     assert got == sorted((r, c) for r, c, n, _ in planned for _ in range(n))
@@ -76,7 +75,7 @@ def test_plan_bytes_and_flops_match_arithmetic_over_the_models_parameters(one_to
     when torch's rule compresses it, else all of it; the extra FLOPs are M Q, M^T P, P Q^T and two QRs."""
     spec = load_spec_text(BASE, "s.yaml", ["parallel.dp=2", "cluster.gpus_per_node=2"])
     plan = build_plan(spec).to_json()
-    built = build_stage(ModelShape.from_spec(spec.model), range(0, 4), True, True, TPContext.single(), 1)
+    built = build_stage(ModelShape.from_spec(spec.model), range(0, 4), first=True, last=True, seed=1)
     values = flops = 0
     for p in built.parameters():
         n, m = p.shape[0], p.numel() // p.shape[0]

@@ -206,11 +206,15 @@ def test_step_time_predicted_vs_measured_per_component(tmp_path):
     """Two ranks, 6 steps; step 1 is warm-up. Rank 0: step 1.0 s, DP sync 0.1, collectives+pipeline 0.3 of
     which pipeline 0.2; rank 1: 1.0, 0.2, 0.1, 0.0. Data wait 0.05 (rank 0's metrics). Means over ranks:
     sync 0.15, comm 0.2, pp 0.1, so collectives 0.1 and compute 1.0 - 0.15 - 0.2 - 0.05 = 0.6.
-    The plan: compute 0.5, TP 0.05 + CP 0.05, bubble 0.1 + p2p 0.02, DP 0.08 = step 0.8."""
+    The plan: compute 0.5, TP 0.05 + CP 0.05, bubble 0.1 + p2p 0.02, DP 0.08 = step 0.8; of its compute, 0.05
+    of a profile's ends and a 0.02 optimizer step outside the layers."""
     m = [_step(k, float(k), data_wait_s=0.05, **({"ckpt_block_s": 0.3} if k == 4 else {})) for k in range(1, 7)]
     breakdown = {"compute": 0.5, "TP exposed": 0.05, "CP K/V exchange": 0.05, "pipeline bubble": 0.1,
                  "PP point-to-point": 0.02, "DP exposed": 0.08}
-    plan = {"prediction": {"mfu": 0.5, "hfu": 0.6, "step_time_s": 0.8, "breakdown_s": breakdown},
+    outside = {"per_micro_batch_s": 0.0125, "micro_batches": 4, "micro_batches_s": 0.05, "optimizer_step_s": 0.02,
+               "total_s": 0.07}
+    plan = {"prediction": {"mfu": 0.5, "hfu": 0.6, "step_time_s": 0.8, "breakdown_s": breakdown,
+                           "outside_layers": outside},
             "hardware": {"gpu": "h100-sxm", "peak_flops": 1.25e12}, "layout": {"pp": 2}}
     run = _write(tmp_path / "vs", m, [{"time": 0.0, "event": "launch"}], plan=plan)
     (run / "logs").mkdir()
@@ -238,6 +242,9 @@ def test_step_time_predicted_vs_measured_per_component(tmp_path):
     render(build_report([run]), Console(file=buf, width=200))
     out = buf.getvalue()
     assert "Step time, predicted vs measured" in out and "+25.0%" in out and "largest gap: compute" in out
+    # which measured parts are timed and which derived; the work outside the layers the plan priced in compute
+    assert "derived: step - sync - comm - data" in out and "measured: pipeline receives (pp)" in out
+    assert "of it outside the layers (ends + optimizer step)" in out and "70.0 ms" in out
     # a run whose plan has no step time (a CPU without a calibration profile) still shows what was measured
     plan["prediction"] = {"mfu": None, "step_time_s": None}
     (run / "plan.json").write_text(json.dumps(plan))

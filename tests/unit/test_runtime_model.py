@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from trainctl.model_shape import ModelShape, param_counts
 from trainctl.runtime.model.init import full_tensor, iter_param_meta
+from trainctl.runtime.model.parallel_context import ParallelContext
 from trainctl.runtime.model.transformer import build_stage, loss_fn
 from trainctl.runtime.parallel.tensor_parallel import (
     ShardSpec,
@@ -51,7 +52,7 @@ def fwd_bwd(model, cfg, x, y, rng_seed=0):
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_variant_forward_backward(variant):
     cfg = ModelShape(**BASE, **VARIANTS[variant])
-    model = build_stage(cfg, range(cfg.layers), True, True, SINGLE, seed=1)
+    model = build_stage(cfg, range(cfg.layers), first=True, last=True, seed=1)
     x, y = batch(cfg)
     logits = model(x)
     assert logits.shape == (2, cfg.seq_len, cfg.vocab)
@@ -73,7 +74,7 @@ def test_variant_forward_backward(variant):
 def test_causal():
     """Changing a later token never changes earlier logits."""
     cfg = ModelShape(**BASE, **VARIANTS["llama-gqa"])
-    model = build_stage(cfg, range(cfg.layers), True, True, SINGLE, seed=1)
+    model = build_stage(cfg, range(cfg.layers), first=True, last=True, seed=1)
     x, _ = batch(cfg)
     x2 = x.clone()
     x2[:, 10] = (x2[:, 10] + 1) % cfg.vocab
@@ -90,8 +91,9 @@ def test_recompute_is_exact(variant, recompute):
     kw = {**BASE, **VARIANTS[variant]}
     cfg = ModelShape(**kw)
     x, y = batch(cfg)
-    l0, g0 = fwd_bwd(build_stage(cfg, range(2), True, True, SINGLE, seed=3, dtype=torch.float64), cfg, x, y)
-    l1, g1 = fwd_bwd(build_stage(cfg, range(2), True, True, SINGLE, seed=3, recompute=recompute, dtype=torch.float64),
+    l0, g0 = fwd_bwd(build_stage(cfg, range(2), first=True, last=True, seed=3, dtype=torch.float64), cfg, x, y)
+    l1, g1 = fwd_bwd(build_stage(cfg, range(2), first=True, last=True, seed=3, recompute=recompute,
+                                 dtype=torch.float64),
                      cfg, x, y)
     assert torch.equal(l0, l1)
     for n in g0:
@@ -103,9 +105,9 @@ def test_pipeline_split_keeps_names_and_values(variant):
     """Layers 0-1 + 2-3 in two stages vs all four in one: identical parameters by name (layout-free init),
     and chaining the two stages computes the same loss and grads (tied grads: sum of the two copies)."""
     cfg = ModelShape(**{**BASE, **VARIANTS[variant], "layers": 4})
-    whole = build_stage(cfg, range(4), True, True, SINGLE, seed=5, dtype=torch.float64)
-    first = build_stage(cfg, range(0, 2), True, False, SINGLE, seed=5, dtype=torch.float64)
-    last = build_stage(cfg, range(2, 4), False, True, SINGLE, seed=5, dtype=torch.float64)
+    whole = build_stage(cfg, range(4), first=True, last=True, seed=5, dtype=torch.float64)
+    first = build_stage(cfg, range(0, 2), first=True, last=False, seed=5, dtype=torch.float64)
+    last = build_stage(cfg, range(2, 4), first=False, last=True, seed=5, dtype=torch.float64)
     ref = dict(whole.named_parameters())
     split = {**dict(first.named_parameters()), **dict(last.named_parameters())}
     assert set(split) == set(ref)
@@ -139,8 +141,9 @@ def test_tp_shards_are_slices_of_the_single_model(tp_size):
     build) reassemble into exactly the single-process parameters; padded vocab rows are zero."""
     cfg = ModelShape(**{**BASE, "heads": 4, "kv_heads": 4, "hidden": 32, "ffn_hidden": 64},
                       norm="rmsnorm", position="rope", activation="swiglu", tied_embeddings=False)
-    single = build_stage(cfg, range(2), True, True, SINGLE, seed=9)
-    shards = [build_stage(cfg, range(2), True, True, TPContext(None, tp_size, r, True), seed=9)
+    single = build_stage(cfg, range(2), first=True, last=True, seed=9)
+    shards = [build_stage(cfg, range(2), first=True, last=True, seed=9,
+                          ctx=ParallelContext(tp=TPContext(group=None, size=tp_size, rank=r, sequence_parallel=True)))
               for r in range(tp_size)]
     metas = shards[0].named_param_meta()
     per_rank = [dict(s.named_parameters()) for s in shards]
@@ -154,11 +157,11 @@ def test_tp_shards_are_slices_of_the_single_model(tp_size):
 
 def test_init_independent_of_dtype_and_rules():
     cfg = ModelShape(**BASE, bias=True)
-    m32 = build_stage(cfg, range(2), True, True, SINGLE, seed=2)
-    m64 = build_stage(cfg, range(2), True, True, SINGLE, seed=2, dtype=torch.float64)
+    m32 = build_stage(cfg, range(2), first=True, last=True, seed=2)
+    m64 = build_stage(cfg, range(2), first=True, last=True, seed=2, dtype=torch.float64)
     for (n, a), (_, b) in zip(m32.named_parameters(), m64.named_parameters(), strict=True):
         assert b.dtype == torch.float64 and torch.equal(a.double(), b), n
-    other = build_stage(cfg, range(2), True, True, SINGLE, seed=3)
+    other = build_stage(cfg, range(2), first=True, last=True, seed=3)
     assert not torch.equal(other.embed.tok.weight, m32.embed.tok.weight)
     p = dict(m32.named_parameters())
     assert torch.equal(p["layers.0.attn_norm.weight"], torch.ones(cfg.hidden))
@@ -228,7 +231,7 @@ def test_param_counts_match_a_built_model():
     by kind: LayerNorm biases only with bias: true, position table only when learned, head only untied."""
     for kw in VARIANTS.values():
         cfg = ModelShape(**BASE, **kw)
-        stage = build_stage(cfg, range(cfg.layers), True, True, SINGLE, seed=0)
+        stage = build_stage(cfg, range(cfg.layers), first=True, last=True, seed=0)
         counts = param_counts(cfg)
         by_kind = {"norms": 0, "biases": 0, "position": 0}
         for name, p in stage.named_parameters():

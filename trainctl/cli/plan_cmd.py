@@ -46,6 +46,13 @@ def _s(x: float | None) -> str:
     return "unknown" if x is None else dur(x)
 
 
+def _outside_layers(o: dict[str, Any]) -> str:
+    """The plan's work outside the layers (prediction.outside_layers), measured by calibrate, in one line."""
+    return (f"{_s(o['per_micro_batch_s'])} per micro-batch (embedding, LM head + loss) x {o['micro_batches']} + "
+            f"optimizer step {_s(o['optimizer_step_s'])} = {_s(o['total_s'])} (measured by calibrate; the ends are "
+            f"in compute, the optimizer step after it)")
+
+
 def _pct(x: float | None, digits: int = 1) -> str:
     return "unknown" if x is None else f"{x:.{digits}%}"
 
@@ -174,7 +181,8 @@ def render_plan(plan: Plan, console: Console, ranks: bool) -> None:
         *([("CP K/V exchange", _s(pr["cp_s"]))] if L["cp"] > 1 else []),
         ("PP point-to-point", _s(pr["p2p_s"])), ("bubble", _s(pr["bubble_s"])),
         ("DP exposed", f"{_s(pr['dp_exposed_s'])} of {_s(pr['dp_s'])}"),
-        *[(k, _s(v)) for k, v in (pr["breakdown_s"] or {}).items() if k in ("optimizer step", "FSDP2 units")],
+        *([("outside the layers", _outside_layers(pr["outside_layers"]))] if pr.get("outside_layers") else []),
+        *[(k, _s(v)) for k, v in (pr["breakdown_s"] or {}).items() if k == "FSDP2 units"],
         *([("offload: copies + CPU AdamW", f"{_s(pr['offload_copy_s'])} + {_s(pr['offload_step_s'])}")]
           if L["offload"] == "optimizer" else []),
         ("step time", f"[bold]{_s(pr['step_time_s'])}[/bold]"),

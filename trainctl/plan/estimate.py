@@ -204,6 +204,7 @@ class Estimate:
     offload_copy_time: float = 0.0
     offload_step_time: float = 0.0
     optimizer_time: float = 0.0  # calibrated only: gradient norm, clipping, AdamW (after the backward, exposed)
+    ends_time: float = 0.0  # calibrated only: the embedding's and LM head + loss's work beyond FLOPs (in compute)
     fsdp_time: float = 0.0  # calibrated ZeRO-3: what the FSDP2 units add to forward + backward (exposed)
 
     @property
@@ -291,6 +292,7 @@ class _Base:
     links: dict[str, str]
     ops: dict[str, Ops]  # the collectives of each kind but DP (plan/rates.py)
     calls: dict[str, float]  # calls per step of each of them (the latency term of measured rates)
+    groups: dict[str, int]  # the ranks of each kind's group (a measured latency grows with it)
     units: int  # FSDP units on the busiest pipeline rank (its layers + the root): ZeRO-3 calls per micro-batch
     tp_bytes: float
     pp_bytes: float
@@ -306,6 +308,7 @@ class _Base:
     bubble_slots: float
     slot: float | None
     compute_mb: float | None
+    ends_mb: float  # the slowest pipeline rank's ends beyond their FLOPs per micro-batch (in compute_mb)
     emb_time: float
     layer_params_gpu: float  # one layer's parameters on one GPU, the largest kind (ZeRO-3 gathers two at a time)
     shape_key: tuple = ()  # (tp, pp, v, layers, ep, schedule): what PowerSGD's figures depend on (_psgd)
@@ -549,7 +552,8 @@ class Evaluator:
         # times of the roofline (module docstring) that do not depend on ZeRO
         rates, tp_calls, sends = self.rates, load.collectives[load.slow], max(prof.sends) if pp > 1 else 0
         tp_mb_slow = tp_calls * tp_ar
-        tp_mb_time = rates.comm(links["tp"], TP_OPS[sp], tp_mb_slow, tp_calls) * (1 - a.tp_overlap)
+        groups = {"tp": tp, "pp": 2, "embedding": 2, "ep": c.ep, "cp": cp}  # pairs: send/recv, first + last
+        tp_mb_time = rates.comm(links["tp"], TP_OPS[sp], tp_mb_slow, tp_calls, groups["tp"]) * (1 - a.tp_overlap)
         measured = rates.tp_layer(links["tp"], tp, sp, c.recompute) if tp > 1 and cp == 1 and m.moe is None else None
         rate = rates.compute(tp)
         if measured is not None and rate:
@@ -559,16 +563,17 @@ class Evaluator:
             layer_compute = self._layer_flops[c.recompute] / tp / rate * tokens_mb
             ends = prof.has_first[load.slow] + prof.has_last[load.slow]
             tp_mb_time = (prof.rank_layers[load.slow] * max(0.0, seconds * tokens_mb / tokens - layer_compute)
-                          + rates.comm(links["tp"], TP_OPS[sp], ends * tp_ar, ends) * (1 - a.tp_overlap))
-        p2p = rates.comm(pp_link, PP_OPS, p2p_mb_bytes, sends)
-        ep_mb_time = rates.comm(links["ep"], EP_OPS, ep_mb_bytes, ep_calls_mb)
+                          + rates.comm(links["tp"], TP_OPS[sp], ends * tp_ar, ends, groups["tp"]) * (1 - a.tp_overlap))
+        p2p = rates.comm(pp_link, PP_OPS, p2p_mb_bytes, sends, groups["pp"])
+        ep_mb_time = rates.comm(links["ep"], EP_OPS, ep_mb_bytes, ep_calls_mb, groups["ep"])
         cp_ops = CP_OPS[cp_passes == 3]
-        cp_layer_time = rates.comm(links["cp"], cp_ops, cp_layer, cp_passes if cp_layer else 0)
+        cp_layer_time = rates.comm(links["cp"], cp_ops, cp_layer, cp_passes if cp_layer else 0, groups["cp"])
         cp_mb_time = prof.rank_layers[load.slow] * cp_layer_time
         bubble_slots = schedule.bubble_slots(pp, v, c.schedule, n_micro)
         slot = compute_mb = attn_layer_time = None
+        ends_mb = load.ends[load.slow] * tokens_mb
         if rate:
-            compute_mb = (load.flops[load.slow] / rate + load.ends[load.slow]) * tokens_mb
+            compute_mb = load.flops[load.slow] / rate * tokens_mb + ends_mb
             pairs = max(model.causal_pairs_per_rank(m.seq_len, cp))  # the same on every rank: balanced chunks
             attn_layer_time = mb * pairs * model.attention_flops_per_pair(m) / tp / rate
             slot = compute_mb + tp_mb_time + ep_mb_time + cp_mb_time + p2p
@@ -579,6 +584,7 @@ class Evaluator:
             load=load, vp=vp, acts=tuple(acts), transient=transient, acts_copied=acts_copied,
             transient_copied=transient_copied, links=links,
             ops={"tp": TP_OPS[sp], "pp": PP_OPS, "embedding": EMBEDDING_OPS, "ep": EP_OPS, "cp": cp_ops},
+            groups=groups,
             calls={"tp": n_micro * max(load.collectives), "pp": n_micro * sends, "embedding": float(emb_bytes > 0),
                    "ep": float(n_micro * ep_calls_mb),
                    "cp": float(n_micro * max(prof.rank_layers) * cp_passes if cp_layer else 0)},
@@ -587,7 +593,8 @@ class Evaluator:
             ep_bytes=n_micro * ep_mb_bytes, cp_bytes=n_micro * max(prof.rank_layers) * cp_layer,
             tp_exposed=n_micro * tp_mb_time, p2p=p2p, ep_mb_time=ep_mb_time, cp_mb_time=cp_mb_time,
             cp_layer_time=cp_layer_time, attn_layer_time=attn_layer_time, bubble_slots=bubble_slots, slot=slot,
-            compute_mb=compute_mb, emb_time=rates.comm(pp_link, EMBEDDING_OPS, emb_bytes, float(emb_bytes > 0)),
+            compute_mb=compute_mb, ends_mb=ends_mb,
+            emb_time=rates.comm(pp_link, EMBEDDING_OPS, emb_bytes, float(emb_bytes > 0), groups["embedding"]),
             layer_params_gpu=max(model.layer_params_per_gpu(m, tp),
                                  sum(model.layers_params_per_gpu(m, tp, layers=1, moe_layers=1, ep=c.ep))
                                  if m.moe is not None else 0.0),
@@ -643,8 +650,8 @@ class Evaluator:
                                               float(2 * b.n_micro))]
         edp_traffic = comm.dp_traffic(b.max_experts, zero, edp, b.n_micro, grad_bytes, weight_bytes, b.units,
                                       e_psgd)
-        t_dp = self._dp_time(b.links["dp"], dp_traffic)
-        t_edp = self._dp_time(b.links["expert_dp"], edp_traffic)
+        t_dp = self._dp_time(b.links["dp"], dp_traffic, dp)
+        t_edp = self._dp_time(b.links["expert_dp"], edp_traffic, edp)
         host = max((p - e) * host_dense + e * host_expert for p, e in zip(b.params, b.experts, strict=True))
         copy_s, cpu_s = self._offload_seconds(b, zero, dp, edp) if host else (0.0, 0.0)
         opt_s = self._optimizer_seconds(b, zero, dp)
@@ -710,8 +717,8 @@ class Evaluator:
         slot = memory.zero2_slot_numel(round(params), largest, dp, memory.dp_bucket_numel())
         return float(memory.zero2_buffer_bytes(slot, dp, self.ctx.grad_reduce_bf16))
 
-    def _dp_time(self, link: str, traffic: list[tuple[str, float, float]]) -> float:
-        return sum(self.rates.comm(link, ((op, 1.0),), nbytes, calls) for op, nbytes, calls in traffic)
+    def _dp_time(self, link: str, traffic: list[tuple[str, float, float]], group: int) -> float:
+        return sum(self.rates.comm(link, ((op, 1.0),), nbytes, calls, group) for op, nbytes, calls in traffic)
 
     def score(self, c: Candidate) -> tuple[float | None, float]:
         """(predicted step seconds, worst pipeline rank's bytes per GPU): what `--auto` ranks by; the same
@@ -744,8 +751,8 @@ class Evaluator:
             comm_bytes.update(ep=b.ep_bytes, expert_dp=z.edp_bytes)
         if c.cp > 1:
             comm_bytes["cp"] = b.cp_bytes
-        comm_time = {k: self.rates.comm(b.links[k], b.ops[k], comm_bytes[k], b.calls[k]) for k in comm_bytes
-                     if k not in ("dp", "expert_dp")}
+        comm_time = {k: self.rates.comm(b.links[k], b.ops[k], comm_bytes[k], b.calls[k], b.groups[k])
+                     for k in comm_bytes if k not in ("dp", "expert_dp")}
         comm_time["dp"] = z.dp_time
         if m.moe is not None:
             comm_time["expert_dp"] = z.edp_time
@@ -767,7 +774,7 @@ class Evaluator:
             embedding_sync_time=b.emb_time, step_time=z.step,
             host_per_gpu=z.host, host_per_node=z.host * self._node_gpus(), host_capacity=ctx.hw.host_memory_bytes,
             offload_copy_time=z.offload_copy, offload_step_time=z.offload_step,
-            optimizer_time=z.optimizer, fsdp_time=z.fsdp,
+            optimizer_time=z.optimizer, fsdp_time=z.fsdp, ends_time=b.n_micro * b.ends_mb,
             extra={"tokens_per_step": float(self.tokens_per_step), "ep_time": b.n_micro * b.ep_mb_time,
                    "expert_pace": self.expert_pace, "cp_time": b.n_micro * b.cp_mb_time,
                    "cp_layer_time": b.cp_layer_time, "attn_layer_time": b.attn_layer_time or 0.0,

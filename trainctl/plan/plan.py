@@ -65,6 +65,9 @@ NOTES = (
     "collectives, network congestion",
 )
 
+OUTSIDE_LAYERS_SOURCE = ("measured by trainctl calibrate (fits.fixed): the ends per micro-batch at the profile's "
+                         "micro-batch, scaled by tokens; the optimizer step per tensor and element of the rank")
+
 
 def cpu_cores() -> int:
     """Cores of a CPU rank's node: this machine's, as for `host_memory_bytes` (a CPU run's ranks run here)."""
@@ -194,6 +197,16 @@ class Plan:
                  "optimizer step": e.optimizer_time, "FSDP2 units": e.fsdp_time}
         return {k: v for k, v in parts.items() if v}
 
+    def outside_layers(self) -> dict[str, Any] | None:
+        """The step's work outside the transformer layers, as a profile's fixed work prices it (None without):
+        the slowest pipeline rank's ends per micro-batch, and the optimizer step."""
+        e = self.est
+        if self.ctx.rates is None or self.ctx.rates.fixed is None or e.step_time is None:
+            return None
+        return {"per_micro_batch_s": e.ends_time / e.micro_batches, "micro_batches": e.micro_batches,
+                "micro_batches_s": e.ends_time, "optimizer_step_s": e.optimizer_time,
+                "total_s": e.ends_time + e.optimizer_time, "source": OUTSIDE_LAYERS_SOURCE}
+
     def _cp_json(self) -> dict[str, Any]:
         e, m, c = self.est, self.ctx.shape, self.cand
         per_rank = model_shape.causal_pairs_per_rank(m.seq_len, c.cp)
@@ -298,6 +311,7 @@ class Plan:
                 "mfu": self.mfu, "hfu": self.hfu, "cp_s": e.extra["cp_time"],
                 "offload_copy_s": e.offload_copy_time, "offload_step_s": e.offload_step_time,
                 "breakdown_s": self.breakdown(), "dominant": self.dominant(),
+                "outside_layers": self.outside_layers(),
             },
             "assumptions": {**asdict(self.ctx.assume), "roofline": ROOFLINE, "notes": list(NOTES)},
             "calibration": describe(self.ctx.rates),

@@ -3,8 +3,10 @@
 `AssumedRates` (no profile): the catalog peak x estimate.compute_efficiency and the catalog link bandwidth
 x estimate.comm_efficiency, no latency: what trainctl always did, uncalibrated. `MeasuredRates`: a
 calibration profile's fits (`trainctl calibrate`): the measured FLOP/s at the layout's TP size and, per link
-class and collective, latency per call + bus bytes / measured bandwidth; a link or collective the profile
-lacks is priced as the assumed rates would. The Evaluator (plan/estimate.py) asks only these two methods.
+class and collective, latency per call + bus bytes / measured bandwidth, the latency grown by the ring's
+(n-1)/(n0-1) in a group larger than the largest measured (calibration/fit.py); a link or collective the
+profile lacks (inter-node links of a one-node profile) is priced as the assumed rates would. The Evaluator
+(plan/estimate.py) asks only these two methods.
 
 Which collective carries what, as (op, share of the bytes), each entry making the kind's calls:
   TP        all-reduce, or reduce-scatter + all-gather under sequence parallelism (same volume)
@@ -55,8 +57,9 @@ class AssumedRates:
         """Achieved FLOP/s per rank at this TP size; None when unknown (no peak: a CPU without a profile)."""
         return self.flops
 
-    def comm(self, link: str, ops: Ops, nbytes: float, calls: float = 0.0) -> float:
-        """Seconds for `nbytes` bus bytes per rank over `link`, in `calls` calls of each op."""
+    def comm(self, link: str, ops: Ops, nbytes: float, calls: float = 0.0, group: int = 0) -> float:
+        """Seconds for `nbytes` bus bytes per rank over `link`, in `calls` calls of each op among `group`
+        ranks (0: unknown; a latency term would need it)."""
         return nbytes / self.bw[link]
 
     def fsdp_unit(self, link: str, unit_bytes: float, dp: int) -> float | None:
@@ -69,10 +72,12 @@ class AssumedRates:
 class MeasuredRates:
     calibrated = True
 
-    def __init__(self, profile: prof.Profile, fallback: AssumedRates, warnings: list[str]) -> None:
+    def __init__(self, profile: prof.Profile, fallback: AssumedRates, warnings: list[str],
+                 same_model: bool = True) -> None:
         self.profile = profile
         self.fallback = fallback
         self.warnings = tuple(warnings)
+        self.same_model = same_model  # the profile's layer was timed at the planned model: its TP layers apply
         self._fits = {(link, op): profile.link(PROFILE_LINK[link], op) for link in PROFILE_LINK for op in OPS}
         self._rates = {tp: profile.compute_rate(tp) for tp in profile.compute}
         self.fixed = profile.fixed
@@ -83,11 +88,13 @@ class MeasuredRates:
             rate = self._rates[tp] = self.profile.compute_rate(tp)
         return rate
 
-    def comm(self, link: str, ops: Ops, nbytes: float, calls: float = 0.0) -> float:
+    def comm(self, link: str, ops: Ops, nbytes: float, calls: float = 0.0, group: int = 0) -> float:
+        """As AssumedRates.comm, by the fits; a group larger than the fits' is priced by the ring's rule
+        (calibration/fit.py `LinkFit.latency_at`), a collective the profile lacks as without a profile."""
         total = 0.0
         for op, share in ops:
             fit = self._fits[link, op]
-            total += (fit.seconds(share * nbytes, calls) if fit is not None
+            total += (fit.seconds(share * nbytes, calls, group) if fit is not None
                       else self.fallback.comm(link, ops, share * nbytes))
         return total
 
@@ -101,15 +108,16 @@ class MeasuredRates:
 
         def gather(where: str, nbytes: float, n: int) -> float | None:
             fit = self.profile.link(where, "all_gather")
-            return None if fit is None else fit.seconds(gather_bytes(nbytes, n), 1)
+            return None if fit is None else fit.seconds(gather_bytes(nbytes, n), 1, n)
 
         here, there = gather(mine, unit_bytes, dp), gather(fixed.fsdp_link or mine, fixed.fsdp_bytes, fixed.fsdp_group)
         return fixed.unit_seconds(None if here is None or there is None else here - there)
 
     def tp_layer(self, link: str, tp: int, sp: bool, recompute: str) -> tuple[float, int] | None:
         """(seconds, tokens) of one layer on a TP rank as calibrate ran it in a TP group of `tp` inside a node,
-        TP collectives included; None where not measured or the layout's TP group leaves the node."""
-        return self.profile.tp_layer(tp, sp, recompute) if link == NVLINK else None
+        TP collectives included; None where not measured, at another model, or the layout's TP group leaves
+        the node."""
+        return self.profile.tp_layer(tp, sp, recompute) if link == NVLINK and self.same_model else None
 
     def describe(self) -> dict[str, Any]:
         measured = sorted({f"{PROFILE_LINK[link]}.{op}" for (link, op), fit in self._fits.items() if fit})
@@ -118,12 +126,12 @@ class MeasuredRates:
 
 
 def measured_rates(spec: RunSpec, fallback: AssumedRates) -> MeasuredRates | None:
-    """The rates of the spec's cluster.calibration profile (None without one); a profile of another cluster
-    is refused (UsageError), lesser differences come back as warnings."""
+    """The rates of the spec's cluster.calibration profile (None without one); a profile of another
+    accelerator is refused (UsageError); lesser differences and extrapolations come back as warnings."""
     if not spec.cluster.calibration:
         return None
     profile = prof.load(Path(spec.cluster.calibration))
-    return MeasuredRates(profile, fallback, prof.check(profile, spec))
+    return MeasuredRates(profile, fallback, prof.check(profile, spec), prof.same_model(profile, spec))
 
 
 def describe(rates: MeasuredRates | None) -> dict[str, Any]:

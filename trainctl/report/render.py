@@ -275,16 +275,22 @@ def _step_vs_plan_table(con: Console, run_name: str, covers: str, v: dict[str, A
     pred, meas = v["prediction"], v["measured"]
     t = Table(title=f"Step time, predicted vs measured ({run_name}, {covers}, mean over {meas['ranks']} ranks)",
               title_justify="left")
-    for col in ("component", "predicted", "measured", "difference"):
-        t.add_column(col, justify="left" if col == "component" else "right")
+    for col in ("component", "predicted", "measured", "difference", "measured as"):
+        t.add_column(col, justify="right" if col in ("predicted", "measured", "difference") else "left")
+    outside = (pred or {}).get("outside_layers")
     for x in v["rows"]:
         diff = "-" if x["error_s"] is None else ("+" if x["error_s"] >= 0 else "-") + dur(abs(x["error_s"]))
-        t.add_row(x["component"], dur(x["predicted_s"]), dur(x["measured_s"]), diff)
+        t.add_row(x["component"], dur(x["predicted_s"]), dur(x["measured_s"]), diff, x["measured_as"])
+        if x["component"] == "compute" and outside:  # a part of compute the run does not time apart
+            t.add_row("  of it outside the layers (ends + optimizer step)", dur(outside["total_s"]), "-", "-",
+                      "predicted only (calibrate measured it)")
     step_diff = "-" if v["step_error"] is None else f"{v['step_error']:+.1%}"
-    t.add_row("[bold]step[/bold]", dur(pred["step_time_s"]) if pred else "-", dur(meas["step_time_s"]), step_diff)
+    t.add_row("[bold]step[/bold]", dur(pred["step_time_s"]) if pred else "-", dur(meas["step_time_s"]), step_diff,
+              "measured: step")
     if v["checkpoint_saves"]:
         t.add_row("checkpoint blocking (per save, outside the step)", "0 s", dur(v["checkpoint_block_s_per_save"]),
-                  f"{v['checkpoint_saves']} save" + ("s" if v["checkpoint_saves"] != 1 else ""))
+                  f"{v['checkpoint_saves']} save" + ("s" if v["checkpoint_saves"] != 1 else ""),
+                  "measured: ckpt_block_s")
     con.print(t)
     if v["priced_with"]:
         prose(con, f"[dim]{escape(v['priced_with'])}[/dim]", f"  [dim]{name}: times priced with:[/dim] ")

@@ -33,6 +33,13 @@ COMPONENTS: dict[str, tuple[str, ...]] = {
     "DP gradient sync (exposed)": ("DP exposed", "tied-embedding sync"),
     "data-loader wait": (),
 }
+MEASURED_AS = {  # how each measured part is had from the ranks' figures: timed itself, or derived from others
+    "compute": "derived: step - sync - comm - data",
+    "collectives (TP, CP, EP)": "derived: comm - pp",
+    "pipeline bubble + point-to-point": "measured: pipeline receives (pp)",
+    "DP gradient sync (exposed)": "measured: sync",
+    "data-loader wait": "measured: rank 0's data wait",
+}
 WHY = {  # what a gap in each component usually means, in plain words
     "compute": "the kernels ran at a different FLOP/s than the profile's or the catalog's rate x "
                "compute_efficiency (recalibrate: `trainctl calibrate SPEC`, or `--from-run` this run)",
@@ -61,7 +68,8 @@ def predicted_components(run: RunData) -> tuple[dict[str, Any] | None, str | Non
                       "calibration profile: `trainctl calibrate SPEC`, then `mfu-report --calibration "
                       "PROFILE`, or launch with cluster.calibration)")
     return {"step_time_s": pred["step_time_s"],
-            "components_s": {c: sum(parts.get(k) or 0.0 for k in keys) for c, keys in COMPONENTS.items()}}, None
+            "components_s": {c: sum(parts.get(k) or 0.0 for k in keys) for c, keys in COMPONENTS.items()},
+            "outside_layers": pred.get("outside_layers")}, None
 
 
 def step_vs_plan(run: RunData, steady: list[dict[str, Any]]) -> dict[str, Any]:
@@ -73,7 +81,7 @@ def step_vs_plan(run: RunData, steady: list[dict[str, Any]]) -> dict[str, Any]:
     for c in COMPONENTS:
         p = predicted["components_s"][c] if predicted else None
         m = measured["components_s"][c] if measured else None
-        rows.append({"component": c, "predicted_s": p, "measured_s": m,
+        rows.append({"component": c, "predicted_s": p, "measured_s": m, "measured_as": MEASURED_AS[c],
                      "error_s": m - p if m is not None and p is not None else None})
     out: dict[str, Any] = {
         "rows": rows,

@@ -5,6 +5,13 @@ what the ring algorithm sends per rank (trainctl.plan.comm), the same quantity t
 by 1/time^2, i.e. least squares of the *relative* error: the sizes span three orders of magnitude and plain
 least squares would let the largest message decide the latency too.
 Compute: time = FLOPs / rate through the origin, weighted the same way.
+
+Another group size than measured (`LinkFit.latency_at`): a ring all-reduce takes 2(n-1) steps and a ring
+all-gather, reduce-scatter or NCCL's all-to-all (n-1 concurrent send/recv pairs) n-1, each paying the link's
+latency once, so the per-call latency grows as (n-1)/(n0-1) from the largest group n0 fitted; the bandwidth
+term needs no factor, the bus bytes already carry (n-1)/n. This is gloo's ring and NCCL's ring; NCCL's
+tree all-reduce (chosen at scale for small messages) grows as log n instead, so the ring rule is the
+pessimistic bound. The wait for a busy peer (`load_excess_s`, profile.build) is kept as measured.
 """
 
 from __future__ import annotations
@@ -27,9 +34,19 @@ class LinkFit:
     bytes_per_s: float  # bus bandwidth per rank
     points: int
     rms_rel_error: float  # of the fitted line against the measurements
+    group_size: int = 0  # the largest group the points were measured in (0: not recorded)
+    load_excess_s: float = 0.0  # the part of latency_s that is waiting for a busy peer (profile.build)
 
-    def seconds(self, bus_bytes: float, calls: float) -> float:
-        return calls * self.latency_s + bus_bytes / self.bytes_per_s
+    def latency_at(self, group: int) -> float:
+        """Per-call latency in a group of `group` ranks: as fitted up to the largest group measured, the
+        ring's (n-1)/(n0-1) beyond it (module docstring); `group` 0: as fitted."""
+        n0 = self.group_size
+        if n0 < 2 or group <= n0:
+            return self.latency_s
+        return (self.latency_s - self.load_excess_s) * (group - 1) / (n0 - 1) + self.load_excess_s
+
+    def seconds(self, bus_bytes: float, calls: float, group: int = 0) -> float:
+        return calls * self.latency_at(group) + bus_bytes / self.bytes_per_s
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -1,5 +1,6 @@
 """The calibration profile: JSON schema, fits from raw figures, atomic write, load, and the check against a
-spec. Torch-free (the planner loads profiles).
+spec. Torch-free (the planner loads profiles). A profile describes hardware, not a job: it prices any spec on
+the same accelerator (`check`), naming what the plan extrapolates.
 
 A profile holds where it was measured (cluster, device, ranks, ranks per node, precision, train.compile,
 versions, date),
@@ -10,9 +11,11 @@ every raw figure (per rank) and every fit:
   fits.compute[tp]              what the planner charges per FLOP: matmul rate x layer efficiency
   fits.layer.tp_seconds[tp]     the layer as a TP rank runs it in a TP group inside a node (plain, sp): its
                                 excess over its FLOPs at compute[tp] is the layer's exposed TP time
-  fits.links[link][op]          latency + bus bytes / bandwidth, per link class and collective; the latency
-                                includes what a small collective costs more while the other ranks compute
-                                (raw.load) than idle (`load_excess_s`; `idle_latency_s` before it)
+  fits.links[link][op]          latency + bus bytes / bandwidth, per link class and collective, and the
+                                largest group it was measured in (`group_size`: larger groups follow the
+                                ring, fit.py); the latency includes what a small collective costs more while
+                                the other ranks compute (raw.load) than idle (`load_excess_s`;
+                                `idle_latency_s` before it)
   fits.fixed                    the trainer's work outside the layers (fixed.FixedWork): the embedding's and
                                 the LM head + loss's seconds per micro-batch beyond the head's FLOPs, the
                                 optimizer step per tensor and per element, and what one FSDP2 unit adds to a
@@ -25,7 +28,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -33,9 +36,11 @@ from typing import Any
 
 from trainctl.errors import UsageError
 from trainctl.fileio import write_atomic
+from trainctl.hardware.catalog import resolve_fabric
 from trainctl.model_shape import ModelShape
 from trainctl.plan.calibration.fit import LinkFit, fit_latency_bandwidth, fit_rate, median_of
 from trainctl.plan.calibration.fixed import FixedWork, fit_fixed
+from trainctl.plan.calibration.shapes import INTER, INTRA, tp_sizes
 from trainctl.plan.memory import compute_precision
 from trainctl.spec.models import RunSpec
 
@@ -57,9 +62,9 @@ def build(meta: dict[str, Any], raw: dict[str, Any]) -> dict[str, Any]:
     links: dict[str, dict[str, dict[str, Any]]] = {}
     for link in sorted({r["link"] for r in raw["collectives"]}):
         for op in sorted({r["op"] for r in raw["collectives"] if r["link"] == link}):
-            pts = [(r["bus_bytes"], median_of(r["seconds"])) for r in raw["collectives"]
-                   if r["link"] == link and r["op"] == op]
-            links.setdefault(link, {})[op] = fit_latency_bandwidth(pts).as_dict()
+            rows = [r for r in raw["collectives"] if r["link"] == link and r["op"] == op]
+            fit = fit_latency_bandwidth([(r["bus_bytes"], median_of(r["seconds"])) for r in rows])
+            links.setdefault(link, {})[op] = replace(fit, group_size=measured_group(raw, link, op)).as_dict()
     for r in raw.get("load", []):  # every op of the link pays the same wait for a busy peer
         ops = links[r["link"]]
         idle = LinkFit(**ops[r["op"]]).seconds(r["bus_bytes"], 1)
@@ -76,6 +81,13 @@ def build(meta: dict[str, Any], raw: dict[str, Any]) -> dict[str, Any]:
     if "fixed" in raw:
         fits["fixed"] = fit_fixed(raw["fixed"], fits["compute"]["1"]).as_dict()
     return {"kind": KIND, "schema": SCHEMA, "source": "micro-benchmarks", **meta, "raw": raw, "fits": fits}
+
+
+def measured_group(raw: dict[str, Any], link: str, op: str) -> int:
+    """The largest group a collective was timed in on a link (0: none recorded): its fit's latency is that
+    group's, the reference a larger group's is grown from (fit.LinkFit.latency_at)."""
+    return max((int(r.get("group_size", 0)) for r in raw.get("collectives", [])
+                if r["link"] == link and r["op"] == op), default=0)
 
 
 def _tp_layers(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
@@ -223,8 +235,11 @@ def parse(path: Path, data: Any) -> Profile:
         for key in ("gpu", "ranks", "ranks_per_node"):
             cluster[key]  # noqa: B018 - presence check
         compute = {int(tp): float(v) for tp, v in fits["compute"].items()}
+        raw = data.get("raw") or {}  # a profile written before fits recorded their group: its raw figures do
         links = {link: {op: LinkFit(float(f["latency_s"]), float(f["bytes_per_s"]), int(f["points"]),
-                                    float(f["rms_rel_error"])) for op, f in ops.items()}
+                                    float(f["rms_rel_error"]),
+                                    int(f.get("group_size") or measured_group(raw, link, op)),
+                                    float(f.get("load_excess_s", 0.0))) for op, f in ops.items()}
                  for link, ops in (fits.get("links") or {}).items()}
         fixed = FixedWork.from_dict(fits["fixed"]) if fits.get("fixed") else None
     except (KeyError, TypeError, ValueError, AttributeError) as e:
@@ -245,15 +260,13 @@ def _compiled(backend: Any) -> str:
 
 
 def check(profile: Profile, spec: RunSpec) -> list[str]:
-    """Refuse a profile measured on another cluster (UsageError); return warnings for lesser differences."""
-    c, p = spec.cluster, profile.cluster
-    path = profile.path
-    hint = f"calibrate this cluster: trainctl calibrate SPEC --out {path}"
-    for name, mine, theirs in (("cluster.gpu", c.gpu, p.get("gpu")), ("ranks", spec.world_size, p.get("ranks")),
-                               ("ranks per node (cluster.gpus_per_node)", c.gpus_per_node, p.get("ranks_per_node"))):
-        if mine != theirs:
-            raise UsageError(f"calibration profile {path} was measured with {name} = {theirs}, the spec has {mine}",
-                             hint=hint)
+    """Refuse a profile of another accelerator (UsageError, one line): a profile describes hardware, and
+    prices any spec on the same hardware (another node count, world size, layout or model). Return warnings:
+    lesser differences, and each term the plan extrapolates beyond what was measured (`extrapolations`)."""
+    c, path = spec.cluster, profile.path
+    if c.gpu != profile.cluster.get("gpu"):
+        raise UsageError(f"calibration profile {path} was measured on cluster.gpu = {profile.cluster.get('gpu')}, "
+                         f"the spec has {c.gpu}", hint=f"calibrate this hardware: trainctl calibrate SPEC --out {path}")
     warnings = []
     precision = run_precision(spec)
     if profile.data.get("precision") not in (None, precision):
@@ -273,8 +286,53 @@ def check(profile: Profile, spec: RunSpec) -> list[str]:
     else:
         if age > STALE_DAYS:
             warnings.append(f"measured {age} days ago ({created}); hardware, drivers and neighbours change")
+    return [f"calibration profile {path}: {w}" for w in [*warnings, *extrapolations(profile, spec)]]
+
+
+def same_model(profile: Profile, spec: RunSpec) -> bool:
+    """Whether the profile's layers were timed at the spec's model (a profile without the record: assumed)."""
     model = profile.data.get("model")
-    if isinstance(model, dict) and model != asdict(ModelShape.from_spec(spec.model)):
-        warnings.append("measured at another model's GEMM shapes; rates at this model's shapes may differ")
-    return [f"calibration profile {path}: {w}" for w in warnings]
+    return not isinstance(model, dict) or model == asdict(ModelShape.from_spec(spec.model))
+
+
+def extrapolations(profile: Profile, spec: RunSpec) -> list[str]:
+    """What the plan of `spec` prices beyond what the profile measured, each with the rule it follows: larger
+    groups on a link (fit.LinkFit.latency_at), inter-node links on one node (the catalog's fabric), ranks
+    per node, another model (plan/rates.py MeasuredRates)."""
+    c, out = spec.cluster, []
+    if profile.cluster.get("ranks_per_node") != c.gpus_per_node:
+        out.append(f"measured with {profile.cluster.get('ranks_per_node')} ranks per node, the spec has "
+                   f"{c.gpus_per_node}: the compute rates are per rank as the node was shared then")
+    measured_tp = sorted(profile.compute)
+    beyond = [t for t in tp_sizes(spec) if t > measured_tp[-1]]
+    if beyond:
+        out.append(f"tp {'/'.join(map(str, beyond))} priced at the compute rate of tp {measured_tp[-1]}, the largest "
+                   f"measured (tp {'/'.join(map(str, measured_tp))}): their GEMM shapes were not timed")
+    # the largest group the spec's cluster can form on each link class: a node; every rank across nodes
+    largest = {INTRA: c.gpus_per_node, INTER: spec.world_size if c.nodes > 1 else 1}
+    for link, n in largest.items():
+        ops = {op: f for op, f in profile.links.get(link, {}).items() if op != "send_recv"}  # a pair is a pair
+        where = link.replace("_", "-")
+        if n < 2 or not profile.links:
+            continue
+        if not ops:
+            fabric = resolve_fabric(c)
+            out.append(f"{where} links: not calibrated (measured on one node), priced from the catalog's fabric "
+                       f"({fabric.name}, {fabric.gbps_per_gpu:g} GB/s per GPU x estimate.comm_efficiency, no "
+                       f"latency)")
+            continue
+        n0 = min(f.group_size for f in ops.values())
+        if not n0:
+            out.append(f"{where} fits do not record their group size: latency as fitted at every group size")
+        elif n > n0:
+            out.append(f"{where} {', '.join(sorted(ops)).replace('_', '-')} in groups of up to {n} ranks from fits "
+                       f"at {n0}: ring latency x (n-1)/{n0 - 1}, bandwidth term x (n-1)/n through the bus bytes "
+                       f"at the fitted bus bandwidth")
+    if not same_model(profile, spec):
+        m, mine = profile.data["model"], ModelShape.from_spec(spec.model)
+        out.append(f"measured at another model (hidden {m.get('hidden')}, {m.get('layers')} layers, vocab "
+                   f"{m.get('vocab')}; the spec's {mine.hidden}, {mine.layers}, {mine.vocab}): compute at the "
+                   f"calibrated GEMM shapes' rate x its layer efficiency, TP layers from the collective fits "
+                   f"(the measured TP layers unused), the ends' work per token as measured")
+    return out
 

@@ -50,7 +50,7 @@ def param_metas(shape: ModelShape) -> dict[str, ParamMeta]:
     from trainctl.runtime.model.transformer import StageModule
 
     with torch.device("meta"):
-        stage = StageModule(shape, range(shape.layers), True, True, TPContext.single())
+        stage = StageModule(shape, range(shape.layers), first=True, last=True)
     return stage.named_param_meta()
 
 
@@ -237,16 +237,16 @@ def _read_rows(reader: SafetensorsReader, pieces: list[Piece], lo: int, hi: int,
     return torch.cat(blocks) if len(blocks) > 1 else blocks[0]
 
 
-def hf_shard(reader: SafetensorsReader, pieces: list[Piece], meta: ParamMeta, tp_rank: int, tp: int) -> Tensor:
+def hf_shard(reader: SafetensorsReader, pieces: list[Piece], meta: ParamMeta, tp_rank: int, tp_size: int) -> Tensor:
     """This TP rank's shard of one parameter (ShardSpec: each part split evenly, padded rows zero)."""
     rows = meta.full_shape[0]
-    spec = meta.shard.for_tp(tp) if meta.shard is not None else None
-    if spec is None or tp == 1:
+    spec = meta.shard.for_tp(tp_size) if meta.shard is not None else None
+    if spec is None or tp_size == 1:
         full = _read_rows(reader, pieces, 0, rows, None, meta.full_shape)
-        return shard_tensor(full, spec, tp_rank, tp) if spec is not None else full
+        return shard_tensor(full, spec, rank=tp_rank, size=tp_size) if spec is not None else full
     ranges, offset = [], 0
     for part in spec.parts:
-        n = part // tp
+        n = part // tp_size
         ranges.append((offset + tp_rank * n, offset + (tp_rank + 1) * n))
         offset += part
     if spec.dim == 0:
@@ -263,7 +263,8 @@ def load_init(modules: list[nn.Module], source: InitSource, shape: ModelShape, t
         lay = hf_format.layout(shape)
         reader = SafetensorsReader(source.path)
         try:
-            values = {name: hf_shard(reader, lay.pieces[name], meta, tp.rank, tp.size) for name, _p, meta in wanted}
+            values = {name: hf_shard(reader, lay.pieces[name], meta, tp_rank=tp.rank, tp_size=tp.size)
+                      for name, _p, meta in wanted}
         finally:
             reader.close()
     else:

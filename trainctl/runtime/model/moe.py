@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -58,6 +58,9 @@ from trainctl.runtime.parallel.tensor_parallel import (
     reduce_from_tp_region,
     sp_param,
 )
+
+if TYPE_CHECKING:  # parallel_context.py imports this module for MoEContext
+    from trainctl.runtime.model.parallel_context import ParallelContext
 
 A2A = CommWait()  # seconds in the EP all-to-alls (and their count exchanges): metrics `moe.a2a_s`
 
@@ -365,14 +368,14 @@ class RoutedExperts(nn.ModuleDict):
 class MoE(nn.Module):
     """An MoE layer's MLP (the module docstring): router, routed experts of this EP rank, shared experts."""
 
-    def __init__(self, cfg: ModelShape, tp: TPContext, ctx: MoEContext, experts: dict[int, nn.Module],
+    def __init__(self, cfg: ModelShape, ctx: ParallelContext, *, experts: dict[int, nn.Module],
                  shared: nn.Module | None, layer: int):
         super().__init__()
-        assert cfg.moe is not None
+        assert cfg.moe is not None and ctx.moe is not None
         self.spec = cfg.moe
-        self.tp, self.ctx, self.layer = tp, ctx, layer
-        self.router = Router(cfg, tp)
-        self.experts = RoutedExperts(experts, tp, cfg.bias)
+        self.tp, self.moe, self.layer = ctx.tp, ctx.moe, layer
+        self.router = Router(cfg, ctx.tp)
+        self.experts = RoutedExperts(experts, ctx.tp, bias=cfg.bias)
         self.shared = shared
 
     # -- routing ---------------------------------------------------------------------------------
@@ -421,7 +424,7 @@ class MoE(nn.Module):
 
     # -- dispatch and combine ----------------------------------------------------------------------
     def _routed(self, tokens: Tensor, idx: Tensor, weights: Tensor, keep: Tensor | None) -> Tensor:
-        ep = self.ctx.ep
+        ep = self.moe.ep
         N, k = idx.shape
         E = self.spec.num_experts
         with torch.no_grad():
@@ -465,7 +468,7 @@ class MoE(nn.Module):
         self._record(idx, keep, balance, z, B)
         loss = _aux_loss(balance, z, self.spec)
         if loss is not None:
-            out = _AttachLoss.apply(out, loss, self.ctx.aux_grad_scale)
+            out = _AttachLoss.apply(out, loss, self.moe.aux_grad_scale)
         return out
 
     def _record(self, idx: Tensor, keep: Tensor | None, balance: Tensor, z: Tensor, B: int) -> None:
@@ -479,7 +482,7 @@ class MoE(nn.Module):
             row[E + _BALANCE] = balance.detach().sum().double() * tokens_here
             row[E + _Z] = z.detach().sum().double() * tokens_here
             row[E + _SEQS] = B if tp.rank == 0 else 0
-        self.ctx.stats.record(self.layer, row)
+        self.moe.stats.record(self.layer, row)
 
 
 def _aux_loss(balance: Tensor, z: Tensor, spec: MoEShape) -> Tensor | None:

@@ -3,8 +3,9 @@
 LayerNorm or RMSNorm, learned or rotary positions, GELU or SwiGLU MLP, multi-head or grouped-query attention,
 optional biases, tied or untied embeddings, dropout, activation recompute (none / selective / full).
 
-The model is written once, with Megatron tensor parallelism built in (trainctl.runtime.parallel.tensor_parallel): with
-`TPContext.single()` every parallel layer is a plain layer and no communication happens. A pipeline stage is a
+The model is written once, with Megatron tensor parallelism built in (trainctl.runtime.parallel.tensor_parallel): the
+layers receive one `ParallelContext` (runtime/model/parallel_context.py: TP, CP and MoE state), and with
+`ParallelContext()` every parallel layer is a plain layer and no communication happens. A pipeline stage is a
 `StageModule` holding a contiguous range of transformer layers, keyed by their GLOBAL index in an
 `nn.ModuleDict`, so parameter names (and hence init and checkpoints) do not depend on the pipeline split.
 
@@ -44,7 +45,8 @@ from torch.utils.checkpoint import checkpoint
 
 from trainctl.model_shape import ModelShape
 from trainctl.runtime.model.init import init_parameters, iter_param_meta
-from trainctl.runtime.model.moe import MoE, MoEContext
+from trainctl.runtime.model.moe import MoE
+from trainctl.runtime.model.parallel_context import ParallelContext
 from trainctl.runtime.parallel import context_parallel
 from trainctl.runtime.parallel.context_parallel import CPContext
 from trainctl.runtime.parallel.tensor_parallel import (
@@ -129,12 +131,11 @@ class Attention(nn.Module):
     """Causal self-attention; QKV column-parallel (heads/tp query and kv_heads/tp kv heads per rank), output
     projection row-parallel. The core (rotary + softmax attention) is what selective recompute recomputes."""
 
-    def __init__(self, cfg: ModelShape, tp: TPContext, out_std: float, recompute_core: bool,
-                 cp: CPContext | None = None):
+    def __init__(self, cfg: ModelShape, ctx: ParallelContext, out_std: float, recompute_core: bool):
         super().__init__()
         self.cfg = cfg
-        self.tp = tp
-        self.cp = cp or CPContext.single()
+        self.tp = tp = ctx.tp
+        self.cp = ctx.cp
         self.recompute_core = recompute_core
         hd = cfg.head_dim
         self.head_dim = hd
@@ -203,16 +204,16 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-norm transformer block: x + drop(attn(norm(x))), then + drop(mlp(norm(x)))."""
 
-    def __init__(self, cfg: ModelShape, tp: TPContext, recompute: str, *, cp: CPContext | None = None,
-                 moe: MoEContext | None = None, layer: int = 0):
+    def __init__(self, cfg: ModelShape, ctx: ParallelContext, recompute: str, layer: int = 0):
         super().__init__()
         self.cfg = cfg
-        self.tp = tp
+        self.tp = tp = ctx.tp
         out_std = cfg.init_std / math.sqrt(2 * cfg.layers)
         self.attn_norm = Norm(cfg, tp)
-        self.attn = Attention(cfg, tp, out_std, recompute_core=recompute == "selective", cp=cp)
+        self.attn = Attention(cfg, ctx, out_std, recompute_core=recompute == "selective")
         self.mlp_norm = Norm(cfg, tp)
-        self.mlp = MLP(cfg, tp, out_std) if moe is None else _moe_mlp(cfg, tp, moe, out_std, layer)
+        moe_layer = ctx.moe is not None and ctx.moe.is_moe_layer(layer)
+        self.mlp = _moe_mlp(cfg, ctx, out_std, layer) if moe_layer else MLP(cfg, tp, out_std)
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
         p, train, tp = self.cfg.dropout, self.training, self.tp
@@ -222,16 +223,16 @@ class Block(nn.Module):
         return x
 
 
-def _moe_mlp(cfg: ModelShape, tp: TPContext, ctx: MoEContext, out_std: float, layer: int) -> MoE:
+def _moe_mlp(cfg: ModelShape, ctx: ParallelContext, out_std: float, layer: int) -> MoE:
     """An MoE layer's MLP: this EP rank's routed experts (each the dense MLP's shape at expert_ffn_hidden,
     named by global expert index) and the shared experts, one dense MLP of shared_experts x shared_ffn_hidden
     (DeepSeek-MoE's: n MLPs side by side are one MLP n times as wide)."""
-    e = cfg.moe
-    assert e is not None
+    e, tp = cfg.moe, ctx.tp
+    assert e is not None and ctx.moe is not None
     experts = {i: MLP(cfg, tp, out_std, ffn=e.expert_ffn_hidden, tp_region=False)
-               for i in ctx.ep.experts_of(e.num_experts)}
+               for i in ctx.moe.ep.experts_of(e.num_experts)}
     shared = MLP(cfg, tp, out_std, ffn=e.shared_experts * e.shared_ffn_hidden) if e.shared_experts else None
-    return MoE(cfg, tp, ctx, experts, shared, layer)
+    return MoE(cfg, ctx, experts=experts, shared=shared, layer=layer)
 
 
 class PositionEmbedding(nn.Module):
@@ -245,15 +246,15 @@ class Embedding(nn.Module):
     """Token (+ learned position) embedding of the first stage; on a separate last stage with tied
     embeddings, only the token table (`lookup=False`) as the LM head's weight."""
 
-    def __init__(self, cfg: ModelShape, tp: TPContext, lookup: bool = True, cp: CPContext | None = None):
+    def __init__(self, cfg: ModelShape, ctx: ParallelContext, lookup: bool = True):
         super().__init__()
         self.cfg = cfg
-        self.tp = tp
-        self.cp = cp or CPContext.single()
+        self.tp = tp = ctx.tp
+        self.cp = ctx.cp
         self.learned_pos = lookup and cfg.position == "learned"
         # without learned positions the token lookup can reduce-scatter straight into the SP region
-        self.tok = VocabParallelEmbedding(cfg.vocab, cfg.padded_vocab(tp.size), cfg.hidden, tp, std=cfg.init_std,
-                                          scatter_output=tp.sp and not self.learned_pos)
+        self.tok = VocabParallelEmbedding(cfg.vocab, padded_vocab=cfg.padded_vocab(tp.size), dim=cfg.hidden, tp=tp,
+                                          std=cfg.init_std, scatter_output=tp.sp and not self.learned_pos)
         if self.learned_pos:
             self.pos = PositionEmbedding(cfg, tp)
 
@@ -281,24 +282,21 @@ class Embedding(nn.Module):
 class StageModule(nn.Module):
     """One pipeline stage: [embedding] + layers[layer_ids] + [final norm + LM head]. See the module docstring."""
 
-    def __init__(self, cfg: ModelShape, layer_ids: range, first: bool, last: bool, tp: TPContext,
-                 recompute: str = "none", *, cp: CPContext | None = None, moe: MoEContext | None = None):
+    def __init__(self, cfg: ModelShape, layer_ids: range, *, first: bool, last: bool,
+                 ctx: ParallelContext | None = None, recompute: str = "none"):
         super().__init__()
+        ctx = (ctx or ParallelContext()).with_all_experts(cfg)
         self.cfg = cfg
         self.recompute = recompute
-        self.tp = tp
-        self.cp = cp or CPContext.single()
+        self.tp = tp = ctx.tp
+        self.cp = ctx.cp
         self.first = first
         self.last = last
         self.layer_ids = layer_ids
         self.padded_vocab = cfg.padded_vocab(tp.size)
         if first or (last and cfg.tied_embeddings):
-            self.embed = Embedding(cfg, tp, lookup=first, cp=self.cp)
-        if cfg.moe is not None and moe is None:
-            moe = MoEContext.single(cfg)  # every expert on this rank (one process, the meta-device builds)
-        self.layers = nn.ModuleDict({str(i): Block(cfg, tp, recompute, cp=self.cp,
-                                                   moe=moe if moe and moe.is_moe_layer(i) else None, layer=i)
-                                     for i in layer_ids})
+            self.embed = Embedding(cfg, ctx, lookup=first)
+        self.layers = nn.ModuleDict({str(i): Block(cfg, ctx, recompute, layer=i) for i in layer_ids})
         if cfg.position == "rope" and len(layer_ids):
             self.rope = Rotary(cfg.head_dim, cfg.seq_len, cfg.rope_theta)
         if last:
@@ -338,24 +336,29 @@ class StageModule(nn.Module):
             return [self.embed.tok.weight]
         return []
 
+    def tied_parameter_names(self) -> set[str]:
+        """Names of `tied_parameters()`, found by identity (FSDP replaces Parameter objects; names survive)."""
+        ids = {id(q) for q in self.tied_parameters()}
+        return {n for n, q in self.named_parameters() if id(q) in ids}
+
     def named_param_meta(self) -> dict[str, ParamMeta]:
         """Global parameter name -> ParamMeta (full shape, TP sharding, init) for checkpoint resharding and for
         counting replicated parameters once in the grad norm."""
         return {name: meta for name, _p, meta in iter_param_meta(self)}
 
 
-def build_stage(cfg: ModelShape, layer_ids: range, first: bool, last: bool, tp: TPContext, seed: int,
-                *, recompute: str = "none", device: torch.device | str | None = None,
-                dtype: torch.dtype | None = None, cp: CPContext | None = None,
-                moe: MoEContext | None = None) -> StageModule:
+def build_stage(cfg: ModelShape, layer_ids: range, *, first: bool, last: bool, seed: int,
+                ctx: ParallelContext | None = None, recompute: str = "none",
+                device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> StageModule:
     """Build a stage and initialise it deterministically and layout-independently (trainctl.runtime.model.init).
+    `ctx` None: one process, no parallelism.
 
     The shape was checked by the spec rules (divisibility by tp, even rotary head_dim, ...). Nothing of the
-    model is sharded by context parallelism: `cp` only changes what attention and positions do."""
-    stage = StageModule(cfg, layer_ids, first, last, tp, recompute, cp=cp, moe=moe)
+    model is sharded by context parallelism: `ctx.cp` only changes what attention and positions do."""
+    stage = StageModule(cfg, layer_ids, first=first, last=last, ctx=ctx, recompute=recompute)
     if device is not None or dtype is not None:
         stage.to(device=device, dtype=dtype)
-    init_parameters(stage, seed, tp)
+    init_parameters(stage, seed, stage.tp)
     return stage
 
 

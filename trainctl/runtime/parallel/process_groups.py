@@ -200,9 +200,10 @@ def parallel_groups(layout: Layout, env: RankEnv, device: torch.device) -> Paral
     t, d, p = coords(env.rank, layout)
     c = cp_coord(env.rank, layout)
     sub_env = RankEnv(env.rank, env.local_rank, layout.world_size)
-    return Parallel(sub_env, layout, device, t, c + layout.cp * d, p, made["tp"], made["dp_cp"], made["pp"],
-                    made["embedding"], groups.of_rank(env.rank), world_group, cp_rank=c, cp_group=made["cp"],
-                    ep_group=made.get("ep"), expert_dp_group=made.get("expert_dp"))
+    return Parallel(env=sub_env, layout=layout, device=device, tp_rank=t, dp_rank=c + layout.cp * d, pp_rank=p,
+                    tp_group=made["tp"], dp_group=made["dp_cp"], pp_group=made["pp"],
+                    embedding_group=made["embedding"], ranks=groups.of_rank(env.rank), world_group=world_group,
+                    cp_rank=c, cp_group=made["cp"], ep_group=made.get("ep"), expert_dp_group=made.get("expert_dp"))
 
 
 _made_groups: dict[tuple[tuple[int, ...], ...], dist.ProcessGroup | None] = {}

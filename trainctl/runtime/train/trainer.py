@@ -1,4 +1,4 @@
-"""The training loop: build this rank's stages, wire DP/ZeRO/PP, step, clip, log."""
+"""The training loop: build this rank's stages, parallelize them (runtime/parallelize.py), step, clip, log."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from trainctl import terminal
 from trainctl.hardware import oom_kills
@@ -22,15 +21,14 @@ from trainctl.rundir.paths import RunPaths, append_jsonl, read_jsonl, record_eve
 from trainctl.rundir.runstate import restart_cause
 from trainctl.runtime.checkpoint.policy import Checkpointing
 from trainctl.runtime.checkpoint.state import TrainState
-from trainctl.runtime.model.moe import A2A, EPContext, MoEContext, is_expert_param
-from trainctl.runtime.model.transformer import build_stage, compile_blocks, loss_fn, params_built, params_record
+from trainctl.runtime.model.moe import A2A, is_expert_param
+from trainctl.runtime.model.parallel_context import ParallelContext
+from trainctl.runtime.model.transformer import StageModule, build_stage, loss_fn, params_built, params_record
 from trainctl.runtime.observe import memory_meter, metrics, peak, profiling, stragglers, tracking, watchdog
-from trainctl.runtime.parallel import data_parallel, expert_sync
 from trainctl.runtime.parallel.comm_wait import COMM, PP_WAIT, time_pipeline_receives
-from trainctl.runtime.parallel.context_parallel import CPContext
 from trainctl.runtime.parallel.pipeline_schedules import Accumulate, Executor, Pipelined
 from trainctl.runtime.parallel.process_groups import Parallel
-from trainctl.runtime.parallel.tensor_parallel import TPContext
+from trainctl.runtime.parallelize import parallelize
 from trainctl.runtime.train import divergence, faults, optim
 from trainctl.runtime.train.loader import build_loader
 from trainctl.spec.models import RunSpec
@@ -98,55 +96,27 @@ class Trainer:
         self.precision = compute_precision(t.precision, par.device.type != "cuda", t.low_precision_on_cpu)
         self.autocast_dtype, self.scaler = self._precision()
         self.cfg = ModelShape.from_spec(spec.model)
-        self.tp = (TPContext.from_group(par.tp_group, p.sequence_parallel) if par.tp > 1 else TPContext.single())
-        self.cp = CPContext.from_group(par.cp_group)
+        self.micro_batches = spec.micro_batches
+        # build: this rank's stages, their layers holding its TP and CP groups and its experts
+        self.ctx = ParallelContext.of_rank(par, self.cfg, sequence_parallel=p.sequence_parallel)
         ranges = stage_layer_ranges(spec)
         n_stages = len(ranges)
         self.stage_ids = spec_stages_of_pp_rank(par.pp_rank, spec)
-        # mixture of experts: this rank's experts and its EP group (runtime/model/moe.py)
-        self.moe = (MoEContext.build(self.cfg, EPContext(par.ep_group, par.ep, par.ep_rank))
-                    if self.cfg.moe is not None else None)
-        self.modules: list[nn.Module] = [
-            build_stage(self.cfg, ranges[s], s == 0, s == n_stages - 1, self.tp, t.seed, recompute=t.recompute,
-                        device=par.device, cp=self.cp, moe=self.moe)
+        self.modules: list[StageModule] = [
+            build_stage(self.cfg, ranges[s], first=s == 0, last=s == n_stages - 1, seed=t.seed, ctx=self.ctx,
+                        recompute=t.recompute, device=par.device)
             for s in self.stage_ids]
-        compile_blocks(self.modules, t.compile_with)  # before FSDP wraps the blocks, as torchtitan orders them
         self.params = self._params_record()  # before FSDP turns the parameters into shards
         self._init_from()  # before ZeRO/FSDP, which start from the parameters
-        self.micro_batches = spec.micro_batches
-        fsdp = p.zero == 3 and par.dp > 1
-        reduce_dtype = torch.bfloat16 if p.grad_reduce_dtype == "bf16" else None
-        bf16 = torch.bfloat16 if self.autocast_dtype == torch.bfloat16 else None
+        # parallelize: compile, FSDP, gradient sync (runtime/parallelize.py)
+        parallel = parallelize(self.modules, spec, par, precision=self.precision, micro_batches=self.micro_batches)
+        self.sync = parallel.sync
+        # loop: the optimizer over the sync's parameter groups, what runs a step's micro-batches, the data
         offload = p.offload == "optimizer"
-        if fsdp:
-            # zero-bubble schedules run weight-gradient passes after later forwards: with FSDP2's default
-            # resharding they train on wrong weights (docs/ARCHITECTURE.md, "Checked facts: PyTorch distributed
-            # on CPU/gloo")
-            reshard = p.schedule not in ("zero-bubble", "zbv")
-            for shard in (expert_sync.shard_experts, data_parallel.apply_fsdp):  # experts first, over expert-DP
-                shard(self.modules, par, reduce_dtype, reshard_after_forward=reshard, param_dtype=bf16,
-                      offload=offload)
-        infos = self._param_infos()
-        # bf16 parameters under bf16 ZeRO-1/2: the fp32 master slice is the truth (plan/memory.py bf16_params)
-        psgd = (p.powersgd.rank, p.powersgd.start_step, t.seed) if p.powersgd else None  # runtime/parallel/powersgd.py
-        self.sync = (data_parallel.FsdpSync(infos, par) if fsdp
-                     else expert_sync.grad_sync(infos, par, p.zero, self.micro_batches, reduce_dtype, self.precision,
-                                                psgd, offload))
         self.opt = optim.adamw(self.sync.optimizer_groups(), t, fused=optim.fused_adamw(par.device, offload, par.dp))
-
-        def scaled_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-            return loss_fn(logits, targets, self.cfg, self.tp) * self.scaler.scale
-
-        self.executor: Executor
-        if par.pp == 1:
-            self.executor = Accumulate(self.modules[0], scaled_loss, self.micro_batches, par.device,
-                                       self.autocast_dtype, fsdp, self.sync.backward_done)
-        else:
-            self.executor = Pipelined(self.modules, self.stage_ids, n_stages, p.schedule, scaled_loss,
-                                      self.micro_batches, par.device, par.pp_group, self.autocast_dtype,
-                                      self.sync.backward_done)
+        self.executor = self._executor(n_stages, fsdp=parallel.fsdp)
         self.holds_last = (n_stages - 1) in self.stage_ids
-        self.loader = build_loader(spec, par.replica, par.replicas, t.seed, self.cp)
+        self.loader = build_loader(spec, par.replica, par.replicas, t.seed, self.ctx.cp)
         self.flops: metrics.FlopsModel | None = None
         self.steptimes: stragglers.StepTimeLog | None = None  # this rank's step times (set by run())
         self.straggler = stragglers.InjectedStraggler(par.rank)  # the slow_rank and slow_work faults
@@ -169,6 +139,21 @@ class Trainer:
         self.profiled_steps = range(prof.start_step, prof.last_step + 1) if prof is not None else range(0)
 
     # -- set-up helpers ----------------------------------------------------------------------------
+    def _executor(self, n_stages: int, *, fsdp: bool) -> Executor:
+        """What runs one step's micro-batches forward and backward: accumulation, or the pipeline schedule."""
+        par = self.par
+
+        def scaled_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+            return loss_fn(logits, targets, cfg=self.cfg, tp=self.ctx.tp) * self.scaler.scale
+
+        if par.pp == 1:
+            return Accumulate(self.modules[0], scaled_loss, micro_batches=self.micro_batches, device=par.device,
+                              autocast_dtype=self.autocast_dtype, fsdp=fsdp, on_backward=self.sync.backward_done)
+        return Pipelined(self.modules, self.stage_ids, n_stages=n_stages, schedule=self.spec.parallel.schedule,
+                         loss_fn=scaled_loss, micro_batches=self.micro_batches, device=par.device,
+                         pp_group=par.pp_group, autocast_dtype=self.autocast_dtype,
+                         on_backward=self.sync.backward_done)
+
     def _init_from(self) -> None:
         """model.init_from into this rank's parameters, unless the run has a checkpoint of its own: a resume
         restores from that (Checkpointing.resume), never from the source again. Every rank looks at the
@@ -182,7 +167,7 @@ class Trainer:
         if source is None:
             return
         t0 = time.perf_counter()
-        n = load_init(self.modules, source, self.cfg, self.tp)
+        n = load_init(self.modules, source, self.cfg, self.ctx.tp)
         if self.log:
             record_event(self.paths, "init_from", source=source.kind, family=source.family, path=str(source.path),
                          load_s=round(time.perf_counter() - t0, 4))
@@ -215,22 +200,6 @@ class Trainer:
             every = [None] * self.par.pp
             dist.all_gather_object(every, mine, group=self.par.pp_group)
         return params_record(dict(every))
-
-    def _param_infos(self) -> list[data_parallel.ParamInfo]:
-        infos = []
-        # the tied copies' grads are summed over the embedding group, or on this rank when it holds both ends
-        # (ZBV's V placement: data_parallel.sum_tied)
-        tied_sync = self.par.embedding_group is not None or (
-            len(self.modules) > 1 and all(any(getattr(m, end) for m in self.modules) for end in ("first", "last")))
-        for stage, m in enumerate(self.modules):
-            meta = m.named_param_meta()
-            tied = _tied_names(m) if tied_sync else set()
-            for name, q in m.named_parameters():
-                is_tied = name in tied
-                infos.append(data_parallel.ParamInfo(
-                    name, q, tp_replicated=meta[name].shard is None if name in meta else True,
-                    tied=is_tied, tied_copy=is_tied and m.last and not m.first, stage=stage))
-        return infos
 
     # -- the loop ------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -335,9 +304,9 @@ class Trainer:
         data_wait = time.perf_counter() - td
         self.straggler.before_work()
         self.sync.start_step(step + 1)
-        if self.moe is not None:  # the aux losses' backward starts as the LM loss's does (runtime/model/moe.py)
-            self.moe.aux_grad_scale = self.scaler.scale / self.micro_batches
-            self.moe.stats.start_step()
+        if (moe := self.ctx.moe) is not None:  # the aux losses' backward starts as the LM loss's does (model/moe.py)
+            moe.aux_grad_scale = self.scaler.scale / self.micro_batches
+            moe.stats.start_step()
         # the window's last step only: the first step of an attempt also runs the pipeline's shape inference
         measuring = step == self.memory_steps.stop - 1
         with self.saved.measuring() if measuring else contextlib.nullcontext():
@@ -365,7 +334,7 @@ class Trainer:
         dt, cpu = time.perf_counter() - t0, time.process_time() - c0
         if ev is not None:
             sync_s = ev[1].elapsed_time(ev[2]) / 1e3  # the same span as on the CPU: not the optimizer step
-        routing = self._routing_record() if self.moe is not None else None  # a collective: every rank, every step
+        routing = self._routing_record() if self.ctx.moe is not None else None  # a collective: every rank, every step
         comm_s = COMM.take()  # waits inside the step: counted apart from this rank's own work
         pp_s = PP_WAIT.take()  # the pipeline receives' part of comm_s
         if self.steptimes is not None:
@@ -402,8 +371,8 @@ class Trainer:
     def _routing_record(self) -> dict[str, Any]:
         """The step's MoE routing, reduced over every rank (runtime/model/moe.py MoEStats): aux and z losses, tokens
         per expert, imbalance, dropped tokens, seconds in the EP all-to-all."""
-        assert self.moe is not None
-        return self.moe.stats.reduce(self.micro_batches, self.par.world_group, self.par.device, self.par.world_size)
+        assert self.ctx.moe is not None
+        return self.ctx.moe.stats.reduce(self.micro_batches, self.par.world_group, self.par.device, self.par.world_size)
 
     def _measured_memory(self) -> dict[str, Any] | None:
         """This rank's exact model-state bytes and activation peak, gathered from every rank (a collective);
@@ -464,7 +433,7 @@ class Trainer:
                 full = masters.get(id(q))
                 if full is None:
                     full = q.full_tensor() if hasattr(q, "full_tensor") else q.detach()  # collective under FSDP
-                if tied_copy and name in _tied_names(m):
+                if tied_copy and name in m.tied_parameter_names():
                     continue
                 params[name] = full.detach().cpu().clone()
                 shards[name] = meta[name].shard if name in meta else None
@@ -478,12 +447,6 @@ class Trainer:
         if self.par.dp_rank == 0:
             out.mkdir(parents=True, exist_ok=True)
             torch.save({"params": params, "shards": shards}, out / f"pp{self.par.pp_rank}-tp{self.par.tp_rank}.pt")
-
-
-def _tied_names(m: nn.Module) -> set[str]:
-    """Names of the tied parameters (by identity; FSDP replaces Parameter objects, names survive)."""
-    ids = {id(q) for q in m.tied_parameters()}
-    return {n for n, q in m.named_parameters() if id(q) in ids}
 
 
 def _fail_knob(world: int) -> tuple[int, int]:

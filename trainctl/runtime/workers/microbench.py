@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from trainctl.model_shape import ModelShape, layer_flops_per_token
 from trainctl.plan.calibration.shapes import Gemm
+from trainctl.runtime.model.parallel_context import ParallelContext
 from trainctl.runtime.model.transformer import build_stage, compile_blocks
 from trainctl.runtime.parallel.tensor_parallel import TPContext, _all_gather_single, _reduce_scatter_single
 
@@ -102,8 +103,8 @@ class Layer:
                  device: torch.device, seed: int, tp: TPContext | None = None,
                  compile_with: str | None = None) -> None:
         tp = tp or TPContext.single()
-        self.module = build_stage(shape, range(0, 1), first=False, last=False, tp=tp, seed=seed,
-                                  recompute=recompute, device=device)
+        self.module = build_stage(shape, range(0, 1), first=False, last=False, seed=seed,
+                                  ctx=ParallelContext(tp=tp), recompute=recompute, device=device)
         compile_blocks([self.module], compile_with)  # the run's kernels (the windows' warm-up call compiles)
         tokens = shape.seq_len // tp.size if tp.sequence_parallel else shape.seq_len  # SP: this rank's shard
         self.x = torch.randn(micro_batch, tokens, shape.hidden, device=device, requires_grad=True)
@@ -201,14 +202,13 @@ class Ends:
                  seed: int) -> None:
         from trainctl.runtime.model.transformer import loss_fn
 
-        tp = TPContext.single()
-        self.first = build_stage(shape, range(0, 0), first=True, last=False, tp=tp, seed=seed, device=device)
-        self.last = build_stage(shape, range(0, 0), first=False, last=True, tp=tp, seed=seed, device=device)
+        self.first = build_stage(shape, range(0, 0), first=True, last=False, seed=seed, device=device)
+        self.last = build_stage(shape, range(0, 0), first=False, last=True, seed=seed, device=device)
         g = torch.Generator().manual_seed(seed)
         self.tokens = torch.randint(0, shape.vocab, (micro_batch, shape.seq_len), generator=g).to(device)
         self.targets = torch.randint(0, shape.vocab, (micro_batch, shape.seq_len), generator=g).to(device)
         self.x = torch.randn(micro_batch, shape.seq_len, shape.hidden, device=device, requires_grad=True)
-        self.shape, self.tp, self.loss_fn = shape, tp, loss_fn
+        self.shape, self.tp, self.loss_fn = shape, TPContext.single(), loss_fn
         self.autocast, self.device = autocast, device
 
     def _cast(self) -> contextlib.AbstractContextManager:

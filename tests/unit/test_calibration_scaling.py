@@ -1,0 +1,166 @@
+"""A calibration profile describes hardware, not a job (docs/ARCHITECTURE.md, "Calibration profile"): one
+measured on 2 ranks of one node prices an 8-rank spec and a 2-node spec on the same hardware, each term it
+extrapolates named in a warning, and only another accelerator is refused. Independent arithmetic: the
+profile is built by `profile.build` from synthetic raw figures of a known latency and bandwidth, and the
+plan's collective times are recomputed from the ring's rule (latency x (n-1)/(n0-1) beyond the fitted
+group n0, bus bytes at the fitted bandwidth) and, off the profile's links, from the catalog's fabric."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from paths import REPO
+
+from trainctl.errors import UsageError
+from trainctl.plan import comm
+from trainctl.plan.calibration import profile as prof
+from trainctl.plan.calibration.fit import LinkFit
+from trainctl.plan.calibration.shapes import INTER, INTRA, MESSAGE_BYTES, OPS, bus_bytes
+from trainctl.plan.estimate import Evaluator
+from trainctl.plan.plan import candidate_from_spec, context_from_spec
+from trainctl.spec import RunSpec, load_spec
+
+TINY = REPO / "recipes" / "tiny-cpu.yaml"
+LATENCY, BUS_BW, RATE = 2e-4, 5e8, 2e9  # what the synthetic calibration "measured"
+TWO_RANKS = ["cluster.gpus_per_node=2", "parallel.tp=1", "parallel.pp=1", "parallel.dp=2",
+             "parallel.sequence_parallel=false"]
+PURE_DP = ["parallel.tp=1", "parallel.pp=1", "parallel.dp=8", "parallel.zero=0", "parallel.sequence_parallel=false"]
+TWO_NODES = ["cluster.nodes=2", "cluster.gpus_per_node=4", "launcher.backend=slurm"]
+
+
+def _raw(groups: list[tuple[str, int]]) -> dict[str, Any]:
+    """Raw figures of a calibration whose collectives take LATENCY + bus bytes / BUS_BW at every size in
+    `groups` ((link, group size)), whose GEMMs run at RATE, and whose TP-2 layer took 20 ms."""
+    collectives = [{"op": op, "link": link, "group_size": 2 if op == "send_recv" else n, "bytes": nbytes,
+                    "bus_bytes": bus_bytes(op, nbytes, 2 if op == "send_recv" else n),
+                    "seconds": [LATENCY + bus_bytes(op, nbytes, 2 if op == "send_recv" else n) / BUS_BW]}
+                   for link, n in groups for op in OPS for nbytes in MESSAGE_BYTES]
+    return {"matmul": [{"tp": tp, "flops": f, "seconds": [f / RATE]} for tp in (1, 2) for f in (1e6, 1e8)],
+            "layer": {"flops": 1e8, "seconds": [1e8 / RATE], "recompute": "none", "tokens": 256,
+                      "tp": [{"tp": 2, "sequence_parallel": sp, "seconds": [0.02]} for sp in (False, True)]},
+            "collectives": collectives}
+
+
+def _profile(tmp_path: Path, measured_on: list[str], groups: list[tuple[str, int]]) -> Path:
+    """A profile as `trainctl calibrate` of the tiny recipe with `measured_on` would write it."""
+    spec = load_spec(TINY, overrides=measured_on)
+    meta = {**prof.spec_meta(spec), "precision": prof.run_precision(spec), "device": {"type": "cpu"}}
+    path = tmp_path / "calibration.json"
+    prof.save(path, prof.build(meta, _raw(groups)))
+    return path
+
+
+def _plan(profile: Path, sets: list[str]) -> tuple[Any, RunSpec, list[str]]:
+    """(estimate, spec, calibration warnings) of the tiny recipe with `sets`, priced with `profile`."""
+    spec = load_spec(TINY, overrides=sets).with_calibration(profile)
+    ctx = context_from_spec(spec)
+    assert ctx.rates is not None
+    return Evaluator(ctx).evaluate(candidate_from_spec(spec)), spec, list(ctx.rates.warnings)
+
+
+def _dp_traffic(est: Any, spec: RunSpec) -> list[tuple[str, float, float]]:
+    """ZeRO-0 over dp ranks of one pipeline stage: the planner's own DP collectives of the run."""
+    return comm.dp_traffic(est.ranks[0].params, 0, spec.parallel.dp, est.micro_batches, 4, 4,
+                           spec.model.layers + 1)
+
+
+def test_the_ring_latency_grows_beyond_the_fitted_group_and_the_busy_peer_wait_does_not() -> None:
+    fit = LinkFit(latency_s=3e-4, bytes_per_s=1e9, points=5, rms_rel_error=0.0, group_size=2, load_excess_s=1e-4)
+    assert fit.latency_at(2) == fit.latency_at(0) == 3e-4  # as fitted
+    assert fit.latency_at(8) == pytest.approx(2e-4 * 7 + 1e-4)
+    assert fit.seconds(1e9, 2, 8) == pytest.approx(2 * (2e-4 * 7 + 1e-4) + 1.0)
+    unrecorded = replace(fit, group_size=0)  # a profile written before group sizes were recorded
+    assert unrecorded.latency_at(64) == 3e-4
+
+
+def test_build_records_the_group_each_fit_was_measured_in(tmp_path: Path) -> None:
+    path = _profile(tmp_path, TWO_NODES, [(INTRA, 2), (INTRA, 4), (INTER, 2)])
+    data = prof.load(path)
+    assert {op: f.group_size for op, f in data.links[INTRA].items()} == {**dict.fromkeys(OPS, 4), "send_recv": 2}
+    assert {op: f.group_size for op, f in data.links[INTER].items()} == dict.fromkeys(OPS, 2)
+    # a profile written before the fits recorded it: taken from its raw figures
+    old = json.loads(path.read_text())
+    for ops in old["fits"]["links"].values():
+        for fit in ops.values():
+            del fit["group_size"]
+    assert prof.parse(path, old).links[INTRA]["all_reduce"].group_size == 4
+    fits = data.links[INTRA]
+    assert fits["all_reduce"].latency_s == pytest.approx(LATENCY, rel=1e-6)
+    assert fits["all_reduce"].bytes_per_s == pytest.approx(BUS_BW, rel=1e-6)
+
+
+def test_a_two_rank_profile_prices_an_eight_rank_spec_by_the_ring_rule(tmp_path: Path) -> None:
+    profile = _profile(tmp_path, TWO_RANKS, [(INTRA, 2)])
+    est, spec, warnings = _plan(profile, PURE_DP)
+    assert spec.world_size == 8 and est.step_time > 0
+    # every DP collective among 8 ranks: 7 ring steps of the latency fitted among 2, its bus bytes at the fit
+    expected = sum(calls * LATENCY * 7 + nbytes / BUS_BW for _, nbytes, calls in _dp_traffic(est, spec))
+    assert est.dp_time == pytest.approx(expected, rel=1e-6)
+    text = "\n".join(warnings)
+    assert ("intra-node all-gather, all-reduce, all-to-all, reduce-scatter in groups of up to 8 ranks from fits "
+            "at 2: ring latency x (n-1)/1, bandwidth term x (n-1)/n through the bus bytes") in text
+    assert "measured with 2 ranks per node, the spec has 8" in text
+    assert "tp 4 priced at the compute rate of tp 2, the largest measured (tp 1/2)" in text  # --auto may pick tp 4
+    assert "inter-node" not in text and "another model" not in text
+
+
+def test_a_one_node_profile_prices_the_two_node_cluster_from_the_catalogs_fabric(tmp_path: Path) -> None:
+    profile = _profile(tmp_path, TWO_RANKS, [(INTRA, 2)])
+    est, spec, warnings = _plan(profile, [*TWO_NODES, *PURE_DP])
+    assert est.comm_link["dp"] == comm.INTER_NODE and est.step_time > 0
+    ctx = context_from_spec(spec)
+    fabric_bw = ctx.hw.inter_node_bw * ctx.assume.comm_efficiency  # no latency: as without a profile
+    assert est.dp_time == pytest.approx(sum(nbytes for _, nbytes, _ in _dp_traffic(est, spec)) / fabric_bw)
+    text = "\n".join(warnings)
+    assert ("inter-node links: not calibrated (measured on one node), priced from the catalog's fabric "
+            "(InfiniBand NDR 400G, 50 GB/s per GPU x estimate.comm_efficiency, no latency)") in text
+    assert "intra-node all-gather, all-reduce, all-to-all, reduce-scatter in groups of up to 4 ranks" in text
+
+
+def test_a_two_node_profile_prices_more_nodes_with_its_inter_node_fits(tmp_path: Path) -> None:
+    profile = _profile(tmp_path, TWO_NODES, [(INTRA, 2), (INTRA, 4), (INTER, 2)])
+    est, spec, warnings = _plan(profile, ["cluster.nodes=4", "cluster.gpus_per_node=4", "launcher.backend=slurm",
+                                          "parallel.tp=1", "parallel.pp=1", "parallel.dp=16", "parallel.zero=0",
+                                          "parallel.sequence_parallel=false", "train.global_batch=32"])
+    assert est.comm_link["dp"] == comm.INTER_NODE
+    expected = sum(calls * LATENCY * 15 + nbytes / BUS_BW for _, nbytes, calls in _dp_traffic(est, spec))
+    assert est.dp_time == pytest.approx(expected, rel=1e-6)
+    text = "\n".join(warnings)
+    assert "inter-node all-gather, all-reduce, all-to-all, reduce-scatter in groups of up to 16 ranks from fits at 2" \
+        in text
+    assert "intra-node" not in text and "ranks per node" not in text  # the node as calibrated
+
+
+def test_the_spec_it_was_measured_for_has_no_extrapolation_warning(tmp_path: Path) -> None:
+    profile = _profile(tmp_path, TWO_RANKS, [(INTRA, 2)])
+    _, _, warnings = _plan(profile, TWO_RANKS)
+    assert warnings == []
+
+
+def test_another_model_keeps_the_rates_and_prices_tp_from_the_fits(tmp_path: Path) -> None:
+    profile = _profile(tmp_path, TWO_RANKS, [(INTRA, 2)])
+    tp2 = ["parallel.dp=1", "parallel.tp=2", "parallel.sequence_parallel=true"]
+    same, _, _ = _plan(profile, [*TWO_RANKS, *tp2])
+    spec = load_spec(TINY, overrides=[*TWO_RANKS, *tp2, "model.hidden=128"]).with_calibration(profile)
+    ctx = context_from_spec(spec)
+    assert ctx.rates is not None
+    assert same.tp_exposed_time > 0
+    assert ctx.rates.tp_layer(comm.NVLINK, 2, True, "none") is None  # the 20 ms layer was the calibrated model's
+    text = "\n".join(ctx.rates.warnings)
+    assert "measured at another model (hidden 64" in text and "spec's 128" in text
+    assert "TP layers from the collective fits (the measured TP layers unused)" in text
+
+
+def test_only_another_accelerator_is_refused(tmp_path: Path) -> None:
+    path = _profile(tmp_path, TWO_RANKS, [(INTRA, 2)])
+    profile = prof.load(path)
+    other = replace(profile, data={**profile.data, "cluster": {**profile.cluster, "gpu": "h100-sxm"}})
+    with pytest.raises(UsageError, match="measured on cluster.gpu = h100-sxm, the spec has cpu") as refused:
+        prof.check(other, load_spec(TINY))
+    assert "\n" not in str(refused.value)
+    for sets in ([], TWO_NODES, ["cluster.gpus_per_node=4", "parallel.dp=1"]):  # other sizes: priced
+        prof.check(profile, load_spec(TINY, overrides=sets))
