@@ -1,4 +1,5 @@
-"""Multi-process checkpoint test worker: `python tests/fork_ranks.py N tests/dist/ckpt_worker.py MODE ...` (or torchrun).
+"""Multi-process checkpoint test worker: `python tests/fork_ranks.py N tests/dist/ckpt_worker.py MODE ...`
+(or torchrun).
 
 An MLP + AdamW, replicated over DP ranks with hand-written gradient averaging (every rank holds the full
 state), or with --fsdp sharded by FSDP2 (DTensor parameters and moments).
@@ -29,8 +30,8 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor
 
-from trainctl.runtime.train import faults
 from trainctl.runtime.checkpoint.storage import CheckpointManager
+from trainctl.runtime.train import faults
 
 OPTS = StateDictOptions(flatten_optimizer_state_dict=True)
 
@@ -155,7 +156,9 @@ def main() -> None:
         dist.barrier()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)  # avoids the random SIGABRT at interpreter shutdown (docs/ARCHITECTURE.md, "Checked facts: PyTorch distributed on CPU/gloo")
+    # avoids the random SIGABRT at interpreter shutdown (docs/ARCHITECTURE.md, "Checked facts: PyTorch
+    # distributed on CPU/gloo")
+    os._exit(0)
 
 
 if __name__ == "__main__":

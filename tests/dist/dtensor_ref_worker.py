@@ -3,8 +3,8 @@
 `python tests/fork_ranks.py 2 tests/dist/dtensor_ref_worker.py OUT.json` (or torchrun)
 
 Why this exists: PyTorch-native building blocks are the default; trainctl hand-writes Megatron TP
-(trainctl/runtime/parallel/tensor_parallel.py) because DTensor's per-op dispatch overhead made it 2-5x slower on the tiny
-CPU models the project runs (bench/bench_tp.py measures it), and KEEPS THE NATIVE ONE AS THE CHECKED REFERENCE.
+(trainctl/runtime/parallel/tensor_parallel.py) because DTensor's per-op dispatch overhead made it 2-5x slower on
+the tiny CPU models the project runs (bench/bench_tp.py measures it), and KEEPS THE NATIVE ONE AS THE CHECKED REFERENCE.
 This file is that reference: a plain, unfused transformer (separate q/k/v/o projections, separate fc1/fc2 or
 gate/up/down, nn.LayerNorm / nn.RMSNorm, nn.Embedding, nn.Linear head) parallelized only with
 `torch.distributed.tensor.parallel.parallelize_module`:
@@ -421,7 +421,9 @@ def main() -> None:
     dist.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)  # avoids the random SIGABRT at interpreter shutdown (docs/ARCHITECTURE.md, "Checked facts: PyTorch distributed on CPU/gloo")
+    # avoids the random SIGABRT at interpreter shutdown (docs/ARCHITECTURE.md, "Checked facts: PyTorch
+    # distributed on CPU/gloo")
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""One PowerSGD round of runtime/parallel/powersgd.py against torch's DDP powerSGD_hook on the same inputs (2 ranks, gloo).
+"""One PowerSGD round of runtime/parallel/powersgd.py against torch's DDP powerSGD_hook on the same inputs (2 ranks,
+gloo).
 
     python tests/fork_ranks.py 2 tests/dist/powersgd_ref_worker.py OUT_DIR
 
@@ -19,8 +20,8 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ph
 from torch.nn.parallel import DistributedDataParallel
 
-from trainctl.runtime.parallel.process_groups import exit_now
 from trainctl.runtime.parallel.powersgd import PowerSGD
+from trainctl.runtime.parallel.process_groups import exit_now
 
 N, M, RANK = 24, 32, 4
 

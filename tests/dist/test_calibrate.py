@@ -2,7 +2,8 @@
 
 Real processes, the README's own: its calibration of the tiny recipe (8 ranks under torchrun) and its quick
 run (launched for 3 steps, resumed to 6) are shared by the tests of this module (tests/conftest.py
-`readme_walkthrough`, which follows the README once per session). No timing thresholds: the figures only have to exist, be positive and be used.
+`readme_walkthrough`, which follows the README once per session). No timing thresholds: the figures only have to
+exist, be positive and be used.
 Contract: docs/ARCHITECTURE.md, "Calibration profile"; exit codes 0 ok, 1 failed, 2 usage (one line).
 """
 
@@ -15,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_utils import trainctl
+from paths import REPO as ROOT
 
 from trainctl.plan.calibration.fit import fit_latency_bandwidth, fit_rate
 
-from cli_utils import trainctl
-from paths import REPO as ROOT
 TINY = str(ROOT / "recipes" / "tiny-cpu.yaml")
 OPS = {"all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_to_all"}
 
@@ -205,7 +206,8 @@ def test_an_old_profile_of_another_version_or_compile_is_used_with_a_warning(cal
     j = plan_json("--calibration", str(tmp_path / "old.json"))
     assert j["prediction"]["step_time_s"] > 0
     differs = " ".join(w["message"] for w in j["warnings"] if w["code"] == "CALIBRATION_DIFFERS")
-    assert "days ago" in differs and "trainctl 0.0.1" in differs and "its layers ran compiled with inductor, the run's eager" in differs
+    assert "days ago" in differs and "trainctl 0.0.1" in differs
+    assert "its layers ran compiled with inductor, the run's eager" in differs
 
 
 # --- refit from a finished run -------------------------------------------------------------------------

@@ -13,15 +13,15 @@ from pathlib import Path
 import pytest
 
 torch = pytest.importorskip("torch")
+from paths import REPO as ROOT  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict  # noqa: E402
+from trainer_utils import fork_ranks  # noqa: E402
 
 from trainctl.checkpoint import MARKER, CheckpointError, list_checkpoints, stale_dirs, step_dirname  # noqa: E402
-from trainctl.runtime.train import faults  # noqa: E402
 from trainctl.runtime.checkpoint.storage import CheckpointManager, rng_state, set_rng_state  # noqa: E402
+from trainctl.runtime.train import faults  # noqa: E402
 
-from paths import REPO as ROOT
-from trainer_utils import fork_ranks
 WORKER = str(Path(__file__).with_name("ckpt_worker.py"))
 OPTS = StateDictOptions(flatten_optimizer_state_dict=True)
 # pytest resets warning filters per test; the runtime module's own filter is for real runs.

@@ -27,10 +27,10 @@ from cli_utils import TRAINCTL, trainctl
 from paths import REPO
 from trainer_utils import processes_mentioning
 
-from trainctl.hardware import oom_kills
 from trainctl.checkpoint import list_checkpoints
 from trainctl.checkpoint.format import step_dirname
 from trainctl.errors import EXIT_RUN_FAILED, EXIT_STOPPED
+from trainctl.hardware import oom_kills
 from trainctl.hardware.hostname import this_host
 from trainctl.rundir.paths import read_jsonl
 from trainctl.runtime.train import faults

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import struct
 from pathlib import Path
 
@@ -14,9 +13,9 @@ from data_utils import write_bpe_tokenizer, write_jsonl_corpus
 from resume_utils import assert_resumed_bitwise, curve, straight_and_resumed
 from trainer_utils import make_run, metrics, run_trainer
 
-from trainctl.data.prep import check_token_file, sample_text_path
-from trainctl.errors import UsageError
 from trainctl.data.files import open_token_file, read_megatron_index
+from trainctl.data.prep import check_token_file
+from trainctl.errors import UsageError
 
 
 def megatron_dataset_by_hand(prefix: Path, documents: list[list[int]], dtype: str = "uint16") -> None:

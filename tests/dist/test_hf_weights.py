@@ -57,7 +57,6 @@ def our_model(fam: str, weights: dict[str, Any]):
 
     from trainctl.model_shape import ModelShape
     from trainctl.runtime.model.transformer import build_stage
-    from trainctl.runtime.parallel.tensor_parallel import TPContext
 
     shape = ModelShape(**FAMILIES[fam])
     model = build_stage(shape, range(shape.layers), first=True, last=True, seed=0).eval()

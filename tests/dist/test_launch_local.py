@@ -5,15 +5,16 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import signal
 import subprocess
 import sys
-import time
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 import yaml
+from cli_utils import trainctl
+from paths import REPO
+from spec_utils import spec_with
 
 from trainctl.errors import UsageError
 from trainctl.launch import local
@@ -21,10 +22,6 @@ from trainctl.launch.create import check_run_dir, default_run_dir, freeze_spec, 
 from trainctl.rundir.paths import RunPaths, read_jsonl
 from trainctl.spec import RunSpec, load_spec, resolved_dict
 
-from cli_utils import trainctl
-from paths import REPO
-from spec_utils import spec_with
-from trainer_utils import processes_mentioning
 TINY = REPO / "recipes" / "tiny-cpu.yaml"
 
 
@@ -156,7 +153,8 @@ CONSOLE = ["[default0]:step 1\n",
            "[default0]:The above exception was the direct cause of the following exception:\n",
            "[default0]:Traceback (most recent call last):\n", "[default0]:ValueError: bad\n",
            "[default0]:trainctl: rank 0 failed: ValueError: bad\n",
-           "Traceback (most recent call last):\n", "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n",
+           "Traceback (most recent call last):\n",
+           "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n",
            "  rank      : 1 (local_rank: 1)\n", "[default0]:trainctl: warning: something\n", "[default0]:step 2\n",
            "[default1]:Traceback (most recent call last):\n", "[default1]:RuntimeError: rank 1's own\n",
            "[default1]:trainctl: warning: rank 1's warning\n",

@@ -41,10 +41,8 @@ losses 1.7e-7, grad norms 3.9e-7, weights 2.3e-6.
 from __future__ import annotations
 
 import itertools
-from concurrent.futures import ThreadPoolExecutor
 import json
-import os
-import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -207,8 +205,8 @@ def layout_of(row: dict[str, str]) -> dict[str, Any]:
 def global_batch(row: dict[str, str]) -> int:
     """A row's global batch: two micro-batches per pipeline stage on each DP rank. Gradient accumulation and
     every schedule's warm-up, steady state and cool-down all happen (interleaved and zero-bubble need a
-    multiple of pp; ZBV's order is full from 2*pp-1), and no step runs more micro-batches than that proves anything with: the matrix's time
-    goes into micro-batches, not into configurations."""
+    multiple of pp; ZBV's order is full from 2*pp-1), and no step runs more micro-batches than that proves anything
+    with: the matrix's time goes into micro-batches, not into configurations."""
     parallel = layout_of(row)
     return parallel.get("dp", 1) * int(row["micro_batch"]) * 2 * parallel.get("pp", 1)
 

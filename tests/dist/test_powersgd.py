@@ -16,8 +16,8 @@ from resume_utils import assert_resumed_bitwise, curve, ok, set_spec, straight_a
 from trainer_utils import fork_ranks, make_run, metrics, run_trainer
 
 from trainctl.checkpoint import list_checkpoints, rank_state_filename
-from trainctl.fileio import HASH, file_digest
 from trainctl.checkpoint.format import MANIFEST, MARKER, marker_bytes
+from trainctl.fileio import HASH, file_digest
 from trainctl.plan.memory import dp_bucket_numel
 from trainctl.plan.plan import build_plan
 from trainctl.spec.loader import validate_spec

@@ -7,14 +7,11 @@ JSON results. See the worker's docstring for what each case does.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
 from trainer_utils import fork_ranks
+
 WORKER = Path(__file__).with_name("tp_worker.py")
 
 pytestmark = pytest.mark.slow
@@ -48,7 +45,8 @@ def test_tp_matches_single_process(results, case):
 
 
 def test_tp_fp32_within_tolerance(results):
-    """fp32 matches only up to reduction order (~1e-6; docs/ARCHITECTURE.md, "Checked facts: PyTorch distributed on CPU/gloo"): tolerance, not bitwise."""
+    """fp32 matches only up to reduction order (~1e-6; docs/ARCHITECTURE.md, "Checked facts: PyTorch distributed on
+    CPU/gloo"): tolerance, not bitwise."""
     _tp, res = results
     r = res["llama_sp_fp32"]
     assert r["loss_diff"] <= 1e-5 * abs(r["ref_loss"])

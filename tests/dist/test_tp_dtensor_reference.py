@@ -11,14 +11,11 @@ QKV / gate-up, hand-written f/g, vocab-parallel CE) and an unfused model paralle
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
 from trainer_utils import fork_ranks
+
 WORKER = Path(__file__).with_name("dtensor_ref_worker.py")
 
 pytestmark = pytest.mark.slow

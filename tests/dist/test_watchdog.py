@@ -16,13 +16,12 @@ import time
 from pathlib import Path
 
 import pytest
-
-from trainctl.rundir.paths import RunPaths, read_jsonl
-from trainctl.runtime.train import faults
-from trainctl.runtime.observe import watchdog
-
 from cli_utils import TRAINCTL, trainctl
 from paths import REPO as ROOT
+
+from trainctl.rundir.paths import RunPaths, read_jsonl
+from trainctl.runtime.observe import watchdog
+from trainctl.runtime.train import faults
 
 SCRIPT = textwrap.dedent("""
     import sys, time
@@ -118,10 +117,8 @@ def wait_for_step(heartbeat: Path, step: int, proc: subprocess.Popen) -> dict:
                 return beat
         except (OSError, ValueError):
             pass
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=0.2)
-        except subprocess.TimeoutExpired:
-            pass
     proc.kill()
     raise AssertionError(f"the launch ended (status {proc.returncode}) before {heartbeat.name} showed step {step}")
 

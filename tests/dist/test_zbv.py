@@ -3,8 +3,8 @@ the plain 1F1B pipeline trains: losses, grad norms and final weights to fp32 rou
 for the Llama family (untied) and the GPT family (tied embeddings: both copies on pipeline rank 0, their
 grads summed there, not over an embedding group), with DP=2 under ZeRO-1 and under FSDP2 (which must not
 reshard after forward under a zero-bubble schedule), at PP=2 and PP=4; the layout matrix holds the ZBV
-layouts of every model family against one rank as well (tests/dist/test_layout_matrix.py). A ZBV checkpoint resumes onto 1F1B
-with DP=2 / ZeRO-2 and back onto ZBV (the tied copy on rank 0 is set from its key on load)."""
+layouts of every model family against one rank as well (tests/dist/test_layout_matrix.py). A ZBV checkpoint
+resumes onto 1F1B with DP=2 / ZeRO-2 and back onto ZBV (the tied copy on rank 0 is set from its key on load)."""
 
 from __future__ import annotations
 
@@ -43,7 +43,8 @@ PAIRS: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any], int]] = {
 def test_zbv_matches_1f1b(tmp_path: Path) -> None:
     cases = []
     for key, (model, zbv, plain, m) in PAIRS.items():
-        cases += [{"id": f"1f1b-{key}", "spec": spec(model, plain, m)}, {"id": f"zbv-{key}", "spec": spec(model, zbv, m)}]
+        cases += [{"id": f"1f1b-{key}", "spec": spec(model, plain, m)},
+                  {"id": f"zbv-{key}", "spec": spec(model, zbv, m)}]
     run_matrix(cases, tmp_path, timeout=600, nproc=4)
     worst = [0.0, 0.0, 0.0]
     for key in PAIRS:

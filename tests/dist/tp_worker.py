@@ -251,7 +251,9 @@ def main() -> None:
     dist.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)  # avoids the random SIGABRT at interpreter shutdown (docs/ARCHITECTURE.md, "Checked facts: PyTorch distributed on CPU/gloo")
+    # avoids the random SIGABRT at interpreter shutdown (docs/ARCHITECTURE.md, "Checked facts: PyTorch
+    # distributed on CPU/gloo")
+    os._exit(0)
 
 
 if __name__ == "__main__":
