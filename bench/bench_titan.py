@@ -150,20 +150,14 @@ def _trainctl_init(spec: Any, device: Any) -> dict[str, Any]:
     """trainctl's initial weights as Hugging Face's state dict (the bare loop's way of building the model)."""
     import torch
 
+    from trainctl.hf.format import layout
     from trainctl.model_shape import ModelShape
-    from trainctl.runtime.model import build_stage
-    from trainctl.runtime.tensor_parallel import TPContext
-
-    try:
-        from trainctl.hf.format import layout
-        from trainctl.runtime.model.hf_weights import to_hf
-    except ImportError:  # before the subpackage layout
-        from trainctl.hf_format import layout
-        from trainctl.runtime.hf_weights import to_hf
+    from trainctl.runtime.model.hf_weights import to_hf
+    from trainctl.runtime.model.transformer import build_stage
 
     cfg = ModelShape.from_spec(spec.model)
     torch.manual_seed(spec.train.seed)
-    stage = build_stage(cfg, range(cfg.layers), True, True, TPContext.single(), spec.train.seed, device=device)
+    stage = build_stage(cfg, range(cfg.layers), first=True, last=True, seed=spec.train.seed, device=device)
     full = {k: v.detach() for k, v in stage.state_dict().items()}
     hf = to_hf(layout(cfg), full)  # CPU fp32 tensors
     del stage, full
@@ -195,8 +189,8 @@ def titan_worker(run: Path, out: Path, sdpa: str, init_from_trainctl: bool, deca
     from torchtitan.train import Trainer
 
     from trainctl.model_shape import ModelShape
-    from trainctl.runtime.data import build_loader
-    from trainctl.runtime.optim import lr_at
+    from trainctl.runtime.train.loader import build_loader
+    from trainctl.runtime.train.optim import lr_at
     from trainctl.spec import load_spec
 
     spec = load_spec(run / "spec.yaml")
