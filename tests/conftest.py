@@ -51,8 +51,9 @@ def one_torch_thread():
 
 @pytest.fixture(scope="session")
 def readme_walkthrough(tmp_path_factory: pytest.TempPathFactory):
-    """The README followed top to bottom once per session (tests/readme_walkthrough.py): its examples' results,
-    and the runs and profile they left in its working directory, for every test that checks them."""
+    """The README, then the docs/ pages, followed once per session (tests/readme_walkthrough.py): their
+    examples' results, and the runs and profile they left in its working directory, for every test that
+    checks them."""
     from readme_walkthrough import follow
 
     return follow(tmp_path_factory.mktemp("readme"))

@@ -1,8 +1,12 @@
-"""The README followed as a user would: its examples parsed, then run in order in one working directory.
+"""The README and the docs/ pages followed as a user would: their examples parsed, then run in order in one
+working directory.
 
-Shared by tests/dist/test_readme_examples.py (every example does what the README says) and the tests that
-check the walkthrough's runs in more depth (test_calibrate: its calibration and its quick run), so the
-README's launches and calibration run once per session (tests/conftest.py `readme_walkthrough`).
+The README comes first, then the pages of PAGES in that order (a page may use what an earlier one made:
+the README's runs/quick, the token file and the calibration profile of the pages before), then any other
+docs/ page with examples, by name. Shared by tests/dist/test_readme_examples.py (every example does what its
+page says) and the tests that check the walkthrough's runs in more depth (test_calibrate: its calibration
+and its quick run), so the launches and the calibration run once per session (tests/conftest.py
+`readme_walkthrough`).
 """
 
 from __future__ import annotations
@@ -17,15 +21,21 @@ from data_utils import write_bpe_tokenizer, write_jsonl_corpus
 from paths import REPO
 
 README = REPO / "README.md"
+DOCS = REPO / "docs"
+# the docs/ pages, in the order they are followed after the README: a page's examples may use what an earlier
+# page's made (runs/quick is the README's, sample.bin interop.md's, calibration-tiny-cpu.json plan-and-calibrate.md's)
+PAGES = ("spec.md", "plan-and-calibrate.md", "launching.md", "resume-and-failures.md", "mfu-report.md",
+         "interop.md", "extending.md", "results.md")
 MEASURING = ("launch", "resume", "calibrate", "mfu-report", "checkpoints", "data check", "status", "runs")
 SLURM_ELSEWHERE = "recipes/llama3-70b.yaml"
 
 
 @dataclass
 class Example:
-    command: str  # as the README writes it, without "$ " and a trailing "# comment"
-    expected: list[str] | None  # the output lines the README shows; None for a ```bash line
-    line: int  # 1-based line in README.md
+    command: str  # as the page writes it, without "$ " and a trailing "# comment"
+    expected: list[str] | None  # the output lines the page shows; None for a ```bash line
+    page: str  # README.md, docs/spec.md, ...
+    line: int  # 1-based line in the page
     args: list[str] = field(default_factory=list)  # what runs (ADAPTED applied)
     why: str = ""  # the adaptation, if any
 
@@ -34,9 +44,24 @@ class Example:
         words = self.command.split()[1:3]
         return any(" ".join(words).startswith(m) for m in MEASURING) or "--calibration" in self.command
 
+    @property
+    def where(self) -> str:
+        return f"{self.page}:{self.line}"
 
-def examples(text: str) -> list[Example]:
-    """The README's examples, in order."""
+
+def pages() -> list[Path]:
+    """The pages the walkthrough follows, in order: the README, PAGES, then any other docs/ page by name."""
+    ordered = [README, *(DOCS / name for name in PAGES)]
+    return ordered + sorted(p for p in DOCS.rglob("*.md") if p not in ordered)
+
+
+def all_examples() -> list[Example]:
+    """Every page's examples, in the order the walkthrough runs them."""
+    return [ex for page in pages() for ex in examples(page.read_text(), page.relative_to(REPO).as_posix())]
+
+
+def examples(text: str, page: str = "README.md") -> list[Example]:
+    """A page's examples, in order."""
     out: list[Example] = []
     block: str | None = None
     current: Example | None = None  # the $ example of this block whose output lines follow
@@ -46,14 +71,14 @@ def examples(text: str) -> list[Example]:
             current = None
             continue
         if block == "text" and raw.startswith("$ trainctl "):
-            current = Example(_command(raw[2:]), [], n)
+            current = Example(_command(raw[2:]), [], page, n)
             out.append(current)
         elif block == "text" and raw.startswith("$ "):
-            raise AssertionError(f"README.md:{n}: a $ example this test cannot run: {raw}")
+            raise AssertionError(f"{page}:{n}: a $ example this test cannot run: {raw}")
         elif current is not None and current.expected is not None and raw.strip():
             current.expected.append(raw)
         elif block == "bash" and raw.startswith("trainctl "):
-            out.append(Example(_command(raw), None, n))
+            out.append(Example(_command(raw), None, page, n))
     for ex in out:
         ex.args, ex.why = adapted(ex)
     return out
@@ -65,7 +90,7 @@ def _command(text: str) -> str:
 
 
 def adapted(ex: Example) -> tuple[list[str], str]:
-    """ADAPTED: what a ```bash command runs here, and why it differs from the README's line."""
+    """ADAPTED: what a ```bash command runs here, and why it differs from the page's line."""
     args = shlex.split(ex.command)[1:]
     why = []
     slurm = args[0] == "launch" and SLURM_ELSEWHERE in args
@@ -77,7 +102,7 @@ def adapted(ex: Example) -> tuple[list[str], str]:
     return args, "; ".join(why)
 
 
-# --- comparing output with the README ---------------------------------------------------------------------
+# --- running an example ----------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -89,11 +114,11 @@ class Result:
 
 def run(ex: Example, cwd: Path) -> Result:
     env = {"TRAINCTL_FAULTS": None, "TRAINCTL_WATCHDOG_S": None,
-           "COLUMNS": "120"}  # the width the README's tables were printed at
+           "COLUMNS": "120"}  # the width the pages' tables were printed at
     if ex.args[0] == "launch" and SLURM_ELSEWHERE in ex.args:
         env["PATH"] = str(Path(sys.executable).parent)  # no sinfo: the shared Slurm test cluster is not ours
     p = trainctl(*ex.args, cwd=cwd, env=env, timeout=600)
-    # the README shows paths relative to the directory it is followed in
+    # the pages show paths relative to the directory they are followed in
     output = (p.stdout + p.stderr).replace(f"{cwd}/", "")
     return Result(ex, p.returncode, output)
 
@@ -104,7 +129,7 @@ class Walkthrough:
     results: list[Result]
 
     def result(self, command_prefix: str) -> Result:
-        """The first example whose README command starts with `command_prefix`."""
+        """The first example whose command, as its page writes it, starts with `command_prefix`."""
         return next(r for r in self.results if r.example.command.startswith(command_prefix))
 
 
@@ -114,4 +139,4 @@ def follow(cwd: Path) -> Walkthrough:
     # the files the Megatron example names (a local tokenizer.json and a .jsonl corpus)
     write_bpe_tokenizer(cwd / "tokenizer.json")
     write_jsonl_corpus(cwd / "corpus.jsonl")
-    return Walkthrough(cwd, [run(ex, cwd) for ex in examples(README.read_text())])
+    return Walkthrough(cwd, [run(ex, cwd) for ex in all_examples()])

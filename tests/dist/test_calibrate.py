@@ -1,9 +1,9 @@
 """`trainctl calibrate` and the planner that prices layouts with its profile, as a user runs them.
 
-Real processes, the README's own: its calibration of the tiny recipe (8 ranks under torchrun) and its quick
-run (launched for 3 steps, resumed to 6) are shared by the tests of this module (tests/conftest.py
-`readme_walkthrough`, which follows the README once per session). No timing thresholds: the figures only have to
-exist, be positive and be used.
+Real processes, the documentation's own: the calibration of the tiny recipe (8 ranks under torchrun) of
+docs/plan-and-calibrate.md and the README's quick run (launched for 3 steps, resumed to 6) are shared by the
+tests of this module (tests/conftest.py `readme_walkthrough`, which follows the README and the docs/ pages
+once per session). No timing thresholds: the figures only have to exist, be positive and be used.
 Contract: docs/ARCHITECTURE.md, "Calibration profile"; exit codes 0 ok, 1 failed, 2 usage (one line).
 """
 
@@ -31,13 +31,13 @@ def plan_json(*args: str) -> dict[str, Any]:
     return json.loads(out.stdout)
 
 
-CALIBRATE = "trainctl calibrate recipes/tiny-cpu.yaml"  # the README's calibration and the profile it writes
+CALIBRATE = "trainctl calibrate recipes/tiny-cpu.yaml"  # docs/plan-and-calibrate.md's, and the profile it writes
 PROFILE = "calibration-tiny-cpu.json"
 
 
 @pytest.fixture(scope="module")
 def calibrated(readme_walkthrough) -> tuple[Path, str, int]:
-    """The README's calibration of the tiny recipe: (profile, its output, its exit code)."""
+    """The walkthrough's calibration of the tiny recipe: (profile, its output, its exit code)."""
     r = readme_walkthrough.result(CALIBRATE)
     return readme_walkthrough.cwd / PROFILE, r.output, r.returncode
 
@@ -238,7 +238,7 @@ def test_from_run_refits_the_compute_rate(finished_run: Path, calibrated, tmp_pa
 
 @pytest.mark.slow
 def test_from_run_never_replaces_its_base_profile(finished_run: Path, calibrated, tmp_path: Path) -> None:
-    """The README's profile as the base of a refit in the directory it was written to: the default --out
+    """The walkthrough's profile as the base of a refit in the directory it was written to: the default --out
     (once the base's own name) names the refit after the run; --out the base itself is refused."""
     base = tmp_path / PROFILE
     base.write_bytes(calibrated[0].read_bytes())

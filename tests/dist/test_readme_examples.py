@@ -1,16 +1,17 @@
-"""Every example in README.md, run as a user would follow it, top to bottom in one working directory.
+"""Every example in README.md and the docs/ pages, run as a user would follow them: the README top to bottom,
+then the pages in the walkthrough's order (tests/readme_walkthrough.py, PAGES), in one working directory.
 
-- A `$ trainctl ...` line of a ```text block is run as written; the lines under it are what the README says
-  it prints, and they must appear in the output in that order (the README may leave lines out, and `...` in
+- A `$ trainctl ...` line of a ```text block is run as written; the lines under it are what the page says
+  it prints, and they must appear in the output in that order (the page may leave lines out, and `...` in
   a line stands for any text). Spacing is compared loosely (tables pad columns). In a command that measures
   something (it trains, times, scans or prices with a measured profile) a figure with a unit of time or
-  size, a decimal, a percentage, a throughput and a date or time stamp may differ from the README's; every
-  other number (steps, ranks, counts, exit codes) must be exactly the README's.
+  size, a decimal, a percentage, a throughput and a date or time stamp may differ from the page's; every
+  other number (steps, ranks, counts, exit codes) must be exactly the page's.
 - A `trainctl ...` line of a ```bash block must run and exit 0. Those that would train run with --dry-run
   (the `$` examples train the same recipes for real); the Llama 3 70B recipe's Slurm cluster is not this
   machine's (no sinfo query of the shared test cluster; its data, not here either, is what its dry run warns
   about). ADAPTED says so.
-- Exit codes other than 0 are the ones the README names (EXIT).
+- Exit codes other than 0 are the ones the pages name (EXIT).
 
 The quick run the walkthrough builds (launch, then resume) is also checked in depth (test_quick_run_directory).
 """
@@ -25,14 +26,14 @@ import subprocess
 import pytest
 import yaml
 from cli_utils import trainctl
-from readme_walkthrough import README, Example, Walkthrough, examples
+from readme_walkthrough import Example, Walkthrough, all_examples
 
 from trainctl.rundir.paths import RunPaths, read_jsonl
 from trainctl.spec import load_spec, resolved_dict
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
-EXIT = {  # what the README says these exit with
+EXIT = {  # what the pages say these exit with
     "trainctl validate recipes/llama3-8b.yaml --set parallel.micro_batch=3": 2,
     "trainctl validate recipes/llama3-70b.yaml --set parallel.tp=16 --set parallel.dp=4": 2,
     "trainctl data check sample.bin --vocab 100": 1,
@@ -41,17 +42,17 @@ EXIT = {  # what the README says these exit with
 
 
 _NUM = r"\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?k?"
-_TIME = r"(?:{n} ?(?:ns|µs|us|ms|s)|\d+m \d+s|\d+h \d+m)".format(n=_NUM)
-_SIZE = r"{n} ?(?:B|kB|MB|GB|TB|KiB|MiB|GiB|TiB)".format(n=_NUM)
-# A README token that varies with the machine or the moment, and the pattern its place accepts.
+_TIME = rf"(?:{_NUM} ?(?:ns|µs|us|ms|s)|\d+m \d+s|\d+h \d+m)"
+_SIZE = rf"{_NUM} ?(?:B|kB|MB|GB|TB|KiB|MiB|GiB|TiB)"
+# A page's token that varies with the machine or the moment, and the pattern its place accepts.
 _VARYING = [
     (r"\.\.\.|…", r".*?"),
     (r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:[+-]\d{2}:\d{2}|Z)?", r"\S+"),
     (r"\d{4}-\d{2}-\d{2}", r"\d{4}-\d{2}-\d{2}"),
     (r"\d{2}:\d{2}:\d{2}", r"\d{2}:\d{2}:\d{2}"),
     (r"(?<=-)\d{8}-\d{6}(?:-\d+)?", r"\d{8}-\d{6}(?:-\d+)?"),  # runs/<name>-<YYYYmmdd-HHMMSS>
-    (r"(?<![\w.])(?:\d+m \d+s|\d+h \d+m|{n} ?(?:ns|µs|us|ms|s))(?![\w/])".format(n=_NUM), _TIME),
-    (r"(?<![\w.]){n} ?(?:B|kB|MB|GB|TB|KiB|MiB|GiB|TiB)(?!\w)".format(n=_NUM), _SIZE),
+    (rf"(?<![\w.])(?:\d+m \d+s|\d+h \d+m|{_NUM} ?(?:ns|µs|us|ms|s))(?![\w/])", _TIME),
+    (rf"(?<![\w.]){_NUM} ?(?:B|kB|MB|GB|TB|KiB|MiB|GiB|TiB)(?!\w)", _SIZE),
     (r"(?<![\w.])(?:\d[\d,]*\.\d+(?:e[-+]?\d+)?k?|\d{1,3}(?:,\d{3})+|\d+(?=%|k\b| ?tok/s|/gpu|/rank))", _NUM),
 ]
 _VARYING_RE = re.compile("|".join(f"({p})" for p, _ in _VARYING))
@@ -62,7 +63,7 @@ def normal(line: str) -> str:
 
 
 def pattern(expected: str, measuring: bool) -> re.Pattern[str]:
-    """The README line as a regex: literal text; `...` any text; in a measuring command also the varying
+    """The page's line as a regex: literal text; `...` any text; in a measuring command also the varying
     figures (see the module docstring)."""
     out, pos = [], 0
     for m in _VARYING_RE.finditer(expected):
@@ -76,7 +77,7 @@ def pattern(expected: str, measuring: bool) -> re.Pattern[str]:
 
 
 def mismatch(ex: Example, output: str) -> str | None:
-    """None when every README line appears in `output`, in order; else what is missing, with context."""
+    """None when every line the page shows appears in `output`, in order; else what is missing, with context."""
     lines = [normal(x) for x in output.splitlines()]
     at = 0
     for want in ex.expected or []:
@@ -87,26 +88,32 @@ def mismatch(ex: Example, output: str) -> str | None:
         hit = next((i for i in range(at, len(lines)) if rx.fullmatch(lines[i])), None)
         if hit is None:
             seen = "\n    ".join(lines[at:at + 12])
-            return f"README.md:{ex.line}: `{ex.command}` did not print\n    {w}\n  after that point it printed\n    {seen}"
+            return f"{ex.where}: `{ex.command}` did not print\n    {w}\n  after that point it printed\n    {seen}"
         at = hit + 1
     return None
 
 
 
-def test_the_readme_examples_are_all_found() -> None:
-    found = examples(README.read_text())
+def test_the_examples_are_all_found() -> None:
+    found = all_examples()
     commands = [ex.command.split()[1] for ex in found]
-    for cmd in ("validate", "plan", "data", "launch", "checkpoints", "resume", "export", "calibrate", "mfu-report"):
+    for cmd in ("validate", "plan", "data", "launch", "checkpoints", "resume", "export", "calibrate", "mfu-report",
+                "status"):
         assert cmd in commands, cmd
     assert sum(ex.expected is not None for ex in found) >= 12
     assert all(ex.expected for ex in found if ex.expected is not None), "a $ example shows no output"
+    # an example moved from one page to another is moved, not copied: each runs once
+    seen: dict[str, str] = {}
+    for ex in found:
+        assert ex.command not in seen, f"{ex.where} repeats {seen[ex.command]}: `{ex.command}`"
+        seen[ex.command] = ex.where
 
 
 # a Python traceback's first line (a Slurm dry run prints the batch script, whose log filter names the words)
 PYTHON_TRACEBACK = re.compile(r"^Traceback \(most recent call last\):", re.MULTILINE)
 
 
-def test_every_readme_example_does_what_the_readme_says(readme_walkthrough: Walkthrough) -> None:
+def test_every_example_does_what_its_page_says(readme_walkthrough: Walkthrough) -> None:
     results = readme_walkthrough.results
     problems = []
     for r in results:
@@ -114,7 +121,7 @@ def test_every_readme_example_does_what_the_readme_says(readme_walkthrough: Walk
         want = EXIT.get(ex.command, 0)
         if r.returncode != want or PYTHON_TRACEBACK.search(r.output):
             how = ex.why or "as written"
-            problems.append(f"README.md:{ex.line}: `{ex.command}` ran as {shlex.join(ex.args)} ({how}) and exited "
+            problems.append(f"{ex.where}: `{ex.command}` ran as {shlex.join(ex.args)} ({how}) and exited "
                             f"{r.returncode}, not {want}:\n{r.output[-2000:]}")
         elif ex.expected is not None and (why := mismatch(ex, r.output)):
             problems.append(why)
