@@ -1,4 +1,12 @@
-"""Accelerator and interconnect catalog, and local GPU detection (no torch)."""
+"""The machine: accelerator and interconnect catalog, local GPU detection, this host's name, the kernel's
+out-of-memory kill counters. No torch.
+
+    catalog.py        accelerators and fabrics (dense peaks, memory, NVLink domain), with their sources
+    detect.py         the local GPUs through NVML, mapped to catalog entries
+    topology.py       NVLink-domain arithmetic shared by the spec rules and the placement
+    hostname.py       the one name trainctl gives this host
+    oom_kills.py      whether the kernel's out-of-memory killer ended a rank
+"""
 
 from trainctl.hardware.catalog import (
     ACCELERATORS,
