@@ -130,7 +130,8 @@ _IMPORTS = """
 import sys
 from pathlib import Path
 from trainctl.rundir.paths import RunPaths
-from trainctl.runtime import profiling, tracking, trainer
+from trainctl.runtime.observe import profiling, tracking
+from trainctl.runtime.train import trainer
 from trainctl.spec import load_spec
 import torch
 spec = load_spec(sys.argv[1])
