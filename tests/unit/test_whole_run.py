@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 import random
 import statistics
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -64,12 +66,8 @@ def test_full_model_interval_is_daly_whatever_the_restart_costs() -> None:
     daly = daly_interval(run.save_block_s, run.mtbf_s)
     assert best == pytest.approx(daly, rel=0.05)
     assert optimal_interval_s(_run(compute_s=2000 * HOUR, restart_s=3 * HOUR)) == pytest.approx(best, rel=0.02)
-    worse = [WholeRun(compute_s=run.compute_s, interval_s=t, save_block_s=run.save_block_s,
-                      last_write_s=run.last_write_s, restart_s=run.restart_s, mtbf_s=run.mtbf_s).expected_wall_s
-             for t in (best / 2, best * 2)]
-    at_best = WholeRun(compute_s=run.compute_s, interval_s=best, save_block_s=run.save_block_s,
-                       last_write_s=run.last_write_s, restart_s=run.restart_s, mtbf_s=run.mtbf_s).expected_wall_s
-    assert all(at_best < w for w in worse)
+    at_best = replace(run, interval_s=best).expected_wall_s
+    assert all(at_best < replace(run, interval_s=t).expected_wall_s for t in (best / 2, best * 2))
 
 
 def test_default_failure_model_reproduces_llama3_interruptions() -> None:
@@ -81,3 +79,35 @@ def test_default_failure_model_reproduces_llama3_interruptions() -> None:
                    restart_s=0.1 * HOUR, mtbf_s=mtbf_s)
     per_wall_second = run.expected_failures / run.expected_wall_s
     assert per_wall_second * snapshot_s == pytest.approx(419, rel=0.03)
+
+
+REPO = Path(__file__).resolve().parents[2]
+LLAMA_405B = str(REPO / "recipes" / "llama3-405b.yaml")
+
+
+def test_plan_prices_the_whole_run_from_its_own_step_time() -> None:
+    from trainctl.plan.plan import build_plan
+    from trainctl.spec import load_spec
+
+    spec = load_spec(LLAMA_405B, ["cluster.gpu_hour_price=2.5"])
+    plan = build_plan(spec)
+    run = plan.to_json()["checkpoint"]["whole_run"]
+    assert run["compute_s"] == pytest.approx(plan.est.step_time * spec.train.steps)
+    assert run["restart_s"] == pytest.approx(sum(run["restart_parts_s"].values()))
+    assert run["restart_parts_s"]["requeue"] == spec.estimate.requeue_s
+    assert run["wall_days"]["p10"] < run["wall_days"]["p50"] < run["wall_days"]["p90"]
+    assert run["gpu_hours"] == pytest.approx(run["wall_days"]["mean"] * 24 * spec.cluster.world_size)
+    assert run["cost"] == pytest.approx(2.5 * run["gpu_hours"])
+    assert 0 < run["ettr"] < 1 and set(run["formulas"]) >= {"wall", "spread", "restart_s", "cost"}
+    assert build_plan(load_spec(LLAMA_405B)).to_json()["checkpoint"]["whole_run"]["cost"] is None  # no default
+
+
+def test_negative_price_is_one_line_naming_the_field_exit_2() -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", "from trainctl.cli.app import main; main()", "plan", LLAMA_405B,
+                          "--set", "cluster.gpu_hour_price=-2"], capture_output=True, text=True, cwd=REPO,
+                         timeout=120)
+    assert out.returncode == 2
+    assert len(out.stderr.strip().splitlines()) == 1 and "cluster.gpu_hour_price" in out.stderr

@@ -247,6 +247,23 @@ def checkpoint_rows(ck: dict[str, Any]) -> list[tuple[str, str]]:
         ("interval", configured),
         ("Young/Daly interval", f"{dur(cad['optimal_s'])}{steps}; {pct(cad['loss_optimal'], 2)} expected lost, "
                                 f"MTBF {dur(cad['mtbf_s'])} ({cad['mtbf_source']})"),
+    ] + whole_run_rows(ck["whole_run"])
+
+
+def whole_run_rows(run: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """The whole run under failures (plan/whole_run.py; formulas in --json's checkpoint.whole_run.formulas)."""
+    if run is None:
+        return []
+    days = run["wall_days"]
+    cost = f", cost {run['cost']:,.0f}" if run["cost"] is not None else ""
+    return [
+        ("whole run", f"compute {dur(run['compute_s'])}; {count(run['saves'], 'save')} blocking "
+                      f"{dur(run['save_blocking_s'])}, last write {dur(run['last_write_s'])}"),
+        ("interruptions", f"~{run['expected_interruptions']:.1f} expected, each redoing the work since the last "
+                          f"save plus a {dur(run['restart_s'])} restart; ETTR {pct(run['ettr'], 1)}"),
+        ("wall clock", f"P10 {days['p10']:.2f} / P50 {days['p50']:.2f} / P90 {days['p90']:.2f} days (closed form); "
+                       f"{run['gpu_hours']:,.0f} GPU-hours{cost}"),
+        ("best interval", f"{dur(run['optimal_interval_s'])} minimises the expected wall clock"),
     ]
 
 

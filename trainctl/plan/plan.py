@@ -24,6 +24,7 @@ from trainctl.plan.estimate import Assumptions, Candidate, Context, Estimate, Ev
 from trainctl.plan.memory import compute_precision, host_memory_bytes, reserve_bytes
 from trainctl.plan.placement import Groups, Layout, placement_table
 from trainctl.plan.rates import describe, measured_rates
+from trainctl.plan.whole_run import WholeRun, whole_run_summary
 from trainctl.spec import time_limit
 from trainctl.spec.models import RunSpec
 from trainctl.units import dur
@@ -388,7 +389,8 @@ def checkpoint_plan(spec: RunSpec, step_time: float | None) -> tuple[dict[str, A
     e = spec.estimate
     out = {"bytes": checkpoint_bytes(spec), "async": ck.async_save, "blocking_s": blocking, "save_s": total,
            "write_gbps_per_node": e.checkpoint_write_gbps, "stage_gbps_per_gpu": e.checkpoint_stage_gbps,
-           "every_steps": ck.every_steps, "every_minutes": ck.every_minutes, "cadence": cadence.as_dict()}
+           "every_steps": ck.every_steps, "every_minutes": ck.every_minutes, "cadence": cadence.as_dict(),
+           "whole_run": whole_run_plan(spec, step_time=step_time, blocking_s=blocking, save_s=total, mtbf_s=mtbf)}
     warnings = [PlanWarning("CHECKPOINT_INTERVAL", "warning", line)] if (line := cadence.warning()) else []
     if ck.async_save and cadence.configured_s is not None and cadence.configured_s < total:
         warnings.append(PlanWarning("CHECKPOINT_BACKLOG", "warning", (
@@ -398,6 +400,24 @@ def checkpoint_plan(spec: RunSpec, step_time: float | None) -> tuple[dict[str, A
     if ck.dir is not None and (shared := storage.storage_problem(spec, Path.cwd())):  # else known only at launch
         warnings.append(PlanWarning(storage.WARNING_CODE, "warning", shared))
     return out, tuple(warnings)
+
+
+def whole_run_plan(spec: RunSpec, *, step_time: float | None, blocking_s: float, save_s: float,
+                   mtbf_s: float) -> dict[str, Any] | None:
+    """The whole run's expected wall clock, interruptions and GPU-hours (plan/whole_run.py); None without a step
+    time. Without scheduled saves the run is one interval: a failure redoes it from the start."""
+    if not step_time:
+        return None
+    e, ck = spec.estimate, spec.checkpoint
+    compute = step_time * spec.train.steps
+    interval = configured_interval(ck.every_steps, ck.every_minutes, step_time) or compute
+    load = checkpoint_bytes(spec) / spec.cluster.nodes / (e.checkpoint_read_gbps * 1e9)
+    parts = {"requeue": e.requeue_s, "startup": e.startup_s, "checkpoint_load": load}
+    run = WholeRun(compute_s=compute, interval_s=min(interval, compute), save_block_s=blocking_s,
+                   last_write_s=save_s - blocking_s if ck.async_save else 0.0, restart_s=sum(parts.values()),
+                   mtbf_s=mtbf_s)
+    return whole_run_summary(run=run, gpus=spec.cluster.world_size, gpu_hour_price=spec.cluster.gpu_hour_price,
+                             restart_parts=parts)
 
 
 def calibration_warnings(ctx: Context) -> tuple[PlanWarning, ...]:

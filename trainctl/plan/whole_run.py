@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 Z90 = 1.2815515655446004  # the standard normal's 90th percentile
 
@@ -89,8 +89,7 @@ def optimal_interval_s(run: WholeRun, *, candidates: int = 200) -> float:
     best_s, best_wall = run.interval_s, math.inf
     for i in range(candidates + 1):
         t = min(run.compute_s, scale * 10 ** (-2.0 + 3.0 * i / candidates))
-        wall = WholeRun(compute_s=run.compute_s, interval_s=t, save_block_s=run.save_block_s,
-                        last_write_s=run.last_write_s, restart_s=run.restart_s, mtbf_s=run.mtbf_s).expected_wall_s
+        wall = replace(run, interval_s=t).expected_wall_s
         if wall < best_wall:
             best_s, best_wall = t, wall
     return best_s
@@ -117,3 +116,33 @@ def simulate_wall_s(run: WholeRun, rng: random.Random) -> tuple[float, int]:
                 wall += t
                 failures += 1
     return wall + run.last_write_s, failures
+
+
+def whole_run_summary(*, run: WholeRun, gpus: int, gpu_hour_price: float | None,
+                      restart_parts: dict[str, float]) -> dict[str, object]:
+    """The whole-run figures plan prints, each with its formula."""
+    p10, p50, p90 = run.wall_percentiles_s()
+    gpu_hours = run.expected_wall_s * gpus / 3600.0
+    day = 86400.0
+    return {
+        "compute_s": run.compute_s, "saves": run.saves, "save_blocking_s": run.saves * run.save_block_s,
+        "last_write_s": run.last_write_s, "interval_s": run.interval_s, "mtbf_s": run.mtbf_s,
+        "restart_s": run.restart_s, "restart_parts_s": restart_parts,
+        "expected_interruptions": run.expected_failures, "ettr": run.ettr,
+        "wall_days": {"p10": p10 / day, "p50": p50 / day, "p90": p90 / day, "mean": run.expected_wall_s / day},
+        "gpu_hours": gpu_hours, "cost": gpu_hours * gpu_hour_price if gpu_hour_price is not None else None,
+        "optimal_interval_s": optimal_interval_s(run),
+        "formulas": {
+            "compute_s": "train.steps x predicted step time",
+            "restart_s": "estimate.requeue_s + estimate.startup_s + checkpoint bytes per node / "
+                         "estimate.checkpoint_read_gbps",
+            "wall": "per save interval T with save blocking C, MTBF M, restart R: M exp(R/M) (exp((T+C)/M) - 1), "
+                    "summed over the intervals, plus the last save's write (closed form, Poisson failures)",
+            "interruptions": "exp(R/M) (exp((T+C)/M) - 1) per interval",
+            "spread": "normal approximation of a compound Poisson failure process (closed form, not simulated)",
+            "ettr": "compute_s / expected wall clock", "gpu_hours": "expected wall clock x GPUs",
+            "cost": "gpu_hours x cluster.gpu_hour_price",
+            "optimal_interval_s": "the interval minimising the expected wall clock of this model; the restart "
+                                  "cost does not move it (a constant factor exp(R/M)), so it is Daly's, refined",
+        },
+    }

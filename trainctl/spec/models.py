@@ -22,6 +22,7 @@ NonNegCount = Annotated[int, Field(ge=0, le=1_000_000_000)]
 Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
 DEFAULT_GRACE_S = 300  # launcher.grace_s: Slurm's stop warning before a time limit, enough to save a checkpoint
 PositiveFloat = Annotated[float, Field(gt=0.0, le=1e9, allow_inf_nan=False)]
+NonNegativeFloat = Annotated[float, Field(ge=0.0, le=1e9, allow_inf_nan=False)]
 
 
 class Strict(BaseModel):
@@ -391,6 +392,8 @@ class ClusterSpec(Strict):
     calibration: str | None = Field(None, description="Calibration profile from `trainctl calibrate` (JSON): the "
                                     "planner's times then come from its measured rates instead of catalog peaks "
                                     "x estimate.* efficiencies; a relative path is relative to the working directory")
+    gpu_hour_price: PositiveFloat | None = Field(None, description="Price of one GPU-hour (any currency): plan then "
+                                                 "prices the whole run's expected GPU-hours; no default price")
 
     @property
     def world_size(self) -> int:
@@ -534,6 +537,14 @@ class EstimateSpec(Strict):
     host_adam_gbps: PositiveFloat = Field(40.0, description="Host memory bandwidth one GPU's share of the CPU "
                                           "step gets, GB/s, for parallel.offload (fused CPU AdamW moves 28 bytes "
                                           "per fp32 element)")
+    requeue_s: NonNegativeFloat = Field(120.0, description="Seconds from a failure to the job running again "
+                                        "(detection, the scheduler's requeue, node allocation), for plan's "
+                                        "whole-run interruption cost; an assumption, measure yours")
+    startup_s: NonNegativeFloat = Field(300.0, description="Seconds a restart spends starting up before the "
+                                        "checkpoint load (process groups, model build, compile), for plan's "
+                                        "whole-run interruption cost; mfu-report measures a run's own")
+    checkpoint_read_gbps: PositiveFloat = Field(2.0, description="Checkpoint read bandwidth per node, GB/s: a "
+                                                "restart's load time in plan's whole-run interruption cost")
 
 
 class RunSpec(Strict):
