@@ -111,3 +111,22 @@ def test_negative_price_is_one_line_naming_the_field_exit_2() -> None:
                          timeout=120)
     assert out.returncode == 2
     assert len(out.stderr.strip().splitlines()) == 1 and "cluster.gpu_hour_price" in out.stderr
+
+
+def test_token_budget_sets_the_steps_and_refuses_a_partial_batch() -> None:
+    from trainctl.errors import SpecError
+    from trainctl.plan.plan import build_plan
+    from trainctl.spec import load_spec
+
+    by_steps = load_spec(LLAMA_405B)
+    tokens = by_steps.train.steps * by_steps.batch_tokens
+    for written in (str(tokens), f"{tokens / 1e12:.12g}T"):
+        spec = load_spec(LLAMA_405B, ["train.steps=null", f"train.tokens={written}"])
+        assert spec.train.steps == by_steps.train.steps and spec.train.tokens == tokens
+    run = build_plan(spec).to_json()["checkpoint"]["whole_run"]
+    assert (run["steps"], run["tokens"], run["given"]) == (by_steps.train.steps, tokens, "train.tokens")
+    with pytest.raises(SpecError) as err:
+        load_spec(LLAMA_405B, ["train.steps=null", f"train.tokens={tokens + 1}"])
+    assert "train.tokens" in str(err.value) and "Fix: use" in str(err.value)
+    with pytest.raises(SpecError, match="exactly one of train.steps and train.tokens"):
+        load_spec(LLAMA_405B, [f"train.tokens={tokens}"])

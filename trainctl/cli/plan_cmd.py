@@ -257,7 +257,9 @@ def whole_run_rows(run: dict[str, Any] | None) -> list[tuple[str, str]]:
     days = run["wall_days"]
     cost = f", cost {run['cost']:,.0f}" if run["cost"] is not None else ""
     return [
-        ("whole run", f"compute {dur(run['compute_s'])}; {count(run['saves'], 'save')} blocking "
+        ("whole run", f"{count(run['steps'], 'step')} x {run['tokens'] / run['steps']:,.0f} tokens = "
+                      f"{run['tokens']:.4g} tokens (from {run['given']}); compute {dur(run['compute_s'])}; "
+                      f"{count(run['saves'], 'save')} blocking "
                       f"{dur(run['save_blocking_s'])}, last write {dur(run['last_write_s'])}"),
         ("interruptions", f"~{run['expected_interruptions']:.1f} expected, each redoing the work since the last "
                           f"save plus a {dur(run['restart_s'])} restart; ETTR {pct(run['ettr'], 1)}"),

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from trainctl.model_shape import default_ffn_hidden, padded_vocab
 from trainctl.spec.presets import MODEL_PRESETS
@@ -23,6 +23,25 @@ Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
 DEFAULT_GRACE_S = 300  # launcher.grace_s: Slurm's stop warning before a time limit, enough to save a checkpoint
 PositiveFloat = Annotated[float, Field(gt=0.0, le=1e9, allow_inf_nan=False)]
 NonNegativeFloat = Annotated[float, Field(ge=0.0, le=1e9, allow_inf_nan=False)]
+
+
+TOKEN_SUFFIXES = {"K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
+
+
+def token_count(value: object) -> object:
+    """15T, 405B, 2M or 15e12 as an integer count; anything else is left for the int check to refuse."""
+    if isinstance(value, str):
+        text = value.strip().upper()
+        scale = TOKEN_SUFFIXES.get(text[-1:], 1)
+        number = text[:-1] if scale != 1 else text
+        try:
+            exact = float(number) * scale
+        except ValueError:
+            return value
+        return int(exact) if exact == int(exact) else value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
 
 
 class Strict(BaseModel):
@@ -236,7 +255,10 @@ class ProfileSpec(Strict):
 
 class TrainSpec(Strict):
     global_batch: Count = Field(description="Sequences per optimizer step, across all DP ranks")
-    steps: Count = Field(description="Optimizer steps to train for")
+    steps: Count | None = Field(None, description="Optimizer steps to train for; give this or train.tokens")
+    tokens: Annotated[int, BeforeValidator(token_count), Field(gt=0, le=10**17)] | None = Field(
+        None, description="Tokens to train on (15e12, 15T, 405B, 2M), instead of train.steps: the steps are "
+        "tokens / (global_batch x model.seq_len), which must divide it")
     lr: PositiveFloat = Field(3e-4, description="Peak learning rate, reached at the end of the warm-up")
     min_lr: Annotated[float, Field(ge=0.0, le=1e9, allow_inf_nan=False)] | None = Field(
         None, description="Floor of the schedule; default lr/10"
@@ -284,6 +306,12 @@ class TrainSpec(Strict):
                                        "stop (or roll back) after several in a row")
     profile: ProfileSpec | None = Field(None, description="torch.profiler Chrome/Perfetto traces of a window of "
                                         "steps on selected ranks (RUN/profile/); absent: no profiler")
+
+    @model_validator(mode="after")
+    def _steps_or_tokens(self) -> TrainSpec:
+        if (self.steps is None) == (self.tokens is None):
+            raise ValueError("give exactly one of train.steps and train.tokens (the other is derived)")
+        return self
 
     @property
     def compile_with(self) -> str | None:
@@ -567,6 +595,19 @@ class RunSpec(Strict):
                                    "(efficiencies, bandwidths); printed with every plan")
     tracking: TrackingSpec = Field(TrackingSpec(), description="Extra sinks of the per-step metrics (TensorBoard, "
                                    "Weights & Biases); RUN/metrics.jsonl is always written")
+
+    @model_validator(mode="after")
+    def _steps_from_tokens(self) -> RunSpec:
+        # frozen model: train.tokens sets train.steps once, at validation; a count the batch does not divide is
+        # rounded down here and refused by the rules (spec/rules.py), which name the fix
+        if self.train.tokens is not None:
+            object.__setattr__(self.train, "steps", max(1, self.train.tokens // self.batch_tokens))
+        return self
+
+    @property
+    def batch_tokens(self) -> int:
+        """Tokens per optimizer step: global_batch sequences of model.seq_len."""
+        return self.train.global_batch * self.model.seq_len
 
     @property
     def dp(self) -> int:

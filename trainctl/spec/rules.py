@@ -282,6 +282,10 @@ def _grad_compression(spec: RunSpec) -> Iterator[str]:
 
 def _training(spec: RunSpec) -> Iterator[str]:
     t = spec.train
+    if t.tokens is not None and t.tokens % spec.batch_tokens:
+        down, up = t.steps * spec.batch_tokens, (t.steps + 1) * spec.batch_tokens
+        yield problem("train.tokens", t.tokens, f"not a multiple of the {spec.batch_tokens:,} tokens of one step "
+                      f"(train.global_batch x model.seq_len)", f"use {down:,} or {up:,} ({down:.4g} or {up:.4g})")
     if t.warmup > t.steps:
         yield problem("train.warmup", t.warmup, f"longer than train.steps = {t.steps}",
                       "use warmup <= steps")
