@@ -40,6 +40,14 @@ def _layout_at(run: RunData, t: float | None) -> int:
     return max((i for i, x in enumerate(run.layouts) if x.since <= t), default=0)
 
 
+def _per_step(plan: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A plan without its whole-run figures, which change with train.steps alone (plan/whole_run.py): what a
+    step runs under."""
+    if not plan or "whole_run" not in (plan.get("checkpoint") or {}):
+        return plan
+    return {**plan, "checkpoint": {k: v for k, v in plan["checkpoint"].items() if k != "whole_run"}}
+
+
 def segments(run: RunData, attempts: list[Attempt]) -> list[Segment]:
     """The attempts grouped by the layout they ran under, in order; layouts no attempt ran are left out."""
     if not run.layouts:
@@ -48,7 +56,7 @@ def segments(run: RunData, attempts: list[Attempt]) -> list[Segment]:
     for a in attempts:
         i = _layout_at(run, a.start_t if a.start_t is not None else a.begin_t)
         same = out and (i in out[-1].indices or (run.layouts[i].plan is not None
-                                                  and run.layouts[i].plan == out[-1].layout.plan))
+                                                  and _per_step(run.layouts[i].plan) == _per_step(out[-1].layout.plan)))
         if not same:  # a change the plan does not see (train.steps, a data path) goes on in the same segment
             out.append(Segment(run.layouts[i], []))
         out[-1].indices.add(i)
