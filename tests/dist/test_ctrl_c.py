@@ -8,6 +8,7 @@ step"."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import pty
@@ -340,6 +341,21 @@ def read_only_later() -> Any:
         subprocess.run(["umount", "-l", str(where)], capture_output=True)
 
 
+def delete_under_writers(path: Path) -> None:
+    """rm -rf of a directory the ranks still write into: a file they create between rmtree's listing and its
+    rmdir fails that rmdir (ENOTEMPTY), so delete again until the directory is gone."""
+    for _ in range(100):
+        try:
+            shutil.rmtree(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            if e.errno != errno.ENOTEMPTY:
+                raise
+    raise AssertionError(f"{path} kept filling up while it was deleted")
+
+
 @pytest.mark.parametrize("what", ["was deleted while the run trained (job.json is gone)",
                                   "became read-only while the run trained (its file system was remounted "
                                   "read-only)"], ids=["deleted", "read-only"])
@@ -348,7 +364,7 @@ def test_run_dir_lost_while_training_is_one_line(tmp_path: Path, read_only_later
     proc = launch(run)
     wait_for_step(run, proc, 2)
     if "deleted" in what:
-        shutil.rmtree(run)
+        delete_under_writers(run)
     else:
         read_only_later(run)
     out, _ = proc.communicate(timeout=180)
