@@ -214,7 +214,7 @@ def test_every_citation_of_the_architecture_page_names_a_real_section() -> None:
 
 
 # Comments and docs stand on their own: no pointer to notes, issues or machines outside the repository.
-OUTSIDE = re.compile(r"shared notes|cpu notes|\.\./shared|\bthe issue\b|\bissues? #?\d+|done[- ]when|"
+OUTSIDE = re.compile(r"shared\s+notes|cpu\s+notes|\.\./shared|\bthe\s+issue\b|\bissues? #?\d+|done[- ]when|"
                      r"DEVELOPERS\.md|/work/|github\.com/[\w.-]+/[\w.-]+/(?:issues|pull)", re.IGNORECASE)
 
 
