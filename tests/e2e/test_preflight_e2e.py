@@ -1,5 +1,5 @@
 """`trainctl preflight` and `trainctl launch --preflight` on the real local Slurm cluster, with node n2 made
-slow for real (its job processes stopped 80% of the time, tests/e2e/slow_node.py): a healthy
+slow for real (its job processes stopped 90% of the time, tests/e2e/slow_node.py): a healthy
 cluster passes; a slow n2 is named with its matmul rate and the job runs on n1 alone."""
 
 from __future__ import annotations
@@ -27,8 +27,11 @@ cluster: {nodes: 1, gpus_per_node: 1, gpu: cpu}
 launcher: {backend: slurm, mode: srun}
 """
 # The two "nodes" share two cores with whatever else runs on this machine: a healthy pair measured as far
-# apart as 0.52x (the other test worker compiling with inductor meanwhile); n2 held to 20% of the time measures
-# 0.16-0.29x. 0.4 sits between the two. The default (0.8) is for real fleets.
+# apart as 0.52x (the other test worker compiling with inductor meanwhile). 0.4 sits below that; the default
+# (0.8) is for real fleets. A ratio is judged bad only when it stays under the threshold after allowing for the
+# peers' measured spread, which reached 39% in CI: n2 held to 20% of the time measured 0.31x there, inside it,
+# so n2 is held to 10% (at most 0.4 / 1.39 = 0.29x is needed; 10% of the time gives about 0.1x).
+SLOW_FRACTION = 0.1
 LOOSE = ["--min-matmul-ratio", "0.4"]
 
 def test_healthy_cluster_passes(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
@@ -46,7 +49,7 @@ def test_healthy_cluster_passes(slurm_cluster: SlurmCluster, tmp_path: Path) -> 
 def test_slow_node_is_named_and_the_launch_runs_without_it(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     spec, run = tmp_path / "spec.yaml", tmp_path / "run"
     spec.write_text(SPEC)
-    with slow_node("n2", 0.2):
+    with slow_node("n2", SLOW_FRACTION):
         r = trainctl("launch", str(spec), "--preflight", "--preflight-nodes", "2", *LOOSE, "--run-dir", str(run))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "bad node n2: rank" in r.stdout and "matmul" in r.stdout and "bad node n1" not in r.stdout, r.stdout
