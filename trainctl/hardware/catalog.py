@@ -35,6 +35,9 @@ class Accelerator:
     # The datasheet headline (sparse) BF16 figure, kept so a test can check that we halved it.
     # None where the datasheet prints the dense figure itself (AMD, V100, L40S) or there is none (A10G).
     sparse_bf16_tflops: float | None = None
+    # The datasheet's maximum board power (TDP / TBP), watts: plan's whole-run energy is this x GPU-hours, an
+    # upper bound for the boards alone. None where no datasheet gives a per-GPU figure.
+    board_power_w: float | None = None
 
 
 @dataclass(frozen=True)
@@ -56,66 +59,85 @@ ACCELERATORS: dict[str, Accelerator] = {
     # peak (train with precision fp16); FP32 15.7; 32 GB HBM2 (16 GB also sold: override memory_gb);
     # NVLink 2.0 300 GB/s total -> 150 per direction; DGX-1/HGX-1: 8 GPUs (hybrid cube-mesh, not
     # all-to-all: some pairs are 2 hops apart, so TP=8 on V100 is slower than the figure suggests).
+    # Board power, same datasheet: max power 300 W (SXM2).
     "v100": Accelerator(key="v100", name="NVIDIA V100 SXM2 32GB", peak_bf16_tflops=125.0, peak_tf32_tflops=None,
                         peak_fp32_tflops=15.7, memory_gb=32.0, nvlink_domain=8, nvlink_gbps=150.0,
-                        source="NVIDIA Tesla V100 datasheet (SXM2): 125 TFLOPS FP16 tensor, no BF16"),
+                        source="NVIDIA Tesla V100 datasheet (SXM2): 125 TFLOPS FP16 tensor, no BF16",
+                        board_power_w=300.0),
     # NVIDIA A100 datasheet (SXM4 40GB): BF16 312 TFLOPS dense (624 with sparsity); TF32 156 (312*);
     # FP32 19.5; 40 GB HBM2; NVLink 3.0 600 GB/s -> 300 per direction; HGX A100: 8 GPUs, NVSwitch.
+    # Board power, same datasheet: max TDP 400 W (SXM4).
     "a100-40gb": Accelerator(key="a100-40gb", name="NVIDIA A100 SXM4 40GB", peak_bf16_tflops=312.0,
                              peak_tf32_tflops=156.0, peak_fp32_tflops=19.5, memory_gb=40.0, nvlink_domain=8,
                              nvlink_gbps=300.0, source="NVIDIA A100 datasheet: BF16 312 dense / 624 sparse",
-                             sparse_bf16_tflops=624.0),
+                             sparse_bf16_tflops=624.0,
+                             board_power_w=400.0),
     # Same datasheet, 80GB HBM2e SXM4 column: compute identical to the 40 GB part.
+    # Board power, same datasheet: max TDP 400 W (SXM4).
     "a100-80gb": Accelerator(key="a100-80gb", name="NVIDIA A100 SXM4 80GB", peak_bf16_tflops=312.0,
                              peak_tf32_tflops=156.0, peak_fp32_tflops=19.5, memory_gb=80.0, nvlink_domain=8,
                              nvlink_gbps=300.0, source="NVIDIA A100 datasheet: BF16 312 dense / 624 sparse",
-                             sparse_bf16_tflops=624.0),
+                             sparse_bf16_tflops=624.0,
+                             board_power_w=400.0),
     # NVIDIA H100 datasheet, SXM5 column: BF16 1,979 TFLOPS *with sparsity* -> 989.4 dense (132 SMs x
     # 4096 FLOP/clk x 1.83 GHz); TF32 989* -> 494.7; FP32 67; 80 GB HBM3; NVLink 4 900 GB/s -> 450
     # per direction; HGX H100: 8 GPUs on NVSwitch.
+    # Board power, same datasheet: max TDP up to 700 W (configurable).
     "h100-sxm": Accelerator(key="h100-sxm", name="NVIDIA H100 SXM 80GB", peak_bf16_tflops=989.4, peak_tf32_tflops=494.7,
                             peak_fp32_tflops=67.0, memory_gb=80.0, nvlink_domain=8, nvlink_gbps=450.0,
                             source="NVIDIA H100 datasheet (SXM): BF16 1,979 sparse -> 989.4 dense",
-                            sparse_bf16_tflops=1979.0),
+                            sparse_bf16_tflops=1979.0,
+                            board_power_w=700.0),
     # NVIDIA H100 datasheet, PCIe column: BF16 1,513* -> 756.5 dense; TF32 756* -> 378; FP32 51;
     # 80 GB HBM2e; NVLink bridge pairs 2 cards at 600 GB/s -> 300 per direction (domain 2); without
     # the bridge, PCIe Gen5 64 GB/s per direction: set nvlink_domain 1, nvlink_gbps 64.
+    # Board power, same datasheet: max TDP 300-350 W (configurable): the upper end.
     "h100-pcie": Accelerator(key="h100-pcie", name="NVIDIA H100 PCIe 80GB", peak_bf16_tflops=756.5,
                              peak_tf32_tflops=378.0, peak_fp32_tflops=51.0, memory_gb=80.0, nvlink_domain=2,
                              nvlink_gbps=300.0, source="NVIDIA H100 datasheet (PCIe): BF16 1,513 sparse -> 756.5 dense",
-                             sparse_bf16_tflops=1513.0),
+                             sparse_bf16_tflops=1513.0,
+                             board_power_w=350.0),
     # NVIDIA H100 datasheet, H100 NVL column (per card; early editions quoted the bridged pair):
     # BF16 1,671* -> 835.5 dense; TF32 835* -> 417.5; FP32 60; 94 GB HBM3; NVLink bridge 600 GB/s ->
     # 300 per direction between the 2 bridged cards.
+    # Board power, same datasheet: max TDP 350-400 W (configurable): the upper end.
     "h100-nvl": Accelerator(key="h100-nvl", name="NVIDIA H100 NVL 94GB", peak_bf16_tflops=835.5, peak_tf32_tflops=417.5,
                             peak_fp32_tflops=60.0, memory_gb=94.0, nvlink_domain=2, nvlink_gbps=300.0,
                             source="NVIDIA H100 datasheet (H100 NVL): BF16 1,671 sparse -> 835.5 dense",
-                            sparse_bf16_tflops=1671.0),
+                            sparse_bf16_tflops=1671.0,
+                            board_power_w=400.0),
     # NVIDIA H200 datasheet, SXM column: same GH100 compute as H100 SXM: BF16 1,979* -> 989.4; TF32
     # 989* -> 494.7; FP32 67; 141 GB HBM3e; NVLink 900 GB/s -> 450; HGX H200: 8 GPUs.
+    # Board power, same datasheet: max TDP up to 700 W (configurable).
     "h200": Accelerator(key="h200", name="NVIDIA H200 SXM 141GB", peak_bf16_tflops=989.4, peak_tf32_tflops=494.7,
                         peak_fp32_tflops=67.0, memory_gb=141.0, nvlink_domain=8, nvlink_gbps=450.0,
                         source="NVIDIA H200 datasheet (SXM): BF16 1,979 sparse -> 989.4 dense",
-                        sparse_bf16_tflops=1979.0),
+                        sparse_bf16_tflops=1979.0,
+                        board_power_w=700.0),
     # NVIDIA GH200 Grace Hopper Superchip datasheet: GPU BF16 1,979* -> 989.4; TF32 989* -> 494.7;
     # FP32 67; 96 GB HBM3 (144 GB HBM3e version: override memory_gb). Domain 4: the common quad-GH200
     # node (HPE Cray EX254n, as in CSCS Alps / JUPITER), NVLink 4, 18 links x 25 GB/s = 450 per
     # direction per GPU. A GH200 NVL32 rack: set nvlink_domain 32.
+    # Board power, same datasheet: module power configurable up to 1,000 W, Grace CPU and LPDDR5X included.
     "gh200": Accelerator(key="gh200", name="NVIDIA GH200 Grace Hopper 96GB", peak_bf16_tflops=989.4,
                          peak_tf32_tflops=494.7, peak_fp32_tflops=67.0, memory_gb=96.0, nvlink_domain=4,
                          nvlink_gbps=450.0, source="NVIDIA GH200 datasheet: BF16 1,979 sparse -> 989.4 dense",
-                         sparse_bf16_tflops=1979.0),
+                         sparse_bf16_tflops=1979.0,
+                         board_power_w=1000.0),
     # NVIDIA HGX B200 datasheet (8 GPUs): FP16/BF16 36 PFLOPS* -> 4.5 per GPU sparse -> 2,250 dense;
     # TF32 18 PFLOPS* -> 1,125 dense per GPU; FP32 600 TFLOPS -> 75 per GPU; 1,440 GB HBM3e -> 180
     # per GPU (sold as "192 GB"; 180 usable); NVLink 5 1.8 TB/s -> 900 per direction; 8 per board.
+    # Board power, same datasheet: max TDP up to 1,000 W per GPU.
     "b200": Accelerator(key="b200", name="NVIDIA B200 SXM 180GB", peak_bf16_tflops=2250.0, peak_tf32_tflops=1125.0,
                         peak_fp32_tflops=75.0, memory_gb=180.0, nvlink_domain=8, nvlink_gbps=900.0,
                         source="NVIDIA HGX B200 datasheet: BF16 36 PF sparse / 8 GPUs -> 2,250 dense per GPU",
-                        sparse_bf16_tflops=4500.0),
+                        sparse_bf16_tflops=4500.0,
+                        board_power_w=1000.0),
     # NVIDIA GB200 NVL72 datasheet (72 GPUs): FP16/BF16 360 PFLOPS* -> 5,000 sparse per GPU -> 2,500
     # dense; TF32 180 PF* -> 1,250 dense; FP32 5,760 TFLOPS -> 80; HBM3e 13.4 TB -> 186 GB per GPU;
     # NVLink 5 130 TB/s / 72 = 1.8 TB/s -> 900 per direction; one NVLink domain across the 72-GPU rack
     # (18 compute trays of 4 GPUs: set gpus_per_node 4).
+    # Board power: no per-GPU board power in the datasheet (it gives the rack's): energy is not priced.
     "gb200": Accelerator(key="gb200", name="NVIDIA GB200 (NVL72)", peak_bf16_tflops=2500.0, peak_tf32_tflops=1250.0,
                          peak_fp32_tflops=80.0, memory_gb=186.0, nvlink_domain=72, nvlink_gbps=900.0,
                          source="NVIDIA GB200 NVL72 datasheet: BF16 360 PF sparse / 72 GPUs -> 2,500 dense per GPU",
@@ -123,27 +145,34 @@ ACCELERATORS: dict[str, Accelerator] = {
     # NVIDIA L40S datasheet: "BF16 Tensor Core 362.05 | 733*" -- the dense figure is printed, and the
     # sparse one is not exactly twice it, so we take 362.05 as printed; TF32 183 (366*); FP32 91.6;
     # 48 GB GDDR6; no NVLink: PCIe Gen4 x16 64 GB/s bidirectional -> 32 per direction.
+    # Board power, same datasheet: max power 350 W.
     "l40s": Accelerator(key="l40s", name="NVIDIA L40S 48GB", peak_bf16_tflops=362.05, peak_tf32_tflops=183.0,
                         peak_fp32_tflops=91.6, memory_gb=48.0, nvlink_domain=1, nvlink_gbps=32.0,
-                        source="NVIDIA L40S datasheet: BF16 362.05 dense / 733 sparse", link="pcie"),
+                        source="NVIDIA L40S datasheet: BF16 362.05 dense / 733 sparse", link="pcie",
+                        board_power_w=350.0),
     # NVIDIA L4 datasheet: BF16 242* -> 121 dense; TF32 120* -> 60; FP32 30.3; 24 GB GDDR6; no NVLink,
     # PCIe Gen4 x16 64 GB/s -> 32 per direction.
+    # Board power, same datasheet: max power 72 W.
     "l4": Accelerator(key="l4", name="NVIDIA L4 24GB", peak_bf16_tflops=121.0, peak_tf32_tflops=60.0,
                       peak_fp32_tflops=30.3, memory_gb=24.0, nvlink_domain=1, nvlink_gbps=32.0,
                       source="NVIDIA L4 datasheet: BF16 242 sparse -> 121 dense", link="pcie",
-                      sparse_bf16_tflops=242.0),
+                      sparse_bf16_tflops=242.0,
+                      board_power_w=72.0),
     # NVIDIA A10G (AWS G5 only; no public NVIDIA datasheet). Its tensor rate is below the A10's (A10
     # datasheet: BF16 125 dense); AWS/NVIDIA figures as compared by Baseten (2023): BF16 70 dense,
     # TF32 35, FP32 31.52; 24 GB GDDR6; no NVLink, PCIe Gen4 -> 32 per direction. Least certain entry.
+    # Board power: no datasheet board power: energy is not priced.
     "a10g": Accelerator(key="a10g", name="NVIDIA A10G 24GB (AWS G5)", peak_bf16_tflops=70.0, peak_tf32_tflops=35.0,
                         peak_fp32_tflops=31.52, memory_gb=24.0, nvlink_domain=1, nvlink_gbps=32.0,
                         source="AWS G5 / NVIDIA A10G figures (no public datasheet): BF16 70 dense", link="pcie"),
     # AMD Instinct MI300X datasheet: BF16 1,307.4 TFLOPS dense (2,614.9 with sparsity, listed
     # separately, so the headline is already dense); TF32 653.7; FP32 163.4; 192 GB HBM3; platform of
     # 8 OAMs, 7 Infinity Fabric links x 128 GB/s bidirectional = 896 -> 448 per direction.
+    # Board power, same datasheet: peak total board power 750 W.
     "mi300x": Accelerator(key="mi300x", name="AMD Instinct MI300X 192GB", peak_bf16_tflops=1307.4,
                           peak_tf32_tflops=653.7, peak_fp32_tflops=163.4, memory_gb=192.0, nvlink_domain=8,
-                          nvlink_gbps=448.0, source="AMD Instinct MI300X datasheet: BF16 1,307.4 dense", link="xgmi"),
+                          nvlink_gbps=448.0, source="AMD Instinct MI300X datasheet: BF16 1,307.4 dense", link="xgmi",
+                          board_power_w=750.0),
     # A host CPU: peak is measured at run time by a matmul micro-benchmark and cached.
     "cpu": Accelerator(key="cpu", name="Host CPU (measured matmul rate)", peak_bf16_tflops=None, peak_tf32_tflops=None,
                        peak_fp32_tflops=None, memory_gb=None, nvlink_domain=0, nvlink_gbps=10.0,

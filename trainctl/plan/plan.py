@@ -417,7 +417,7 @@ def whole_run_plan(spec: RunSpec, *, step_time: float | None, blocking_s: float,
                    last_write_s=save_s - blocking_s if ck.async_save else 0.0, restart_s=sum(parts.values()),
                    mtbf_s=mtbf_s)
     summary = whole_run_summary(run=run, gpus=spec.cluster.world_size, gpu_hour_price=spec.cluster.gpu_hour_price,
-                                restart_parts=parts)
+                                board_power_w=resolve_accelerator(spec.cluster).board_power_w, restart_parts=parts)
     given = "train.tokens" if spec.train.tokens is not None else "train.steps"
     return {"steps": spec.train.steps, "tokens": spec.train.steps * spec.batch_tokens, "given": given, **summary}
 

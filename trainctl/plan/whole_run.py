@@ -118,9 +118,10 @@ def simulate_wall_s(run: WholeRun, rng: random.Random) -> tuple[float, int]:
     return wall + run.last_write_s, failures
 
 
-def whole_run_summary(*, run: WholeRun, gpus: int, gpu_hour_price: float | None,
+def whole_run_summary(*, run: WholeRun, gpus: int, gpu_hour_price: float | None, board_power_w: float | None,
                       restart_parts: dict[str, float]) -> dict[str, object]:
-    """The whole-run figures plan prints, each with its formula."""
+    """The whole-run figures plan prints, each with its formula. `board_power_w`: the accelerator's datasheet
+    maximum (hardware/catalog.py), None where none is published."""
     p10, p50, p90 = run.wall_percentiles_s()
     gpu_hours = run.expected_wall_s * gpus / 3600.0
     day = 86400.0
@@ -131,6 +132,7 @@ def whole_run_summary(*, run: WholeRun, gpus: int, gpu_hour_price: float | None,
         "expected_interruptions": run.expected_failures, "ettr": run.ettr,
         "wall_days": {"p10": p10 / day, "p50": p50 / day, "p90": p90 / day, "mean": run.expected_wall_s / day},
         "gpu_hours": gpu_hours, "cost": gpu_hours * gpu_hour_price if gpu_hour_price is not None else None,
+        "energy_mwh": gpu_hours * board_power_w / 1e6 if board_power_w is not None else None,
         "optimal_interval_s": optimal_interval_s(run),
         "formulas": {
             "compute_s": "train.steps x predicted step time",
@@ -142,6 +144,8 @@ def whole_run_summary(*, run: WholeRun, gpus: int, gpu_hour_price: float | None,
             "spread": "normal approximation of a compound Poisson failure process (closed form, not simulated)",
             "ettr": "compute_s / expected wall clock", "gpu_hours": "expected wall clock x GPUs",
             "cost": "gpu_hours x cluster.gpu_hour_price",
+            "energy_mwh": "gpu_hours x the board's datasheet maximum power: an upper bound for the boards alone "
+                          "(no host, network or cooling; a board waiting on a restart draws less)",
             "optimal_interval_s": "the interval minimising the expected wall clock of this model; the restart "
                                   "cost does not move it (a constant factor exp(R/M)), so it is Daly's, refined",
         },
