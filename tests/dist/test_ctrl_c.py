@@ -226,26 +226,34 @@ def process_state(pid: int) -> str:
 
 def test_ctrl_z_stops_the_launcher_while_the_ranks_train_on(tmp_path: Path) -> None:
     """Ctrl-Z (SIGTSTP) stops the launcher only: the ranks, in their own session, keep training (as
-    docs/FAILURES.md says); continued (`fg`), the launcher shows the run again and a Ctrl-C stops it as usual."""
+    docs/FAILURES.md says); continued (`fg`), the launcher shows the run again and a Ctrl-C stops it as usual.
+    The launcher runs in a process group of its own, as a shell's job does: the kernel discards SIGTSTP sent to
+    an orphaned process group, which pytest's own group is when whatever started pytest has exited."""
     run = tmp_path / "run"
-    proc = launch(run)
-    wait_for_step(run, proc, 2)
-    os.kill(proc.pid, signal.SIGTSTP)
-    deadline = time.time() + 60
-    while process_state(proc.pid) != "T":
-        assert time.time() < deadline, "the launcher did not stop"
-        time.sleep(0.1)
-    stopped_at = max(m["step"] for m in read_jsonl(run / "metrics.jsonl"))
-    deadline = time.time() + 180
-    while max(m["step"] for m in read_jsonl(run / "metrics.jsonl")) < stopped_at + 3:
-        assert time.time() < deadline, "the ranks did not train on while the launcher was stopped"
-        time.sleep(0.2)
-    assert process_state(proc.pid) == "T"
-    os.kill(proc.pid, signal.SIGCONT)
-    os.kill(proc.pid, signal.SIGINT)
-    out, _ = proc.communicate(timeout=180)
-    assert proc.returncode == EXIT_STOPPED, out[-3000:]
-    assert re.search(rf"^step +{stopped_at + 3}/", out, re.MULTILINE), out[-3000:]  # the steps trained meanwhile
+    proc = subprocess.Popen([*TRAINCTL, "launch", str(TINY), "--run-dir", str(run), *DP2, *LONG], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, process_group=0)
+    try:
+        wait_for_step(run, proc, 2)
+        os.kill(proc.pid, signal.SIGTSTP)
+        deadline = time.time() + 60
+        while process_state(proc.pid) != "T":
+            assert time.time() < deadline, "the launcher did not stop"
+            time.sleep(0.1)
+        stopped_at = max(m["step"] for m in read_jsonl(run / "metrics.jsonl"))
+        deadline = time.time() + 180
+        while max(m["step"] for m in read_jsonl(run / "metrics.jsonl")) < stopped_at + 3:
+            assert time.time() < deadline, "the ranks did not train on while the launcher was stopped"
+            time.sleep(0.2)
+        assert process_state(proc.pid) == "T"
+        os.kill(proc.pid, signal.SIGCONT)
+        os.kill(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=180)
+        assert proc.returncode == EXIT_STOPPED, out[-3000:]
+        assert re.search(rf"^step +{stopped_at + 3}/", out, re.MULTILINE), out[-3000:]  # the steps trained meanwhile
+    finally:  # a failed check leaves no ranks training 100,000 steps
+        for pid in [proc.pid, *processes_of(run)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def wait_for_event(run: Path, kind: str) -> None:

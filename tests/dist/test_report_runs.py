@@ -65,8 +65,10 @@ def test_slowed_rank_is_the_straggler(runs):
     (x,) = st["stragglers"]
     assert x["rank"] == 1 and x["fraction_above"] >= 0.9
     assert x["where"].startswith("rank 1 on ")
-    # every step waited ~SLOW_S for it (the first step's warm-up aside)
-    assert x["cost_s"] == pytest.approx(SLOW_S * st["steps_sampled"], rel=0.35)
+    # every step waited ~SLOW_S for it (the first step's warm-up aside); on a loaded host a sleeping rank wakes
+    # late and its steps stretch beyond the sleep (1.46x of it at a load of 20), never short of it
+    slept = SLOW_S * st["steps_sampled"]
+    assert 0.65 * slept <= x["cost_s"] <= 2.0 * slept, (x["cost_s"], slept)
     assert st["logging_overhead_s_per_step"] < 1e-3
     # JSON is complete: summary, breakdown, goodput, series
     s = r["summary"]
