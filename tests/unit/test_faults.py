@@ -55,20 +55,3 @@ def test_nothing_switched_on_by_default(monkeypatch):
     monkeypatch.delenv(faults.ENV, raising=False)
     assert faults.active() == {}
     assert all(faults.get(name) is None for name in faults.FAULTS)
-
-
-def test_step_failures_fail_the_named_rank_at_the_rate_and_the_same_steps_every_run():
-    """fail_rate: a Bernoulli draw per step on fail_rank, seeded by (fail_seed, attempt, step), so a test knows
-    the rate and gets the same failures again; fail_at_step still fails one step, only in fail_attempt."""
-    env = faults.encode(fail_rate=0.05, fail_seed=7)
-    failures = faults.StepFailures.from_env(4, env)
-    failed = [s for s in range(1, 4001) if failures.reason(s, 3)]
-    # binomial(4000, 0.05): mean 200, sd 13.8; four sd either side
-    assert abs(len(failed) - 200) < 4 * 13.8
-    assert failed == [s for s in range(1, 4001) if faults.StepFailures.from_env(4, env).reason(s, 3)]
-    assert not any(failures.reason(s, 0) for s in failed)  # only the last rank, by default
-    next_attempt = faults.StepFailures.from_env(4, {**env, "TORCHELASTIC_RESTART_COUNT": "1"})
-    assert failed != [s for s in range(1, 4001) if next_attempt.reason(s, 3)]  # a restart draws afresh
-    once = faults.encode(fail_at_step=3, fail_rank=1, fail_attempt=0)
-    assert "fail_at_step=3" in faults.StepFailures.from_env(2, once).reason(3, 1)
-    assert faults.StepFailures.from_env(2, {**once, "TORCHELASTIC_RESTART_COUNT": "1"}).reason(3, 1) is None

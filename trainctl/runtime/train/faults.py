@@ -9,9 +9,7 @@ itself. An unknown name is an error, so a typo cannot silently switch a test's f
 from __future__ import annotations
 
 import os
-import random
 import sys
-from dataclasses import dataclass
 
 ENV = "TRAINCTL_FAULTS"
 
@@ -20,9 +18,6 @@ FAULTS: dict[str, str] = {
     "fail_at_step": "raise InjectedFailure on `fail_rank` when step N (1-based) starts",
     "fail_rank": "the rank that fail_at_step fails (default: the last rank)",
     "fail_attempt": "fail only in torchrun attempt N (0 = the first), so a restart can succeed",
-    "fail_rate": "every step fails on `fail_rank` with this probability, drawn from (fail_seed, the torchrun "
-                 "attempt, the step): failures at a known rate, the same ones on every run of a test",
-    "fail_seed": "the seed of fail_rate's draws (default 0)",
     "hang": "<rank>:<step>: that rank blocks forever at that step (the hang watchdog must end it)",
     "slow_rank": "<rank>:<seconds>[+<rank>:<seconds>...]: those ranks sleep that long every step",
     "slow_work": "<rank>:<factor>[+...]: those ranks do each step's forward and backward work <factor> times "
@@ -74,39 +69,6 @@ def get_int(name: str, default: int = 0, environ: dict[str, str] | None = None) 
 def get_float(name: str, default: float = 0.0, environ: dict[str, str] | None = None) -> float:
     value = get(name, environ)
     return default if value in (None, "") else float(value)
-
-
-@dataclass(frozen=True)
-class StepFailures:
-    """fail_at_step and fail_rate: which steps raise on which rank, in this torchrun attempt."""
-
-    at_step: int  # 0: none
-    rank: int
-    rate: float
-    seed: int
-    attempt: int  # torchrun's restart count
-
-    @classmethod
-    def from_env(cls, world: int, environ: dict[str, str] | None = None) -> StepFailures:
-        env = os.environ if environ is None else environ
-        attempt = int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-        at_step = get_int("fail_at_step", environ=environ)
-        only = get("fail_attempt", environ)  # so that a torchrun restart can succeed
-        if only and int(only) != attempt:
-            at_step = 0
-        return cls(at_step=at_step, rank=get_int("fail_rank", world - 1, environ),
-                   rate=get_float("fail_rate", environ=environ), seed=get_int("fail_seed", environ=environ),
-                   attempt=attempt)
-
-    def reason(self, step: int, rank: int) -> str | None:
-        """Why `rank` fails as step `step` (1-based) starts, or None."""
-        if rank != self.rank:
-            return None
-        if step == self.at_step:
-            return f"fault fail_at_step={step}: failing rank {rank} on purpose"
-        if self.rate and random.Random(f"{self.seed}:{self.attempt}:{step}").random() < self.rate:
-            return f"fault fail_rate={self.rate}: failing rank {rank} at step {step} of attempt {self.attempt}"
-        return None
 
 
 def encode(**faults: object) -> dict[str, str]:

@@ -225,7 +225,7 @@ class Trainer:
         first = ckpt.resume().step  # the newest valid checkpoint, if any (0: a fresh start)
         stop: int | None = ckpt.stop_before_first_step(first)  # Ctrl-C / SIGTERM during start-up
         self.memory_steps = range(first, first + MEMORY_STEPS)
-        injected = faults.StepFailures.from_env(par.world_size)
+        fail_step, fail_rank = _fail_knob(par.world_size)
         oom = oom_kills.InjectedOom(par.rank, faults.get("oom_at_step"))
         oom.join()  # before the counters: the injected kill is counted in the cgroup the rank is in
         oom_kills.record(self.paths.oom_counters(par.rank))  # a later SIGKILL is told apart from a kill -9
@@ -242,8 +242,8 @@ class Trainer:
         ok = False
         try:
             while stop is None and step < spec.train.steps:
-                if why := injected.reason(step + 1, par.rank):
-                    raise InjectedFailure(why)
+                if step + 1 == fail_step and par.rank == fail_rank:
+                    raise InjectedFailure(f"fault fail_at_step={fail_step}: failing rank {par.rank} on purpose")
                 if step + 1 == hang_at:
                     watchdog.hang_forever()  # the hang fault: the watchdog must end this
                 oom.at(step + 1)
@@ -447,3 +447,13 @@ class Trainer:
         if self.par.dp_rank == 0:
             out.mkdir(parents=True, exist_ok=True)
             torch.save({"params": params, "shards": shards}, out / f"pp{self.par.pp_rank}-tp{self.par.tp_rank}.pt")
+
+
+def _fail_knob(world: int) -> tuple[int, int]:
+    """(step, rank) of the fail_at_step fault; step 0: none (or not in the fail_attempt it names)."""
+    step = faults.get_int("fail_at_step")
+    rank = faults.get_int("fail_rank", world - 1)
+    only = faults.get("fail_attempt")  # so that a torchrun restart can succeed
+    if only and int(only) != int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0):
+        step = 0
+    return step, rank
