@@ -238,7 +238,9 @@ def parse(path: Path, data: Any) -> Profile:
     if not isinstance(data, dict) or data.get("kind") != KIND:
         raise _bad(path, f"not a trainctl calibration profile (no \"kind\": \"{KIND}\")")
     if data.get("schema") != SCHEMA:
-        since = SCHEMA_CHANGES.get(data.get("schema"), "")
+        old = data.get("schema")
+        since = "; ".join(SCHEMA_CHANGES[v] for v in range(old, SCHEMA) if v in SCHEMA_CHANGES) \
+            if isinstance(old, int) else ""
         raise _bad(path, f"schema {data.get('schema')!r}; this trainctl reads schema {SCHEMA}"
                          + (f" ({since})" if since else ""))
     try:
