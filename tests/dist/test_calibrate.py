@@ -91,31 +91,37 @@ def test_calibrate_writes_a_complete_profile_and_shows_each_phase(calibrated) ->
     assert not [f for f in path.parent.iterdir() if f.name.startswith(f".{path.name}")]  # no temporary left
 
 
-RESIDUAL_TOLERANCE = 0.5  # rms relative error of a kind's fit over its own points: the model, not the machine
-
-
 def _fit_holds_to_its_points(op: str, f: dict[str, Any], rows: list[dict[str, Any]]) -> None:
     """A kind's fit against the points it was fitted to (median over ranks), recomputed here from the fit's
-    own terms (per call + per ring step x steps + bus bytes / bandwidth; idle, as measured): the residuals it
-    reports are true, and its rms is within RESIDUAL_TOLERANCE. Relative to the fit's own points, so a loaded
-    machine moves the points and the line together."""
+    own terms (per call + per ring step x steps + bus bytes / bandwidth; idle, as measured): every point is
+    within the worst residual the fit reports (`max_rel_error`, its stated tolerance) and the rms it reports
+    is true; and the fit is the least relative error: moving any of its three terms by 5% (up only, for a
+    term at 0) makes the rms no smaller. All relative to the fit's own points, not to wall-clock: a loaded
+    machine moves the points and the fit together (on 2 shared cores the rms is 0.3-0.6, the latency growing
+    faster than the ring's steps as more ranks wait to be scheduled)."""
     steps = {"all_reduce": lambda n: 2 * (n - 1), "send_recv": lambda n: 1}.get(op, lambda n: n - 1)
     assert f["groups"] == sorted({r["group_size"] for r in rows}) and f["points"] == len(rows)
-    errors = []
-    for r in rows:
-        t = statistics.median(r["seconds"])
-        n, x = r["group_size"], r["bus_bytes"]
-        predicted = f["idle_latency_s"] + f["step_latency_s"] * steps(n) + x / f["bytes_per_s"]
-        errors.append((predicted - t) / t)
-    assert max(map(abs, errors)) == pytest.approx(f["max_rel_error"], rel=1e-6)
-    rms = math.sqrt(sum(e * e for e in errors) / len(errors))
-    assert rms == pytest.approx(f["rms_rel_error"], rel=1e-6) and rms < RESIDUAL_TOLERANCE, (op, errors)
+    points = [(steps(r["group_size"]), r["bus_bytes"], statistics.median(r["seconds"])) for r in rows]
+
+    def errors(call: float, step: float, per_byte: float) -> list[float]:
+        return [(call + step * k + x * per_byte - t) / t for k, x, t in points]
+
+    def rms(e: list[float]) -> float:
+        return math.sqrt(sum(v * v for v in e) / len(e))
+
+    terms = [f["idle_latency_s"], f["step_latency_s"], 1 / f["bytes_per_s"]]
+    mine = errors(*terms)
+    assert max(map(abs, mine)) == pytest.approx(f["max_rel_error"], rel=1e-6)
+    assert rms(mine) == pytest.approx(f["rms_rel_error"], rel=1e-6)
+    for i, term in enumerate(terms):
+        for moved in {term * 1.05, term * 0.95} if term > 0 else {1e-6 if i < 2 else terms[2] * 0.05}:
+            assert rms(errors(*[moved if j == i else v for j, v in enumerate(terms)])) >= rms(mine) * (1 - 1e-9)
 
 
 @pytest.mark.slow
 def test_a_four_rank_calibrate_fits_each_kind_over_two_group_sizes(tmp_path: Path) -> None:
     """A real 4-rank gloo calibration: every kind fitted over groups of 2 and 4 (send/recv: pairs), each fit
-    within RESIDUAL_TOLERANCE of its own measured points and reporting its true residuals."""
+    within the residual it reports of each of its own measured points, and the least relative error there."""
     out = trainctl("calibrate", TINY, "--set", "cluster.gpus_per_node=4", "--set", "parallel.dp=1",
                    "--out", str(tmp_path / "four.json"), "--run-dir", str(tmp_path / "run"))
     assert out.returncode == 0, out.stdout + out.stderr
