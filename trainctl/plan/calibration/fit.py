@@ -12,10 +12,12 @@ and the latency grows linearly in n, which is what the plan at a group larger th
 
 What the libraries run: NCCL's all-gather and reduce-scatter are rings; its all-reduce is a ring, or a tree
 (latency log n) that it picks for small messages at scale, so the ring is the pessimistic bound there; its
-all-to-all posts n-1 send/recv pairs at once (per-call cost linear in n). gloo's all-reduce as torch calls it
-(no algorithm named) is its ring, bcube only when asked for; its all-gather is a ring; its all-to-all
-exchanges with each of the n-1 peers in turn; its reduce-scatter is not a ring (recursive halving and
-doubling, log n steps), so the ring's count overstates its latency growth. The fit keeps that honest: with
+all-to-all posts n-1 send/recv pairs at once (per-call cost linear in n). gloo as torch 2.13's CPU wheel
+carries it: its all-reduce is gloo's ring (the only all-reduce algorithm in the binary, no bcube), its
+all-gather a ring, its all-to-all an exchange with each of the n-1 peers; the binary has no reduce-scatter
+algorithm of gloo's, and a 4 MiB reduce-scatter among 4 ranks took twice the all-reduce's time on the 2-core
+machine, so torch's gloo reduce-scatter is no ring and moves more than the ring's bytes: its fitted bandwidth
+is lower than the all-reduce's, which is what the planner should charge for it. The fit keeps that honest: with
 two or more group sizes measured the per-call and per-step latencies are fitted separately and the
 residuals (`rms_rel_error`, `max_rel_error`, relative to the measured times) say how well the ring's shape
 holds; with one group size the two cannot be told apart and all the latency is charged per step (the ring's
