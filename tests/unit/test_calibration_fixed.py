@@ -61,12 +61,12 @@ def test_zero3_traffic_follows_fsdp2_as_the_trainer_drives_it() -> None:
 FIXED = {"micro_batch": 2, "embedding_s": 1e-3, "head_extra_s": 3e-3, "tensor_s": 2e-4, "element_s": 1e-8,
          "layer_tensors": 6, "embedding_tensors": 2, "head_tensors": 2, "fsdp_unit_s": 5e-3,
          "fsdp_link": "intra_node", "fsdp_group": 2, "fsdp_bytes": 0.0}
-LINK = {"latency_s": 1e-4, "bytes_per_s": 1e8, "points": 5, "rms_rel_error": 0.0}
+LINK = {"latency_s": 1e-4, "step_latency_s": 0.0, "bytes_per_s": 1e8, "points": 5, "rms_rel_error": 0.0}
 
 
 def _profile(fixed: dict[str, Any] | None) -> prof.Profile:
     fits: dict[str, Any] = {"compute": {"1": 2e9, "2": 2e9},
-                            "links": {"intra_node": {op: dict(LINK) for op in OPS}}}
+                            "links": {"intra_node": {op: {**LINK, "op": op} for op in OPS}}}
     if fixed is not None:
         fits["fixed"] = fixed
     return prof.parse(Path("<test>"), {"kind": prof.KIND, "schema": prof.SCHEMA, "fits": fits,

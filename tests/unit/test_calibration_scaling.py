@@ -2,8 +2,9 @@
 measured on 2 ranks of one node prices an 8-rank spec and a 2-node spec on the same hardware, each term it
 extrapolates named in a warning, and only another accelerator is refused. Independent arithmetic: the
 profile is built by `profile.build` from synthetic raw figures of a known latency and bandwidth, and the
-plan's collective times are recomputed from the ring's rule (latency x (n-1)/(n0-1) beyond the fitted
-group n0, bus bytes at the fitted bandwidth) and, off the profile's links, from the catalog's fabric."""
+plan's collective times are recomputed from the ring's rule (latency per ring step x the kind's steps,
+2(n-1) for all-reduce and n-1 for the others, bus bytes at the fitted bandwidth) and, off the profile's
+links, from the catalog's fabric."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from paths import REPO
 from trainctl.errors import UsageError
 from trainctl.plan import comm
 from trainctl.plan.calibration import profile as prof
-from trainctl.plan.calibration.fit import LinkFit
+from trainctl.plan.calibration.fit import LinkFit, fit_collective, ring_steps
 from trainctl.plan.calibration.shapes import INTER, INTRA, MESSAGE_BYTES, OPS, bus_bytes
 from trainctl.plan.estimate import Evaluator
 from trainctl.plan.plan import candidate_from_spec, context_from_spec
@@ -68,29 +69,101 @@ def _dp_traffic(est: Any, spec: RunSpec) -> list[tuple[str, float, float]]:
                            spec.model.layers + 1)
 
 
-def test_the_ring_latency_grows_beyond_the_fitted_group_and_the_busy_peer_wait_does_not() -> None:
-    fit = LinkFit(latency_s=3e-4, bytes_per_s=1e9, points=5, rms_rel_error=0.0, group_size=2, load_excess_s=1e-4)
-    assert fit.latency_at(2) == fit.latency_at(0) == 3e-4  # as fitted
-    assert fit.latency_at(8) == pytest.approx(2e-4 * 7 + 1e-4)
-    assert fit.seconds(1e9, 2, 8) == pytest.approx(2 * (2e-4 * 7 + 1e-4) + 1.0)
-    unrecorded = replace(fit, group_size=0)  # a profile written before group sizes were recorded
-    assert unrecorded.latency_at(64) == 3e-4
+def test_the_ring_latency_grows_per_step_and_the_per_call_part_does_not() -> None:
+    fit = LinkFit(latency_s=3e-4, bytes_per_s=1e9, points=5, rms_rel_error=0.0, group_size=2, load_excess_s=1e-4,
+                  step_latency_s=2e-4, op="all_gather", groups=(2,))
+    assert fit.latency_at(2) == fit.latency_at(0) == pytest.approx(5e-4)  # at the largest measured group
+    assert fit.latency_at(8) == pytest.approx(3e-4 + 2e-4 * 7)
+    assert fit.seconds(1e9, 2, 8) == pytest.approx(2 * (3e-4 + 2e-4 * 7) + 1.0)
+    assert replace(fit, op="all_reduce").latency_at(8) == pytest.approx(3e-4 + 2e-4 * 14)
+    assert replace(fit, op="send_recv").latency_at(8) == pytest.approx(5e-4)  # a pair is a pair
 
 
-def test_build_records_the_group_each_fit_was_measured_in(tmp_path: Path) -> None:
+PER_CALL, PER_STEP = 5e-5, 2e-5  # a synthetic link's latencies
+
+
+def _points(op: str, groups: tuple[int, ...], noise: float = 0.0) -> list[tuple[int, float, float]]:
+    """(n, bus bytes, seconds) of `op` on the synthetic link, each time off by +-noise alternately."""
+    pts = [(n, bus_bytes(op, b, n), PER_CALL + PER_STEP * ring_steps(op, n) + bus_bytes(op, b, n) / BUS_BW)
+           for n in groups for b in MESSAGE_BYTES]
+    return [(n, x, t * (1 + noise * (-1) ** i)) for i, (n, x, t) in enumerate(pts)]
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "all_gather", "reduce_scatter", "all_to_all"])
+def test_the_fit_recovers_the_latencies_and_bandwidth_of_each_kind(op: str) -> None:
+    fit = fit_collective(op, _points(op, (2, 4, 8)))
+    assert fit.latency_s == pytest.approx(PER_CALL, rel=1e-6)
+    assert fit.step_latency_s == pytest.approx(PER_STEP, rel=1e-6)
+    assert fit.bytes_per_s == pytest.approx(BUS_BW, rel=1e-6) and fit.groups == (2, 4, 8) and fit.group_size == 8
+    assert fit.rms_rel_error < 1e-9 and fit.max_rel_error < 1e-9
+    # fitted at 2 and 4 ranks with 2% noise: 16 ranks predicted from the ring's shape within the noise's reach
+    noisy = fit_collective(op, _points(op, (2, 4), noise=0.02))
+    assert 0.015 < noisy.max_rel_error < 0.03  # the residuals report the noise
+    for n, x, t in _points(op, (16,)):
+        assert noisy.seconds(x, 1, n) == pytest.approx(t, rel=0.1)
+    # one group size: per call and per step cannot be told apart, all of it per step (the ring's growth)
+    one = fit_collective(op, _points(op, (2,)))
+    assert one.latency_s == 0 and one.step_latency_s == pytest.approx((PER_CALL + PER_STEP * ring_steps(op, 2))
+                                                                      / ring_steps(op, 2), rel=1e-6)
+
+
+def test_a_negative_term_is_dropped_not_kept() -> None:
+    """Times that fall with the group size (noise, or a tree): no negative per-step latency, the fit keeps
+    the per-call latency and the bandwidth, both positive, and reports its residuals."""
+    pts = [(n, x, PER_CALL + 2e-4 / n + x / BUS_BW) for n, x, _ in _points("all_reduce", (2, 4, 8))]
+    fit = fit_collective("all_reduce", pts)
+    assert fit.step_latency_s == 0 and fit.latency_s > 0 and fit.bytes_per_s > 0 and fit.max_rel_error > 0
+
+
+def test_build_fits_each_kind_over_its_group_sizes(tmp_path: Path) -> None:
     path = _profile(tmp_path, TWO_NODES, [(INTRA, 2), (INTRA, 4), (INTER, 2)])
     data = prof.load(path)
     assert {op: f.group_size for op, f in data.links[INTRA].items()} == {**dict.fromkeys(OPS, 4), "send_recv": 2}
+    assert {op: f.groups for op, f in data.links[INTRA].items()} == {**dict.fromkeys(OPS, (2, 4)), "send_recv": (2,)}
     assert {op: f.group_size for op, f in data.links[INTER].items()} == dict.fromkeys(OPS, 2)
-    # a profile written before the fits recorded it: taken from its raw figures
-    old = json.loads(path.read_text())
-    for ops in old["fits"]["links"].values():
-        for fit in ops.values():
-            del fit["group_size"]
-    assert prof.parse(path, old).links[INTRA]["all_reduce"].group_size == 4
-    fits = data.links[INTRA]
+    fits = data.links[INTRA]  # the same latency at 2 and 4 ranks: all of it per call
     assert fits["all_reduce"].latency_s == pytest.approx(LATENCY, rel=1e-6)
+    assert fits["all_reduce"].step_latency_s == pytest.approx(0, abs=1e-12)
     assert fits["all_reduce"].bytes_per_s == pytest.approx(BUS_BW, rel=1e-6)
+    assert data.links[INTER]["all_reduce"].latency_at(2) == pytest.approx(LATENCY, rel=1e-6)
+
+
+def test_a_profile_of_the_previous_schema_is_refused_in_one_line(tmp_path: Path) -> None:
+    path = _profile(tmp_path, TWO_RANKS, [(INTRA, 2)])
+    old = json.loads(path.read_text())
+    old["schema"] = 2
+    with pytest.raises(UsageError) as refused:
+        prof.parse(path, old)
+    assert "schema 2; this trainctl reads schema 3 (it fits each collective's latency per call and per ring step" \
+        in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_the_plan_prices_each_dp_collective_by_its_own_kinds_fit(tmp_path: Path) -> None:
+    """ZeRO-1 among 8 ranks: the gradients' all-reduce at the all-reduce fit and the weights' all-gather at
+    the all-gather fit, each with its own latencies and bandwidth, measured at 2 and 4 ranks."""
+    raw = _raw([(INTRA, 2), (INTRA, 4)])
+    kinds = {"all_reduce": (1e-4, 3e-5, 4e8), "all_gather": (2e-5, 1e-5, 9e8)}  # per call, per step, bus B/s
+    for r in raw["collectives"]:
+        if r["op"] in kinds:
+            call, step, bw = kinds[r["op"]]
+            r["seconds"] = [call + step * ring_steps(r["op"], r["group_size"]) + r["bus_bytes"] / bw]
+    spec = load_spec(TINY, overrides=["cluster.gpus_per_node=4", "parallel.tp=1", "parallel.pp=1", "parallel.dp=4",
+                                      "parallel.sequence_parallel=false"])
+    path = tmp_path / "calibration.json"
+    prof.save(path, prof.build({**prof.spec_meta(spec), "precision": prof.run_precision(spec),
+                                "device": {"type": "cpu"}}, raw))
+    est, spec, warnings = _plan(path, [*PURE_DP[:3], "parallel.zero=1", "parallel.sequence_parallel=false"])
+    traffic = comm.dp_traffic(est.ranks[0].params, 1, 8, est.micro_batches, 4, 4, spec.model.layers + 1)
+    assert [op for op, _, _ in traffic] == ["all_reduce", "all_gather"]
+    expected = 0.0
+    for op, nbytes, calls in traffic:
+        call, step, bw = kinds[op]
+        expected += calls * (call + step * ring_steps(op, 8)) + nbytes / bw
+    assert est.dp_time == pytest.approx(expected, rel=1e-6)
+    text = "\n".join(warnings)
+    assert text.count("intra-node") == 1  # once per link, naming the rule
+    assert ("intra-node all-gather, all-reduce, all-to-all, reduce-scatter in groups of up to 8 ranks beyond the "
+            "largest measured (4): each kind's fit extrapolated") in text
 
 
 def test_a_two_rank_profile_prices_an_eight_rank_spec_by_the_ring_rule(tmp_path: Path) -> None:
@@ -101,8 +174,11 @@ def test_a_two_rank_profile_prices_an_eight_rank_spec_by_the_ring_rule(tmp_path:
     expected = sum(calls * LATENCY * 7 + nbytes / BUS_BW for _, nbytes, calls in _dp_traffic(est, spec))
     assert est.dp_time == pytest.approx(expected, rel=1e-6)
     text = "\n".join(warnings)
-    assert ("intra-node all-gather, all-reduce, all-to-all, reduce-scatter in groups of up to 8 ranks from fits "
-            "at 2: ring latency x (n-1)/1, bandwidth term x (n-1)/n through the bus bytes") in text
+    assert ("intra-node all-gather, all-reduce, all-to-all, reduce-scatter in groups of up to 8 ranks beyond the "
+            "largest measured (2): each kind's fit extrapolated, latency per call + per ring step x steps(n) "
+            "(all-reduce 2(n-1), the others n-1), bytes at (n-1)/n of the message per rank at the fitted bus "
+            "bandwidth; all-gather, all-reduce, all-to-all, reduce-scatter measured at one group size: all its "
+            "latency per step") in text
     assert "measured with 2 ranks per node, the spec has 8" in text
     assert "tp 4 priced at the compute rate of tp 2, the largest measured (tp 1/2)" in text  # --auto may pick tp 4
     assert "inter-node" not in text and "another model" not in text
@@ -118,7 +194,7 @@ def test_a_one_node_profile_prices_the_two_node_cluster_from_the_catalogs_fabric
     text = "\n".join(warnings)
     assert ("inter-node links: not calibrated (measured on one node), priced from the catalog's fabric "
             "(InfiniBand NDR 400G, 50 GB/s per GPU x estimate.comm_efficiency, no latency)") in text
-    assert "intra-node all-gather, all-reduce, all-to-all, reduce-scatter in groups of up to 4 ranks" in text
+    assert "intra-node all-gather, all-reduce, all-to-all, reduce-scatter in groups of up to 4 ranks beyond" in text
 
 
 def test_a_two_node_profile_prices_more_nodes_with_its_inter_node_fits(tmp_path: Path) -> None:
@@ -130,8 +206,8 @@ def test_a_two_node_profile_prices_more_nodes_with_its_inter_node_fits(tmp_path:
     expected = sum(calls * LATENCY * 15 + nbytes / BUS_BW for _, nbytes, calls in _dp_traffic(est, spec))
     assert est.dp_time == pytest.approx(expected, rel=1e-6)
     text = "\n".join(warnings)
-    assert "inter-node all-gather, all-reduce, all-to-all, reduce-scatter in groups of up to 16 ranks from fits at 2" \
-        in text
+    assert "inter-node all-gather, all-reduce, all-to-all, reduce-scatter in groups of up to 16 ranks beyond the " \
+        "largest measured (2)" in text
     assert "intra-node" not in text and "ranks per node" not in text  # the node as calibrated
 
 

@@ -26,8 +26,8 @@ def calibrate(
     from_run: Path | None = typer.Option(None, "--from-run", metavar="RUN", help="Measure nothing: refit the compute "
                                          "rate from a finished run's step times (its spec is the run's)."),
     base: Path | None = typer.Option(None, "--base", metavar="PROFILE", help="With --from-run: keep this profile's "
-                                     "links and per-TP compute shape, re-levelled to the run, and fit the latency "
-                                     "per collective call that reproduces the run's step."),
+                                     "links and per-TP compute shape, re-levelled to the run, and refit the links' "
+                                     "latency per kind the run timed apart (TP waits, gradient sync)."),
 ) -> None:
     """Measure matmul rates, collectives and a layer on the spec's cluster; write the planner's profile."""
     from trainctl.launch.calibrate import calibrate as measure

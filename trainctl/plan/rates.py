@@ -3,8 +3,9 @@
 `AssumedRates` (no profile): the catalog peak x estimate.compute_efficiency and the catalog link bandwidth
 x estimate.comm_efficiency, no latency: what trainctl always did, uncalibrated. `MeasuredRates`: a
 calibration profile's fits (`trainctl calibrate`): the measured FLOP/s at the layout's TP size and, per link
-class and collective, latency per call + bus bytes / measured bandwidth, the latency grown by the ring's
-(n-1)/(n0-1) in a group larger than the largest measured (calibration/fit.py); a link or collective the
+class and collective kind, latency per call + latency per ring step x the kind's steps in the group + bus
+bytes / measured bandwidth, the kind's own fit at every group size (beyond the largest measured it
+extrapolates, and the profile's check says so: calibration/fit.py); a link or collective the
 profile lacks (inter-node links of a one-node profile) is priced as the assumed rates would. The Evaluator
 (plan/estimate.py) asks only these two methods.
 
@@ -89,8 +90,8 @@ class MeasuredRates:
         return rate
 
     def comm(self, link: str, ops: Ops, nbytes: float, calls: float = 0.0, group: int = 0) -> float:
-        """As AssumedRates.comm, by the fits; a group larger than the fits' is priced by the ring's rule
-        (calibration/fit.py `LinkFit.latency_at`), a collective the profile lacks as without a profile."""
+        """As AssumedRates.comm, by each kind's fit at the group's size (calibration/fit.py
+        `LinkFit.latency_at`), a collective the profile lacks as without a profile."""
         total = 0.0
         for op, share in ops:
             fit = self._fits[link, op]

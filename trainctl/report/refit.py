@@ -8,24 +8,36 @@ should charge, with every overhead the trainer really has (autograd, optimizer, 
 busy = FLOPs / rate over every rank and step but the first of each attempt (warm-up).
 
 The waits cannot be split into link bandwidth and waiting for peers from these figures. With a base profile
-(its measured links, and its per-TP compute table re-levelled to the run's rate) one more number is fitted:
-the extra latency per collective call (on every link and collective, on top of the base's idle latency)
-that makes the planner's step for the run's own layout its measured median step. Without a base the
-profile has the compute rate only and the planner prices links by the catalog.
+(its measured links, and its per-TP compute table re-levelled to the run's rate) the links are refitted per
+kind of communication the trainer times apart, each from its own measured median and the planner's figure
+for the same span of the run's layout:
+  tp  comm_s - pp_s (the waits inside TP collectives)  against the plan's exposed TP time, on the TP link's
+      collectives (all-reduce, or reduce-scatter + all-gather under sequence parallelism)
+  dp  sync_s (gradient sync + the final all-reduce)     against the plan's exposed DP + tied-embedding sync,
+      on the ZeRO stage's collectives of the DP link
+Each is one number, the extra latency per call on top of the base's idle latency of its collectives that
+makes the plan's span the measured one (bisection; 0 when the plan is slower already), fitted in that order:
+a collective both use keeps the TP figure and the DP fit moves only the rest (none left: not fitted, said
+in fits.run.kinds). The pipeline's receives (pp_s) wait for the previous stage's compute as much as for the
+link, and the collectives neither span uses, keep the base's fits as measured. Without a base the profile
+has the compute rate only and the planner prices links by the catalog.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from statistics import median
 from typing import Any
 
 from trainctl.errors import UsageError
+from trainctl.plan import comm
 from trainctl.plan.calibration import profile as prof
 from trainctl.plan.calibration.fit import fit_rate
 from trainctl.plan.placement import coords
+from trainctl.plan.rates import PROFILE_LINK, TP_OPS
 from trainctl.report.load import load_run
 from trainctl.rundir.paths import RunPaths
 from trainctl.spec import RunSpec, load_spec
@@ -51,7 +63,7 @@ def refit(root: Path, base: prof.Profile | None = None) -> dict[str, Any]:
                 continue
             busy = float(r["step_s"]) - float(r.get("sync_s") or 0.0) - float(r.get("comm_s") or 0.0)
             rows.append({"rank": rank, "step": r["step"], "step_s": r["step_s"], "sync_s": r.get("sync_s"),
-                         "comm_s": r.get("comm_s"), "busy_s": busy, "flops": flops})
+                         "comm_s": r.get("comm_s"), "pp_s": r.get("pp_s"), "busy_s": busy, "flops": flops})
     points = [(r["flops"], r["busy_s"]) for r in rows if r["busy_s"] > 0]
     if not points:
         raise UsageError(f"{root}: no step times to fit (each rank needs two steps or more in "
@@ -76,44 +88,97 @@ def refit(root: Path, base: prof.Profile | None = None) -> dict[str, Any]:
     }
     if base is not None:
         measured = median([float(r["step_time_s"]) for r in run.metrics[1:] or run.metrics])
-        excess = _latency_for(spec, out, base, measured)
-        out["fits"]["run"].update(step_time_s=measured, load_excess_s=excess)
-        out["fits"]["links"] = _with_excess(base, excess)
+        links = copy.deepcopy(base.data["fits"].get("links", {}))
+        out["fits"]["run"].update(step_time_s=measured, kinds=_refit_kinds(spec, out, links, rows))
+        out["fits"]["links"] = links
     return out
 
 
-def _with_excess(base: prof.Profile, excess: float) -> dict[str, Any]:
-    """The base's link fits with `excess` seconds per call on top of their idle latency."""
-    links = copy.deepcopy(base.data["fits"].get("links", {}))
-    for ops in links.values():
-        for fit in ops.values():
-            idle = fit.get("idle_latency_s", fit["latency_s"])
-            fit.update(idle_latency_s=idle, load_excess_s=excess, latency_s=idle + excess)
-    return links
+Row = dict[str, Any]
 
 
-def _latency_for(spec: RunSpec, data: dict[str, Any], base: prof.Profile, step_s: float) -> float:
-    """The per-call latency excess (>= 0) with which the plan of the run's layout takes `step_s` (bisection:
-    the step grows with it)."""
+def _tp_waits(r: Row) -> float:
+    return float(r.get("comm_s") or 0.0) - float(r.get("pp_s") or 0.0)
+
+
+def _dp_sync(r: Row) -> float:
+    return float(r.get("sync_s") or 0.0)
+
+
+# kind -> (the steptimes' figure: its name, its seconds in a row; the plan's seconds of the same span)
+SPANS: dict[str, tuple[str, Callable[[Row], float], Callable[[Any], float]]] = {
+    "tp": ("comm_s - pp_s", _tp_waits, lambda e: e.tp_exposed_time),
+    "dp": ("sync_s", _dp_sync, lambda e: (e.dp_exposed_time or 0.0) + e.embedding_sync_time),
+}
+
+
+def _kind_ops(kind: str, spec: RunSpec, est: Any) -> list[tuple[str, str]]:
+    """The (profile link, collective) pairs the plan prices span `kind` with, for the spec's layout."""
+    p = spec.parallel
+    if kind == "tp":
+        ops = [op for op, _ in TP_OPS[bool(p.sequence_parallel and p.tp > 1)]] if p.tp > 1 else []
+    else:
+        ops = [op for op, _, _ in comm.dp_traffic(1.0, p.zero, spec.dp, 1, 4.0, 4.0)]
+    return sorted({(PROFILE_LINK[est.comm_link[kind]], op) for op in ops})
+
+
+def _refit_kinds(spec: RunSpec, data: dict[str, Any], links: dict[str, Any],
+                 rows: list[Row]) -> dict[str, dict[str, Any]]:
+    """Refit `links` (the base's, changed in place) per measured span (module docstring); what each fit."""
     from trainctl.plan.estimate import Evaluator, assumed_rates
     from trainctl.plan.plan import candidate_from_spec, context_from_spec
     from trainctl.plan.rates import MeasuredRates
 
     ctx, cand = context_from_spec(spec), candidate_from_spec(spec)
 
-    def step(excess: float) -> float:
-        profile = prof.parse(Path("<refit>"), {**data, "fits": {**data["fits"], "links": _with_excess(base, excess)}})
-        rates = MeasuredRates(profile, assumed_rates(ctx.hw, ctx.assume), [])
-        return Evaluator(replace(ctx, rates=rates)).evaluate(cand).step_time or 0.0
+    def estimate(trial: dict[str, Any]) -> Any:
+        profile = prof.parse(Path("<refit>"), {**data, "fits": {**data["fits"], "links": trial}})
+        return Evaluator(replace(ctx, rates=MeasuredRates(profile, assumed_rates(ctx.hw, ctx.assume), []))) \
+            .evaluate(cand)
 
-    lo, hi = 0.0, max(step_s, 1e-3)
-    if step(lo) >= step_s:
+    claimed: set[tuple[str, str]] = set()
+    out: dict[str, dict[str, Any]] = {}
+    for kind, (figure, seconds, span) in SPANS.items():
+        pairs = [pair for pair in _kind_ops(kind, spec, estimate(links)) if pair[0] in links
+                 and pair[1] in links[pair[0]] and pair not in claimed]
+        measured = median([seconds(r) for r in rows]) if rows else 0.0
+        entry: dict[str, Any] = {"measured": figure, "measured_s": measured,
+                                 "collectives": [f"{link}.{op}" for link, op in pairs]}
+        if not pairs or measured <= 0:
+            out[kind] = {**entry, "fitted": False,
+                         "why": "no collective of its own to refit" if measured > 0 else "not measured in the run"}
+            continue
+
+        def planned(excess: float, pairs: list[tuple[str, str]] = pairs, span: Callable[[Any], float] = span) -> float:
+            return span(estimate(_with_excess(links, pairs, excess)))
+
+        excess = _bisect(planned, measured)
+        links.update(_with_excess(links, pairs, excess))
+        claimed.update(pairs)
+        out[kind] = {**entry, "fitted": True, "load_excess_s": excess, "planned_s": planned(excess)}
+    return out
+
+
+def _with_excess(links: dict[str, Any], pairs: list[tuple[str, str]], excess: float) -> dict[str, Any]:
+    """`links` with `excess` seconds per call on top of the idle latency of the collectives `pairs`."""
+    links = copy.deepcopy(links)
+    for link, op in pairs:
+        fit = links[link][op]
+        idle = fit.get("idle_latency_s", fit["latency_s"])
+        fit.update(idle_latency_s=idle, load_excess_s=excess, latency_s=idle + excess)
+    return links
+
+
+def _bisect(planned: Callable[[float], float], measured: float) -> float:
+    """The per-call excess (>= 0) with which `planned` (growing with it) is `measured`."""
+    lo, hi = 0.0, max(measured, 1e-3)
+    if planned(lo) >= measured:
         return 0.0
-    while step(hi) < step_s:  # a run with (almost) no collectives: give up beyond 1000x the step
+    while planned(hi) < measured:  # a span (almost) without calls: give up beyond 1000x the measured
         hi *= 10
-        if hi > 1000 * step_s:
+        if hi > 1000 * measured:
             return 0.0
     for _ in range(50):
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if step(mid) < step_s else (lo, mid)
+        lo, hi = (mid, hi) if planned(mid) < measured else (lo, mid)
     return (lo + hi) / 2

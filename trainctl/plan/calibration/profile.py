@@ -11,11 +11,14 @@ every raw figure (per rank) and every fit:
   fits.compute[tp]              what the planner charges per FLOP: matmul rate x layer efficiency
   fits.layer.tp_seconds[tp]     the layer as a TP rank runs it in a TP group inside a node (plain, sp): its
                                 excess over its FLOPs at compute[tp] is the layer's exposed TP time
-  fits.links[link][op]          latency + bus bytes / bandwidth, per link class and collective, and the
-                                largest group it was measured in (`group_size`: larger groups follow the
-                                ring, fit.py); the latency includes what a small collective costs more while
-                                the other ranks compute (raw.load) than idle (`load_excess_s`;
-                                `idle_latency_s` before it)
+  fits.links[link][op]          per link class and collective kind, fitted over every group and message
+                                size measured (fit.py): latency per call + latency per ring step x the
+                                kind's steps at n + bus bytes / bandwidth, the group sizes measured
+                                (`groups`, the largest `group_size`: beyond it the model extrapolates) and
+                                the residuals against the measured points (`rms_rel_error`,
+                                `max_rel_error`); the per-call latency includes what a small collective
+                                costs more while the other ranks compute (raw.load) than idle
+                                (`load_excess_s`; `idle_latency_s` before it)
   fits.fixed                    the trainer's work outside the layers (fixed.FixedWork): the embedding's and
                                 the LM head + loss's seconds per micro-batch beyond the head's FLOPs, the
                                 optimizer step per tensor and per element, and what one FSDP2 unit adds to a
@@ -28,7 +31,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -38,14 +41,17 @@ from trainctl.errors import UsageError
 from trainctl.fileio import write_atomic
 from trainctl.hardware.catalog import resolve_fabric
 from trainctl.model_shape import ModelShape
-from trainctl.plan.calibration.fit import LinkFit, fit_latency_bandwidth, fit_rate, median_of
+from trainctl.plan.calibration.fit import LinkFit, fit_collective, fit_rate, median_of
 from trainctl.plan.calibration.fixed import FixedWork, fit_fixed
 from trainctl.plan.calibration.shapes import INTER, INTRA, tp_sizes
 from trainctl.plan.memory import compute_precision
 from trainctl.spec.models import RunSpec
 
 KIND = "trainctl-calibration"
-SCHEMA = 2  # 2: fits.fixed (schema 1 profiles priced no work outside the layers)
+SCHEMA = 3  # 2: fits.fixed (schema 1 priced no work outside the layers); 3: collectives fitted per kind over
+#            group sizes, per-call + per-ring-step latency (schema 2 had one latency at one group size)
+SCHEMA_CHANGES = {1: "it also measures the work outside the layers",
+                  2: "it fits each collective's latency per call and per ring step over group sizes"}
 STALE_DAYS = 30  # older than this: warned (drivers, firmware and neighbours change)
 REDO = "run `trainctl calibrate SPEC --out {path}` again"
 
@@ -59,18 +65,7 @@ def build(meta: dict[str, Any], raw: dict[str, Any]) -> dict[str, Any]:
     layer = raw["layer"]
     layer_rate = layer["flops"] / median_of(layer["seconds"])
     efficiency = layer_rate / matmul["1"]["flops_per_s"]
-    links: dict[str, dict[str, dict[str, Any]]] = {}
-    for link in sorted({r["link"] for r in raw["collectives"]}):
-        for op in sorted({r["op"] for r in raw["collectives"] if r["link"] == link}):
-            rows = [r for r in raw["collectives"] if r["link"] == link and r["op"] == op]
-            fit = fit_latency_bandwidth([(r["bus_bytes"], median_of(r["seconds"])) for r in rows])
-            links.setdefault(link, {})[op] = replace(fit, group_size=measured_group(raw, link, op)).as_dict()
-    for r in raw.get("load", []):  # every op of the link pays the same wait for a busy peer
-        ops = links[r["link"]]
-        idle = LinkFit(**ops[r["op"]]).seconds(r["bus_bytes"], 1)
-        excess = max(0.0, median_of(r["seconds"]) - idle)
-        for fit in ops.values():
-            fit.update(idle_latency_s=fit["latency_s"], load_excess_s=excess, latency_s=fit["latency_s"] + excess)
+    links = fit_links(raw)
     fits = {
         "matmul": matmul,
         "layer": {"flops_per_s": layer_rate, "efficiency": efficiency, "recompute": layer["recompute"],
@@ -83,11 +78,23 @@ def build(meta: dict[str, Any], raw: dict[str, Any]) -> dict[str, Any]:
     return {"kind": KIND, "schema": SCHEMA, "source": "micro-benchmarks", **meta, "raw": raw, "fits": fits}
 
 
-def measured_group(raw: dict[str, Any], link: str, op: str) -> int:
-    """The largest group a collective was timed in on a link (0: none recorded): its fit's latency is that
-    group's, the reference a larger group's is grown from (fit.LinkFit.latency_at)."""
-    return max((int(r.get("group_size", 0)) for r in raw.get("collectives", [])
-                if r["link"] == link and r["op"] == op), default=0)
+def fit_links(raw: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
+    """link -> op -> the collective's fit over every group and message size measured (fit.fit_collective),
+    its latency raised by what a small collective costs more while the other ranks compute (raw.load: every
+    op of the link pays the same wait for a busy peer; `idle_latency_s` before it)."""
+    links: dict[str, dict[str, dict[str, Any]]] = {}
+    for link in sorted({r["link"] for r in raw["collectives"]}):
+        for op in sorted({r["op"] for r in raw["collectives"] if r["link"] == link}):
+            rows = [r for r in raw["collectives"] if r["link"] == link and r["op"] == op]
+            fit = fit_collective(op, [(r["group_size"], r["bus_bytes"], median_of(r["seconds"])) for r in rows])
+            links.setdefault(link, {})[op] = fit.as_dict()
+    for r in raw.get("load", []):
+        ops = links[r["link"]]
+        idle = LinkFit.from_dict(ops[r["op"]]).seconds(r["bus_bytes"], 1, r["group_size"])
+        excess = max(0.0, median_of(r["seconds"]) - idle)
+        for fit in ops.values():
+            fit.update(idle_latency_s=fit["latency_s"], load_excess_s=excess, latency_s=fit["latency_s"] + excess)
+    return links
 
 
 def _tp_layers(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
@@ -121,8 +128,11 @@ def summary(profile: dict[str, Any]) -> str:
     for link, ops in fits.get("links", {}).items():
         ar = ops.get("all_reduce")
         if ar:
+            worst = max(ops.values(), key=lambda f: f["max_rel_error"])
             parts.append(f"{link.replace('_', '-')} all-reduce {ar['latency_s'] * 1e6:.0f} us + "
-                         f"{ar['bytes_per_s'] / 1e9:.3g} GB/s")
+                         f"{ar['step_latency_s'] * 1e6:.0f} us per ring step + {ar['bytes_per_s'] / 1e9:.3g} GB/s "
+                         f"(fits within {worst['max_rel_error']:.0%} of every measured point, worst "
+                         f"{worst['op'].replace('_', '-')})")
     return "; ".join(parts)
 
 
@@ -228,18 +238,17 @@ def parse(path: Path, data: Any) -> Profile:
     if not isinstance(data, dict) or data.get("kind") != KIND:
         raise _bad(path, f"not a trainctl calibration profile (no \"kind\": \"{KIND}\")")
     if data.get("schema") != SCHEMA:
-        raise _bad(path, f"schema {data.get('schema')!r}; this trainctl reads schema {SCHEMA} (it also measures the "
-                         "work outside the layers)")
+        old = data.get("schema")
+        since = "; ".join(SCHEMA_CHANGES[v] for v in range(old, SCHEMA) if v in SCHEMA_CHANGES) \
+            if isinstance(old, int) else ""
+        raise _bad(path, f"schema {data.get('schema')!r}; this trainctl reads schema {SCHEMA}"
+                         + (f" ({since})" if since else ""))
     try:
         cluster, fits = data["cluster"], data["fits"]
         for key in ("gpu", "ranks", "ranks_per_node"):
             cluster[key]  # noqa: B018 - presence check
         compute = {int(tp): float(v) for tp, v in fits["compute"].items()}
-        raw = data.get("raw") or {}  # a profile written before fits recorded their group: its raw figures do
-        links = {link: {op: LinkFit(float(f["latency_s"]), float(f["bytes_per_s"]), int(f["points"]),
-                                    float(f["rms_rel_error"]),
-                                    int(f.get("group_size") or measured_group(raw, link, op)),
-                                    float(f.get("load_excess_s", 0.0))) for op, f in ops.items()}
+        links = {link: {op: LinkFit.from_dict(f) for op, f in ops.items()}
                  for link, ops in (fits.get("links") or {}).items()}
         fixed = FixedWork.from_dict(fits["fixed"]) if fits.get("fixed") else None
     except (KeyError, TypeError, ValueError, AttributeError) as e:
@@ -248,7 +257,8 @@ def parse(path: Path, data: Any) -> Profile:
         raise _bad(path, "fits.compute holds no positive FLOP/s rate")
     for link, ops in links.items():
         for op, f in ops.items():
-            if not (_positive(f.bytes_per_s) and f.latency_s >= 0 and math.isfinite(f.latency_s)):
+            if not (_positive(f.bytes_per_s) and f.latency_s >= 0 and math.isfinite(f.latency_s)
+                    and f.step_latency_s >= 0 and math.isfinite(f.step_latency_s)):
                 raise _bad(path, f"fits.links.{link}.{op} has a non-positive bandwidth or a negative latency")
     if fixed is not None and not fixed.valid():
         raise _bad(path, "fits.fixed holds a negative or non-finite figure")
@@ -296,8 +306,8 @@ def same_model(profile: Profile, spec: RunSpec) -> bool:
 
 
 def extrapolations(profile: Profile, spec: RunSpec) -> list[str]:
-    """What the plan of `spec` prices beyond what the profile measured, each with the rule it follows: larger
-    groups on a link (fit.LinkFit.latency_at), inter-node links on one node (the catalog's fabric), ranks
+    """What the plan of `spec` prices beyond what the profile measured, each with the rule it follows, once per
+    link: larger groups (fit.LinkFit.latency_at), inter-node links on one node (the catalog's fabric), ranks
     per node, another model (plan/rates.py MeasuredRates)."""
     c, out = spec.cluster, []
     if profile.cluster.get("ranks_per_node") != c.gpus_per_node:
@@ -322,12 +332,14 @@ def extrapolations(profile: Profile, spec: RunSpec) -> list[str]:
                        f"latency)")
             continue
         n0 = min(f.group_size for f in ops.values())
-        if not n0:
-            out.append(f"{where} fits do not record their group size: latency as fitted at every group size")
-        elif n > n0:
-            out.append(f"{where} {', '.join(sorted(ops)).replace('_', '-')} in groups of up to {n} ranks from fits "
-                       f"at {n0}: ring latency x (n-1)/{n0 - 1}, bandwidth term x (n-1)/n through the bus bytes "
-                       f"at the fitted bus bandwidth")
+        if n > n0:
+            one = [op for op, f in sorted(ops.items()) if len(f.groups) < 2]
+            split = (f"; {', '.join(one).replace('_', '-')} measured at one group size: all its latency per step"
+                     if one else "")
+            out.append(f"{where} {', '.join(sorted(ops)).replace('_', '-')} in groups of up to {n} ranks beyond "
+                       f"the largest measured ({n0}): each kind's fit extrapolated, latency per call + per ring "
+                       f"step x steps(n) (all-reduce 2(n-1), the others n-1), bytes at (n-1)/n of the message per "
+                       f"rank at the fitted bus bandwidth{split}")
     if not same_model(profile, spec):
         m, mine = profile.data["model"], ModelShape.from_spec(spec.model)
         out.append(f"measured at another model (hidden {m.get('hidden')}, {m.get('layers')} layers, vocab "

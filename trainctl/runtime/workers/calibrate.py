@@ -3,7 +3,7 @@
 Five phases, each run on every rank of the spec's cluster at once (its ranks per node share the node as
 in training): (1) GEMMs at the model's shapes for every TP size `plan --auto` may pick, in the precision the
 trainer computes in; (2) all-reduce, all-gather, reduce-scatter, send/recv (ping-pong) and all-to-all over
-message sizes, in groups inside each node (of 2 ranks and of the whole node) and, with several nodes, in
+message sizes, in groups inside each node (of 2, 4, ... ranks and of the whole node) and, with several nodes, in
 groups of one rank per node; (3) one real layer's forward + backward on each rank, alone and as a TP rank in
 TP groups of each size that fits in a node (sequence parallelism off and on); (4) a small all-reduce
 after each forward of that layer, against the forwards alone: what a collective costs while the other
@@ -137,11 +137,12 @@ class Calibration:
 
     # --- (2) collectives ---------------------------------------------------------------------------------
     def groups(self) -> list[Group]:
-        """Groups of 2 and of the whole node inside every node; one rank per node across nodes. Every rank
-        creates every group (new_group is collective); all groups of a kind then run at once."""
+        """Groups of every power of 2 and of the whole node inside every node (several sizes: each kind's
+        latency is fitted against its steps at n, plan/calibration/fit.py); one rank per node across nodes.
+        Every rank creates every group (new_group is collective); all groups of a size then run at once."""
         out: list[Group] = []
         nodes, per = self.nodes, self.per_node
-        for size in sorted({2, per}):
+        for size in sorted({1 << k for k in range(1, per.bit_length())} | {per}):
             if size < 2 or per % size:
                 continue
             lists = [[node * per + i for i in range(start, start + size)]
