@@ -42,6 +42,10 @@ class Point:
     scored: int  # layouts scored in full (the rest skipped by the step floor)
     candidates: int
 
+    @property
+    def mfu(self) -> float:
+        return self.best.mfu
+
     def as_dict(self) -> dict[str, Any]:
         c = self.best.cand
         return {"nodes": self.nodes, "gpus": c.tp * c.cp * c.pp * c.dp, "layout": c.describe(),
