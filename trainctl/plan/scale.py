@@ -135,7 +135,7 @@ def node_counts(lo: int, hi: int, counts: int, has_layout: Callable[[int], bool]
     return sorted(out), left_out
 
 
-def _at(spec: RunSpec, nodes: int) -> RunSpec:
+def spec_at(spec: RunSpec, nodes: int) -> RunSpec:
     """The spec on `nodes` nodes (no validation: the search enumerates layouts by the rules itself)."""
     return spec.model_copy(update={"cluster": spec.cluster.model_copy(update={"nodes": nodes})})
 
@@ -176,14 +176,14 @@ def sweep(spec: RunSpec, *, nodes: tuple[int, int], counts: int = DEFAULT_COUNTS
 
     def has_layout(n: int) -> bool:
         if n not in cands:
-            cands[n] = enumerate_candidates(_at(spec, n), {})
+            cands[n] = enumerate_candidates(spec_at(spec, n), {})
         return bool(cands[n])
 
     chosen, empty = node_counts(lo, hi, counts, has_layout)
     shared: Evaluator | None = None
     points: list[Point] = []
     for i, n in enumerate(chosen):
-        at = _at(spec, n)
+        at = spec_at(spec, n)
         ctx, _ = search_context(at)
         ev = Evaluator(ctx) if shared is None else shared.for_context(ctx)
         shared = shared or ev
