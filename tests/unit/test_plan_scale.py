@@ -10,9 +10,12 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 from paths import REPO
+from test_plan_auto import small_spec
 
-from trainctl.errors import UsageError
+from trainctl.errors import SpecError, UsageError
 from trainctl.plan import scale
 from trainctl.plan.auto import NOMINAL_PEAK, best_layout, enumerate_candidates, search, search_context
 from trainctl.plan.estimate import Evaluator
@@ -51,6 +54,22 @@ def test_pruned_best_is_the_exhaustive_best(recipe, nodes):
     assert scored <= len(enumerate_candidates(spec, {}))
     top = search(spec, top=1).top[0][0]  # what `plan --auto` prints first
     assert (top.cand, top.mfu, top.est.step_time) == (best.cand, best.mfu, best.est.step_time)
+
+
+@settings(max_examples=25, deadline=None)
+@given(nodes=st.integers(1, 4), gpn=st.sampled_from([1, 2, 4, 8]), layers=st.integers(1, 8),
+       heads=st.sampled_from([2, 4, 8]), gb=st.sampled_from([1, 6, 8, 16, 48]),
+       gpu=st.sampled_from(["h100-sxm", "a100-40gb", "cpu"]))
+def test_pruned_best_on_small_clusters(nodes, gpn, layers, heads, gb, gpu):
+    try:
+        spec = small_spec(nodes, gpn, layers, heads, heads, gb, gpu)
+    except SpecError:  # the starting layout (tp = pp = 1, dp = world) is refused; the search needs a valid spec
+        assume(False)
+    best, _ = best_layout(spec, Evaluator(search_context(spec)[0]))
+    full = exhaustive_best(spec)
+    assert (best is None) == (full is None)
+    if best is not None:
+        assert (best.cand, best.est.step_time) == (full[1], full[2])
 
 
 def test_sweep_points_are_each_counts_auto_answer():
