@@ -335,6 +335,7 @@ class Evaluator:
         self._compression = lru_cache(maxsize=None)(self._make_compression)
         self._layer_act = lru_cache(maxsize=None)(self._make_layer_act)
         self._step_floor = lru_cache(maxsize=None)(self._make_step_floor)
+        self._memory_floor = lru_cache(maxsize=None)(self._make_memory_floor)
         self._base_cache: dict[tuple, _Base] = {}
         cf = m.moe.capacity_factor if m.moe is not None else None
         # what the GPUs compute (capacity-padded buffers with a capacity factor), and what paces the slot
@@ -488,11 +489,14 @@ class Evaluator:
         """A floor under score(c)'s bytes per GPU from cached parts alone (no _Base): the layers' activations in
         flight on the rank holding the most; every other term (model states, the ends' activations, buffers)
         is >= 0, and ZeRO does not change these."""
-        layers = self.stage_layers(c)
-        n_micro = self.ctx.global_batch // (c.micro_batch * c.dp)
-        units, _, _ = self._units(c.schedule, c.pp, c.virtual_stages, n_micro, layers)
-        return max(units) * self._layer_act(c.micro_batch, c.tp, c.sequence_parallel and c.tp > 1, c.recompute,
-                                            c.cp, c.ep)
+        return self._memory_floor(c.tp, c.pp, c.dp, c.cp, c.ep, c.virtual_stages, c.schedule, c.micro_batch,
+                                  c.recompute, c.sequence_parallel and c.tp > 1, c.stage_layers)
+
+    def _make_memory_floor(self, tp: int, pp: int, dp: int, cp: int, ep: int, v: int, schedule_: str, mb: int,
+                           recompute: str, sp: bool, stage_layers: tuple[int, ...] | None) -> float:
+        layers = stage_layers if stage_layers is not None else self._default_split(pp * v)
+        units, _, _ = self._units(schedule_, pp, v, self.ctx.global_batch // (mb * dp), layers)
+        return max(units) * self._layer_act(mb, tp, sp, recompute, cp, ep)
 
     def padded_vocab(self, tp: int) -> int:
         return self.ctx.shape.padded_vocab(tp)
@@ -679,19 +683,18 @@ class Evaluator:
         host = max((p - e) * host_dense + e * host_expert for p, e in zip(b.params, b.experts, strict=True))
         copy_s, cpu_s = self._offload_seconds(b, zero, dp, edp) if host else (0.0, 0.0)
         opt_s = self._optimizer_seconds(b, zero, dp)
-        out = _Zero(dense=dense, expert=expert, gather=gather, buffers=buffers, handed=handed, acts=acts,
-                    transient=transient, worst=worst, total=totals[worst] + gather,
-                    dp_bytes=sum(x for _, x, _ in dp_traffic), edp_bytes=sum(x for _, x, _ in edp_traffic),
-                    dp_time=t_dp, edp_time=t_edp, dp_exposed=None, step=None, host=host, offload_copy=copy_s,
-                    offload_step=cpu_s, optimizer=opt_s, fsdp=fsdp_s)
-        if b.slot is None:
-            return out
-        window = b.slot if zero <= 1 else b.n_micro * b.slot
-        dp_exposed = (t_dp + t_edp) - min(a.dp_overlap * (t_dp + t_edp), window)
-        step = b.slot * (b.n_micro + b.bubble_slots) + dp_exposed + b.emb_time + copy_s + cpu_s + opt_s + fsdp_s
-        if psgd:
-            step += psgd_time  # PowerSGD's matmuls and QRs run after the backward, between its collectives
-        return replace(out, dp_exposed=dp_exposed, step=step)
+        dp_exposed = step = None
+        if b.slot is not None:
+            window = b.slot if zero <= 1 else b.n_micro * b.slot
+            dp_exposed = (t_dp + t_edp) - min(a.dp_overlap * (t_dp + t_edp), window)
+            step = b.slot * (b.n_micro + b.bubble_slots) + dp_exposed + b.emb_time + copy_s + cpu_s + opt_s + fsdp_s
+            if psgd:
+                step += psgd_time  # PowerSGD's matmuls and QRs run after the backward, between its collectives
+        return _Zero(dense=dense, expert=expert, gather=gather, buffers=buffers, handed=handed, acts=acts,
+                     transient=transient, worst=worst, total=totals[worst] + gather,
+                     dp_bytes=sum(x for _, x, _ in dp_traffic), edp_bytes=sum(x for _, x, _ in edp_traffic),
+                     dp_time=t_dp, edp_time=t_edp, dp_exposed=dp_exposed, step=step, host=host, offload_copy=copy_s,
+                     offload_step=cpu_s, optimizer=opt_s, fsdp=fsdp_s)
 
     def _psgd(self, b: _Base) -> tuple[tuple[tuple[powersgd.Compression, powersgd.Compression], ...] | None, float]:
         """PowerSGD at the context's rank (None without): per pipeline rank (dense, routed-expert) figures, and
