@@ -1,11 +1,13 @@
 """Benchmark: how fast the CLI starts, as whole processes side by side: the bare import of typer, rich and
 pydantic (the floor any typer + pydantic CLI pays), `trainctl --help`, `trainctl plan` of the Llama 3 405B
-recipe (16,384 H100s) and its `plan --auto`.
+recipe (16,384 H100s), its `plan --auto`, and the node-count sweep `plan --auto --nodes 256..16384` (64
+geometric node counts, each searched for its best layout); then, in this process, the search's candidates per
+second: `plan --auto`'s exhaustive scoring and the pruned best-layout search the sweep runs at each count.
 
 Each run is a fresh process, so the figures include interpreter start-up and every import, as a user sees
 them; runs are interleaved so load changes hit all alike, and the ratios are of CPU time (user + sys), which
 other load barely changes. Targets: --help at most 1.3x the bare import, plan at most 1.3x --help, plan --auto
-at most 1.5x --help.
+at most 1.5x --help, the 64-count sweep at most 3x plan --auto.
 
     .venv/bin/python bench/bench_plan_auto.py [--repeats 7] [--spec recipes/llama3-405b.yaml]
 """
@@ -52,10 +54,32 @@ def wall(cmd: list[str], cpu: list[float] | None = None) -> float:
     return dt
 
 
+def candidates_per_second(spec: Path) -> str:
+    """In this process: plan --auto's exhaustive scoring and the pruned best-layout search, candidates per second
+    of the enumerated ones (the pruned search scores fewer; its rate counts every candidate it settled)."""
+    sys.path.insert(0, str(ROOT))
+    from trainctl.plan.auto import best_layout, enumerate_candidates, search, search_context
+    from trainctl.plan.estimate import Evaluator
+    from trainctl.spec.loader import load_spec
+
+    run = load_spec(spec)
+    t0 = time.process_time()
+    full = search(run)
+    t_full = time.process_time() - t0
+    t0 = time.process_time()
+    cands = enumerate_candidates(run, {})
+    _, scored = best_layout(run, Evaluator(search_context(run)[0]), cands)
+    t_best = time.process_time() - t0
+    return (f"candidates per CPU second: exhaustive {full.evaluated / t_full:,.0f} ({full.evaluated:,} in "
+            f"{t_full:.2f} s), pruned {len(cands) / t_best:,.0f} ({scored:,} of {len(cands):,} scored in "
+            f"{t_best:.2f} s)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--spec", default=str(ROOT / "recipes" / "llama3-405b.yaml"))
+    ap.add_argument("--nodes", default="256..16384", help="the sweep's node range (64 counts by default)")
     args = ap.parse_args()
 
     spec = Path(args.spec)
@@ -70,9 +94,12 @@ def main() -> None:
         "trainctl --help": [py, "-m", "trainctl", "--help"],
         "trainctl plan": [py, "-m", "trainctl", "plan", str(spec)],
         "trainctl plan --auto": [py, "-m", "trainctl", "plan", "--auto", str(spec)],
+        "plan --auto --nodes (sweep)": [py, "-m", "trainctl", "plan", "--auto", str(spec), "--nodes", args.nodes],
     }
     info = json.loads(subprocess.run([*commands["trainctl plan --auto"], "--json"], cwd=ROOT, capture_output=True,
                                      text=True, check=True).stdout)
+    swept = json.loads(subprocess.run([*commands["plan --auto --nodes (sweep)"], "--json"], cwd=ROOT,
+                                      capture_output=True, text=True, check=True).stdout)
     for cmd in commands.values():  # warm the file cache and .pyc files once
         wall(cmd)
     walls: dict[str, list[float]] = {name: [] for name in commands}
@@ -83,6 +110,10 @@ def main() -> None:
 
     print(f"spec: {spec} ({info['world_size']:,} GPUs), {info['evaluated']:,} layouts evaluated, "
           f"{info['fitting']:,} fit; search itself {info['elapsed_s'] * 1e3:.0f} ms in-process")
+    print(f"sweep {args.nodes}: {len(swept['points'])} node counts with a layout, {len(swept['no_layout'])} without; "
+          f"{swept['candidates_scored']:,} of {swept['candidates']:,} layouts scored; answer "
+          f"{swept['answer']['nodes']:,} nodes; {swept['elapsed_s']:.2f} s in-process")
+    print(candidates_per_second(spec))
     print(f"cpus: {os.cpu_count()}, load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"{'command':28} {'median':>8} {'min':>8} {'max':>8} {'cpu':>8}   (wall seconds, {args.repeats} runs "
           "each; cpu = median user+sys seconds)")
@@ -91,7 +122,8 @@ def main() -> None:
         print(f"{name:28} {statistics.median(runs):8.3f} {min(runs):8.3f} {max(runs):8.3f} {cpu[name]:8.3f}")
     for what, num, den, target in (("--help / bare import", "trainctl --help", "import typer+rich+pydantic", 1.3),
                                    ("plan / --help", "trainctl plan", "trainctl --help", 1.3),
-                                   ("plan --auto / --help", "trainctl plan --auto", "trainctl --help", 1.5)):
+                                   ("plan --auto / --help", "trainctl plan --auto", "trainctl --help", 1.5),
+                                   ("sweep / plan --auto", "plan --auto --nodes (sweep)", "trainctl plan --auto", 3.0)):
         ratio = cpu[num] / cpu[den]
         print(f"{what:28} {ratio:6.2f}x CPU  (target <= {target}x: {'meets' if ratio <= target else 'MISSES'})")
 

@@ -173,3 +173,24 @@ def test_dp_overlap_default_follows_where_the_reduction_runs(monkeypatch, gpu, r
     spec = load_spec(TINY, overrides=[f"{k}={v}" for k, v in sets.items()])
     assert plan_module.context_from_spec(spec).assume.dp_overlap == expected
     assert build_plan(spec).to_json()["assumptions"]["dp_overlap"] == expected  # what the plan prints
+
+
+def test_auto_nodes_sweep_json_and_errors():
+    llama8b = str(ROOT / "recipes" / "llama3-8b.yaml")
+    out = trainctl("plan", "--auto", llama8b, "--nodes", "1..8", "--objective", "gpu-hours", "--json")
+    assert out.returncode == 0, out.stderr
+    j = json.loads(out.stdout)  # progress, if any, went to stderr
+    assert j["front"] and j["answer"]["gpu_hours"] == min(p["gpu_hours"] for p in j["points"])
+    assert j["answer"]["cost"] is None and {p["nodes"] for p in j["points"]} | set(j["no_layout"]) == set(range(1, 9))
+    text = trainctl("plan", "--auto", llama8b, "--nodes", "1..8", "--set", "cluster.gpu_hour_price=2",
+                    "--budget", "1e9").stdout
+    assert "Pareto front" in text and "Answer:" in text and "cost" in text
+    for args, field in ((["--nodes", "512..16"], "--nodes"), (["--nodes", "16-512"], "--nodes"),
+                        (["--nodes", "1..8", "--objective", "cost"], "cluster.gpu_hour_price"),
+                        (["--nodes", "1..8", "--budget", "1e6"], "cluster.gpu_hour_price"),
+                        (["--nodes", "1..8", "--set", "cluster.gpu_hour_price=-1"], "gpu_hour_price"),
+                        (["--nodes", "1..2", "--deadline", "1h"], "--deadline")):
+        bad = trainctl("plan", "--auto", llama8b, *args)
+        assert bad.returncode == 2, (args, bad.stderr)
+        lines = bad.stderr.strip().splitlines()
+        assert len(lines) == 1 and field in lines[0], (args, bad.stderr)

@@ -18,12 +18,16 @@ from trainctl.cli.app import app
 from trainctl.cli.console import make_console
 from trainctl.cli.jsonout import print_json
 from trainctl.cli.options import JsonOpt, SetOpt, SpecArg, read_spec
+from trainctl.errors import UsageError
 from trainctl.terminal import prose
 from trainctl.units import count, decimal_size, dur, pct, tflops
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from trainctl.plan.auto import AutoResult
     from trainctl.plan.plan import Plan
+    from trainctl.plan.scale import Sweep
 
 LEVEL_STYLE = {"info": "cyan", "warning": "yellow", "severe": "bold red", "error": "bold white on red"}
 RANKS_FULL_LIMIT = 64  # print every rank up to this world size; summarise above
@@ -385,6 +389,53 @@ def render_auto(res: AutoResult, console: Console, on_cpu: bool = False) -> None
                    "Run `trainctl plan SPEC --set parallel.tp=...` on a row for its full plan.[/dim]")
 
 
+def render_sweep(res: Sweep, console: Console) -> None:
+    """plan --auto --nodes: the Pareto front of days against GPU-hours (cost), then the answer."""
+    from rich.table import Table
+
+    prose(console, f"[bold]{res.name}[/bold]: {count(len(res.points), 'node count')} of {res.node_range[0]}.."
+                   f"{res.node_range[1]} searched, each at its best layout (`plan --auto` there); the Pareto "
+                   "front of days against GPU-hours (no other count is both faster and cheaper):")
+    t = Table()
+    for col in ("nodes", "GPUs", "layout", "days", "GPU-hours", *(("cost",) if res.priced else ()), "MFU"):
+        t.add_column(col, justify="left" if col == "layout" else "right")
+    for p in res.front:
+        d = p.as_dict()
+        t.add_row(f"{p.nodes:,}", f"{d['gpus']:,}", escape(d["layout"]), f"{p.days:,.1f}", f"{p.gpu_hours:,.0f}",
+                  *((f"{p.cost:,.0f}",) if p.cost is not None else ()), _pct(p.mfu))
+    console.print(t)
+    if res.answer is not None:
+        a = res.answer
+        cost = f", cost {a.cost:,.0f}" if a.cost is not None else ""
+        prose(console, f"{a.nodes:,} nodes: {a.days:,.1f} days, {a.gpu_hours:,.0f} GPU-hours{cost}, MFU "
+                       f"{_pct(a.mfu)} ({res.why}).", "[bold green]Answer:[/bold green] ")
+    if res.empty:
+        shown = ", ".join(map(str, res.empty[:6])) + (", …" if len(res.empty) > 6 else "")
+        prose(console, f"[dim]No layout at {count(len(res.empty), 'node count')} ({shown}): the spec rules leave "
+                       "none that fits there (global_batch bounds dp x pp: micro-batches >= pp).[/dim]")
+    prose(console, f"[dim]Days: the whole run's expected wall clock with interruptions and restarts (plan's "
+                   f"whole-run block); {sum(p.scored for p in res.points):,} of "
+                   f"{sum(p.candidates for p in res.points):,} layouts scored, the rest could not beat a count's "
+                   f"best; {res.elapsed_s:.1f} s.[/dim]")
+
+
+def _sweep_progress() -> Callable[[int, int, int], None]:
+    """Progress on stderr once the sweep has taken a second, at most once a second."""
+    import sys
+    import time
+
+    start = time.monotonic()
+    shown = [start]
+
+    def report(done: int, total: int, nodes: int) -> None:
+        now = time.monotonic()
+        if now - start >= 1.0 and (now - shown[0] >= 1.0 or done == total):
+            shown[0] = now
+            print(f"plan --auto: {done}/{total} node counts searched (last: {nodes:,} nodes)", file=sys.stderr)
+
+    return report
+
+
 @app.command()
 def plan(
     spec: Path = SpecArg,
@@ -396,12 +447,40 @@ def plan(
     strict: bool = typer.Option(False, "--strict", help="Exit 1 if the layout does not fit (error-level warning)."),
     calibration: Path | None = typer.Option(None, "--calibration", metavar="PROFILE", help="Price the plan with "
                                             "this `trainctl calibrate` profile (overrides cluster.calibration)."),
+    nodes: str | None = typer.Option(None, "--nodes", metavar="LO..HI", help="With --auto: search node counts "
+                                     "LO..HI (at most --counts, geometric) and show the Pareto front of days against "
+                                     "GPU-hours."),
+    counts: int = typer.Option(64, "--counts", min=2, max=1000, help="With --nodes: how many node counts to try."),
+    objective: str = typer.Option("time", "--objective", metavar="time|cost|gpu-hours", help="With --nodes: the "
+                                  "answer is the fewest days (time) or GPU-hours (cost needs cluster.gpu_hour_price)."),
+    deadline: str | None = typer.Option(None, "--deadline", metavar="30d", help="With --nodes: the cheapest count "
+                                        "that finishes the run within this many days (or hours: 36h)."),
+    budget: str | None = typer.Option(None, "--budget", metavar="2e6gpuh", help="With --nodes: the fastest count "
+                                      "within this many GPU-hours (2e6gpuh), or this much money (needs "
+                                      "cluster.gpu_hour_price)."),
 ) -> None:
     """Plan a run: memory per GPU, FLOPs, communication, pipeline bubble and predicted MFU."""
     run = read_spec(spec, set_)
     if calibration is not None:
         run = run.with_calibration(calibration)
     console = make_console()
+    if nodes is not None or deadline is not None or budget is not None or objective != "time":
+        from trainctl.plan import scale
+
+        if not auto:
+            raise UsageError("--nodes, --objective, --deadline and --budget search node counts: add --auto")
+        if deadline is not None and budget is not None:
+            raise UsageError("give --deadline or --budget, not both")
+        span = scale.parse_nodes(nodes) if nodes is not None else (run.cluster.nodes, run.cluster.nodes)
+        res = scale.sweep(run, nodes=span, counts=counts, objective=objective,
+                          deadline_days=scale.parse_deadline(deadline) if deadline is not None else None,
+                          budget=scale.parse_budget(budget, run.cluster.gpu_hour_price) if budget is not None else None,
+                          progress=None if as_json else _sweep_progress())
+        if as_json:
+            print_json(res.to_json())
+        else:
+            render_sweep(res, console)
+        return
     if auto:
         from trainctl.plan.auto import search
 

@@ -9,7 +9,8 @@ comm       collective volumes and link classes
 estimate   Evaluator: one layout -> all figures (the roofline); used by plan and --auto
 checks     warnings with codes and levels
 plan       build_plan(spec) -> Plan, Plan.to_json()
-auto       the --auto search
+auto       the --auto search; best_layout: its first row without scoring every layout (step and memory floors)
+scale      --auto --nodes: each node count's best layout, the whole run's days and GPU-hours, the Pareto front
 rates      where the times come from: catalog peak x assumptions, or a calibration profile's measured rates
 calibration/  the calibration profile (`trainctl calibrate`): GEMM shapes, fits, schema, load and check
 """

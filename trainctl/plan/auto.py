@@ -30,7 +30,7 @@ from trainctl.errors import SpecError
 from trainctl.plan.checks import advise
 from trainctl.plan.comm import tp_link
 from trainctl.plan.comm_levers import Lever, Levers
-from trainctl.plan.estimate import Candidate, Estimate, Evaluator
+from trainctl.plan.estimate import Candidate, Context, Estimate, Evaluator
 from trainctl.plan.plan import context_from_spec
 from trainctl.plan.rates import describe
 from trainctl.spec.loader import validate_spec
@@ -235,12 +235,64 @@ def _distinct(ranked: list[tuple[float, float, Candidate]], n: int) -> list[tupl
     return out
 
 
+def search_context(spec: RunSpec) -> tuple[Context, bool]:
+    """The context the search ranks with, and whether the peak is known (if not, NOMINAL_PEAK stands in)."""
+    ctx = context_from_spec(spec)
+    if ctx.hw.peak_flops is not None:
+        return ctx, True
+    return replace(ctx, hw=replace(ctx.hw, peak_flops=NOMINAL_PEAK)), False
+
+
+def _order(row: tuple[float, float, Candidate], tight: float) -> tuple[bool, float, float]:
+    """The ranking of fitting layouts: under 10% headroom last, then MFU descending, then memory ascending
+    (`row` = (-MFU rounded to 12 digits, bytes per GPU, layout)); a stable sort keeps enumeration order on ties."""
+    return row[1] > tight, row[0], row[1]
+
+
+def best_layout(spec: RunSpec, ev: Evaluator, cands: list[Candidate] | None = None
+                ) -> tuple[Scored | None, int]:
+    """search(spec)'s first fitting layout without scoring every candidate: (its estimate, candidates scored).
+
+    Candidates whose activations alone exceed the GPU (Evaluator.memory_floor) are not scored; the rest are
+    scored in order of their step floor (Evaluator.step_floor); once a comfortable (headroom >= 10%) layout has
+    step S, every candidate whose floor is above S has a lower MFU and ranks below it, so the
+    rest are skipped. The margin of 1e-9 keeps the rounded MFU of a skipped layout strictly below the best's.
+    Ties are broken as search's stable sort does, by enumeration index. `ev` is search_context(spec)'s."""
+    cands = enumerate_candidates(spec, {}) if cands is None else cands
+    ctx = ev.ctx
+    capacity = ctx.hw.usable_bytes
+    tight = 0.9 * capacity if capacity is not None else float("inf")
+    model_flops = ev.model_flops_per_token * ev.tokens_per_step
+    denom = ctx.world * (ctx.hw.peak_flops or NOMINAL_PEAK)
+    order = sorted((ev.step_floor(c) or 0.0, i) for i, c in enumerate(cands))
+    best: tuple[tuple[bool, float, float], int] | None = None
+    comfortable_step = float("inf")  # the fastest comfortable layout's step so far
+    scored = 0
+    for floor, i in order:
+        if floor > comfortable_step * (1 + 1e-9):
+            break
+        c = cands[i]
+        if capacity is not None and ev.memory_floor(c) > capacity:
+            continue
+        step, mem, _, host_fits = ev.score_dp(c)
+        scored += 1
+        if not ((capacity is None or mem <= capacity) and host_fits):
+            continue
+        mfu = model_flops / (step * denom) if step else 0.0
+        key = (_order((-round(mfu, 12), mem, c), tight), i)
+        if best is None or key < best:
+            best = key
+        if mem <= tight and step is not None:
+            comfortable_step = min(comfortable_step, step)
+    if best is None:
+        return None, scored
+    i = best[1]
+    return Scored(ev.evaluate(cands[i], detail=False), -best[0][1]), scored
+
+
 def search(spec: RunSpec, top: int = 10, rejected: int = 5) -> AutoResult:
     t0 = time.perf_counter()
-    ctx = context_from_spec(spec)
-    peak_known = ctx.hw.peak_flops is not None
-    if not peak_known:
-        ctx = replace(ctx, hw=replace(ctx.hw, peak_flops=NOMINAL_PEAK))
+    ctx, peak_known = search_context(spec)
     ev = Evaluator(ctx)
     skipped: dict[str, int] = {}
     cands = enumerate_candidates(spec, skipped)
@@ -261,7 +313,7 @@ def search(spec: RunSpec, top: int = 10, rejected: int = 5) -> AutoResult:
     # Layouts with under 10% headroom go after the comfortable ones: the CUDA context, NCCL buffers and
     # allocator fragmentation (not in the model) would eat what is left. Then by MFU, then by memory.
     tight = 0.9 * capacity if capacity is not None else float("inf")
-    fitting.sort(key=lambda x: (x[1] > tight, *x[:2]))
+    fitting.sort(key=lambda x: _order(x, tight))
     oom.sort(key=lambda x: x[:2])
 
     def scored(row: tuple[float, float, Candidate]) -> Scored:

@@ -6,6 +6,8 @@ micro-batches per optimizer step per data-parallel replica.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 BUBBLE_DEFINITION = (
     "bubble_fraction = idle share of the pipelined part of the step = (p-1)/(v*m + p-1) (zero-bubble: (p-1)/3 "
     "in place of p-1; zbv: max(p-1, 2(2p-1-m))/3 with v = 2); "
@@ -93,7 +95,7 @@ def in_flight(schedule: str, pp: int, v: int, m: int, rank: int, weights: tuple[
     if schedule == "gpipe":
         return [m] * v
     if schedule == "zbv":
-        return _peak(zbv_order(pp, min(m, 2 * pp), rank), weights or (1, 1))
+        return list(_zbv_in_flight(pp, min(m, 2 * pp), rank, weights or (1, 1)))
     # zero-bubble: counted as 1F1B (v = 1) or interleaved 1F1B. torch's warm-up is shorter, (p-r-1) +
     # (v-1)*p, but the weight passes it defers keep their inputs longer; not yet measured, so the plan keeps
     # the larger interleaved count (ZB-H1 is designed to have 1F1B's peak memory)
@@ -116,6 +118,13 @@ def in_flight(schedule: str, pp: int, v: int, m: int, rank: int, weights: tuple[
         if value > best_value:
             best, best_value = list(counts), value
     return best
+
+
+@lru_cache(maxsize=4096)
+def _zbv_in_flight(pp: int, m: int, rank: int, weights: tuple[int, ...]) -> tuple[int, ...]:
+    """in_flight's zbv replay, memoised: `plan --auto` asks the same (pp, m, rank, chunk layers) for every
+    micro-batch size and node count that gives them."""
+    return tuple(_peak(zbv_order(pp, m, rank), weights))
 
 
 def zbv_order(pp: int, m: int, rank: int) -> list[tuple[str, int, int]]:
@@ -168,9 +177,12 @@ def _peak(order: list[tuple[str, int, int]], weights: tuple[int, ...]) -> list[i
     earliest such moment."""
     held, best = [0] * len(weights), [0] * len(weights)
     best_value: tuple[float, int] = (-1.0, -1)
+    layers = passes = 0  # sum(held * weights), sum(held), kept as the passes go
     for kind, chunk, _ in order:
-        held[chunk] += {"F": 1, "W": -1}.get(kind, 0)
-        value = (sum(h * w for h, w in zip(held, weights, strict=True)), sum(held))
-        if value > best_value:
-            best, best_value = list(held), value
+        step = 1 if kind == "F" else -1 if kind == "W" else 0
+        held[chunk] += step
+        layers += step * weights[chunk]
+        passes += step
+        if (layers, passes) > best_value:
+            best, best_value = list(held), (layers, passes)
     return best

@@ -333,6 +333,9 @@ class Evaluator:
         self._units = lru_cache(maxsize=None)(self._make_units)
         self._load = lru_cache(maxsize=None)(self._make_load)
         self._compression = lru_cache(maxsize=None)(self._make_compression)
+        self._layer_act = lru_cache(maxsize=None)(self._make_layer_act)
+        self._step_floor = lru_cache(maxsize=None)(self._make_step_floor)
+        self._memory_floor = lru_cache(maxsize=None)(self._make_memory_floor)
         self._base_cache: dict[tuple, _Base] = {}
         cf = m.moe.capacity_factor if m.moe is not None else None
         # what the GPUs compute (capacity-padded buffers with a capacity factor), and what paces the slot
@@ -347,10 +350,20 @@ class Evaluator:
     def reduction_variant(self, grad_reduce_bf16: bool, powersgd_rank: int | None) -> Evaluator:
         """An Evaluator of this context with another DP reduction, sharing the caches that do not depend on it
         (plan/comm_levers.py prices the levers of many layouts with it)."""
-        ev = Evaluator(replace(self.ctx, grad_reduce_bf16=grad_reduce_bf16, powersgd_rank=powersgd_rank))
-        ev._default_split, ev._profile, ev._rank_params = self._default_split, self._profile, self._rank_params
-        ev._units, ev._load, ev._compression = self._units, self._load, self._compression
+        ev = self.for_context(replace(self.ctx, grad_reduce_bf16=grad_reduce_bf16, powersgd_rank=powersgd_rank))
+        ev._load = self._load
         ev._base_cache = self._base_cache  # _Base holds nothing of the DP reduction
+        return ev
+
+    def for_context(self, ctx: Context) -> Evaluator:
+        """An Evaluator of `ctx` (same model, precision and device: another world size or DP reduction) sharing
+        the caches that depend on those and the layout's integers only (the stage split, profiles, parameters per
+        rank, activation units and bytes, PowerSGD figures): a sweep over node counts computes each once."""
+        same = (ctx.shape, ctx.precision, ctx.on_gpu) == (self.ctx.shape, self.ctx.precision, self.ctx.on_gpu)
+        assert same, "the shared caches are keyed by the layout, not by the model, precision or device"
+        ev = Evaluator(ctx)
+        ev._default_split, ev._profile, ev._rank_params = self._default_split, self._profile, self._rank_params
+        ev._units, ev._compression, ev._layer_act = self._units, self._compression, self._layer_act
         return ev
 
     # --- shared pieces ------------------------------------------------------------------------------
@@ -462,6 +475,29 @@ class Evaluator:
         return _Load(flops, counts, max(range(pp), key=slots.__getitem__),
                      max(flops) / mean - 1 if mean > 0 else 0.0, ends)
 
+    def _make_layer_act(self, mb: int, tp: int, sp: bool, recompute: str, cp: int, ep: int) -> float:
+        """Activation bytes one layer keeps per micro-batch in flight. An MoE layer keeps more than a dense one;
+        charged on average over the model's layers. The busiest EP rank receives more rows than its share (with
+        ep = 1 one rank takes every row, exactly)."""
+        ctx, m = self.ctx, self.ctx.shape
+        rows_factor = self.expert_pace if ep > 1 else 1.0
+        return (memory.trainer_layer_activation_bytes(m, mb, tp, sp, recompute, ctx.precision, cp, ctx.on_gpu)
+                + m.moe_layers / m.layers
+                * memory.moe_layer_activation_delta(m, mb, tp, sp, recompute, ctx.precision, rows_factor, ep))
+
+    def memory_floor(self, c: Candidate) -> float:
+        """A floor under score(c)'s bytes per GPU from cached parts alone (no _Base): the layers' activations in
+        flight on the rank holding the most; every other term (model states, the ends' activations, buffers)
+        is >= 0, and ZeRO does not change these."""
+        return self._memory_floor(c.tp, c.pp, c.dp, c.cp, c.ep, c.virtual_stages, c.schedule, c.micro_batch,
+                                  c.recompute, c.sequence_parallel and c.tp > 1, c.stage_layers)
+
+    def _make_memory_floor(self, tp: int, pp: int, dp: int, cp: int, ep: int, v: int, schedule_: str, mb: int,
+                           recompute: str, sp: bool, stage_layers: tuple[int, ...] | None) -> float:
+        layers = stage_layers if stage_layers is not None else self._default_split(pp * v)
+        units, _, _ = self._units(schedule_, pp, v, self.ctx.global_batch // (mb * dp), layers)
+        return max(units) * self._layer_act(mb, tp, sp, recompute, cp, ep)
+
     def padded_vocab(self, tp: int) -> int:
         return self.ctx.shape.padded_vocab(tp)
 
@@ -493,16 +529,8 @@ class Evaluator:
         tokens_mb = mb * m.seq_len / cp  # this rank's tokens of a micro-batch
 
         # memory that does not depend on ZeRO: activations in flight + the recompute working set
-        # an MoE layer keeps more than a dense one; charged on average over the model's layers. The busiest
-        # EP rank receives more rows than its share (with ep = 1 one rank takes every row, exactly)
-        moe_share = m.moe_layers / m.layers
-        rows_factor = self.expert_pace if c.ep > 1 else 1.0
-
         def layer_act(recompute: str) -> float:
-            return (memory.trainer_layer_activation_bytes(m, mb, tp, sp, recompute, ctx.precision, cp, ctx.on_gpu)
-                    + moe_share
-                    * memory.moe_layer_activation_delta(m, mb, tp, sp, recompute, ctx.precision, rows_factor,
-                                                        c.ep))
+            return self._layer_act(mb, tp, sp, recompute, cp, c.ep)
 
         per_layer = layer_act(c.recompute)
         emb_act = memory.embedding_activation_bytes(m, mb, tp, sp, cp)
@@ -655,19 +683,18 @@ class Evaluator:
         host = max((p - e) * host_dense + e * host_expert for p, e in zip(b.params, b.experts, strict=True))
         copy_s, cpu_s = self._offload_seconds(b, zero, dp, edp) if host else (0.0, 0.0)
         opt_s = self._optimizer_seconds(b, zero, dp)
-        out = _Zero(dense=dense, expert=expert, gather=gather, buffers=buffers, handed=handed, acts=acts,
-                    transient=transient, worst=worst, total=totals[worst] + gather,
-                    dp_bytes=sum(x for _, x, _ in dp_traffic), edp_bytes=sum(x for _, x, _ in edp_traffic),
-                    dp_time=t_dp, edp_time=t_edp, dp_exposed=None, step=None, host=host, offload_copy=copy_s,
-                    offload_step=cpu_s, optimizer=opt_s, fsdp=fsdp_s)
-        if b.slot is None:
-            return out
-        window = b.slot if zero <= 1 else b.n_micro * b.slot
-        dp_exposed = (t_dp + t_edp) - min(a.dp_overlap * (t_dp + t_edp), window)
-        step = b.slot * (b.n_micro + b.bubble_slots) + dp_exposed + b.emb_time + copy_s + cpu_s + opt_s + fsdp_s
-        if psgd:
-            step += psgd_time  # PowerSGD's matmuls and QRs run after the backward, between its collectives
-        return replace(out, dp_exposed=dp_exposed, step=step)
+        dp_exposed = step = None
+        if b.slot is not None:
+            window = b.slot if zero <= 1 else b.n_micro * b.slot
+            dp_exposed = (t_dp + t_edp) - min(a.dp_overlap * (t_dp + t_edp), window)
+            step = b.slot * (b.n_micro + b.bubble_slots) + dp_exposed + b.emb_time + copy_s + cpu_s + opt_s + fsdp_s
+            if psgd:
+                step += psgd_time  # PowerSGD's matmuls and QRs run after the backward, between its collectives
+        return _Zero(dense=dense, expert=expert, gather=gather, buffers=buffers, handed=handed, acts=acts,
+                     transient=transient, worst=worst, total=totals[worst] + gather,
+                     dp_bytes=sum(x for _, x, _ in dp_traffic), edp_bytes=sum(x for _, x, _ in edp_traffic),
+                     dp_time=t_dp, edp_time=t_edp, dp_exposed=dp_exposed, step=step, host=host, offload_copy=copy_s,
+                     offload_step=cpu_s, optimizer=opt_s, fsdp=fsdp_s)
 
     def _psgd(self, b: _Base) -> tuple[tuple[tuple[powersgd.Compression, powersgd.Compression], ...] | None, float]:
         """PowerSGD at the context's rank (None without): per pipeline rank (dense, routed-expert) figures, and
@@ -719,6 +746,37 @@ class Evaluator:
 
     def _dp_time(self, link: str, traffic: list[tuple[str, float, float]], group: int) -> float:
         return sum(self.rates.comm(link, ((op, 1.0),), nbytes, calls, group) for op, nbytes, calls in traffic)
+
+    def step_floor(self, c: Candidate) -> float | None:
+        """A floor under score(c)'s step seconds from the cached per-rank load alone (no _Base): the slowest
+        pipeline rank's compute through the pipeline, m + bubble slots. Every other term of the step (TP, PP, EP,
+        CP and exposed DP communication, the ends' fixed work, offload, the optimizer) is >= 0, so a layout whose
+        floor is above a known step cannot beat it. None when the compute rate is unknown."""
+        return self._step_floor(c.tp, c.pp, c.dp, c.cp, c.virtual_stages, c.schedule, c.micro_batch, c.recompute,
+                                c.sequence_parallel and c.tp > 1, c.stage_layers)
+
+    def _make_step_floor(self, tp: int, pp: int, dp: int, cp: int, v: int, schedule_: str, mb: int,
+                         recompute: str, sp: bool, stage_layers: tuple[int, ...] | None) -> float | None:
+        rate = self.rates.compute(tp)
+        if not rate:
+            return None
+        layers = stage_layers if stage_layers is not None else self._default_split(pp * v)
+        load = self._load(tp, pp, v, layers, recompute, schedule_)
+        n_micro = self.ctx.global_batch // (mb * dp)
+        tokens_mb = mb * self.ctx.shape.seq_len / cp
+        per_token = load.flops[load.slow] / rate
+        if isinstance(self.rates, AssumedRates):
+            # assumed rates price bytes linearly (no latency, no measured layer): the slot's TP collectives and
+            # p2p sends are then exactly these per-token costs, as _make_base prices them
+            m, a, world, domain = self.ctx.shape, self.ctx.assume, self.ctx.world, self.ctx.hw.nvlink_domain
+            msg = m.hidden * self.act_bytes
+            if tp > 1:
+                tp_cost = self.rates.comm(comm.tp_link(tp, world, domain), TP_OPS[sp], comm.all_reduce_bytes(msg, tp))
+                per_token += load.collectives[load.slow] * tp_cost * (1 - a.tp_overlap)
+            if pp > 1:
+                sends = max(self._profile(pp, v, layers, schedule_).sends)
+                per_token += self.rates.comm(comm.pp_link(pp, world, domain), PP_OPS, sends * msg / (tp if sp else 1))
+        return per_token * tokens_mb * (n_micro + schedule.bubble_slots(pp, v, schedule_, n_micro))
 
     def score(self, c: Candidate) -> tuple[float | None, float]:
         """(predicted step seconds, worst pipeline rank's bytes per GPU): what `--auto` ranks by; the same

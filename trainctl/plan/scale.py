@@ -1,0 +1,236 @@
+"""`trainctl plan --auto --nodes LO..HI`: the best layout at each node count, the whole run's days, GPU-hours
+and cost there, the Pareto front of days against GPU-hours, and the count an objective, deadline or budget picks.
+
+Node counts: a geometric sweep of at most `counts` points from LO to HI (every count when the range holds no
+more), each moved to the nearest count where the spec rules leave a layout. Why geometric: the whole run's
+days and GPU-hours change with the ratio of node counts, not their difference, so equal steps in log space
+show the front evenly; every count of 256..16384 would be 16,129 searches for a front 64 show. A narrower
+range refines it. Each count's layout is auto.best_layout's (the same as `plan --auto`'s first row there),
+with one shared Evaluator cache, so the parts of an evaluation that depend only on the model and the layout's
+integers are computed once for the whole sweep.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from trainctl.errors import UsageError
+from trainctl.plan.auto import Scored, best_layout, enumerate_candidates, search_context
+from trainctl.plan.cadence import job_mtbf
+from trainctl.plan.checkpoint_size import save_seconds
+from trainctl.plan.estimate import Candidate, Evaluator
+from trainctl.plan.plan import whole_run_plan
+from trainctl.spec.models import RunSpec
+
+OBJECTIVES = ("time", "cost", "gpu-hours")
+DEFAULT_COUNTS = 64
+SNAP_TRIES = 4  # counts tried near each point of the geometric sweep before it is left out
+
+
+@dataclass(frozen=True)
+class Point:
+    nodes: int
+    best: Scored
+    days: float  # expected wall clock of the whole run, failures and restarts included
+    gpu_hours: float
+    cost: float | None  # gpu_hours x cluster.gpu_hour_price; None without a price
+    scored: int  # layouts scored in full (the rest skipped by the step floor)
+    candidates: int
+
+    @property
+    def mfu(self) -> float:
+        return self.best.mfu
+
+    def as_dict(self) -> dict[str, Any]:
+        c = self.best.cand
+        return {"nodes": self.nodes, "gpus": c.tp * c.cp * c.pp * c.dp, "layout": c.describe(),
+                "tp": c.tp, "cp": c.cp, "pp": c.pp, "dp": c.dp, "ep": c.ep, "zero": c.zero,
+                "offload": "optimizer" if c.offload else "none", "micro_batch": c.micro_batch,
+                "schedule": c.schedule, "virtual_stages": c.virtual_stages, "recompute": c.recompute,
+                "step_time_s": self.best.est.step_time, "mfu": self.best.mfu, "days": self.days,
+                "gpu_hours": self.gpu_hours, "cost": self.cost}
+
+
+@dataclass(frozen=True)
+class Sweep:
+    name: str
+    objective: str
+    node_range: tuple[int, int]
+    points: list[Point]  # every count with a fitting layout, by node count
+    empty: list[int]  # counts (or sweep points) where no layout exists or none fits
+    front: list[Point]  # the Pareto front: no other point is both faster and cheaper
+    answer: Point | None  # what the objective, deadline or budget picks
+    why: str  # how the answer was picked
+    priced: bool
+    elapsed_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "objective": self.objective, "nodes": list(self.node_range),
+                "why": self.why, "answer": self.answer.as_dict() if self.answer else None,
+                "front": [p.as_dict() for p in self.front], "points": [p.as_dict() for p in self.points],
+                "no_layout": self.empty, "priced": self.priced,
+                "candidates_scored": sum(p.scored for p in self.points),
+                "candidates": sum(p.candidates for p in self.points), "elapsed_s": self.elapsed_s}
+
+
+def parse_nodes(text: str) -> tuple[int, int]:
+    """`LO..HI` (or one count) -> (LO, HI); an empty or malformed range is a one-line usage error."""
+    m = re.fullmatch(r"\s*(\d+)\s*(?:\.\.\s*(\d+)\s*)?", text)
+    if m is None:
+        raise UsageError(f"--nodes {text!r}: expected LO..HI node counts, e.g. --nodes 16..512")
+    lo, hi = int(m[1]), int(m[2] or m[1])
+    if lo < 1 or hi < lo:
+        raise UsageError(f"--nodes {text}: an empty range (LO must be >= 1 and <= HI), e.g. --nodes {min(lo, hi) or 1}"
+                         f"..{max(lo, hi, 1)}")
+    return lo, hi
+
+
+def parse_deadline(text: str) -> float:
+    """`30d`, `36h` or plain days -> days."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?(?:e\d+)?)\s*([dh]?)\s*", text, re.IGNORECASE)
+    if m is None or float(m[1]) <= 0:
+        raise UsageError(f"--deadline {text!r}: expected a positive duration in days or hours, e.g. 30d or 36h")
+    return float(m[1]) / (24.0 if m[2].lower() == "h" else 1.0)
+
+
+def parse_budget(text: str, price: float | None) -> tuple[float, bool]:
+    """`2e6gpuh` (GPU-hours) or a plain amount (currency, which needs cluster.gpu_hour_price) -> (amount, is
+    GPU-hours)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?(?:e\d+)?)\s*(gpuh)?\s*", text, re.IGNORECASE)
+    if m is None or float(m[1]) <= 0:
+        raise UsageError(f"--budget {text!r}: expected a positive amount, GPU-hours as 2e6gpuh or money as 5e6")
+    if m[2] is None and price is None:
+        raise UsageError(f"--budget {text}: a money budget needs cluster.gpu_hour_price in the spec (--set "
+                         f"cluster.gpu_hour_price=2.5), or give GPU-hours as {text.strip()}gpuh")
+    return float(m[1]), m[2] is not None
+
+
+def node_counts(lo: int, hi: int, counts: int, has_layout: Callable[[int], bool]) -> tuple[list[int], list[int]]:
+    """(The counts to search, those left out for want of a layout): every one of LO..HI when there are at most
+    `counts`, else `counts` log-spaced
+    points, each moved to a count within half the gap to its neighbours that has a layout (the SNAP_TRIES with
+    the most factors of two, nearest first; none: the point is left out)."""
+    if hi - lo + 1 <= counts:
+        every = range(lo, hi + 1)
+        return [n for n in every if has_layout(n)], [n for n in every if not has_layout(n)]
+    ratio = (hi / lo) ** (1.0 / (counts - 1))
+    out: set[int] = set()
+    left_out: list[int] = []
+    for i in range(counts):
+        x = lo * ratio**i
+        reach = max(1, int(x * (ratio - 1) / 2))
+        near = range(max(lo, round(x) - reach), min(hi, round(x) + reach) + 1)
+        # the counts with the most factors of two first: they divide into the most layouts
+        tries = sorted(near, key=lambda n: (-(n & -n), abs(n - x)))[:SNAP_TRIES]
+        found = next((n for n in tries if has_layout(n)), None)
+        if found is not None:
+            out.add(found)
+        else:
+            left_out.append(round(x))
+    return sorted(out), left_out
+
+
+def spec_at(spec: RunSpec, nodes: int) -> RunSpec:
+    """The spec on `nodes` nodes (no validation: the search enumerates layouts by the rules itself)."""
+    return spec.model_copy(update={"cluster": spec.cluster.model_copy(update={"nodes": nodes})})
+
+
+def _whole_run(spec: RunSpec, c: Candidate, step: float) -> dict[str, Any]:
+    """plan's whole-run block for the layout `c` of `spec` (checkpoint size follows its tp)."""
+    laid = spec.model_copy(update={"parallel": spec.parallel.model_copy(update={"tp": c.tp})})
+    blocking, total = save_seconds(laid)
+    mtbf, _ = job_mtbf(laid.cluster.nodes, laid.checkpoint.mtbf_hours)
+    run = whole_run_plan(laid, step_time=step, blocking_s=blocking, save_s=total, mtbf_s=mtbf)
+    assert run is not None  # a step time was given
+    return run
+
+
+def pareto(points: list[Point]) -> list[Point]:
+    """The points no other point beats on both days and GPU-hours (cost is GPU-hours x one price)."""
+    front, cheapest = [], math.inf
+    for p in sorted(points, key=lambda p: (p.days, p.gpu_hours)):
+        if p.gpu_hours < cheapest:
+            front.append(p)
+            cheapest = p.gpu_hours
+    return front
+
+
+def sweep(spec: RunSpec, *, nodes: tuple[int, int], counts: int = DEFAULT_COUNTS, objective: str = "time",
+          deadline_days: float | None = None, budget: tuple[float, bool] | None = None,
+          progress: Callable[[int, int, int], None] | None = None) -> Sweep:
+    """Search each node count (module docstring); `progress(done, total, nodes)` after each."""
+    t0 = time.perf_counter()
+    lo, hi = nodes
+    price = spec.cluster.gpu_hour_price
+    if objective not in OBJECTIVES:
+        raise UsageError(f"--objective {objective}: expected one of {', '.join(OBJECTIVES)}")
+    if objective == "cost" and price is None:
+        raise UsageError("--objective cost needs cluster.gpu_hour_price in the spec (--set "
+                         "cluster.gpu_hour_price=2.5), or use --objective gpu-hours")
+    cands: dict[int, list[Candidate]] = {}
+
+    def has_layout(n: int) -> bool:
+        if n not in cands:
+            cands[n] = enumerate_candidates(spec_at(spec, n), {})
+        return bool(cands[n])
+
+    chosen, empty = node_counts(lo, hi, counts, has_layout)
+    shared: Evaluator | None = None
+    points: list[Point] = []
+    for i, n in enumerate(chosen):
+        at = spec_at(spec, n)
+        ctx, _ = search_context(at)
+        ev = Evaluator(ctx) if shared is None else shared.for_context(ctx)
+        shared = shared or ev
+        best, scored = best_layout(at, ev, cands[n])
+        if best is None or not best.est.step_time:
+            empty.append(n)
+        else:
+            run = _whole_run(at, best.cand, best.est.step_time)
+            points.append(Point(nodes=n, best=best, days=run["wall_days"]["mean"], gpu_hours=run["gpu_hours"],
+                                cost=run["cost"], scored=scored, candidates=len(cands[n])))
+        if progress is not None:
+            progress(i + 1, len(chosen), n)
+    answer, why = _pick(points, objective, deadline_days, budget, price, nodes)
+    return Sweep(name=spec.name, objective=objective, node_range=nodes, points=points, empty=sorted(empty),
+                 front=pareto(points), answer=answer, why=why, priced=price is not None,
+                 elapsed_s=time.perf_counter() - t0)
+
+
+def _pick(points: list[Point], objective: str, deadline_days: float | None, budget: tuple[float, bool] | None,
+          price: float | None, nodes: tuple[int, int]) -> tuple[Point | None, str]:
+    """The answer: with a deadline the cheapest count that meets it, with a budget the fastest within it, else
+    the objective's best. A deadline or budget no count meets is a UsageError saying by how much."""
+    span = f"{nodes[0]}..{nodes[1]}"
+    if not points:
+        raise UsageError(f"--nodes {span}: no node count in the range has a layout that fits; widen --nodes")
+    fastest = min(points, key=lambda p: (p.days, p.gpu_hours))
+    cheapest = min(points, key=lambda p: (p.gpu_hours, p.days))
+    if deadline_days is not None:
+        meets = [p for p in points if p.days <= deadline_days]
+        if not meets:
+            raise UsageError(f"--deadline {deadline_days:g}d: no node count in {span} meets it; the fastest, "
+                             f"{fastest.nodes} nodes, takes {fastest.days:.1f} days ({fastest.days - deadline_days:.1f}"
+                             f" over): raise --nodes' upper end or the deadline")
+        best = min(meets, key=lambda p: (p.gpu_hours, p.days))
+        return best, f"the cheapest count that finishes within {deadline_days:g} days"
+    if budget is not None:
+        amount, in_gpu_hours = budget
+        spend = (lambda p: p.gpu_hours) if in_gpu_hours else (lambda p: p.cost or 0.0)
+        unit = "GPU-hours" if in_gpu_hours else "(cost)"
+        within = [p for p in points if spend(p) <= amount]
+        if not within:
+            low = spend(cheapest)
+            raise UsageError(f"--budget {amount:g}: no node count in {span} fits it; the cheapest, {cheapest.nodes} "
+                             f"nodes, needs {low:,.0f} {unit} ({low - amount:,.0f} over): raise the budget or "
+                             "lower --nodes' lower end")
+        return min(within, key=lambda p: (p.days, p.gpu_hours)), f"the fastest count within {amount:g} {unit}"
+    if objective == "time":
+        return fastest, "objective time: the fewest days"
+    return cheapest, f"objective {objective}: the fewest GPU-hours" + (" (cost = GPU-hours x price)"
+                                                                        if objective == "cost" else "")
