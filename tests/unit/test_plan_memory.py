@@ -97,8 +97,11 @@ def test_zero2_buffers_are_two_buckets():
 @pytest.mark.parametrize("dp", [2, 8])
 def test_dp_traffic_follows_the_zero_paper(dp):
     """ZeRO paper Sec. 7.2: all-reduce = reduce-scatter + all-gather = 2*Psi*(Nd-1)/Nd per rank. The trainer's
-    ZeRO-2 reduce-scatters every micro-batch (m times), then all-gathers the weights once; under bf16 ZeRO-1/2
-    the all-gather moves 2-byte weights."""
+    ZeRO-1 reduce-scatters the step's accumulated gradients once (Megatron's distributed optimizer) and
+    ZeRO-2 every micro-batch (m times), then both all-gather the weights once; under bf16 ZeRO-1/2 the
+    all-gather moves 2-byte weights: ZeRO-1 sends 4 + 2 = 6 bytes per parameter (x (Nd-1)/Nd), 2 + 2 with
+    bf16 gradient reduction; under PowerSGD it all-reduces (whole matrices) and sends what ZeRO-0 does plus
+    the all-gather."""
     psi, m = 1e9, 4
     ring = (dp - 1) / dp
 
@@ -110,7 +113,13 @@ def test_dp_traffic_follows_the_zero_paper(dp):
     z2 = comm.dp_traffic(psi, 2, dp, m, 4, 2)
     assert z2 == [("reduce_scatter", pytest.approx(m * 4 * psi * ring), m),
                   ("all_gather", pytest.approx(2 * psi * ring), 1)]
-    assert total(comm.dp_traffic(psi, 1, dp, m, 4, 2)) == pytest.approx(2 * 4 * psi * ring + 2 * psi * ring)
+    assert comm.dp_traffic(psi, 1, dp, m, 4, 2) == [("reduce_scatter", pytest.approx(4 * psi * ring), 1),
+                                                    ("all_gather", pytest.approx(2 * psi * ring), 1)]
+    assert total(comm.dp_traffic(psi, 1, dp, m, 4, 2)) == pytest.approx(6 * psi * ring)
+    assert total(comm.dp_traffic(psi, 1, dp, m, 2, 2)) == pytest.approx(4 * psi * ring)
+    psgd = (0.5 * psi, 0.01 * psi)
+    assert total(comm.dp_traffic(psi, 1, dp, m, 4, 2, powersgd=psgd)) == pytest.approx(
+        total(comm.dp_traffic(psi, 0, dp, m, 4, 2, powersgd=psgd)) + 2 * psi * ring)
 
 
 # Korthikanti et al. 2022, Table 3: (name, heads a, hidden h, layers L, tp t, pp p, micro-batch b); s = 2048.

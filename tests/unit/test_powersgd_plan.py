@@ -107,7 +107,8 @@ def _plan_with(*overrides: str):
 def test_comm_bound_layout_gets_bf16_and_powersgd_with_the_predicted_saving() -> None:
     """GPT-2 124M on 8 nodes of one GPU over 100G Ethernet, 4 sequences per GPU: DP8 is DP-bound. `plan` names
     both levers in DP_EXPOSED, each saving what the plan of the spec with that setting predicts; `--auto`, whose
-    best plain layout is a pipeline (no DP traffic), finds DP8 with PowerSGD faster and says so."""
+    best plain layouts keep DP small (PP4 x DP2 ZeRO-1, whose reduce-scatter + all-gather send 6 bytes per
+    parameter, just ahead of PP8 without DP), finds DP8 with PowerSGD faster and says so."""
     plan = _plan_with()
     (w,) = [x for x in plan.warnings if x.code == "DP_EXPOSED"]
     step = plan.est.step_time
@@ -120,7 +121,7 @@ def test_comm_bound_layout_gets_bf16_and_powersgd_with_the_predicted_saving() ->
     assert not [x for x in psgd.warnings if x.code == "DP_EXPOSED"]  # pulled, the lever is not proposed again
 
     res = search(load_spec(RECIPES / "gpt2-124m.yaml", COMM_BOUND), top=3)
-    assert res.top[0][0].cand.dp == 1 and not res.levers  # the plain ranking avoids DP
+    assert res.top[0][0].cand.dp <= 2  # the plain ranking avoids wide DP
     assert res.pulled is not None
     s, lever = res.pulled
     assert s.cand.dp == 8 and "powersgd" in lever.setting

@@ -131,10 +131,13 @@ def advise(ev: Evaluator, est: Estimate) -> list[PlanWarning]:  # noqa: C901 - a
             f"ZeRO-2 keeps only a gradient shard, so it reduce-scatters every one of the {m} micro-batches; "
             "ZeRO-1 communicates once per step")
     if c.zero == 0 and c.dp > 1:
-        saved = est.worst.model_states - ev.evaluate(replace(c, zero=1)).worst.model_states
+        zero1 = ev.evaluate(replace(c, zero=1))
+        saved = est.worst.model_states - zero1.worst.model_states
         add("ZERO0", "info",
             f"ZeRO-1 would save {_gb(saved)} of model states per GPU (optimizer state sharded over dp"
-            f"{', bf16 weights' if ctx.precision == 'bf16' else ''}) for an all-gather of the weights per step")
+            f"{', bf16 weights' if ctx.precision == 'bf16' else ''}), reduce-scattering the gradients and "
+            f"all-gathering the weights in place of the all-reduce: {_gb(zero1.comm_bytes['dp'])} of DP traffic "
+            f"per GPU per step instead of {_gb(est.comm_bytes['dp'])}")
 
     # recompute
     if c.recompute != "none" and est.fits:

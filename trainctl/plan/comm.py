@@ -102,14 +102,17 @@ def dp_traffic(params: float, zero: int, dp: int, micro_batches: int, grad_bytes
 
     ZeRO paper (Rajbhandari et al. 2020, Sec. 7): an all-reduce of the gradients is 2*Psi per rank, a
     reduce-scatter plus an all-gather the same. ZeRO-0 accumulates every micro-batch into its full gradient
-    buffer and all-reduces it once per step; ZeRO-1 too, then all-gathers the updated weights; ZeRO-2 keeps
-    no full buffer, so it reduce-scatters every micro-batch's gradients (DeepSpeed's stage 2), then
-    all-gathers the weights; ZeRO-3 (FSDP2) gathers the weights for every micro-batch's forward and again
-    for its backward, per FSDP unit, and reduce-scatters the gradients
-    accumulated over the step's micro-batches once, after the last.
+    buffer and all-reduces it once per step; ZeRO-1 accumulates into its full buffer too but reduce-scatters
+    it once per step (each rank steps only its slice: Megatron's distributed optimizer), then all-gathers
+    the updated weights: (grad_bytes + weight_bytes) * Psi * (dp-1)/dp, 6 bytes per parameter with fp32
+    gradients and bf16 weights, 4 with grad_reduce_dtype bf16; ZeRO-2 keeps no full buffer, so it
+    reduce-scatters every micro-batch's gradients (DeepSpeed's stage 2), then all-gathers the weights;
+    ZeRO-3 (FSDP2) gathers the weights for every micro-batch's forward and again for its backward, per FSDP
+    unit, and reduce-scatters the gradients accumulated over the step's micro-batches once, after the last.
 
     `powersgd` (ZeRO-0/1; plan/powersgd.py): (elements of the compressed matrices, elements of their P and Q
-    factors). The all-reduce then carries the rest of the gradients and, in two more calls, the fp32 factors.
+    factors). The all-reduce then carries the rest of the gradients and, in two more calls, the fp32 factors;
+    ZeRO-1 all-reduces then too (compression needs whole matrices on every rank).
     """
     if dp == 1 or params <= 0:  # no parameters (the expert-DP group of a dense model): no collective
         return []
@@ -118,6 +121,8 @@ def dp_traffic(params: float, zero: int, dp: int, micro_batches: int, grad_bytes
     if powersgd is not None and zero <= 1:
         matrices, factors = powersgd
         reduce = [("all_reduce", all_reduce_bytes((params - matrices) * grad_bytes + factors * 4, dp), 3.0)]
+    elif zero == 1:
+        reduce = [("reduce_scatter", gather_bytes(grads, dp), 1.0)]
     if zero == 0:
         return reduce
     if zero == 1:

@@ -15,9 +15,9 @@ Which collective carries what, as (op, share of the bytes), each entry making th
   CP        K/V all-gather (forward, and again under recompute) + reduce-scatter of their gradients
   expert DP the DP collectives of the ZeRO stage, over the expert-data-parallel group
   DP        each collective of plan/comm.py `dp_traffic` priced with its own bytes and calls: ZeRO-0
-            all-reduce; ZeRO-1 all-reduce of the gradients + all-gather of the weights; ZeRO-2 a
-            reduce-scatter per micro-batch + all-gather; ZeRO-3 reduce-scatter + two all-gathers, per FSDP
-            unit and micro-batch
+            all-reduce; ZeRO-1 a reduce-scatter of the gradients (all-reduce under PowerSGD) +
+            all-gather of the weights; ZeRO-2 a reduce-scatter per micro-batch + all-gather; ZeRO-3
+            reduce-scatter + two all-gathers, per FSDP unit and micro-batch
 """
 
 from __future__ import annotations

@@ -17,9 +17,12 @@ How a gradient reaches its bucket (docs/ARCHITECTURE.md, "Memory model"):
   over.
 
 When a bucket is reduced:
-- ZeRO-0/1: once per step, when every parameter of the bucket has seen all micro-batches: an all-reduce of
-  its full fp32 buffer (a bf16 copy of it with grad_reduce_dtype bf16), or, with PowerSGD from its start step
-  on, the low-rank factors of its matrices and the rest uncompressed (runtime/parallel/powersgd.py).
+- ZeRO-0/1: once per step, when every parameter of the bucket has seen all micro-batches (launched then, so
+  the reductions overlap the rest of backward): ZeRO-0 all-reduces its full fp32 buffer (a bf16 copy of it
+  with grad_reduce_dtype bf16); ZeRO-1 reduce-scatters it instead, in place, since AdamW steps this rank's
+  slice only (Megatron's distributed optimizer; half the gradient bytes of an all-reduce: plan/comm.py
+  `dp_traffic`). With PowerSGD from its start step on, ZeRO-0 and ZeRO-1 all-reduce the low-rank factors of
+  its matrices and the rest uncompressed (runtime/parallel/powersgd.py).
 - ZeRO-2: once per micro-batch (DeepSpeed's stage 2): the gradients are added into one of ZERO2_SLOTS
   bucket-sized buffers, which is reduce-scattered into a slice-sized buffer and added into this rank's fp32
   gradient slice; no full-size gradient buffer exists. The executor reports the end of each stage module's
@@ -125,8 +128,8 @@ def sum_tied(grads: list[Tensor], embedding_group: dist.ProcessGroup | None) -> 
 
 
 class GradSync:
-    """Per-step DP gradient reduction (zero 0/1: all-reduce per step; zero 2: reduce-scatter per micro-batch)
-    plus the tied sync."""
+    """Per-step DP gradient reduction (zero 0: all-reduce per step; zero 1: reduce-scatter per step; zero 2:
+    reduce-scatter per micro-batch) plus the tied sync."""
 
     def __init__(self, infos: list[ParamInfo], par: Parallel, zero: int, micro_batches: int,
                  bucket_numel: int | None = None, reduce_dtype: torch.dtype | None = None,
@@ -324,13 +327,26 @@ class GradSync:
     def _launch(self, b: Bucket) -> None:
         assert b.grad is not None
         if self._compress and b.psgd is not None:
-            b.psgd.launch()  # divides what it reduces uncompressed; the factors give the mean
+            # PowerSGD all-reduces even under ZeRO-1: each rank compresses whole matrices (P = M Q needs every
+            # row of M, and its error feedback is the whole local matrix), so it needs the full reduced
+            # factors, not a slice; it divides what it reduces uncompressed, the factors give the mean
+            b.psgd.launch()
             return
-        b.grad.div_(self.dp)  # pre-divide (in fp32): gloo has no AVG; sum of grad/dp is the DP mean
-        send = b.grad
-        if b.comm is not None:
-            send = b.comm.copy_(b.grad)  # the accumulated fp32 gradient, rounded once for the wire
-        b.work = dist.all_reduce(send, group=self.par.dp_group, async_op=True)
+        send = self._on_wire(b.grad, b.comm)
+        if self.zero == 1:
+            # only this rank's slice of the mean is read (by its AdamW slice): reduce-scatter in place, the
+            # output being the input's slice at this rank's offset (NCCL's in-place layout; Megatron's
+            # distributed optimizer does the same), so no buffer is added
+            a, e = b.shard
+            b.work = _reduce_scatter_single(send[a:e], send, group=self.par.dp_group, async_op=True)
+        else:
+            b.work = dist.all_reduce(send, group=self.par.dp_group, async_op=True)
+
+    def _on_wire(self, buf: Tensor, comm: Tensor | None) -> Tensor:
+        """What a DP reduction of the gradients `buf` sends: `buf` pre-divided by dp in fp32 (gloo has no AVG; the
+        sum of grad/dp is the DP mean), rounded once into `comm` when the reduction runs in a lower dtype."""
+        buf.div_(self.dp)
+        return comm.copy_(buf) if comm is not None else buf
 
     # ZeRO-2: once per micro-batch
     def _filling(self, b: Bucket) -> Tensor:
@@ -359,8 +375,7 @@ class GradSync:
         slot = b.slot if b.slot is not None else self._take_slot()  # no gradient this round: zeros
         b.slot, b.reported = None, 0
         n = b.numel
-        buf = slot.buf[:n].div_(self.dp)  # pre-divide in fp32 (gloo has no AVG)
-        send = slot.comm[:n].copy_(buf) if slot.comm is not None else buf
+        send = self._on_wire(slot.buf[:n], slot.comm[:n] if slot.comm is not None else None)
         work = _reduce_scatter_single(slot.recv[:n // self.dp], send, group=self.par.dp_group, async_op=True)
         self._in_flight.append((b, slot, work))
 
@@ -392,10 +407,15 @@ class GradSync:
             for b in self.buckets:
                 if b.work is not None:
                     b.work.wait()
-                    if b.comm is not None:
+                    if b.comm is None:
+                        continue
+                    if b.grad_shard is not None:  # ZeRO-1's reduced bf16 slice back into its fp32 slice
+                        b.grad_shard.copy_(b.comm[b.shard[0]:b.shard[1]])
+                    else:  # ZeRO-0's whole reduced bf16 gradient back into the fp32 buffer
                         assert b.grad is not None
-                        b.grad.copy_(b.comm)  # the reduced bf16 gradient back into the fp32 buffer
-        tied = [b.grad_shard if self.zero == 2 else b.grad for b in self.buckets if b.tied]
+                        b.grad.copy_(b.comm)
+        # ZeRO-1/2 hold the reduced gradient in their slice only (the rest of a ZeRO-1 buffer is this rank's own)
+        tied = [b.grad_shard if self.zero >= 1 else b.grad for b in self.buckets if b.tied]
         if self.dp == 1:
             tied += [info.param.grad for info in self.infos if info.tied and info.param.grad is not None]
         sum_tied([t for t in tied if t is not None], self.par.embedding_group)
