@@ -272,3 +272,31 @@ def test_gpu_activations_are_what_an_h200_saved(recompute):
     # a CPU's RMSNorms also keep their fp32 normalised input, s x b x h each
     cpu = trainer_layer_activation_bytes(m, 8, 1, False, recompute, "bf16", on_gpu=False)
     assert cpu - layers / 2 == 2 * 2048 * 8 * 2048 * 4
+
+
+def test_trainer_tp_sp_selective_against_korthikanti():
+    """The trainer's per-layer bytes under TP + SP + selective recompute (bf16, a GPU) against Megatron's.
+
+    GPT shapes: Korthikanti et al. 2022, Table 2, 34*s*b*h/t. Llama (SwiGLU, GQA, RMSNorm, no dropout or
+    biases), derived term by term as the paper does (Sec. 4.1) for Megatron-LM, 2 bytes a value, all split over
+    t: the two norm inputs (4sbh), the QKV input (2sbh), its [q; k; v] output (2sb(h + 2kv)), the output
+    projection's input (2sbh), the MLP input (2sbh), the fused SwiGLU's input [gate; up] (4sbf) and the down
+    projection's input (2sbf). The column-parallel layers now keep their sequence shard as Megatron does;
+    what remains different, asserted exactly: the residual stream and so the norm inputs are fp32 (+4sbh/t),
+    the norms keep fp32 per-token statistics (LayerNorm mean and rstd, RMSNorm rstd), and the SwiGLU keeps
+    silu(gate) besides [gate; up] (+2sbf/t; Megatron's fused kernel recomputes it)."""
+    for _name, a, h, L, t, _p, b in KORTHIKANTI_MODELS:
+        m, s = gpt_shape(a, h, L), SEQ
+        sb, sbh = s * b, s * b * h
+        paper = 34 * sbh / t
+        got = trainer_layer_activation_bytes(m, b, t, True, "selective", "bf16", on_gpu=True)
+        assert got == pytest.approx(paper + (4 * sbh + 2 * 2 * 4 * sb) / t, rel=1e-12)
+        assert 1.10 < got / paper < 1.12  # the fp32 norm inputs alone: 38/34
+    s, b, t, h, kv, f = 8192, 1, 8, 8192, 1024, 28672  # Llama 3 70B at TP8
+    llama = ModelShape(layers=80, hidden=h, heads=64, kv_heads=8, ffn_hidden=f, vocab=128256, seq_len=s,
+                       activation="swiglu", norm="rmsnorm", position="rope", tied_embeddings=False, bias=False)
+    sb, sbh = s * b, s * b * h
+    megatron = (4 * sbh + 2 * sbh + 2 * sb * (h + 2 * kv) + 2 * sbh + 2 * sbh + 4 * sb * f + 2 * sb * f) / t
+    got = trainer_layer_activation_bytes(llama, b, t, True, "selective", "bf16", on_gpu=True)
+    assert got == pytest.approx(megatron + (4 * sbh + 2 * 4 * sb + 2 * sb * f) / t, rel=1e-12)
+    assert 1.32 < got / megatron < 1.34

@@ -542,6 +542,7 @@ class Evaluator:
         acts[prof.has_last.index(True)] += last_flight * head_act
         transient = tuple(working if n else 0.0 for n in prof.rank_layers)
         # autocast's weight copies: a full recompute saves only the LM head's (the layers' live while one re-runs)
+        # (an upper bound under SP: the column-parallel layers there cast their weight again in backward, no copy kept)
         copy = memory.AUTOCAST_COPY_BYTES
         kept = c.recompute != "full"
         cast_params = [model.stage_matmul_params_per_gpu(m, tp, layers=prof.rank_layers[r] if kept else 0,

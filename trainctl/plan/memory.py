@@ -196,9 +196,9 @@ def trainer_layer_activation_bytes(m: ModelShape, micro_batch: int, tp: int, sp:
     # replicated over TP unless SP: both norms (fp32 input, statistics, RMSNorm's normalised input) and the
     # residual dropout masks
     replicated = 2 * _norm_saved_bytes(m, sb, on_gpu) + (2 * sbh if m.dropout else 0)
-    # the QKV and MLP inputs, full-sequence on every TP rank even under SP: the column-parallel layers keep
-    # the all-gathered input (Megatron re-gathers it in backward instead; not done here)
-    gathered = 2 * sbh * act
+    # the QKV and MLP inputs in the compute dtype: replicated over TP, or under SP the sequence shard, which
+    # the column-parallel layers keep and all-gather again in backward (as Megatron does)
+    inputs = 2 * sbh * act
     # GELU: fc1's output and fc2's input; SwiGLU: fc1's [gate; up] output, silu(gate) and fc2's input
     mlp = (4 if m.swiglu else 2) * sb * m.ffn_hidden
     qkv = sbh + 2 * sb * m.kv_width
@@ -214,8 +214,8 @@ def trainer_layer_activation_bytes(m: ModelShape, micro_batch: int, tp: int, sp:
             scores = m.heads * s * s * b
             split += scores * act + scores * (1 + act)
     if sp:
-        return gathered + (replicated + split) / tp
-    return gathered + replicated + split / tp
+        return (inputs + replicated + split) / tp
+    return inputs + replicated + split / tp
 
 
 def moe_layer_activation_delta(m: ModelShape, micro_batch: int, tp: int, sp: bool, recompute: str, precision: str,
@@ -244,8 +244,10 @@ def moe_layer_activation_delta(m: ModelShape, micro_batch: int, tp: int, sp: boo
     h, k, E = m.hidden, e.top_k, e.num_experts
     rows = m.seq_len * micro_batch  # the sequence, gathered
     n = rows / (tp if sp else 1)  # tokens routed here
-    # the router's fp32 input is the shared experts' input itself when nothing casts or gathers it
-    shared_is_router_input = e.shared_experts > 0 and act == 4 and not sp
+    # the router's fp32 input is the shared experts' input itself when nothing casts it (under SP the shared
+    # experts' column-parallel layer keeps the sequence shard, the router's input, not the gathered sequence)
+    shared_is_router_input = e.shared_experts > 0 and act == 4
+    mlp_input = n * h * act  # what a dense MLP's (or the shared experts') first layer keeps
     router = 4 * n * h * (0 if shared_is_router_input else 1) + 8 * n * k
     if e.router == "topk_softmax":
         router += 4 * n * k
@@ -259,8 +261,8 @@ def moe_layer_activation_delta(m: ModelShape, micro_batch: int, tp: int, sp: boo
     combine = k * n * (h + 1) * act
     shared = 0.0
     if e.shared_experts:
-        shared = rows * (h + inner * e.shared_experts * (e.shared_ffn_hidden or 0) / tp) * act
-    dense = rows * (h + inner * m.ffn_hidden / tp) * act  # the dense MLP's input and inner tensors
+        shared = mlp_input + rows * inner * e.shared_experts * (e.shared_ffn_hidden or 0) / tp * act
+    dense = mlp_input + rows * inner * m.ffn_hidden / tp * act  # the dense MLP's input and inner tensors
     return router + dispatch + experts + combine + shared - dense
 
 
@@ -276,12 +278,13 @@ def _norm_saved_bytes(m: ModelShape, tokens: int, on_gpu: bool) -> float:
 
 def trainer_head_activation_bytes(m: ModelShape, micro_batch: int, tp: int, sp: bool, padded_vocab: int,
                                   precision: str, cp: int = 1, on_gpu: bool = False) -> float:
-    """Last stage, per micro-batch in flight: the final norm's fp32 input and stats (sequence-sharded under
-    SP), the LM head's input (gathered: full sequence) and the fp32 vocab-parallel logits the cross
-    entropy keeps (Korthikanti Sec. 4.3); of this CP rank's s/cp tokens."""
+    """Last stage, per micro-batch in flight: the final norm's fp32 input and stats and the LM head's input
+    (both sequence-sharded under SP: the head all-gathers its input again in backward) and the fp32
+    vocab-parallel logits the cross entropy keeps (Korthikanti Sec. 4.3); of this CP rank's s/cp tokens."""
     act = activation_bytes(precision)
     sb = m.seq_len // cp * micro_batch
-    return _norm_saved_bytes(m, sb, on_gpu) / (tp if sp else 1) + sb * m.hidden * act + 4 * sb * padded_vocab / tp
+    sharded = (_norm_saved_bytes(m, sb, on_gpu) + sb * m.hidden * act) / (tp if sp else 1)
+    return sharded + 4 * sb * padded_vocab / tp
 
 
 def reserve_bytes(on_gpu: bool) -> float:

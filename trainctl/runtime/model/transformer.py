@@ -55,8 +55,7 @@ from trainctl.runtime.parallel.tensor_parallel import (
     RowParallelLinear,
     TPContext,
     VocabParallelEmbedding,
-    copy_to_tp_region,
-    gather_from_sp_region,
+    column_parallel_linear,
     scatter_to_sp_region,
     sp_param,
     tp_dropout,
@@ -325,8 +324,7 @@ class StageModule(nn.Module):
                 x = self._block(block, x, rope)
         if self.last:
             x = self.final_norm(x)
-            x = gather_from_sp_region(x, self.tp) if self.tp.sp else copy_to_tp_region(x, self.tp)
-            x = F.linear(x, self.head_weight())  # [B, T, V_padded/tp]
+            x = column_parallel_linear(x, self.head_weight(), None, self.tp)  # [B, T, V_padded/tp]
         return x
 
     def tied_parameters(self) -> list[nn.Parameter]:

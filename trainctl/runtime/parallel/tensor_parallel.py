@@ -19,8 +19,9 @@ The four conjugate communication functions (activations are [B, T, H]; the seque
     scatter_to_sp_region     split(T) fwd        / all-gather(T) bwd
 
 Layers:
-    ColumnParallelLinear   weight [out/tp, in]: input replicated (or sequence-sharded and gathered with SP),
-                           output sharded on the last dim; never gathers its output.
+    ColumnParallelLinear   weight [out/tp, in]: input replicated (or sequence-sharded and gathered with SP,
+                           keeping only the shard for backward), output sharded on the last dim; never
+                           gathers its output.
     RowParallelLinear      weight [out, in/tp]: input sharded on the last dim; output all-reduced
                            (or reduce-scattered along T with SP); bias added after the reduction.
                            `reduce_output=False` returns the partial sum without the bias (the MoE block
@@ -273,6 +274,57 @@ class _ScatterToSP(torch.autograd.Function):
         return _all_gather_seq(g, ctx.tp), None
 
 
+class _SequenceParallelLinear(torch.autograd.Function):
+    """y = all-gather_T(x) W^T + b keeping only the sequence-sharded x for backward (Korthikanti et al. 2022,
+    Sec. 4.2.2; Megatron's LinearWithGradAccumulationAndAsyncCommunication): backward all-gathers x again for
+    the weight gradient and reduce-scatters the input gradient. Saving the gathered input instead would keep
+    tp times the bytes on every rank.
+
+    Under autocast the input is cast to the compute dtype before the gather (the same values as casting
+    after it; half the bytes on the wire and saved), the weight is cast again in backward rather than kept,
+    and the input gradient is reduce-scattered in the input's dtype (an fp32 sum, as before the change), so
+    the ops, and hence the results, are those autograd would run for a gather and an autocast F.linear.
+    Under a zero-bubble schedule the weight pass re-runs this backward whole (torch.distributed.pipelining
+    splits at autograd nodes): correct, at the cost of a second all-gather and input gradient."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, tp):
+        dtype, ctx.in_dtype = _compute_dtype(x), x.dtype
+        x = x.to(dtype)
+        full = _all_gather_seq(x, tp)
+        with torch.autocast(x.device.type, enabled=False):
+            y = F.linear(full, weight.to(dtype), bias.to(dtype) if bias is not None else None)
+        ctx.save_for_backward(x, weight)
+        ctx.tp, ctx.has_bias = tp, bias is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        x, weight = ctx.saved_tensors
+        g2d = g.reshape(-1, g.shape[-1])
+        full = _all_gather_seq(x, ctx.tp)
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            grad_full = g2d.mm(weight.to(g.dtype)).view(*full.shape[:-1], -1).to(ctx.in_dtype)
+            grad_x = _reduce_scatter_seq(grad_full, ctx.tp)
+        grad_w = g2d.t().mm(full.reshape(-1, full.shape[-1])).to(weight.dtype) if ctx.needs_input_grad[1] else None
+        grad_b = g2d.sum(0).to(weight.dtype) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return grad_x, grad_w, grad_b, None
+
+
+def _compute_dtype(x: Tensor) -> torch.dtype:
+    device = x.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+
+
+def column_parallel_linear(x: Tensor, weight: Tensor, bias: Tensor | None, tp: TPContext) -> Tensor:
+    """A column-parallel matmul: x replicated [B, T, in], or this rank's [B, T/tp, in] under SP (gathered
+    along T here, and only the shard kept for backward: `_SequenceParallelLinear`); out [B, T, out/tp]."""
+    if tp.sp:
+        return _SequenceParallelLinear.apply(x, weight, bias, tp)
+    return F.linear(copy_to_tp_region(x, tp), weight, bias)
+
+
 def copy_to_tp_region(x: Tensor, tp: TPContext) -> Tensor:
     return _CopyToTP.apply(x, tp) if tp.enabled else x
 
@@ -431,7 +483,7 @@ class ColumnParallelLinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if self.gather_input:
-            x = gather_from_sp_region(x, self.tp) if self.tp.sp else copy_to_tp_region(x, self.tp)
+            return column_parallel_linear(x, self.weight, self.bias, self.tp)
         return F.linear(x, self.weight, self.bias)
 
 
