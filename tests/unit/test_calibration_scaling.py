@@ -139,10 +139,10 @@ def test_a_profile_of_the_previous_schema_is_refused_in_one_line(tmp_path: Path)
 
 
 def test_the_plan_prices_each_dp_collective_by_its_own_kinds_fit(tmp_path: Path) -> None:
-    """ZeRO-1 among 8 ranks: the gradients' all-reduce at the all-reduce fit and the weights' all-gather at
-    the all-gather fit, each with its own latencies and bandwidth, measured at 2 and 4 ranks."""
+    """ZeRO-1 among 8 ranks: the gradients' reduce-scatter at the reduce-scatter fit and the weights'
+    all-gather at the all-gather fit, each with its own latencies and bandwidth, measured at 2 and 4 ranks."""
     raw = _raw([(INTRA, 2), (INTRA, 4)])
-    kinds = {"all_reduce": (1e-4, 3e-5, 4e8), "all_gather": (2e-5, 1e-5, 9e8)}  # per call, per step, bus B/s
+    kinds = {"reduce_scatter": (1e-4, 3e-5, 4e8), "all_gather": (2e-5, 1e-5, 9e8)}  # per call, per step, bus B/s
     for r in raw["collectives"]:
         if r["op"] in kinds:
             call, step, bw = kinds[r["op"]]
@@ -154,7 +154,7 @@ def test_the_plan_prices_each_dp_collective_by_its_own_kinds_fit(tmp_path: Path)
                                 "device": {"type": "cpu"}}, raw))
     est, spec, warnings = _plan(path, [*PURE_DP[:3], "parallel.zero=1", "parallel.sequence_parallel=false"])
     traffic = comm.dp_traffic(est.ranks[0].params, 1, 8, est.micro_batches, 4, 4, spec.model.layers + 1)
-    assert [op for op, _, _ in traffic] == ["all_reduce", "all_gather"]
+    assert [op for op, _, _ in traffic] == ["reduce_scatter", "all_gather"]
     expected = 0.0
     for op, nbytes, calls in traffic:
         call, step, bw = kinds[op]
