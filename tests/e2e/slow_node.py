@@ -89,12 +89,16 @@ class Throttle(threading.Thread):
             for period in itertools.count():
                 if self.done.is_set():
                     break
+                stopped_at = time.monotonic()
+                _signal(pids, signal.SIGSTOP)
                 if period % RESCAN_EVERY == 0:
+                    # while the known ones are stopped: a scan of /proc on a busy host took long enough that
+                    # n2, free during it, measured 0.61x of n1 at 10% of the time
                     pids = self.processes()
+                    _signal([p for p in pids if p not in self.seen], signal.SIGSTOP)
                     self.seen.update(pids)
                     _lowest_priority(pids, self.reniced)
-                _signal(pids, signal.SIGSTOP)
-                time.sleep(PERIOD_S * (1 - self.fraction))
+                time.sleep(max(0.0, PERIOD_S * (1 - self.fraction) - (time.monotonic() - stopped_at)))
                 _signal(pids, signal.SIGCONT)
                 time.sleep(PERIOD_S * self.fraction)
         finally:  # nothing is left stopped
