@@ -4,6 +4,7 @@ failure process, and its default failure model against a published fleet."""
 from __future__ import annotations
 
 import math
+import os
 import random
 import statistics
 from dataclasses import replace
@@ -155,3 +156,24 @@ def test_405b_recipe_priced_at_the_published_rate_needs_the_published_gpu_hours(
     assert run["compute_s"] * spec.cluster.world_size / 3600 < 30.84e6 < run["gpu_hours"] * 1.10
     # energy: GPU-hours x the catalog's 700 W, the card's own figure
     assert run["energy_mwh"] == pytest.approx(run["gpu_hours"] * 700 / 1e6)
+
+
+def test_a_run_without_saves_far_beyond_the_mtbf_is_not_expected_to_finish() -> None:
+    """575 days of work with no save against a 2-hour MTBF: exp(T/M) is past a float's range, so the expected
+    wall clock is infinite (null in --json), not an OverflowError, and plan says why in one row."""
+    import subprocess
+    import sys
+
+    never = _run(compute_s=575 * 24 * HOUR, interval_s=575 * 24 * HOUR, mtbf_s=2 * HOUR)
+    assert never.expected_wall_s == math.inf and never.ettr == 0.0
+    assert never.wall_percentiles_s() == (math.inf, math.inf, math.inf)
+    args = [sys.executable, "-c", "from trainctl.cli.app import main; main()", "plan", str(REPO / "recipes" /
+            "llama3-8b.yaml"), "--set", "checkpoint.every_steps=null", "--set", "checkpoint.mtbf_hours=2"]
+    wide = {**os.environ, "COLUMNS": "300"}  # the row on one line
+    text = subprocess.run(args, capture_output=True, text=True, cwd=REPO, timeout=120, env=wide).stdout
+    assert "not expected to finish" in text and "checkpoint.every_steps" in text
+    import json
+
+    run = json.loads(subprocess.run([*args, "--json"], capture_output=True, text=True, cwd=REPO,
+                                    timeout=120).stdout)["checkpoint"]["whole_run"]
+    assert run["wall_days"]["mean"] is None and run["gpu_hours"] is None

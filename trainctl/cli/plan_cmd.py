@@ -7,6 +7,7 @@ with `--strict`, 1 when the plan has an error-level warning (does not fit, or a 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -259,6 +260,10 @@ def whole_run_rows(run: dict[str, Any] | None) -> list[tuple[str, str]]:
     if run is None:
         return []
     days = run["wall_days"]
+    if days["mean"] is None or not math.isfinite(days["mean"]):  # a save interval far beyond the MTBF
+        return [("whole run", f"{count(run['steps'], 'step')}, compute {dur(run['compute_s'])}: not expected to "
+                              f"finish: {dur(run['interval_s'])} of work between saves against an MTBF of "
+                              f"{dur(run['mtbf_s'])} (schedule checkpoints: checkpoint.every_steps)")]
     cost = f", cost {run['cost']:,.0f}" if run["cost"] is not None else ""
     energy = f", at most {run['energy_mwh']:,.0f} MWh" if run["energy_mwh"] is not None else ""
     return [

@@ -27,6 +27,16 @@ import random
 from dataclasses import dataclass, replace
 
 Z90 = 1.2815515655446004  # the standard normal's 90th percentile
+EXP_MAX = 700.0  # math.exp overflows a float past ~709.78
+
+
+def _exp(x: float) -> float:
+    """exp, infinite past a float's range: a segment hundreds of MTBFs long is never expected to get through."""
+    return math.exp(x) if x < EXP_MAX else math.inf
+
+
+def _expm1(x: float) -> float:
+    return math.expm1(x) if x < EXP_MAX else math.inf
 
 
 @dataclass(frozen=True)
@@ -46,11 +56,11 @@ class WholeRun:
 
     def _segment_s(self, compute_s: float) -> float:
         m = self.mtbf_s
-        return m * math.exp(self.restart_s / m) * math.expm1((compute_s + self.save_block_s) / m)
+        return m * _exp(self.restart_s / m) * _expm1((compute_s + self.save_block_s) / m)
 
     def _segment_failures(self, compute_s: float) -> float:
         m = self.mtbf_s
-        return math.exp(self.restart_s / m) * math.expm1((compute_s + self.save_block_s) / m)
+        return _exp(self.restart_s / m) * _expm1((compute_s + self.save_block_s) / m)
 
     @property
     def saves(self) -> int:
@@ -75,6 +85,8 @@ class WholeRun:
 
     def wall_percentiles_s(self) -> tuple[float, float, float]:
         """(P10, P50, P90) of the wall clock: normal approximation of a compound Poisson failure process."""
+        if not math.isfinite(self.expected_wall_s):
+            return math.inf, math.inf, math.inf
         span = self.interval_s + self.save_block_s
         second_moment = self.restart_s ** 2 + self.restart_s * span + span ** 2 / 3.0
         sd = math.sqrt(self.expected_failures * second_moment)

@@ -255,7 +255,9 @@ class ProfileSpec(Strict):
 
 class TrainSpec(Strict):
     global_batch: Count = Field(description="Sequences per optimizer step, across all DP ranks")
-    steps: Count | None = Field(None, description="Optimizer steps to train for; give this or train.tokens")
+    # up to a billion: a 15T-token budget at 4M tokens per step is 3.6M steps
+    steps: Annotated[int, Field(ge=1, le=1_000_000_000)] | None = Field(
+        None, description="Optimizer steps to train for; give this or train.tokens")
     tokens: Annotated[int, BeforeValidator(token_count), Field(gt=0, le=10**17)] | None = Field(
         None, description="Tokens to train on (15e12, 15T, 405B, 2M), instead of train.steps: the steps are "
         "tokens / (global_batch x model.seq_len), which must divide it")
