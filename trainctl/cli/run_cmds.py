@@ -36,7 +36,8 @@ def _fmt_steps(done: int, total: int | None) -> str:
 
 @app.command()
 def status(run: Path = RunArg, json_: bool = JsonOpt) -> None:
-    """State of a run in Slurm's words, steps done, attempts and the last MFU."""
+    """State of a run in Slurm's words, steps done, attempts, the last MFU, and the rest projected from what it
+    measured (ETA, days, GPU-hours, the gap to the plan)."""
     from trainctl.launch.status import run_status
 
     st = run_status(run)
