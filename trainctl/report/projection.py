@@ -123,9 +123,14 @@ def gap(m: Measured, p: Planned) -> dict[str, Any]:
                 "cost_per_failure_s": p.cost_per_failure_s}}
 
 
+NO_WHOLE_RUN = "the plan has no whole-run projection (no predicted step time: a CPU plan without a calibration profile)"
+
+
 def project(m: Measured, *, plan_whole_run: dict[str, Any] | None, finished: bool, last_time: float | None,
-            tokens_per_step: int | None, tokens_given: bool, basis: str) -> dict[str, Any]:
-    """The projection `status --json` and `mfu-report --json` carry under "projection"."""
+            tokens_per_step: int | None, tokens_given: bool, basis: str,
+            no_plan_note: str = NO_WHOLE_RUN) -> dict[str, Any]:
+    """The projection `status --json` and `mfu-report --json` carry under "projection"; `no_plan_note` says why
+    there is no gap to the plan when `plan_whole_run` is None."""
     total = m.total_s
     out: dict[str, Any] = {
         "available": True, "basis": basis, "finished": finished,
@@ -143,8 +148,7 @@ def project(m: Measured, *, plan_whole_run: dict[str, Any] | None, finished: boo
         "vs_plan": None, "vs_plan_note": None,
     }
     if plan_whole_run is None:
-        out["vs_plan_note"] = ("the plan has no whole-run projection (no predicted step time: a CPU plan without "
-                               "a calibration profile)")
+        out["vs_plan_note"] = no_plan_note
     else:
         out["vs_plan"] = gap(m, Planned.from_whole_run(plan_whole_run))
     return out
@@ -165,7 +169,10 @@ def run_projection(run: RunData, summary: dict[str, Any], gp: dict[str, Any]) ->
                  gpus=int(summary.get("world_size") or 1))
     times = [float(r["time"]) for r in run.metrics if "time" in r]
     attempts = gp["attempts"]
-    return project(m, plan_whole_run=((run.plan or {}).get("checkpoint") or {}).get("whole_run"),
+    whole_run = ((run.plan or {}).get("checkpoint") or {}).get("whole_run")
+    other_hardware = summary["plan"].get("reason") == "other_hardware"  # a GPU plan, trained on the CPU
+    return project(m, plan_whole_run=None if other_hardware else whole_run,
+                   no_plan_note=summary["plan"]["note"] if other_hardware else NO_WHOLE_RUN,
                    finished=gp["final_outcome"] == "finished" and m.steps_left == 0,
                    last_time=max(times, default=None), tokens_per_step=summary.get("tokens_per_step"),
                    tokens_given=spec_train.get("tokens") is not None,
