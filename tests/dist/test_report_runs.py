@@ -207,8 +207,15 @@ def test_interrupted_and_resumed_run_has_goodput_below_100_percent(tmp_path):
     named = sum(v for k, v in lost.items() if v and k != "other")
     assert g["productive_s"] + named + lost["other"] == pytest.approx(g["wall_s"], rel=1e-6)
     assert lost["other"] < 0.1 * g["wall_s"]
+    assert restart["failure"]  # a failure, not a stop the user asked for
+    pr = r["projection"]  # finished: every figure measured, the failure and its cost in it
+    assert pr["total_is"] == "measured" and pr["remaining_s"] == 0 and pr["steps"] == {"done": 8, "total": 8}
+    assert pr["total_s"] == pytest.approx(g["wall_s"] - g["idle_s"])
+    assert pr["measured"]["failures"] == 1
+    assert pr["measured"]["cost_per_failure_s"] == pytest.approx(restart["gap_s"] + restart["replayed_s"])
     text = report(run).stdout
     assert "restart -> attempt 1" in text and "InjectedFailure" in text
+    assert "1 failure(s)" in text and "measured total" in text
 
 
 @pytest.fixture(scope="module")
@@ -228,6 +235,9 @@ def relaid(tmp_path_factory) -> dict:
         while not any(m["step"] > 4 for m in read_jsonl(run / "metrics.jsonl")):  # the one-rank attempt trains
             assert resumed.poll() is None and time.monotonic() < deadline, "the resumed run did not train"
             time.sleep(0.3)
+        st = trainctl("status", str(run), "--json", env=CLEAN)  # while it trains: the rest projected
+        assert st.returncode == 0, st.stdout + st.stderr
+        training = json.loads(st.stdout)["projection"]
         c = trainctl("cancel", str(run), env=CLEAN)
         assert c.returncode == 0, c.stdout + c.stderr
         out, _ = resumed.communicate(timeout=180)
@@ -241,7 +251,8 @@ def relaid(tmp_path_factory) -> dict:
     r = report(run, extra=("--json",))
     assert r.returncode == 0, r.stderr
     (data,) = json.loads(r.stdout)["runs"]
-    return {"run": run, "report": data, "cancelled_at": stop["step"]}
+    return {"run": run, "report": data, "cancelled_at": stop["step"], "training": training,
+            "status_after": trainctl("status", str(run), env=CLEAN).stdout}
 
 
 def test_each_layout_is_held_against_its_own_plan(relaid):
@@ -294,6 +305,25 @@ def test_a_wait_after_a_finished_or_cancelled_attempt_is_idle_not_lost(relaid):
     assert sum(s["end"] - s["start"] for s in idle) == pytest.approx(g["idle_s"])
     text = report(relaid["run"]).stdout
     assert "preempted" not in text and "idle: finished or stopped, until resumed" in text
+    assert not after_finish["failure"] and not after_cancel["failure"]
+
+
+def test_status_projects_the_rest_while_it_trains_and_measures_it_after(relaid):
+    """While the one-rank attempt trains, `status --json` projects the 400 steps from what it measured (the
+    earlier finish and the cancel are not failures, so none is projected); once done, the total is measured."""
+    p = relaid["training"]
+    assert p["total_is"] == "projected" and p["steps"]["total"] == 400 and 4 < p["steps"]["done"] < 400
+    assert p["basis"] == "measured over attempts 0-1" and p["measured"]["failures"] == 0
+    assert p["remaining_s"] > 0 and p["eta_time"] > p["measured"]["elapsed_s"]
+    assert p["total_s"] == pytest.approx(p["measured"]["elapsed_s"] + p["remaining_s"])
+    assert p["gpu_hours"] == pytest.approx(p["total_s"] / 3600)  # one rank
+    assert p["tokens"]["total"] == 400 * p["tokens"]["done"] // p["steps"]["done"]
+    assert p["vs_plan"] is None  # a CPU plan has no whole-run projection to be held against
+    done = relaid["report"]["projection"]
+    assert done["total_is"] == "measured" and done["remaining_s"] == 0
+    g = relaid["report"]["goodput"]
+    assert done["total_s"] == pytest.approx(g["wall_s"] - g["idle_s"])
+    assert "measured total" in relaid["status_after"] and "ETA" not in relaid["status_after"]
 
 
 def test_plot_legend_clears_the_restart_labels(relaid, tmp_path):

@@ -6,6 +6,7 @@ import math
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.markup import escape
@@ -35,12 +36,14 @@ def _fmt_steps(done: int, total: int | None) -> str:
 
 @app.command()
 def status(run: Path = RunArg, json_: bool = JsonOpt) -> None:
-    """State of a run in Slurm's words, steps done, attempts and the last MFU."""
+    """State of a run in Slurm's words, steps done, attempts, the last MFU, and the rest projected from what it
+    measured (ETA, days, GPU-hours, the gap to the plan)."""
     from trainctl.launch.status import run_status
 
     st = run_status(run)
+    proj = _projection(run)
     if json_:
-        print_json(st.to_json())
+        print_json({**st.to_json(), "projection": proj})
         return
     console = make_console()
     color = STATE_COLOR.get(st.state, "red")
@@ -52,9 +55,25 @@ def status(run: Path = RunArg, json_: bool = JsonOpt) -> None:
     console.print(f"steps {_fmt_steps(st.steps_done, st.steps_total)}{loss}, MFU {_fmt_mfu(st.last_mfu)}, "
                   f"attempts {st.attempts}, trainer starts {st.starts}"
                   + (f", nodes {st.nodes}" if st.nodes and st.nodes != "(null)" else ""), soft_wrap=True)
+    if proj is not None:
+        from trainctl.report.projection import lines
+
+        for line in lines(proj):
+            console.print(escape(line), soft_wrap=True)
     for node, why in st.excluded_nodes.items():
         console.print(f"[yellow]excluded[/yellow] {node} from later jobs of this run: {why}", soft_wrap=True)
     console.print(f"[dim]{st.run_dir}[/dim]", soft_wrap=True)
+
+
+def _projection(run: Path) -> dict[str, Any] | None:
+    """The rest of the run projected from what it measured (report/projection.py); None before any record."""
+    from trainctl.report.load import load_run
+    from trainctl.report.projection import projection_of
+
+    try:
+        return projection_of(load_run(run))
+    except UsageError:
+        return None
 
 
 @app.command()

@@ -17,6 +17,7 @@ from trainctl.report.load import RunData, load_run
 from trainctl.report.memory import memory_vs_plan
 from trainctl.report.nodes import node_segments
 from trainctl.report.profile import profile_files
+from trainctl.report.projection import run_projection
 from trainctl.report.routing import routing
 from trainctl.report.routing import warnings as routing_warnings
 from trainctl.report.scaling import scaling
@@ -73,6 +74,7 @@ def analyze(run: RunData) -> dict[str, Any]:
         "prediction": vs_plan["prediction"],  # the plan's step and its parts (None: no time prediction)
         "measured": vs_plan["measured"],  # the same parts as the ranks measured them
         "goodput": gp,
+        "projection": run_projection(run, summary, gp),  # the rest projected from what was measured, vs the plan
         "timeline": timeline(run, attempts, final, gp),
         "nodes": node_segments(run, attempts, gp.get("begin_time")),  # elastic: node count and throughput
         # nodes later jobs of the run keep out of (preflight, repeated first causes): node -> reason, source

@@ -125,9 +125,11 @@ def goodput(run: RunData, attempts: list[Attempt], final: list[dict[str, Any]],
             resized = [e for e in run.events_of("elastic_resize") if lo < float(e.get("time", lo)) <= hi]
             if resized:  # an elastic run went on with the nodes left (report/nodes.py)
                 cause = f"{resized[-1].get('message')}, after: {cause}"
-            restarts.append({"attempt": a.index, "cause": cause,
+            failed = attempts[a.index - 1].outcome not in USER_ENDED  # a stop or finish the user asked for is not
+            restarts.append({"attempt": a.index, "cause": cause, "failure": failed,
                              "resumed_at_step": a.records[0]["step"] - 1 if a.records else None,
-                             "gap_s": gap, "replayed_steps": len(replay), "idle_s": idle, "idle": wait})
+                             "gap_s": gap, "replayed_steps": len(replay), "replayed_s": _t(replay, "step_time_s", w),
+                             "idle_s": idle, "idle": wait})
         prev_end = a.last_step_end() or prev_end
     if prev_end is not None:
         lost["shutdown"] = max(0.0, end - prev_end)

@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from trainctl.report.divergence import cell as divergence_cell
+from trainctl.report.projection import lines as projection_lines
 from trainctl.report.scaling import WARN_BELOW
 from trainctl.terminal import prose
 from trainctl.units import count, dur, pct, si, size, tflops
@@ -183,6 +184,10 @@ def render(report: dict[str, Any], console: Console | None = None) -> None:
             prose(con, escape(f"restart -> attempt {x['attempt']} (resumed after step {x['resumed_at_step']}, gap "
                               f"{dur(x['gap_s'])}{idle}, {x['replayed_steps']} steps replayed): {cause}"),
                   f"  {escape(r['name'])}: ")
+    con.print("[bold]On track (measured so far, the rest projected)[/bold]")
+    for r in runs:
+        for line in projection_lines(r["projection"]):
+            prose(con, escape(line), f"  {escape(r['name'])}: ")
     _render_nodes(con, runs)
     _render_memory(con, runs)
     moe = [r for r in runs if (r.get("routing") or {}).get("available")]

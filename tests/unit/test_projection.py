@@ -1,0 +1,72 @@
+"""report/projection.py: the rest of a run projected from its measured rates, and the gap to the plan's whole
+run split into its causes, checked against figures worked out by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainctl.report.projection import Measured, Planned, gap, lines, project
+
+# 100 of 400 steps done at 2 s a step; 10 s of save stalls (0.1 s a step); 2 failures in 200 s of compute,
+# 60 s lost to them (30 s each); 300 s of wall clock so far (30 s of it start-up and the like); 8 GPUs
+RUN = Measured(steps_done=100, steps_total=400, step_s=2.0, elapsed_s=300.0, productive_s=200.0, save_stall_s=10.0,
+               failures=2, failure_cost_s=60.0, gpus=8)
+# planned: 1 s a step, 20 s of save blocking in all (0.05 s a step), 2 interruptions expected at 20 s each
+PLAN = {"steps": 400, "compute_s": 400.0, "save_blocking_s": 20.0, "last_write_s": 0.0,
+        "expected_interruptions": 2.0, "wall_days": {"mean": 460.0 / 86400}, "restart_s": 15.0}
+
+
+def test_remaining_is_the_steps_left_at_the_measured_rates() -> None:
+    # 300 steps left: 600 s compute + 30 s saves + 0.01 failures/s x 600 s x 30 s = 180 s of failures
+    assert RUN.remaining_s == pytest.approx(810.0)
+    assert RUN.total_s == pytest.approx(1110.0)
+    assert RUN.projected_failures == pytest.approx(8.0)  # 2 so far + 6 more
+    p = project(RUN, plan_whole_run=None, finished=False, last_time=1000.0, tokens_per_step=None,
+                tokens_given=False, basis="measured over attempts 0-2")
+    assert p["total_is"] == "projected" and p["eta_time"] == pytest.approx(1810.0)
+    assert p["gpu_hours"] == pytest.approx(1110.0 * 8 / 3600)
+    assert p["total_days"] == pytest.approx(1110.0 / 86400)
+    assert p["vs_plan"] is None and "no whole-run projection" in p["vs_plan_note"]
+
+
+def test_the_plan_side_prices_the_same_steps() -> None:
+    plan = Planned.from_whole_run(PLAN)
+    assert (plan.step_s, plan.save_per_step_s, plan.cost_per_failure_s) == pytest.approx((1.0, 0.05, 20.0))
+    assert plan.total_s(400) == pytest.approx(460.0)  # the plan's own expected wall clock
+
+
+def test_the_gap_splits_into_its_causes() -> None:
+    g = gap(RUN, Planned.from_whole_run(PLAN))
+    assert g["gap_s"] == pytest.approx(650.0)  # 1110 projected - 460 planned
+    c = g["causes_s"]
+    assert c["steps"] == pytest.approx(400.0)  # 400 steps x 1 s slower
+    assert c["saves"] == pytest.approx(20.0)  # 400 x (0.1 - 0.05)
+    assert c["restarts"] == pytest.approx(120.0)  # (8 - 2) more failures x 20 s planned each
+    assert c["restart_length"] == pytest.approx(80.0)  # 8 failures x (30 - 20) s
+    assert c["other"] == pytest.approx(30.0)  # the start-up in the elapsed time
+    assert g["largest"] == "slower steps"
+
+
+def test_ahead_of_plan_names_what_saved_most_and_no_failures_project_none() -> None:
+    fast = Measured(steps_done=100, steps_total=400, step_s=1.0, elapsed_s=100.0, productive_s=100.0,
+                    save_stall_s=0.0, failures=0, failure_cost_s=0.0, gpus=8)
+    g = gap(fast, Planned.from_whole_run(PLAN))
+    # 400 s projected vs 460 planned: no saves (-20 s), no failures (-40 s at the plan's 20 s each)
+    assert g["gap_s"] == pytest.approx(-60.0)
+    assert g["causes_s"]["restarts"] == pytest.approx(-40.0) and g["causes_s"]["restart_length"] == 0.0
+    assert g["largest"] == "more restarts"  # the largest saving: the failures the plan expected did not come
+    text = lines(project(fast, plan_whole_run=PLAN, finished=False, last_time=None, tokens_per_step=None,
+                         tokens_given=False, basis="measured over attempt 0"))
+    assert "no failures so far, none projected" in text[0]
+    assert "projected 60.00 s ahead of the plan's" in text[2] and "more restarts" in text[2]
+
+
+def test_a_finished_run_is_measured_and_counts_tokens() -> None:
+    done = Measured(steps_done=400, steps_total=400, step_s=2.0, elapsed_s=900.0, productive_s=800.0,
+                    save_stall_s=40.0, failures=0, failure_cost_s=0.0, gpus=8)
+    p = project(done, plan_whole_run=None, finished=True, last_time=5.0, tokens_per_step=1024,
+                tokens_given=True, basis="measured over attempt 0")
+    assert p["total_is"] == "measured" and p["remaining_s"] == 0.0 and p["total_s"] == 900.0
+    assert p["tokens"] == {"done": 409600, "total": 409600, "given": True}
+    assert lines(p)[0].startswith("tokens 409.60 k/409.60 k")
+    assert "ETA" not in lines(p)[1]
