@@ -15,7 +15,7 @@ from trainctl.cli.app import app
 from trainctl.cli.console import Col, fitted_table, make_console
 from trainctl.cli.jsonout import print_json
 from trainctl.cli.options import JsonOpt
-from trainctl.errors import RunError, UsageError
+from trainctl.errors import RunError, TrainctlError, UsageError
 
 STATE_COLOR = {"COMPLETED": "green", "RUNNING": "cyan", "STARTING": "cyan", "PENDING": "yellow",
                "STOPPING": "yellow", "STOPPED": "yellow", "CANCELLED": "yellow"}
@@ -66,13 +66,14 @@ def status(run: Path = RunArg, json_: bool = JsonOpt) -> None:
 
 
 def _projection(run: Path) -> dict[str, Any] | None:
-    """The rest of the run projected from what it measured (report/projection.py); None before any record."""
+    """The rest of the run projected from what it measured (report/projection.py); None before its first step
+    (load_run refuses a run with nothing to report, which status still describes)."""
     from trainctl.report.load import load_run
     from trainctl.report.projection import projection_of
 
     try:
         return projection_of(load_run(run))
-    except UsageError:
+    except TrainctlError:
         return None
 
 
