@@ -72,7 +72,7 @@ def _projection(run: Path) -> dict[str, Any] | None:
 
     try:
         return projection_of(load_run(run))
-    except UsageError:
+    except (UsageError, RunError):  # no records yet, or no step ran: nothing measured to project from
         return None
 
 
