@@ -152,6 +152,11 @@ def test_field_errors_and_cross_section_rules_are_reported_in_one_pass():
     out = trainctl("validate", TINY, "--set", "parallel.tp=0")
     assert [ln for ln in out.stderr.splitlines() if ln.startswith("error:")] == [
         f"error: {TINY}: parallel.tp = 0: Input should be greater than or equal to 1. Fix: use a value >= 1"]
+    # nor for a section's own check: train.steps = 0 set aside is not also "give exactly one of train.steps and
+    # train.tokens", which the section's check says of the stand-in (no steps)
+    out = trainctl("validate", TINY, "--set", "train.steps=0")
+    assert [ln for ln in out.stderr.splitlines() if ln.startswith("error:")] == [
+        f"error: {TINY}: train.steps = 0: Input should be greater than or equal to 1. Fix: use a value >= 1"]
 
 
 def test_plan_counts_read_as_numbers_and_words():

@@ -183,7 +183,9 @@ def validate_spec(data: dict[str, Any], source: str = "<spec>") -> RunSpec:
         except ValidationError as e:
             # an error at a field set aside is that field's own (a required one now missing): said already
             fresh = [err for err in e.errors(include_url=False) if tuple(err["loc"]) not in removed]
-            lines += [line for line in _explain_errors(fresh) if line not in lines]
+            # a section's own check that names a field set aside judged its stand-in, not what the user wrote
+            judged = [err for err in fresh if not _mentions_any(err["msg"], defaulted)]
+            lines += [line for line in _explain_errors(judged) if line not in lines]
             locs = [tuple(err["loc"]) for err in fresh]
             data = _without(data, locs)
             if not fresh:
