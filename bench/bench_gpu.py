@@ -12,6 +12,11 @@ What runs, each in its own processes through the CLI a user types (`python -m tr
              measured rates against the measured step
   recompute  the big model again with recompute selective and full, priced with that profile: predicted vs
              measured step time and memory per component
+  grid       `trainctl calibrate` once (big, micro-batch 4), then that profile prices the big and a mid model (24 x
+             1024, ~0.37B) x recompute none/selective/full x micro-batch 1 and 4: 12 launches, predicted vs
+             measured step time and activations, the mean absolute error and the worst (one H100, 2026-11-26:
+             activations to 0.1% in all twelve; step time 31% off on average before the dispatch floor, 22%
+             with it: docs/results.md, "One profile, twelve runs")
   fp16       a small model in fp16 with dynamic loss scaling: it trains (finite, falling loss)
   resume     a small model with train.deterministic: straight 16 steps with async checkpoints, then a copy
              rewound to step 8 by `trainctl resume --from-step 8`: steps 9-16 bit for bit? (also without
@@ -55,6 +60,9 @@ def model(size: str, smoke: bool) -> dict[str, Any]:
                 "seq_len": 64}
     if size == "big":  # ~0.9B: 16 x (4.2M attn + 34.6M MLP) x ... + 2 x 65.5M embedding/head
         return {**LLAMA, "layers": 16, "hidden": 2048, "heads": 16, "kv_heads": 8, "ffn_hidden": 5632,
+                "vocab": 32000, "seq_len": 2048}
+    if size == "mid":  # ~0.37B: 24 x (3.1M attn + 8.7M MLP) + 2 x 32.8M embedding/head; half big's width
+        return {**LLAMA, "layers": 24, "hidden": 1024, "heads": 16, "kv_heads": 8, "ffn_hidden": 2816,
                 "vocab": 32000, "seq_len": 2048}
     return {**LLAMA, "layers": 4, "hidden": 1024, "heads": 8, "kv_heads": 8, "ffn_hidden": 2816, "vocab": 32000,
             "seq_len": 1024}
@@ -285,6 +293,59 @@ def check_recompute(b: Bench) -> dict[str, Any]:
     return res
 
 
+def check_grid(b: Bench) -> dict[str, Any]:
+    """The calibration issue's GPU check: `trainctl calibrate` once (the big model at micro-batch 4), then that one
+    profile prices two model sizes x recompute none/selective/full x micro-batch 1 and 4, each launched and held
+    against its plan (`mfu-report --calibration --json`): step time and activations, predicted beside measured.
+    The mid model is priced from the big model's profile (the plan says it extrapolates: another model)."""
+    prof = b.work / "grid-calibration.json"
+    cal = spec("gpu-grid-cal", "big", b.a, b.gpu, steps=10, micro_batch=4)
+    d = b.work / "grid-cal"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "spec.yaml").write_text(yaml.safe_dump(cal))
+    t0 = time.monotonic()
+    r = b.trainctl("calibrate", str(d / "spec.yaml"), "--out", str(prof), "--run-dir", str(d / "run"), timeout=300)
+    if r.returncode:
+        raise RuntimeError(f"calibrate exited {r.returncode}: {(r.stderr or r.stdout).strip()[-400:]}")
+    shutil.copy(prof, b.out / "grid-calibration.json")
+    res: dict[str, Any] = {"calibrate_s": round(time.monotonic() - t0, 1), "runs": {}}
+    errors = []
+    for size in ("big", "mid"):
+        for micro_batch in (1, 4):
+            for mode in ("none", "selective", "full"):
+                key = f"{size}-mb{micro_batch}-{mode}"
+                if b.a.budget_s - (time.monotonic() - b.t0) < 30:
+                    res["runs"][key] = "skipped: budget"
+                    continue
+                sp = spec(f"gpu-grid-{key}", size, b.a, b.gpu, steps=b.a.grid_steps, micro_batch=micro_batch)
+                sp["train"]["recompute"] = mode
+                sp["cluster"]["calibration"] = str(prof)
+                try:
+                    run, recs = b.launch(f"grid-{key}", sp, timeout=240)
+                    one = report_json(b, run, None)
+                except Exception as e:  # one failed run must not hide the others' figures
+                    res["runs"][key] = f"error: {type(e).__name__}: {str(e)[-300:]}"
+                    continue
+                pred, meas = _dig(one, "prediction", "step_time_s"), _dig(one, "measured", "step_time_s")
+                rows = {row["component"]: row for row in (_dig(one, "memory", "rows") or [])}
+                act = rows.get("activations", {})
+                err = round(pred / meas - 1, 4) if pred and meas else None
+                if err is not None:
+                    errors.append(err)
+                res["runs"][key] = {
+                    "step_ms_predicted_measured": [round(1e3 * pred, 1) if pred else None,
+                                                   round(1e3 * meas, 1) if meas else None],
+                    "step_error": err,
+                    "activations_gb_predicted_measured": [round((act.get("predicted_bytes") or 0) / 1e9, 3),
+                                                          round((act.get("measured_bytes") or 0) / 1e9, 3)],
+                    "peak_gb": round(max(x["peak_mem_bytes"] or 0 for x in recs) / 1e9, 2),
+                    "mfu": round(steady(recs, "mfu", 3), 4)}
+    if errors:
+        res["step_error_mean_abs"] = round(statistics.mean(abs(e) for e in errors), 4)
+        res["step_error_worst"] = max(errors, key=abs)
+    return res
+
+
 def report_json(b: Bench, run: Path, keep_as: str | None, *args: str) -> dict[str, Any]:
     """`mfu-report RUN ARGS --json` of one run (kept under --out as `keep_as`)."""
     rep = b.trainctl("mfu-report", str(run), *args, "--json", timeout=120)
@@ -352,6 +413,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--micro-batch", type=int, default=8)
     ap.add_argument("--big-checkpoint-every", type=int, default=20, help="0: the big runs save no checkpoint")
+    ap.add_argument("--grid-steps", type=int, default=12, help="steps of each run of the grid check")
     ap.add_argument("--budget-s", type=float, default=420, help="checks not started by then are skipped")
     ap.add_argument("--only", default="", help="comma-separated checks (default all)")
     ap.add_argument("--cpu-smoke", action="store_true", help="toy sizes on the CPU: checks this script's flow")
@@ -370,6 +432,7 @@ def main() -> None:
         "bare-compiled": lambda: check_bare(b, True), "fp16": lambda: check_fp16(b),
         "resume_deterministic": lambda: resume_pair(b, "resume-det", True),
         "calibrate": lambda: check_calibrate(b), "recompute": lambda: check_recompute(b),
+        "grid": lambda: check_grid(b),
         "resume_default": lambda: resume_pair(b, "resume-default", False),
         "pytest": lambda: check_pytest(b)}
     only = [x for x in a.only.split(",") if x]

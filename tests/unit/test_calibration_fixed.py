@@ -151,3 +151,43 @@ def test_no_parameters_make_no_collective() -> None:
     """A dense model's expert-DP group reduces nothing: no calls whose latency the step would pay."""
     for zero in (0, 1, 2, 3):
         assert comm.dp_traffic(0.0, zero, 2, 4, 4, 4, units=5) == []
+
+
+def _with_dispatch(floor_s: float, device: str) -> prof.Profile:
+    profile = _profile(FIXED)
+    profile.data["device"] = {"type": device}
+    profile.data["fits"]["layer"] = {"dispatch_s": {"none": floor_s, "selective": 2 * floor_s, "full": 3 * floor_s}}
+    return profile
+
+
+@pytest.mark.parametrize("recompute, factor", [("none", 1), ("full", 3)])
+def test_on_a_gpu_a_layer_takes_at_least_the_hosts_dispatch_floor(recompute: str, factor: int) -> None:
+    """A GPU runs a layer's kernels while the host issues the next: the layers take the longer of their FLOPs
+    at the compute rate and the profile's dispatch floor for the run's recompute mode (measured on a few tokens);
+    a CPU runs what it issues, so its floor is not charged again. Checked on the slowest rank's micro-batch."""
+    spec = load_spec(TINY, overrides=[*TWO_RANKS, f"train.recompute={recompute}"])
+    ctx, cand = context_from_spec(spec), candidate_from_spec(spec)
+    shape = ModelShape.from_spec(spec.model)
+    tokens = spec.parallel.micro_batch * shape.seq_len
+    kernels = layer_flops_per_token(shape, recompute) / 2e9 * tokens  # one layer's micro-batch at 2 GFLOP/s
+    micro_batches = spec.train.global_batch // (spec.parallel.micro_batch * 2)
+    plain = Evaluator(replace(ctx, rates=MeasuredRates(_profile(FIXED), assumed_rates(ctx.hw, ctx.assume), [])))
+    base = plain.evaluate(cand)
+    for floor, device, expect in [(2 * kernels / factor, "cuda", kernels), (kernels / (2 * factor), "cuda", 0.0),
+                                  (2 * kernels / factor, "cpu", 0.0)]:
+        rates = MeasuredRates(_with_dispatch(floor, device), assumed_rates(ctx.hw, ctx.assume), [])
+        est = Evaluator(replace(ctx, rates=rates)).evaluate(cand)
+        added = micro_batches * shape.layers * expect  # floor 2x the kernels: one layer's kernel time more each
+        assert est.extra["dispatch_time"] == pytest.approx(added)
+        assert est.compute_time - base.compute_time == pytest.approx(added)
+        assert est.step_time - base.step_time == pytest.approx(added)
+
+
+def test_the_plan_says_when_the_gpu_waits_for_the_host(tmp_path: Path) -> None:
+    spec = load_spec(TINY, overrides=TWO_RANKS)
+    path = tmp_path / "profile.json"
+    for floor, warned in [(1.0, True), (1e-9, False)]:
+        path.write_text(json.dumps(_with_dispatch(floor, "cuda").data))
+        plan = build_plan(spec.with_calibration(path)).to_json()
+        codes = [w["code"] for w in plan["warnings"]]
+        assert ("DISPATCH_BOUND" in codes) is warned

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from trainctl.plan.comm import INTER_NODE
 from trainctl.plan.comm_levers import Levers
 from trainctl.plan.estimate import Estimate, Evaluator
+from trainctl.units import dur
 
 LEVELS = ("info", "warning", "severe", "error")
 GB = 1e9
@@ -54,6 +55,13 @@ def advise(ev: Evaluator, est: Estimate) -> list[PlanWarning]:  # noqa: C901 - a
         add("LOW_HEADROOM", "warning",
             f"only {est.headroom_fraction:.0%} memory headroom ({_gb(est.headroom or 0)}); the CUDA context, NCCL "
             "buffers and fragmentation typically take a few GB")
+
+    dispatch = est.extra.get("dispatch_time", 0.0)
+    if step and est.compute_time and dispatch > 0.05 * step:
+        add("DISPATCH_BOUND", "warning",
+            f"the GPU waits for the host to issue the layers' kernels at micro_batch {c.micro_batch}: +{dur(dispatch)} "
+            f"per step ({dispatch / step:.0%} of it; the profile's dispatch floor); a larger parallel.micro_batch or "
+            "train.compile: true gives each kernel more work")
 
     # tensor parallelism
     if c.tp > 1 and est.comm_link["tp"] == INTER_NODE:

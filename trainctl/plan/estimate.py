@@ -309,6 +309,7 @@ class _Base:
     slot: float | None
     compute_mb: float | None
     ends_mb: float  # the slowest pipeline rank's ends beyond their FLOPs per micro-batch (in compute_mb)
+    dispatch_mb: float  # the layers' wait for the host to issue their kernels per micro-batch (in compute_mb)
     emb_time: float
     layer_params_gpu: float  # one layer's parameters on one GPU, the largest kind (ZeRO-3 gathers two at a time)
     shape_key: tuple = ()  # (tp, pp, v, layers, ep, schedule): what PowerSGD's figures depend on (_psgd)
@@ -600,9 +601,17 @@ class Evaluator:
         cp_mb_time = prof.rank_layers[load.slow] * cp_layer_time
         bubble_slots = schedule.bubble_slots(pp, v, c.schedule, n_micro)
         slot = compute_mb = attn_layer_time = None
+        dispatch_mb = 0.0  # what the host's issuing of the layers' kernels adds beyond running them
         ends_mb = load.ends[load.slow] * tokens_mb
         if rate:
             compute_mb = load.flops[load.slow] / rate * tokens_mb + ends_mb
+            # a GPU runs a layer's kernels while the host issues the next ones: the layers take the longer of
+            # the two (too little work per kernel and the GPU waits for the host: the dispatch floor)
+            floor = rates.dispatch_floor(c.recompute)
+            if floor:
+                layers_mb = prof.rank_layers[load.slow] * self._layer_flops_paced[c.recompute] / tp / rate * tokens_mb
+                dispatch_mb = max(0.0, prof.rank_layers[load.slow] * floor - layers_mb)
+                compute_mb += dispatch_mb
             pairs = max(model.causal_pairs_per_rank(m.seq_len, cp))  # the same on every rank: balanced chunks
             attn_layer_time = mb * pairs * model.attention_flops_per_pair(m) / tp / rate
             slot = compute_mb + tp_mb_time + ep_mb_time + cp_mb_time + p2p
@@ -622,7 +631,7 @@ class Evaluator:
             ep_bytes=n_micro * ep_mb_bytes, cp_bytes=n_micro * max(prof.rank_layers) * cp_layer,
             tp_exposed=n_micro * tp_mb_time, p2p=p2p, ep_mb_time=ep_mb_time, cp_mb_time=cp_mb_time,
             cp_layer_time=cp_layer_time, attn_layer_time=attn_layer_time, bubble_slots=bubble_slots, slot=slot,
-            compute_mb=compute_mb, ends_mb=ends_mb,
+            compute_mb=compute_mb, ends_mb=ends_mb, dispatch_mb=dispatch_mb,
             emb_time=rates.comm(pp_link, EMBEDDING_OPS, emb_bytes, float(emb_bytes > 0), groups["embedding"]),
             layer_params_gpu=max(model.layer_params_per_gpu(m, tp),
                                  sum(model.layers_params_per_gpu(m, tp, layers=1, moe_layers=1, ep=c.ep))
@@ -837,6 +846,7 @@ class Evaluator:
             extra={"tokens_per_step": float(self.tokens_per_step), "ep_time": b.n_micro * b.ep_mb_time,
                    "expert_pace": self.expert_pace, "cp_time": b.n_micro * b.cp_mb_time,
                    "cp_layer_time": b.cp_layer_time, "attn_layer_time": b.attn_layer_time or 0.0,
+                   "dispatch_time": b.n_micro * b.dispatch_mb,
                    **self._powersgd_extra(b, c)},
         )
 

@@ -61,8 +61,10 @@ NOTES = (
     "(ZeRO-3: per gather and micro-batch) at estimate.offload_pcie_gbps and the CPU AdamW step (28 bytes per "
     "element at estimate.host_adam_gbps), after the backward, not overlapped",
     "with a calibration profile: the optimizer step, the embedding and LM head + loss per micro-batch, a TP "
-    "layer as measured in its TP group and (ZeRO-3) a layer as an FSDP2 unit, all measured by trainctl calibrate",
-    "not modelled: the optimizer step without a profile, kernel launch overheads, data loading, hierarchical "
+    "layer as measured in its TP group, (ZeRO-3) a layer as an FSDP2 unit and (GPU) the host's dispatch floor "
+    "(a layer takes at least what the host takes to issue its kernels, timed on a few tokens), all measured by "
+    "trainctl calibrate",
+    "not modelled: the optimizer step and kernel launch overheads without a profile, data loading, hierarchical "
     "collectives, network congestion",
 )
 

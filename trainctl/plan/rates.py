@@ -69,6 +69,11 @@ class AssumedRates:
     def tp_layer(self, link: str, tp: int, sp: bool, recompute: str) -> tuple[float, int] | None:
         return None
 
+    def dispatch_floor(self, recompute: str) -> float | None:
+        """The least seconds a layer's forward + backward takes however little its work: unknown without a
+        profile."""
+        return None
+
 
 class MeasuredRates:
     calibrated = True
@@ -119,6 +124,10 @@ class MeasuredRates:
         TP collectives included; None where not measured, at another model, or the layout's TP group leaves
         the node."""
         return self.profile.tp_layer(tp, sp, recompute) if link == NVLINK and self.same_model else None
+
+    def dispatch_floor(self, recompute: str) -> float | None:
+        """The host's seconds to issue one layer's forward + backward on a GPU (calibration.profile)."""
+        return self.profile.dispatch_floor(recompute)
 
     def describe(self) -> dict[str, Any]:
         measured = sorted({f"{PROFILE_LINK[link]}.{op}" for (link, op), fit in self._fits.items() if fit})

@@ -11,6 +11,9 @@ every raw figure (per rank) and every fit:
   fits.compute[tp]              what the planner charges per FLOP: matmul rate x layer efficiency
   fits.layer.tp_seconds[tp]     the layer as a TP rank runs it in a TP group inside a node (plain, sp): its
                                 excess over its FLOPs at compute[tp] is the layer's exposed TP time
+  fits.layer.dispatch_s[mode]   the layer's forward + backward on a few tokens, per recompute mode: on a GPU
+                                the host's time to issue its kernels, the least a layer takes however little
+                                its work (a CPU runs what it issues: no separate floor there)
   fits.links[link][op]          per link class and collective kind, fitted over every group and message
                                 size measured (fit.py): latency per call + latency per ring step x the
                                 kind's steps at n + bus bytes / bandwidth, the group sizes measured
@@ -69,7 +72,8 @@ def build(meta: dict[str, Any], raw: dict[str, Any]) -> dict[str, Any]:
     fits = {
         "matmul": matmul,
         "layer": {"flops_per_s": layer_rate, "efficiency": efficiency, "recompute": layer["recompute"],
-                  "tokens": layer["tokens"], "tp_seconds": _tp_layers(layer.get("tp", []))},
+                  "tokens": layer["tokens"], "tp_seconds": _tp_layers(layer.get("tp", [])),
+                  "dispatch_s": {mode: median_of(s) for mode, s in (layer.get("dispatch") or {}).items()}},
         "compute": {tp: v["flops_per_s"] * efficiency for tp, v in matmul.items()},
         "links": links,
     }
@@ -197,6 +201,15 @@ class Profile:
         if not _positive(seconds) or layer.get("recompute") != recompute or not layer.get("tokens"):
             return None
         return float(seconds), int(layer["tokens"])
+
+    def dispatch_floor(self, recompute: str) -> float | None:
+        """Seconds the host takes to issue one layer's forward + backward kernels at `recompute` on an
+        asynchronous device (a GPU); None on a CPU (it runs what it issues, and the measured rate holds that)
+        or where not measured."""
+        if (self.data.get("device") or {}).get("type") != "cuda":
+            return None
+        seconds = ((self.data.get("fits", {}).get("layer") or {}).get("dispatch_s") or {}).get(recompute)
+        return float(seconds) if _positive(seconds) else None
 
     def link(self, link: str, op: str) -> LinkFit | None:
         return self.links.get(link, {}).get(op)

@@ -37,6 +37,7 @@ from trainctl.runtime.workers.worker_main import worker_main
 from trainctl.spec.models import RunSpec
 
 MODULE = "trainctl.runtime.workers.calibrate"
+DISPATCH_TOKENS = 64  # the dispatch floor's layer input: every kernel of a layer, each on next to no work
 REPEATS = 3  # timed loops per figure: the median of three is robust to one preempted loop
 LOAD_ITERATIONS = 20  # layer forward (+ all-reduce) iterations of phase 4, REPEATS pairs: ~0.05-0.1 s a mode
 
@@ -217,16 +218,33 @@ class Calibration:
         # in one or two of them does not set it
         seconds = mb.windowed(self.layer.step, self.device, 5, window_s=2 * mb.WINDOW_S)
         tp_rows = self._tp_layers()
-        every = self.gather([seconds, *[r["seconds"] for r in tp_rows]])
+        modes, floors = self._dispatch_floor()
+        every = self.gather([seconds, *[r["seconds"] for r in tp_rows], *floors])
         for i, r in enumerate(tp_rows, start=1):
             r["seconds"] = [ranks[i] for ranks in every]
         mine = [ranks[0] for ranks in every if ranks[0] is not None]
+        first = 1 + len(tp_rows)
+        dispatch = {mode: [ranks[first + i] for ranks in every] for i, mode in enumerate(modes)}
         sizes = sorted({r["tp"] for r in tp_rows})
         also = f"; tp {'/'.join(map(str, sizes))} with SP off and on in TP groups" if sizes else ""
         return ({"recompute": recompute, "tokens": self.tokens, "flops": self.layer.flops, "seconds": mine,
-                 "tp": tp_rows},
+                 "tp": tp_rows, "dispatch_tokens": DISPATCH_TOKENS, "dispatch": dispatch},
                 f"layer forward+backward (tp 1, micro-batch {micro_batch}, recompute {recompute}): "
                 f"{statistics.median(mine) * 1e3:.2f} ms median over ranks{also}")
+
+    def _dispatch_floor(self) -> tuple[list[str], list[float]]:
+        """The layer's forward + backward on a micro-batch of DISPATCH_TOKENS tokens, per recompute mode: its
+        kernels on next to no work, so on a GPU the time the host takes to issue them. A layer cannot run
+        faster than that however small its work (profile: fits.layer.dispatch_s). Compiled, only the spec's
+        own mode (each mode would compile again)."""
+        modes = [self.spec.train.recompute] if self.spec.train.compile_with else ["none", "selective", "full"]
+        seq = min(DISPATCH_TOKENS, self.shape.seq_len)
+        out = []
+        for mode in modes:
+            layer = mb.Layer(self.shape, 1, mode, self.autocast, self.device, self.spec.train.seed,
+                             compile_with=self.spec.train.compile_with, seq_len=seq)
+            out.append(mb.windowed(layer.step, self.device, REPEATS))
+        return modes, out
 
     def _tp_layers(self) -> list[dict[str, Any]]:
         """The same layer as this rank's shard at every TP size > 1 that fits in a node, in groups of

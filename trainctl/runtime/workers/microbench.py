@@ -101,17 +101,18 @@ class Layer:
 
     def __init__(self, shape: ModelShape, micro_batch: int, recompute: str, autocast: torch.dtype | None,
                  device: torch.device, seed: int, tp: TPContext | None = None,
-                 compile_with: str | None = None) -> None:
+                 compile_with: str | None = None, seq_len: int | None = None) -> None:
         tp = tp or TPContext.single()
         self.module = build_stage(shape, range(0, 1), first=False, last=False, seed=seed,
                                   ctx=ParallelContext(tp=tp), recompute=recompute, device=device)
         compile_blocks([self.module], compile_with)  # the run's kernels (the windows' warm-up call compiles)
-        tokens = shape.seq_len // tp.size if tp.sequence_parallel else shape.seq_len  # SP: this rank's shard
+        seq = seq_len or shape.seq_len  # shorter: the same kernels on little work (the dispatch floor)
+        tokens = seq // tp.size if tp.sequence_parallel else seq  # SP: this rank's shard
         self.x = torch.randn(micro_batch, tokens, shape.hidden, device=device, requires_grad=True)
         self.grad = torch.randn_like(self.x)
         self.autocast, self.device = autocast, device
         # hardware FLOPs of a forward + backward, by the planner's arithmetic (trainctl.model_shape)
-        self.flops = layer_flops_per_token(shape, recompute) * micro_batch * shape.seq_len
+        self.flops = layer_flops_per_token(shape, recompute) * micro_batch * seq
 
     def _forward(self) -> torch.Tensor:
         with torch.autocast(self.device.type, dtype=self.autocast or torch.bfloat16, enabled=bool(self.autocast)):
