@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 
 Z90 = 1.2815515655446004  # the standard normal's 90th percentile
@@ -109,24 +110,31 @@ def optimal_interval_s(run: WholeRun, *, candidates: int = 200) -> float:
 
 def simulate_wall_s(run: WholeRun, rng: random.Random) -> tuple[float, int]:
     """One seeded draw of the same failure process, event by event: (wall clock seconds, failures)."""
+
+    def poisson() -> Iterator[float]:
+        t = 0.0
+        while True:
+            t += rng.expovariate(1.0 / run.mtbf_s)
+            yield t
+
+    return replay_wall_s(run, poisson())
+
+
+def replay_wall_s(run: WholeRun, failure_times: Iterable[float]) -> tuple[float, int]:
+    """The run's wall clock had failures struck at these seconds after its first step (ascending), event by
+    event as the model has it: a failure loses the segment's work since its save and costs a restart, which a
+    failure may itself cut short: (wall clock seconds, failures)."""
     full, rest = run.segments
     lengths = [run.interval_s + run.save_block_s] * full + ([rest + run.save_block_s] if rest > 0 else [])
-    wall, failures = 0.0, 0
+    times = iter(failure_times)
+    wall, failures, due = 0.0, 0, next(times, math.inf)
     for length in lengths:
-        while True:
-            t = rng.expovariate(1.0 / run.mtbf_s)
-            if t >= length:
-                wall += length
-                break
-            wall += t
-            failures += 1
-            while True:  # the restart, itself interruptible
-                t = rng.expovariate(1.0 / run.mtbf_s)
-                if t >= run.restart_s:
-                    wall += run.restart_s
-                    break
-                wall += t
-                failures += 1
+        while due < wall + length:
+            wall, failures, due = due, failures + 1, next(times, math.inf)
+            while due < wall + run.restart_s:  # the restart, itself interruptible
+                wall, failures, due = due, failures + 1, next(times, math.inf)
+            wall += run.restart_s
+        wall += length
     return wall + run.last_write_s, failures
 
 

@@ -9,7 +9,13 @@ itself. An unknown name is an error, so a typo cannot silently switch a test's f
 from __future__ import annotations
 
 import os
+import random
+import signal
 import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
 
 ENV = "TRAINCTL_FAULTS"
 
@@ -32,6 +38,10 @@ FAULTS: dict[str, str] = {
                    "divergence guard must skip them); tied to the data position, so a rollback that skips "
                    "the window does not meet it again",
     "nan_rank": "the rank whose gradients nan_at_step poisons (default: the last rank)",
+    "crash_mtbf_s": "seconds: rank crashes (SIGKILL) as a Poisson process with this mean time between them, in "
+                    "wall time from the run's first step on, through restarts too: a crash due while no rank is "
+                    "up (a restart) kills the next attempt's rank as it starts (crash_schedule, arm_crashes)",
+    "crash_seed": "the seed of crash_mtbf_s's times and victims (default 0)",
     "start_fail_attempts": "Slurm: these attempts of the job (SLURM_RESTART_COUNT, `+`-separated) fail to "
                            "launch: srun starts a program that does not exist, as a revoked credential or a lost "
                            "node fails a launch (the batch script must retry)",
@@ -77,6 +87,58 @@ def encode(**faults: object) -> dict[str, str]:
     if unknown:
         raise KeyError(f"no fault named {sorted(unknown)}")
     return {ENV: ",".join(f"{k}={v}" for k, v in faults.items())}
+
+
+def crash_schedule(mtbf_s: float, seed: int, world: int) -> Iterator[tuple[int, float, int]]:
+    """(number, seconds after the run's first step, victim rank) of crash_mtbf_s's crashes, endless: one seeded
+    Poisson process for the whole run, the same on every rank and in every attempt."""
+    rng, t, n = random.Random(seed), 0.0, 0
+    while True:
+        t += rng.expovariate(1.0 / mtbf_s)
+        n += 1
+        yield n, t, rng.randrange(world)
+
+
+def crash_dir(run_dir: Path) -> Path:
+    """Where the crash fault keeps its clock (`origin`: the first step's wall time) and one file per crash spent."""
+    return Path(run_dir) / "faults"
+
+
+def start_crash_clock(run_dir: Path) -> None:
+    """The run's first step begins: crash_mtbf_s's clock starts (once; a resumed attempt keeps the first)."""
+    if not get_float("crash_mtbf_s"):
+        return
+    d = crash_dir(run_dir)
+    d.mkdir(exist_ok=True)
+    origin = d / "origin"
+    if not origin.exists():
+        tmp = d / f"origin.{os.getpid()}"
+        tmp.write_text(repr(time.time()))
+        os.replace(tmp, origin)
+
+
+def arm_crashes(run_dir: Path, rank: int, world: int) -> None:
+    """Under crash_mtbf_s, a thread that SIGKILLs this rank at its crashes' times. A crash already due when the
+    process starts (it fell in a restart, with no rank up to take it) is spent at once: the restart starts over."""
+    mtbf = get_float("crash_mtbf_s")
+    if not mtbf:
+        return
+    seed = get_int("crash_seed")
+
+    def run() -> None:
+        d = crash_dir(run_dir)
+        while not (d / "origin").exists():  # the first attempt: crashes start with its first step
+            time.sleep(0.05)
+        origin = float((d / "origin").read_text())
+        for n, t, victim in crash_schedule(mtbf, seed, world):
+            spent = d / f"crash-{n}"
+            if victim != rank or spent.exists():  # another rank's, or it ended an earlier attempt
+                continue
+            time.sleep(max(0.0, origin + t - time.time()))
+            spent.write_text(f"rank {rank} at {time.time():.3f}, due {origin + t:.3f}\n")
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=run, name="trainctl-crash-fault", daemon=True).start()
 
 
 def main(argv: list[str]) -> int:

@@ -246,6 +246,8 @@ class Trainer:
                     raise InjectedFailure(f"fault fail_at_step={fail_step}: failing rank {par.rank} on purpose")
                 if step + 1 == hang_at:
                     watchdog.hang_forever()  # the hang fault: the watchdog must end this
+                if step == first and par.rank == 0:
+                    faults.start_crash_clock(self.paths.root)
                 oom.at(step + 1)
                 with profiler.step(step + 1):
                     last = self.train_step(step)

@@ -236,7 +236,10 @@ class Calibration:
         """The layer's forward + backward on a micro-batch of DISPATCH_TOKENS tokens, per recompute mode: its
         kernels on next to no work, so on a GPU the time the host takes to issue them. A layer cannot run
         faster than that however small its work (profile: fits.layer.dispatch_s). Compiled, only the spec's
-        own mode (each mode would compile again)."""
+        own mode (each mode would compile again). Not on a CPU: it runs what it issues, so the layer's measured
+        rate holds its dispatch already and the plan charges no floor there."""
+        if self.device.type != "cuda":
+            return [], []
         modes = [self.spec.train.recompute] if self.spec.train.compile_with else ["none", "selective", "full"]
         seq = min(DISPATCH_TOKENS, self.shape.seq_len)
         out = []
