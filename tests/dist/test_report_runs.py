@@ -215,7 +215,7 @@ def test_interrupted_and_resumed_run_has_goodput_below_100_percent(tmp_path):
     assert pr["measured"]["cost_per_failure_s"] == pytest.approx(restart["gap_s"] + restart["replayed_s"])
     text = report(run).stdout
     assert "restart -> attempt 1" in text and "InjectedFailure" in text
-    assert "1 failure(s)" in text and "measured total" in text
+    assert "1 failure, " in text and "measured total" in text
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,7 @@ from trainctl.report.attempts import final_and_replayed, split_attempts
 from trainctl.report.goodput import goodput
 from trainctl.report.load import RunData
 from trainctl.report.summary import summarize
-from trainctl.units import dur, si
+from trainctl.units import count, dur, si
 
 CAUSES = {"steps": "slower steps", "saves": "slower saves", "restarts": "more restarts",
           "restart_length": "longer restarts"}
@@ -194,7 +194,7 @@ def lines(p: dict[str, Any]) -> list[str]:
     tok = p["tokens"]
     done = (f"tokens {si(tok['done'])}/{si(tok['total'])}" if tok and tok["given"]
             else f"steps {p['steps']['done']}/{p['steps']['total']}")
-    fails = (f"{m['failures']} failure(s), {dur(m['cost_per_failure_s'])} lost each" if m["failures"]
+    fails = (f"{count(m['failures'], 'failure')}, {dur(m['cost_per_failure_s'])} lost each" if m["failures"]
              else "no failures so far, none projected")
     out = [f"{done} ({p['basis']}: step {dur(m['step_s'])}, saves {dur(m['save_per_step_s'])}/step, {fails})"]
     eta = "" if word == "measured" or p["eta_time"] is None else \
