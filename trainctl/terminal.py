@@ -95,8 +95,8 @@ def prose(console: Console, text: str, lead: str = "") -> None:
     """`lead` + `text` (both rich markup), wrapped to the console's width; later lines start under `text`."""
     from rich.text import Text  # imported here: the ranks use this module and print no prose
 
-    head = Text.from_markup(lead)
-    body = Text.from_markup(text)
+    head = Text.from_markup(lead, emoji=False)
+    body = Text.from_markup(text, emoji=False)
     for i, line in enumerate(body.wrap(console, max(20, console.width - head.cell_len))):
         line.rstrip()
         console.print(Text.assemble(head if i == 0 else " " * head.cell_len, line), soft_wrap=True)

@@ -36,3 +36,15 @@ def test_handles_tells_a_handler_from_the_default_action() -> None:
         assert not handles(proc.pid, signal.SIGUSR2)  # never installed: its default action would kill it
         proc.kill()
     assert not handles(proc.pid, signal.SIGTERM)  # gone
+
+
+def test_a_name_with_colons_prints_as_written_not_as_an_emoji(capsys) -> None:
+    """rich draws ':thumbs_up:' as an emoji by default; a run directory or data path may hold such a word."""
+    from trainctl.cli.console import Col, fitted_table, make_console
+
+    name = "/data/run:thumbs_up:1"
+    console = make_console()
+    console.print(name)
+    console.print(fitted_table(console, [Col("run", role="key")], [[name]]))
+    terminal.prose(console, name, lead="dir ")
+    assert capsys.readouterr().out.count(name) == 3

@@ -32,7 +32,9 @@ def make_console(*, stderr: bool = False) -> Console:
     probe = Console(stderr=stderr)  # rich reads COLUMNS itself
     asked = os.environ.get("COLUMNS", "").strip().isdigit()
     width = probe.width if probe.is_terminal or asked else max(MIN_PIPED_WIDTH, probe.width)
-    return Console(stderr=stderr, soft_wrap=True, highlight=False, width=width)
+    # emoji off: a path or name with ':word:' in it prints as written (rich would draw ':thumbs_up:' as an emoji),
+    # and rich's table of emoji codes is never imported
+    return Console(stderr=stderr, soft_wrap=True, highlight=False, width=width, emoji=False)
 
 
 def show(console: Console, line: Line) -> None:
@@ -78,7 +80,8 @@ def fitted_table(console: Console, columns: Sequence[Col], rows: Iterable[Sequen
         table.add_column(c.header, justify=c.justify, no_wrap=c.role == "key", overflow="fold")
     for r in rows:
         table.add_row(*r)
-    cells = [[Text.from_markup(c.header)] + [Text.from_markup(r[i]) for r in rows] for i, c in enumerate(columns)]
+    cells = [[Text.from_markup(c.header, emoji=False)] + [Text.from_markup(r[i], emoji=False) for r in rows]
+             for i, c in enumerate(columns)]
     natural = [max(t.cell_len for t in col) for col in cells]
     words = [max((cell_len(w) for t in col for w in t.plain.split()), default=1) for col in cells]
     # what the borders and the padding take: rich's own count (private, no public equivalent)

@@ -159,7 +159,7 @@ def _goodput_rows() -> list[Row]:
 
 
 def render(report: dict[str, Any], console: Console | None = None) -> None:
-    con = console or Console()
+    con = console or Console(emoji=False)
     runs = report["runs"]
     for r in runs:
         for w in r["warnings"]:
