@@ -37,11 +37,6 @@ SETS = ["parallel.tp=1", "parallel.pp=1", "parallel.dp=2", "parallel.sequence_pa
         "launcher.max_restarts=30"]
 
 
-def _struck(run: Path) -> list[float]:
-    """Wall-clock times at which a crash killed a rank (the fault's record of each crash spent)."""
-    return sorted(float(p.read_text().split()[3].rstrip(",")) for p in (run / "faults").glob("crash-*"))
-
-
 def test_crashes_at_a_known_rate_cost_what_the_whole_run_model_says(tmp_path: Path) -> None:
     run = tmp_path / "crashing"
     args = [x for s in SETS for x in ("--set", s)]
@@ -49,8 +44,7 @@ def test_crashes_at_a_known_rate_cost_what_the_whole_run_model_says(tmp_path: Pa
     p = trainctl("launch", "--run-dir", str(run), *args, env=env, timeout=400)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
 
-    origin = float((run / "faults" / "origin").read_text())
-    struck = _struck(run)
+    origin, struck = faults.crash_record(run)
     metrics = read_jsonl(run / "metrics.jsonl")
     saves = [e for e in read_jsonl(run / "events.jsonl") if e["event"] == "checkpoint_committed"]
     last = {m["step"]: m for m in metrics}  # each step's last run: the one that counted

@@ -8,6 +8,7 @@ itself. An unknown name is an error, so a typo cannot silently switch a test's f
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -135,10 +136,18 @@ def arm_crashes(run_dir: Path, rank: int, world: int) -> None:
             if victim != rank or spent.exists():  # another rank's, or it ended an earlier attempt
                 continue
             time.sleep(max(0.0, origin + t - time.time()))
-            spent.write_text(f"rank {rank} at {time.time():.3f}, due {origin + t:.3f}\n")
+            spent.write_text(json.dumps({"rank": rank, "time": time.time(), "due": origin + t}) + "\n")
             os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=run, name="trainctl-crash-fault", daemon=True).start()
+
+
+def crash_record(run_dir: Path) -> tuple[float, list[float]]:
+    """(the crash clock's origin, the wall-clock times at which crashes killed a rank, ascending) of a run that
+    ran under crash_mtbf_s."""
+    d = crash_dir(run_dir)
+    struck = sorted(json.loads(p.read_text())["time"] for p in d.glob("crash-*"))
+    return float((d / "origin").read_text()), struck
 
 
 def main(argv: list[str]) -> int:
