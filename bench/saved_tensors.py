@@ -96,8 +96,9 @@ def main() -> None:
     print(f"{'module (layers merged)':40} {'shape':28} {'dtype':9} {'count':>5} {'MB':>10}")
     for w, s, d, n, b in rows:
         print(f"{w:40} {str(list(s)):28} {d:9} {n:5} {b / 1e6:10.2f}")
-    layer = trainer_layer_activation_bytes(cfg, a.micro_batch, 1, False, a.recompute, a.precision)
-    head = trainer_head_activation_bytes(cfg, a.micro_batch, 1, False, cfg.vocab, a.precision)
+    on_gpu = device.type == "cuda"
+    layer = trainer_layer_activation_bytes(cfg, a.micro_batch, 1, False, a.recompute, a.precision, on_gpu=on_gpu)
+    head = trainer_head_activation_bytes(cfg, a.micro_batch, 1, False, cfg.vocab, a.precision, on_gpu=on_gpu)
     planned = a.layers * layer + head
     acts = total - casts
     print(f"saved {total / 1e6:.1f} MB, of which weight casts {casts / 1e6:.1f} MB; the rest {acts / 1e6:.1f} MB; "

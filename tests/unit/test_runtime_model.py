@@ -71,6 +71,25 @@ def test_variant_forward_backward(variant):
     assert model.tied_parameters() == []
 
 
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_residual_stream_is_in_the_compute_dtype(variant):
+    """Under bf16 autocast over fp32 weights the residual stream stays bf16 from the embedding to the head (an
+    fp32 bias or position table must not promote it back to fp32), so the norms keep a 2-byte input, as
+    Megatron's do; and the bf16 forward stays close to the fp32 one (bf16's unit roundoff is 2^-9)."""
+    cfg = ModelShape(**BASE, **VARIANTS[variant])
+    model = build_stage(cfg, range(cfg.layers), first=True, last=True, seed=1)
+    model.eval()  # no dropout: the two forwards see the same function
+    x, y = batch(cfg)
+    seen = []
+    for block in model.layers.values():
+        block.register_forward_hook(lambda _m, args, out: seen.append((args[0].dtype, out.dtype)))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = loss_fn(model(x), y, cfg, SINGLE)
+    assert seen == [(torch.bfloat16, torch.bfloat16)] * cfg.layers
+    high = loss_fn(model(x), y, cfg, SINGLE)
+    assert abs(low.item() - high.item()) < 0.02 * high.item()
+
+
 def test_causal():
     """Changing a later token never changes earlier logits."""
     cfg = ModelShape(**BASE, **VARIANTS["llama-gqa"])

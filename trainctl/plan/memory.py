@@ -171,10 +171,10 @@ def trainer_layer_activation_bytes(m: ModelShape, micro_batch: int, tp: int, sp:
     hooks: the attention is torch's scaled_dot_product_attention, which keeps its output and a
     log-sum-exp per row (a*s*b fp32), never the s x s scores (unless dropout makes it fall back to the
     math kernel, which stores them as the paper counts); the output projection gets its own copy of the
-    attention output (the head transpose); each norm keeps its per-token statistics in fp32 (mean and
-    rstd for LayerNorm, rstd for RMSNorm, and on a CPU RMSNorm's normalised input: `_norm_saved_bytes`); the
-    residual stream is fp32 (the weights are), so the two norm inputs are 4 bytes per value under mixed
-    precision too. Values are 2 bytes under bf16/fp16 autocast, 4 in fp32. On a GPU (an H200, torch 2.11:
+    attention output (the head transpose); each norm keeps per-token statistics besides its input
+    (`_norm_saved_bytes`); the SwiGLU keeps only its [gate; up] input (runtime/model/lean_ops.py recomputes
+    silu(gate) in backward, as Megatron's fused kernel does). The residual stream is in the compute dtype, so
+    every value is 2 bytes under bf16/fp16 autocast, 4 in fp32. On a GPU (an H200, torch 2.11:
     bench/saved_tensors.py) the flash attention kernel saves the same tensors as the CPU's. The 16-bit
     weight copies autocast saves are `autocast_copies`, per stage, not per layer-micro-batch.
 
@@ -192,15 +192,14 @@ def trainer_layer_activation_bytes(m: ModelShape, micro_batch: int, tp: int, sp:
     sb = s * b
     sbh = sb * h
     if recompute == "full":
-        return 4 * sbh / (tp if sp else 1)  # the block's fp32 input
-    # replicated over TP unless SP: both norms (fp32 input, statistics, RMSNorm's normalised input) and the
-    # residual dropout masks
-    replicated = 2 * _norm_saved_bytes(m, sb, on_gpu) + (2 * sbh if m.dropout else 0)
+        return act * sbh / (tp if sp else 1)  # the block's input
+    # replicated over TP unless SP: both norms (input, statistics) and the residual dropout masks
+    replicated = 2 * _norm_saved_bytes(m, sb, on_gpu, act) + (2 * sbh if m.dropout else 0)
     # the QKV and MLP inputs in the compute dtype: replicated over TP, or under SP the sequence shard, which
     # the column-parallel layers keep and all-gather again in backward (as Megatron does)
     inputs = 2 * sbh * act
-    # GELU: fc1's output and fc2's input; SwiGLU: fc1's [gate; up] output, silu(gate) and fc2's input
-    mlp = (4 if m.swiglu else 2) * sb * m.ffn_hidden
+    # GELU: fc1's output and fc2's input; SwiGLU: fc1's [gate; up] output and fc2's input
+    mlp = (3 if m.swiglu else 2) * sb * m.ffn_hidden
     qkv = sbh + 2 * sb * m.kv_width
     # the fused QKV output, the attention output (the projection's input is a view of it), the MLP
     split = (qkv + sbh + mlp) * act
@@ -232,7 +231,7 @@ def moe_layer_activation_delta(m: ModelShape, micro_batch: int, tp: int, sp: boo
       dispatch   the assignment order and token indices (int64, k*N each); the permutation that groups each
                  expert's rows and its inverse (int64, per expert row) with EP or SP; with biases each received
                  row's expert (int64)
-      experts    each row's input and the MLP's inner tensors (GELU 2, SwiGLU 4 x f_e/tp)
+      experts    each row's input and the MLP's inner tensors (GELU 2, SwiGLU 3 x f_e/tp)
       combine    the expert outputs and routing weights the weighted sum keeps (k*N rows)
       shared     as a dense MLP of shared_experts x shared_ffn_hidden
     Exact at ep = 1 (fp32); autocast's 16-bit weight copies are counted per stage (`autocast_copies`)."""
@@ -240,7 +239,7 @@ def moe_layer_activation_delta(m: ModelShape, micro_batch: int, tp: int, sp: boo
     if e is None or recompute == "full":
         return 0.0
     act = activation_bytes(precision)
-    inner = 4 if m.swiglu else 2
+    inner = 3 if m.swiglu else 2
     h, k, E = m.hidden, e.top_k, e.num_experts
     rows = m.seq_len * micro_batch  # the sequence, gathered
     n = rows / (tp if sp else 1)  # tokens routed here
@@ -266,24 +265,30 @@ def moe_layer_activation_delta(m: ModelShape, micro_batch: int, tp: int, sp: boo
     return router + dispatch + experts + combine + shared - dense
 
 
-def _norm_saved_bytes(m: ModelShape, tokens: int, on_gpu: bool) -> float:
-    """One norm's saved tensors in fp32: its input and per-token statistics (LayerNorm: mean and rstd;
-    RMSNorm: rstd, and on a CPU the normalised input its weight gradient needs: `F.rms_norm` is composite
-    there, while CUDA's fused kernel recomputes it in backward)."""
+def _norm_saved_bytes(m: ModelShape, tokens: int, on_gpu: bool, act: int) -> float:
+    """One norm's saved tensors: its input (`act` bytes a value, the residual stream's) and per-token
+    statistics (LayerNorm: mean and rstd; RMSNorm: rstd). In fp32 on a CPU RMSNorm also keeps the normalised
+    input its weight gradient needs (`F.rms_norm` is composite there; CUDA's fused kernel recomputes it in
+    backward). A 16-bit input is normalised in fp32 inside the kernel: the statistics are fp32, except
+    LayerNorm's on a CPU, which keeps them in the input's dtype (runtime/model/transformer.Norm)."""
     h = m.hidden
+    if act == 4:
+        if m.norm == "layernorm":
+            return tokens * (h + 2) * 4
+        return tokens * ((h if on_gpu else 2 * h) + 1) * 4
     if m.norm == "layernorm":
-        return tokens * (h + 2) * 4
-    return tokens * ((h if on_gpu else 2 * h) + 1) * 4
+        return tokens * (h * act + 2 * (4 if on_gpu else act))
+    return tokens * (h * act + 4)
 
 
 def trainer_head_activation_bytes(m: ModelShape, micro_batch: int, tp: int, sp: bool, padded_vocab: int,
                                   precision: str, cp: int = 1, on_gpu: bool = False) -> float:
-    """Last stage, per micro-batch in flight: the final norm's fp32 input and stats and the LM head's input
+    """Last stage, per micro-batch in flight: the final norm's input and stats and the LM head's input
     (both sequence-sharded under SP: the head all-gathers its input again in backward) and the fp32
     vocab-parallel logits the cross entropy keeps (Korthikanti Sec. 4.3); of this CP rank's s/cp tokens."""
     act = activation_bytes(precision)
     sb = m.seq_len // cp * micro_batch
-    sharded = (_norm_saved_bytes(m, sb, on_gpu) + sb * m.hidden * act) / (tp if sp else 1)
+    sharded = (_norm_saved_bytes(m, sb, on_gpu, act) + sb * m.hidden * act) / (tp if sp else 1)
     return sharded + 4 * sb * padded_vocab / tp
 
 

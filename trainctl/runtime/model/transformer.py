@@ -45,6 +45,7 @@ from torch.utils.checkpoint import checkpoint
 
 from trainctl.model_shape import ModelShape
 from trainctl.runtime.model.init import init_parameters, iter_param_meta
+from trainctl.runtime.model.lean_ops import rms_norm_16bit, swiglu
 from trainctl.runtime.model.moe import MoE
 from trainctl.runtime.model.parallel_context import ParallelContext
 from trainctl.runtime.parallel import context_parallel
@@ -56,6 +57,7 @@ from trainctl.runtime.parallel.tensor_parallel import (
     TPContext,
     VocabParallelEmbedding,
     column_parallel_linear,
+    compute_dtype,
     scatter_to_sp_region,
     sp_param,
     tp_dropout,
@@ -87,11 +89,19 @@ class Norm(nn.Module):
             self.register_parameter("bias", None)
 
     def forward(self, x: Tensor) -> Tensor:
-        # 16-bit weights (bf16 ZeRO-1/2, FSDP's gathered bf16) normalise the fp32 residual stream in fp32
+        # the weights take the residual stream's dtype (fp32 weights under bf16 compute, bf16 ZeRO-1/2 or FSDP
+        # weights under fp32 checks)
         w = sp_param(self.weight, self.tp).to(x.dtype)
+        b = sp_param(self.bias, self.tp).to(x.dtype) if self.bias is not None else None
+        if x.dtype in (torch.bfloat16, torch.float16):
+            # a 16-bit stream is normalised in fp32 inside the kernel and keeps only its 16-bit input for
+            # backward, as Megatron's fused norms do; autocast would first cast it to an fp32 copy
+            with torch.autocast(x.device.type, enabled=False):
+                if self.kind == "rmsnorm":
+                    return rms_norm_16bit(x, w, self.eps)
+                return F.layer_norm(x, self.shape, w, b, self.eps)
         if self.kind == "rmsnorm":
             return F.rms_norm(x, self.shape, w, self.eps)
-        b = sp_param(self.bias, self.tp).to(x.dtype) if self.bias is not None else None
         return F.layer_norm(x, self.shape, w, b, self.eps)
 
 
@@ -147,8 +157,10 @@ class Attention(nn.Module):
 
     def core(self, q: Tensor, k: Tensor, v: Tensor, cos: Tensor | None, sin: Tensor | None) -> Tensor:
         if cos is not None:
-            q = apply_rotary(q, cos, sin)
-            k = apply_rotary(k, cos, sin)
+            # rotated in the tables' precision (at least fp32), then back to the compute dtype: bf16 angles
+            # would lose digits at long positions (measured: bf16 rotary trains worse); saves only the tables
+            q = apply_rotary(q.to(cos.dtype), cos, sin).to(q.dtype)
+            k = apply_rotary(k.to(cos.dtype), cos, sin).to(k.dtype)
         p = self.cfg.dropout if self.training else 0.0
         if self.cp.enabled:  # the spec rules refuse dropout with cp
             return context_parallel.attention(q, k, v, self.cp)
@@ -191,12 +203,8 @@ class MLP(nn.Module):
         self.fc2 = RowParallelLinear(f, cfg.hidden, tp, bias=cfg.bias, std=out_std, reduce_output=tp_region)
 
     def forward(self, x: Tensor) -> Tensor:
-        h = self.fc1(x)
-        if self.swiglu:
-            gate, up = h.chunk(2, dim=-1)  # the local shard is [gate_r; up_r]
-            h = F.silu(gate) * up
-        else:
-            h = F.gelu(h, approximate="tanh")
+        h = self.fc1(x)  # SwiGLU: the local shard is [gate_r; up_r]
+        h = swiglu(h) if self.swiglu else F.gelu(h, approximate="tanh")
         return self.fc2(h)
 
 
@@ -259,17 +267,18 @@ class Embedding(nn.Module):
 
     def forward(self, ids: Tensor) -> Tensor:
         h = self.tok(ids)
-        if h.dtype in (torch.bfloat16, torch.float16):
-            # the residual stream is fp32 whatever the weights' dtype (docs/ARCHITECTURE.md, "Memory model")
-            h = h.float()
         if self.learned_pos:
             seq = ids.shape[1]
             if seq * self.cp.size > self.cfg.seq_len:
                 raise ValueError(f"sequence length {seq} exceeds the model's seq_len {self.cfg.seq_len}")
             pos = self.pos.weight[self.cp.positions(seq, ids.device)] if self.cp.enabled else self.pos.weight[:seq]
             h = h + pos
-            if self.tp.sp:
-                h = scatter_to_sp_region(h, self.tp)
+        # the residual stream is in the compute dtype, bf16 under bf16 autocast as in Megatron: the norm inputs,
+        # a recomputed block's input and the pipeline's messages are 2 bytes a value (docs/ARCHITECTURE.md,
+        # "Memory model")
+        h = h.to(compute_dtype(h))
+        if self.learned_pos and self.tp.sp:
+            h = scatter_to_sp_region(h, self.tp)
         return tp_dropout(h, self.cfg.dropout, self.training, self.tp, sharded=self.tp.sp)
 
 
@@ -319,7 +328,7 @@ class StageModule(nn.Module):
             rope = None
             if self.cfg.position == "rope":
                 T = x.shape[1] * (self.tp.size if self.tp.sp else 1)
-                rope = self.rope(T, x.dtype, self.cp)
+                rope = self.rope(T, torch.promote_types(x.dtype, torch.float32), self.cp)
             for block in self.layers.values():
                 x = self._block(block, x, rope)
         if self.last:

@@ -289,7 +289,7 @@ class _SequenceParallelLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, tp):
-        dtype, ctx.in_dtype = _compute_dtype(x), x.dtype
+        dtype, ctx.in_dtype = compute_dtype(x), x.dtype
         x = x.to(dtype)
         full = _all_gather_seq(x, tp)
         with torch.autocast(x.device.type, enabled=False):
@@ -312,7 +312,8 @@ class _SequenceParallelLinear(torch.autograd.Function):
         return grad_x, grad_w, grad_b, None
 
 
-def _compute_dtype(x: Tensor) -> torch.dtype:
+def compute_dtype(x: Tensor) -> torch.dtype:
+    """The dtype x's matmuls compute in: autocast's where it is on, else x's own."""
     device = x.device.type
     return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
 
@@ -514,7 +515,7 @@ class RowParallelLinear(nn.Module):
             return y
         y = reduce_scatter_to_sp_region(y, self.tp) if self.tp.sp else reduce_from_tp_region(y, self.tp)
         if self.bias is not None:
-            y = y + sp_param(self.bias, self.tp)
+            y = y + sp_param(self.bias, self.tp).to(y.dtype)  # an fp32 bias would promote a bf16 stream to fp32
         return y
 
 
