@@ -45,6 +45,19 @@ SDPA also picks for trainctl's attention by default on the H100): 71,174 and 70,
 from trainctl's initial weights on the same batches: within 0.006 for 10 steps, then they drift apart as far
 as trainctl's own runs do (mean loss of steps 41-50, one run each: trainctl 3.330, 3.374, 3.375; torchtitan
 3.363 with trainctl's decay groups, 3.438 decaying the norms too).
+
+Again on one H100 (2026-11-27) after the trainer took Megatron's activations (a bf16 residual stream, SwiGLU
+keeping [gate; up] only; runs of 15-20 steps, so one or two per cell):
+
+|                       | trainctl eager | torchtitan eager | trainctl compiled | torchtitan compiled |
+|---|---|---|---|---|
+| tokens/s, bf16 RoPE   | 68,717 68,632  | 67,550 67,051    | 83,536 83,977     | 80,169 80,659       |
+| tokens/s, fp32 RoPE   | 64,928         | 67,470           | 82,468            | 80,160              |
+| allocator peak        | 35.7 GB        | 43.6 GB          | 35.7 GB           | 32.1 GB             |
+
+trainctl / torchtitan with RoPE in fp32 (what main runs): 0.96 eager, 1.03 compiled (bf16 RoPE: 1.02, 1.04).
+From the same initial weights the curves now part early: torchtitan's single-GPU autocast keeps an fp32
+residual stream, trainctl a bf16 one as Megatron does (step 10: 5.048 vs 4.602; step 20: 4.271 vs 4.186).
 """
 
 from __future__ import annotations

@@ -238,22 +238,24 @@ def test_memory_per_gpu_never_grows_with_dp_under_zero(tp, pp, v, zero, mb, rec,
     assert large <= small * (1 + 1e-12)
 
 
-# Measured on one NVIDIA H200 (torch 2.11+cu130), `bench/saved_tensors.py --device cuda --micro-batch 8` at
-# --recompute none and selective: the bytes autocast saved for backward in one forward of a 2-layer Llama-style
-# stage (h 2048, GQA 16/8, SwiGLU 5632, vocabulary 32,000, sequence 2048, bf16 autocast, fp32 weights), summed
-# over the layers' modules, the final norm + LM head + loss, and the 16-bit weight copies.
-H200_SAVED = {"none": 2_890_137_632, "selective": 2_686_713_856}  # both layers
-H200_HEAD = 2_298_691_584
-H200_WEIGHT_COPIES = 319_815_680
+# Measured on one NVIDIA H100 80GB (torch 2.11+cu130, 2026-11-27), `bench/saved_tensors.py --device cuda
+# --micro-batch 8` at --recompute none and selective: the bytes autocast saved for backward in one forward of a
+# 2-layer Llama-style stage (h 2048, GQA 16/8, SwiGLU 5632, vocabulary 32,000, sequence 2048, bf16 autocast,
+# fp32 weights), summed over the layers' modules, the final norm + LM head + loss, and the 16-bit weight copies.
+GPU_SAVED = {"none": 2_252_619_808, "selective": 2_049_196_032}  # both layers
+GPU_HEAD = 2_231_586_816
+GPU_WEIGHT_COPIES = 319_815_680
 # What the planner leaves out: RoPE's cos and sin rows (2 x 2048 x 128 fp32, shared by the stage's layers),
-# the flash kernel's RNG seed and offset (2 int64 per layer), the loss's int64 targets and bool mask per token.
+# the flash kernel's RNG seed and offset (2 int64 per layer), the norms' bf16 weight casts (2048 values each,
+# two per layer and the final norm), the loss's int64 targets and bool mask per token.
 ROPE_ROWS, RNG_SCALARS, LOSS_TARGETS = 2 * 2048 * 128 * 4, 2 * 2 * 8, 8 * 2048 * (8 + 1)
+LAYER_NORM_CASTS, FINAL_NORM_CAST = 2 * 2 * 2048 * 2, 2048 * 2
 
 
 @pytest.mark.parametrize("recompute", ["none", "selective"])
-def test_gpu_activations_are_what_an_h200_saved(recompute):
-    """On a GPU, CUDA's fused RMSNorm keeps its input and rstd only (the CPU's composite one also keeps the
-    normalised input), and autocast saves one 16-bit copy of each matmul weight."""
+def test_gpu_activations_are_what_an_h100_saved(recompute):
+    """On a GPU, CUDA's fused RMSNorm keeps its bf16 input and fp32 rstd only (the CPU's lean_ops RMSNorm keeps
+    the same), the SwiGLU only [gate; up], and autocast saves one 16-bit copy of each matmul weight."""
     from trainctl.model_shape import stage_matmul_params_per_gpu
     from trainctl.plan.memory import AUTOCAST_COPY_BYTES, autocast_copies, trainer_head_activation_bytes
     from trainctl.spec.models import ModelSpec
@@ -263,16 +265,16 @@ def test_gpu_activations_are_what_an_h200_saved(recompute):
                                        tied_embeddings=False, bias=False))
     layers = 2 * trainer_layer_activation_bytes(m, 8, 1, False, recompute, "bf16", on_gpu=True)
     rng = RNG_SCALARS if recompute == "none" else 0  # selective recompute re-runs the attention core
-    assert layers == H200_SAVED[recompute] - ROPE_ROWS - rng
-    assert trainer_head_activation_bytes(m, 8, 1, False, 32000, "bf16", on_gpu=True) == H200_HEAD - LOSS_TARGETS
+    assert layers == GPU_SAVED[recompute] - ROPE_ROWS - rng - LAYER_NORM_CASTS
+    head = trainer_head_activation_bytes(m, 8, 1, False, 32000, "bf16", on_gpu=True)
+    assert head == GPU_HEAD - LOSS_TARGETS - FINAL_NORM_CAST
     # independently: 2 bytes x (2 layers x (QKV 2048 x 4096 + O 2048^2 + gate/up 2048 x 11264 + down 5632 x 2048)
     # + the LM head 32000 x 2048)
     copies = 2 * (2 * (2048 * 4096 + 2048**2 + 2048 * 11264 + 5632 * 2048) + 32000 * 2048)
-    assert copies == H200_WEIGHT_COPIES
+    assert copies == GPU_WEIGHT_COPIES
     assert autocast_copies("bf16", 0, 1) and AUTOCAST_COPY_BYTES * stage_matmul_params_per_gpu(m, 1, 2, True) == copies
-    # a CPU's RMSNorms also keep their fp32 normalised input, s x b x h each
-    cpu = trainer_layer_activation_bytes(m, 8, 1, False, recompute, "bf16", on_gpu=False)
-    assert cpu - layers / 2 == 2 * 2048 * 8 * 2048 * 4
+    # a 16-bit RMSNorm on a CPU keeps what CUDA's does (runtime/model/lean_ops.rms_norm_16bit)
+    assert trainer_layer_activation_bytes(m, 8, 1, False, recompute, "bf16", on_gpu=False) == layers / 2
 
 
 def test_trainer_tp_sp_selective_against_korthikanti():
