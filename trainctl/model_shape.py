@@ -96,6 +96,7 @@ class ModelShape:
     dropout: float = 0.0
     norm_eps: float = 1e-5
     init_std: float = 0.02
+    fp32_residual: bool = False  # the residual stream in fp32 under 16-bit compute (else the compute dtype)
     moe: MoEShape | None = None  # None: dense
 
     def __post_init__(self) -> None:

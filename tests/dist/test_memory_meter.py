@@ -19,6 +19,7 @@ STEP_COUNTERS = 64 * 4  # AdamW keeps a 4-byte step tensor per parameter (or ZeR
 
 
 BF16 = {"precision": "bf16", "low_precision_on_cpu": True}
+FP32_RESIDUAL = {"fp32_residual": True}  # model overrides
 BUCKET_NUMEL = 4000  # run_matrix's TRAINCTL_BUCKET_NUMEL
 # ZeRO-2's bucket buffers hold the largest bucket: here the token table alone (V*H = 8160 > BUCKET_NUMEL;
 # every other bucket closes below BUCKET_NUMEL), padded to dp = 2. Two slots, each the fp32 bucket and the
@@ -98,6 +99,9 @@ PLAN_CASES: dict[str, tuple] = {
     # micro-batches are in flight; under full recompute only the LM head's
     "llama-pp2-1f1b-bf16": ("llama", "pp2-1f1b", "2", "none", BF16),
     "gpt-tp2-full-bf16": ("gpt", "tp2", "4", "full", BF16),
+    # the bf16 residual stream's alternative: fp32 norm inputs, block inputs and pipeline messages
+    "llama-pp2-1f1b-bf16-fp32-residual": ("llama", "pp2-1f1b", "2", "none", BF16, FP32_RESIDUAL),
+    "gpt-tp2-full-bf16-fp32-residual": ("gpt", "tp2", "4", "full", BF16, FP32_RESIDUAL),
     # context parallelism: each rank's s/cp tokens, the whole sequence's gathered K/V, ZeRO over dp x cp
     "llama-cp2": ("llama", "cp2", "4", "none"),
     "gpt-cp4": ("gpt", "cp4", "2", "none"),
@@ -123,8 +127,9 @@ def test_plan_memory_is_the_trainers_measured_memory(tmp_path: Path, monkeypatch
     from trainctl.spec.loader import validate_spec
 
     monkeypatch.setenv("TRAINCTL_BUCKET_NUMEL", str(BUCKET_NUMEL))  # the plan sizes ZeRO-2's buffers by it
-    specs = {k: case_spec(dict(zip(("model", "layout", "micro_batch", "recompute"), row[:4], strict=True)),
-                          steps=2, **(row[4] if len(row) > 4 else {})) for k, row in PLAN_CASES.items()}
+    specs = {k: deep_update(case_spec(dict(zip(("model", "layout", "micro_batch", "recompute"), row[:4], strict=True)),
+                                      steps=2, **(row[4] if len(row) > 4 else {})),
+                            {"model": row[5] if len(row) > 5 else {}}) for k, row in PLAN_CASES.items()}
     run_matrix([{"id": k, "spec": v} for k, v in specs.items()], tmp_path, timeout=600, nproc=4)
     worst_act = 0.0
     for k, raw in specs.items():

@@ -71,12 +71,15 @@ def test_variant_forward_backward(variant):
     assert model.tied_parameters() == []
 
 
+@pytest.mark.parametrize("fp32_residual", [False, True])
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_residual_stream_is_in_the_compute_dtype(variant):
+def test_residual_stream_is_in_the_compute_dtype(variant, fp32_residual):
     """Under bf16 autocast over fp32 weights the residual stream stays bf16 from the embedding to the head (an
     fp32 bias or position table must not promote it back to fp32), so the norms keep a 2-byte input, as
-    Megatron's do; and the bf16 forward stays close to the fp32 one (bf16's unit roundoff is 2^-9)."""
-    cfg = ModelShape(**BASE, **VARIANTS[variant])
+    Megatron's do, or fp32 throughout with model.fp32_residual; and the bf16 forward stays close to the fp32
+    one (bf16's unit roundoff is 2^-9)."""
+    cfg = ModelShape(**BASE, **VARIANTS[variant], fp32_residual=fp32_residual)
+    stream = torch.float32 if fp32_residual else torch.bfloat16
     model = build_stage(cfg, range(cfg.layers), first=True, last=True, seed=1)
     model.eval()  # no dropout: the two forwards see the same function
     x, y = batch(cfg)
@@ -85,7 +88,7 @@ def test_residual_stream_is_in_the_compute_dtype(variant):
         block.register_forward_hook(lambda _m, args, out: seen.append((args[0].dtype, out.dtype)))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         low = loss_fn(model(x), y, cfg, SINGLE)
-    assert seen == [(torch.bfloat16, torch.bfloat16)] * cfg.layers
+    assert seen == [(stream, stream)] * cfg.layers
     high = loss_fn(model(x), y, cfg, SINGLE)
     assert abs(low.item() - high.item()) < 0.02 * high.item()
 

@@ -327,6 +327,7 @@ class Evaluator:
         self.model_flops_per_token = model.model_flops_per_token_of(m)
         self.tokens_per_step = ctx.global_batch * m.seq_len
         self.act_bytes = memory.activation_bytes(ctx.precision)
+        self.stream_bytes = memory.residual_bytes(m, ctx.precision)  # what a pipeline stage sends
         self.grad_bytes = 4  # the trainer's gradients are fp32 (plan.memory.trainer_state_bytes)
         self._default_split = lru_cache(maxsize=None)(self._split)
         self._profile = lru_cache(maxsize=None)(self._make_profile)
@@ -564,7 +565,7 @@ class Evaluator:
                  "expert_dp": comm.expert_dp_link(tp, dp, c.ep, world, domain)}
         tp_msg = tokens_mb * m.hidden * self.act_bytes
         tp_ar = comm.all_reduce_bytes(tp_msg, tp)
-        pp_msg = tp_msg / (tp if sp else 1)  # with SP each TP rank sends its sequence shard
+        pp_msg = tokens_mb * m.hidden * self.stream_bytes / (tp if sp else 1)  # under SP its sequence shard
         p2p_mb_bytes = max(prof.sends) * pp_msg if pp > 1 else 0.0
         # tied embeddings: the first and last stage's grads are summed over the embedding group, unless one rank
         # holds both (V placement: a local sum)
@@ -785,7 +786,8 @@ class Evaluator:
                 per_token += load.collectives[load.slow] * tp_cost * (1 - a.tp_overlap)
             if pp > 1:
                 sends = max(self._profile(pp, v, layers, schedule_).sends)
-                per_token += self.rates.comm(comm.pp_link(pp, world, domain), PP_OPS, sends * msg / (tp if sp else 1))
+                pp_msg = m.hidden * self.stream_bytes / (tp if sp else 1)
+                per_token += self.rates.comm(comm.pp_link(pp, world, domain), PP_OPS, sends * pp_msg)
         return per_token * tokens_mb * (n_micro + schedule.bubble_slots(pp, v, schedule_, n_micro))
 
     def score(self, c: Candidate) -> tuple[float | None, float]:

@@ -174,8 +174,9 @@ def trainer_layer_activation_bytes(m: ModelShape, micro_batch: int, tp: int, sp:
     attention output (the head transpose); each norm keeps per-token statistics besides its input
     (`_norm_saved_bytes`); the SwiGLU keeps only its [gate; up] input (runtime/model/lean_ops.py recomputes
     silu(gate) in backward, as Megatron's fused kernel does). The residual stream is in the compute dtype, so
-    every value is 2 bytes under bf16/fp16 autocast, 4 in fp32. On a GPU (an H200, torch 2.11:
-    bench/saved_tensors.py) the flash attention kernel saves the same tensors as the CPU's. The 16-bit
+    every value is 2 bytes under bf16/fp16 autocast, 4 in fp32 (the stream's 4 with model.fp32_residual).
+    On a GPU (an H200 and an H100, torch 2.11: bench/saved_tensors.py) the flash attention kernel and the
+    fused RMSNorm save the same tensors as the CPU's. The 16-bit
     weight copies autocast saves are `autocast_copies`, per stage, not per layer-micro-batch.
 
     Context parallelism (runtime/parallel/context_parallel.py): every per-token tensor holds this rank's s/cp tokens.
@@ -187,14 +188,14 @@ def trainer_layer_activation_bytes(m: ModelShape, micro_batch: int, tp: int, sp:
     1/cp of the one-rank bytes. Not counted: RoPE's angle rows of the rank's positions (2*s/cp*head_dim fp32
     per micro-batch, shared by the layers of a stage) and the CPU's causal mask vectors (about 2*s values per
     rank, shared by every layer)."""
-    act = activation_bytes(precision)
+    act, stream = activation_bytes(precision), residual_bytes(m, precision)
     s, b, h = m.seq_len // cp, micro_batch, m.hidden  # this rank's tokens of each sequence
     sb = s * b
     sbh = sb * h
     if recompute == "full":
-        return act * sbh / (tp if sp else 1)  # the block's input
+        return stream * sbh / (tp if sp else 1)  # the block's input
     # replicated over TP unless SP: both norms (input, statistics) and the residual dropout masks
-    replicated = 2 * _norm_saved_bytes(m, sb, on_gpu, act) + (2 * sbh if m.dropout else 0)
+    replicated = 2 * _norm_saved_bytes(m, sb, on_gpu, stream) + (2 * sbh if m.dropout else 0)
     # the QKV and MLP inputs in the compute dtype: replicated over TP, or under SP the sequence shard, which
     # the column-parallel layers keep and all-gather again in backward (as Megatron does)
     inputs = 2 * sbh * act
@@ -288,7 +289,8 @@ def trainer_head_activation_bytes(m: ModelShape, micro_batch: int, tp: int, sp: 
     vocab-parallel logits the cross entropy keeps (Korthikanti Sec. 4.3); of this CP rank's s/cp tokens."""
     act = activation_bytes(precision)
     sb = m.seq_len // cp * micro_batch
-    sharded = (_norm_saved_bytes(m, sb, on_gpu, act) + sb * m.hidden * act) / (tp if sp else 1)
+    norm = _norm_saved_bytes(m, sb, on_gpu, residual_bytes(m, precision))
+    sharded = (norm + sb * m.hidden * act) / (tp if sp else 1)
     return sharded + 4 * sb * padded_vocab / tp
 
 
@@ -314,6 +316,12 @@ def host_memory_bytes(host_memory_gb: float | None, on_cpu: bool) -> float:
 def activation_bytes(precision: str) -> int:
     """Bytes per stored activation value: 16-bit under mixed precision, 4 in pure fp32."""
     return 4 if precision == "fp32" else 2
+
+
+def residual_bytes(m: ModelShape, precision: str) -> int:
+    """Bytes per value of the residual stream (the norms' inputs, a recomputed block's input, a pipeline
+    message): the compute dtype's, or 4 with model.fp32_residual."""
+    return 4 if m.fp32_residual else activation_bytes(precision)
 
 
 def model_state_bytes(params: float, zero: int, dp: int, precision: str = "bf16") -> tuple[float, float, float]:

@@ -274,9 +274,10 @@ class Embedding(nn.Module):
             pos = self.pos.weight[self.cp.positions(seq, ids.device)] if self.cp.enabled else self.pos.weight[:seq]
             h = h + pos
         # the residual stream is in the compute dtype, bf16 under bf16 autocast as in Megatron: the norm inputs,
-        # a recomputed block's input and the pipeline's messages are 2 bytes a value (docs/ARCHITECTURE.md,
-        # "Memory model")
-        h = h.to(compute_dtype(h))
+        # a recomputed block's input and the pipeline's messages are 2 bytes a value; or at least fp32 with
+        # model.fp32_residual (docs/ARCHITECTURE.md, "Memory model")
+        stream = compute_dtype(h)
+        h = h.to(torch.promote_types(stream, torch.float32) if self.cfg.fp32_residual else stream)
         if self.learned_pos and self.tp.sp:
             h = scatter_to_sp_region(h, self.tp)
         return tp_dropout(h, self.cfg.dropout, self.training, self.tp, sharded=self.tp.sp)
