@@ -51,10 +51,11 @@ def test_crashes_at_a_known_rate_cost_what_the_whole_run_model_says(tmp_path: Pa
     assert sorted(last) == list(range(1, STEPS + 1)) and len(struck) >= 2
     compute_s = sum(m["step_time_s"] for m in last.values())
     blocks = [m["ckpt_block_s"] for m in last.values() if m.get("ckpt_block_s")]
-    # a restart: from the crash that started it (none after it before the steps resumed) to the resumed step's start
+    # a restart: from the crash that started it (none after it before the steps resumed) to the start of the first
+    # step that began after it (a step the surviving rank began before the crash may still end after it)
     restarts = []
     for t in struck:
-        resumed = next((m["time"] - m["step_time_s"] for m in metrics if m["time"] > t), None)
+        resumed = next((m["time"] - m["step_time_s"] for m in metrics if m["time"] - m["step_time_s"] > t), None)
         if resumed is not None and not any(t < u < resumed for u in struck):
             restarts.append(resumed - t)
     measured_wall = max(metrics[-1]["time"], max(e["time"] for e in saves)) - origin
