@@ -89,8 +89,8 @@ class Norm(nn.Module):
             self.register_parameter("bias", None)
 
     def forward(self, x: Tensor) -> Tensor:
-        # the weights take the residual stream's dtype (fp32 weights under bf16 compute, bf16 ZeRO-1/2 or FSDP
-        # weights under fp32 checks)
+        # the weights are cast to the stream's dtype: fp32 master weights to a bf16 stream, bf16 ZeRO-1/2 or
+        # FSDP-gathered weights to an fp32 one (model.fp32_residual, or fp32 compute)
         w = sp_param(self.weight, self.tp).to(x.dtype)
         b = sp_param(self.bias, self.tp).to(x.dtype) if self.bias is not None else None
         if x.dtype in (torch.bfloat16, torch.float16):
