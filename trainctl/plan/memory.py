@@ -266,20 +266,20 @@ def moe_layer_activation_delta(m: ModelShape, micro_batch: int, tp: int, sp: boo
     return router + dispatch + experts + combine + shared - dense
 
 
-def _norm_saved_bytes(m: ModelShape, tokens: int, on_gpu: bool, act: int) -> float:
-    """One norm's saved tensors: its input (`act` bytes a value, the residual stream's) and per-token
+def _norm_saved_bytes(m: ModelShape, tokens: int, on_gpu: bool, value_bytes: int) -> float:
+    """One norm's saved tensors: its input (`value_bytes` a value, the residual stream's) and per-token
     statistics (LayerNorm: mean and rstd; RMSNorm: rstd). In fp32 on a CPU RMSNorm also keeps the normalised
     input its weight gradient needs (`F.rms_norm` is composite there; CUDA's fused kernel recomputes it in
     backward). A 16-bit input is normalised in fp32 inside the kernel: the statistics are fp32, except
     LayerNorm's on a CPU, which keeps them in the input's dtype (runtime/model/transformer.Norm)."""
     h = m.hidden
-    if act == 4:
+    if value_bytes == 4:
         if m.norm == "layernorm":
             return tokens * (h + 2) * 4
         return tokens * ((h if on_gpu else 2 * h) + 1) * 4
     if m.norm == "layernorm":
-        return tokens * (h * act + 2 * (4 if on_gpu else act))
-    return tokens * (h * act + 4)
+        return tokens * (h * value_bytes + 2 * (4 if on_gpu else value_bytes))
+    return tokens * (h * value_bytes + 4)
 
 
 def trainer_head_activation_bytes(m: ModelShape, micro_batch: int, tp: int, sp: bool, padded_vocab: int,
