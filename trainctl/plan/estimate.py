@@ -332,6 +332,7 @@ class Evaluator:
         self._default_split = lru_cache(maxsize=None)(self._split)
         self._profile = lru_cache(maxsize=None)(self._make_profile)
         self._rank_params = lru_cache(maxsize=None)(self._make_rank_params)
+        self._stage_params = lru_cache(maxsize=None)(self._make_stage_params)
         self._units = lru_cache(maxsize=None)(self._make_units)
         self._load = lru_cache(maxsize=None)(self._make_load)
         self._compression = lru_cache(maxsize=None)(self._make_compression)
@@ -365,6 +366,7 @@ class Evaluator:
         assert same, "the shared caches are keyed by the layout, not by the model, precision or device"
         ev = Evaluator(ctx)
         ev._default_split, ev._profile, ev._rank_params = self._default_split, self._profile, self._rank_params
+        ev._stage_params = self._stage_params
         ev._units, ev._compression, ev._layer_act = self._units, self._compression, self._layer_act
         return ev
 
@@ -411,15 +413,25 @@ class Evaluator:
             n_moe = big = 0
             for g, n in zip(prof.stages[r], prof.layers[r], strict=True):
                 k = m.moe_layers_in(starts[g], starts[g] + n)
-                total += model.stage_params_per_gpu(m, tp, n, g == 0, g == n_stages - 1, k, ep)
-                expert += model.layers_params_per_gpu(m, tp, layers=n, moe_layers=k, ep=ep)[1]
+                stage_total, stage_expert, stage_big = self._stage_params(tp, n, g == 0, g == n_stages - 1, k, ep)
+                total += stage_total
+                expert += stage_expert
                 n_moe += k
-                big = max(big, model.largest_param_per_gpu(m, tp, n, g == 0, g == n_stages - 1))
+                big = max(big, stage_big)
             totals.append(total)
             experts.append(expert)
             moe_layers.append(n_moe)
             largest.append(big)
         return tuple(totals), tuple(experts), tuple(moe_layers), tuple(largest)
+
+    def _make_stage_params(self, tp: int, layers: int, first: bool, last: bool, moe_layers: int, ep: int
+                           ) -> tuple[float, float, int]:
+        """One stage's (every parameter on one GPU, the routed experts' of them, the largest single parameter):
+        most stages of a layout hold the same few shapes, so a sweep computes each once."""
+        m = self.ctx.shape
+        return (model.stage_params_per_gpu(m, tp, layers, first, last, moe_layers, ep),
+                model.layers_params_per_gpu(m, tp, layers=layers, moe_layers=moe_layers, ep=ep)[1],
+                model.largest_param_per_gpu(m, tp, layers, first, last))
 
     def _make_compression(self, tp: int, pp: int, v: int, layers: tuple[int, ...], ep: int, schedule_: str,
                           rank: int) -> tuple[tuple[powersgd.Compression, powersgd.Compression], ...]:
