@@ -13,6 +13,7 @@ from pathlib import Path
 from paths import REPO
 
 TRAINCTL = [sys.executable, "-m", "trainctl"]
+CONSOLE_SCRIPT = Path(sys.executable).with_name("trainctl")  # the installed command: not `python -m`, which imports ./
 
 
 def trainctl(*args: str, cwd: Path | str = REPO, env: Mapping[str, str | None] | None = None,
@@ -28,3 +29,12 @@ def trainctl(*args: str, cwd: Path | str = REPO, env: Mapping[str, str | None] |
     merged = {k: v for k, v in {**base, **(env or {})}.items() if v is not None}
     return subprocess.run([*prefix, *TRAINCTL, *args], cwd=cwd, env=merged, stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def clone_parent(tmp_path: Path) -> Path:
+    """A directory whose `./trainctl/` is a git clone of the project (a folder without the package's __init__.py),
+    where a user who cloned the repository and installed it stands: a launch from there must not import it."""
+    parent = tmp_path / "parent"
+    (parent / "trainctl").mkdir(parents=True)
+    (parent / "trainctl" / "pyproject.toml").write_text("[project]\nname = 'trainctl'\n")
+    return parent

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cli_utils import trainctl
+from cli_utils import CONSOLE_SCRIPT, clone_parent, trainctl
 from paths import REPO
 from spec_utils import spec_with
 
@@ -220,27 +220,16 @@ def test_cli_launch_errors_exit_2_with_one_line(tmp_path: Path, case: str) -> No
 # tests/dist/test_readme_examples.py (test_quick_run_directory).
 
 
-def clone_parent(tmp_path: Path) -> Path:
-    """A directory whose `./trainctl/` is a git clone of the project (a folder without the package's __init__.py),
-    where a user who cloned the repository and installed it stands."""
-    parent = tmp_path / "parent"
-    (parent / "trainctl").mkdir(parents=True)
-    (parent / "trainctl" / "pyproject.toml").write_text("[project]\nname = 'trainctl'\n")
-    return parent
-
-
 @pytest.mark.slow
 def test_launch_on_prepared_sample_text(tmp_path: Path) -> None:
     """The quickstart path end to end: prepare the shipped text, train on the token file. Launched by the console
     script (not `python -m`) from the clone's parent directory, so the same run shows that the ranks import the
-    installed package, not the folder `./trainctl/` (test_ranks_import_the_installed_package_...)."""
-    from trainer_utils import VENV_BIN
-
+    installed package, not the folder `./trainctl/` (the test below checks the start-up check that guards it)."""
     tokens = tmp_path / "sample.bin"
     r = trainctl("data", "prepare", str(REPO / "trainctl" / "data" / "sample.txt"), str(tokens))
     assert r.returncode == 0, r.stderr
     parent = clone_parent(tmp_path)
-    r = subprocess.run([str(VENV_BIN / "trainctl"), "launch", str(TINY), "--run-dir", "run", "--set", "train.steps=2",
+    r = subprocess.run([str(CONSOLE_SCRIPT), "launch", str(TINY), "--run-dir", "run", "--set", "train.steps=2",
                         "--set", "data.synthetic=false", "--set", f"data.path={tokens}",
                         "--set", "cluster.gpus_per_node=2", "--set", "parallel.tp=1", "--set", "parallel.pp=1",
                         "--set", "parallel.dp=2", "--set", "parallel.sequence_parallel=false"],
@@ -286,11 +275,10 @@ def test_ranks_import_the_installed_package_whatever_the_working_directory_holds
     Without PYTHONSAFEPATH (Python 3.10 has none) their start-up check stops the run before the first step,
     naming the folder."""
     from spec_utils import write_spec
-    from trainer_utils import VENV_BIN
 
     parent = clone_parent(tmp_path)
     spec = write_spec(tmp_path / "spec.yaml", {"train": {"steps": 4}, "checkpoint": {"every_steps": 2}})
-    launch = [str(VENV_BIN / "trainctl"), "launch", str(spec), "--run-dir"]  # the console script: not `python -m`
+    launch = [str(CONSOLE_SCRIPT), "launch", str(spec), "--run-dir"]
     r = subprocess.run([*launch, "bare", "--set", "launcher.env.PYTHONSAFEPATH="], cwd=parent, capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 1

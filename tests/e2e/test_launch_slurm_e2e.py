@@ -9,14 +9,13 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from itertools import pairwise
 from pathlib import Path
 
 import pytest
 import slurm_fixtures
-from cli_utils import trainctl
+from cli_utils import CONSOLE_SCRIPT, clone_parent, trainctl
 from env_probe import PROBE_VALUE, make_probe
 from paths import REPO
 from slurm_fixtures import SlurmCluster
@@ -90,6 +89,10 @@ def test_two_node_job_completes_with_local_losses(slurm_cluster: SlurmCluster, t
                                                    reference_losses: list[float]) -> None:
     """TP 2 (+ SP) x PP 2 over two nodes (LONG), uninterrupted: every loss the local run's.
 
+    The srun job is submitted by the console script from a clone's parent directory, where `./trainctl/` is the
+    git clone (a folder without the package's __init__.py): sbatch runs the job there, and the ranks import the
+    installed package (the losses are the reference's).
+
     The torchrun job also carries launcher.setup, launcher.python and launcher.nccl: the setup lines run in the
     batch script and again in each node's task before its torchrun, launcher.python starts each torchrun, and
     what the lines export, with the NCCL variables, is in every rank's own environment. The container options
@@ -101,9 +104,15 @@ def test_two_node_job_completes_with_local_losses(slurm_cluster: SlurmCluster, t
     else:
         extra = ["--set", f"launcher.setup={json.dumps(probe.setup)}", "--set", f"launcher.python={probe.python}",
                  "--set", "launcher.nccl.debug=INFO", "--set", "launcher.nccl.socket_ifname=lo"]
-    r = trainctl("launch", *LONG, "--set", f"launcher.mode={mode}", *extra, "--run-dir", str(run))
+    launch = ["launch", *LONG, "--set", f"launcher.mode={mode}", *extra, "--run-dir", str(run)]
+    if mode == "srun":
+        r = subprocess.run([str(CONSOLE_SCRIPT), *launch], cwd=clone_parent(tmp_path), capture_output=True,
+                           text=True, timeout=120, stdin=subprocess.DEVNULL)
+    else:
+        r = trainctl(*launch)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "submitted Slurm job" in r.stdout and "trainctl logs" in r.stdout
+    assert "export PYTHONSAFEPATH=1" in (run / "launch.sh").read_text()
     st = wait_done(run)
     assert st["steps_done"] == LONG_STEPS and st["attempts"] == 1 and st["last_mfu"] is not None
     proj = st["projection"]  # done: the total measured, no failures; a GPU plan is not held against a CPU run
@@ -462,24 +471,6 @@ def test_start_failures_beyond_the_bound_end_the_run_with_the_cause(slurm_cluste
     assert "launch failure" in st["reason"] and "start_retries" in st["reason"], st
     assert [e.get("gave_up", False) for e in events(run, "start_failed")] == [False, True]
     assert not events(run, "start")  # the trainer never ran
-
-
-def test_ranks_import_the_installed_package_when_submitted_from_the_clones_parent(slurm_cluster: SlurmCluster,
-                                                                                    tmp_path: Path) -> None:
-    """sbatch runs the job in the directory it was submitted from; there `./trainctl/` is the git clone (a folder
-    without the package's __init__.py). The ranks import the installed package and reach their checkpoints."""
-    parent = tmp_path / "parent"
-    (parent / "trainctl").mkdir(parents=True)
-    (parent / "trainctl" / "pyproject.toml").write_text("[project]\nname = 'trainctl'\n")
-    run = tmp_path / "run"
-    trainctl = Path(sys.executable).with_name("trainctl")  # the console script: not `python -m`, which imports ./
-    r = subprocess.run([str(trainctl), "launch", str(TINY), *LONG, "--set", "train.steps=4", "--set",
-                        "checkpoint.every_steps=2", "--run-dir", str(run)], cwd=parent, capture_output=True,
-                       text=True, timeout=120, stdin=subprocess.DEVNULL)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "export PYTHONSAFEPATH=1" in (run / "launch.sh").read_text()
-    wait_done(run)
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-00000002", "step-00000004"]
 
 
 def test_a_token_file_changed_before_a_requeue_stops_the_next_attempt_naming_it(slurm_cluster: SlurmCluster,
