@@ -249,6 +249,24 @@ def _order(row: tuple[float, float, Candidate], tight: float) -> tuple[bool, flo
     return row[1] > tight, row[0], row[1]
 
 
+def _floored_runs(ev: Evaluator, cands: list[Candidate]) -> list[tuple[float, int, int]]:
+    """(step floor, start, end) of each run of consecutive candidates that differ only in ZeRO stage and offload,
+    sorted by floor then start. Both floors ignore those two, and enumeration puts a layout's variants side by
+    side, so a sweep floors each layout once rather than each of its (up to 7) variants; the order of the
+    candidates is that of sorting them by (floor, index)."""
+    runs: list[list[Any]] = []
+    previous = None
+    for i, c in enumerate(cands):
+        shape = (c.tp, c.pp, c.dp, c.cp, c.ep, c.micro_batch, c.recompute, c.sequence_parallel, c.schedule,
+                 c.virtual_stages, c.stage_layers)
+        if shape == previous:
+            runs[-1][2] = i + 1
+        else:
+            runs.append([ev.step_floor(c) or 0.0, i, i + 1])
+            previous = shape
+    return sorted((floor, start, end) for floor, start, end in runs)
+
+
 def best_layout(spec: RunSpec, ev: Evaluator, cands: list[Candidate] | None = None
                 ) -> tuple[Scored | None, int]:
     """search(spec)'s first fitting layout without scoring every candidate: (its estimate, candidates scored).
@@ -264,26 +282,28 @@ def best_layout(spec: RunSpec, ev: Evaluator, cands: list[Candidate] | None = No
     tight = 0.9 * capacity if capacity is not None else float("inf")
     model_flops = ev.model_flops_per_token * ev.tokens_per_step
     denom = ctx.world * (ctx.hw.peak_flops or NOMINAL_PEAK)
-    order = sorted((ev.step_floor(c) or 0.0, i) for i, c in enumerate(cands))
     best: tuple[tuple[bool, float, float], int] | None = None
     comfortable_step = float("inf")  # the fastest comfortable layout's step so far
     scored = 0
-    for floor, i in order:
+    for floor, start, end in _floored_runs(ev, cands):  # by step floor, then enumeration index
         if floor > comfortable_step * (1 + 1e-9):
             break
-        c = cands[i]
-        if capacity is not None and ev.memory_floor(c) > capacity:
+        if capacity is not None and ev.memory_floor(cands[start]) > capacity:
             continue
-        step, mem, _, host_fits = ev.score_dp(c)
-        scored += 1
-        if not ((capacity is None or mem <= capacity) and host_fits):
-            continue
-        mfu = model_flops / (step * denom) if step else 0.0
-        key = (_order((-round(mfu, 12), mem, c), tight), i)
-        if best is None or key < best:
-            best = key
-        if mem <= tight and step is not None:
-            comfortable_step = min(comfortable_step, step)
+        for i in range(start, end):
+            if floor > comfortable_step * (1 + 1e-9):
+                break
+            c = cands[i]
+            step, mem, _, host_fits = ev.score_dp(c)
+            scored += 1
+            if not ((capacity is None or mem <= capacity) and host_fits):
+                continue
+            mfu = model_flops / (step * denom) if step else 0.0
+            key = (_order((-round(mfu, 12), mem, c), tight), i)
+            if best is None or key < best:
+                best = key
+            if mem <= tight and step is not None:
+                comfortable_step = min(comfortable_step, step)
     if best is None:
         return None, scored
     i = best[1]
