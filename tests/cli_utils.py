@@ -17,17 +17,20 @@ CONSOLE_SCRIPT = Path(sys.executable).with_name("trainctl")  # the installed com
 
 
 def trainctl(*args: str, cwd: Path | str = REPO, env: Mapping[str, str | None] | None = None,
-             inherit_env: bool = True, prefix: Sequence[str] = (),
+             inherit_env: bool = True, prefix: Sequence[str] = (), installed: bool = False,
              timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """`trainctl ARGS` run from `cwd` (the repository unless told) with no terminal on stdin; its exit status and
     its stdout and stderr as text.
 
     env: variables set over this process's environment (a None value removes one); with inherit_env=False,
     the whole environment. prefix: a command the CLI runs under (e.g. setpriv dropping a capability).
+    installed: run the installed console script, as a user who cloned the repository does, instead of
+    `python -m trainctl` (which imports from `cwd`: see clone_parent).
     timeout: seconds before the test fails as hung; a command that trains for longer says so."""
     base = dict(os.environ) if inherit_env else {}
     merged = {k: v for k, v in {**base, **(env or {})}.items() if v is not None}
-    return subprocess.run([*prefix, *TRAINCTL, *args], cwd=cwd, env=merged, stdin=subprocess.DEVNULL,
+    command = [str(CONSOLE_SCRIPT)] if installed else TRAINCTL
+    return subprocess.run([*prefix, *command, *args], cwd=cwd, env=merged, stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=timeout)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cli_utils import CONSOLE_SCRIPT, clone_parent, trainctl
+from cli_utils import clone_parent, trainctl
 from paths import REPO
 from spec_utils import spec_with
 
@@ -229,11 +229,10 @@ def test_launch_on_prepared_sample_text(tmp_path: Path) -> None:
     r = trainctl("data", "prepare", str(REPO / "trainctl" / "data" / "sample.txt"), str(tokens))
     assert r.returncode == 0, r.stderr
     parent = clone_parent(tmp_path)
-    r = subprocess.run([str(CONSOLE_SCRIPT), "launch", str(TINY), "--run-dir", "run", "--set", "train.steps=2",
-                        "--set", "data.synthetic=false", "--set", f"data.path={tokens}",
-                        "--set", "cluster.gpus_per_node=2", "--set", "parallel.tp=1", "--set", "parallel.pp=1",
-                        "--set", "parallel.dp=2", "--set", "parallel.sequence_parallel=false"],
-                       cwd=parent, capture_output=True, text=True, timeout=300)
+    r = trainctl("launch", str(TINY), "--run-dir", "run", "--set", "train.steps=2",
+                 "--set", "data.synthetic=false", "--set", f"data.path={tokens}",
+                 "--set", "cluster.gpus_per_node=2", "--set", "parallel.tp=1", "--set", "parallel.pp=1",
+                 "--set", "parallel.dp=2", "--set", "parallel.sequence_parallel=false", cwd=parent, installed=True)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     run_dir = parent / "run"
     metrics = read_jsonl(run_dir / "metrics.jsonl")
@@ -277,10 +276,8 @@ def test_ranks_import_the_installed_package_whatever_the_working_directory_holds
     from spec_utils import write_spec
 
     parent = clone_parent(tmp_path)
-    spec = write_spec(tmp_path / "spec.yaml", {"train": {"steps": 4}, "checkpoint": {"every_steps": 2}})
-    launch = [str(CONSOLE_SCRIPT), "launch", str(spec), "--run-dir"]
-    r = subprocess.run([*launch, "bare", "--set", "launcher.env.PYTHONSAFEPATH="], cwd=parent, capture_output=True,
-                       text=True, timeout=300)
+    r = trainctl("launch", str(write_spec(tmp_path / "spec.yaml")), "--run-dir", "bare",
+                 "--set", "launcher.env.PYTHONSAFEPATH=", cwd=parent, installed=True)
     assert r.returncode == 1
     assert (f"run failed: rank 0 on {os.uname().nodename}: exception: trainctl was imported from "
             f"{parent / 'trainctl'}, a folder without the package's __init__.py") in r.stdout

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import slurm_fixtures
-from cli_utils import CONSOLE_SCRIPT, clone_parent, trainctl
+from cli_utils import clone_parent, trainctl
 from env_probe import PROBE_VALUE, make_probe
 from paths import REPO
 from slurm_fixtures import SlurmCluster
@@ -104,12 +104,8 @@ def test_two_node_job_completes_with_local_losses(slurm_cluster: SlurmCluster, t
     else:
         extra = ["--set", f"launcher.setup={json.dumps(probe.setup)}", "--set", f"launcher.python={probe.python}",
                  "--set", "launcher.nccl.debug=INFO", "--set", "launcher.nccl.socket_ifname=lo"]
-    launch = ["launch", *LONG, "--set", f"launcher.mode={mode}", *extra, "--run-dir", str(run)]
-    if mode == "srun":
-        r = subprocess.run([str(CONSOLE_SCRIPT), *launch], cwd=clone_parent(tmp_path), capture_output=True,
-                           text=True, timeout=120, stdin=subprocess.DEVNULL)
-    else:
-        r = trainctl(*launch)
+    from_clone = {"cwd": clone_parent(tmp_path), "installed": True} if mode == "srun" else {}
+    r = trainctl("launch", *LONG, "--set", f"launcher.mode={mode}", *extra, "--run-dir", str(run), **from_clone)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "submitted Slurm job" in r.stdout and "trainctl logs" in r.stdout
     assert "export PYTHONSAFEPATH=1" in (run / "launch.sh").read_text()
