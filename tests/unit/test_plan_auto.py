@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 from hypothesis import assume, given, settings
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 from paths import RECIPES
 
 from trainctl.errors import SpecError
-from trainctl.plan.auto import enumerate_candidates, search
+from trainctl.plan.auto import enumerate_candidates, enumerate_shapes, search, zero_variants
 from trainctl.plan.estimate import Candidate, Evaluator
 from trainctl.plan.plan import build_plan, context_from_spec
 from trainctl.spec import load_spec_text, validate_spec
@@ -92,6 +93,21 @@ def test_auto_enumerates_every_layout_the_rules_accept(nodes, gpn, layers, heads
     enumerated = {(c.tp, c.pp, c.dp, c.micro_batch, c.schedule, c.virtual_stages)
                   for c in enumerate_candidates(spec, {})}
     assert enumerated == accepted
+
+
+def test_each_layout_shape_expands_to_every_zero_stage_and_offload():
+    """The pruned search builds a shape's ZeRO/offload variants only when it scores them: the candidates are
+    exactly each shape with ZeRO 0-3, and 1-3 again with the optimizer offloaded where it is sharded, every other
+    field kept (a new Candidate field too), in enumeration order."""
+    spec = small_spec(nodes=2, gpn=4, layers=6, heads=6, kv=6, gb=24)
+    shapes = enumerate_shapes(spec, {})
+    expected = [replace(s, zero=zero, offload=off) for s in shapes for zero in range(4) for off in (False, True)
+                if not off or (zero and s.dp * s.cp > 1)]
+    assert enumerate_candidates(spec, {}) == expected
+    assert {s.zero for s in shapes} == {0} and any(s.dp * s.cp == 1 for s in shapes)
+    odd = Candidate(tp=2, pp=3, dp=4, micro_batch=5, recompute="full", sequence_parallel=True, schedule="interleaved",
+                    virtual_stages=2, stage_layers=(1, 2, 1, 2, 1, 2), ep=2, cp=2)
+    assert zero_variants(odd)[4] == replace(odd, zero=2, offload=True)
 
 
 def test_auto_llama3_405b_at_16k_gpus():

@@ -111,6 +111,30 @@ class AutoResult:
 
 def enumerate_candidates(spec: RunSpec, skipped: dict[str, int]) -> list[Candidate]:
     """Every layout the spec rules accept for this model and cluster (see the module docstring)."""
+    return [c for shape in enumerate_shapes(spec, skipped) for c in zero_variants(shape)]
+
+
+# (ZeRO stage, optimizer offloaded) in enumeration order; offload moves nothing without a sharded optimizer
+ZERO_VARIANTS = ((0, False), (1, False), (1, True), (2, False), (2, True), (3, False), (3, True))
+
+
+def zero_stages(shape: Candidate) -> list[tuple[int, bool]]:
+    """(ZeRO stage, offload) of one layout shape's candidates: offload only where the optimizer is sharded
+    (dp x cp > 1)."""
+    sharded = shape.dp * shape.cp > 1
+    return [(zero, off) for zero, off in ZERO_VARIANTS if sharded or not off]
+
+
+def zero_variants(shape: Candidate) -> list[Candidate]:
+    """The candidates of one layout shape (a ZeRO-0 Candidate), in enumeration order. Built from the shape's
+    fields: dataclasses.replace costs half as much again, and a sweep builds tens of thousands."""
+    fields = vars(shape)
+    return [Candidate(**{**fields, "zero": zero, "offload": off}) for zero, off in zero_stages(shape)]
+
+
+def enumerate_shapes(spec: RunSpec, skipped: dict[str, int]) -> list[Candidate]:
+    """enumerate_candidates' layouts without their ZeRO/offload variants (each as ZeRO-0), in the same order:
+    every search floor ignores those two, so the pruned search builds a variant only when it scores it."""
     m, c = spec.model, spec.cluster
     world = c.world_size
     kv = m.kv_heads or m.heads
@@ -155,7 +179,7 @@ def context_parallel_sizes(spec: RunSpec, ranks: int, skip: Callable[[str], None
 
 def _with_tp_cp(spec: RunSpec, world: int, tp: int, cp: int, sp: bool, skip: Callable[[str], None]
                 ) -> list[Candidate]:
-    """Every (pp, dp, ep, micro-batch, schedule, recompute, ZeRO) for one tp and cp."""
+    """Every (pp, dp, ep, micro-batch, schedule, recompute) for one tp and cp, as ZeRO-0 shapes."""
     m, gb = spec.model, spec.train.global_batch
     out: list[Candidate] = []
     for pp in divisors(world // (tp * cp)):
@@ -181,16 +205,8 @@ def _with_tp_cp(spec: RunSpec, world: int, tp: int, cp: int, sp: bool, skip: Cal
                 skip("interleaved: micro-batches not divisible by pp")
             if pp > 1 and 2 * pp <= m.layers:  # ZBV: two stages per rank, any micro-batch count >= pp
                 schedules.append(("zbv", 2))
-            for sched, v in schedules:
-                for rec in RECOMPUTE:
-                    for zero in (0, 1, 2, 3):
-                        out.append(Candidate(tp=tp, pp=pp, dp=dp, zero=zero, micro_batch=mb, recompute=rec,
-                                             sequence_parallel=sp, schedule=sched, virtual_stages=v, stage_layers=None,
-                                             ep=ep, cp=cp))
-                        if zero and dp * cp > 1:  # offload moves nothing without a sharded optimizer
-                            out.append(Candidate(tp=tp, pp=pp, dp=dp, zero=zero, micro_batch=mb, recompute=rec,
-                                                 sequence_parallel=sp, schedule=sched, virtual_stages=v,
-                                                 stage_layers=None, ep=ep, cp=cp, offload=True))
+            out += [Candidate(tp=tp, pp=pp, dp=dp, micro_batch=mb, recompute=rec, sequence_parallel=sp, schedule=sched,
+                              virtual_stages=v, ep=ep, cp=cp) for sched, v in schedules for rec in RECOMPUTE]
     return out
 
 
@@ -249,65 +265,49 @@ def _order(row: tuple[float, float, Candidate], tight: float) -> tuple[bool, flo
     return row[1] > tight, row[0], row[1]
 
 
-def _floored_runs(ev: Evaluator, cands: list[Candidate]) -> list[tuple[float, int, int]]:
-    """(step floor, start, end) of each run of consecutive candidates that differ only in ZeRO stage and offload,
-    sorted by floor then start. Both floors ignore those two, and enumeration puts a layout's variants side by
-    side, so a sweep floors each layout once rather than each of its (up to 7) variants; the order of the
-    candidates is that of sorting them by (floor, index)."""
-    runs: list[list[Any]] = []
-    previous = None
-    for i, c in enumerate(cands):
-        shape = (c.tp, c.pp, c.dp, c.cp, c.ep, c.micro_batch, c.recompute, c.sequence_parallel, c.schedule,
-                 c.virtual_stages, c.stage_layers)
-        if shape == previous:
-            runs[-1][2] = i + 1
-        else:
-            runs.append([ev.step_floor(c) or 0.0, i, i + 1])
-            previous = shape
-    return sorted((floor, start, end) for floor, start, end in runs)
-
-
-def best_layout(spec: RunSpec, ev: Evaluator, cands: list[Candidate] | None = None
+def best_layout(spec: RunSpec, ev: Evaluator, shapes: list[Candidate] | None = None
                 ) -> tuple[Scored | None, int]:
     """search(spec)'s first fitting layout without scoring every candidate: (its estimate, candidates scored).
 
-    Candidates whose activations alone exceed the GPU (Evaluator.memory_floor) are not scored; the rest are
-    scored in order of their step floor (Evaluator.step_floor); once a comfortable (headroom >= 10%) layout has
-    step S, every candidate whose floor is above S has a lower MFU and ranks below it, so the
-    rest are skipped. The margin of 1e-9 keeps the rounded MFU of a skipped layout strictly below the best's.
-    Ties are broken as search's stable sort does, by enumeration index. `ev` is search_context(spec)'s."""
-    cands = enumerate_candidates(spec, {}) if cands is None else cands
+    Works on layout shapes (enumerate_shapes), building a shape's ZeRO/offload variants only when it scores
+    them. Shapes whose activations alone exceed the GPU (Evaluator.memory_floor) are not scored; the rest are
+    scored in order of their step floor (Evaluator.step_floor; both floors ignore ZeRO and offload); once a
+    comfortable (headroom >= 10%) layout has step S, every candidate whose floor is above S has a lower MFU and
+    ranks below it, so the rest are skipped. The margin of 1e-9 keeps the rounded MFU of a skipped layout
+    strictly below the best's. Ties are broken as search's stable sort does, by enumeration order: (shape,
+    variant). A variant that does not fit is not priced (Evaluator.score_fitting). `ev` is
+    search_context(spec)'s."""
+    shapes = enumerate_shapes(spec, {}) if shapes is None else shapes
     ctx = ev.ctx
     capacity = ctx.hw.usable_bytes
     tight = 0.9 * capacity if capacity is not None else float("inf")
     model_flops = ev.model_flops_per_token * ev.tokens_per_step
     denom = ctx.world * (ctx.hw.peak_flops or NOMINAL_PEAK)
-    best: tuple[tuple[bool, float, float], int] | None = None
+    best: tuple[tuple[bool, float, float], int, int, Candidate] | None = None
     comfortable_step = float("inf")  # the fastest comfortable layout's step so far
     scored = 0
-    for floor, start, end in _floored_runs(ev, cands):  # by step floor, then enumeration index
+    for floor, k in sorted((ev.step_floor(shape) or 0.0, k) for k, shape in enumerate(shapes)):
         if floor > comfortable_step * (1 + 1e-9):
             break
-        if capacity is not None and ev.memory_floor(cands[start]) > capacity:
+        if capacity is not None and ev.memory_floor(shapes[k]) > capacity:
             continue
-        for i in range(start, end):
+        for j, c in enumerate(zero_variants(shapes[k])):
             if floor > comfortable_step * (1 + 1e-9):
                 break
-            c = cands[i]
-            step, mem, _, host_fits = ev.score_dp(c)
             scored += 1
-            if not ((capacity is None or mem <= capacity) and host_fits):
+            fitting = ev.score_fitting(c, capacity)
+            if fitting is None:
                 continue
+            step, mem = fitting
             mfu = model_flops / (step * denom) if step else 0.0
-            key = (_order((-round(mfu, 12), mem, c), tight), i)
-            if best is None or key < best:
+            key = (_order((-round(mfu, 12), mem, c), tight), k, j, c)
+            if best is None or key[:3] < best[:3]:
                 best = key
             if mem <= tight and step is not None:
                 comfortable_step = min(comfortable_step, step)
     if best is None:
         return None, scored
-    i = best[1]
-    return Scored(ev.evaluate(cands[i], detail=False), -best[0][1]), scored
+    return Scored(ev.evaluate(best[3], detail=False), -best[0][1]), scored
 
 
 def search(spec: RunSpec, top: int = 10, rejected: int = 5) -> AutoResult:

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
+from typing import NamedTuple
 
 from trainctl import model_shape as model
 from trainctl.model_shape import ModelShape
@@ -654,7 +655,11 @@ class Evaluator:
     def _with_zero(self, b: _Base, zero: int, dp: int, ep: int = 1, offload: bool = False) -> _Zero:
         """The ZeRO-dependent part: bytes per parameter, the worst pipeline rank, DP traffic, offload and the
         step. `dp` is the gradient-reduction group's size: data x context parallel."""
-        ctx, a = self.ctx, self.ctx.assume
+        return self._zero_time(b, self._zero_bytes(b, zero, dp, ep, offload), zero, dp, ep)
+
+    def _zero_bytes(self, b: _Base, zero: int, dp: int, ep: int, offload: bool) -> _ZeroBytes:
+        """_with_zero's memory: what a search needs first, since most layouts of a large model do not fit."""
+        ctx = self.ctx
         edp = dp // ep
         # expert weights replicate over the expert-data-parallel group only: ZeRO shards their state over dp/ep
         (dense, host_dense), (expert, host_expert) = (
@@ -673,21 +678,31 @@ class Evaluator:
         acts, transient = (b.acts_copied, b.transient_copied) if copied else (b.acts, b.transient)
         totals = [(p - e) * per_dense + e * per_expert + buf + x + t + h
                   for p, e, x, t, buf, h in zip(b.params, b.experts, acts, transient, buffers, handed, strict=True)]
-        worst = max(range(len(totals)), key=totals.__getitem__)
-        weight_bytes = memory.fsdp_gather_bytes(ctx.precision) if zero >= 3 else dense[0] if zero >= 1 else 4
-        grad_bytes = 2 if ctx.grad_reduce_bf16 else 4
         # PowerSGD: the pipeline rank with the most dense (expert) parameters, whose reduction the figures take
         psgd, psgd_time = self._psgd(b) if zero <= 1 and dp > 1 else (None, 0.0)
+        if psgd:  # its buffers (error feedback, the rest's copy, P and Q) are gradient memory
+            held = [4 * (d.held_elements(p - e) + (x.held_elements(e) if edp > 1 else 0.0))
+                    for (d, x), p, e in zip(psgd, b.params, b.experts, strict=True)]
+            buffers = tuple(buf + h for buf, h in zip(buffers, held, strict=True))
+            totals = [t + h for t, h in zip(totals, held, strict=True)]
+        worst = max(range(len(totals)), key=totals.__getitem__)
+        host = max((p - e) * host_dense + e * host_expert for p, e in zip(b.params, b.experts, strict=True))
+        return _ZeroBytes(dense=dense, expert=expert, gather=gather, buffers=buffers, handed=handed, acts=acts,
+                          transient=transient, worst=worst, total=totals[worst] + gather, host=host, psgd=psgd,
+                          psgd_time=psgd_time)
+
+    def _zero_time(self, b: _Base, z: _ZeroBytes, zero: int, dp: int, ep: int) -> _Zero:
+        """_with_zero's DP traffic, offload, optimizer and step for the memory `z`."""
+        a = self.ctx.assume
+        edp = dp // ep
+        sharded = zero >= 3 and dp > 1
+        weight_bytes = memory.fsdp_gather_bytes(self.ctx.precision) if zero >= 3 else z.dense[0] if zero >= 1 else 4
+        grad_bytes = 2 if self.ctx.grad_reduce_bf16 else 4
+        psgd = z.psgd
         dense_r = max(range(len(b.params)), key=lambda r: b.params[r] - b.experts[r])
         expert_r = max(range(len(b.params)), key=lambda r: b.experts[r])
         d_psgd = (psgd[dense_r][0].compressed_params, psgd[dense_r][0].factor_elements) if psgd else None
         e_psgd = (psgd[expert_r][1].compressed_params, psgd[expert_r][1].factor_elements) if psgd else None
-        if psgd:  # its buffers (error feedback, the rest's copy, P and Q) are gradient memory
-            buffers = tuple(buf + 4 * (d.held_elements(p - e) + (x.held_elements(e) if edp > 1 else 0.0))
-                            for buf, (d, x), p, e in zip(buffers, psgd, b.params, b.experts, strict=True))
-            totals = [t + 4 * (d.held_elements(p - e) + (x.held_elements(e) if edp > 1 else 0.0))
-                      for t, (d, x), p, e in zip(totals, psgd, b.params, b.experts, strict=True)]
-            worst = max(range(len(totals)), key=totals.__getitem__)
         dp_traffic = comm.dp_traffic(b.max_params, zero, dp, b.n_micro, grad_bytes, weight_bytes, b.units, d_psgd)
         fsdp_s = 0.0
         if sharded:  # a profile's measured FSDP2 unit replaces the pricing of the layers' gathers (exposed)
@@ -703,8 +718,7 @@ class Evaluator:
                                       e_psgd)
         t_dp = self._dp_time(b.links["dp"], dp_traffic, dp)
         t_edp = self._dp_time(b.links["expert_dp"], edp_traffic, edp)
-        host = max((p - e) * host_dense + e * host_expert for p, e in zip(b.params, b.experts, strict=True))
-        copy_s, cpu_s = self._offload_seconds(b, zero, dp, edp) if host else (0.0, 0.0)
+        copy_s, cpu_s = self._offload_seconds(b, zero, dp, edp) if z.host else (0.0, 0.0)
         opt_s = self._optimizer_seconds(b, zero, dp)
         dp_exposed = step = None
         if b.slot is not None:
@@ -712,12 +726,12 @@ class Evaluator:
             dp_exposed = (t_dp + t_edp) - min(a.dp_overlap * (t_dp + t_edp), window)
             step = b.slot * (b.n_micro + b.bubble_slots) + dp_exposed + b.emb_time + copy_s + cpu_s + opt_s + fsdp_s
             if psgd:
-                step += psgd_time  # PowerSGD's matmuls and QRs run after the backward, between its collectives
-        return _Zero(dense=dense, expert=expert, gather=gather, buffers=buffers, handed=handed, acts=acts,
-                     transient=transient, worst=worst, total=totals[worst] + gather,
+                step += z.psgd_time  # PowerSGD's matmuls and QRs run after the backward, between its collectives
+        return _Zero(dense=z.dense, expert=z.expert, gather=z.gather, buffers=z.buffers, handed=z.handed,
+                     acts=z.acts, transient=z.transient, worst=z.worst, total=z.total,
                      dp_bytes=sum(x for _, x, _ in dp_traffic), edp_bytes=sum(x for _, x, _ in edp_traffic),
-                     dp_time=t_dp, edp_time=t_edp, dp_exposed=dp_exposed, step=step, host=host, offload_copy=copy_s,
-                     offload_step=cpu_s, optimizer=opt_s, fsdp=fsdp_s)
+                     dp_time=t_dp, edp_time=t_edp, dp_exposed=dp_exposed, step=step, host=z.host,
+                     offload_copy=copy_s, offload_step=cpu_s, optimizer=opt_s, fsdp=fsdp_s)
 
     def _psgd(self, b: _Base) -> tuple[tuple[tuple[powersgd.Compression, powersgd.Compression], ...] | None, float]:
         """PowerSGD at the context's rank (None without): per pipeline rank (dense, routed-expert) figures, and
@@ -814,6 +828,17 @@ class Evaluator:
         z = self._with_zero(self._base(c), c.zero, c.dp * c.cp, c.ep, c.offload)
         return z.step, z.total, z.dp_exposed or 0.0, self.host_fits(z.host)
 
+    def score_fitting(self, c: Candidate, capacity: float | None) -> tuple[float | None, float] | None:
+        """score(c) for a layout whose bytes per GPU fit `capacity` (None: any) and whose offloaded optimizer
+        state fits its node's host memory; None for one that does not, without pricing its step: in a large
+        search most layouts do not fit."""
+        b = self._base(c)
+        dp = c.dp * c.cp
+        z = self._zero_bytes(b, c.zero, dp, c.ep, c.offload)
+        if (capacity is not None and z.total > capacity) or not self.host_fits(z.host):
+            return None
+        return self._zero_time(b, z, c.zero, dp, c.ep).step, z.total
+
     def evaluate(self, c: Candidate, detail: bool = True) -> Estimate:
         """All figures of one layout. detail=False skips the per-rank memory table."""
         ctx, m = self.ctx, self.ctx.shape
@@ -873,6 +898,23 @@ class Evaluator:
         return {"powersgd_time": psgd_time, "powersgd_flops": d.flops + x.flops,
                 "powersgd_compressed_params": d.compressed_params + x.compressed_params,
                 "powersgd_factor_elements": d.factor_elements + x.factor_elements}
+
+
+class _ZeroBytes(NamedTuple):
+    """What `_zero_bytes` works out: the memory half of `_Zero`, and PowerSGD's figures its time half uses."""
+
+    dense: tuple[float, float, float]
+    expert: tuple[float, float, float]
+    gather: float
+    buffers: tuple[float, ...]
+    handed: tuple[float, ...]
+    acts: tuple[float, ...]
+    transient: tuple[float, ...]
+    worst: int
+    total: float
+    host: float
+    psgd: tuple[tuple[powersgd.Compression, powersgd.Compression], ...] | None
+    psgd_time: float
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainctl.errors import UsageError
-from trainctl.plan.auto import Scored, best_layout, enumerate_candidates, search_context
+from trainctl.plan.auto import Scored, best_layout, enumerate_shapes, search_context, zero_stages
 from trainctl.plan.cadence import job_mtbf
 from trainctl.plan.checkpoint_size import save_seconds
 from trainctl.plan.estimate import Candidate, Evaluator
@@ -172,12 +172,12 @@ def sweep(spec: RunSpec, *, nodes: tuple[int, int], counts: int = DEFAULT_COUNTS
     if objective == "cost" and price is None:
         raise UsageError("--objective cost needs cluster.gpu_hour_price in the spec (--set "
                          "cluster.gpu_hour_price=2.5), or use --objective gpu-hours")
-    cands: dict[int, list[Candidate]] = {}
+    shapes: dict[int, list[Candidate]] = {}  # per node count: its layouts, without ZeRO/offload variants
 
     def has_layout(n: int) -> bool:
-        if n not in cands:
-            cands[n] = enumerate_candidates(spec_at(spec, n), {})
-        return bool(cands[n])
+        if n not in shapes:
+            shapes[n] = enumerate_shapes(spec_at(spec, n), {})
+        return bool(shapes[n])
 
     chosen, empty = node_counts(lo, hi, counts, has_layout)
     shared: Evaluator | None = None
@@ -187,13 +187,14 @@ def sweep(spec: RunSpec, *, nodes: tuple[int, int], counts: int = DEFAULT_COUNTS
         ctx, _ = search_context(at)
         ev = Evaluator(ctx) if shared is None else shared.for_context(ctx)
         shared = shared or ev
-        best, scored = best_layout(at, ev, cands[n])
+        best, scored = best_layout(at, ev, shapes[n])
         if best is None or not best.est.step_time:
             empty.append(n)
         else:
             run = _whole_run(at, best.cand, best.est.step_time)
             points.append(Point(nodes=n, best=best, days=run["wall_days"]["mean"], gpu_hours=run["gpu_hours"],
-                                cost=run["cost"], scored=scored, candidates=len(cands[n])))
+                                cost=run["cost"], scored=scored,
+                                candidates=sum(len(zero_stages(shape)) for shape in shapes[n])))
         if progress is not None:
             progress(i + 1, len(chosen), n)
     answer, why = _pick(points, objective, deadline_days, budget, price, nodes)
