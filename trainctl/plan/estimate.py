@@ -671,9 +671,11 @@ class Evaluator:
         gather = 2 * b.layer_params_gpu * memory.fsdp_gather_bytes(ctx.precision) if sharded else 0.0  # prefetch
         # ZeRO-2's bucket buffers (gradients), and the one parameter's gradient autograd hands over at a time
         # when the trainer adds it into its fp32 buffer (transient)
-        buffers = tuple(self._zero2_buffers(p - e, big, dp) if zero == 2 and dp > 1 else 0.0
-                        for p, e, big in zip(b.params, b.experts, b.largest, strict=True))
-        handed = tuple(big * memory.copied_grad_bytes(zero, dp, ctx.precision) for big in b.largest)
+        buffers = (tuple(self._zero2_buffers(p - e, big, dp)
+                         for p, e, big in zip(b.params, b.experts, b.largest, strict=True))
+                   if zero == 2 and dp > 1 else (0.0,) * len(b.params))
+        copied_grad = memory.copied_grad_bytes(zero, dp, ctx.precision)
+        handed = tuple(big * copied_grad for big in b.largest)
         copied = memory.autocast_copies(ctx.precision, zero, dp)
         acts, transient = (b.acts_copied, b.transient_copied) if copied else (b.acts, b.transient)
         totals = [(p - e) * per_dense + e * per_expert + buf + x + t + h
