@@ -8,10 +8,13 @@ import re
 import socket
 import subprocess
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 from slurm_fixtures import SlurmCluster, slurm_cluster, wait_for  # noqa: F401  (the fixture; conftest may import it too)
+
+from trainctl.spec.models import EstimateSpec
 
 pytestmark = pytest.mark.slow
 
@@ -175,6 +178,9 @@ def test_first_host_of_allocation_resolves(multinode_job: str) -> None:
 
 
 def test_requeue_runs_again_with_restart_count(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:  # noqa: F811
+    """Also the source of plan's `estimate.requeue_s` default: Slurm holds a requeued job for its requeue delay
+    (slurm.conf(5): `requeue_delay` defaults to AuthInfo's cred_expire, 120 s) and makes it eligible a second
+    after that; this cluster sets neither."""
     script = tmp_path / "requeue.sh"
     script.write_text(REQUEUE_SCRIPT)
     out = tmp_path / "out.txt"
@@ -184,8 +190,13 @@ def test_requeue_runs_again_with_restart_count(slurm_cluster: SlurmCluster, tmp_
     ).strip().split(";")[0]  # fmt: skip
     try:
         wait_for(lambda: "ATTEMPT restart=0" in _read(out), "the first attempt to start")
+        requeued = time.time()
         _run("scontrol", "requeue", job_id)
         _wait_state(job_id, "PENDING")
+        eligible = re.search(r"\bEligibleTime=(\S+)", _run("scontrol", "show", "job", "-o", job_id))
+        assert eligible, "no EligibleTime"
+        delay = datetime.strptime(eligible[1], "%Y-%m-%dT%H:%M:%S").timestamp() - requeued  # local time, as time()
+        assert abs(delay - (EstimateSpec().requeue_s + 1)) <= 2, (eligible[1], delay)
         _start_now(job_id)
         _wait_state(job_id, "COMPLETED")
         text = wait_for(lambda: "DONE restart=1" in (t := _read(out)) and t, "the second attempt's output")

@@ -574,12 +574,16 @@ class EstimateSpec(Strict):
     host_adam_gbps: PositiveFloat = Field(40.0, description="Host memory bandwidth one GPU's share of the CPU "
                                           "step gets, GB/s, for parallel.offload (fused CPU AdamW moves 28 bytes "
                                           "per fp32 element)")
-    requeue_s: NonNegativeFloat = Field(120.0, description="Seconds from a failure to the job running again "
-                                        "(detection, the scheduler's requeue, node allocation), for plan's "
-                                        "whole-run interruption cost; an assumption, measure yours")
+    requeue_s: NonNegativeFloat = Field(120.0, description="Seconds from a failure to the job running again, "
+                                        "for plan's whole-run interruption cost. Default: Slurm's requeue delay, "
+                                        "which a requeued batch job waits before it may start (slurm.conf(5): "
+                                        "requeue_delay, by default AuthInfo's cred_expire, 120 s); detecting a "
+                                        "hang and waiting for free nodes add to it")
     startup_s: NonNegativeFloat = Field(300.0, description="Seconds a restart spends starting up before the "
                                         "checkpoint load (process groups, model build, compile), for plan's "
-                                        "whole-run interruption cost; mfu-report measures a run's own")
+                                        "whole-run interruption cost. Default: an assumption, as no published "
+                                        "figure covers it; mfu-report measures a run's own (start-up, launch "
+                                        "to first step)")
     checkpoint_read_gbps: PositiveFloat = Field(2.0, description="Checkpoint read bandwidth per node, GB/s: a "
                                                 "restart's load time in plan's whole-run interruption cost")
 
