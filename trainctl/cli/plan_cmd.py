@@ -266,13 +266,17 @@ def whole_run_rows(run: dict[str, Any] | None) -> list[tuple[str, str]]:
                               f"{dur(run['mtbf_s'])} (schedule checkpoints: checkpoint.every_steps)")]
     cost = f", cost {run['cost']:,.0f}" if run["cost"] is not None else ""
     energy = f", at most {run['energy_mwh']:,.0f} MWh" if run["energy_mwh"] is not None else ""
+    parts = run["restart_parts_s"]
+    restart = (f"{dur(run['restart_s'])} restart (requeue {dur(parts['requeue'])}, start-up {dur(parts['startup'])}, "
+               f"checkpoint load {dur(parts['checkpoint_load'])}: estimate.requeue_s, startup_s, "
+               "checkpoint_read_gbps)")
     return [
         ("whole run", f"{count(run['steps'], 'step')} x {run['tokens'] / run['steps']:,.0f} tokens = "
                       f"{run['tokens']:.4g} tokens (from {run['given']}); compute {dur(run['compute_s'])}; "
                       f"{count(run['saves'], 'save')} blocking "
                       f"{dur(run['save_blocking_s'])}, last write {dur(run['last_write_s'])}"),
         ("interruptions", f"~{run['expected_interruptions']:.1f} expected, each redoing the work since the last "
-                          f"save plus a {dur(run['restart_s'])} restart; ETTR {pct(run['ettr'], 1)}"),
+                          f"save plus a {restart}; ETTR {pct(run['ettr'], 1)}"),
         ("wall clock", f"P10 {days['p10']:.2f} / P50 {days['p50']:.2f} / P90 {days['p90']:.2f} days (closed form); "
                        f"{run['gpu_hours']:,.0f} GPU-hours{energy}{cost}"),
         ("best interval", f"{dur(run['optimal_interval_s'])} minimises the expected wall clock"),
