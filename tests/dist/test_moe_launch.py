@@ -48,7 +48,7 @@ def test_launch_tiny_moe_recipe(tmp_path: Path) -> None:
     # the EP all-to-all: the planner counts (ep-1)/ep of every rank's dispatched rows leaving it (even
     # routing); the trainer measures the rows that really left. Per rank and step, bytes sent off-rank =
     # the plan's count with the measured share in place of (ep-1)/ep: same tokens per rank (s*b/tp under
-    # SP), top_k copies, hidden x 4 bytes (fp32), 4 exchanges per layer and micro-batch, 4 layers, 4
+    # SP), top_k copies, hidden x 4 bytes (fp32), 4 exchanges per layer and micro-batch, 4 layers, 2
     # micro-batches (tests/unit/test_moe_plan.py holds the plan's 1,048,576 bytes against a hand count).
     planned = plan["communication"]["per_kind"]["ep"]["bytes"]
     assert planned == 1_048_576

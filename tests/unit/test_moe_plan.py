@@ -119,13 +119,13 @@ def test_model_flops_come_from_the_active_parameters_router_included() -> None:
 
 
 def test_all_to_all_bytes_against_a_hand_count() -> None:
-    """tiny-moe-cpu: tp 2 with SP, micro-batch 2 of 64 tokens, hidden 64, top-2, ep 2, fp32 on the CPU.
+    """tiny-moe-cpu: tp 2 with SP, micro-batch 4 of 64 tokens, hidden 64, top-2, ep 2, fp32 on the CPU.
 
-    Each TP rank dispatches its sequence shard: 2*64/2 = 64 tokens, 2 copies each = 128 vectors of 64 fp32
-    (256 bytes); with 2 of the 4 experts on each EP rank half the copies leave: 64 * 256 = 16,384 bytes per
-    exchange. Dispatch + combine forward, their gradients backward: 4 exchanges = 65,536 bytes per layer
-    and micro-batch; 4 MoE layers and 16/(2*2) = 4 micro-batches: 1,048,576 bytes per step."""
-    assert all_to_all_bytes(tokens=64, top_k=2, hidden=64, act_bytes=4, ep=2) == 4 * 16_384
+    Each TP rank dispatches its sequence shard: 4*64/2 = 128 tokens, 2 copies each = 256 vectors of 64 fp32
+    (256 bytes); with 2 of the 4 experts on each EP rank half the copies leave: 128 * 256 = 32,768 bytes per
+    exchange. Dispatch + combine forward, their gradients backward: 4 exchanges = 131,072 bytes per layer
+    and micro-batch; 4 MoE layers and 16/(4*2) = 2 micro-batches: 1,048,576 bytes per step."""
+    assert all_to_all_bytes(tokens=128, top_k=2, hidden=64, act_bytes=4, ep=2) == 4 * 32_768
     spec = load_spec(TINY_MOE)
     plan = build_plan(spec)
     assert plan.est.comm_bytes["ep"] == 1_048_576
