@@ -150,9 +150,20 @@ def test_recipes_plan_without_errors(recipe):
 
 
 def test_all_recipes_in_the_directory_plan():
+    """Every recipe plans, with its whole run priced, or a row saying what would price it (a CPU recipe has no
+    predicted step time until it is calibrated)."""
+    from trainctl.cli.plan_cmd import whole_run_rows
+
     for path in sorted((ROOT / "recipes").glob("*.yaml")):
         plan = build_plan(load_spec(path))
         assert plan.errors == [], (path.name, [w.message for w in plan.errors])
+        run = plan.to_json()["checkpoint"]["whole_run"]
+        rows = dict(whole_run_rows(run))
+        assert (run is None) == (plan.to_json()["prediction"]["step_time_s"] is None), path.name
+        if run is None:
+            assert "trainctl calibrate SPEC" in rows["whole run"], path.name
+        else:
+            assert {"whole run", "interruptions", "wall clock", "best interval"} <= set(rows), path.name
 
 
 @pytest.mark.parametrize("gpu,ranks_per_node,cores,configured,expected", [

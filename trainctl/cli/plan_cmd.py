@@ -257,8 +257,9 @@ def checkpoint_rows(ck: dict[str, Any]) -> list[tuple[str, str]]:
 
 def whole_run_rows(run: dict[str, Any] | None) -> list[tuple[str, str]]:
     """The whole run under failures (plan/whole_run.py; formulas in --json's checkpoint.whole_run.formulas)."""
-    if run is None:
-        return []
+    if run is None:  # no predicted step time: a CPU's peak is measured at run time, not in the catalog
+        return [("whole run", "unknown without a predicted step time: `trainctl calibrate SPEC` measures this "
+                              "hardware, then `trainctl plan SPEC --calibration PROFILE` prices the whole run")]
     days = run["wall_days"]
     if days["mean"] is None or not math.isfinite(days["mean"]):  # a save interval far beyond the MTBF
         return [("whole run", f"{count(run['steps'], 'step')}, compute {dur(run['compute_s'])}: not expected to "
