@@ -37,6 +37,8 @@ from trainctl.spec.loader import validate_spec
 from trainctl.spec.models import RunSpec
 
 RECOMPUTE = ("none", "selective", "full")
+# (ZeRO stage, optimizer offloaded) in enumeration order; offload moves nothing without a sharded optimizer
+ZERO_VARIANTS = ((0, False), (1, False), (1, True), (2, False), (2, True), (3, False), (3, True))
 LONG_SEQUENCE = 32_768  # context parallelism is searched from here (long-context training: 32K-1M tokens)
 MIN_CP_TOKENS = 4_096  # tokens per CP rank below which the K/V exchange outweighs what CP saves
 NOMINAL_PEAK = 1e12  # FLOP/s used to rank layouts when the peak is unknown (CPU); times are then relative
@@ -112,10 +114,6 @@ class AutoResult:
 def enumerate_candidates(spec: RunSpec, skipped: dict[str, int]) -> list[Candidate]:
     """Every layout the spec rules accept for this model and cluster (see the module docstring)."""
     return [c for shape in enumerate_shapes(spec, skipped) for c in zero_variants(shape)]
-
-
-# (ZeRO stage, optimizer offloaded) in enumeration order; offload moves nothing without a sharded optimizer
-ZERO_VARIANTS = ((0, False), (1, False), (1, True), (2, False), (2, True), (3, False), (3, True))
 
 
 def zero_stages(shape: Candidate) -> list[tuple[int, bool]]:
@@ -283,7 +281,7 @@ def best_layout(spec: RunSpec, ev: Evaluator, shapes: list[Candidate] | None = N
     tight = 0.9 * capacity if capacity is not None else float("inf")
     model_flops = ev.model_flops_per_token * ev.tokens_per_step
     denom = ctx.world * (ctx.hw.peak_flops or NOMINAL_PEAK)
-    best: tuple[tuple[bool, float, float], int, int, Candidate] | None = None
+    best: tuple[tuple[tuple[bool, float, float], int, int], Candidate] | None = None  # (rank key, layout)
     comfortable_step = float("inf")  # the fastest comfortable layout's step so far
     scored = 0
     for floor, k in sorted((ev.step_floor(shape) or 0.0, k) for k, shape in enumerate(shapes)):
@@ -300,14 +298,15 @@ def best_layout(spec: RunSpec, ev: Evaluator, shapes: list[Candidate] | None = N
                 continue
             step, mem = fitting
             mfu = model_flops / (step * denom) if step else 0.0
-            key = (_order((-round(mfu, 12), mem, c), tight), k, j, c)
-            if best is None or key[:3] < best[:3]:
-                best = key
+            key = (_order((-round(mfu, 12), mem, c), tight), k, j)
+            if best is None or key < best[0]:
+                best = (key, c)
             if mem <= tight and step is not None:
                 comfortable_step = min(comfortable_step, step)
     if best is None:
         return None, scored
-    return Scored(ev.evaluate(best[3], detail=False), -best[0][1]), scored
+    (order, _, _), c = best
+    return Scored(ev.evaluate(c, detail=False), -order[1]), scored
 
 
 def search(spec: RunSpec, top: int = 10, rejected: int = 5) -> AutoResult:
