@@ -298,23 +298,16 @@ def check_grid(b: Bench) -> dict[str, Any]:
     profile prices two model sizes x recompute none/selective/full x micro-batch 1 and 4, each launched and held
     against its plan (`mfu-report --calibration --json`): step time and activations, predicted beside measured.
     The mid model is priced from the big model's profile (the plan says it extrapolates: another model)."""
-    prof = b.work / "grid-calibration.json"
-    cal = spec("gpu-grid-cal", "big", b.a, b.gpu, steps=10, micro_batch=4)
-    d = b.work / "grid-cal"
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "spec.yaml").write_text(yaml.safe_dump(cal))
     t0 = time.monotonic()
-    r = b.trainctl("calibrate", str(d / "spec.yaml"), "--out", str(prof), "--run-dir", str(d / "run"), timeout=300)
-    if r.returncode:
-        raise RuntimeError(f"calibrate exited {r.returncode}: {(r.stderr or r.stdout).strip()[-400:]}")
-    shutil.copy(prof, b.out / "grid-calibration.json")
+    prof = grid_calibrate(b, "big")
     res: dict[str, Any] = {"calibrate_s": round(time.monotonic() - t0, 1), "runs": {}}
-    errors = []
+    own = grid_calibrate(b, "mid") if b.a.grid_own_profiles else None  # what the mid model's own profile says
+    errors, own_errors = [], []
     for size in ("big", "mid"):
         for micro_batch in (1, 4):
             for mode in ("none", "selective", "full"):
                 key = f"{size}-mb{micro_batch}-{mode}"
-                if b.a.budget_s - (time.monotonic() - b.t0) < 30:
+                if b.a.budget_s - (time.monotonic() - b.t0) < 60:  # a launch and its reports take 30-50 s
                     res["runs"][key] = "skipped: budget"
                     continue
                 sp = spec(f"gpu-grid-{key}", size, b.a, b.gpu, steps=b.a.grid_steps, micro_batch=micro_batch)
@@ -332,6 +325,12 @@ def check_grid(b: Bench) -> dict[str, Any]:
                 err = round(pred / meas - 1, 4) if pred and meas else None
                 if err is not None:
                     errors.append(err)
+                if own is not None and size == "mid":
+                    own_pred = _dig(report_json(b, run, None, "--calibration", str(own)), "prediction", "step_time_s")
+                    own_err = round(own_pred / meas - 1, 4) if own_pred and meas else None
+                    if own_err is not None:
+                        own_errors.append(own_err)
+                    res["runs"].setdefault(f"{key}-own-profile", {"step_error": own_err})
                 res["runs"][key] = {
                     "step_ms_predicted_measured": [round(1e3 * pred, 1) if pred else None,
                                                    round(1e3 * meas, 1) if meas else None],
@@ -343,7 +342,31 @@ def check_grid(b: Bench) -> dict[str, Any]:
     if errors:
         res["step_error_mean_abs"] = round(statistics.mean(abs(e) for e in errors), 4)
         res["step_error_worst"] = max(errors, key=abs)
+    if own_errors:
+        res["mid_own_profile_step_error_mean_abs"] = round(statistics.mean(abs(e) for e in own_errors), 4)
     return res
+
+
+def grid_calibrate(b: Bench, size: str) -> Path:
+    """`trainctl calibrate` of the `size` model at micro-batch 4; the profile's path (a copy under --out)."""
+    prof = b.work / f"grid-calibration-{size}.json"
+    d = b.work / f"grid-cal-{size}"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "spec.yaml").write_text(yaml.safe_dump(spec(f"gpu-grid-cal-{size}", size, b.a, b.gpu, steps=10,
+                                                     micro_batch=4)))
+    r = b.trainctl("calibrate", str(d / "spec.yaml"), "--out", str(prof), "--run-dir", str(d / "run"), timeout=300)
+    if r.returncode:
+        raise RuntimeError(f"calibrate exited {r.returncode}: {(r.stderr or r.stdout).strip()[-400:]}")
+    shutil.copy(prof, b.out / prof.name)
+    return prof
+
+
+def check_probe(b: Bench) -> dict[str, Any]:
+    """bench/layer_probe.py: one layer timed alone, as stacks and queued, beside the grid's in-step figures."""
+    left = b.a.budget_s - (time.monotonic() - b.t0)
+    r = b.sh([sys.executable, str(ROOT / "bench" / "layer_probe.py"), "--json", str(b.out / "layer_probe.json"),
+              "--budget-s", str(max(10.0, left - 30))], timeout=max(30.0, left), what="layer_probe")
+    return {"rc": r.returncode, "rows": len(r.stdout.strip().splitlines())}
 
 
 def report_json(b: Bench, run: Path, keep_as: str | None, *args: str) -> dict[str, Any]:
@@ -414,6 +437,8 @@ def main() -> None:
     ap.add_argument("--micro-batch", type=int, default=8)
     ap.add_argument("--big-checkpoint-every", type=int, default=20, help="0: the big runs save no checkpoint")
     ap.add_argument("--grid-steps", type=int, default=12, help="steps of each run of the grid check")
+    ap.add_argument("--grid-own-profiles", action="store_true",
+                    help="grid: also calibrate the mid model and price its runs with its own profile")
     ap.add_argument("--budget-s", type=float, default=420, help="checks not started by then are skipped")
     ap.add_argument("--only", default="", help="comma-separated checks (default all)")
     ap.add_argument("--cpu-smoke", action="store_true", help="toy sizes on the CPU: checks this script's flow")
@@ -432,7 +457,7 @@ def main() -> None:
         "bare-compiled": lambda: check_bare(b, True), "fp16": lambda: check_fp16(b),
         "resume_deterministic": lambda: resume_pair(b, "resume-det", True),
         "calibrate": lambda: check_calibrate(b), "recompute": lambda: check_recompute(b),
-        "grid": lambda: check_grid(b),
+        "grid": lambda: check_grid(b), "probe": lambda: check_probe(b),
         "resume_default": lambda: resume_pair(b, "resume-default", False),
         "pytest": lambda: check_pytest(b)}
     only = [x for x in a.only.split(",") if x]

@@ -14,6 +14,10 @@ every raw figure (per rank) and every fit:
   fits.layer.dispatch_s[mode]   the layer's forward + backward on a few tokens, per recompute mode: on a GPU
                                 the host's time to issue its kernels, the least a layer takes however little
                                 its work (a CPU runs what it issues: no separate floor there)
+  fits.layer.call_s             on a GPU, what each timed call of one layer pays once (the backward's start,
+                                the wait for the last kernels): one layer less the extra layer of a stack
+                                of two (`in_step`); the layer's rate, its TP seconds and the dispatch floor
+                                are per layer as a step runs them, without it (0 on a CPU)
   fits.links[link][op]          per link class and collective kind, fitted over every group and message
                                 size measured (fit.py): latency per call + latency per ring step x the
                                 kind's steps at n + bus bytes / bandwidth, the group sizes measured
@@ -66,14 +70,19 @@ def build(meta: dict[str, Any], raw: dict[str, Any]) -> dict[str, Any]:
         rate, err = fit_rate([(r["flops"], median_of(r["seconds"])) for r in raw["matmul"] if r["tp"] == tp])
         matmul[str(tp)] = {"flops_per_s": rate, "rms_rel_error": err}
     layer = raw["layer"]
-    layer_rate = layer["flops"] / median_of(layer["seconds"])
+    stack = layer.get("stack") or {}
+    depth = int(stack.get("depth") or 0)
+    seconds, call_s = in_step(layer["seconds"], stack.get("seconds"), depth)
+    layer_rate = layer["flops"] / seconds
     efficiency = layer_rate / matmul["1"]["flops_per_s"]
     links = fit_links(raw)
+    dispatch = {mode: in_step(s, (stack.get("dispatch") or {}).get(mode), depth)[0]
+                for mode, s in (layer.get("dispatch") or {}).items()}
     fits = {
         "matmul": matmul,
         "layer": {"flops_per_s": layer_rate, "efficiency": efficiency, "recompute": layer["recompute"],
-                  "tokens": layer["tokens"], "tp_seconds": _tp_layers(layer.get("tp", [])),
-                  "dispatch_s": {mode: median_of(s) for mode, s in (layer.get("dispatch") or {}).items()}},
+                  "tokens": layer["tokens"], "call_s": call_s,
+                  "tp_seconds": _tp_layers(layer.get("tp", []), call_s), "dispatch_s": dispatch},
         "compute": {tp: v["flops_per_s"] * efficiency for tp, v in matmul.items()},
         "links": links,
     }
@@ -101,11 +110,27 @@ def fit_links(raw: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
     return links
 
 
-def _tp_layers(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """tp -> {"plain" | "sp": one layer's forward + backward seconds on a TP rank, median over ranks}."""
+def in_step(one: list[float | None], stack: list[float | None] | None, depth: int) -> tuple[float, float]:
+    """(seconds of a layer as a step runs it, seconds each timed call of one layer paid once on top) from the
+    per-rank seconds of one layer and, on a GPU, of a stack of `depth` layers (calibrate's `_stack`): the stack's
+    extra layers cost what a layer costs inside a step, whose layers follow each other in one queue. Without a
+    usable stack (a CPU, an out-of-memory stack, a difference outside (0, one layer]): one layer's time, no
+    call cost."""
+    alone = median_of([x for x in one if x is not None])
+    stacked = [x for x in stack or [] if x is not None]
+    if depth < 2 or not stacked:
+        return alone, 0.0
+    layer = (median_of(stacked) - alone) / (depth - 1)
+    return (layer, alone - layer) if 0.0 < layer <= alone else (alone, 0.0)
+
+
+def _tp_layers(rows: list[dict[str, Any]], call_s: float) -> dict[str, dict[str, float]]:
+    """tp -> {"plain" | "sp": one layer's forward + backward seconds on a TP rank, median over ranks, less what
+    each timed call pays once (`in_step`: the same calls at tp 1)}."""
     out: dict[str, dict[str, float]] = {}
     for r in rows:
-        out.setdefault(str(r["tp"]), {})["sp" if r["sequence_parallel"] else "plain"] = median_of(r["seconds"])
+        seconds = max(median_of(r["seconds"]) - call_s, 0.0)
+        out.setdefault(str(r["tp"]), {})["sp" if r["sequence_parallel"] else "plain"] = seconds
     return out
 
 

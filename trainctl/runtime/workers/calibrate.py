@@ -38,6 +38,7 @@ from trainctl.spec.models import RunSpec
 
 MODULE = "trainctl.runtime.workers.calibrate"
 DISPATCH_TOKENS = 64  # the dispatch floor's layer input: every kernel of a layer, each on next to no work
+STACK_DEPTH = 2  # on a GPU each layer figure is timed again on this many layers (Calibration._stack)
 REPEATS = 3  # timed loops per figure: the median of three is robust to one preempted loop
 LOAD_ITERATIONS = 20  # layer forward (+ all-reduce) iterations of phase 4, REPEATS pairs: ~0.05-0.1 s a mode
 
@@ -212,42 +213,73 @@ class Calibration:
     def time_layer(self) -> tuple[dict[str, Any], str]:
         dist.barrier()
         recompute, micro_batch = self.spec.train.recompute, self.spec.parallel.micro_batch
-        self.layer = mb.Layer(self.shape, micro_batch, recompute, self.autocast, self.device, self.spec.train.seed,
-                              compile_with=self.spec.train.compile_with)
+
+        def layer(depth: int) -> mb.Layer:
+            return mb.Layer(self.shape, micro_batch, recompute, self.autocast, self.device, self.spec.train.seed,
+                            compile_with=self.spec.train.compile_with, depth=depth)
+
+        self.layer = layer(1)
         # the figure every layer's price starts from: five windows, so a burst of other work on the machine
         # in one or two of them does not set it
         seconds = mb.windowed(self.layer.step, self.device, 5, window_s=2 * mb.WINDOW_S)
+        stack = self._stack(layer, repeats=5, window_s=2 * mb.WINDOW_S)
         tp_rows = self._tp_layers()
-        modes, floors = self._dispatch_floor()
-        every = self.gather([seconds, *[r["seconds"] for r in tp_rows], *floors])
-        for i, r in enumerate(tp_rows, start=1):
-            r["seconds"] = [ranks[i] for ranks in every]
-        mine = [ranks[0] for ranks in every if ranks[0] is not None]
-        first = 1 + len(tp_rows)
-        dispatch = {mode: [ranks[first + i] for ranks in every] for i, mode in enumerate(modes)}
+        modes, floors, floor_stacks = self._dispatch_floor()
+        every = self.gather([seconds, stack, *[r["seconds"] for r in tp_rows], *floors, *floor_stacks])
+
+        def column(i: int) -> list[float | None]:
+            return [ranks[i] for ranks in every]
+
+        for i, r in enumerate(tp_rows, start=2):
+            r["seconds"] = column(i)
+        mine = [x for x in column(0) if x is not None]
+        first = 2 + len(tp_rows)
+        out: dict[str, Any] = {
+            "recompute": recompute, "tokens": self.tokens, "flops": self.layer.flops, "seconds": mine, "tp": tp_rows,
+            "dispatch_tokens": DISPATCH_TOKENS,
+            "dispatch": {mode: column(first + i) for i, mode in enumerate(modes)}}
+        if self.device.type == "cuda":
+            out["stack"] = {"depth": STACK_DEPTH, "seconds": column(1),
+                            "dispatch": {mode: column(first + len(modes) + i) for i, mode in enumerate(modes)}}
         sizes = sorted({r["tp"] for r in tp_rows})
         also = f"; tp {'/'.join(map(str, sizes))} with SP off and on in TP groups" if sizes else ""
-        return ({"recompute": recompute, "tokens": self.tokens, "flops": self.layer.flops, "seconds": mine,
-                 "tp": tp_rows, "dispatch_tokens": DISPATCH_TOKENS, "dispatch": dispatch},
-                f"layer forward+backward (tp 1, micro-batch {micro_batch}, recompute {recompute}): "
-                f"{statistics.median(mine) * 1e3:.2f} ms median over ranks{also}")
+        return out, (f"layer forward+backward (tp 1, micro-batch {micro_batch}, recompute {recompute}): "
+                     f"{statistics.median(mine) * 1e3:.2f} ms median over ranks{also}")
 
-    def _dispatch_floor(self) -> tuple[list[str], list[float]]:
-        """The layer's forward + backward on a micro-batch of DISPATCH_TOKENS tokens, per recompute mode: its
-        kernels on next to no work, so on a GPU the time the host takes to issue them. A layer cannot run
-        faster than that however small its work (profile: fits.layer.dispatch_s). Compiled, only the spec's
-        own mode (each mode would compile again). Not on a CPU: it runs what it issues, so the layer's measured
-        rate holds its dispatch already and the plan charges no floor there."""
+    def _stack(self, layer: Callable[[int], mb.Layer], repeats: int = REPEATS,
+               window_s: float = mb.WINDOW_S) -> float | None:
+        """On a GPU, seconds per call of STACK_DEPTH of the layers `layer(depth)` builds: its difference from
+        one layer is a layer without what each timed call pays once (the backward's start, the wait at the
+        synchronize for the last kernels), which the step pays once for all its layers. None on a CPU (those
+        costs are a small part of a layer there, and a difference would double the noise) and where the stack
+        does not fit in memory."""
         if self.device.type != "cuda":
-            return [], []
+            return None
+        try:
+            return mb.windowed(layer(STACK_DEPTH).step, self.device, repeats, window_s=window_s)
+        except torch.OutOfMemoryError:
+            torch.cuda.empty_cache()
+            return None
+
+    def _dispatch_floor(self) -> tuple[list[str], list[float], list[float | None]]:
+        """The layer's forward + backward on a micro-batch of DISPATCH_TOKENS tokens, per recompute mode (alone
+        and as a stack: `_stack`): its kernels on next to no work, so on a GPU the time the host takes to issue
+        them. A layer cannot run faster than that however small its work (profile: fits.layer.dispatch_s).
+        Compiled, only the spec's own mode (each mode would compile again). Not on a CPU: it runs what it
+        issues, so the layer's measured rate holds its dispatch already and the plan charges no floor there."""
+        if self.device.type != "cuda":
+            return [], [], []
         modes = [self.spec.train.recompute] if self.spec.train.compile_with else ["none", "selective", "full"]
         seq = min(DISPATCH_TOKENS, self.shape.seq_len)
-        out = []
+        one, stacks = [], []
         for mode in modes:
-            layer = mb.Layer(self.shape, 1, mode, self.autocast, self.device, self.spec.train.seed,
-                             compile_with=self.spec.train.compile_with, seq_len=seq)
-            out.append(mb.windowed(layer.step, self.device, REPEATS))
-        return modes, out
+            def layer(depth: int, mode: str = mode) -> mb.Layer:
+                return mb.Layer(self.shape, 1, mode, self.autocast, self.device, self.spec.train.seed,
+                                compile_with=self.spec.train.compile_with, seq_len=seq, depth=depth)
+
+            one.append(mb.windowed(layer(1).step, self.device, REPEATS))
+            stacks.append(self._stack(layer))
+        return modes, one, stacks
 
     def _tp_layers(self) -> list[dict[str, Any]]:
         """The same layer as this rank's shard at every TP size > 1 that fits in a node, in groups of

@@ -97,13 +97,14 @@ def time_gemm(g: Gemm, dtype: torch.dtype, device: torch.device, repeats: int) -
 class Layer:
     """One real transformer layer on one rank, built by the trainer's own builder (compiled as train.compile
     compiles it), and an input: tp 1, or this rank's shard in a TP group (`tp`, with or without sequence
-    parallelism: its collectives run)."""
+    parallelism: its collectives run). `depth` > 1 stacks that many layers (`flops` stays one layer's): the
+    difference between two depths is a layer as the step runs it, without the costs each timed call has once."""
 
     def __init__(self, shape: ModelShape, micro_batch: int, recompute: str, autocast: torch.dtype | None,
                  device: torch.device, seed: int, tp: TPContext | None = None,
-                 compile_with: str | None = None, seq_len: int | None = None) -> None:
+                 compile_with: str | None = None, seq_len: int | None = None, depth: int = 1) -> None:
         tp = tp or TPContext.single()
-        self.module = build_stage(shape, range(0, 1), first=False, last=False, seed=seed,
+        self.module = build_stage(shape, range(0, depth), first=False, last=False, seed=seed,
                                   ctx=ParallelContext(tp=tp), recompute=recompute, device=device)
         compile_blocks([self.module], compile_with)  # the run's kernels (the windows' warm-up call compiles)
         seq = seq_len or shape.seq_len  # shorter: the same kernels on little work (the dispatch floor)
