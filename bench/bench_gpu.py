@@ -307,6 +307,8 @@ def check_grid(b: Bench) -> dict[str, Any]:
         for micro_batch in (1, 4):
             for mode in ("none", "selective", "full"):
                 key = f"{size}-mb{micro_batch}-{mode}"
+                if b.a.grid_runs and key not in b.a.grid_runs.split(","):
+                    continue
                 if b.a.budget_s - (time.monotonic() - b.t0) < 60:  # a launch and its reports take 30-50 s
                     res["runs"][key] = "skipped: budget"
                     continue
@@ -437,6 +439,7 @@ def main() -> None:
     ap.add_argument("--micro-batch", type=int, default=8)
     ap.add_argument("--big-checkpoint-every", type=int, default=20, help="0: the big runs save no checkpoint")
     ap.add_argument("--grid-steps", type=int, default=12, help="steps of each run of the grid check")
+    ap.add_argument("--grid-runs", default="", help="grid: only these runs (comma-separated, e.g. big-mb4-none)")
     ap.add_argument("--grid-own-profiles", action="store_true",
                     help="grid: also calibrate the mid model and price its runs with its own profile")
     ap.add_argument("--budget-s", type=float, default=420, help="checks not started by then are skipped")

@@ -55,6 +55,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", type=Path, required=True)
     ap.add_argument("--budget-s", type=float, default=120, help="stop starting new rows after this long")
+    ap.add_argument("--models", default="big,mid", help="comma-separated, in this order")
     a = ap.parse_args()
     import torch
 
@@ -74,7 +75,7 @@ def main() -> None:
 
     t_start = time.monotonic()
     rows = []
-    for size in ("big", "mid"):
+    for size in a.models.split(","):
         shape = ModelShape.from_spec(ModelSpec(**model(size, False)))
         for micro_batch, seq in ((1, shape.seq_len), (4, shape.seq_len), (1, 64)):
             for mode in ("none", "selective", "full"):

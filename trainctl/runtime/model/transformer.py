@@ -276,11 +276,16 @@ class Embedding(nn.Module):
         # the residual stream is in the compute dtype, bf16 under bf16 autocast as in Megatron: the norm inputs,
         # a recomputed block's input and the pipeline's messages are 2 bytes a value; or at least fp32 with
         # model.fp32_residual (docs/ARCHITECTURE.md, "Memory model")
-        stream = compute_dtype(h)
-        h = h.to(torch.promote_types(stream, torch.float32) if self.cfg.fp32_residual else stream)
+        h = h.to(residual_dtype(self.cfg, compute_dtype(h)))
         if self.learned_pos and self.tp.sp:
             h = scatter_to_sp_region(h, self.tp)
         return tp_dropout(h, self.cfg.dropout, self.training, self.tp, sharded=self.tp.sp)
+
+
+def residual_dtype(cfg: ModelShape, compute: torch.dtype) -> torch.dtype:
+    """The residual stream's dtype when the matmuls compute in `compute`: that dtype, or at least fp32 with
+    model.fp32_residual."""
+    return torch.promote_types(compute, torch.float32) if cfg.fp32_residual else compute
 
 
 # ---------------------------------------------------------------------------------------------------------

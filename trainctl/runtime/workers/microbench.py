@@ -19,7 +19,7 @@ import torch.distributed as dist
 from trainctl.model_shape import ModelShape, layer_flops_per_token
 from trainctl.plan.calibration.shapes import Gemm
 from trainctl.runtime.model.parallel_context import ParallelContext
-from trainctl.runtime.model.transformer import build_stage, compile_blocks
+from trainctl.runtime.model.transformer import build_stage, compile_blocks, residual_dtype
 from trainctl.runtime.parallel.tensor_parallel import TPContext, _all_gather_single, _reduce_scatter_single
 
 # Compute is timed in windows of this long, on every rank at once: well above a scheduler slice, so ranks
@@ -88,6 +88,12 @@ def windowed_collective(fn: Callable[[], object], device: torch.device, repeats:
     return statistics.median(per_call)
 
 
+def stream_dtype(shape: ModelShape, autocast: torch.dtype | None) -> torch.dtype:
+    """The dtype of the residual stream a layer and the head take in the trainer (bf16 under bf16 autocast):
+    an fp32 input would run every norm, residual add and their gradients at twice the bytes."""
+    return residual_dtype(shape, autocast or torch.float32)
+
+
 def time_gemm(g: Gemm, dtype: torch.dtype, device: torch.device, repeats: int) -> float:
     a = torch.randn(g.m, g.k, device=device, dtype=dtype)
     b = torch.randn(g.k, g.n, device=device, dtype=dtype)
@@ -109,7 +115,8 @@ class Layer:
         compile_blocks([self.module], compile_with)  # the run's kernels (the windows' warm-up call compiles)
         seq = seq_len or shape.seq_len  # shorter: the same kernels on little work (the dispatch floor)
         tokens = seq // tp.size if tp.sequence_parallel else seq  # SP: this rank's shard
-        self.x = torch.randn(micro_batch, tokens, shape.hidden, device=device, requires_grad=True)
+        self.x = torch.randn(micro_batch, tokens, shape.hidden, device=device, dtype=stream_dtype(shape, autocast),
+                             requires_grad=True)
         self.grad = torch.randn_like(self.x)
         self.autocast, self.device = autocast, device
         # hardware FLOPs of a forward + backward, by the planner's arithmetic (trainctl.model_shape)
@@ -209,7 +216,8 @@ class Ends:
         g = torch.Generator().manual_seed(seed)
         self.tokens = torch.randint(0, shape.vocab, (micro_batch, shape.seq_len), generator=g).to(device)
         self.targets = torch.randint(0, shape.vocab, (micro_batch, shape.seq_len), generator=g).to(device)
-        self.x = torch.randn(micro_batch, shape.seq_len, shape.hidden, device=device, requires_grad=True)
+        self.x = torch.randn(micro_batch, shape.seq_len, shape.hidden, device=device,
+                             dtype=stream_dtype(shape, autocast), requires_grad=True)
         self.shape, self.tp, self.loss_fn = shape, TPContext.single(), loss_fn
         self.autocast, self.device = autocast, device
 
