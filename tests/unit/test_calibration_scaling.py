@@ -17,6 +17,7 @@ import pytest
 from paths import REPO
 
 from trainctl.errors import UsageError
+from trainctl.model_shape import ModelShape
 from trainctl.plan import comm
 from trainctl.plan.calibration import profile as prof
 from trainctl.plan.calibration.fit import LinkFit, fit_collective, ring_steps
@@ -240,3 +241,42 @@ def test_only_another_accelerator_is_refused(tmp_path: Path) -> None:
     assert "\n" not in str(refused.value)
     for sets in ([], TWO_NODES, ["cluster.gpus_per_node=4", "parallel.dp=1"]):  # other sizes: priced
         prof.check(profile, load_spec(TINY, overrides=sets))
+
+
+def test_a_gpu_layer_is_priced_from_a_stack_without_what_each_timed_call_pays_once() -> None:
+    """On a GPU calibrate also times a stack of two layers: the second layer's time is a layer as a step runs
+    it, and one layer less that is what each timed call pays once; the rate, the TP layers and the dispatch
+    floor are priced without it. Where the difference is not a layer's (the stack is missing, or costs less
+    than one layer or more than two), one layer's time stands, with no call cost."""
+    call, layer = 0.5e-3, 1e8 / RATE  # one call costs a layer + 0.5 ms; the stack, two layers + 0.5 ms
+    raw = _raw([(INTRA, 2)])
+    raw["layer"].update(seconds=[layer + call, layer + call], dispatch={"none": [3e-3]},
+                        stack={"depth": 2, "seconds": [2 * layer + call, None], "dispatch": {"none": [5e-3]}})
+    fits = prof.build({"device": {"type": "cuda"}}, raw)["fits"]["layer"]
+    assert fits["flops_per_s"] == pytest.approx(RATE)
+    assert fits["call_s"] == pytest.approx(call)
+    assert fits["dispatch_s"] == {"none": pytest.approx(2e-3)}
+    assert fits["tp_seconds"]["2"] == {"plain": pytest.approx(0.02 - call), "sp": pytest.approx(0.02 - call)}
+    for stack in ([layer], [3 * layer + 2 * call], [None]):  # less than one layer, over two, none measured
+        assert prof.in_step([layer + call], stack, 2) == (layer + call, 0.0)
+    assert prof.in_step([layer + call], [2 * layer + call], 0) == (layer + call, 0.0)  # a CPU: no stack
+
+
+def test_calibrate_times_a_layer_on_the_residual_stream_the_trainer_feeds_it() -> None:
+    """The layer and the LM head calibrate times take their input in the dtype the trainer's embedding stage
+    hands on (bf16 under bf16 autocast, fp32 with model.fp32_residual or without autocast): an fp32 input
+    under a bf16 stream ran every norm and residual add at twice the bytes (a layer on an H100 7.5 ms where
+    the step's took about 6.5)."""
+    import torch
+
+    from trainctl.runtime.model.transformer import build_stage
+    from trainctl.runtime.workers.microbench import Ends, Layer
+
+    for sets, autocast in [([], torch.bfloat16), (["model.fp32_residual=true"], torch.bfloat16), ([], None)]:
+        shape = ModelShape.from_spec(load_spec(TINY, overrides=sets).model)
+        first = build_stage(shape, range(0, 0), first=True, last=False, seed=1)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast is not None):
+            handed_on = first(torch.zeros(1, 8, dtype=torch.long)).dtype
+        layer = Layer(shape, 1, "none", autocast, torch.device("cpu"), seed=1, seq_len=8)
+        ends = Ends(shape, 1, autocast, torch.device("cpu"), seed=1)
+        assert layer.x.dtype == ends.x.dtype == handed_on, sets

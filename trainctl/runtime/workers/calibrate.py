@@ -40,6 +40,9 @@ MODULE = "trainctl.runtime.workers.calibrate"
 DISPATCH_TOKENS = 64  # the dispatch floor's layer input: every kernel of a layer, each on next to no work
 STACK_DEPTH = 2  # on a GPU each layer figure is timed again on this many layers (Calibration._stack)
 REPEATS = 3  # timed loops per figure: the median of three is robust to one preempted loop
+# a layer figure (and its stack, and the dispatch floor's): five windows of 0.1 s, so a burst of other work on the
+# machine in one or two of them does not set it (a host-bound call on a GPU takes 4-20 ms: 3 x 50 ms held few)
+LAYER_REPEATS, LAYER_WINDOW_S = 5, 0.1
 LOAD_ITERATIONS = 20  # layer forward (+ all-reduce) iterations of phase 4, REPEATS pairs: ~0.05-0.1 s a mode
 
 Group = tuple[str, int, Any, list[int]]  # (link class, group size, this rank's process group, its members)
@@ -219,10 +222,8 @@ class Calibration:
                             compile_with=self.spec.train.compile_with, depth=depth)
 
         self.layer = layer(1)
-        # the figure every layer's price starts from: five windows, so a burst of other work on the machine
-        # in one or two of them does not set it
-        seconds = mb.windowed(self.layer.step, self.device, 5, window_s=2 * mb.WINDOW_S)
-        stack = self._stack(layer, repeats=5, window_s=2 * mb.WINDOW_S)
+        seconds = mb.windowed(self.layer.step, self.device, LAYER_REPEATS, window_s=LAYER_WINDOW_S)
+        stack = self._stack(layer)
         tp_rows = self._tp_layers()
         modes, floors, floor_stacks = self._dispatch_floor()
         every = self.gather([seconds, stack, *[r["seconds"] for r in tp_rows], *floors, *floor_stacks])
@@ -246,8 +247,7 @@ class Calibration:
         return out, (f"layer forward+backward (tp 1, micro-batch {micro_batch}, recompute {recompute}): "
                      f"{statistics.median(mine) * 1e3:.2f} ms median over ranks{also}")
 
-    def _stack(self, layer: Callable[[int], mb.Layer], repeats: int = REPEATS,
-               window_s: float = mb.WINDOW_S) -> float | None:
+    def _stack(self, layer: Callable[[int], mb.Layer]) -> float | None:
         """On a GPU, seconds per call of STACK_DEPTH of the layers `layer(depth)` builds: its difference from
         one layer is a layer without what each timed call pays once (the backward's start, the wait at the
         synchronize for the last kernels), which the step pays once for all its layers. None on a CPU (those
@@ -256,7 +256,7 @@ class Calibration:
         if self.device.type != "cuda":
             return None
         try:
-            return mb.windowed(layer(STACK_DEPTH).step, self.device, repeats, window_s=window_s)
+            return mb.windowed(layer(STACK_DEPTH).step, self.device, LAYER_REPEATS, window_s=LAYER_WINDOW_S)
         except torch.OutOfMemoryError:
             torch.cuda.empty_cache()
             return None
@@ -277,7 +277,7 @@ class Calibration:
                 return mb.Layer(self.shape, 1, mode, self.autocast, self.device, self.spec.train.seed,
                                 compile_with=self.spec.train.compile_with, seq_len=seq, depth=depth)
 
-            one.append(mb.windowed(layer(1).step, self.device, REPEATS))
+            one.append(mb.windowed(layer(1).step, self.device, LAYER_REPEATS, window_s=LAYER_WINDOW_S))
             stacks.append(self._stack(layer))
         return modes, one, stacks
 
