@@ -16,7 +16,11 @@ What runs, each in its own processes through the CLI a user types (`python -m tr
              1024, ~0.37B) x recompute none/selective/full x micro-batch 1 and 4: 12 launches, predicted vs
              measured step time and activations, the mean absolute error and the worst (one H100, 2026-11-26:
              activations to 0.1% in all twelve; step time 31% off on average before the dispatch floor, 22%
-             with it: docs/results.md, "One profile, twelve runs")
+             with it: docs/results.md, "One profile, twelve runs"); --grid-runs picks runs, --grid-own-profiles
+             also calibrates the mid model and prices its runs with its own profile (two H100s, 2026-11-27,
+             after the stream and stack fixes: the GPU-bound runs 1-8% high: "One profile again")
+  probe      bench/layer_probe.py: one layer timed alone, as stacks of 2 and 4 and queued, per model, micro-batch
+             and recompute mode (which probe comes closest to a layer inside the step)
   fp16       a small model in fp16 with dynamic loss scaling: it trains (finite, falling loss)
   resume     a small model with train.deterministic: straight 16 steps with async checkpoints, then a copy
              rewound to step 8 by `trainctl resume --from-step 8`: steps 9-16 bit for bit? (also without
