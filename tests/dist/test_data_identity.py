@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from spec_utils import write_spec
 from trainer_utils import ROOT, rank_env
 
 from trainctl.checkpoint import latest_valid, list_checkpoints
+from trainctl.runtime.train import faults
 
 SIZE = 4_000_000  # bytes: 2M uint16 tokens, so a step's windows fall past 100 kB all but surely
 
@@ -36,11 +38,13 @@ def test_a_changed_token_file_is_named_under_a_running_rank_at_resume_and_at_a_r
     one_rank = {"parallel": {"dp": 1}, "cluster": {"gpus_per_node": 1}, "train": {"steps": 400},
                 "checkpoint": {"every_steps": 2, "keep_last": 5}, "data": {"synthetic": False, "path": str(tokens)}}
     spec = write_spec(tmp_path / "spec.yaml", one_rank)
-    launch = subprocess.Popen([*TRAINCTL, "launch", str(spec), "--run-dir", str(run)],
-                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # each save takes 3 s more before its commit, so the failure comes while a save is in flight
+    launch = subprocess.Popen([*TRAINCTL, "launch", str(spec), "--run-dir", str(run)], cwd=ROOT,
+                              env={**os.environ, **faults.encode(slow_write_s=3)},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_for_step(run, 3)
-        with open(tokens, "r+b") as f:  # truncated under the two ranks, which read it every step
+        with open(tokens, "r+b") as f:  # truncated under the rank, which reads it every step
             f.truncate(100_000)
         out, _ = launch.communicate(timeout=300)
     finally:
@@ -52,8 +56,10 @@ def test_a_changed_token_file_is_named_under_a_running_rank_at_resume_and_at_a_r
 
     # the run and every checkpoint record the file it trained on
     assert identity_of(json.loads((run / "job.json").read_text())["data"]) == trained
-    saved = [i for i in list_checkpoints(run / "checkpoints") if i.valid]  # not the save the failure tore
+    # the save in flight when the run failed (of a step that completed) committed before the exit: none torn
+    saved = [i for i in list_checkpoints(run / "checkpoints") if i.valid]
     assert saved and all(identity_of(i.meta["data"]) == trained for i in saved)
+    assert not list((run / "checkpoints").glob("*.tmp-*"))
     step = latest_valid(run / "checkpoints").step
 
     # resume refuses the truncated file, then another file of the same size, launching nothing

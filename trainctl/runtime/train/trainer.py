@@ -34,6 +34,9 @@ from trainctl.runtime.train.loader import build_loader
 from trainctl.spec.models import RunSpec
 
 MEMORY_STEPS = 2  # memory is measured on the 2nd step of each attempt (optimizer state exists after the 1st)
+# a failed run's exit waits this long at most for its save in flight to commit (CheckpointStorage.settle): a
+# 0.9B model's async write took 34 s on a GPU machine's disk
+SETTLE_ON_FAILURE_S = 120.0
 
 
 class InjectedFailure(RuntimeError):
@@ -274,6 +277,8 @@ class Trainer:
             self.steptimes.close()
             ok = True
         finally:
+            if not ok:  # a failure after a save began: that save's state is good, let it commit first
+                ckpt.mgr.settle(SETTLE_ON_FAILURE_S)
             self.steptimes.flush()  # a failing rank still leaves its step times for the report
             profiler.close()  # stopped inside the window: the steps it finished
             self.tracking.close(ok)
