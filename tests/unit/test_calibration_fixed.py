@@ -191,3 +191,6 @@ def test_the_plan_says_when_the_gpu_waits_for_the_host(tmp_path: Path) -> None:
         plan = build_plan(spec.with_calibration(path)).to_json()
         codes = [w["code"] for w in plan["warnings"]]
         assert ("DISPATCH_BOUND" in codes) is warned
+        # the floor's share of the predicted step, for mfu-report's largest gap
+        dispatch = plan["prediction"]["dispatch_s"]
+        assert (dispatch > 0.05 * plan["prediction"]["step_time_s"]) is warned and dispatch >= 0

@@ -245,6 +245,14 @@ def test_step_time_predicted_vs_measured_per_component(tmp_path):
     # which measured parts are timed and which derived; the work outside the layers the plan priced in compute
     assert "derived: step - sync - comm - data" in out and "measured: pipeline receives (pp)" in out
     assert "of it outside the layers (ends + optimizer step)" in out and "70.0 ms" in out
+    assert "kernels ran at a different FLOP/s" in v["largest_gap"]
+    # a plan that found the layers host-bound (on a GPU: DISPATCH_BOUND) names the host, not the kernels' rate
+    plan["prediction"]["dispatch_s"] = 0.2
+    (run / "plan.json").write_text(json.dumps(plan))
+    v = analyze(load_run(run))["step_vs_plan"]
+    assert v["largest_gap"].startswith("compute took 100 ms longer than predicted")
+    assert "host-bound (200 ms of its step is the GPU waiting for the host" in v["largest_gap"]
+    assert "FLOP/s" not in v["largest_gap"]
     # a run whose plan has no step time (a CPU without a calibration profile) still shows what was measured
     plan["prediction"] = {"mfu": None, "step_time_s": None}
     (run / "plan.json").write_text(json.dumps(plan))

@@ -312,6 +312,7 @@ class Plan:
                 "dp_exposed_s": e.dp_exposed_time, "embedding_sync_s": e.embedding_sync_time,
                 "tokens_per_s": e.tokens_per_s, "model_flops_per_s_per_gpu": self.model_flops_per_s_per_gpu,
                 "mfu": self.mfu, "hfu": self.hfu, "cp_s": e.extra["cp_time"],
+                "dispatch_s": e.extra["dispatch_time"],  # of compute_s: the GPU waiting for the host (DISPATCH_BOUND)
                 "offload_copy_s": e.offload_copy_time, "offload_step_s": e.offload_step_time,
                 "breakdown_s": self.breakdown(), "dominant": self.dominant(),
                 "outside_layers": self.outside_layers(),

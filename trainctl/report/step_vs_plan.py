@@ -52,6 +52,12 @@ WHY = {  # what a gap in each component usually means, in plain words
     "data-loader wait": "the data loader did not keep up (the plan assumes it always does)",
 }
 
+# the compute gap of a step the plan found host-bound: the kernels' rate is not what set it
+HOST_BOUND = ("the plan found the layers host-bound ({floor} of its step is the GPU waiting for the host to issue "
+              "their kernels, from the profile's dispatch floor), so the host's pace set this step, and it moves "
+              "with the host's other work; a larger parallel.micro_batch or train.compile: true gives each kernel "
+              "more work")
+
 
 def predicted_components(run: RunData) -> tuple[dict[str, Any] | None, str | None]:
     """The plan's step and its parts grouped as COMPONENTS, or (None, why there is none)."""
@@ -69,7 +75,7 @@ def predicted_components(run: RunData) -> tuple[dict[str, Any] | None, str | Non
                       "PROFILE`, or launch with cluster.calibration)")
     return {"step_time_s": pred["step_time_s"],
             "components_s": {c: sum(parts.get(k) or 0.0 for k in keys) for c, keys in COMPONENTS.items()},
-            "outside_layers": pred.get("outside_layers")}, None
+            "outside_layers": pred.get("outside_layers"), "dispatch_s": pred.get("dispatch_s") or 0.0}, None
 
 
 def step_vs_plan(run: RunData, steady: list[dict[str, Any]]) -> dict[str, Any]:
@@ -100,6 +106,9 @@ def step_vs_plan(run: RunData, steady: list[dict[str, Any]]) -> dict[str, Any]:
         share = f"; {abs(worst['error_s'] / gap):.0%} of the step's gap" if abs(gap) > 1e-12 else ""
         more = "longer" if worst["error_s"] > 0 else "shorter"
         rel = (f" ({worst['measured_s'] / worst['predicted_s'] - 1:+.0%})" if worst["predicted_s"] else "")
+        why = WHY[worst["component"]]
+        if worst["component"] == "compute" and predicted["dispatch_s"] > 0:
+            why = HOST_BOUND.format(floor=dur(predicted["dispatch_s"]))
         out["largest_gap"] = (f"{worst['component']} took {dur(abs(worst['error_s']))} {more} than predicted"
-                              f"{rel}{share}: {WHY[worst['component']]}")
+                              f"{rel}{share}: {why}")
     return out
