@@ -10,6 +10,9 @@ median CPU seconds per step (on a machine shared with other work, wall time minu
 Each layout runs --repeats times (3 by default): its measured step is the median of the runs' medians, its
 spread (max - min) / median over the runs, and it counts as predicted when the error is within 10% or within
 its own spread, whichever is larger; per model size the mean absolute error and the worst are printed.
+Beside each, "held": the step as it would have been at the host speed calibrate saw, each run's step scaled by
+a one-second GEMM probe's time around calibrate over its time around the run (HOST_PROBE): how much of an
+error is the host running faster or slower than when it was calibrated, and how much is the model.
 
 Rank counts: every layout that two ranks can express runs on two (DP, ZeRO-1, ZeRO-3, TP+SP, the three
 pipeline schedules, context parallelism CP2, and the MoE model with its experts split EP2 over DP2, priced
@@ -130,6 +133,31 @@ def measured(run: Path) -> tuple[float, float]:
             statistics.median(r.get("cpu_time_s", 0.0) for r in rows))
 
 
+# The host's speed now: the h256 model's MLP GEMM on one thread, for a second, in one process per core at once.
+# A 2-core VM's cores run the same work 10-20% faster or slower from one minute to the next (DP2 launched five
+# times in a row: 198-237 ms a step, its CPU seconds per step moving with it, no steal time); this probe moved
+# with it (the slowest launch had the slowest probe), so the bench can say which part of an error is the host.
+HOST_PROBE = """
+import time, torch
+torch.set_num_threads(1)
+a, b = torch.randn(256, 1024), torch.randn(1024, 1024)
+for _ in range(5):
+    a @ b
+n, t0 = 0, time.perf_counter()
+while time.perf_counter() - t0 < 1.0:
+    a @ b
+    n += 1
+print((time.perf_counter() - t0) / n)
+"""
+
+
+def host_speed() -> float:
+    """Seconds per probe GEMM, the mean over one process per core running at once (HOST_PROBE)."""
+    procs = [subprocess.Popen([sys.executable, "-c", HOST_PROBE], stdout=subprocess.PIPE, text=True)
+             for _ in range(os.cpu_count() or 1)]
+    return statistics.mean(float(p.communicate()[0]) for p in procs)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=8)
@@ -149,28 +177,36 @@ def main() -> None:
             profile = work / f"profile-{group}.json"
             mine = [la for la in layouts if la.cluster == cluster]
             t0 = time.perf_counter()  # a valid spec on these ranks: the group's first layout
+            before = host_speed()
             trainctl("calibrate", TINY, *base, *sets(mine[0].overrides), "--out", str(profile),
                      "--run-dir", str(work / f"calibrate-{group}"))
+            speed_calibrated = (before + host_speed()) / 2
             print(f"{size}, {cluster.name}: calibrated in {time.perf_counter() - t0:.1f} s", flush=True)
             first_run: Path | None = None
             for layout in mine:
                 overrides = [*base, *sets(layout.overrides)]
-                runs, walls, cpus = [], [], []
+                runs, walls, cpus, at_calibration_speed = [], [], [], []
                 for i in range(args.repeats):
                     run = work / f"run-{len(results)}-{i}"
+                    before = host_speed()
                     trainctl("launch", TINY, "--run-dir", str(run), "--set", f"train.steps={args.steps}", *overrides)
                     if "launcher.backend=slurm" in cluster.overrides:
                         wait_until_done(run)
+                    speed = (before + host_speed()) / 2
                     wall, cpu = measured(run)
                     runs.append(run)
                     walls.append(wall)
                     cpus.append(cpu)
+                    at_calibration_speed.append(wall * speed_calibrated / speed)
                 run = runs[0]
-                wall = statistics.median(walls)
+                wall, held = statistics.median(walls), statistics.median(at_calibration_speed)
                 r = {"size": size, "layout": layout.name, "cluster": cluster.name, "runs": [str(x) for x in runs],
                      "predicted_s": predicted(overrides, profile), "measured_s": wall, "measured_runs_s": walls,
                      "spread": (max(walls) - min(walls)) / wall, "cpu_s": statistics.median(cpus),
-                     "load1": os.getloadavg()[0]}
+                     "load1": os.getloadavg()[0],
+                     # the step as it would have been at the host speed calibrate saw (HOST_PROBE)
+                     "at_calibration_speed_s": held, "at_calibration_speed_runs_s": at_calibration_speed,
+                     "at_calibration_speed_spread": (max(at_calibration_speed) - min(at_calibration_speed)) / held}
                 if args.refit:
                     first_run = first_run or run
                     refit = work / f"refit-{group}.json"
@@ -183,12 +219,15 @@ def main() -> None:
     print(f"\ncpus {os.cpu_count()}, load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}; "
           f"{args.steps} steps per run, median of steps 3..{args.steps}, {args.repeats} runs per layout")
     head = (f"{'size':5} {'layout':22} {'ranks':20} {'load1':>5} {'cpu':>8} {'measured':>10} {'spread':>6} "
-            f"{'predicted':>10} {'error':>7}")
+            f"{'predicted':>10} {'error':>7} {'held':>10} {'spread':>6} {'error':>7}")
+    print("held: the measured step at the host speed calibrate saw (each run scaled by HOST_PROBE's ratio)")
     print(head + (f" {'refit':>10} {'error':>7}" if args.refit else ""))
     for r in results:
         line = (f"{r['size']:5} {r['layout']:22} {r['cluster']:20} {r['load1']:5.1f} {r['cpu_s'] * 1e3:6.1f}ms "
                 f"{r['measured_s'] * 1e3:8.1f}ms {r['spread']:6.0%} "
-                f"{r['predicted_s'] * 1e3:8.1f}ms {r['predicted_s'] / r['measured_s'] - 1:+7.0%}")
+                f"{r['predicted_s'] * 1e3:8.1f}ms {r['predicted_s'] / r['measured_s'] - 1:+7.0%} "
+                f"{r['at_calibration_speed_s'] * 1e3:8.1f}ms {r['at_calibration_speed_spread']:6.0%} "
+                f"{r['predicted_s'] / r['at_calibration_speed_s'] - 1:+7.0%}")
         if args.refit:
             line += f" {r['refit_s'] * 1e3:8.1f}ms {r['refit_s'] / r['measured_s'] - 1:+7.0%}"
         print(line)
@@ -199,6 +238,11 @@ def main() -> None:
         worst = max(zip(errors, mine, strict=True), key=lambda er: abs(er[0]))
         print(f"{size}: mean absolute error {statistics.mean(map(abs, errors)):.1%}, worst {worst[0]:+.0%} "
               f"({worst[1]['layout']}); {within} of {len(mine)} within 10% or their own spread")
+        held = [r["predicted_s"] / r["at_calibration_speed_s"] - 1 for r in mine]
+        within = sum(abs(e) <= max(0.10, r["at_calibration_speed_spread"]) for e, r in zip(held, mine, strict=True))
+        worst = max(zip(held, mine, strict=True), key=lambda er: abs(er[0]))
+        print(f"{size}, held at calibrate's host speed: mean absolute error {statistics.mean(map(abs, held)):.1%}, "
+              f"worst {worst[0]:+.0%} ({worst[1]['layout']}); {within} of {len(mine)} within 10% or their spread")
     if args.json:
         args.json.write_text(json.dumps({"results": results}, indent=1))
 
