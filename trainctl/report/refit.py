@@ -13,7 +13,8 @@ kind of communication the trainer times apart, each from its own measured median
 for the same span of the run's layout:
   tp  comm_s - pp_s (the waits inside TP collectives)  against the plan's exposed TP time, on the TP link's
       collectives (all-reduce, or reduce-scatter + all-gather under sequence parallelism)
-  dp  sync_s (gradient sync + the final all-reduce)     against the plan's exposed DP + tied-embedding sync,
+  dp  sync_s (gradient sync + the final all-reduce + ZeRO's weight all-gather) against the plan's exposed DP
+      + tied-embedding sync,
       on the ZeRO stage's collectives of the DP link
 Each is one number, the extra latency per call on top of the base's idle latency of its collectives that
 makes the plan's span the measured one (bisection; 0 when the plan is slower already), fitted in that order:

@@ -8,7 +8,8 @@ per step (see `trainctl mfu-report`'s straggler section and tests/dist/test_repo
 Each attempt starts with a header line {"header": true, "rank", "host", "local_rank", "device", "attempt"},
 then one line per step {"step", "time", "step_s", "sync_s", "comm_s", "pp_s"}, and (when the loop ends
 normally) a footer {"footer": true, "steps", "overhead_s"} with the time spent logging. `sync_s` is the time
-this rank spent in the step's gradient synchronisation and final all-reduce, `comm_s` the time inside
+this rank spent in the step's gradient synchronisation and final all-reduce, and (ZeRO) in the all-gather of
+the updated weights after the optimizer step, `comm_s` the time inside
 tensor-parallel collectives and pipeline receives (trainctl.runtime.parallel.comm_wait), `pp_s` the pipeline
 receives' part of it; all include waiting for the slowest peer, so busy = step_s - sync_s - comm_s is the
 rank's own work and the straggler is the rank with the largest busy time (its peers' extra time shows up

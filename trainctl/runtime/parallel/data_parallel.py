@@ -49,6 +49,7 @@ over the placement's `embedding` group (sum commutes with the DP reduction).
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -64,6 +65,7 @@ from trainctl.runtime.parallel.tensor_parallel import (  # torch's renames, one 
     _all_gather_single,
     _reduce_scatter_single,
 )
+from trainctl.runtime.train import faults
 from trainctl.runtime.train.optim import decays
 
 
@@ -489,6 +491,8 @@ class GradSync:
         """ZeRO: write the updated owned slices back into every replica's parameters (rounded to their dtype)."""
         if self.zero == 0:
             return
+        if (slow := faults.get_float("slow_gather_s")) > 0:  # test fault: the gather's time counts as DP sync
+            time.sleep(slow)
         works = []
         for b in self.buckets:
             assert b.param_flat is not None and b.master is not None

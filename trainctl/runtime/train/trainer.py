@@ -300,8 +300,9 @@ class Trainer:
         lr = optim.lr_at(step, spec.train)
         optim.set_lr(self.opt, lr)
         # On GPU the host does not wait for kernels, so the parts are timed with CUDA events: the start, the end of
-        # forward and backward, the end of the gradient sync and the norm's all-reduce (before the optimizer step)
-        ev = tuple(torch.cuda.Event(enable_timing=True) for _ in range(3)) if cuda else None
+        # forward and backward, the end of the gradient sync and the norm's all-reduce (before the optimizer step),
+        # and around ZeRO's weight all-gather after it
+        ev = tuple(torch.cuda.Event(enable_timing=True) for _ in range(5)) if cuda else None
         if ev is not None:
             ev[0].record()
         COMM.take()  # from here on: this step's time in TP collectives and pipeline receives
@@ -329,18 +330,27 @@ class Trainer:
         if ev is not None:
             ev[2].record()
         finite = math.isfinite(norm)
+        gathered = False
         if self.scaler.update(finite) and finite and not skipped:
             self._clip(norm)
             self.sync.before_step()  # offload: the gradient slices to the host
             self.opt.step()
+            tg = time.perf_counter()
+            if ev is not None:
+                ev[3].record()
             self.sync.after_step()
+            if ev is not None:
+                ev[4].record()
+            # ZeRO's all-gather of the updated weights is DP sync too, as the plan's DP time counts it
+            sync_s += time.perf_counter() - tg
+            gathered = True
         else:
             self.sync.reset_compression()  # the same decision on every rank: Q stays equal over DP
         if cuda:
             torch.cuda.synchronize(par.device)
         dt, cpu = time.perf_counter() - t0, time.process_time() - c0
-        if ev is not None:
-            sync_s = ev[1].elapsed_time(ev[2]) / 1e3  # the same span as on the CPU: not the optimizer step
+        if ev is not None:  # the same spans as on the CPU: not the optimizer step
+            sync_s = (ev[1].elapsed_time(ev[2]) + (ev[3].elapsed_time(ev[4]) if gathered else 0.0)) / 1e3
         routing = self._routing_record() if self.ctx.moe is not None else None  # a collective: every rank, every step
         comm_s = COMM.take()  # waits inside the step: counted apart from this rank's own work
         pp_s = PP_WAIT.take()  # the pipeline receives' part of comm_s
