@@ -20,6 +20,7 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,7 +31,7 @@ WINDOW_S = 0.1
 QUEUED_CALLS = 20
 
 
-def per_call(fn, sync, calls_per_window: int | None = None) -> float:
+def per_call(fn: Callable[[], object], sync: Callable[[], None], calls_per_window: int | None = None) -> float:
     """Median seconds per call over 3 windows: a synchronize after each call, or (`calls_per_window`) after
     that many calls."""
     fn()

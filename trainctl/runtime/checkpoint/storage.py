@@ -160,19 +160,14 @@ class CheckpointManager:
             err, self._error = self._error, None
             raise err
 
-    def settle(self, timeout_s: float) -> bool:
+    def settle(self, timeout_s: float) -> None:
         """On the way out of a failed run: give the save in flight up to `timeout_s` to commit. Its state was
         taken at a step that completed, so a failure after it (a changed data file, a bad batch) must not tear
         it; the daemon writer would die with the process. Its own error is left to its checkpoint_failed event
-        (the run's failure is the one reported). True when nothing is left in flight; bounded, because a writer
-        whose peers are gone waits for them until the group's timeout."""
-        thread = self._thread
-        if thread is not None:
-            thread.join(timeout_s)
-            if thread.is_alive():
-                return False
-            self._thread = None
-        return True
+        (the run's failure is the one reported). Bounded, because a writer whose peers are gone waits for them
+        until the group's timeout."""
+        if self._thread is not None:
+            self._thread.join(timeout_s)
 
     def in_flight(self) -> bool:
         return self._thread is not None and self._thread.is_alive()

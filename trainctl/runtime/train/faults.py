@@ -32,8 +32,8 @@ FAULTS: dict[str, str] = {
     "oom_at_step": "<rank>:<step>:<memory cgroup dir>: that rank joins the cgroup (which the test made with a "
                    "small limit) at start, then allocates at that step until the kernel's OOM killer kills it",
     "slow_write_s": "a checkpoint writer sleeps this long after writing, before the commit",
-    "slow_gather_s": "ZeRO's all-gather of the updated weights waits this long first, on every rank",
     "slow_write_from_step": "slow_write_s slows only the saves of this step and later (default: every save)",
+    "slow_gather_s": "ZeRO's all-gather of the updated weights waits this long first, on every rank",
     "stop_after_step": "checkpoint after step N, then stop as if signalled (exit 0)",
     "host_memory": "bytes of host memory the TP-reshard check believes are available",
     "nan_at_step": "N or N-M: the steps that read batch N (..M) get a NaN gradient on `nan_rank` (the "

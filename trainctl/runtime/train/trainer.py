@@ -34,7 +34,7 @@ from trainctl.runtime.train.loader import build_loader
 from trainctl.spec.models import RunSpec
 
 MEMORY_STEPS = 2  # memory is measured on the 2nd step of each attempt (optimizer state exists after the 1st)
-# a failed run's exit waits this long at most for its save in flight to commit (CheckpointStorage.settle): a
+# a failed run's exit waits this long at most for its save in flight to commit (CheckpointManager.settle): a
 # 0.9B model's async write took 34 s on a GPU machine's disk
 SETTLE_ON_FAILURE_S = 120.0
 
