@@ -26,6 +26,17 @@ ships (cuDNN attention).
 
     python3 bench/bench_titan.py --out DIR      # skips (exit 0) on a machine without a CUDA GPU
     python3 bench/bench_titan.py --cpu-smoke    # toy sizes on the CPU: both trainers run a few steps
+    python3 bench/bench_titan.py --cpu-fsdp 2 --micro-batch 2 --steps 10 --skip 3 --rounds 8 --budget-s 1400
+
+`--cpu-fsdp RANKS`: trainctl's ZeRO-3 against torchtitan's FSDP2 on the CPU, each under torchrun over RANKS
+gloo ranks of one thread, a 16M-parameter Llama (CPU_FSDP_MODEL) in fp32, eager, the same data; torchtitan as
+it ships (fused AdamW, its FSDP2 wrapping and loss) but for one gloo patch (`sum_without_division`). Rounds
+alternate the order; per round the ratio of torchtitan's median step (and rank 0's CPU seconds per step) to
+trainctl's, and their median over the rounds. A 2-core VM's steps spread 10-20% from round to round, so the
+medians of 8 rounds decide. Measured 2026-11-27 (2 cores, torch 2.13.0+cpu, torchtitan 0.2.2), torchtitan /
+trainctl, step time / CPU seconds: before 0.939 / 0.975 (trainctl slower: its AdamW was torch's per-tensor
+loop on the CPU, its embedding and LM head shared the root FSDP unit); with fused AdamW 0.970 / 0.926; with
+the ends as torchtitan's units too 1.019 / 1.028 (per round 0.87-1.17).
 
 torchtitan travels as wheels (0.2.2 runs on torch 2.11; 0.3.0 needs packages that 2.11 predates): torchtitan,
 torchdata, tyro, docstring_parser, typeguard, typing_extensions, datasets, dill, multiprocess (its llama3 module
@@ -81,20 +92,26 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_gpu import model  # noqa: E402  (the repository on sys.path first)
+from bench_gpu import LLAMA, model  # noqa: E402  (the repository on sys.path first)
 
 TRAINERS = ("trainctl", "torchtitan")
 
 
+# --cpu-fsdp's model: a ~16M-parameter Llama (4 x (1.0M attention + 2.4M MLP) + 2 x 2.1M embedding and head)
+CPU_FSDP_MODEL = {**LLAMA, "layers": 4, "hidden": 512, "heads": 8, "kv_heads": 8, "ffn_hidden": 1536,
+                  "vocab": 4096, "seq_len": 256}
+
+
 def make_spec(a: argparse.Namespace, gpu: str, steps: int, compile: bool) -> dict[str, Any]:
+    dp = a.cpu_fsdp or 1
     return {
-        "name": "titan-vs-trainctl", "model": model("big", a.cpu_smoke),
-        "parallel": {"tp": 1, "pp": 1, "dp": 1, "micro_batch": a.micro_batch},
-        "train": {"global_batch": a.micro_batch, "steps": steps, "lr": 3e-4, "warmup": 2, "precision": "bf16",
-                  "seed": 1234, "grad_clip": 1.0, "compile": compile},
+        "name": "titan-vs-trainctl", "model": CPU_FSDP_MODEL if a.cpu_fsdp else model("big", a.cpu_smoke),
+        "parallel": {"tp": 1, "pp": 1, "dp": dp, "zero": 3 if a.cpu_fsdp else 1, "micro_batch": a.micro_batch},
+        "train": {"global_batch": a.micro_batch * dp, "steps": steps, "lr": 3e-4, "warmup": 2,
+                  "precision": "fp32" if a.cpu_fsdp else "bf16", "seed": 1234, "grad_clip": 1.0, "compile": compile},
         "data": {"synthetic": True},
         "checkpoint": {"every_steps": None, "keep_last": 1},
-        "cluster": {"nodes": 1, "gpus_per_node": 1, "gpu": gpu},
+        "cluster": {"nodes": 1, "gpus_per_node": dp, "gpu": gpu},
         "launcher": {"backend": "local", "mode": "torchrun"},
     }
 
@@ -209,6 +226,7 @@ def titan_worker(run: Path, out: Path, sdpa: str, init_from_trainctl: bool, deca
     spec = load_spec(run / "spec.yaml")
     t = spec.train
     cfg = ModelShape.from_spec(spec.model)
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))  # world: FSDP2's shards
     if sdpa == "flash":  # the wrapper's own list (its default: cuDNN, flash, math, cuDNN first)
         ScaledDotProductAttentionWrapper.sdpa_backends = [SDPBackend.FLASH_ATTENTION]
     margs = TransformerModelArgs(
@@ -221,7 +239,7 @@ def titan_worker(run: Path, out: Path, sdpa: str, init_from_trainctl: bool, deca
         """trainctl's synthetic batches as torchtitan's ({'input': x}, labels), one micro-batch a step."""
 
         def __init__(self) -> None:
-            self.loader = build_loader(spec, 0, 1, t.seed)
+            self.loader = build_loader(spec, rank, world, t.seed)  # this replica's batches, as trainctl's
 
         def __iter__(self):
             while True:
@@ -255,6 +273,18 @@ def titan_worker(run: Path, out: Path, sdpa: str, init_from_trainctl: bool, deca
         import torchtitan.distributed.utils as tt_dist
 
         tt_dist.set_pg_timeouts = lambda **kw: None  # its barrier names a CUDA device
+        import torchtitan.models.llama3.infra.parallelize as tt_parallelize
+        from torch.distributed.fsdp import FSDPModule
+
+        def sum_without_division(model: torch.nn.Module) -> None:
+            """torchtitan divides by its global token count itself and turns FSDP2's division off with a divide
+            factor of 1, which FSDP2 sends as PREMUL_SUM, an op gloo lacks: the same plain sum, as SUM."""
+            for module in model.modules():
+                if isinstance(module, FSDPModule):
+                    module.set_gradient_divide_factor(1.0)
+                    module.set_force_sum_reduction_for_comms(True)
+
+        tt_parallelize.disable_fsdp_gradient_division = sum_without_division
 
     record: dict[str, Any] = {}
     base = get_train_spec("llama3")
@@ -264,16 +294,18 @@ def titan_worker(run: Path, out: Path, sdpa: str, init_from_trainctl: bool, deca
     argv = ["--model.name", "trainctl_bench", "--model.flavor", "bench", "--job.dump_folder", str(out.parent / "tt"),
             "--training.local_batch_size", str(spec.parallel.micro_batch), "--training.seq_len", str(cfg.seq_len),
             "--training.steps", str(t.steps), "--training.max_norm", str(t.grad_clip),
-            "--training.mixed_precision_param", "bfloat16", "--activation_checkpoint.mode", "none",
+            "--training.mixed_precision_param", "float32" if t.precision == "fp32" else "bfloat16",
+            "--parallelism.data_parallel_shard_degree", str(world), "--activation_checkpoint.mode", "none",
             "--optimizer.lr", str(t.lr), "--optimizer.beta1", str(t.beta1), "--optimizer.beta2", str(t.beta2),
             "--optimizer.eps", str(t.eps), "--optimizer.weight_decay", str(t.weight_decay),
-            "--optimizer.implementation", "fused" if not smoke else "foreach",
+            "--optimizer.implementation", "fused" if not smoke or world > 1 else "foreach",
             "--lr_scheduler.warmup_steps", str(t.warmup), "--metrics.log_freq", "1", "--debug.seed", str(t.seed)]
     if t.compile:
         argv.append("--compile.enable")
     job = ConfigManager().parse_args(argv)
     os.environ.setdefault("LOCAL_RANK", "0")
     times: list[float] = []
+    cpu_times: list[float] = []  # this process's CPU seconds per step, as trainctl records cpu_time_s
     losses: list[float] = []
     sync = torch.cuda.synchronize if not smoke else (lambda: None)
 
@@ -289,10 +321,11 @@ def titan_worker(run: Path, out: Path, sdpa: str, init_from_trainctl: bool, deca
                     g["lr"] = lr_at(self.step - 1, t)
             self._losses = []
             sync()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             super().train_step(data_iterator)
             sync()
             times.append(time.perf_counter() - t0)
+            cpu_times.append(time.process_time() - c0)
             losses.append(float(sum(x.item() for x in self._losses)))
 
     peak = [0]
@@ -329,7 +362,7 @@ def titan_worker(run: Path, out: Path, sdpa: str, init_from_trainctl: bool, deca
     trainer.train()
     mp = record.get("metrics_processor")
     res = {
-        "times": times, "losses": losses, "setup_s": round(setup_s, 1),
+        "times": times, "cpu_times": cpu_times, "losses": losses, "setup_s": round(setup_s, 1),
         "params": sum(p.numel() for p in model.parameters()),
         "flops_per_token_titan": getattr(mp, "num_flops_per_token", None),
         "peak_flops_titan": tt_utils.get_peak_flops(torch.cuda.get_device_name()) if not smoke else None,
@@ -339,7 +372,8 @@ def titan_worker(run: Path, out: Path, sdpa: str, init_from_trainctl: bool, deca
                             ScaledDotProductAttentionWrapper.sdpa_backends or _titan_sdpa()),
         "torchtitan": _version("torchtitan"), "compile": bool(t.compile),
         "tokens_per_step": t.global_batch * cfg.seq_len}
-    out.write_text(json.dumps(res))
+    if rank == 0:
+        out.write_text(json.dumps(res))
     trainer.close()
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
@@ -398,7 +432,7 @@ class Bench:
         self.peak_flops: float | None = None  # trainctl's peak for MFU (its runs' metrics): both are held to it
         self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]), "PYTHONUNBUFFERED": "1",
-            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "4" if a.cpu_smoke else "8")}
+            "OMP_NUM_THREADS": "1" if a.cpu_fsdp else os.environ.get("OMP_NUM_THREADS", "4" if a.cpu_smoke else "8")}
 
     def left(self) -> float:
         return self.a.budget_s - (time.monotonic() - self.t0)
@@ -432,17 +466,21 @@ class Bench:
                "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
                "TORCHINDUCTOR_CACHE_DIR": str(self.work / "inductor-cache")}
         me = [sys.executable, __file__, "--sdpa", sdpa]
+        if self.a.cpu_fsdp:  # one process per rank, as torchrun starts each trainer
+            me = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(self.a.cpu_fsdp),
+                  "--master-port", env["MASTER_PORT"], *me[1:]]
         timeout = max(10.0, min(self.a.run_timeout_s, self.left()))
         t0 = time.monotonic()
         res: dict[str, Any] = {"run": name, "trainer": trainer, "compile": compile, "round": round_, "sdpa_mode": sdpa,
                                "init_from_trainctl": init, "decay_norms": decay_norms}
+        ranks = self.a.cpu_fsdp or 1  # the peak of them all is the MFU denominator
         if trainer == "trainctl":
             r = self.sh([*me, "--trainctl-worker", str(run)], timeout, name, env)
             if r.returncode:
                 res["error"] = f"exit {r.returncode}: {(r.stderr or r.stdout).strip()[-600:]}"
             else:
-                res.update(trainctl_figures(run, self.a.skip))
-                self.peak_flops = res["peak_tflops"] * 1e12 if res.get("peak_tflops") else self.peak_flops
+                res.update(trainctl_figures(run, self.a.skip, ranks))
+                self.peak_flops = res["peak_tflops"] * 1e12 * ranks if res.get("peak_tflops") else self.peak_flops
         else:
             out = d / "titan.json"
             args = [*me, "--titan-worker", str(run), "--json", str(out)]
@@ -471,14 +509,16 @@ def flops_per_token(run: Path) -> float:
     return model_flops_per_token_of(ModelShape.from_spec(load_spec(run / "spec.yaml").model))
 
 
-def trainctl_figures(run: Path, skip: int) -> dict[str, Any]:
+def trainctl_figures(run: Path, skip: int, ranks: int = 1) -> dict[str, Any]:
+    """The run's figures; its MFU against the peak of all `ranks` (the record's peak is one rank's)."""
     recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     step = statistics.median(r["step_time_s"] for r in recs[skip:] or recs)
     last = recs[-1]
     tokens = last["tokens"]
     peak = last.get("peak_tflops_per_gpu")
     return {"steps": len(recs), "step_s_median": round(step, 4), "tokens_per_s": round(tokens / step),
-            "mfu": round(last["model_flops_per_step"] / step / (peak * 1e12), 4) if peak else None,
+            "cpu_s_median": round(statistics.median(r["cpu_time_s"] for r in recs[skip:] or recs), 4),
+            "mfu": round(last["model_flops_per_step"] / step / (peak * 1e12 * ranks), 4) if peak else None,
             "peak_mem_gb": round(max(r.get("peak_mem_bytes") or 0 for r in recs) / 1e9, 2),
             "losses": [round(r["loss"], 5) for r in recs], "times": [round(r["step_time_s"], 4) for r in recs],
             "peak_tflops": peak, "peak_source": last.get("peak_source")}
@@ -489,6 +529,8 @@ def titan_figures(res: dict[str, Any], skip: int, flops_per_token: float, peak_f
     times = res["times"]
     step = statistics.median(times[skip:] or times)
     out: dict[str, Any] = {"steps": len(times), "step_s_median": round(step, 4)}
+    if res.get("cpu_times"):
+        out["cpu_s_median"] = round(statistics.median(res["cpu_times"][skip:] or res["cpu_times"]), 4)
     tokens_per_step = res.get("tokens_per_step")
     if tokens_per_step:
         tps = tokens_per_step / step
@@ -510,7 +552,8 @@ def check_env(b: Bench) -> None:
     from trainctl.hardware.detect import detect_gpus
 
     gpus = detect_gpus()
-    b.gpu = gpus[0].catalog_key if gpus and gpus[0].catalog_key else ("cpu" if b.a.cpu_smoke else "h100-sxm")
+    on_cpu = b.a.cpu_smoke or b.a.cpu_fsdp
+    b.gpu = gpus[0].catalog_key if gpus and gpus[0].catalog_key else ("cpu" if on_cpu else "h100-sxm")
     info: dict[str, Any] = {"torch": torch.__version__, "python": sys.version.split()[0],
                             "torchtitan": _version("torchtitan"), "cluster.gpu": b.gpu,
                             "nvml": [g.name for g in gpus]}
@@ -602,6 +645,10 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=420, help="runs not started by then are skipped")
     ap.add_argument("--run-timeout-s", type=float, default=200)
     ap.add_argument("--cpu-smoke", action="store_true", help="toy sizes on the CPU: checks this script's flow")
+    ap.add_argument("--cpu-fsdp", type=int, default=0, metavar="RANKS",
+                    help="on the CPU: trainctl's ZeRO-3 against torchtitan's FSDP2 over RANKS gloo ranks (one "
+                         "thread each), a 16M Llama in fp32, eager, --rounds alternating rounds")
+    ap.add_argument("--rounds", type=int, default=4, help="--cpu-fsdp: rounds, each trainer once, order alternating")
     ap.add_argument("--trainctl-worker", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--titan-worker", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--json", type=Path, help=argparse.SUPPRESS)
@@ -616,7 +663,7 @@ def main() -> None:
         return
     import torch
 
-    if not torch.cuda.is_available() and not a.cpu_smoke:
+    if not torch.cuda.is_available() and not a.cpu_smoke and not a.cpu_fsdp:
         print("bench_titan: no CUDA GPU here; skipped (--cpu-smoke runs the flow at toy size on the CPU)")
         return
     if a.cpu_smoke:
@@ -628,7 +675,10 @@ def main() -> None:
     b = Bench(a)
     check_env(b)
     R = dict  # one run: trainer, compile, steps, round_ (and init, sdpa, decay_norms: Bench.one)
-    if a.plan == "full":
+    if a.cpu_fsdp:  # speed only (each from its own initial weights), the order alternating round by round
+        plan = [R(trainer=trainer, compile=False, steps=a.steps, round_=i + 1)
+                for i in range(a.rounds) for trainer in (TRAINERS if i % 2 == 0 else TRAINERS[::-1])]
+    elif a.plan == "full":
         plan = [R(trainer="trainctl", compile=False, steps=a.loss_steps, round_=1),
                 R(trainer="torchtitan", compile=False, steps=a.loss_steps, round_=1, init=True),
                 R(trainer="trainctl", compile=True, steps=a.steps, round_=1),
@@ -676,6 +726,16 @@ def main() -> None:
         if r.get("sdpa_mode") not in (None, a.sdpa):
             print(f"{r['run']} (SDPA as torchtitan ships it, {r.get('sdpa')}): tokens/s {r.get('tokens_per_s')}, "
                   f"MFU {r.get('mfu')}, peak {r.get('peak_mem_gb')} GB {r.get('error', '')[-200:]}")
+    if a.cpu_fsdp:  # per round, torchtitan's figure over trainctl's: above 1, trainctl is the faster
+        for what, key in (("step time", "step_s_median"), ("rank 0's CPU seconds per step", "cpu_s_median")):
+            per_round: dict[int, dict[str, float]] = {r["round"]: {} for r in b.runs}
+            for r in b.runs:
+                if r.get(key):
+                    per_round[r["round"]][r["trainer"]] = r[key]
+            ratios = [sides["torchtitan"] / sides["trainctl"] for sides in per_round.values() if len(sides) == 2]
+            print(f"ZeRO-3 / FSDP2 over {a.cpu_fsdp} ranks, {what}, torchtitan / trainctl per round: "
+                  f"{' '.join(f'{x:.3f}' for x in ratios)}"
+                  + (f"; median {statistics.median(ratios):.3f}" if ratios else ""))
     for k, v in losses.items():
         print(f"loss curves (same initial weights and batches, eager), {k}: {json.dumps(v)}")
 

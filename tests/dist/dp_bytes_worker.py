@@ -35,14 +35,15 @@ DP_GROUP: list[dist.ProcessGroup | None] = [None]
 SCALARS = 16  # a collective of at most this many elements is counted under "scalars"
 
 
-def counted(op: str, fn, tensor_arg: int, share):
-    """`fn` recording, for calls on the DP group, share(n) x the bytes of its positional argument `tensor_arg`."""
+def counted(op: str, fn, tensor_arg: int, share, tensor_kw: str = ""):
+    """`fn` recording, for calls on the DP group, share(n) x the bytes of its positional argument `tensor_arg`
+    (or keyword argument `tensor_kw`, as FSDP2 passes it)."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         group = kwargs.get("group")
         if group is not None and group is DP_GROUP[0]:
             n = dist.get_world_size(group)
-            t = args[tensor_arg]
+            t = args[tensor_arg] if len(args) > tensor_arg else kwargs[tensor_kw]
             kind = "scalars" if t.numel() <= SCALARS else op  # the loss and grad-norm reductions, not the buckets
             SENT[kind] += share(n) * t.numel() * t.element_size()
             CALLS[kind] += 1
@@ -56,6 +57,9 @@ def observe() -> None:
     # GradSync calls torch's reduce-scatter and all-gather through names it imported (output, input)
     data_parallel._reduce_scatter_single = counted("reduce_scatter", data_parallel._reduce_scatter_single, 1, ring)
     data_parallel._all_gather_single = counted("all_gather", data_parallel._all_gather_single, 0, ring)
+    # FSDP2 (ZeRO-3) calls them through torch.distributed (output, input: by keyword for the reduce-scatter)
+    dist.reduce_scatter_single = counted("reduce_scatter", dist.reduce_scatter_single, 1, ring, "input")
+    dist.all_gather_single = counted("all_gather", dist.all_gather_single, 0, ring)
 
 
 def main(cases_file: str, out_dir: str) -> None:
@@ -79,9 +83,12 @@ def main(cases_file: str, out_dir: str) -> None:
         DP_GROUP[0] = None
         steps = spec.train.steps
         if env.rank == 0:
+            buckets = getattr(trainer.sync, "buckets", [])  # none under ZeRO-3: FSDP2 holds the shards
+            named = [(n, p) for m in trainer.modules for n, p in m.named_parameters()]
             out = {"sent": {k: v / steps for k, v in SENT.items()}, "calls": {k: v / steps for k, v in CALLS.items()},
-                   "buckets": len(trainer.sync.buckets), "bucket_numel": sum(b.numel for b in trainer.sync.buckets),
-                   "params": sum(p.numel() for m in trainer.modules for p in m.parameters())}
+                   "buckets": len(buckets), "bucket_numel": sum(b.numel for b in buckets),
+                   "params": sum(p.numel() for _, p in named),
+                   "head_params": sum(p.numel() for n, p in named if n.startswith(("final_norm.", "head.")))}
             (Path(out_dir) / f"{case['id']}.json").write_text(json.dumps(out))
         dist.barrier()
     dist.destroy_process_group()

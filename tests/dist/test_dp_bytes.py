@@ -6,7 +6,12 @@ and bf16 weights 4 + 2 = 6 bytes per parameter (x (n-1)/n), 2 + 2 = 4 with grad_
 ZeRO-0's all-reduce of fp32 gradients sends 2 x 4 = 8. dp_bytes_worker.py counts the DP group's collectives
 as the trainer issues them; the buckets pad each to a multiple of dp, so the collectives move the padded
 bucket elements exactly and the plan's figure (parameters unpadded) within the padding. Besides the gradient
-and weight collectives the DP group carries only scalars (the loss and grad-norm reductions)."""
+and weight collectives the DP group carries only scalars (the loss and grad-norm reductions).
+
+ZeRO-3 (FSDP2, untied embeddings, fp32): one reduce-scatter of every gradient per step; every unit's weights
+gathered for each micro-batch's forward and again for its backward, but for the final norm + LM head unit,
+which stays gathered from its forward to its backward (as torchtitan wraps it): 4 x Psi + 4 x (2m Psi - m H)
+bytes x (n-1)/n per step for m micro-batches, H the head unit's parameters, counted from the module's names."""
 
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ BF16 = {"precision": "bf16", "low_precision_on_cpu": True}
 CASES = {"zero0-fp32": (0, {}, None, 4, 4), "zero1-bf16": (1, BF16, None, 4, 2),
          "zero1-bf16-reduce-bf16": (1, BF16, "bf16", 2, 2)}
 STEPS, MICRO_BATCHES = 2, 2
+ZERO3 = "zero3-fp32-untied"
 
 
 def spec(dp: int, zero: int, train: dict, reduce: str | None) -> dict:
@@ -36,6 +42,7 @@ def spec(dp: int, zero: int, train: dict, reduce: str | None) -> dict:
 @pytest.mark.parametrize("dp", [2, 4])
 def test_zero1_sends_six_bytes_per_parameter_as_planned(tmp_path: Path, dp: int) -> None:
     cases = [{"id": name, "spec": spec(dp, zero, train, reduce)} for name, (zero, train, reduce, _, _) in CASES.items()]
+    cases.append({"id": ZERO3, "spec": deep_update(spec(dp, 3, {}, None), {"model": {"tied_embeddings": False}})})
     (tmp_path / "cases.json").write_text(json.dumps(cases))
     r = fork_ranks(dp, [str(WORKER), str(tmp_path / "cases.json"), str(tmp_path)],
                    env={"TRAINCTL_BUCKET_NUMEL": "20000"}, timeout=300)  # several buckets
@@ -55,3 +62,19 @@ def test_zero1_sends_six_bytes_per_parameter_as_planned(tmp_path: Path, dp: int)
         assert sum(want.values()) == pytest.approx(planned, rel=1e-3), (name, planned)
         print(f"dp{dp} {name}: {sum(sent.values()) / params:.4f} bytes per parameter sent "
               f"({per_param:.3f} x (n-1)/n), planned {planned / params:.4f}")
+
+    got = json.loads((tmp_path / f"{ZERO3}.json").read_text())
+    sent, params, head = got["sent"], got["params"], got["head_params"]
+    assert sent.pop("scalars", 0.0) <= 2 * 8 * 4, got
+    m, layers = MICRO_BATCHES, TINY["model"]["layers"]
+    assert head == TINY["model"]["hidden"] * (TINY["model"]["vocab"] + 1)  # the LM head, the final norm (no bias)
+    # FSDP2 pads each parameter's rows to a multiple of dp: the tiny model's all divide, so bytes are exact
+    want = {"reduce_scatter": 4 * params * ring, "all_gather": 4 * (2 * m * params - m * head) * ring}
+    assert sent == pytest.approx(want, rel=1e-12), got
+    units = layers + 2  # each layer, the embedding, the final norm + LM head
+    assert got["calls"] == {"reduce_scatter": units, "all_gather": m * units + m * (units - 1)}, got
+    planned = comm.dp_traffic(params, 3, dp, m, 4, 4, comm.fsdp_units(layers, True, True, tied=False),
+                              kept=comm.fsdp_head_unit(TINY["model"]["hidden"], TINY["model"]["hidden"] *
+                                                       TINY["model"]["vocab"], tied=False))
+    assert sum(b for _, b, _ in planned) == pytest.approx(sum(want.values()), rel=1e-12)
+    assert sum(c for _, _, c in planned) == sum(got["calls"].values())

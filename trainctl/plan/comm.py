@@ -94,7 +94,8 @@ def pp_link(pp: int, world: int, domain: int) -> str:
 
 
 def dp_traffic(params: float, zero: int, dp: int, micro_batches: int, grad_bytes: float, weight_bytes: float,
-               units: int = 1, powersgd: tuple[float, float] | None = None) -> list[tuple[str, float, float]]:
+               units: int = 1, powersgd: tuple[float, float] | None = None, kept: float = 0.0
+               ) -> list[tuple[str, float, float]]:
     """(collective, bytes one GPU sends, calls) per optimizer step for data parallelism over `params` local
     parameters, as the trainer communicates: gradients of `grad_bytes` each (fp32, or bf16 with
     parallel.grad_reduce_dtype: bf16), weights of `weight_bytes` (what the all-gather moves: bf16 parameters
@@ -108,7 +109,9 @@ def dp_traffic(params: float, zero: int, dp: int, micro_batches: int, grad_bytes
     gradients and bf16 weights, 4 with grad_reduce_dtype bf16; ZeRO-2 keeps no full buffer, so it
     reduce-scatters every micro-batch's gradients (DeepSpeed's stage 2), then all-gathers the weights;
     ZeRO-3 (FSDP2) gathers the weights for every micro-batch's forward and again for its backward, per FSDP
-    unit, and reduce-scatters the gradients accumulated over the step's micro-batches once, after the last.
+    unit, and reduce-scatters the gradients accumulated over the step's micro-batches once, after the last;
+    `kept` of the `params` (the final norm and LM head: `fsdp_head_unit`) form a unit that stays gathered from
+    its forward to its backward, which follows at once, so they are gathered once per micro-batch.
 
     `powersgd` (ZeRO-0/1; plan/powersgd.py): (elements of the compressed matrices, elements of their P and Q
     factors). The all-reduce then carries the rest of the gradients and, in two more calls, the fp32 factors;
@@ -132,10 +135,25 @@ def dp_traffic(params: float, zero: int, dp: int, micro_batches: int, grad_bytes
                 ("all_gather", gather_bytes(weights, dp), 1.0)]
     # FSDP2 as the trainer drives it: the gradient sync is off until the step's last micro-batch
     # (schedules.Accumulate; pipelining's stage does the same), so one reduce-scatter per unit per step.
-    # Every unit, the root included, is gathered for forward and again for backward: the trainer passes
-    # reshard_after_forward=True, which FSDP2 then applies to the root too (docs/ARCHITECTURE.md, "Checked
-    # facts: PyTorch distributed on CPU/gloo")
+    # Every unit but the head's, the root included, is gathered for forward and again for backward: the
+    # trainer passes reshard_after_forward=True, which FSDP2 then applies to the root too (docs/ARCHITECTURE.md,
+    # "Checked facts: PyTorch distributed on CPU/gloo")
     calls = float(micro_batches * units)
+    regathered = float(micro_batches * (units - (kept > 0)))
     return [("reduce_scatter", gather_bytes(grads, dp), float(units)),
             ("all_gather", micro_batches * gather_bytes(weights, dp), calls),  # forward
-            ("all_gather", micro_batches * gather_bytes(weights, dp), calls)]  # backward
+            ("all_gather", micro_batches * gather_bytes((params - kept) * weight_bytes, dp), regathered)]  # backward
+
+
+def fsdp_head_unit(final_norm_params: float, head_params: float, tied: bool) -> float:
+    """Parameters of the last stage's FSDP2 unit that stays gathered from forward to backward under ZeRO-3: the
+    final norm and the LM head (runtime/parallel/data_parallel.py `apply_fsdp`, as torchtitan wraps them); 0 with
+    tied embeddings, whose head is the embedding's weight, left in the root unit (resharded after forward)."""
+    return 0.0 if tied else final_norm_params + head_params
+
+
+def fsdp_units(layers: int, first: bool, last: bool, tied: bool) -> int:
+    """FSDP2 units holding parameters on one pipeline rank under ZeRO-3 (`apply_fsdp`): one per layer, and the
+    ends: untied, the embedding's unit on the first stage and the final norm + LM head's on the last (the root
+    then holds none); tied, the root holding the embedding (and the final norm) on either."""
+    return layers + ((first or last) if tied else first + last)

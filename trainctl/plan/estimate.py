@@ -294,7 +294,8 @@ class _Base:
     ops: dict[str, Ops]  # the collectives of each kind but DP (plan/rates.py)
     calls: dict[str, float]  # calls per step of each of them (the latency term of measured rates)
     groups: dict[str, int]  # the ranks of each kind's group (a measured latency grows with it)
-    units: int  # FSDP units on the busiest pipeline rank (its layers + the root): ZeRO-3 calls per micro-batch
+    units: int  # FSDP units on the busiest pipeline rank (comm.fsdp_units): ZeRO-3 calls per micro-batch
+    head_unit: tuple[float, ...]  # per pp rank, ZeRO-3's unit gathered once per micro-batch (comm.fsdp_head_unit)
     tp_bytes: float
     pp_bytes: float
     emb_bytes: float
@@ -640,7 +641,10 @@ class Evaluator:
             calls={"tp": n_micro * max(load.collectives), "pp": n_micro * sends, "embedding": float(emb_bytes > 0),
                    "ep": float(n_micro * ep_calls_mb),
                    "cp": float(n_micro * max(prof.rank_layers) * cp_passes if cp_layer else 0)},
-            units=max(prof.rank_layers) + 1,
+            units=max(comm.fsdp_units(n, first, last, m.tied_embeddings)
+                      for n, first, last in zip(prof.rank_layers, prof.has_first, prof.has_last, strict=True)),
+            head_unit=tuple(comm.fsdp_head_unit(m.norm_params, vp * m.hidden / tp, m.tied_embeddings) if last else 0.0
+                            for last in prof.has_last),
             tp_bytes=n_micro * max(load.collectives) * tp_ar, pp_bytes=n_micro * p2p_mb_bytes, emb_bytes=emb_bytes,
             ep_bytes=n_micro * ep_mb_bytes, cp_bytes=n_micro * max(prof.rank_layers) * cp_layer,
             tp_exposed=n_micro * tp_mb_time, p2p=p2p, ep_mb_time=ep_mb_time, cp_mb_time=cp_mb_time,
@@ -705,17 +709,24 @@ class Evaluator:
         expert_r = max(range(len(b.params)), key=lambda r: b.experts[r])
         d_psgd = (psgd[dense_r][0].compressed_params, psgd[dense_r][0].factor_elements) if psgd else None
         e_psgd = (psgd[expert_r][1].compressed_params, psgd[expert_r][1].factor_elements) if psgd else None
-        dp_traffic = comm.dp_traffic(b.max_params, zero, dp, b.n_micro, grad_bytes, weight_bytes, b.units, d_psgd)
+        dp_traffic = comm.dp_traffic(b.max_params, zero, dp, b.n_micro, grad_bytes, weight_bytes, b.units, d_psgd,
+                                     kept=b.head_unit[dense_r])
         fsdp_s = 0.0
         if sharded:  # a profile's measured FSDP2 unit replaces the pricing of the layers' gathers (exposed)
             unit = self.rates.fsdp_unit(b.links["dp"], b.layer_params_gpu * weight_bytes, dp)
             if unit is not None:
                 layers = max(b.prof.rank_layers)
-                root = max(0.0, b.max_params - layers * b.layer_params_gpu) * weight_bytes
+                ends = max(0.0, b.max_params - layers * b.layer_params_gpu)
                 fsdp_s = b.n_micro * layers * unit
-                # the root unit (ends, final norm) stays priced by the all-gather fit: forward and backward
-                dp_traffic = [dp_traffic[0], ("all_gather", 2 * b.n_micro * comm.gather_bytes(root, dp),
-                                              float(2 * b.n_micro))]
+                # the ends' units (embedding, final norm + head) stay priced by the all-gather fit: forward, and
+                # backward but for the head's unit, kept gathered
+                ends_units = b.units - layers
+                dp_traffic = [dp_traffic[0],
+                              ("all_gather", b.n_micro * comm.gather_bytes(ends * weight_bytes, dp),
+                               float(b.n_micro * ends_units)),
+                              ("all_gather", b.n_micro * comm.gather_bytes((ends - b.head_unit[dense_r]) * weight_bytes,
+                                                                           dp),
+                               float(b.n_micro * (ends_units - (b.head_unit[dense_r] > 0))))]
         edp_traffic = comm.dp_traffic(b.max_experts, zero, edp, b.n_micro, grad_bytes, weight_bytes, b.units,
                                       e_psgd)
         t_dp = self._dp_time(b.links["dp"], dp_traffic, dp)

@@ -249,11 +249,10 @@ def ensure_optimizer_state(opt: torch.optim.Optimizer) -> None:
     from torch.optim.optimizer import _get_scalar_dtype
 
     for group in opt.param_groups:
-        fused = bool(group.get("fused"))  # the fused kernel (offload's host step) wants the step on the param's device
         for p in group["params"]:
             if p not in opt.state or not opt.state[p]:
-                step = (torch.zeros((), dtype=_get_scalar_dtype(is_fused=True), device=p.device) if fused
-                        else torch.tensor(0.0, dtype=_get_scalar_dtype()))
+                # the fused kernel (runtime/train/optim.py adamw) wants the step on the parameter's device
+                step = torch.zeros((), dtype=_get_scalar_dtype(is_fused=True), device=p.device)
                 opt.state[p] = {"step": step,
                                 **{k: torch.zeros_like(p, memory_format=torch.preserve_format) for k in MOMENTS}}
 

@@ -531,7 +531,7 @@ class GradSync:
 def apply_fsdp(modules: list[nn.Module], par: Parallel, reduce_dtype: torch.dtype | None = None,
                reshard_after_forward: bool = True, param_dtype: torch.dtype | None = None,
                offload: bool = False) -> None:
-    """fully_shard each transformer block, then the stage root, over this rank's DP group.
+    """fully_shard each transformer block, the ends (below), then the stage root, over this rank's DP group.
 
     Native FSDP2 here: sharding parameters themselves (gather before use, free after) is what FSDP2 does
     well and checked on CPU/gloo with TP and every PP schedule we use (docs/ARCHITECTURE.md, "Checked
@@ -554,6 +554,16 @@ def apply_fsdp(modules: list[nn.Module], par: Parallel, reduce_dtype: torch.dtyp
         if blocks is not None:
             for block in blocks.values():
                 fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward, **kw)
+        # The ends as torchtitan wraps them: the embedding a unit of its own, the final norm and LM head another
+        # that stays gathered from its forward to its backward (its backward comes next). In the root with the
+        # embedding, the head's reduce-scatter waited for the embedding's backward, the last of the step, and
+        # the head's gather could not be prefetched behind the blocks. Tied embeddings share the head's weight,
+        # which one unit must own: they stay in the root.
+        if not m.cfg.tied_embeddings:
+            if getattr(m, "embed", None) is not None:
+                fully_shard(m.embed, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward, **kw)
+            if getattr(m, "head", None) is not None:
+                fully_shard([m.final_norm, m.head], mesh=mesh, mp_policy=mp, reshard_after_forward=False, **kw)
         fully_shard(m, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward, **kw)
 
 

@@ -33,23 +33,18 @@ def decays(name: str, p: torch.Tensor) -> bool:
     return p.dim() >= 2 and not name.endswith("bias")
 
 
-def fused_adamw(device: torch.device, offload: bool, dp: int) -> bool:
-    """Whether the trainer steps with torch's fused AdamW kernel: under offload for the host step (the fast CPU
-    one; dp > 1, where the host holds a ZeRO slice), else on a GPU (one launch per parameter group instead of
-    foreach's several passes over the weights: 247 -> 236 ms per step of a 0.9B model on an H200). calibrate
-    times the same kernel."""
-    return dp > 1 if offload else device.type == "cuda"
-
-
-def adamw(groups: Iterable[tuple[list[torch.Tensor], bool]], train: TrainSpec, fused: bool = False
-          ) -> torch.optim.AdamW:
-    """AdamW over (tensors, decays) groups; lr is set every step from lr_at(). `fused`: torch's fused kernel
-    (optimizer offload's host step: 4-5x the CPU's default per-tensor loop, equal to fp32 rounding; on a GPU,
-    one kernel per group instead of foreach's passes)."""
+def adamw(groups: Iterable[tuple[list[torch.Tensor], bool]], train: TrainSpec) -> torch.optim.AdamW:
+    """AdamW over (tensors, decays) groups; lr is set every step from lr_at(). Always torch's fused kernel,
+    wherever the tensors live (calibrate times the same step): on a GPU one launch per group instead of
+    foreach's passes (247 -> 236 ms per step of a 0.9B model on an H200); on a CPU 4-5x torch's default there,
+    a loop over the tensors, which was what kept ZeRO-3 behind torchtitan's FSDP2 (also fused) on the CPU
+    (bench/bench_titan.py --cpu-fsdp). Per element it computes the same wherever a tensor is cut (a ZeRO
+    slice steps bitwise as the whole tensor does); it differs from the loop by about an ulp (docs/ARCHITECTURE.md,
+    "Optimizer offload")."""
     param_groups = [{"params": ps, "weight_decay": train.weight_decay if dec else 0.0}
                     for ps, dec in groups if ps]
     return torch.optim.AdamW(param_groups, lr=train.lr, betas=(train.beta1, train.beta2), eps=train.eps,
-                             fused=True if fused else None)
+                             fused=True)
 
 
 def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:

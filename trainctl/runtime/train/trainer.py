@@ -115,8 +115,7 @@ class Trainer:
         parallel = parallelize(self.modules, spec, par, precision=self.precision, micro_batches=self.micro_batches)
         self.sync = parallel.sync
         # loop: the optimizer over the sync's parameter groups, what runs a step's micro-batches, the data
-        offload = p.offload == "optimizer"
-        self.opt = optim.adamw(self.sync.optimizer_groups(), t, fused=optim.fused_adamw(par.device, offload, par.dp))
+        self.opt = optim.adamw(self.sync.optimizer_groups(), t)
         self.executor = self._executor(n_stages, fsdp=parallel.fsdp)
         self.holds_last = (n_stages - 1) in self.stage_ids
         self.loader = build_loader(spec, par.replica, par.replicas, t.seed, self.ctx.cp)

@@ -31,7 +31,6 @@ from trainctl.plan.calibration.shapes import INTER, INTRA, MESSAGE_BYTES, OPS, b
 from trainctl.rundir.paths import RunPaths
 from trainctl.runtime.parallel.process_groups import RankEnv
 from trainctl.runtime.parallel.tensor_parallel import TPContext
-from trainctl.runtime.train.optim import fused_adamw
 from trainctl.runtime.workers import microbench as mb
 from trainctl.runtime.workers.worker_main import worker_main
 from trainctl.spec.models import RunSpec
@@ -313,9 +312,8 @@ class Calibration:
         n = sum(math.prod(s) for s in shapes)
         opts = [(len(shapes), n, shapes), (1, n, [(n,)]), (1, 4 * n, [(4 * n,)])]
         # the device's step as the trainer takes it (an offloaded host step is priced by estimate.host_adam_gbps)
-        fused = fused_adamw(self.device, offload=False, dp=self.spec.dp)
         for _, _, tensor_shapes in opts:
-            mine.append(mb.windowed(mb.OptimizerStep(tensor_shapes, self.device, fused).step, self.device, REPEATS))
+            mine.append(mb.windowed(mb.OptimizerStep(tensor_shapes, self.device).step, self.device, REPEATS))
         fsdp = self._fsdp_unit(mine)
         every = self.gather(mine)
         col = [[ranks[i] for ranks in every if ranks[i] is not None] for i in range(len(mine))]

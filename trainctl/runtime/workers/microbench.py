@@ -242,11 +242,11 @@ def tensors(module: torch.nn.Module) -> int:
 class OptimizerStep:
     """What the trainer does per optimizer step on every tensor it owns, after the backward
     (trainer.train_step): the gradient norm (torch._foreach_norm, divergence.reduce_norm_and_loss), clipping
-    (torch._foreach_mul_) and the AdamW step (runtime/train/optim.py, fused where the trainer's is: `fused_adamw`),
+    (torch._foreach_mul_) and the AdamW step (runtime/train/optim.py `adamw`, the trainer's fused kernel),
     over `shapes`' tensors. Zeroing the gradients is left out: the trainer zeroes flat bucket buffers, one call
     each."""
 
-    def __init__(self, shapes: list[tuple[int, ...]], device: torch.device, fused: bool = False) -> None:
+    def __init__(self, shapes: list[tuple[int, ...]], device: torch.device) -> None:
         from types import SimpleNamespace
 
         from trainctl.runtime.train.optim import adamw
@@ -255,7 +255,7 @@ class OptimizerStep:
         for p in self.params:
             p.grad = torch.randn_like(p)
         train = SimpleNamespace(lr=1e-4, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)
-        self.opt = adamw([(self.params, True)], train, fused=fused)  # type: ignore[arg-type]
+        self.opt = adamw([(self.params, True)], train)  # type: ignore[arg-type]
         self.elements = sum(p.numel() for p in self.params)
 
     def step(self) -> None:
