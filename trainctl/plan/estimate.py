@@ -726,7 +726,7 @@ class Evaluator:
                                float(b.n_micro * ends_units)),
                               ("all_gather", b.n_micro * comm.gather_bytes((ends - b.head_unit[dense_r]) * weight_bytes,
                                                                            dp),
-                               float(b.n_micro * (ends_units - (b.head_unit[dense_r] > 0))))]
+                               float(b.n_micro * max(0, ends_units - (b.head_unit[dense_r] > 0))))]
         edp_traffic = comm.dp_traffic(b.max_experts, zero, edp, b.n_micro, grad_bytes, weight_bytes, b.units,
                                       e_psgd)
         t_dp = self._dp_time(b.links["dp"], dp_traffic, dp)
