@@ -36,7 +36,8 @@ trainctl's, and their median over the rounds. A 2-core VM's steps spread 10-20% 
 medians of 8 rounds decide. Measured 2026-11-27 (2 cores, torch 2.13.0+cpu, torchtitan 0.2.2), torchtitan /
 trainctl, step time / CPU seconds: before 0.939 / 0.975 (trainctl slower: its AdamW was torch's per-tensor
 loop on the CPU, its embedding and LM head shared the root FSDP unit); with fused AdamW 0.970 / 0.926; with
-the ends as torchtitan's units too 1.019 / 1.028 (per round 0.87-1.17).
+the ends as torchtitan's units too 1.019 / 1.028, and in a second run 1.011 / 0.960 (per round 0.87-1.17):
+on par within the noise.
 
 torchtitan travels as wheels (0.2.2 runs on torch 2.11; 0.3.0 needs packages that 2.11 predates): torchtitan,
 torchdata, tyro, docstring_parser, typeguard, typing_extensions, datasets, dill, multiprocess (its llama3 module
