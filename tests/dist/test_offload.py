@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from resume_utils import assert_resumed_bitwise, curve, ok, set_spec, straight_and_resumed
+from resume_utils import assert_resumed_bitwise, assert_same_weights, curve, ok, set_spec, straight_and_resumed
 from trainer_utils import final_weights, make_run, metrics, run_trainer
 
 from trainctl.checkpoint import abandoned_dirname, list_checkpoints
@@ -32,11 +32,9 @@ def assert_same_runs(a: Path, b: Path, steps: list[int] | None = None) -> None:
     cb = {s: (loss, g) for s, loss, g in curve(b)}
     for s in steps or sorted(ca):
         assert cb[s] == ca[s], f"loss and grad norm of step {s}"
-    wa, wb = final_weights(a), final_weights(b)
-    assert set(wa) == set(wb) and wa
-    for k in wa:
-        assert wa[k].dtype == wb[k].dtype == torch.float32, k
-        assert torch.equal(wb[k], wa[k]), k
+    for run in (a, b):
+        assert all(w.dtype == torch.float32 for w in final_weights(run).values()), run
+    assert_same_weights(a, b)
 
 
 def host_memory(run: Path) -> list[dict[str, int]]:
