@@ -13,9 +13,7 @@ cluster read run directories and token files, and a user who wants them private 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -42,6 +40,8 @@ def default_mode(executable: bool = False) -> int:
 def write_atomic(path: Path, text: str, executable: bool = False, fsync: bool = False) -> None:
     """Replace `path` with `text` in one step, with the umask's mode (`executable`: +x where the umask allows
     it); `fsync` also makes it durable before the rename."""
+    import tempfile  # tempfile and hashlib are imported where used: `trainctl --help` loads this module
+
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -74,6 +74,8 @@ def writable_problem(directory: Path) -> str | None:
     where = nearest_existing(directory)
     if not where.is_dir():
         return f"{where} is not a directory"
+    import tempfile
+
     try:
         fd, tmp = tempfile.mkstemp(prefix=".trainctl-write-check.", dir=where)
         os.close(fd)
@@ -116,6 +118,8 @@ _CHUNK = 4 << 20
 
 def file_digest(path: Path) -> tuple[int, str]:
     """(size, sha256) of a file, reading it once."""
+    import hashlib
+
     h = hashlib.new(HASH)
     size = 0
     with open(path, "rb") as f:
@@ -126,6 +130,8 @@ def file_digest(path: Path) -> tuple[int, str]:
 
 
 def bytes_digest(data: bytes) -> str:
+    import hashlib
+
     return hashlib.new(HASH, data).hexdigest()
 
 

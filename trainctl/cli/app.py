@@ -6,11 +6,14 @@ cheap to import (no torch, no numpy) so `trainctl --help` and `trainctl plan` st
 
 from __future__ import annotations
 
+import os
 import sys
+from collections.abc import Sequence
 
 import typer
 
 from trainctl import terminal
+from trainctl.cli.completion import COMPLETE_VAR
 from trainctl.errors import EXIT_USAGE, TrainctlError
 
 app = typer.Typer(
@@ -41,30 +44,39 @@ def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for
     _state["debug"] = debug
 
 
-def _register() -> None:
-    # Imported for their side effect of adding commands to `app`.
-    from trainctl.cli import (  # noqa: F401
-        calibrate_cmd,
-        checkpoints_cmd,
-        data_cmd,
-        export_cmd,
-        hardware_cmd,
-        launch_cmd,
-        plan_cmd,
-        preflight_cmd,
-        report_cmd,
-        resume_cmd,
-        run_cmds,  # noqa: F401  (status, logs, cancel, runs)
-        spec_cmd,
-    )
+# The module that adds each command to `app` (a test holds this table to what the modules register). A call
+# names one command, so only its module is imported: typer builds a click command for every registered one
+# on each call, and the other modules' imports would be paid for nothing.
+COMMAND_MODULES = {
+    "calibrate": "calibrate_cmd", "checkpoints": "checkpoints_cmd", "export": "export_cmd",
+    "hardware": "hardware_cmd", "preflight": "preflight_cmd", "launch": "launch_cmd", "plan": "plan_cmd",
+    "mfu-report": "report_cmd", "resume": "resume_cmd", "status": "run_cmds", "runs": "run_cmds",
+    "cancel": "run_cmds", "logs": "run_cmds", "validate": "spec_cmd", "schema": "spec_cmd", "data": "data_cmd",
+}
+
+
+def command_named(argv: Sequence[str]) -> str | None:
+    """The command a call names: the first word after the root options (which are all flags)."""
+    return next((arg for arg in argv if not arg.startswith("-")), None)
+
+
+def _register(argv: Sequence[str] | None = None) -> None:
+    """Add the command `argv` names to `app`, or every command (help, completion, a word that is no command)."""
+    import importlib
+
+    name = None if argv is None or os.environ.get(COMPLETE_VAR) else command_named(argv)
+    modules = [COMMAND_MODULES[name]] if name in COMMAND_MODULES else list(dict.fromkeys(COMMAND_MODULES.values()))
+    for module in modules:  # imported for their side effect of adding commands to `app`
+        importlib.import_module(f"trainctl.cli.{module}")
 
 
 def main(argv: list[str] | None = None) -> None:
     from trainctl.cli import completion
 
-    _register()
+    args = sys.argv[1:] if argv is None else argv
+    _register(args)
     try:
-        if (asked := completion.named_shell(sys.argv[1:] if argv is None else argv)) is not None:
+        if (asked := completion.named_shell(args)) is not None:
             completion.answer(*asked)
             return
         # standalone mode: click prints usage errors itself and exits 2.

@@ -15,11 +15,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from rich.console import Console
-
 from trainctl import terminal
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # rich is imported on first use: `--help` prints through typer and never loads it
+    from rich.console import Console
     from rich.table import Table
 
     from trainctl.launch.backend import Line
@@ -29,6 +28,8 @@ PROSE_MIN_WIDTH = 20  # an explaining column narrower than this reads as a colum
 
 
 def make_console(*, stderr: bool = False) -> Console:
+    from rich.console import Console
+
     probe = Console(stderr=stderr)  # rich reads COLUMNS itself
     asked = os.environ.get("COLUMNS", "").strip().isdigit()
     width = probe.width if probe.is_terminal or asked else max(MIN_PIPED_WIDTH, probe.width)
@@ -37,13 +38,18 @@ def make_console(*, stderr: bool = False) -> Console:
     return Console(stderr=stderr, soft_wrap=True, highlight=False, width=width, emoji=False)
 
 
+def escape(text: str) -> str:
+    """`text` with rich's markup characters escaped, so it prints as written."""
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
+
+
 def show(console: Console, line: Line) -> None:
     """Print a launch backend's line: styled parts through rich, verbatim lines to stdout exactly."""
     if line.verbatim:
         terminal.write(sys.stdout, line.text + "\n")
         return
-    from rich.markup import escape
-
     with terminal.guarded(console.file):  # a terminal that closed under a run must not end its launcher
         console.print("".join(escape(p) if isinstance(p, str) else f"[{p[1]}]{escape(p[0])}[/{p[1]}]"
                               for p in line.parts))

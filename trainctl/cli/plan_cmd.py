@@ -12,11 +12,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
 from trainctl.cli.app import app
-from trainctl.cli.console import make_console
+from trainctl.cli.console import escape, make_console
 from trainctl.cli.jsonout import print_json
 from trainctl.cli.options import JsonOpt, SetOpt, SpecArg, read_spec
 from trainctl.errors import UsageError
@@ -25,6 +23,8 @@ from trainctl.units import count, decimal_size, dur, pct, tflops
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+    from rich.console import Console
 
     from trainctl.plan.auto import AutoResult
     from trainctl.plan.plan import Plan

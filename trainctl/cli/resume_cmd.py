@@ -6,10 +6,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
-from rich.markup import escape
 
 from trainctl.cli.app import app
-from trainctl.cli.console import make_console, sayer, show
+from trainctl.cli.console import escape, make_console, sayer, show
 from trainctl.cli.jsonout import print_json
 from trainctl.cli.options import JsonOpt, SetOpt, StrictOpt, VerboseOpt, check_before_training, say_held_back
 from trainctl.fileio import require_writable, write_errors_as_usage

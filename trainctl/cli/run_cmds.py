@@ -9,10 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.markup import escape
 
 from trainctl.cli.app import app
-from trainctl.cli.console import Col, fitted_table, make_console
+from trainctl.cli.console import Col, escape, fitted_table, make_console
 from trainctl.cli.jsonout import print_json
 from trainctl.cli.options import JsonOpt
 from trainctl.errors import RunError, TrainctlError, UsageError

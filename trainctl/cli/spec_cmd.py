@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.markup import escape
 
 from trainctl.cli.app import app
-from trainctl.cli.console import make_console
+from trainctl.cli.console import escape, make_console
 from trainctl.cli.jsonout import print_json
 from trainctl.cli.options import JsonOpt, SetOpt, SpecArg, read_spec, require_extras
 
