@@ -1,5 +1,6 @@
 """Benchmark: how fast the CLI starts, as whole processes side by side: the bare import of typer, rich and
-pydantic (the floor any typer + pydantic CLI pays), `trainctl --help`, `trainctl plan` of the Llama 3 405B
+pydantic (the floor any typer + pydantic CLI pays), `trainctl --help`, `trainctl validate` (what any command that
+reads a spec pays), `trainctl plan` of the Llama 3 405B
 recipe (16,384 H100s), its `plan --auto`, and the node-count sweep `plan --auto --nodes 256..16384` (64
 geometric node counts, each searched for its best layout); then, in this process, the search's candidates per
 second: `plan --auto`'s exhaustive scoring and the pruned best-layout search the sweep runs at each count.
@@ -92,6 +93,9 @@ def main() -> None:
     commands = {
         "import typer+rich+pydantic": [py, "-c", "import typer, rich, pydantic"],
         "trainctl --help": [py, "-m", "trainctl", "--help"],
+        # what any command that reads a spec pays: typer's parsing of a command's options (it builds a pydantic
+        # adapter per option), the spec's pydantic models, YAML; plan adds the planner and its tables to this
+        "trainctl validate": [py, "-m", "trainctl", "validate", str(spec)],
         "trainctl plan": [py, "-m", "trainctl", "plan", str(spec)],
         "trainctl plan --auto": [py, "-m", "trainctl", "plan", "--auto", str(spec)],
         "plan --auto --nodes (sweep)": [py, "-m", "trainctl", "plan", "--auto", str(spec), "--nodes", args.nodes],
@@ -126,6 +130,9 @@ def main() -> None:
                                    ("sweep / plan --auto", "plan --auto --nodes (sweep)", "trainctl plan --auto", 3.0)):
         ratio = cpu[num] / cpu[den]
         print(f"{what:28} {ratio:6.2f}x CPU  (target <= {target}x: {'meets' if ratio <= target else 'MISSES'})")
+    for what, num in (("plan - validate", "trainctl plan"), ("plan --auto - validate", "trainctl plan --auto")):
+        print(f"{what:28} {(cpu[num] - cpu['trainctl validate']) * 1e3:6.0f} ms CPU  (what planning adds to "
+              "reading the spec)")
 
 
 if __name__ == "__main__":
