@@ -73,7 +73,9 @@ def test_calibrate_writes_a_complete_profile_and_shows_each_phase(calibrated) ->
     assert {r["op"] for r in raw["collectives"]} == OPS
     assert {r["group_size"] for r in raw["collectives"] if r["op"] == "all_reduce"} == {2, 4, 8}
     assert len(raw["layer"]["seconds"]) == 8 and raw["layer"]["flops"] > 0
-    assert [(r["link"], r["group_size"], len(r["seconds"])) for r in raw["load"]] == [("intra_node", 2, 8)]
+    # the all-reduce between forwards on every rank; the pipeline hop on the first rank of each of the 4 pairs
+    assert [(r["op"], r["link"], r["group_size"], len(r["seconds"])) for r in raw["load"]] == [
+        ("all_reduce", "intra_node", 2, 8), ("send_recv", "intra_node", 2, 4)]
     assert all(v["flops_per_s"] > 0 for v in fits["matmul"].values())
     assert fits["layer"]["flops_per_s"] > 0 and set(fits["compute"]) == {"1", "2", "4"}
     assert set(fits["links"]) == {"intra_node"}  # one node: nothing crosses nodes
@@ -84,6 +86,12 @@ def test_calibrate_writes_a_complete_profile_and_shows_each_phase(calibrated) ->
         assert f["bytes_per_s"] > 0 and f["points"] >= 5
         assert f["load_excess_s"] >= 0 and f["latency_s"] == pytest.approx(f["idle_latency_s"] + f["load_excess_s"])
         _fit_holds_to_its_points(op, f, [r for r in raw["collectives"] if r["op"] == op])
+        # the wait for a busy peer: send/recv's from the pipeline hop, every other kind's from the all-reduce
+        load = next(r for r in raw["load"] if r["op"] == ("send_recv" if op == "send_recv" else "all_reduce"))
+        own = fits["links"]["intra_node"][load["op"]]
+        idle = own["idle_latency_s"] + own["step_latency_s"] * (2 if load["op"] == "all_reduce" else 1)
+        waited = statistics.median(load["seconds"]) - idle - load["bus_bytes"] / own["bytes_per_s"]
+        assert f["load_excess_s"] == pytest.approx(max(0.0, waited), rel=1e-6, abs=1e-12)
     fixed = raw["fixed"]  # the work outside the layers, every rank's figure
     for key in ("embedding_s", "head_s"):
         assert len(fixed[key]) == 8 and min(fixed[key]) > 0

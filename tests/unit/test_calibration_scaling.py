@@ -129,6 +129,30 @@ def test_build_fits_each_kind_over_its_group_sizes(tmp_path: Path) -> None:
     assert data.links[INTER]["all_reduce"].latency_at(2) == pytest.approx(LATENCY, rel=1e-6)
 
 
+@pytest.mark.parametrize("hop_first", [False, True])
+def test_the_pipeline_hops_wait_is_send_recvs_alone_and_the_all_reduces_every_other_kinds(hop_first: bool) -> None:
+    """raw.load: an all-reduce between forwards that took 3 ms where idle it takes LATENCY + its bytes, and a
+    pipeline hop that took 1 ms: every collective's latency carries the all-reduce's 3 ms excess but send/recv's,
+    which carries the hop's; a profile without the hop (from before it) gives send/recv the all-reduce's too,
+    and the pipeline's price follows."""
+    raw = _raw([(INTRA, 2)])
+    wait = {"op": "all_reduce", "link": INTRA, "group_size": 2, "bytes": 4096,
+            "bus_bytes": bus_bytes("all_reduce", 4096, 2), "seconds": [3e-3, 3e-3]}
+    hop = {"op": "send_recv", "link": INTRA, "group_size": 2, "bytes": 4096,
+           "bus_bytes": bus_bytes("send_recv", 4096, 2), "seconds": [1e-3]}
+    links = prof.fit_links({**raw, "load": [hop, wait] if hop_first else [wait, hop]})[INTRA]
+    older = prof.fit_links({**raw, "load": [wait]})[INTRA]
+    excess = 3e-3 - (LATENCY + wait["bus_bytes"] / BUS_BW)
+    for op, fit in links.items():
+        own = 1e-3 - (LATENCY + hop["bus_bytes"] / BUS_BW) if op == "send_recv" else excess
+        assert fit["load_excess_s"] == pytest.approx(own, rel=1e-6)
+        assert fit["latency_s"] == pytest.approx(fit["idle_latency_s"] + own, rel=1e-9)
+        assert older[op]["load_excess_s"] == pytest.approx(excess, rel=1e-6)
+    send = LinkFit.from_dict(links["send_recv"])
+    # three hops of 1e6 bytes in all: each hop's latency is what the measured hop took beyond its own bytes
+    assert send.seconds(1e6, 3, 2) == pytest.approx(3 * (1e-3 - hop["bus_bytes"] / BUS_BW) + 1e6 / BUS_BW, rel=1e-6)
+
+
 def test_a_profile_of_the_previous_schema_is_refused_in_one_line(tmp_path: Path) -> None:
     path = _profile(tmp_path, TWO_RANKS, [(INTRA, 2)])
     old = json.loads(path.read_text())

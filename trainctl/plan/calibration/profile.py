@@ -25,7 +25,8 @@ every raw figure (per rank) and every fit:
                                 the residuals against the measured points (`rms_rel_error`,
                                 `max_rel_error`); the per-call latency includes what a small collective
                                 costs more while the other ranks compute (raw.load) than idle
-                                (`load_excess_s`; `idle_latency_s` before it)
+                                (`load_excess_s`; `idle_latency_s` before it); send/recv's, what a
+                                pipeline hop between two ranks taking turns costs more than idle
   fits.fixed                    the trainer's work outside the layers (fixed.FixedWork): the embedding's and
                                 the LM head + loss's seconds per micro-batch beyond the head's FLOPs, the
                                 optimizer step per tensor and per element, and what one FSDP2 unit adds to a
@@ -94,19 +95,29 @@ def build(meta: dict[str, Any], raw: dict[str, Any]) -> dict[str, Any]:
 def fit_links(raw: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
     """link -> op -> the collective's fit over every group and message size measured (fit.fit_collective),
     its latency raised by what a small collective costs more while the other ranks compute (raw.load: every
-    op of the link pays the same wait for a busy peer; `idle_latency_s` before it)."""
+    collective of the link pays the all-reduce's wait for a busy peer, send/recv the pipeline hop's where it
+    was measured; `idle_latency_s` before it)."""
     links: dict[str, dict[str, dict[str, Any]]] = {}
     for link in sorted({r["link"] for r in raw["collectives"]}):
         for op in sorted({r["op"] for r in raw["collectives"] if r["link"] == link}):
             rows = [r for r in raw["collectives"] if r["link"] == link and r["op"] == op]
             fit = fit_collective(op, [(r["group_size"], r["bus_bytes"], median_of(r["seconds"])) for r in rows])
             links.setdefault(link, {})[op] = fit.as_dict()
+    excess: dict[tuple[str, str], float] = {}
     for r in raw.get("load", []):
+        if not r["seconds"]:
+            continue
         ops = links[r["link"]]
         idle = LinkFit.from_dict(ops[r["op"]]).seconds(r["bus_bytes"], 1, r["group_size"])
-        excess = max(0.0, median_of(r["seconds"]) - idle)
-        for fit in ops.values():
-            fit.update(idle_latency_s=fit["latency_s"], load_excess_s=excess, latency_s=fit["latency_s"] + excess)
+        wait = max(0.0, median_of(r["seconds"]) - idle)
+        # the all-reduce's wait stands for every collective of the link; the pipeline hop's (measured by profiles
+        # since the hop was added) for send/recv alone, which the trainer posts asynchronously
+        for op in ops if r["op"] == "all_reduce" else [r["op"]]:
+            if op == r["op"] or (r["link"], op) not in excess:
+                excess[r["link"], op] = wait
+    for (link, op), wait in excess.items():
+        fit = links[link][op]
+        fit.update(idle_latency_s=fit["latency_s"], load_excess_s=wait, latency_s=fit["latency_s"] + wait)
     return links
 
 

@@ -182,10 +182,11 @@ class Calibration:
 
     def under_load(self) -> tuple[list[dict[str, Any]], str]:
         """The smallest all-reduce after each forward of the layer (about the work between two TP
-        collectives), in the smallest group of each link class, against the forwards alone."""
+        collectives), in the smallest group of each link class, against the forwards alone; and a pipeline
+        hop: pairs of ranks taking turns to run the forward and send it on (microbench.relayed)."""
         assert self.layer is not None, "time_layer runs first"
         rows, seen = [], set()
-        for link, n, group, _ in self.groups_made:
+        for link, n, group, members in self.groups_made:
             if link in seen:
                 continue
             seen.add(link)
@@ -193,12 +194,21 @@ class Calibration:
             call = mb.collective_call("all_reduce", numel, group, n, self.device)
             alone, mixed = mb.loaded(self.layer.forward, call, self.device, LOAD_ITERATIONS, REPEATS)
             rows.append({"op": "all_reduce", "link": link, "group_size": n, "bytes": numel * 4,
-                         "bus_bytes": bus_bytes("all_reduce", numel * 4, n), "compute_s": alone, "mixed_s": mixed})
-        every = self.gather([r["mixed_s"] - r["compute_s"] for r in rows])
+                         "bus_bytes": bus_bytes("all_reduce", numel * 4, n), "mine": mixed - alone})
+            i, pair_numel = members.index(self.env.rank), mb.fp32_numel(MESSAGE_BYTES[0], 2)
+            dist.barrier()
+            hop = (None if i // 2 * 2 + 1 >= len(members)  # the odd one out
+                   else mb.relayed(self.layer.forward, pair_numel, members[i ^ 1], i % 2 == 0, self.device,
+                                   LOAD_ITERATIONS, REPEATS))
+            rows.append({"op": "send_recv", "link": link, "group_size": 2, "bytes": pair_numel * 4,
+                         "bus_bytes": bus_bytes("send_recv", pair_numel * 4, 2), "mine": hop})
+        every = self.gather([r.pop("mine") for r in rows])
         for i, r in enumerate(rows):
-            r["seconds"] = [ranks[i] for ranks in every]
-        return rows, (f"all-reduce after each layer forward, {REPEATS} x {LOAD_ITERATIONS} iterations (" +
-                      ", ".join(f"{r['link'].replace('_', '-')} groups of {r['group_size']}" for r in rows) + ")")
+            r["seconds"] = [ranks[i] for ranks in every if ranks[i] is not None]
+        return rows, (f"all-reduce after each layer forward and a pipeline hop between forwards, {REPEATS} x "
+                      f"{LOAD_ITERATIONS} iterations (" +
+                      ", ".join(f"{r['link'].replace('_', '-')} groups of {r['group_size']}" for r in rows
+                                if r["op"] == "all_reduce") + ")")
 
     def _time_collective(self, op: str, numel: int, group: Any, n: int, members: list[int]) -> float | None:
         if op != "send_recv":

@@ -201,6 +201,61 @@ def loaded(compute: Callable[[], object], collective: Callable[[], object], devi
     return base, base + statistics.median(excess)
 
 
+def relayed(compute: Callable[[], object], numel: int, peer: int, first: bool, device: torch.device,
+            iterations: int, repeats: int = 1) -> float | None:
+    """Seconds of one pipeline hop between two ranks that take turns, as a pipeline's critical path pays it:
+    the `first` rank computes and posts its send (isend, as torch.distributed.pipelining does) while its peer
+    waits in a receive; the peer wakes, computes and sends back. A round is two computes and two hops; each
+    rank's compute is also timed alone while its peer waits for it, and the hop is what a round takes beyond
+    the two, halved: the transfer and a receiver woken from a wait for a busy peer, which a ping-pong between
+    idle ranks (`ping_pong`) does not see. The median of `repeats`, on the first rank (None on its peer)."""
+    out, inp = torch.randn(numel, device=device), torch.empty(numel, device=device)
+
+    def alone() -> float:  # this rank's computes while its peer waits for them, then the peer's turn
+        if not first:
+            dist.recv(inp, peer)
+        synchronize(device)
+        t0 = time.perf_counter()
+        for _ in range(iterations):
+            compute()
+        synchronize(device)
+        mine = time.perf_counter() - t0
+        sent = dist.isend(out, peer)
+        if first:
+            dist.recv(inp, peer)
+        sent.wait()
+        return mine
+
+    def rounds() -> float:
+        t0 = time.perf_counter()
+        for _ in range(iterations):
+            if first:
+                compute()
+                sent = dist.isend(out, peer)
+                dist.recv(inp, peer)
+                sent.wait()
+            else:
+                dist.recv(inp, peer)
+                compute()
+                dist.isend(out, peer).wait()
+        synchronize(device)
+        return time.perf_counter() - t0
+
+    compute()
+    rounds()
+    hops = []
+    for _ in range(repeats):
+        theirs = torch.tensor([alone()], dtype=torch.float64, device=device)
+        mine = theirs.item()
+        if first:
+            dist.recv(theirs, peer)
+        else:
+            dist.send(theirs, peer)
+        total = rounds()
+        hops.append((total - mine - theirs.item()) / (2 * iterations))
+    return max(0.0, statistics.median(hops)) if first else None
+
+
 class Ends:
     """The model's two ends on one rank (tp 1), built by the trainer's own builder: the embedding stage (token
     lookup) and the last stage's final norm + LM head + the trainer's loss, each forward + backward of one
