@@ -276,3 +276,74 @@ def test_zbv_plan_keeps_tied_embeddings_on_rank_0() -> None:
     zbv, plain = plans["zbv"]["params"]["per_rank"], plans["1f1b"]["params"]["per_rank"]
     # one layer per stage: rank 1 holds two layers only; rank 0 two layers, both tables, norm (and positions)
     assert sum(zbv) == sum(plain) and zbv[0] - zbv[1] >= 2 * table
+
+
+def _schedule_order(sched: str, p: int, v: int, m: int) -> dict[int, list[tuple[str, int, int]]]:
+    """Each rank's passes in order, (kind, stage, micro-batch) with kind F (forward), B (the whole backward, or
+    its input-gradient part where the schedule splits it) and W (the weight gradient): GPipe and 1F1B as the
+    trainer's torch schedules run them (1F1B: p-1-r warm-up forwards, then one forward and one backward, then
+    the remaining backwards), interleaved, zero-bubble and ZBV from torch's own action lists."""
+    if sched in ("gpipe", "1f1b"):
+        out = {}
+        for r in range(p):
+            warm = m if sched == "gpipe" else min(p - 1 - r, m)
+            seq = [("F", r, k) for k in range(warm)]
+            for k in range(warm, m):
+                seq += [("F", r, k), ("B", r, k - warm)]
+            out[r] = seq + [("B", r, k) for k in range(m - warm if sched == "1f1b" else 0, m)]
+        return out
+    from types import SimpleNamespace
+
+    from torch.distributed.pipelining import schedules as torch_schedules
+    from torch.distributed.pipelining.schedules import _ComputationType as T
+
+    cls = {"interleaved": torch_schedules.ScheduleInterleaved1F1B, "zbv": torch_schedules.ScheduleZBVZeroBubble,
+           "zero-bubble": torch_schedules.ScheduleInterleavedZeroBubble}[sched]
+    ns = SimpleNamespace(pp_group_size=p, n_local_stages=v, num_stages=p * v, _n_microbatches=m,
+                         microbatches_per_round=p)
+    letter = {T.FORWARD: "F", T.FULL_BACKWARD: "B", T.BACKWARD_INPUT: "B", T.BACKWARD_WEIGHT: "W"}
+    return {r: [(letter[a.computation_type], a.stage_index, a.microbatch_index)
+                for a in cls._calculate_single_rank_operations(ns, r) if a is not None] for r in range(p)}
+
+
+def _replay_ends(sched: str, p: int, v: int, m: int) -> tuple[float, list[float]]:
+    """(makespan, each rank's end) of the order replayed with free communication: F takes 1 unit, a whole
+    backward 2, a split one's B and W 1 each; a pass starts when its rank is free and its inputs exist."""
+    order, last, split = _schedule_order(sched, p, v, m), p * v - 1, sched in ("zero-bubble", "zbv")
+    done: dict[tuple[str, int, int], float] = {}
+    clock, pos = [0.0] * p, [0] * p
+    progress = True
+    while progress:
+        progress = False
+        for r in range(p):
+            while pos[r] < len(order[r]):
+                kind, s, k = order[r][pos[r]]
+                deps = {"F": [("F", s - 1, k)] if s > 0 else [],
+                        "B": [("B", s + 1, k)] if s < last else [("F", s, k)], "W": [("B", s, k)]}[kind]
+                if any(d not in done for d in deps):
+                    break
+                cost = 1.0 if kind == "F" or split else 2.0
+                clock[r] = max([clock[r]] + [done[d] for d in deps]) + cost
+                done[(kind, s, k)] = clock[r]
+                pos[r] += 1
+                progress = True
+    assert pos == [len(order[r]) for r in range(p)], "the replay deadlocked"
+    return max(clock), clock
+
+
+@pytest.mark.parametrize("sched,v", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("interleaved", 4),
+                                     ("zero-bubble", 2), ("zbv", 2)])
+def test_the_drain_is_what_the_ranks_wait_after_their_last_pass(sched: str, v: int) -> None:
+    """The drain (bubble.drain_share of the bubble) against each schedule's order replayed: the mean over the
+    ranks of the time from a rank's last pass to the last rank's. The replay's whole backward costs two
+    forwards (no recompute: backward_share 2/3), or its B and W one each, as the planner's zero-bubble and ZBV
+    assume; a slot is one micro-batch's forward and backward through a rank's v chunks."""
+    slot = 3 * v
+    for p in (2, 4, 8):
+        for m in (p, 2 * p, 4 * p):
+            span, ends = _replay_ends(sched, p, v, m)
+            waited = sum(span - e for e in ends) / p
+            bubble = schedule.bubble_slots(p, v, sched, m) * slot
+            assert waited == pytest.approx(bubble * schedule.drain_share(p, v, sched, m, backward_share=2 / 3)), (p, m)
+            if sched != "zbv":
+                assert span == pytest.approx(m * slot + bubble)  # the planner's bubble is the replay's

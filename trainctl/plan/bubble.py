@@ -49,6 +49,24 @@ def bubble_slots(pp: int, v: int = 1, schedule: str = "1f1b", m: int = 0) -> flo
     return _bubble_slots(pp, schedule, m) / v if pp > 1 else 0.0
 
 
+def drain_share(pp: int, v: int, schedule: str, m: int, backward_share: float) -> float:
+    """The share of the bubble a pipeline rank waits out after its own last pass, averaged over the pipeline
+    ranks: the drain, which a trainer sees in its step's final sync rather than in its pipeline receives.
+
+    The last micro-batch's backward leaves the ranks one after the other, so the rank d stages from the first
+    finishes d backward passes of a chunk before it; over the ranks that is (p-1)/2 such passes, of a bubble of
+    (p-1) chunk slots: backward_share / 2 for GPipe, 1F1B and interleaved (`backward_share`: the backward's part
+    of a forward + backward, about 2/3 without recompute). Under ZBV rank r ends p-1-r single passes (a third
+    of a chunk slot) before the last: (p-1)/2 passes of zbv_idle_passes. Zero-bubble fills the tail with the
+    deferred weight-gradient passes: no drain. Checked by replaying each schedule's order
+    (tests/unit/test_plan_pipeline.py)."""
+    if pp <= 1 or schedule == "zero-bubble":
+        return 0.0
+    if schedule == "zbv":
+        return (pp - 1) / 2 / zbv_idle_passes(pp, m)
+    return backward_share / 2
+
+
 def bubble_fraction(pp: int, m: int, v: int = 1, schedule: str = "1f1b") -> float:
     """Idle fraction of the pipeline's time: (p-1)/(m+p-1) for GPipe and 1F1B, (p-1)/(v*m+p-1) interleaved,
     ((p-1)/3)/(v*m+(p-1)/3) zero-bubble, (i/3)/(2m+i/3) ZBV with i = zbv_idle_passes(p, m).

@@ -899,6 +899,9 @@ class Evaluator:
                    "expert_pace": self.expert_pace, "cp_time": b.n_micro * b.cp_mb_time,
                    "cp_layer_time": b.cp_layer_time, "attn_layer_time": b.attn_layer_time or 0.0,
                    "dispatch_time": b.n_micro * b.dispatch_mb,
+                   "pipeline_drain_time": 0.0 if b.slot is None else b.slot * b.bubble_slots * schedule.drain_share(
+                       c.pp, c.virtual_stages, c.schedule, b.n_micro,
+                       backward_share=1 - self._layer_flops["none"] / 3 / self._layer_flops[c.recompute]),
                    **self._powersgd_extra(b, c)},
         )
 

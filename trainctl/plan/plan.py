@@ -194,7 +194,9 @@ class Plan:
             return None
         parts = {"compute": e.compute_time, "TP exposed": e.tp_exposed_time, "CP K/V exchange": e.extra["cp_time"],
                  "MoE all-to-all": e.extra["ep_time"], "PP point-to-point": e.p2p_time,
-                 "pipeline bubble": e.bubble_time or 0.0, "DP exposed": e.dp_exposed_time or 0.0,
+                 # the drain: the bubble's part the later pipeline ranks wait out after their last pass
+                 "pipeline bubble": (e.bubble_time or 0.0) - e.extra["pipeline_drain_time"],
+                 "pipeline drain": e.extra["pipeline_drain_time"], "DP exposed": e.dp_exposed_time or 0.0,
                  "tied-embedding sync": e.embedding_sync_time, "PowerSGD compute": e.extra.get("powersgd_time", 0.0),
                  "offload copies": e.offload_copy_time, "offload CPU step": e.offload_step_time,
                  "optimizer step": e.optimizer_time, "FSDP2 units": e.fsdp_time}

@@ -5,7 +5,8 @@ measured in their steps (RUN/logs/steptimes-rank<r>.jsonl, written by trainctl/r
 A rank's step splits into what it waited for and its own work:
   - collectives inside the step: comm_s - pp_s (TP, CP and EP collectives, waiting for peers included)
   - pipeline waits: pp_s (receives: the bubble, point-to-point transfers, a slower neighbouring stage)
-  - DP gradient sync: sync_s (gradient reduction and the step's final all-reduce, waiting included)
+  - DP gradient sync: sync_s (gradient reduction and the step's final all-reduce, waiting included: with
+    pipeline stages, the pipeline's drain, which the later stages wait out there after their last pass)
   - data-loader wait: data_wait_s (rank 0's; every rank reads the same way)
   - compute: the rest of the step, this rank's own forward, backward and optimizer work.
 Each is the median over the steps of every start the report covers after each start's first (warm-up),
@@ -30,7 +31,8 @@ COMPONENTS: dict[str, tuple[str, ...]] = {
     "compute": ("compute", "offload copies", "offload CPU step", "optimizer step", "FSDP2 units"),
     "collectives (TP, CP, EP)": ("TP exposed", "CP K/V exchange", "MoE all-to-all"),
     "pipeline bubble + point-to-point": ("pipeline bubble", "PP point-to-point"),
-    "DP gradient sync (exposed)": ("DP exposed", "tied-embedding sync"),
+    # a rank's sync holds the pipeline's drain: the later stages wait in it for the first to finish
+    "DP gradient sync (exposed)": ("DP exposed", "tied-embedding sync", "pipeline drain"),
     "data-loader wait": (),
 }
 MEASURED_AS = {  # how each measured part is had from the ranks' figures: timed itself, or derived from others
@@ -48,7 +50,8 @@ WHY = {  # what a gap in each component usually means, in plain words
     "pipeline bubble + point-to-point": "the pipeline ranks waited a different time for each other than the "
                                         "schedule's bubble predicts (unbalanced stages, a slow rank, p2p latency)",
     "DP gradient sync (exposed)": "less of the gradient reduction hid behind backward than dp_overlap assumes, "
-                                  "or a slow rank kept the others waiting in it",
+                                  "or a slow rank kept the others waiting in it (with pipeline stages: the last "
+                                  "micro-batch's backward took a different time to reach the first stage)",
     "data-loader wait": "the data loader did not keep up (the plan assumes it always does)",
 }
 
