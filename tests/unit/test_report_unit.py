@@ -253,6 +253,13 @@ def test_step_time_predicted_vs_measured_per_component(tmp_path):
     assert v["largest_gap"].startswith("compute took 100 ms longer than predicted")
     assert "host-bound (200 ms of its step is the GPU waiting for the host" in v["largest_gap"]
     assert "FLOP/s" not in v["largest_gap"]
+    # the pipeline's drain (30 ms of the plan's 100 ms bubble) is waited out in the later stages' sync: it moves
+    # from the pipeline's row to the sync's, and the plan's parts still make its step
+    plan["prediction"]["pipeline_drain_s"] = 0.03
+    (run / "plan.json").write_text(json.dumps(plan))
+    got = {x["component"]: x["predicted_s"] for x in analyze(load_run(run))["step_vs_plan"]["rows"]}
+    assert got["pipeline bubble + point-to-point"] == pytest.approx(0.09)
+    assert got["DP gradient sync (exposed)"] == pytest.approx(0.11) and sum(got.values()) == pytest.approx(0.8)
     # a run whose plan has no step time (a CPU without a calibration profile) still shows what was measured
     plan["prediction"] = {"mfu": None, "step_time_s": None}
     (run / "plan.json").write_text(json.dumps(plan))

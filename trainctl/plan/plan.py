@@ -194,9 +194,7 @@ class Plan:
             return None
         parts = {"compute": e.compute_time, "TP exposed": e.tp_exposed_time, "CP K/V exchange": e.extra["cp_time"],
                  "MoE all-to-all": e.extra["ep_time"], "PP point-to-point": e.p2p_time,
-                 # the drain: the bubble's part the later pipeline ranks wait out after their last pass
-                 "pipeline bubble": (e.bubble_time or 0.0) - e.extra["pipeline_drain_time"],
-                 "pipeline drain": e.extra["pipeline_drain_time"], "DP exposed": e.dp_exposed_time or 0.0,
+                 "pipeline bubble": e.bubble_time or 0.0, "DP exposed": e.dp_exposed_time or 0.0,
                  "tied-embedding sync": e.embedding_sync_time, "PowerSGD compute": e.extra.get("powersgd_time", 0.0),
                  "offload copies": e.offload_copy_time, "offload CPU step": e.offload_step_time,
                  "optimizer step": e.optimizer_time, "FSDP2 units": e.fsdp_time}
@@ -312,6 +310,8 @@ class Plan:
                 "step_time_s": e.step_time, "compute_s": e.compute_time, "tp_exposed_s": e.tp_exposed_time,
                 "p2p_s": e.p2p_time, "bubble_s": e.bubble_time, "dp_s": e.dp_time,
                 "dp_exposed_s": e.dp_exposed_time, "embedding_sync_s": e.embedding_sync_time,
+                # of bubble_s: what the later pipeline ranks wait out after their last pass (bubble.drain_share)
+                "pipeline_drain_s": e.extra["pipeline_drain_time"],
                 "tokens_per_s": e.tokens_per_s, "model_flops_per_s_per_gpu": self.model_flops_per_s_per_gpu,
                 "mfu": self.mfu, "hfu": self.hfu, "cp_s": e.extra["cp_time"],
                 "dispatch_s": e.extra["dispatch_time"],  # of compute_s: the GPU waiting for the host (DISPATCH_BOUND)

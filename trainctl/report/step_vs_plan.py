@@ -31,8 +31,7 @@ COMPONENTS: dict[str, tuple[str, ...]] = {
     "compute": ("compute", "offload copies", "offload CPU step", "optimizer step", "FSDP2 units"),
     "collectives (TP, CP, EP)": ("TP exposed", "CP K/V exchange", "MoE all-to-all"),
     "pipeline bubble + point-to-point": ("pipeline bubble", "PP point-to-point"),
-    # a rank's sync holds the pipeline's drain: the later stages wait in it for the first to finish
-    "DP gradient sync (exposed)": ("DP exposed", "tied-embedding sync", "pipeline drain"),
+    "DP gradient sync (exposed)": ("DP exposed", "tied-embedding sync"),
     "data-loader wait": (),
 }
 MEASURED_AS = {  # how each measured part is had from the ranks' figures: timed itself, or derived from others
@@ -76,8 +75,12 @@ def predicted_components(run: RunData) -> tuple[dict[str, Any] | None, str | Non
         return None, ("the plan has no step-time prediction (no catalog peak for this accelerator and no "
                       "calibration profile: `trainctl calibrate SPEC`, then `mfu-report --calibration "
                       "PROFILE`, or launch with cluster.calibration)")
-    return {"step_time_s": pred["step_time_s"],
-            "components_s": {c: sum(parts.get(k) or 0.0 for k in keys) for c, keys in COMPONENTS.items()},
+    components = {c: sum(parts.get(k) or 0.0 for k in keys) for c, keys in COMPONENTS.items()}
+    # a rank's sync holds the pipeline's drain: the later stages wait in it for the first to finish its backward
+    drain = pred.get("pipeline_drain_s") or 0.0
+    components["pipeline bubble + point-to-point"] -= drain
+    components["DP gradient sync (exposed)"] += drain
+    return {"step_time_s": pred["step_time_s"], "components_s": components,
             "outside_layers": pred.get("outside_layers"), "dispatch_s": pred.get("dispatch_s") or 0.0}, None
 
 
