@@ -7,9 +7,11 @@ prints the plan's predicted step time (`plan --calibration`) next to the measure
 after the first two) and the relative error, with the 1-minute load average when the run ended and rank 0's
 median CPU seconds per step (on a machine shared with other work, wall time minus CPU time is time off-core).
 
-Each layout runs --repeats times (3 by default): its measured step is the median of the runs' medians, its
-spread (max - min) / median over the runs, and it counts as predicted when the error is within 10% or within
-its own spread, whichever is larger; per model size the mean absolute error and the worst are printed.
+Each layout runs --repeats times (3 by default), in rounds (every layout of a calibration once, then again),
+so that a slow minute of the host hits single runs of several layouts rather than all of one: its measured
+step is the median of the runs' medians, its spread (max - min) / median over the runs, and it counts as
+predicted when the error is within 10% or within its own spread, whichever is larger; per model size the mean
+absolute error and the worst are printed.
 Beside each, "held": the step as it would have been at the host speed calibrate saw, each run's step scaled by
 a one-second GEMM probe's time around calibrate over its time around the run (HOST_PROBE): how much of an
 error is the host running faster or slower than when it was calibrated, and how much is the model.
@@ -183,21 +185,30 @@ def main() -> None:
             speed_calibrated = (before + host_speed()) / 2
             print(f"{size}, {cluster.name}: calibrated in {time.perf_counter() - t0:.1f} s", flush=True)
             first_run: Path | None = None
-            for layout in mine:
-                overrides = [*base, *sets(layout.overrides)]
-                runs, walls, cpus, at_calibration_speed = [], [], [], []
-                for i in range(args.repeats):
-                    run = work / f"run-{len(results)}-{i}"
+            figures: dict[str, dict[str, list[Any]]] = {la.name: {"runs": [], "walls": [], "cpus": [], "held": []}
+                                                         for la in mine}
+            # in rounds, each layout once a round: a slow minute of the host lands on single runs of several
+            # layouts, not on every run of one, so each layout's spread shows it and its median drops it
+            first = len(results)
+            for i in range(args.repeats):
+                for k, layout in enumerate(mine):
+                    run = work / f"run-{first + k}-{i}"
                     before = host_speed()
-                    trainctl("launch", TINY, "--run-dir", str(run), "--set", f"train.steps={args.steps}", *overrides)
+                    trainctl("launch", TINY, "--run-dir", str(run), "--set", f"train.steps={args.steps}", *base,
+                             *sets(layout.overrides))
                     if "launcher.backend=slurm" in cluster.overrides:
                         wait_until_done(run)
                     speed = (before + host_speed()) / 2
                     wall, cpu = measured(run)
-                    runs.append(run)
-                    walls.append(wall)
-                    cpus.append(cpu)
-                    at_calibration_speed.append(wall * speed_calibrated / speed)
+                    got = figures[layout.name]
+                    got["runs"].append(run)
+                    got["walls"].append(wall)
+                    got["cpus"].append(cpu)
+                    got["held"].append(wall * speed_calibrated / speed)
+            for layout in mine:
+                overrides = [*base, *sets(layout.overrides)]
+                got = figures[layout.name]
+                runs, walls, cpus, at_calibration_speed = got["runs"], got["walls"], got["cpus"], got["held"]
                 run = runs[0]
                 wall, held = statistics.median(walls), statistics.median(at_calibration_speed)
                 r = {"size": size, "layout": layout.name, "cluster": cluster.name, "runs": [str(x) for x in runs],

@@ -42,6 +42,7 @@ REPEATS = 3  # timed loops per figure: the median of three is robust to one pree
 # a layer figure (and its stack, and the dispatch floor's): five windows of 0.1 s, so a burst of other work on the
 # machine in one or two of them does not set it (a host-bound call on a GPU takes 4-20 ms: 3 x 50 ms held few)
 LAYER_REPEATS, LAYER_WINDOW_S = 5, 0.1
+COLLECTIVE_REPEATS = 15  # timed calls per collective figure, their trimmed mean (microbench.timed, mixed)
 LOAD_ITERATIONS = 20  # layer forward (+ all-reduce) iterations of phase 4, REPEATS pairs: ~0.05-0.1 s a mode
 
 Group = tuple[str, int, Any, list[int]]  # (link class, group size, this rank's process group, its members)
@@ -212,13 +213,14 @@ class Calibration:
 
     def _time_collective(self, op: str, numel: int, group: Any, n: int, members: list[int]) -> float | None:
         if op != "send_recv":
-            return mb.timed(mb.collective_call(op, numel, group, n, self.device), self.device, REPEATS)
+            return mb.timed(mb.collective_call(op, numel, group, n, self.device), self.device, COLLECTIVE_REPEATS,
+                            mixed=True)
         i = members.index(self.env.rank)
         if i // 2 * 2 + 1 >= len(members):
             return None  # the odd one out
         peer = members[i ^ 1]
         call = mb.ping_pong(numel, peer, first=i % 2 == 0, device=self.device)
-        seconds = mb.timed(call, self.device, REPEATS) / 2
+        seconds = mb.timed(call, self.device, COLLECTIVE_REPEATS, mixed=True) / 2
         return seconds if i % 2 == 0 else None
 
     # --- (3) one layer -----------------------------------------------------------------------------------
