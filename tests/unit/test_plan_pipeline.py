@@ -156,55 +156,66 @@ def test_zero_bubble_bubble_is_a_third_of_1f1b_idle_time() -> None:
             assert in_flight("zero-bubble", p, v, m, r) == in_flight("interleaved" if v > 1 else "1f1b", p, v, m, r)
 
 
-def _torch_zbv_order(p: int, m: int) -> dict[int, list]:
-    """torch's own ScheduleZBVZeroBubble action lists (compute only, padding dropped), without process groups:
-    its order is a pure function of (pp size, stages, micro-batches)."""
+def _schedule_order(sched: str, p: int, v: int, m: int) -> dict[int, list[tuple[str, int, int]]]:
+    """Each rank's passes in order, (kind, stage, micro-batch) with kind F (forward), B (the whole backward, or
+    its input-gradient part where the schedule splits it) and W (the weight gradient): GPipe and 1F1B as the
+    trainer's torch schedules run them (1F1B: p-1-r warm-up forwards, then one forward and one backward, then
+    the remaining backwards), interleaved, zero-bubble and ZBV from torch's own action lists."""
+    if sched in ("gpipe", "1f1b"):
+        out = {}
+        for r in range(p):
+            warm = m if sched == "gpipe" else min(p - 1 - r, m)
+            seq = [("F", r, k) for k in range(warm)]
+            for k in range(warm, m):
+                seq += [("F", r, k), ("B", r, k - warm)]
+            out[r] = seq + [("B", r, k) for k in range(m - warm if sched == "1f1b" else 0, m)]
+        return out
     from types import SimpleNamespace
 
-    from torch.distributed.pipelining.schedules import ScheduleZBVZeroBubble
-
-    ns = SimpleNamespace(pp_group_size=p, num_stages=2 * p, _n_microbatches=m)
-    return {r: [a for a in ScheduleZBVZeroBubble._calculate_single_rank_operations(ns, r) if a is not None]
-            for r in range(p)}
-
-
-def _replay_zbv(p: int, m: int) -> tuple[float, dict[int, list[list[int]]]]:
-    """Run torch's ZBV lists with every pass (F, input-gradient B, weight-gradient W of one chunk) taking one
-    unit and free communication: each rank runs its list in order, an action starting when its rank is free
-    and its inputs exist (F after the previous stage's F, B after the next stage's B or this last stage's F,
-    W after its B). Returns (makespan, per rank the (chunk 0, chunk 1) micro-batches held after each action,
-    a micro-batch held from its F until its W)."""
+    from torch.distributed.pipelining import schedules as torch_schedules
     from torch.distributed.pipelining.schedules import _ComputationType as T
 
-    order, last = _torch_zbv_order(p, m), 2 * p - 1
-    done: dict[tuple, float] = {}
+    cls = {"interleaved": torch_schedules.ScheduleInterleaved1F1B, "zbv": torch_schedules.ScheduleZBVZeroBubble,
+           "zero-bubble": torch_schedules.ScheduleInterleavedZeroBubble}[sched]
+    ns = SimpleNamespace(pp_group_size=p, n_local_stages=v, num_stages=p * v, _n_microbatches=m,
+                         microbatches_per_round=p)
+    letter = {T.FORWARD: "F", T.FULL_BACKWARD: "B", T.BACKWARD_INPUT: "B", T.BACKWARD_WEIGHT: "W"}
+    return {r: [(letter[a.computation_type], a.stage_index, a.microbatch_index)
+                for a in cls._calculate_single_rank_operations(ns, r) if a is not None] for r in range(p)}
+
+
+def _replay(sched: str, p: int, v: int, m: int) -> tuple[float, list[float], dict[int, list[list[int]]]]:
+    """The order replayed with free communication: F takes 1 unit, a whole backward 2, a split one's B and W 1
+    each; a pass starts when its rank is free and its inputs exist (F after the previous stage's F, B after the
+    next stage's B or this last stage's F, W after its B). Returns (makespan, each rank's end, per rank the
+    micro-batches held per chunk after each pass: from a micro-batch's F until its backward ends, W when split)."""
+    from trainctl.plan.pipeline import stages_of_pp_rank
+
+    order, last, split = _schedule_order(sched, p, v, m), p * v - 1, sched in ("zero-bubble", "zbv")
+    done: dict[tuple[str, int, int], float] = {}
     clock, pos = [0.0] * p, [0] * p
     held: dict[int, list[list[int]]] = {r: [] for r in range(p)}
-    counts = {r: [0, 0] for r in range(p)}
+    counts = {r: [0] * v for r in range(p)}
     progress = True
     while progress:
         progress = False
         for r in range(p):
+            chunks = stages_of_pp_rank(r, p, v, sched)
             while pos[r] < len(order[r]):
-                a = order[r][pos[r]]
-                s, k, kind = a.stage_index, a.microbatch_index, a.computation_type
-                if kind == T.FORWARD:
-                    deps = [(T.FORWARD, s - 1, k)] if s > 0 else []
-                elif kind == T.BACKWARD_INPUT:
-                    deps = [(T.BACKWARD_INPUT, s + 1, k)] if s < last else [(T.FORWARD, s, k)]
-                else:
-                    deps = [(T.BACKWARD_INPUT, s, k)]
+                kind, s, k = order[r][pos[r]]
+                deps = {"F": [("F", s - 1, k)] if s > 0 else [],
+                        "B": [("B", s + 1, k)] if s < last else [("F", s, k)], "W": [("B", s, k)]}[kind]
                 if any(d not in done for d in deps):
                     break
-                clock[r] = max([clock[r]] + [done[d] for d in deps]) + 1
+                cost = 1.0 if kind == "F" or split else 2.0
+                clock[r] = max([clock[r]] + [done[d] for d in deps]) + cost
                 done[(kind, s, k)] = clock[r]
-                chunk = 0 if s == r else 1
-                counts[r][chunk] += {T.FORWARD: 1, T.BACKWARD_WEIGHT: -1}.get(kind, 0)
+                counts[r][chunks.index(s)] += {"F": 1, "W" if split else "B": -1}.get(kind, 0)
                 held[r].append(list(counts[r]))
                 pos[r] += 1
                 progress = True
     assert pos == [len(order[r]) for r in range(p)], "the replay deadlocked"
-    return max(clock), held
+    return max(clock), clock, held
 
 
 @pytest.mark.parametrize("p", [2, 3, 4, 8])
@@ -213,13 +224,11 @@ def test_zbv_bubble_and_memory_match_a_replay_of_torchs_order(p: int) -> None:
     makespan is 6m passes of work (F, B, W of two chunks per micro-batch) plus zbv_idle_passes; the planner's
     transcription of the order is torch's; and in_flight's counts are the replay's peak for equal and unequal
     layers per chunk."""
-    from torch.distributed.pipelining.schedules import _ComputationType as T
-
     from trainctl.plan.bubble import bubble_fraction, in_flight, zbv_idle_passes, zbv_order
     from trainctl.plan.pipeline import stages_of_pp_rank
 
     for m in sorted({1, 2, p, 2 * p - 2, 2 * p - 1, 2 * p, 4 * p + 1} - {0}):
-        makespan, held = _replay_zbv(p, m)
+        makespan, _, held = _replay("zbv", p, 2, m)
         idle = makespan - 6 * m
         assert idle == zbv_idle_passes(p, m)
         if m >= 2 * p - 1:
@@ -228,11 +237,8 @@ def test_zbv_bubble_and_memory_match_a_replay_of_torchs_order(p: int) -> None:
         assert bubble_fraction(p, m, 2, "zbv") == pytest.approx((idle / 3) / (2 * m + idle / 3))
         for r in range(p):
             # the planner's transcription of torch's order is torch's order
-            torch_order = [(a.computation_type, a.stage_index, a.microbatch_index) for a in _torch_zbv_order(p, m)[r]]
             chunks = stages_of_pp_rank(r, p, 2, "zbv")  # chunk 0 is stage r, chunk 1 stage 2p-1-r, as torch's
-            letter = {T.FORWARD: "F", T.BACKWARD_INPUT: "B", T.BACKWARD_WEIGHT: "W"}
-            assert [(kind, chunks[c], k) for kind, c, k in zbv_order(p, m, r)] == [
-                (letter[kind], s, k) for kind, s, k in torch_order]
+            assert [(kind, chunks[c], k) for kind, c, k in zbv_order(p, m, r)] == _schedule_order("zbv", p, 2, m)[r]
             # the peak it states, for chunks of equal and of unequal layers, is the replay's
             for weights in ((1, 1), (3, 1), (1, 3), (0, 2)):
                 want = in_flight("zbv", p, 2, m, r, weights)
@@ -278,59 +284,6 @@ def test_zbv_plan_keeps_tied_embeddings_on_rank_0() -> None:
     assert sum(zbv) == sum(plain) and zbv[0] - zbv[1] >= 2 * table
 
 
-def _schedule_order(sched: str, p: int, v: int, m: int) -> dict[int, list[tuple[str, int, int]]]:
-    """Each rank's passes in order, (kind, stage, micro-batch) with kind F (forward), B (the whole backward, or
-    its input-gradient part where the schedule splits it) and W (the weight gradient): GPipe and 1F1B as the
-    trainer's torch schedules run them (1F1B: p-1-r warm-up forwards, then one forward and one backward, then
-    the remaining backwards), interleaved, zero-bubble and ZBV from torch's own action lists."""
-    if sched in ("gpipe", "1f1b"):
-        out = {}
-        for r in range(p):
-            warm = m if sched == "gpipe" else min(p - 1 - r, m)
-            seq = [("F", r, k) for k in range(warm)]
-            for k in range(warm, m):
-                seq += [("F", r, k), ("B", r, k - warm)]
-            out[r] = seq + [("B", r, k) for k in range(m - warm if sched == "1f1b" else 0, m)]
-        return out
-    from types import SimpleNamespace
-
-    from torch.distributed.pipelining import schedules as torch_schedules
-    from torch.distributed.pipelining.schedules import _ComputationType as T
-
-    cls = {"interleaved": torch_schedules.ScheduleInterleaved1F1B, "zbv": torch_schedules.ScheduleZBVZeroBubble,
-           "zero-bubble": torch_schedules.ScheduleInterleavedZeroBubble}[sched]
-    ns = SimpleNamespace(pp_group_size=p, n_local_stages=v, num_stages=p * v, _n_microbatches=m,
-                         microbatches_per_round=p)
-    letter = {T.FORWARD: "F", T.FULL_BACKWARD: "B", T.BACKWARD_INPUT: "B", T.BACKWARD_WEIGHT: "W"}
-    return {r: [(letter[a.computation_type], a.stage_index, a.microbatch_index)
-                for a in cls._calculate_single_rank_operations(ns, r) if a is not None] for r in range(p)}
-
-
-def _replay_ends(sched: str, p: int, v: int, m: int) -> tuple[float, list[float]]:
-    """(makespan, each rank's end) of the order replayed with free communication: F takes 1 unit, a whole
-    backward 2, a split one's B and W 1 each; a pass starts when its rank is free and its inputs exist."""
-    order, last, split = _schedule_order(sched, p, v, m), p * v - 1, sched in ("zero-bubble", "zbv")
-    done: dict[tuple[str, int, int], float] = {}
-    clock, pos = [0.0] * p, [0] * p
-    progress = True
-    while progress:
-        progress = False
-        for r in range(p):
-            while pos[r] < len(order[r]):
-                kind, s, k = order[r][pos[r]]
-                deps = {"F": [("F", s - 1, k)] if s > 0 else [],
-                        "B": [("B", s + 1, k)] if s < last else [("F", s, k)], "W": [("B", s, k)]}[kind]
-                if any(d not in done for d in deps):
-                    break
-                cost = 1.0 if kind == "F" or split else 2.0
-                clock[r] = max([clock[r]] + [done[d] for d in deps]) + cost
-                done[(kind, s, k)] = clock[r]
-                pos[r] += 1
-                progress = True
-    assert pos == [len(order[r]) for r in range(p)], "the replay deadlocked"
-    return max(clock), clock
-
-
 @pytest.mark.parametrize("sched,v", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("interleaved", 4),
                                      ("zero-bubble", 2), ("zbv", 2)])
 def test_the_drain_is_what_the_ranks_wait_after_their_last_pass(sched: str, v: int) -> None:
@@ -341,7 +294,7 @@ def test_the_drain_is_what_the_ranks_wait_after_their_last_pass(sched: str, v: i
     slot = 3 * v
     for p in (2, 4, 8):
         for m in (p, 2 * p, 4 * p):
-            span, ends = _replay_ends(sched, p, v, m)
+            span, ends, _ = _replay(sched, p, v, m)
             waited = sum(span - e for e in ends) / p
             bubble = schedule.bubble_slots(p, v, sched, m) * slot
             assert waited == pytest.approx(bubble * schedule.drain_share(p, v, sched, m, backward_share=2 / 3)), (p, m)

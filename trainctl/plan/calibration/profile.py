@@ -104,17 +104,17 @@ def fit_links(raw: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
             fit = fit_collective(op, [(r["group_size"], r["bus_bytes"], median_of(r["seconds"])) for r in rows])
             links.setdefault(link, {})[op] = fit.as_dict()
     excess: dict[tuple[str, str], float] = {}
-    for r in raw.get("load", []):
+    # the all-reduce's wait stands for every collective of the link, so it comes first; the pipeline hop's
+    # (measured by profiles since the hop was added) then replaces send/recv's, which the trainer posts
+    # asynchronously
+    for r in sorted(raw.get("load", []), key=lambda r: r["op"] != "all_reduce"):
         if not r["seconds"]:
             continue
         ops = links[r["link"]]
         idle = LinkFit.from_dict(ops[r["op"]]).seconds(r["bus_bytes"], 1, r["group_size"])
         wait = max(0.0, median_of(r["seconds"]) - idle)
-        # the all-reduce's wait stands for every collective of the link; the pipeline hop's (measured by profiles
-        # since the hop was added) for send/recv alone, which the trainer posts asynchronously
         for op in ops if r["op"] == "all_reduce" else [r["op"]]:
-            if op == r["op"] or (r["link"], op) not in excess:
-                excess[r["link"], op] = wait
+            excess[r["link"], op] = wait
     for (link, op), wait in excess.items():
         fit = links[link][op]
         fit.update(idle_latency_s=fit["latency_s"], load_excess_s=wait, latency_s=fit["latency_s"] + wait)
