@@ -10,7 +10,7 @@ import sys
 
 from paths import REPO
 
-from trainctl.cli.app import app
+from trainctl.cli.app import COMMAND_MODULES, _register, app
 
 # every module of trainctl the help may import: the CLI and the base layer
 HELP_MAY_IMPORT = ("trainctl.cli", "trainctl.errors", "trainctl.fileio", "trainctl.terminal", "trainctl.units")
@@ -51,8 +51,6 @@ def test_help_and_every_commands_help_import_only_the_cli_and_the_base_layer() -
 
 
 def test_the_command_table_names_the_module_that_registers_each_command() -> None:
-    from trainctl.cli.app import COMMAND_MODULES, _register
-
     _register()
     registered = {(c.name or c.callback.__name__): c.callback.__module__ for c in app.registered_commands}
     for group in app.registered_groups:
