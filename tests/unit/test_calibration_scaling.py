@@ -204,7 +204,8 @@ def test_a_two_rank_profile_prices_an_eight_rank_spec_by_the_ring_rule(tmp_path:
             "(all-reduce 2(n-1), the others n-1), bytes at (n-1)/n of the message per rank at the fitted bus "
             "bandwidth; all-gather, all-reduce, all-to-all, reduce-scatter measured at one group size: all its "
             "latency per step") in text
-    assert "measured with 2 ranks per node, the spec has 8" in text
+    assert ("measured with 2 ranks per node, the spec has 8: on a CPU the ranks share the node's cores, so no rate "
+            "measured then holds") in text
     assert "tp 4 priced at the compute rate of tp 2, the largest measured (tp 1/2)" in text  # --auto may pick tp 4
     assert "inter-node" not in text and "another model" not in text
 
@@ -254,6 +255,18 @@ def test_another_model_keeps_the_rates_and_prices_tp_from_the_fits(tmp_path: Pat
     text = "\n".join(ctx.rates.warnings)
     assert "measured at another model (hidden 64" in text and "spec's 128" in text
     assert "TP layers from the collective fits (the measured TP layers unused)" in text
+
+
+def test_ranks_per_node_on_a_gpu_keep_the_rates_per_gpu_and_on_a_cpu_send_the_user_to_calibrate(tmp_path: Path
+                                                                                                ) -> None:
+    profile = prof.load(_profile(tmp_path, TWO_RANKS, [(INTRA, 2)]))
+    cpu = " ".join(prof.extrapolations(profile, load_spec(TINY)))
+    assert "measured with 2 ranks per node, the spec has 8: on a CPU" in cpu and "trainctl calibrate SPEC" in cpu
+    on_gpu = replace(profile, data={**profile.data, "cluster": {**profile.cluster, "gpu": "h100-sxm"}})
+    gpu = " ".join(prof.extrapolations(on_gpu, load_spec(TINY, overrides=["cluster.gpu=h100-sxm",
+                                                                          "launcher.backend=slurm"])))
+    assert "measured with 2 ranks per node, the spec has 8: the compute rates are per rank" in gpu
+    assert "CPU" not in gpu
 
 
 def test_only_another_accelerator_is_refused(tmp_path: Path) -> None:

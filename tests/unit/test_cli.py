@@ -101,8 +101,17 @@ def test_checkpoints_of_a_directory_that_is_not_a_run_exits_2(tmp_path: Path):
 
 
 def test_usage_error_exits_2():
-    out = trainctl("validate")
+    out = trainctl("resume")
     assert out.returncode == 2 and "Missing argument" in out.stderr
+
+
+def test_plan_and_validate_without_a_spec_take_the_embedded_recipe_as_launch_does(tmp_path: Path):
+    # from an empty directory: the default is the package's own recipe, the quickstart's
+    out = trainctl("validate", cwd=tmp_path)
+    assert out.returncode == 0 and "tiny-cpu" in out.stdout and "tiny-cpu.yaml" in out.stdout, out.stderr
+    default, named = trainctl("plan", "--json", cwd=tmp_path), trainctl("plan", TINY, "--json")
+    assert default.returncode == 0, default.stderr
+    assert json.loads(default.stdout) == json.loads(named.stdout)
 
 
 def test_debug_shows_traceback():

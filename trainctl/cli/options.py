@@ -14,7 +14,6 @@ if TYPE_CHECKING:  # a command's --help builds no spec model: imported where a s
 
     from trainctl.spec import RunSpec
 
-SpecArg = typer.Argument(..., help="Run spec YAML (see recipes/).", show_default=False)
 SetOpt = typer.Option(
     None, "--set", "-s", metavar="KEY=VALUE",
     help="Override a spec field, e.g. --set parallel.tp=4 (repeatable).",

@@ -16,7 +16,7 @@ import typer
 from trainctl.cli.app import app
 from trainctl.cli.console import escape, make_console
 from trainctl.cli.jsonout import print_json
-from trainctl.cli.options import JsonOpt, SetOpt, SpecArg, read_spec
+from trainctl.cli.options import JsonOpt, OptionalSpecArg, SetOpt, read_spec
 from trainctl.errors import UsageError
 from trainctl.terminal import prose
 from trainctl.units import count, decimal_size, dur, pct, tflops
@@ -448,7 +448,7 @@ def _sweep_progress() -> Callable[[int, int, int], None]:
 
 @app.command()
 def plan(
-    spec: Path = SpecArg,
+    spec: Path | None = OptionalSpecArg,
     set_: list[str] = SetOpt,
     as_json: bool = JsonOpt,
     ranks: bool = typer.Option(False, "--ranks", help="Show the rank placement map and process groups."),

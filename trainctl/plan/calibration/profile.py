@@ -359,9 +359,14 @@ def extrapolations(profile: Profile, spec: RunSpec) -> list[str]:
     link: larger groups (fit.LinkFit.latency_at), inter-node links on one node (the catalog's fabric), ranks
     per node, another model (plan/rates.py MeasuredRates)."""
     c, out = spec.cluster, []
-    if profile.cluster.get("ranks_per_node") != c.gpus_per_node:
-        out.append(f"measured with {profile.cluster.get('ranks_per_node')} ranks per node, the spec has "
-                   f"{c.gpus_per_node}: the compute rates are per rank as the node was shared then")
+    measured_per_node = profile.cluster.get("ranks_per_node")
+    if measured_per_node != c.gpus_per_node:
+        # a GPU computes alone whatever its neighbours do; CPU ranks divide the node's cores, and no rescaling
+        # of the measured rates held (docs/ARCHITECTURE.md, "Calibration profile")
+        why = ("on a CPU the ranks share the node's cores, so no rate measured then holds (more ranks per node: "
+               "slower than priced, fewer: faster); price this spec from its own: trainctl calibrate SPEC"
+               if c.gpu == "cpu" else "the compute rates are per rank as the node was shared then")
+        out.append(f"measured with {measured_per_node} ranks per node, the spec has {c.gpus_per_node}: {why}")
     measured_tp = sorted(profile.compute)
     beyond = [t for t in tp_sizes(spec) if t > measured_tp[-1]]
     if beyond:
