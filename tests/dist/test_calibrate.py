@@ -76,6 +76,15 @@ def test_calibrate_writes_a_complete_profile_and_shows_each_phase(calibrated) ->
     # the all-reduce between forwards on every rank; the pipeline hop on the first rank of each of the 4 pairs
     assert [(r["op"], r["link"], r["group_size"], len(r["seconds"])) for r in raw["load"]] == [
         ("all_reduce", "intra_node", 2, 8), ("send_recv", "intra_node", 2, 4)]
+    # a gradient bucket's all-reduce behind the layer's forward + backward, each alone: every rank's figures,
+    # and the share hidden recomputed from their medians
+    [ov] = raw["overlap"]
+    assert (ov["link"], ov["group_size"]) == ("intra_node", 2) and ov["bytes"] > 0
+    medians = {k: statistics.median(ov[k]) for k in ("compute_s", "collective_s", "together_s")}
+    assert all(len(ov[k]) == 8 and min(ov[k]) > 0 for k in medians)
+    hidden = (medians["compute_s"] + medians["collective_s"] - medians["together_s"]) / medians["collective_s"]
+    assert fits["dp_overlap"] == {"intra_node": pytest.approx(min(1.0, max(0.0, hidden)))}
+    assert "intra-node DP reduction" in out
     assert all(v["flops_per_s"] > 0 for v in fits["matmul"].values())
     assert fits["layer"]["flops_per_s"] > 0 and set(fits["compute"]) == {"1", "2", "4"}
     assert set(fits["links"]) == {"intra_node"}  # one node: nothing crosses nodes

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_utils import trainctl
 from paths import REPO
 
 from trainctl.errors import UsageError
@@ -255,6 +256,51 @@ def test_another_model_keeps_the_rates_and_prices_tp_from_the_fits(tmp_path: Pat
     text = "\n".join(ctx.rates.warnings)
     assert "measured at another model (hidden 64" in text and "spec's 128" in text
     assert "TP layers from the collective fits (the measured TP layers unused)" in text
+
+
+OVERLAP_SPEC = ["cluster.nodes=2", "cluster.gpus_per_node=1", "launcher.backend=slurm", "parallel.tp=1",
+                "parallel.pp=1", "parallel.dp=2", "parallel.zero=0", "parallel.sequence_parallel=false"]
+
+
+def _overlap_row(together: float) -> dict[str, Any]:
+    """calibrate's figures of a bucket's all-reduce behind the layer: compute 4 ms, collective 2 ms, both
+    `together` (three ranks; the third a straggler the medians leave out)."""
+    return {"link": INTER, "group_size": 2, "bytes": 1 << 20, "compute_s": [4e-3, 4e-3, 9e-3],
+            "collective_s": [2e-3, 2e-3, 7e-3], "together_s": [together, together, 1.0]}
+
+
+@pytest.mark.parametrize(("together", "share"), [(5.5e-3, 0.25), (4e-3, 1.0), (3e-3, 1.0), (6e-3, 0.0),
+                                                 (7e-3, 0.0)])
+def test_the_dp_overlap_is_the_share_of_the_collective_that_hid_behind_compute(together: float, share: float
+                                                                               ) -> None:
+    # (compute + collective - both) / collective, within [0, 1]: slower than the sum (a CPU's cores fought
+    # over) hides nothing, as fast as the compute alone hides it all
+    assert prof.fit_overlap([_overlap_row(together)]) == {INTER: pytest.approx(share)}
+
+
+def test_a_measured_dp_overlap_replaces_the_assumption_unless_the_spec_sets_one(tmp_path: Path) -> None:
+    raw = {**_raw([(INTRA, 2), (INTER, 2)]), "overlap": [_overlap_row(5.5e-3)]}  # a quarter hidden
+    spec = load_spec(TINY, overrides=OVERLAP_SPEC)
+    path = tmp_path / "calibration.json"
+    prof.save(path, prof.build({**prof.spec_meta(spec), "precision": prof.run_precision(spec),
+                                "device": {"type": "cpu"}}, raw))
+    measured, spec, _ = _plan(path, OVERLAP_SPEC)
+    assert measured.comm_link["dp"] == comm.INTER_NODE and measured.dp_time > 0
+    # the window (a slot of this tiny model's compute at 2 GFLOP/s) is far longer than the reduction: the
+    # hidden part is the share x the DP time
+    assert measured.dp_exposed_time == pytest.approx(0.75 * measured.dp_time)
+    set_, _, _ = _plan(path, [*OVERLAP_SPEC, "estimate.dp_overlap=0.8"])  # the spec's own figure wins
+    assert set_.dp_exposed_time == pytest.approx(0.2 * measured.dp_time)
+    rates = context_from_spec(spec.with_calibration(path)).rates
+    assert rates is not None and rates.describe()["dp_overlap"] == {INTER: pytest.approx(0.25)}
+    shown = trainctl("plan", str(TINY), "--calibration", str(path), *[f"--set={x}" for x in OVERLAP_SPEC])
+    assert shown.returncode == 0, shown.stderr
+    assert "dp_overlap measured by calibrate (inter-node 0.25; other links" in " ".join(shown.stdout.split())
+    bad = json.loads(path.read_text())
+    bad["fits"]["dp_overlap"] = {INTER: 1.5}
+    path.write_text(json.dumps(bad))
+    with pytest.raises(UsageError, match="fits.dp_overlap holds a share outside"):
+        prof.load(path)
 
 
 def test_ranks_per_node_on_a_gpu_keep_the_rates_per_gpu_and_on_a_cpu_send_the_user_to_calibrate(tmp_path: Path

@@ -209,7 +209,7 @@ def render_plan(plan: Plan, console: Console, ranks: bool) -> None:
 
     a = j["assumptions"]
     prose(console, f"[bold]Assumptions[/bold] (estimate.* in the spec): compute_efficiency {a['compute_efficiency']}, "
-                   f"comm_efficiency {a['comm_efficiency']}, dp_overlap {a['dp_overlap']}, "
+                   f"comm_efficiency {a['comm_efficiency']}, {dp_overlap_text(a, j['calibration'])}, "
                    f"tp_overlap {a['tp_overlap']}"
                    + (f", offload_pcie_gbps {a['offload_pcie_gbps']}, host_adam_gbps {a['host_adam_gbps']}"
                       if L["offload"] == "optimizer" else ""))
@@ -395,7 +395,7 @@ def render_auto(res: AutoResult, console: Console, on_cpu: bool = False) -> None
                       "shown.[/bold red]")
     a = res.assumptions
     prose(console, f"[dim]Assumptions: compute_efficiency {a['compute_efficiency']}, comm_efficiency "
-                   f"{a['comm_efficiency']}, dp_overlap {a['dp_overlap']}, tp_overlap {a['tp_overlap']}. "
+                   f"{a['comm_efficiency']}, {dp_overlap_text(a, res.calibration)}, tp_overlap {a['tp_overlap']}. "
                    "Run `trainctl plan SPEC --set parallel.tp=...` on a row for its full plan.[/dim]")
 
 
@@ -444,6 +444,15 @@ def _sweep_progress() -> Callable[[int, int, int], None]:
             print(f"plan --auto: {done}/{total} node counts searched (last: {nodes:,} nodes)", file=sys.stderr)
 
     return report
+
+
+def dp_overlap_text(assumptions: dict[str, Any], calibration: dict[str, Any]) -> str:
+    """estimate.dp_overlap as the plan used it: the profile's measured share per link class where it has one."""
+    measured = calibration.get("dp_overlap") or {}
+    if not measured:
+        return f"dp_overlap {assumptions['dp_overlap']}"
+    shares = ", ".join(f"{link.replace('_', '-')} {x:.2f}" for link, x in sorted(measured.items()))
+    return f"dp_overlap measured by calibrate ({shares}; other links {assumptions['dp_overlap']})"
 
 
 @app.command()

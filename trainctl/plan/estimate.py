@@ -14,7 +14,8 @@ measured FLOP/s and, per collective, latency * calls + bytes / measured bandwidt
   pipeline  = slot * (m + (p-1)/v)                                  [m slots of work + the bubble; a third of
                                                                     (p-1)/v zero-bubble;
                                                                     zbv: plan/bubble.zbv_idle_passes/6]
-  dp        = DP bytes / DP link rate; hidden = min(dp_overlap * dp, window),
+  dp        = DP bytes / DP link rate; hidden = min(dp_overlap * dp, window) (dp_overlap: a calibration
+              profile's measured share where the spec sets none),
               window = one slot for the once-per-step traffic of ZeRO 0/1 (Megatron overlaps the
               gradient reduce with the last micro-batch's backward and the weight all-gather with the
               next step's first forward), all m slots for ZeRO 2/3's per-micro-batch traffic
@@ -736,7 +737,9 @@ class Evaluator:
         dp_exposed = step = None
         if b.slot is not None:
             window = b.slot if zero <= 1 else b.n_micro * b.slot
-            dp_exposed = (t_dp + t_edp) - min(a.dp_overlap * (t_dp + t_edp), window)
+            overlap = self.rates.dp_overlap(b.links["dp"])  # measured by calibrate, else the assumption
+            overlap = a.dp_overlap if overlap is None else overlap
+            dp_exposed = (t_dp + t_edp) - min(overlap * (t_dp + t_edp), window)
             step = b.slot * (b.n_micro + b.bubble_slots) + dp_exposed + b.emb_time + copy_s + cpu_s + opt_s + fsdp_s
             if psgd:
                 step += z.psgd_time  # PowerSGD's matmuls and QRs run after the backward, between its collectives

@@ -6,8 +6,9 @@ calibration profile's fits (`trainctl calibrate`): the measured FLOP/s at the la
 class and collective kind, latency per call + latency per ring step x the kind's steps in the group + bus
 bytes / measured bandwidth, the kind's own fit at every group size (beyond the largest measured it
 extrapolates, and the profile's check says so: calibration/fit.py); a link or collective the
-profile lacks (inter-node links of a one-node profile) is priced as the assumed rates would. The Evaluator
-(plan/estimate.py) asks only these two methods.
+profile lacks (inter-node links of a one-node profile) is priced as the assumed rates would. A profile's
+measured DP overlap (the share of a gradient reduction that hid behind compute) takes the place of
+estimate.dp_overlap's assumption unless the spec sets it. The Evaluator (plan/estimate.py) asks only these.
 
 Which collective carries what, as (op, share of the bytes), each entry making the kind's calls:
   TP        all-reduce, or reduce-scatter + all-gather under sequence parallelism (same volume)
@@ -74,13 +75,21 @@ class AssumedRates:
         profile."""
         return None
 
+    def dp_overlap(self, link: str) -> float | None:
+        """The measured share of a DP reduction on `link` that hides behind compute: none without a profile
+        (estimate.dp_overlap's assumption stands)."""
+        return None
+
 
 class MeasuredRates:
     calibrated = True
 
     def __init__(self, profile: prof.Profile, fallback: AssumedRates, warnings: list[str],
-                 same_model: bool = True) -> None:
+                 same_model: bool = True, overlap_set: bool = False) -> None:
         self.profile = profile
+        # the DP overlap calibrate measured, per planner link, unless the spec sets estimate.dp_overlap
+        self._overlap = {} if overlap_set else {
+            link: x for link in PROFILE_LINK if (x := profile.dp_overlap(PROFILE_LINK[link])) is not None}
         self.fallback = fallback
         self.warnings = tuple(warnings)
         self.same_model = same_model  # the profile's layer was timed at the planned model: its TP layers apply
@@ -129,10 +138,16 @@ class MeasuredRates:
         """The host's seconds to issue one layer's forward + backward on a GPU (calibration.profile)."""
         return self.profile.dispatch_floor(recompute)
 
+    def dp_overlap(self, link: str) -> float | None:
+        """The share of a DP reduction on `link` that calibrate measured hiding behind compute (profile
+        fits.dp_overlap); None where not measured or where the spec sets estimate.dp_overlap."""
+        return self._overlap.get(link)
+
     def describe(self) -> dict[str, Any]:
         measured = sorted({f"{PROFILE_LINK[link]}.{op}" for (link, op), fit in self._fits.items() if fit})
         return {**self.profile.describe(), "compute_flops_per_s": {str(t): r for t, r in self.profile.compute.items()},
-                "links_measured": measured, "warnings": list(self.warnings)}
+                "links_measured": measured, "warnings": list(self.warnings),
+                "dp_overlap": {PROFILE_LINK[link]: x for link, x in self._overlap.items()}}
 
 
 def measured_rates(spec: RunSpec, fallback: AssumedRates) -> MeasuredRates | None:
@@ -141,7 +156,8 @@ def measured_rates(spec: RunSpec, fallback: AssumedRates) -> MeasuredRates | Non
     if not spec.cluster.calibration:
         return None
     profile = prof.load(Path(spec.cluster.calibration))
-    return MeasuredRates(profile, fallback, prof.check(profile, spec), prof.same_model(profile, spec))
+    return MeasuredRates(profile, fallback, prof.check(profile, spec), prof.same_model(profile, spec),
+                         overlap_set=spec.estimate.dp_overlap is not None)
 
 
 def describe(rates: MeasuredRates | None) -> dict[str, Any]:

@@ -90,6 +90,8 @@ def refit(root: Path, base: prof.Profile | None = None) -> dict[str, Any]:
     if base is not None:
         measured = median([float(r["step_time_s"]) for r in run.metrics[1:] or run.metrics])
         links = copy.deepcopy(base.data["fits"].get("links", {}))
+        if base.data["fits"].get("dp_overlap"):  # the hardware's, as measured: the refit prices DP sync with it
+            out["fits"]["dp_overlap"] = dict(base.data["fits"]["dp_overlap"])
         out["fits"]["run"].update(step_time_s=measured, kinds=_refit_kinds(spec, out, links, rows))
         out["fits"]["links"] = links
     return out

@@ -27,6 +27,10 @@ every raw figure (per rank) and every fit:
                                 costs more while the other ranks compute (raw.load) than idle
                                 (`load_excess_s`; `idle_latency_s` before it); send/recv's, what a
                                 pipeline hop between two ranks taking turns costs more than idle
+  fits.dp_overlap[link]         the share of a gradient bucket's all-reduce that hid behind the layer's
+                                forward + backward, every rank at once (0: none, running both took the sum
+                                or longer; 1: all of it), in the smallest group of each link class: the
+                                plan's estimate.dp_overlap where the spec does not set one
   fits.fixed                    the trainer's work outside the layers (fixed.FixedWork): the embedding's and
                                 the LM head + loss's seconds per micro-batch beyond the head's FLOPs, the
                                 optimizer step per tensor and per element, and what one FSDP2 unit adds to a
@@ -87,6 +91,8 @@ def build(meta: dict[str, Any], raw: dict[str, Any]) -> dict[str, Any]:
         "compute": {tp: v["flops_per_s"] * efficiency for tp, v in matmul.items()},
         "links": links,
     }
+    if raw.get("overlap"):
+        fits["dp_overlap"] = fit_overlap(raw["overlap"])
     if "fixed" in raw:
         fits["fixed"] = fit_fixed(raw["fixed"], fits["compute"]["1"]).as_dict()
     return {"kind": KIND, "schema": SCHEMA, "source": "micro-benchmarks", **meta, "raw": raw, "fits": fits}
@@ -119,6 +125,17 @@ def fit_links(raw: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
         fit = links[link][op]
         fit.update(idle_latency_s=fit["latency_s"], load_excess_s=wait, latency_s=fit["latency_s"] + wait)
     return links
+
+
+def fit_overlap(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """link -> the share of the collective hidden behind the compute, from the medians over ranks of calibrate's
+    (compute, collective, both) seconds: (compute + collective - both) / collective, clamped to [0, 1] (both
+    together slower than the sum, as gloo's thread fighting the compute for a CPU's cores: none hidden)."""
+    out = {}
+    for r in rows:
+        compute, collective, both = (median_of(r[k]) for k in ("compute_s", "collective_s", "together_s"))
+        out[r["link"]] = min(1.0, max(0.0, (compute + collective - both) / collective)) if collective > 0 else 0.0
+    return out
 
 
 def in_step(one: list[float | None], stack: list[float | None] | None, depth: int) -> tuple[float, float]:
@@ -173,6 +190,8 @@ def summary(profile: dict[str, Any]) -> str:
                          f"{ar['step_latency_s'] * 1e6:.0f} us per ring step + {ar['bytes_per_s'] / 1e9:.3g} GB/s "
                          f"(fits within {worst['max_rel_error']:.0%} of every measured point, worst "
                          f"{worst['op'].replace('_', '-')})")
+    for link, share in (fits.get("dp_overlap") or {}).items():
+        parts.append(f"{link.replace('_', '-')} DP reduction {share:.0%} hidden behind compute")
     return "; ".join(parts)
 
 
@@ -228,6 +247,12 @@ class Profile:
         if tp in self.compute:
             return self.compute[tp]
         return self.compute[min(self.compute, key=lambda t: (abs(math.log(t / tp)), t))]
+
+    def dp_overlap(self, link: str) -> float | None:
+        """The share of a DP reduction on `link` (a profile link class) measured to hide behind compute; None
+        where not measured (profiles before the measurement, a refit)."""
+        x = (self.data.get("fits", {}).get("dp_overlap") or {}).get(link)  # parse checked it is in [0, 1]
+        return None if x is None else float(x)
 
     def tp_layer(self, tp: int, sp: bool, recompute: str) -> tuple[float, int] | None:
         """(seconds, tokens) of one layer's forward + backward on a TP rank of a `tp` group inside a node, as
@@ -311,6 +336,10 @@ def parse(path: Path, data: Any) -> Profile:
                 raise _bad(path, f"fits.links.{link}.{op} has a non-positive bandwidth or a negative latency")
     if fixed is not None and not fixed.valid():
         raise _bad(path, "fits.fixed holds a negative or non-finite figure")
+    overlap = fits.get("dp_overlap") or {}
+    if not isinstance(overlap, dict) or not all(_positive(x) or x == 0 for x in overlap.values()) \
+            or any(x > 1 for x in overlap.values()):
+        raise _bad(path, "fits.dp_overlap holds a share outside [0, 1]")
     return Profile(path, data, compute, links, fixed)
 
 

@@ -7,8 +7,10 @@ message sizes, in groups inside each node (of 2, 4, ... ranks and of the whole n
 groups of one rank per node; (3) one real layer's forward + backward on each rank, alone and as a TP rank in
 TP groups of each size that fits in a node (sequence parallelism off and on); (4) a small all-reduce
 after each forward of that layer, against the forwards alone: what a collective costs while the other
-ranks compute; (5) the work outside the layers (trainctl.plan.calibration.fixed): the embedding, the LM head
-+ loss, the optimizer step per tensor and per element, and one layer as an FSDP2 unit (ZeRO-3).
+ranks compute; a pipeline hop between ranks taking turns; and a gradient bucket's all-reduce posted before
+the layer's forward + backward, against each alone: how much of the DP reduction hides behind compute;
+(5) the work outside the layers (trainctl.plan.calibration.fixed): the embedding, the LM head + loss, the
+optimizer step per tensor and per element, and one layer as an FSDP2 unit (ZeRO-3).
 Rank 0 gathers every rank's figures, fits them (trainctl.plan.calibration.profile, torch-free) and writes
 RUN/calibration.json atomically; `trainctl calibrate` copies it to its --out. Exit status: 0, 1 on a
 failure (one line), 2 for a spec error.
@@ -28,6 +30,7 @@ import torch.distributed as dist
 from trainctl.model_shape import ModelShape, head_flops_per_token
 from trainctl.plan.calibration import profile as prof
 from trainctl.plan.calibration.shapes import INTER, INTRA, MESSAGE_BYTES, OPS, bus_bytes, gemms, tp_sizes
+from trainctl.plan.memory import dp_bucket_numel
 from trainctl.rundir.paths import RunPaths
 from trainctl.runtime.parallel.process_groups import RankEnv
 from trainctl.runtime.parallel.tensor_parallel import TPContext
@@ -44,6 +47,8 @@ REPEATS = 3  # timed loops per figure: the median of three is robust to one pree
 LAYER_REPEATS, LAYER_WINDOW_S = 5, 0.1
 COLLECTIVE_REPEATS = 15  # timed calls per collective figure, their trimmed mean (microbench.timed, mixed)
 LOAD_ITERATIONS = 20  # layer forward (+ all-reduce) iterations of phase 4, REPEATS pairs: ~0.05-0.1 s a mode
+OVERLAP_ITERATIONS = 10  # layer forward + backward (+ a bucket's all-reduce) iterations, REPEATS triples
+OVERLAP_KEYS = ("compute_s", "collective_s", "together_s")  # microbench.overlapped's figures, in its order
 
 Group = tuple[str, int, Any, list[int]]  # (link class, group size, this rank's process group, its members)
 
@@ -82,7 +87,7 @@ class Calibration:
         where = f"{self.device_name()}, {self.env.world_size} ranks ({self.per_node} per node), {self.precision()}"
         self.say(f"{where}; peak {peak / 1e12:.3g} TFLOP/s per rank ({source})" if peak else where)
         raw = {"matmul": self.phase("1/5", self.matmul), "collectives": self.phase("2/5", self.collectives),
-               "layer": self.phase("3/5", self.time_layer), "load": self.phase("4/5", self.under_load),
+               "layer": self.phase("3/5", self.time_layer), **self.phase("4/5", self.under_load),
                "fixed": self.phase("5/5", self.fixed_work)}
         if self.env.rank != 0:
             return None
@@ -181,12 +186,14 @@ class Calibration:
         kinds = ", ".join(f"{link.replace('_', '-')} groups of {n}" for link, n, _, _ in groups)
         return rows, f"collectives: {len(OPS)} ops x {len(MESSAGE_BYTES)} sizes ({kinds or 'none: one rank'})"
 
-    def under_load(self) -> tuple[list[dict[str, Any]], str]:
-        """The smallest all-reduce after each forward of the layer (about the work between two TP
-        collectives), in the smallest group of each link class, against the forwards alone; and a pipeline
-        hop: pairs of ranks taking turns to run the forward and send it on (microbench.relayed)."""
+    def under_load(self) -> tuple[dict[str, list[dict[str, Any]]], str]:
+        """In the smallest group of each link class: the smallest all-reduce after each forward of the layer
+        (about the work between two TP collectives) against the forwards alone; a pipeline hop: pairs of ranks
+        taking turns to run the forward and send it on (microbench.relayed) ("load"); and a gradient bucket's
+        all-reduce posted before the layer's forward + backward, against each alone: how much of the DP
+        reduction hides behind the backward ("overlap", microbench.overlapped)."""
         assert self.layer is not None, "time_layer runs first"
-        rows, seen = [], set()
+        rows, overlap, seen = [], [], set()
         for link, n, group, members in self.groups_made:
             if link in seen:
                 continue
@@ -203,13 +210,29 @@ class Calibration:
                                    LOAD_ITERATIONS, REPEATS))
             rows.append({"op": "send_recv", "link": link, "group_size": 2, "bytes": pair_numel * 4,
                          "bus_bytes": bus_bytes("send_recv", pair_numel * 4, 2), "mine": hop})
-        every = self.gather([r.pop("mine") for r in rows])
+            overlap.append({"link": link, "group_size": n, **self._overlap(group, n)})
+        every = self.gather([r.pop("mine") for r in rows] + [r.pop("mine") for r in overlap])
         for i, r in enumerate(rows):
             r["seconds"] = [ranks[i] for ranks in every if ranks[i] is not None]
-        return rows, (f"all-reduce after each layer forward and a pipeline hop between forwards, {REPEATS} x "
-                      f"{LOAD_ITERATIONS} iterations (" +
-                      ", ".join(f"{r['link'].replace('_', '-')} groups of {r['group_size']}" for r in rows
-                                if r["op"] == "all_reduce") + ")")
+        for i, r in enumerate(overlap, start=len(rows)):
+            r.update({key: [ranks[i][k] for ranks in every] for k, key in enumerate(OVERLAP_KEYS)})
+        return {"load": rows, "overlap": overlap}, (
+            f"all-reduce after each layer forward, a pipeline hop between forwards and a gradient bucket's "
+            f"all-reduce behind a forward + backward, {REPEATS} x {LOAD_ITERATIONS} iterations (" +
+            ", ".join(f"{r['link'].replace('_', '-')} groups of {r['group_size']}" for r in rows
+                      if r["op"] == "all_reduce") + ")")
+
+    def _overlap(self, group: Any, n: int) -> dict[str, Any]:
+        """A DP gradient bucket's all-reduce (the layer's gradients, at most one trainer bucket) posted before
+        the layer's forward + backward, every rank at once: this rank's (compute, collective, both) seconds."""
+        assert self.layer is not None
+        grads = sum(p.numel() for p in self.layer.module.parameters())
+        numel = mb.fp32_numel(4 * min(grads, dp_bucket_numel()), n)
+        bucket = torch.randn(numel, device=self.device)
+        dist.barrier()
+        mine = mb.overlapped(self.layer.step, lambda: dist.all_reduce(bucket, group=group, async_op=True),
+                             self.device, OVERLAP_ITERATIONS, REPEATS)
+        return {"bytes": numel * 4, "mine": list(mine)}
 
     def _time_collective(self, op: str, numel: int, group: Any, n: int, members: list[int]) -> float | None:
         if op != "send_recv":

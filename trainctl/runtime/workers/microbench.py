@@ -207,6 +207,31 @@ def loaded(compute: Callable[[], object], collective: Callable[[], object], devi
     return base, base + statistics.median(excess)
 
 
+def overlapped(compute: Callable[[], object], start: Callable[[], dist.Work], device: torch.device,
+               iterations: int, repeats: int) -> tuple[float, float, float]:
+    """(seconds per iteration of `compute` alone, of the collective `start` posts (async_op) alone, of both: the
+    collective posted, `compute` run, then waited for), every rank at once: how much of a gradient reduction
+    can hide behind a backward, as the trainer posts its buckets. Run `repeats` times as back-to-back triples;
+    the medians. On a GPU the collective runs on its own stream beside the kernels; on a CPU gloo's thread
+    competes with the compute for the cores."""
+    def run(with_compute: bool, with_collective: bool) -> float:
+        synchronize(device)
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(iterations):
+            work = start() if with_collective else None
+            if with_compute:
+                compute()
+            if work is not None:
+                work.wait()
+        synchronize(device)
+        return (time.perf_counter() - t0) / iterations
+
+    run(True, True)
+    triples = [(run(True, False), run(False, True), run(True, True)) for _ in range(repeats)]
+    return tuple(statistics.median(t[i] for t in triples) for i in range(3))  # type: ignore[return-value]
+
+
 def relayed(compute: Callable[[], object], numel: int, peer: int, first: bool, device: torch.device,
             iterations: int, repeats: int = 1) -> float | None:
     """Seconds of one pipeline hop between two ranks that take turns, as a pipeline's critical path pays it:
