@@ -73,6 +73,10 @@ def test_calibrate_writes_a_complete_profile_and_shows_each_phase(calibrated) ->
     assert {r["op"] for r in raw["collectives"]} == OPS
     assert {r["group_size"] for r in raw["collectives"] if r["op"] == "all_reduce"} == {2, 4, 8}
     assert len(raw["layer"]["seconds"]) == 8 and raw["layer"]["flops"] > 0
+    # the layer on its chunks in CP groups of every size in the node (64 tokens: 2 x cp chunks of 4 or more)
+    assert [(r["cp"], len(r["seconds"])) for r in raw["layer"]["cp"]] == [(2, 8), (4, 8), (8, 8)]
+    assert sorted(fits["layer"]["cp_seconds"]) == ["2", "4", "8"] and min(fits["layer"]["cp_seconds"].values()) > 0
+    assert "cp 2/4/8 in CP groups" in out
     # the all-reduce between forwards on every rank; the pipeline hop on the first rank of each of the 4 pairs
     assert [(r["op"], r["link"], r["group_size"], len(r["seconds"])) for r in raw["load"]] == [
         ("all_reduce", "intra_node", 2, 8), ("send_recv", "intra_node", 2, 4)]

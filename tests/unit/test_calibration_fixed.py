@@ -147,6 +147,29 @@ def test_a_measured_tp_layer_prices_the_layers_tp_time_and_the_ends_stay_on_the_
     assert fits_only != pytest.approx(est.tp_exposed_time)
 
 
+def test_a_measured_cp_layer_prices_the_layers_cp_time_in_place_of_the_exchange_fits() -> None:
+    """CP 2 on 2 ranks: each layer's exposed CP time is its measured seconds on a CP rank (scaled from the
+    measured micro-batch's tokens / cp to the run's) less its FLOPs at the compute rate: the K/V exchange and
+    the chunked attention's extra work together, which the collective fits alone left out."""
+    spec = load_spec(TINY, overrides=[*TWO_RANKS, "parallel.dp=1", "parallel.cp=2", "parallel.micro_batch=1"])
+    ctx = context_from_spec(spec)
+    profile = _profile(FIXED)
+    shape = ModelShape.from_spec(spec.model)
+    tokens = 2 * shape.seq_len  # calibrated at micro-batch 2, the run's is 1
+    profile.data["fits"]["layer"] = {"recompute": "none", "tokens": tokens, "cp_seconds": {"2": 0.03}}
+    rates = MeasuredRates(profile, assumed_rates(ctx.hw, ctx.assume), [])
+    est = Evaluator(replace(ctx, rates=rates)).evaluate(candidate_from_spec(spec))
+    micro_batches = spec.train.global_batch // spec.parallel.micro_batch
+    rank_tokens = shape.seq_len // 2  # the run's micro-batch on one CP rank: half of 1 x seq
+    per_layer = 0.03 / 2 - layer_flops_per_token(shape, "none") / 2e9 * rank_tokens  # half the measured tokens
+    assert est.extra["cp_time"] == pytest.approx(micro_batches * shape.layers * per_layer)
+    # the K/V exchange by the fits alone, as without the measurement (another recompute mode: not measured)
+    other = replace(candidate_from_spec(spec), recompute="full")
+    assert Evaluator(replace(ctx, rates=rates)).evaluate(other).extra["cp_time"] == pytest.approx(
+        Evaluator(replace(ctx, rates=MeasuredRates(_profile(FIXED), assumed_rates(ctx.hw, ctx.assume), []))
+                  ).evaluate(other).extra["cp_time"])
+
+
 def test_no_parameters_make_no_collective() -> None:
     """A dense model's expert-DP group reduces nothing: no calls whose latency the step would pay."""
     for zero in (0, 1, 2, 3):

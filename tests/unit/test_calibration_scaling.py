@@ -328,18 +328,20 @@ def test_only_another_accelerator_is_refused(tmp_path: Path) -> None:
 
 def test_a_gpu_layer_is_priced_from_a_stack_without_what_each_timed_call_pays_once() -> None:
     """On a GPU calibrate also times a stack of two layers: the second layer's time is a layer as a step runs
-    it, and one layer less that is what each timed call pays once; the rate, the TP layers and the dispatch
-    floor are priced without it. Where the difference is not a layer's (the stack is missing, or costs less
+    it, and one layer less that is what each timed call pays once; the rate, the TP and CP layers and the
+    dispatch floor are priced without it. Where the difference is not a layer's (the stack is missing, or costs less
     than one layer or more than two), one layer's time stands, with no call cost."""
     call, layer = 0.5e-3, 1e8 / RATE  # one call costs a layer + 0.5 ms; the stack, two layers + 0.5 ms
     raw = _raw([(INTRA, 2)])
     raw["layer"].update(seconds=[layer + call, layer + call], dispatch={"none": [3e-3]},
-                        stack={"depth": 2, "seconds": [2 * layer + call, None], "dispatch": {"none": [5e-3]}})
+                        stack={"depth": 2, "seconds": [2 * layer + call, None], "dispatch": {"none": [5e-3]}},
+                        cp=[{"cp": 2, "seconds": [0.03, 0.03]}])
     fits = prof.build({"device": {"type": "cuda"}}, raw)["fits"]["layer"]
     assert fits["flops_per_s"] == pytest.approx(RATE)
     assert fits["call_s"] == pytest.approx(call)
     assert fits["dispatch_s"] == {"none": pytest.approx(2e-3)}
     assert fits["tp_seconds"]["2"] == {"plain": pytest.approx(0.02 - call), "sp": pytest.approx(0.02 - call)}
+    assert fits["cp_seconds"] == {"2": pytest.approx(0.03 - call)}
     for stack in ([layer], [3 * layer + 2 * call], [None]):  # less than one layer, over two, none measured
         assert prof.in_step([layer + call], stack, 2) == (layer + call, 0.0)
     assert prof.in_step([layer + call], [2 * layer + call], 0) == (layer + call, 0.0)  # a CPU: no stack

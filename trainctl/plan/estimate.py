@@ -614,6 +614,14 @@ class Evaluator:
         ep_mb_time = rates.comm(links["ep"], EP_OPS, ep_mb_bytes, ep_calls_mb, groups["ep"])
         cp_ops = CP_OPS[cp_passes == 3]
         cp_layer_time = rates.comm(links["cp"], cp_ops, cp_layer, cp_passes if cp_layer else 0, groups["cp"])
+        measured_cp = rates.cp_layer(links["cp"], cp, c.recompute) if cp > 1 and tp == 1 and m.moe is None else None
+        if measured_cp is not None and rate:
+            # the layer as calibrate ran it on a CP rank's chunks (tokens / cp of the measured micro-batch's): what
+            # it took beyond its FLOPs at the compute rate is its exposed CP time (the K/V exchange, the chunked
+            # attention's extra work, their waits), as for a measured TP layer
+            seconds, tokens = measured_cp
+            layer_compute = self._layer_flops[c.recompute] / rate * tokens_mb
+            cp_layer_time = max(0.0, seconds * tokens_mb * cp / tokens - layer_compute)
         cp_mb_time = prof.rank_layers[load.slow] * cp_layer_time
         bubble_slots = schedule.bubble_slots(pp, v, c.schedule, n_micro)
         slot = compute_mb = attn_layer_time = None

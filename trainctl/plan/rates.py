@@ -70,6 +70,9 @@ class AssumedRates:
     def tp_layer(self, link: str, tp: int, sp: bool, recompute: str) -> tuple[float, int] | None:
         return None
 
+    def cp_layer(self, link: str, cp: int, recompute: str) -> tuple[float, int] | None:
+        return None
+
     def dispatch_floor(self, recompute: str) -> float | None:
         """The least seconds a layer's forward + backward takes however little its work: unknown without a
         profile."""
@@ -133,6 +136,11 @@ class MeasuredRates:
         TP collectives included; None where not measured, at another model, or the layout's TP group leaves
         the node."""
         return self.profile.tp_layer(tp, sp, recompute) if link == NVLINK and self.same_model else None
+
+    def cp_layer(self, link: str, cp: int, recompute: str) -> tuple[float, int] | None:
+        """(seconds, tokens) of one layer on a CP rank as calibrate ran it in a CP group of `cp` inside a node,
+        its K/V exchange included; None where not measured, at another model, or the CP group leaves the node."""
+        return self.profile.cp_layer(cp, recompute) if link == NVLINK and self.same_model else None
 
     def dispatch_floor(self, recompute: str) -> float | None:
         """The host's seconds to issue one layer's forward + backward on a GPU (calibration.profile)."""

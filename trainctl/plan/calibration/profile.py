@@ -11,6 +11,9 @@ every raw figure (per rank) and every fit:
   fits.compute[tp]              what the planner charges per FLOP: matmul rate x layer efficiency
   fits.layer.tp_seconds[tp]     the layer as a TP rank runs it in a TP group inside a node (plain, sp): its
                                 excess over its FLOPs at compute[tp] is the layer's exposed TP time
+  fits.layer.cp_seconds[cp]     the layer as a CP rank runs it on its two chunks of the sequence in a CP group
+                                inside a node: its excess over its FLOPs at compute[1] is the layer's exposed
+                                CP time (the K/V exchange, the chunked attention's merging, their waits)
   fits.layer.dispatch_s[mode]   the layer's forward + backward on a few tokens, per recompute mode: on a GPU
                                 the host's time to issue its kernels, the least a layer takes however little
                                 its work (a CPU runs what it issues: no separate floor there)
@@ -87,7 +90,9 @@ def build(meta: dict[str, Any], raw: dict[str, Any]) -> dict[str, Any]:
         "matmul": matmul,
         "layer": {"flops_per_s": layer_rate, "efficiency": efficiency, "recompute": layer["recompute"],
                   "tokens": layer["tokens"], "call_s": call_s,
-                  "tp_seconds": _tp_layers(layer.get("tp", []), call_s), "dispatch_s": dispatch},
+                  "tp_seconds": _tp_layers(layer.get("tp", []), call_s),
+                  "cp_seconds": {str(r["cp"]): max(median_of(r["seconds"]) - call_s, 0.0) for r in layer.get("cp", [])},
+                  "dispatch_s": dispatch},
         "compute": {tp: v["flops_per_s"] * efficiency for tp, v in matmul.items()},
         "links": links,
     }
@@ -253,6 +258,16 @@ class Profile:
         where not measured (profiles before the measurement, a refit)."""
         x = (self.data.get("fits", {}).get("dp_overlap") or {}).get(link)  # parse checked it is in [0, 1]
         return None if x is None else float(x)
+
+    def cp_layer(self, cp: int, recompute: str) -> tuple[float, int] | None:
+        """(seconds, tokens of the whole sequence x micro-batch) of one layer's forward + backward on a CP rank
+        of a `cp` group inside a node, as measured (its K/V exchange included; the rank held tokens / cp of
+        them), or None where not measured (another recompute mode too)."""
+        layer = self.data.get("fits", {}).get("layer") or {}
+        seconds = (layer.get("cp_seconds") or {}).get(str(cp))
+        if not _positive(seconds) or layer.get("recompute") != recompute or not layer.get("tokens"):
+            return None
+        return float(seconds), int(layer["tokens"])
 
     def tp_layer(self, tp: int, sp: bool, recompute: str) -> tuple[float, int] | None:
         """(seconds, tokens) of one layer's forward + backward on a TP rank of a `tp` group inside a node, as

@@ -4,8 +4,9 @@ Five phases, each run on every rank of the spec's cluster at once (its ranks per
 in training): (1) GEMMs at the model's shapes for every TP size `plan --auto` may pick, in the precision the
 trainer computes in; (2) all-reduce, all-gather, reduce-scatter, send/recv (ping-pong) and all-to-all over
 message sizes, in groups inside each node (of 2, 4, ... ranks and of the whole node) and, with several nodes, in
-groups of one rank per node; (3) one real layer's forward + backward on each rank, alone and as a TP rank in
-TP groups of each size that fits in a node (sequence parallelism off and on); (4) a small all-reduce
+groups of one rank per node; (3) one real layer's forward + backward on each rank, alone, as a TP rank in
+TP groups of each size that fits in a node (sequence parallelism off and on) and as a CP rank in CP groups
+of each size that fits in a node; (4) a small all-reduce
 after each forward of that layer, against the forwards alone: what a collective costs while the other
 ranks compute; a pipeline hop between ranks taking turns; and a gradient bucket's all-reduce posted before
 the layer's forward + backward, against each alone: how much of the DP reduction hides behind compute;
@@ -32,6 +33,7 @@ from trainctl.plan.calibration import profile as prof
 from trainctl.plan.calibration.shapes import INTER, INTRA, MESSAGE_BYTES, OPS, bus_bytes, gemms, tp_sizes
 from trainctl.plan.memory import dp_bucket_numel
 from trainctl.rundir.paths import RunPaths
+from trainctl.runtime.parallel.context_parallel import CPContext
 from trainctl.runtime.parallel.process_groups import RankEnv
 from trainctl.runtime.parallel.tensor_parallel import TPContext
 from trainctl.runtime.workers import microbench as mb
@@ -258,26 +260,27 @@ class Calibration:
         self.layer = layer(1)
         seconds = mb.windowed(self.layer.step, self.device, LAYER_REPEATS, window_s=LAYER_WINDOW_S)
         stack = self._stack(layer)
-        tp_rows = self._tp_layers()
+        tp_rows, cp_rows = self._tp_layers(), self._cp_layers()
         modes, floors, floor_stacks = self._dispatch_floor()
-        every = self.gather([seconds, stack, *[r["seconds"] for r in tp_rows], *floors, *floor_stacks])
+        every = self.gather([seconds, stack, *[r["seconds"] for r in tp_rows + cp_rows], *floors, *floor_stacks])
 
         def column(i: int) -> list[float | None]:
             return [ranks[i] for ranks in every]
 
-        for i, r in enumerate(tp_rows, start=2):
+        for i, r in enumerate(tp_rows + cp_rows, start=2):
             r["seconds"] = column(i)
         mine = [x for x in column(0) if x is not None]
-        first = 2 + len(tp_rows)
+        first = 2 + len(tp_rows) + len(cp_rows)
         out: dict[str, Any] = {
             "recompute": recompute, "tokens": self.tokens, "flops": self.layer.flops, "seconds": mine, "tp": tp_rows,
-            "dispatch_tokens": DISPATCH_TOKENS,
+            "cp": cp_rows, "dispatch_tokens": DISPATCH_TOKENS,
             "dispatch": {mode: column(first + i) for i, mode in enumerate(modes)}}
         if self.device.type == "cuda":
             out["stack"] = {"depth": STACK_DEPTH, "seconds": column(1),
                             "dispatch": {mode: column(first + len(modes) + i) for i, mode in enumerate(modes)}}
         sizes = sorted({r["tp"] for r in tp_rows})
         also = f"; tp {'/'.join(map(str, sizes))} with SP off and on in TP groups" if sizes else ""
+        also += f"; cp {'/'.join(str(r['cp']) for r in cp_rows)} in CP groups" if cp_rows else ""
         return out, (f"layer forward+backward (tp 1, micro-batch {micro_batch}, recompute {recompute}): "
                      f"{statistics.median(mine) * 1e3:.2f} ms median over ranks{also}")
 
@@ -333,6 +336,27 @@ class Calibration:
                 rows.append({"tp": tp, "sequence_parallel": sp,
                              "seconds": mb.windowed_collective(layer.step, self.device, REPEATS,
                                                                window_s=2 * mb.WINDOW_S)})
+        return rows
+
+    def _cp_layers(self) -> list[dict[str, Any]]:
+        """The same layer on this rank's two chunks of the sequence at every CP size inside a node that the spec
+        rules allow for the model (a power of 2 splitting the sequence into 2 x cp chunks; no MoE, no dropout),
+        in groups of consecutive ranks: its attention's K/V exchange, the chunked attention and their waits,
+        with the other groups of the node running at once."""
+        m = self.spec.model
+        if m.moe is not None or m.dropout:
+            return []
+        rows = []
+        micro_batch, recompute = self.spec.parallel.micro_batch, self.spec.train.recompute
+        for cp in (1 << k for k in range(1, self.per_node.bit_length())):
+            if self.per_node % cp or self.shape.seq_len % (2 * cp):
+                continue
+            lists = [list(range(start, start + cp)) for start in range(0, self.env.world_size, cp)]
+            group, _ = self._subgroup(lists)
+            layer = mb.Layer(self.shape, micro_batch, recompute, self.autocast, self.device, self.spec.train.seed,
+                             compile_with=self.spec.train.compile_with, cp=CPContext.from_group(group))
+            rows.append({"cp": cp, "seconds": mb.windowed_collective(layer.step, self.device, REPEATS,
+                                                                     window_s=2 * mb.WINDOW_S)})
         return rows
 
     # --- (5) the work outside the layers -------------------------------------------------------------------

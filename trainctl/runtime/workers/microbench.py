@@ -20,6 +20,7 @@ from trainctl.model_shape import ModelShape, layer_flops_per_token
 from trainctl.plan.calibration.shapes import Gemm
 from trainctl.runtime.model.parallel_context import ParallelContext
 from trainctl.runtime.model.transformer import build_stage, compile_blocks, residual_dtype
+from trainctl.runtime.parallel.context_parallel import CPContext
 from trainctl.runtime.parallel.tensor_parallel import TPContext, _all_gather_single, _reduce_scatter_single
 
 # Compute is timed in windows of this long, on every rank at once: well above a scheduler slice, so ranks
@@ -109,23 +110,27 @@ def time_gemm(g: Gemm, dtype: torch.dtype, device: torch.device, repeats: int) -
 class Layer:
     """One real transformer layer on one rank, built by the trainer's own builder (compiled as train.compile
     compiles it), and an input: tp 1, or this rank's shard in a TP group (`tp`, with or without sequence
-    parallelism: its collectives run). `depth` > 1 stacks that many layers (`flops` stays one layer's): the
+    parallelism: its collectives run), or its chunks of the sequence in a CP group (`cp`: its K/V exchange
+    runs). `depth` > 1 stacks that many layers (`flops` stays one layer's): the
     difference between two depths is a layer as the step runs it, without the costs each timed call has once."""
 
     def __init__(self, shape: ModelShape, micro_batch: int, recompute: str, autocast: torch.dtype | None,
                  device: torch.device, seed: int, tp: TPContext | None = None,
-                 compile_with: str | None = None, seq_len: int | None = None, depth: int = 1) -> None:
-        tp = tp or TPContext.single()
+                 compile_with: str | None = None, seq_len: int | None = None, depth: int = 1,
+                 cp: CPContext | None = None) -> None:
+        tp, cp = tp or TPContext.single(), cp or CPContext.single()
         self.module = build_stage(shape, range(0, depth), first=False, last=False, seed=seed,
-                                  ctx=ParallelContext(tp=tp), recompute=recompute, device=device)
+                                  ctx=ParallelContext(tp=tp, cp=cp), recompute=recompute, device=device)
         compile_blocks([self.module], compile_with)  # the run's kernels (the windows' warm-up call compiles)
-        seq = seq_len or shape.seq_len  # shorter: the same kernels on little work (the dispatch floor)
+        # shorter: the same kernels on little work (the dispatch floor); CP: this rank's two chunks of it, whose
+        # attention exchanges K/V with the group
+        seq = (seq_len or shape.seq_len) // cp.size
         tokens = seq // tp.size if tp.sequence_parallel else seq  # SP: this rank's shard
         self.x = torch.randn(micro_batch, tokens, shape.hidden, device=device, dtype=stream_dtype(shape, autocast),
                              requires_grad=True)
         self.grad = torch.randn_like(self.x)
         self.autocast, self.device = autocast, device
-        # hardware FLOPs of a forward + backward, by the planner's arithmetic (trainctl.model_shape)
+        # hardware FLOPs of this rank's forward + backward, by the planner's arithmetic (trainctl.model_shape)
         self.flops = layer_flops_per_token(shape, recompute) * micro_batch * seq
 
     def _forward(self) -> torch.Tensor:
