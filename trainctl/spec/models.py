@@ -559,9 +559,10 @@ class EstimateSpec(Strict):
         0.7, description="Achievable fraction of link bandwidth for collectives"
     )
     dp_overlap: Fraction | None = Field(
-        None, description="Fraction of DP communication hidden behind backward; unset: 0.8 on GPUs (NCCL "
-        "reduces on its own SMs while the backward computes), 0 on CPU ranks that occupy every core of their "
-        "node (gloo reduces on the cores the compute keeps busy)")
+        None, description="Fraction of DP communication hidden behind backward; unset: the share a calibration "
+        "profile measured on the DP group's link (trainctl calibrate), else 0.8 on GPUs (NCCL reduces on its own "
+        "SMs while the backward computes), 0 on CPU ranks that occupy every core of their node (gloo reduces on "
+        "the cores the compute keeps busy)")
     tp_overlap: Fraction = Field(0.0, description="Fraction of TP communication hidden behind compute")
     checkpoint_write_gbps: PositiveFloat = Field(2.0, description="Checkpoint write bandwidth per node to the "
                                                  "checkpoint directory's filesystem, GB/s (a save's total time)")
