@@ -606,9 +606,9 @@ class Evaluator:
             # the layer as calibrate ran it in a TP group: what it took beyond its FLOPs at the compute rate is
             # its exposed TP time (collectives, waits, SP's extra work); the ends' collectives stay on the fits
             seconds, tokens = measured
-            layer_compute = self._layer_flops[c.recompute] / tp / rate * tokens_mb
             ends = prof.has_first[load.slow] + prof.has_last[load.slow]
-            tp_mb_time = (prof.rank_layers[load.slow] * max(0.0, seconds * tokens_mb / tokens - layer_compute)
+            tp_mb_time = (prof.rank_layers[load.slow] * self._layer_excess(seconds, tokens, tokens_mb, c.recompute,
+                                                                           tp, rate)
                           + rates.comm(links["tp"], TP_OPS[sp], ends * tp_ar, ends, groups["tp"]) * (1 - a.tp_overlap))
         p2p = rates.comm(pp_link, PP_OPS, p2p_mb_bytes, sends, groups["pp"])
         ep_mb_time = rates.comm(links["ep"], EP_OPS, ep_mb_bytes, ep_calls_mb, groups["ep"])
@@ -620,8 +620,7 @@ class Evaluator:
             # it took beyond its FLOPs at the compute rate is its exposed CP time (the K/V exchange, the chunked
             # attention's extra work, their waits), as for a measured TP layer
             seconds, tokens = measured_cp
-            layer_compute = self._layer_flops[c.recompute] / rate * tokens_mb
-            cp_layer_time = max(0.0, seconds * tokens_mb * cp / tokens - layer_compute)
+            cp_layer_time = self._layer_excess(seconds, tokens / cp, tokens_mb, c.recompute, 1, rate)
         cp_mb_time = prof.rank_layers[load.slow] * cp_layer_time
         bubble_slots = schedule.bubble_slots(pp, v, c.schedule, n_micro)
         slot = compute_mb = attn_layer_time = None
@@ -664,6 +663,12 @@ class Evaluator:
                                  sum(model.layers_params_per_gpu(m, tp, layers=1, moe_layers=1, ep=c.ep))
                                  if m.moe is not None else 0.0),
         )
+
+    def _layer_excess(self, seconds: float, measured_tokens: float, tokens: float, recompute: str, tp: int,
+                      rate: float) -> float:
+        """What one layer measured in a group (`seconds` on `measured_tokens` of this rank's) takes on `tokens`
+        beyond its FLOPs at `rate`: its exposed TP or CP time (calibration profile, fits.layer)."""
+        return max(0.0, seconds * tokens / measured_tokens - self._layer_flops[recompute] / tp / rate * tokens)
 
     def _with_zero(self, b: _Base, zero: int, dp: int, ep: int = 1, offload: bool = False) -> _Zero:
         """The ZeRO-dependent part: bytes per parameter, the worst pipeline rank, DP traffic, offload and the

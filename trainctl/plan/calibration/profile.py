@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from importlib import metadata
@@ -91,7 +92,7 @@ def build(meta: dict[str, Any], raw: dict[str, Any]) -> dict[str, Any]:
         "layer": {"flops_per_s": layer_rate, "efficiency": efficiency, "recompute": layer["recompute"],
                   "tokens": layer["tokens"], "call_s": call_s,
                   "tp_seconds": _tp_layers(layer.get("tp", []), call_s),
-                  "cp_seconds": {str(r["cp"]): max(median_of(r["seconds"]) - call_s, 0.0) for r in layer.get("cp", [])},
+                  "cp_seconds": {str(r["cp"]): _less_call(r["seconds"], call_s) for r in layer.get("cp", [])},
                   "dispatch_s": dispatch},
         "compute": {tp: v["flops_per_s"] * efficiency for tp, v in matmul.items()},
         "links": links,
@@ -162,9 +163,13 @@ def _tp_layers(rows: list[dict[str, Any]], call_s: float) -> dict[str, dict[str,
     each timed call pays once (`in_step`: the same calls at tp 1)}."""
     out: dict[str, dict[str, float]] = {}
     for r in rows:
-        seconds = max(median_of(r["seconds"]) - call_s, 0.0)
-        out.setdefault(str(r["tp"]), {})["sp" if r["sequence_parallel"] else "plain"] = seconds
+        out.setdefault(str(r["tp"]), {})["sp" if r["sequence_parallel"] else "plain"] = _less_call(r["seconds"], call_s)
     return out
+
+
+def _less_call(per_rank: list[float], call_s: float) -> float:
+    """A layer figure measured in a group (TP, CP): its median over ranks, less what each timed call pays once."""
+    return max(median_of(per_rank) - call_s, 0.0)
 
 
 def spec_meta(spec: RunSpec) -> dict[str, Any]:
@@ -263,17 +268,19 @@ class Profile:
         """(seconds, tokens of the whole sequence x micro-batch) of one layer's forward + backward on a CP rank
         of a `cp` group inside a node, as measured (its K/V exchange included; the rank held tokens / cp of
         them), or None where not measured (another recompute mode too)."""
-        layer = self.data.get("fits", {}).get("layer") or {}
-        seconds = (layer.get("cp_seconds") or {}).get(str(cp))
-        if not _positive(seconds) or layer.get("recompute") != recompute or not layer.get("tokens"):
-            return None
-        return float(seconds), int(layer["tokens"])
+        return self._group_layer(lambda layer: (layer.get("cp_seconds") or {}).get(str(cp)), recompute)
 
     def tp_layer(self, tp: int, sp: bool, recompute: str) -> tuple[float, int] | None:
         """(seconds, tokens) of one layer's forward + backward on a TP rank of a `tp` group inside a node, as
         measured (its collectives included), or None where not measured (another recompute mode too)."""
+        return self._group_layer(
+            lambda layer: (layer.get("tp_seconds") or {}).get(str(tp), {}).get("sp" if sp else "plain"), recompute)
+
+    def _group_layer(self, pick: Callable[[dict[str, Any]], Any], recompute: str) -> tuple[float, int] | None:
+        """(seconds `pick` finds in fits.layer, the measured micro-batch's tokens), or None where it is not a
+        positive figure or the layer was measured at another recompute mode."""
         layer = self.data.get("fits", {}).get("layer") or {}
-        seconds = (layer.get("tp_seconds") or {}).get(str(tp), {}).get("sp" if sp else "plain")
+        seconds = pick(layer)
         if not _positive(seconds) or layer.get("recompute") != recompute or not layer.get("tokens"):
             return None
         return float(seconds), int(layer["tokens"])
@@ -352,8 +359,8 @@ def parse(path: Path, data: Any) -> Profile:
     if fixed is not None and not fixed.valid():
         raise _bad(path, "fits.fixed holds a negative or non-finite figure")
     overlap = fits.get("dp_overlap") or {}
-    if not isinstance(overlap, dict) or not all(_positive(x) or x == 0 for x in overlap.values()) \
-            or any(x > 1 for x in overlap.values()):
+    if not isinstance(overlap, dict) or not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x <= 1 for x in overlap.values()):
         raise _bad(path, "fits.dp_overlap holds a share outside [0, 1]")
     return Profile(path, data, compute, links, fixed)
 

@@ -323,19 +323,13 @@ class Calibration:
         consecutive ranks (the placement's TP groups), sequence parallelism off and on: the trainer's own TP
         collectives, with the other groups of the node running at once."""
         rows = []
-        micro_batch, recompute = self.spec.parallel.micro_batch, self.spec.train.recompute
         for tp in tp_sizes(self.spec):
             if tp == 1 or self.per_node % tp or self.shape.seq_len % tp:
                 continue
-            lists = [list(range(start, start + tp)) for start in range(0, self.env.world_size, tp)]
-            group, _ = self._subgroup(lists)
+            group = self._consecutive_group(tp)
             for sp in (False, True):
-                ctx = TPContext.from_group(group, sp)
-                layer = mb.Layer(self.shape, micro_batch, recompute, self.autocast, self.device,
-                                 self.spec.train.seed, tp=ctx, compile_with=self.spec.train.compile_with)
                 rows.append({"tp": tp, "sequence_parallel": sp,
-                             "seconds": mb.windowed_collective(layer.step, self.device, REPEATS,
-                                                               window_s=2 * mb.WINDOW_S)})
+                             "seconds": self._layer_in_group(tp=TPContext.from_group(group, sp))})
         return rows
 
     def _cp_layers(self) -> list[dict[str, Any]]:
@@ -347,17 +341,23 @@ class Calibration:
         if m.moe is not None or m.dropout:
             return []
         rows = []
-        micro_batch, recompute = self.spec.parallel.micro_batch, self.spec.train.recompute
         for cp in (1 << k for k in range(1, self.per_node.bit_length())):
             if self.per_node % cp or self.shape.seq_len % (2 * cp):
                 continue
-            lists = [list(range(start, start + cp)) for start in range(0, self.env.world_size, cp)]
-            group, _ = self._subgroup(lists)
-            layer = mb.Layer(self.shape, micro_batch, recompute, self.autocast, self.device, self.spec.train.seed,
-                             compile_with=self.spec.train.compile_with, cp=CPContext.from_group(group))
-            rows.append({"cp": cp, "seconds": mb.windowed_collective(layer.step, self.device, REPEATS,
-                                                                     window_s=2 * mb.WINDOW_S)})
+            group = self._consecutive_group(cp)
+            rows.append({"cp": cp, "seconds": self._layer_in_group(cp=CPContext.from_group(group))})
         return rows
+
+    def _consecutive_group(self, size: int) -> Any:
+        """This rank's group of `size` consecutive ranks (the placement's TP and CP groups); every rank calls it."""
+        return self._subgroup([list(range(start, start + size)) for start in range(0, self.env.world_size, size)])[0]
+
+    def _layer_in_group(self, **parallel: Any) -> float:
+        """Seconds per forward + backward of the run's layer as a rank of the group in `parallel` (tp= or cp=, a
+        TPContext or CPContext), every group of the node at once."""
+        layer = mb.Layer(self.shape, self.spec.parallel.micro_batch, self.spec.train.recompute, self.autocast,
+                         self.device, self.spec.train.seed, compile_with=self.spec.train.compile_with, **parallel)
+        return mb.windowed_collective(layer.step, self.device, REPEATS, window_s=2 * mb.WINDOW_S)
 
     # --- (5) the work outside the layers -------------------------------------------------------------------
     def fixed_work(self) -> tuple[dict[str, Any], str]:
