@@ -143,6 +143,9 @@ def test_ctrl_c_saves_after_the_current_step_and_loses_none(tmp_path: Path) -> N
     assert_clean(out)
     st = status(run)
     assert (st["state"], st["steps_done"]) == ("STOPPED", last) and "Ctrl-C" in st["reason"], st
+    # nothing trains, so no ETA: a stopped run's last step plus what is left is a time that will not come
+    assert st["projection"]["running"] is False and st["projection"]["eta_time"] is None
+    assert st["projection"]["remaining_s"] > 0 and st["projection"]["total_is"] == "projected"
     # every rank stopped after that step
     for f in (run / "logs").glob("steptimes-rank*.jsonl"):
         assert max(r["step"] for r in read_jsonl(f) if "step_s" in r) == last, f

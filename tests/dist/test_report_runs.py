@@ -314,7 +314,7 @@ def test_status_projects_the_rest_while_it_trains_and_measures_it_after(relaid):
     p = relaid["training"]
     assert p["total_is"] == "projected" and p["steps"]["total"] == 400 and 4 < p["steps"]["done"] < 400
     assert p["basis"] == "measured over attempts 0-1" and p["measured"]["failures"] == 0
-    assert p["remaining_s"] > 0 and p["eta_time"] > p["measured"]["elapsed_s"]
+    assert p["running"] and p["remaining_s"] > 0 and p["eta_time"] > p["measured"]["elapsed_s"]
     assert p["total_s"] == pytest.approx(p["measured"]["elapsed_s"] + p["remaining_s"])
     assert p["gpu_hours"] == pytest.approx(p["total_s"] / 3600)  # one rank
     assert p["tokens"]["total"] == 400 * p["tokens"]["done"] // p["steps"]["done"]

@@ -70,3 +70,16 @@ def test_a_finished_run_is_measured_and_counts_tokens() -> None:
     assert p["tokens"] == {"done": 409600, "total": 409600, "given": True}
     assert lines(p)[0].startswith("tokens 409.60 k/409.60 k")
     assert "ETA" not in lines(p)[1]
+
+
+def test_a_run_not_running_has_no_eta_but_what_is_left() -> None:
+    """A stopped (or cancelled, failed, requeued) run: its last step plus what is left is a time that will not
+    come, so the ETA gives way to what is left to run."""
+    p = project(RUN, plan_whole_run=None, finished=False, last_time=1000.0, tokens_per_step=None,
+                tokens_given=False, basis="measured over attempts 0-2", running=False)
+    assert p["eta_time"] is None and p["remaining_s"] == pytest.approx(810.0) and p["total_is"] == "projected"
+    text = lines(p)[1]
+    assert "ETA" not in text and text.endswith("not running now: 13m 30s of it left to run once resumed"), text
+    running = lines(project(RUN, plan_whole_run=None, finished=False, last_time=1000.0, tokens_per_step=None,
+                            tokens_given=False, basis="measured over attempts 0-2"))[1]
+    assert "ETA" in running and "(in 13m 30s)" in running, running

@@ -28,6 +28,7 @@ from trainctl.report.attempts import final_and_replayed, split_attempts
 from trainctl.report.goodput import goodput
 from trainctl.report.load import RunData
 from trainctl.report.summary import summarize
+from trainctl.rundir.runstate import attempt_begin, live_outcome, since
 from trainctl.units import count, dur, si
 
 CAUSES = {"steps": "slower steps", "saves": "slower saves", "restarts": "more restarts",
@@ -127,10 +128,11 @@ NO_WHOLE_RUN = "the plan has no whole-run projection (no predicted step time: a 
 
 
 def project(m: Measured, *, plan_whole_run: dict[str, Any] | None, finished: bool, last_time: float | None,
-            tokens_per_step: int | None, tokens_given: bool, basis: str,
+            tokens_per_step: int | None, tokens_given: bool, basis: str, running: bool = True,
             no_plan_note: str = NO_WHOLE_RUN) -> dict[str, Any]:
     """The projection `status --json` and `mfu-report --json` carry under "projection"; `no_plan_note` says why
-    there is no gap to the plan when `plan_whole_run` is None."""
+    there is no gap to the plan when `plan_whole_run` is None. `running`: the latest attempt has not ended; an
+    ETA is only given then (a stopped run's last step plus what is left is a time that will not come)."""
     total = m.total_s
     out: dict[str, Any] = {
         "available": True, "basis": basis, "finished": finished,
@@ -142,7 +144,8 @@ def project(m: Measured, *, plan_whole_run: dict[str, Any] | None, finished: boo
                      "cost_per_failure_s": m.cost_per_failure_s, "elapsed_s": m.elapsed_s},
         # "measured" once every step is done; "projected" while steps are left
         "total_is": "measured" if finished or not m.steps_left else "projected",
-        "remaining_s": m.remaining_s, "eta_time": (last_time + m.remaining_s) if last_time is not None else None,
+        "remaining_s": m.remaining_s, "running": running,
+        "eta_time": (last_time + m.remaining_s) if last_time is not None and running else None,
         "total_s": total, "total_days": total / 86400.0, "gpu_hours": total * m.gpus / 3600.0,
         "failures_total": m.projected_failures,
         "vs_plan": None, "vs_plan_note": None,
@@ -168,13 +171,15 @@ def run_projection(run: RunData, summary: dict[str, Any], gp: dict[str, Any]) ->
                  failure_cost_s=sum((r["gap_s"] or 0.0) + r.get("replayed_s", 0.0) for r in fails),
                  gpus=int(summary.get("world_size") or 1))
     times = [float(r["time"]) for r in run.metrics if "time" in r]
+    ended = live_outcome(since(run.events, attempt_begin(run.events)))  # None while the latest attempt goes on
     attempts = gp["attempts"]
     whole_run = ((run.plan or {}).get("checkpoint") or {}).get("whole_run")
     other_hardware = summary["plan"].get("reason") == "other_hardware"  # a GPU plan, trained on the CPU
     return project(m, plan_whole_run=None if other_hardware else whole_run,
                    no_plan_note=summary["plan"]["note"] if other_hardware else NO_WHOLE_RUN,
                    finished=gp["final_outcome"] == "finished" and m.steps_left == 0,
-                   last_time=max(times, default=None), tokens_per_step=summary.get("tokens_per_step"),
+                   last_time=max(times, default=None), running=ended is None,
+                   tokens_per_step=summary.get("tokens_per_step"),
                    tokens_given=spec_train.get("tokens") is not None,
                    basis=f"measured over attempt{'s 0-' if attempts > 1 else ' '}{attempts - 1}")
 
@@ -184,6 +189,17 @@ def projection_of(run: RunData) -> dict[str, Any]:
     attempts = split_attempts(run)
     final, replayed = final_and_replayed(attempts)
     return run_projection(run, summarize(run, final, attempts), goodput(run, attempts, final, replayed))
+
+
+def _when(p: dict[str, Any]) -> str:
+    """When the rest will be done: an ETA while the run trains, what is left while it does not."""
+    if p["total_is"] == "measured":
+        return ""
+    if not p["running"]:
+        return f"; not running now: {dur(p['remaining_s'])} of it left to run once resumed"
+    if p["eta_time"] is None:
+        return ""
+    return f", ETA {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(p['eta_time']))} (in {dur(p['remaining_s'])})"
 
 
 def lines(p: dict[str, Any]) -> list[str]:
@@ -197,10 +213,8 @@ def lines(p: dict[str, Any]) -> list[str]:
     fails = (f"{count(m['failures'], 'failure')}, {dur(m['cost_per_failure_s'])} lost each" if m["failures"]
              else "no failures so far, none projected")
     out = [f"{done} ({p['basis']}: step {dur(m['step_s'])}, saves {dur(m['save_per_step_s'])}/step, {fails})"]
-    eta = "" if word == "measured" or p["eta_time"] is None else \
-        f", ETA {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(p['eta_time']))} (in {dur(p['remaining_s'])})"
     out.append(f"{word} total {dur(p['total_s'])} ({p['total_days']:.3g} days, {p['gpu_hours']:.3g} GPU-hours)"
-               + eta)
+               + _when(p))
     g = p["vs_plan"]
     if g is None:
         out.append(f"vs plan: {p['vs_plan_note']}")
