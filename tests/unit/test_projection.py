@@ -79,7 +79,8 @@ def test_a_run_not_running_has_no_eta_but_what_is_left() -> None:
                 tokens_given=False, basis="measured over attempts 0-2", running=False)
     assert p["eta_time"] is None and p["remaining_s"] == pytest.approx(810.0) and p["total_is"] == "projected"
     text = lines(p)[1]
-    assert "ETA" not in text and text.endswith("not running now: 13m 30s of it left to run once resumed"), text
+    assert ", ETA" not in text, text
+    assert text.endswith("; no ETA while it does not train: 13m 30s of it left to run once resumed"), text
     running = lines(project(RUN, plan_whole_run=None, finished=False, last_time=1000.0, tokens_per_step=None,
                             tokens_given=False, basis="measured over attempts 0-2"))[1]
     assert "ETA" in running and "(in 13m 30s)" in running, running

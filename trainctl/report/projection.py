@@ -28,7 +28,7 @@ from trainctl.report.attempts import final_and_replayed, split_attempts
 from trainctl.report.goodput import goodput
 from trainctl.report.load import RunData
 from trainctl.report.summary import summarize
-from trainctl.rundir.runstate import attempt_begin, live_outcome, since
+from trainctl.rundir.runstate import attempt_begin, live_outcome, since, stop_requested
 from trainctl.units import count, dur, si
 
 CAUSES = {"steps": "slower steps", "saves": "slower saves", "restarts": "more restarts",
@@ -131,8 +131,9 @@ def project(m: Measured, *, plan_whole_run: dict[str, Any] | None, finished: boo
             tokens_per_step: int | None, tokens_given: bool, basis: str, running: bool = True,
             no_plan_note: str = NO_WHOLE_RUN) -> dict[str, Any]:
     """The projection `status --json` and `mfu-report --json` carry under "projection"; `no_plan_note` says why
-    there is no gap to the plan when `plan_whole_run` is None. `running`: the latest attempt has not ended; an
-    ETA is only given then (a stopped run's last step plus what is left is a time that will not come)."""
+    there is no gap to the plan when `plan_whole_run` is None. `running`: the latest attempt trains (it has not
+    ended, and no stop was asked of it); an ETA is only given then (a stopped run's last step plus what is left
+    is a time that will not come)."""
     total = m.total_s
     out: dict[str, Any] = {
         "available": True, "basis": basis, "finished": finished,
@@ -171,14 +172,15 @@ def run_projection(run: RunData, summary: dict[str, Any], gp: dict[str, Any]) ->
                  failure_cost_s=sum((r["gap_s"] or 0.0) + r.get("replayed_s", 0.0) for r in fails),
                  gpus=int(summary.get("world_size") or 1))
     times = [float(r["time"]) for r in run.metrics if "time" in r]
-    ended = live_outcome(since(run.events, attempt_begin(run.events)))  # None while the latest attempt goes on
+    latest = since(run.events, attempt_begin(run.events))
+    training = live_outcome(latest) is None and stop_requested(latest) is None  # nor stopping
     attempts = gp["attempts"]
     whole_run = ((run.plan or {}).get("checkpoint") or {}).get("whole_run")
     other_hardware = summary["plan"].get("reason") == "other_hardware"  # a GPU plan, trained on the CPU
     return project(m, plan_whole_run=None if other_hardware else whole_run,
                    no_plan_note=summary["plan"]["note"] if other_hardware else NO_WHOLE_RUN,
                    finished=gp["final_outcome"] == "finished" and m.steps_left == 0,
-                   last_time=max(times, default=None), running=ended is None,
+                   last_time=max(times, default=None), running=training,
                    tokens_per_step=summary.get("tokens_per_step"),
                    tokens_given=spec_train.get("tokens") is not None,
                    basis=f"measured over attempt{'s 0-' if attempts > 1 else ' '}{attempts - 1}")
@@ -196,7 +198,7 @@ def _when(p: dict[str, Any]) -> str:
     if p["total_is"] == "measured":
         return ""
     if not p["running"]:
-        return f"; not running now: {dur(p['remaining_s'])} of it left to run once resumed"
+        return f"; no ETA while it does not train: {dur(p['remaining_s'])} of it left to run once resumed"
     if p["eta_time"] is None:
         return ""
     return f", ETA {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(p['eta_time']))} (in {dur(p['remaining_s'])})"
