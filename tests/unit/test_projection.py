@@ -84,3 +84,22 @@ def test_a_run_not_running_has_no_eta_but_what_is_left() -> None:
     running = lines(project(RUN, plan_whole_run=None, finished=False, last_time=1000.0, tokens_per_step=None,
                             tokens_given=False, basis="measured over attempts 0-2"))[1]
     assert "ETA" in running and "(in 13m 30s)" in running, running
+
+
+def test_a_short_run_whose_gap_is_start_up_names_it_not_a_priced_term() -> None:
+    """10 steps at 0.4 s against the plan's 0.532 s, but 6.1 s of start-up and 1.4 s of shutdown the plan's whole
+    run does not price: 6.18 s behind, and the cause named is that time, not a priced term at +0 s (it named
+    "longer restarts (+0 s)" for a run with no failure)."""
+    short = Measured(steps_done=10, steps_total=10, step_s=0.4, elapsed_s=11.5, productive_s=4.0, save_stall_s=0.0,
+                     failures=0, failure_cost_s=0.0, gpus=2)
+    plan = {"steps": 10, "compute_s": 5.32, "save_blocking_s": 0.0, "last_write_s": 0.0,
+            "expected_interruptions": 0.0, "wall_days": {"mean": 5.32 / 86400}, "restart_s": 423.0}
+    g = gap(short, Planned.from_whole_run(plan))
+    assert g["gap_s"] == pytest.approx(11.5 - 5.32)
+    assert g["causes_s"]["steps"] == pytest.approx(-1.32)  # faster steps: a saving, not the cause
+    assert g["causes_s"]["other"] == pytest.approx(11.5 - 5.32 + 1.32)
+    assert g["largest_cause"] == "other"
+    text = lines(project(short, plan_whole_run=plan, finished=True, last_time=None, tokens_per_step=None,
+                         tokens_given=False, basis="measured over attempt 0"))
+    assert ("measured 6.18 s behind the plan's 5.32 s; largest cause: start-up, queueing and shutdown (+7.50 s: "
+            "time the plan's whole run does not price)") in text[2], text

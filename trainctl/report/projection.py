@@ -15,7 +15,8 @@ idle waits) plus the remaining. The plan's side, for the same total of steps, is
 save blocking, its failure rate (expected interruptions per compute second) and its cost per failure (the
 expected wall clock less compute, saves and the last write, per interruption). The gap splits into slower steps,
 slower saves, more restarts (priced at the plan's cost per failure) and longer restarts (the projected
-failures at the measured cost less the plan's); what is left is "other" (start-up, queueing, warm-up steps).
+failures at the measured cost less the plan's); what is left is "other" (start-up, queueing, shutdown, warm-up
+steps), a cause like the others.
 """
 
 from __future__ import annotations
@@ -31,8 +32,10 @@ from trainctl.report.summary import summarize
 from trainctl.rundir.runstate import attempt_begin, live_outcome, since, stop_requested
 from trainctl.units import count, dur, si
 
+# "other": what the plan's whole run does not price (its first start-up, queueing, shutdown, warm-up steps); in
+# a short run it can outweigh every priced term, and naming a priced one then would blame the wrong thing
 CAUSES = {"steps": "slower steps", "saves": "slower saves", "restarts": "more restarts",
-          "restart_length": "longer restarts"}
+          "restart_length": "longer restarts", "other": "start-up, queueing and shutdown"}
 
 
 @dataclass(frozen=True)
@@ -227,7 +230,8 @@ def lines(p: dict[str, Any]) -> list[str]:
            "restarts": f"{p['failures_total']:.3g} failures {word} vs planned "
                        f"{pl['failures_per_compute_hour'] * p['steps']['total'] * pl['step_s'] / 3600:.3g}",
            "restart_length": f"{dur(m['cost_per_failure_s'])} lost per failure vs planned "
-                             f"{dur(pl['cost_per_failure_s'])}"}[g["largest_cause"]]
+                             f"{dur(pl['cost_per_failure_s'])}",
+           "other": "time the plan's whole run does not price"}[g["largest_cause"]]
     late = "behind" if g["gap_s"] >= 0 else "ahead of"
     out.append(f"{word} {dur(abs(g['gap_s']))} {late} the plan's {dur(g['planned_total_s'])}; largest cause: "
                f"{g['largest']} ({'+' if c[g['largest_cause']] >= 0 else '-'}{dur(abs(c[g['largest_cause']]))}: "
