@@ -176,6 +176,31 @@ def test_second_ctrl_c_kills_at_once(tmp_path: Path) -> None:
     print(f"second Ctrl-C: every process gone {gone:.2f} s after the launcher returned")
 
 
+def test_a_failed_rank_with_a_restart_left_is_starting_again_not_stopping(tmp_path: Path) -> None:
+    """Rank 1 fails at step 3 of torchrun's first attempt, with launcher.max_restarts=1: while torchrun restarts
+    the workers, `status` says STARTING and names the failure and the restart (it said STOPPING, "the ranks
+    save a checkpoint", which nothing does, and `cancel` then sent nothing); the restarted workers train on."""
+    from trainctl.launch.status import run_status
+
+    run = tmp_path / "run"
+    proc = launch(run, "--set", "launcher.max_restarts=1", "--set", "train.steps=6",
+                  "--set", "checkpoint.every_steps=2", env=faults.encode(fail_at_step=3, fail_rank=1, fail_attempt=0))
+    seen: list[tuple[str, str]] = []
+    while proc.poll() is None:
+        with contextlib.suppress(Exception):  # the run directory is being made
+            st = run_status(run)
+            seen.append((st.state, st.reason or ""))
+        time.sleep(0.1)
+    out = proc.communicate()[0]
+    assert proc.returncode == 0, out[-3000:]
+    restarting = [why for state, why in seen if state == "STARTING" and "torchrun restarts" in why]
+    assert restarting, sorted(set(seen))
+    assert re.match(r"rank 1 on \S+: exception: .*InjectedFailure.*; torchrun restarts the workers from the newest "
+                    r"checkpoint \(1 restart left, launcher.max_restarts\)$", restarting[0]), restarting[0]
+    assert "STOPPING" not in {state for state, _ in seen}, sorted(set(seen))
+    assert status(run)["state"] == "COMPLETED"
+
+
 def test_sigkilled_launcher_leaves_no_orphan_and_a_resumable_run(tmp_path: Path) -> None:
     run = tmp_path / "run"
     proc = launch(run)

@@ -50,6 +50,16 @@ def run_state(paths: RunPaths, job: dict[str, Any]) -> RunState:
         if js.pending:
             return RunState(PENDING, js.reason, True, **base)
         live = live_outcome(current)
+        if stop_requested(current) is None and live is not None and live.state == FAILED:
+            # a rank failed while the job runs: torchrun restarts the workers from the newest checkpoint, or,
+            # with no restart left, the job is ending; either way no stop was asked for and nothing is saved
+            left = restarts_left(paths, current)
+            if left > 0:
+                return RunState(STARTING, f"{live.reason}; torchrun restarts the workers from the newest "
+                                f"checkpoint ({left} restart{'s' if left != 1 else ''} left, launcher.max_restarts)",
+                                True, outcome=live, **base)
+            return RunState(STOPPING, f"{live.reason}; no restart left (launcher.max_restarts): the job is ending",
+                            True, outcome=live, **base)
         if stop_requested(current) is not None or (live is not None and live.state != COMPLETED):
             return RunState(STOPPING, "the ranks save a checkpoint after their current step, then exit", True,
                             outcome=live, **base)
@@ -125,16 +135,30 @@ def read_job_json(paths: RunPaths) -> dict[str, Any]:
     return job
 
 
-def spec_steps(paths: RunPaths) -> tuple[str | None, int | None]:
-    """(name, train.steps) from the frozen spec, read as plain YAML (no validation needed here)."""
+def _frozen_spec(paths: RunPaths) -> dict[str, Any]:
+    """The frozen spec read as plain YAML, no validation needed here ({} when it cannot be read)."""
     import yaml
 
     try:
-        data = yaml.safe_load(paths.spec.read_text(encoding="utf-8")) or {}
+        data = yaml.safe_load(paths.spec.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError):
-        return None, None
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def spec_steps(paths: RunPaths) -> tuple[str | None, int | None]:
+    """(name, train.steps) from the frozen spec."""
+    data = _frozen_spec(paths)
     steps = (data.get("train") or {}).get("steps")
     return data.get("name"), steps if isinstance(steps, int) else None
+
+
+def restarts_left(paths: RunPaths, attempt: list[dict[str, Any]]) -> int:
+    """How many more times torchrun restarts the workers in this attempt: launcher.max_restarts of the frozen
+    spec less the restarts its trainer starts recorded (0 when the spec cannot be read)."""
+    limit = (_frozen_spec(paths).get("launcher") or {}).get("max_restarts", 0)
+    used = max((int(e.get("torchrun_restart") or 0) for e in attempt if e.get("event") == "start"), default=0)
+    return max(0, limit - used) if isinstance(limit, int) else 0
 
 
 def spec_world_size(paths: RunPaths) -> int | None:

@@ -4,9 +4,11 @@
 read it (docs/ARCHITECTURE.md, "Run states", has the transition table). The states:
 
 - PENDING    submitted, not running (Slurm's queue, or a requeued job waiting for its eligible time)
-- STARTING   the job runs, the trainer has not begun training (torchrun, process groups, checkpoint load)
+- STARTING   the job runs, the trainer has not begun training (torchrun, process groups, checkpoint load), or
+             begins again after a rank's failure that torchrun restarts
 - RUNNING    training
-- STOPPING   a stop was asked for (Ctrl-C, SIGTERM, `trainctl cancel`); every rank saves after its step
+- STOPPING   a stop was asked for (Ctrl-C, SIGTERM, `trainctl cancel`); every rank saves after its step. Or a
+             rank failed with no torchrun restart left, and the processes are exiting (nothing is saved)
 - STOPPED    stopped after committing a checkpoint (Ctrl-C, SIGTERM, a killed launcher): `trainctl resume`
 - CANCELLED  stopped by `trainctl cancel` or scancel (with a checkpoint when the ranks had time): resumable
 - COMPLETED  every step done
@@ -273,6 +275,9 @@ def stopping_progress(paths: RunPaths) -> str:
     if (sig := _last(current, "checkpoint_on_signal")) is not None:
         return ("before the first step, nothing to save" if sig.get("before_first_step")
                 else f"step {sig.get('step')}, checkpoint committed; the ranks are exiting")
+    live = live_outcome(current)
+    if stop_requested(current) is None and live is not None and live.state == FAILED:
+        return f"{live.reason}; nothing is saved, the ranks are exiting"
     if _last(current, "start") is None:
         return "before the first step, nothing to save"
     steps = [m.get("step") for m in read_jsonl(paths.metrics) if isinstance(m.get("step"), int)]
