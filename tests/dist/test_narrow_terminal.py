@@ -22,6 +22,9 @@ from trainer_utils import ROOT
 from trainctl.hardware.catalog import ACCELERATORS
 
 WIDTH = 80
+# rich would read "[a]" as a style and drop it, and fail on "[/b]" (an unopened closing tag): a run's name, its
+# path and a failure's message (gloo's "[/__w/pytorch/...]") are printed as written
+NAME = "tiny[a]-cpu[/b]"
 
 
 def in_terminal(*args: str, columns: int = WIDTH, timeout: float = 300) -> tuple[int, str]:
@@ -63,7 +66,7 @@ def fits(text: str, *unbroken: Path) -> None:
 def runs(tmp_path_factory) -> Path:
     """Two run directories whose names differ only in their last characters (a copy of one real run)."""
     base = tmp_path_factory.mktemp("narrow")
-    spec = write_spec(base / "spec.yaml", {"name": "tiny-cpu", "parallel": {"dp": 2}, "cluster": {"gpus_per_node": 2},
+    spec = write_spec(base / "spec.yaml", {"name": NAME, "parallel": {"dp": 2}, "cluster": {"gpus_per_node": 2},
                                            "train": {"steps": 4}, "checkpoint": {"every_steps": 2, "keep_last": 2}})
     first = base / "runs" / "tiny-cpu-20261126-144500"
     rc, out = in_terminal("launch", str(spec), "--run-dir", str(first))
@@ -117,3 +120,20 @@ def test_hardware_keeps_every_accelerator_name() -> None:
     words = out.split()
     for a in ACCELERATORS.values():
         assert all(w in words for w in a.name.split()), (a.name, out)
+
+
+def test_names_and_paths_print_as_written(runs: Path) -> None:
+    """A run's name and directory holding rich's markup characters: `status`, `runs`, `checkpoints` and
+    `mfu-report` print them as written (status failed with a MarkupError; "[a]" vanished)."""
+    run = runs / "runs" / "exp[a]-[b]"
+    if not run.exists():
+        shutil.copytree(runs / "runs" / "tiny-cpu-20261126-144500", run, symlinks=True)
+    status = trainctl("status", str(run))
+    assert status.returncode == 0, status.stderr
+    assert status.stdout.startswith(f"{NAME} (local): COMPLETED") and str(run) in status.stdout, status.stdout
+    listed = trainctl("runs", str(runs / "runs"), env={"COLUMNS": "200"}).stdout  # the name whole, not folded
+    assert "exp[a]-[b]" in listed and NAME in listed, listed
+    assert f"checkpoints in {run / 'checkpoints'}" in at_width("checkpoints", str(run))
+    report = trainctl("mfu-report", str(run), env={"COLUMNS": "200"})
+    assert report.returncode == 0, report.stderr
+    assert NAME in report.stdout, report.stdout[:2000]

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from trainctl.cli.app import app
-from trainctl.cli.console import make_console, sayer
+from trainctl.cli.console import escape, make_console, sayer
 from trainctl.cli.options import OptionalSpecArg, SetOpt, read_spec, say_held_back
 from trainctl.errors import UsageError
 from trainctl.fileio import require_writable, write_errors_as_usage
@@ -65,11 +65,12 @@ def calibrate(
         say_held_back(console, credential_names(run.launcher.env))
         target = out or default_out(run)
         require_writable(target.absolute().parent, f"--out {target}")  # before the measuring, not after it
-        console.print(f"[bold]calibrating[/bold] {run.name}: {run.world_size} ranks ({run.cluster.gpus_per_node} per "
-                      f"node, cluster.gpu {run.cluster.gpu}) with the {run.backend} backend")
+        console.print(f"[bold]calibrating[/bold] {escape(run.name)}: {run.world_size} ranks "
+                      f"({run.cluster.gpus_per_node} per node, cluster.gpu {run.cluster.gpu}) with the {run.backend} "
+                      "backend")
         written = measure(run, target, run_dir, sayer(console))
-    console.print(f"[bold]profile[/bold] {target}: {prof.summary(written.data)}")
-    console.print(f"use it: trainctl plan SPEC --calibration {target}  (or cluster.calibration: {target})")
+    console.print(f"[bold]profile[/bold] {escape(str(target))}: {escape(prof.summary(written.data))}")
+    console.print(escape(f"use it: trainctl plan SPEC --calibration {target}  (or cluster.calibration: {target})"))
 
 
 __all__ = ["calibrate"]

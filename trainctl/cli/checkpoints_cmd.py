@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from trainctl.cli.app import app
-from trainctl.cli.console import Col, fitted_table, make_console
+from trainctl.cli.console import Col, escape, fitted_table, make_console
 from trainctl.cli.jsonout import print_json
 from trainctl.cli.options import JsonOpt
 from trainctl.errors import UsageError
@@ -48,7 +48,7 @@ def checkpoints(
         return
     con = make_console()
     if not infos:
-        con.print(f"no checkpoints in {directory}")
+        con.print(f"no checkpoints in {escape(str(directory))}")
         return
     columns = [Col("step", "key", "right"), Col("size", justify="right"), Col("valid", "key"), Col("milestone"),
                Col("layout"), Col("time"), Col("note", "prose")]
@@ -56,8 +56,8 @@ def checkpoints(
     valid = "[green]yes[/green]" if deep else "[green]yes[/green] (not verified)"
     rows = [[str(i.step), size(i.size_bytes), valid if i.valid else "[red]no[/red]", "yes" if i.milestone else "",
              describe_layout(i.meta.get("layout")), _when(i.time),
-             "latest" if latest is not None and i.path == latest.path else (i.reason or "")] for i in infos]
-    table = fitted_table(con, columns, rows, title=f"checkpoints in {directory}")
+             "latest" if latest is not None and i.path == latest.path else escape(i.reason or "")] for i in infos]
+    table = fitted_table(con, columns, rows, title=f"checkpoints in {escape(str(directory))}")
     con.print(table)
     if not deep:
         prose(con, "[dim]Only `--deep` verifies checksums (it reads every file); this listing checks each "

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from trainctl.cli.app import app
-from trainctl.cli.console import make_console
+from trainctl.cli.console import escape, make_console
 from trainctl.fileio import write_errors_as_usage
 
 data_app = typer.Typer(help="Prepare training data (token files).", no_args_is_help=True)
@@ -49,7 +49,7 @@ def prepare_cmd(
     console = make_console()
     size = result.tokens * ITEMSIZE[result.dtype]
     console.print(f"[green]wrote[/green] {result.documents:,} documents, {result.tokens:,} tokens ({size:,} bytes, "
-                  f"{result.dtype}, {result.format}) to {result.path}")
+                  f"{result.dtype}, {result.format}) to {escape(str(result.path))}")
     console.print(f"{'tokenizer' if tokenizer else 'byte-level tokenizer'}: set model.vocab >= {result.vocab}. "
                   "Paste into your spec:")
     print(result.spec_block())  # plain print: no rich markup or wrapping in the pasteable block
@@ -86,7 +86,7 @@ def check_cmd(
         task = bar.add_task("scan", total=max(1, tf.count))
         result = scan(token_file, dtype, vocab, progress=lambda done, _total: bar.update(task, completed=done))
     dt = time.perf_counter() - t0
-    console.print(f"{token_file}: {result.count:,} {dtype} tokens, min {result.min}, max {result.max} "
+    console.print(f"{escape(str(token_file))}: {result.count:,} {dtype} tokens, min {result.min}, max {result.max} "
                   f"(scanned {decimal_size(size)} in {dur(dt)}, {decimal_size(size / max(dt, 1e-9))}/s)")
     if result.out_of_range == 0:
         if tf.format == "flat" and uint32_read_as_uint16(token_file, dtype):

@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 
 from trainctl.cli.app import app
-from trainctl.cli.console import make_console
+from trainctl.cli.console import escape, make_console
 from trainctl.fileio import write_errors_as_usage
 
 
@@ -28,8 +28,8 @@ def export(
     with write_errors_as_usage(f"OUT {out}"):  # what the check before cannot foresee: a full disk, a lost mount
         files = run_export(plan)
     size = sum((plan.out / f).stat().st_size for f in files)
-    make_console().print(f"exported step {plan.checkpoint.step} of {run} as {plan.architecture} to {plan.out} "
-                         f"({', '.join(files)}; {size / 1e6:.1f} MB)", soft_wrap=True)
+    make_console().print(escape(f"exported step {plan.checkpoint.step} of {run} as {plan.architecture} to {plan.out} "
+                                f"({', '.join(files)}; {size / 1e6:.1f} MB)"), soft_wrap=True)
 
 
 __all__ = ["export"]

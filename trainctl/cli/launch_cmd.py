@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from trainctl.cli.app import app
-from trainctl.cli.console import make_console, sayer, show
+from trainctl.cli.console import escape, make_console, sayer, show
 from trainctl.cli.options import (
     OptionalSpecArg,
     SetOpt,
@@ -102,6 +102,6 @@ def _preflight(console: Console, run: RunSpec, target: Path, nodes: int | None,
                        f"and the {run.backend} backend cannot exclude a node", hint=f"details in {pf.paths.root}")
     reasons = {v.node: v.reasons[0] for v in pf.bad}
     cluster = run.cluster.model_copy(update={"exclude": exclusions.merged(run.cluster.exclude, list(reasons))})
-    console.print(f"[bold]excluding[/bold] {', '.join(reasons)} (sbatch --exclude); the job runs on the healthy "
-                  "nodes")
+    console.print(f"[bold]excluding[/bold] {escape(', '.join(reasons))} (sbatch --exclude); the job runs on the "
+                  "healthy nodes")
     return run.model_copy(update={"cluster": cluster}), reasons

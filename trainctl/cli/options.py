@@ -51,6 +51,7 @@ def check_before_training(console: Console, spec: RunSpec, run_dir: Path, strict
     checkpoint directory is too small or, for a multi-node run, node-local, or when a spec for GPUs would train
     on this machine's CPU."""
     from trainctl.checkpoint.storage import storage_problem
+    from trainctl.cli.console import escape
     from trainctl.launch.device_check import cpu_fallback_problem
     from trainctl.launch.diskspace import space_problem
 
@@ -60,7 +61,7 @@ def check_before_training(console: Console, spec: RunSpec, run_dir: Path, strict
             continue
         if strict:
             raise UsageError(problem)
-        console.print(f"[yellow]warning:[/yellow] {problem} (--strict refuses)", soft_wrap=True)
+        console.print(f"[yellow]warning:[/yellow] {escape(problem)} (--strict refuses)", soft_wrap=True)
 
 
 def say_held_back(console: Console, names: list[str]) -> None:

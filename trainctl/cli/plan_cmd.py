@@ -105,7 +105,7 @@ def render_plan(plan: Plan, console: Console, ranks: bool) -> None:
     j = plan.to_json()
     L, hw = j["layout"], j["hardware"]
     per = "rank" if hw["gpu"] == "cpu" else "GPU"  # a CPU rank is no GPU
-    prose(console, f"[bold]{plan.name}[/bold]: {_where(j)}")
+    prose(console, f"[bold]{escape(plan.name)}[/bold]: {_where(j)}")
 
     sched = L["schedule"] + (f", {L['virtual_stages']} chunks per rank" if L["virtual_stages"] > 1 else "")
     _print_kv(console, "Layout", [
@@ -342,8 +342,8 @@ def render_auto(res: AutoResult, console: Console, on_cpu: bool = False) -> None
     from rich import box
     from rich.table import Table
 
-    prose(console, f"[bold]{res.name}[/bold] --auto: {res.evaluated:,} valid layouts evaluated on {res.world:,} "
-                   f"{'CPU ranks' if on_cpu else 'GPUs'}, {res.fitting:,} fit in "
+    prose(console, f"[bold]{escape(res.name)}[/bold] --auto: {res.evaluated:,} valid layouts evaluated on "
+                   f"{res.world:,} {'CPU ranks' if on_cpu else 'GPUs'}, {res.fitting:,} fit in "
                    f"memory ({res.elapsed_s * 1e3:.0f} ms). Ranked by predicted MFU, ties by less memory.")
     if not res.peak_known:
         prose(console, "[yellow]Peak FLOP/s unknown for this accelerator: ranked with a nominal 1 TFLOP/s; "
@@ -403,7 +403,7 @@ def render_sweep(res: Sweep, console: Console) -> None:
     """plan --auto --nodes: the Pareto front of days against GPU-hours (cost), then the answer."""
     from rich.table import Table
 
-    prose(console, f"[bold]{res.name}[/bold]: {count(len(res.points), 'node count')} of {res.node_range[0]}.."
+    prose(console, f"[bold]{escape(res.name)}[/bold]: {count(len(res.points), 'node count')} of {res.node_range[0]}.."
                    f"{res.node_range[1]} searched, each at its best layout (`plan --auto` there); the Pareto "
                    "front of days against GPU-hours (no other count is both faster and cheaper):")
     t = Table()

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from trainctl.cli.app import app
-from trainctl.cli.console import make_console, sayer
+from trainctl.cli.console import escape, make_console, sayer
 from trainctl.cli.options import OptionalSpecArg, SetOpt, read_spec
 
 if TYPE_CHECKING:
@@ -46,14 +46,14 @@ def show_preflight(console: Console, pf: Preflight) -> None:
     console.print(t)
     for v in pf.verdicts:
         for reason in v.reasons:
-            console.print(f"[red]bad node[/red] {v.node}: {reason}")
+            console.print(f"[red]bad node[/red] {escape(v.node)}: {escape(reason)}")
         for n in v.notes:
-            console.print(f"[dim]note[/dim] {v.node}: {n}")
+            console.print(f"[dim]note[/dim] {escape(v.node)}: {escape(n)}")
     if pf.result.get("ranks") and not any(r.get("nvml") for r in pf.result["ranks"]):
         console.print("[dim]NVML state skipped: the ranks ran on CPUs[/dim]")
     console.print(f"measured in {dur(float(pf.result.get('elapsed_s') or 0))}; "
                   + ("every node healthy" if not pf.bad else f"{len(pf.bad)} bad node(s): "
-                     + ",".join(v.node for v in pf.bad)))
+                     + escape(",".join(v.node for v in pf.bad))))
 
 
 def _ratio(ratio: float | None, spread: float | None) -> str:
@@ -85,7 +85,7 @@ def preflight(
     run = read_spec(spec, set_)
     th = Thresholds(min_matmul_ratio, min_link_ratio, min_peak_fraction)
     th.check()
-    console.print(f"[bold]preflight[/bold] {run.name}: {nodes or run.cluster.nodes} node(s) x "
+    console.print(f"[bold]preflight[/bold] {escape(run.name)}: {nodes or run.cluster.nodes} node(s) x "
                   f"{run.cluster.gpus_per_node} (cluster.gpu {run.cluster.gpu}) with the {run.backend} backend")
     pf = run_preflight(run, th, sayer(console), nodes=nodes, run_dir=run_dir)
     if as_json:

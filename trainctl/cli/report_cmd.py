@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from trainctl.cli.app import app
-from trainctl.cli.console import make_console
+from trainctl.cli.console import escape, make_console
 from trainctl.cli.jsonout import print_json
 from trainctl.cli.options import JsonOpt
 
@@ -43,7 +43,7 @@ def mfu_report(
     con = make_console()
     render(report, con)
     if plot_file is not None:
-        con.print(f"plot: {report['plot']}")
+        con.print(f"plot: {escape(str(report['plot']))}")
 
 
 __all__ = ["mfu_report"]

@@ -45,18 +45,18 @@ def resume(
         console.print(f"[yellow]note:[/yellow] {escape(note)}", soft_wrap=True)
     say_held_back(console, plan.held_back)
     for i in plan.skipped:
-        console.print(f"[yellow]skipping invalid checkpoint[/yellow] step {i.step} ({i.path.name}): {i.reason}",
-                      soft_wrap=True)
+        console.print(f"[yellow]skipping invalid checkpoint[/yellow] step {i.step} ({escape(i.path.name)}): "
+                      f"{escape(i.reason)}", soft_wrap=True)
     if plan.checkpoint is None:
-        console.print(f"[yellow]no valid checkpoint in {plan.checkpoint_dir}[/yellow]: the run restarts from step 0 "
-                      "(appending to its run directory)", soft_wrap=True)
+        console.print(f"[yellow]no valid checkpoint in {escape(str(plan.checkpoint_dir))}[/yellow]: the run restarts "
+                      "from step 0 (appending to its run directory)", soft_wrap=True)
     else:
-        console.print(f"[bold]resuming[/bold] {plan.paths.root} from step {plan.checkpoint.step} "
+        console.print(f"[bold]resuming[/bold] {escape(str(plan.paths.root))} from step {plan.checkpoint.step} "
                       f"({plan.checkpoint.path})", soft_wrap=True)
     for change in plan.layout_changes():
-        console.print(f"layout change: {change} (model, optimizer and data position are resharded at load)")
+        console.print(f"layout change: {escape(change)} (model, optimizer and data position are resharded at load)")
     for change in plan.spec_changes:
-        console.print(f"spec change: {change}", soft_wrap=True)
+        console.print(f"spec change: {escape(change)}", soft_wrap=True)
     for change in plan.data_changes:
         console.print(f"[yellow]data change[/yellow] (--accept-data-change): {escape(change)}", soft_wrap=True)
     for warning in plan.warnings:
@@ -93,13 +93,13 @@ def _repair(console: Console, run: Path, dry_run: bool) -> None:
         what = (f"job.json ({rebuilt.job['backend']} backend, {len(rebuilt.job.get('attempts') or [])} attempt(s)) "
                 f"from {', '.join(rebuilt.sources)}")
         if dry_run:
-            console.print(f"--dry-run: would rebuild {what} ({e.why}); nothing changed", soft_wrap=True)
+            console.print(f"--dry-run: would rebuild {escape(what)} ({escape(e.why)}); nothing changed", soft_wrap=True)
             raise typer.Exit(0) from None
         require_writable(paths.root, f"run directory {paths.root}")
         with write_errors_as_usage(f"run directory {paths.root}"):
             kept = repair.write_rebuilt(paths, rebuilt)
-        console.print(f"[bold]rebuilt[/bold] {what}" + (f"; the damaged one is kept as {kept.name}" if kept else ""),
-                      soft_wrap=True)
+        console.print(f"[bold]rebuilt[/bold] {escape(what)}"
+                      + (f"; the damaged one is kept as {escape(kept.name)}" if kept else ""), soft_wrap=True)
         return
     console.print(f"{paths.job.name} is intact: nothing to repair", soft_wrap=True)
 

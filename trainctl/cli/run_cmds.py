@@ -48,20 +48,21 @@ def status(run: Path = RunArg, json_: bool = JsonOpt) -> None:
     color = STATE_COLOR.get(st.state, "red")
     job = f" job {st.job_id}" + (f" {st.job_state}" if st.job_state and st.job_state != st.state else "") \
         if st.job_id else ""
-    console.print(f"[bold]{st.name}[/bold] ({st.backend}{job}): [{color}]{st.state}[/{color}]"
-                  + (f" - {st.reason}" if st.reason and st.reason != "None" else ""), soft_wrap=True)
+    console.print(f"[bold]{escape(st.name)}[/bold] ({st.backend}{escape(job)}): [{color}]{st.state}[/{color}]"
+                  + (f" - {escape(st.reason)}" if st.reason and st.reason != "None" else ""), soft_wrap=True)
     loss = f", loss {st.last_loss:.4f}" if isinstance(st.last_loss, float) else ""
     console.print(f"steps {_fmt_steps(st.steps_done, st.steps_total)}{loss}, MFU {_fmt_mfu(st.last_mfu)}, "
                   f"attempts {st.attempts}, trainer starts {st.starts}"
-                  + (f", nodes {st.nodes}" if st.nodes and st.nodes != "(null)" else ""), soft_wrap=True)
+                  + (f", nodes {escape(st.nodes)}" if st.nodes and st.nodes != "(null)" else ""), soft_wrap=True)
     if proj is not None:
         from trainctl.report.projection import lines
 
         for line in lines(proj):
             console.print(escape(line), soft_wrap=True)
     for node, why in st.excluded_nodes.items():
-        console.print(f"[yellow]excluded[/yellow] {node} from later jobs of this run: {why}", soft_wrap=True)
-    console.print(f"[dim]{st.run_dir}[/dim]", soft_wrap=True)
+        console.print(f"[yellow]excluded[/yellow] {escape(node)} from later jobs of this run: {escape(why)}",
+                      soft_wrap=True)
+    console.print(f"[dim]{escape(st.run_dir)}[/dim]", soft_wrap=True)
 
 
 def _projection(run: Path) -> dict[str, Any] | None:

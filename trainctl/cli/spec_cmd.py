@@ -26,7 +26,7 @@ def validate(spec: Path | None = OptionalSpecArg, set_: list[str] = SetOpt, as_j
     if as_json:
         print_json(resolved_dict(run))
         return
-    make_console().print(f"[green]ok[/green] {escape(str(path))}: {run.name} — world {run.world_size:,} = "
+    make_console().print(f"[green]ok[/green] {escape(str(path))}: {escape(run.name)} — world {run.world_size:,} = "
                     f"tp {run.parallel.tp} x {f'cp {run.parallel.cp} x ' if run.parallel.cp > 1 else ''}"
                     f"pp {run.parallel.pp} x dp {run.dp}")
 

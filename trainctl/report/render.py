@@ -78,7 +78,7 @@ def _table(title: str, runs: list[dict[str, Any]], rows: list[Row]) -> Table:
     t = Table(title=title, title_justify="left", show_lines=False)
     t.add_column("")
     for r in runs:
-        t.add_column(r["name"] if len({x["name"] for x in runs}) == len(runs) else r["run"], overflow="fold")
+        t.add_column(escape(r["name"] if len({x["name"] for x in runs}) == len(runs) else r["run"]), overflow="fold")
     for label, fn in rows:
         # Text cells carry our styling; every other value (error text, paths) is escaped, not parsed as markup
         t.add_row(label, *(c if isinstance(c, Text) else escape(c) for c in (fn(r) for r in runs)))
@@ -224,7 +224,7 @@ def _render_nodes(con: Console, runs: list[dict[str, Any]]) -> None:
         nodes = r.get("nodes") or {}
         if not nodes.get("available"):
             continue
-        t = Table(title=f"Nodes over time ({r['name']})", title_justify="left")
+        t = Table(title=f"Nodes over time ({escape(r['name'])})", title_justify="left")
         for col in ("attempt", "from", "nodes", "ranks", "dp x micro-batches", "steps", "tokens/s"):
             t.add_column(col, justify="left" if col in ("from", "steps") else "right")
         for x in nodes["segments"]:
@@ -278,7 +278,7 @@ def _step_vs_plan_table(con: Console, run_name: str, covers: str, v: dict[str, A
               f"[dim]{name}: step vs plan:[/dim] ")
         return
     pred, meas = v["prediction"], v["measured"]
-    t = Table(title=f"Step time, predicted vs measured ({run_name}, {covers}, mean over {meas['ranks']} ranks)",
+    t = Table(title=f"Step time, predicted vs measured ({name}, {covers}, mean over {meas['ranks']} ranks)",
               title_justify="left")
     for col in ("component", "predicted", "measured", "difference", "measured as"):
         t.add_column(col, justify="right" if col in ("predicted", "measured", "difference") else "left")
@@ -315,7 +315,8 @@ def _render_memory(con: Console, runs: list[dict[str, Any]]) -> None:
                 prose(con, f"[dim]{escape(mem.get('note', 'not measured'))}[/dim]",
                       f"[dim]{name}: memory ({escape(covers)}):[/dim] ")
                 continue
-            t = Table(title=f"Memory per GPU, predicted vs measured ({r['name']}, {covers})", title_justify="left")
+            t = Table(title=f"Memory per GPU, predicted vs measured ({escape(r['name'])}, {escape(covers)})",
+                      title_justify="left")
             for col in ("pipeline rank", "component", "predicted", "measured", "error"):
                 t.add_column(col, justify="left" if col == "component" else "right")
             for x in mem["rows"]:
