@@ -119,6 +119,41 @@ def test_debug_shows_traceback():
     assert out.returncode != 0 and "Traceback" in out.stderr
 
 
+# A command with a bug in it, added to the real app: what no check foresaw still ends in one line.
+_BUG = """
+import sys
+from trainctl.cli.app import app, main
+
+
+@app.command("bug")
+def bug() -> None:
+    raise RuntimeError("[/x] broke\\nits second line")
+
+
+main(sys.argv[1:])
+"""
+
+
+def test_a_bug_prints_one_line_and_keeps_its_traceback(tmp_path: Path) -> None:
+    """An exception trainctl did not foresee: one line naming it, exit 1, and the traceback in a file under
+    $XDG_STATE_HOME/trainctl that the line names (a rich MarkupError in `status` printed 40 lines of traceback);
+    --debug prints the traceback instead."""
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path)}
+    r = subprocess.run([sys.executable, "-c", _BUG, "bug"], capture_output=True, text=True, env=env, cwd=ROOT,
+                       timeout=120)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    first, hint = r.stderr.splitlines()
+    assert first == "error: internal error (a bug in trainctl): RuntimeError: [/x] broke", r.stderr
+    assert hint.startswith(f"hint: the traceback is in {tmp_path / 'trainctl'}/crash-") and hint.endswith(
+        ".txt; please report it"), hint
+    saved = Path(hint.removeprefix("hint: the traceback is in ").removesuffix("; please report it")).read_text()
+    assert "args: ['bug']" in saved and "Traceback (most recent call last)" in saved
+    assert "RuntimeError: [/x] broke\nits second line" in saved
+    debug = subprocess.run([sys.executable, "-c", _BUG, "--debug", "bug"], capture_output=True, text=True, env=env,
+                           cwd=ROOT, timeout=120)
+    assert debug.returncode == 1 and "Traceback (most recent call last)" in debug.stderr, debug.stderr
+
+
 def test_schema_is_json_schema_with_sections():
     data = json.loads(trainctl("schema").stdout)
     assert {"model", "parallel", "train", "cluster"} <= set(data["properties"])

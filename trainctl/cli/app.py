@@ -14,7 +14,7 @@ import typer
 
 from trainctl import terminal
 from trainctl.cli.completion import COMPLETE_VAR
-from trainctl.errors import EXIT_USAGE, TrainctlError
+from trainctl.errors import EXIT_RUN_FAILED, EXIT_USAGE, TrainctlError
 
 app = typer.Typer(
     name="trainctl",
@@ -93,6 +93,40 @@ def main(argv: list[str] | None = None) -> None:
 
         _print_error(f"{os_error_line(e)} (--debug shows where)")
         sys.exit(EXIT_USAGE)
+    except Exception as e:  # a bug of ours: one line and where its traceback went, not the traceback
+        if _state["debug"]:
+            raise
+        where = _save_traceback(args)
+        first = str(e).splitlines()[0] if str(e) else ""
+        _print_error(f"internal error (a bug in trainctl): {type(e).__name__}" + (f": {first}" if first else ""),
+                     hint=(f"the traceback is in {where}; please report it" if where else
+                           "run it again with --debug to see the traceback"))
+        sys.exit(EXIT_RUN_FAILED)
+
+
+def _save_traceback(args: Sequence[str]) -> str | None:
+    """The traceback being handled, written to a new file under $XDG_STATE_HOME/trainctl (~/.local/state) or,
+    where that cannot be written, the temporary directory; its path, or None when neither can be written."""
+    import tempfile
+    import time
+    import traceback
+
+    from trainctl import __version__
+
+    text = (f"trainctl {__version__}, {time.strftime('%Y-%m-%d %H:%M:%S')}\nargs: {list(args)}\n\n"
+            + traceback.format_exc())
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    for folder in (os.path.join(state, "trainctl"), tempfile.gettempdir()):
+        try:
+            os.makedirs(folder, exist_ok=True)
+            fd, path = tempfile.mkstemp(prefix=f"crash-{time.strftime('%Y%m%d-%H%M%S')}-", suffix=".txt",
+                                        dir=folder)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            return path
+        except OSError:
+            continue
+    return None
 
 
 def _print_error(message: str, hint: str | None = None) -> None:
