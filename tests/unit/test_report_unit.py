@@ -48,6 +48,23 @@ def interrupted_run(root: Path) -> Path:
     return _write(root / "interrupted", m, ev)
 
 
+def test_a_rank_that_only_lost_its_peer_is_not_said_to_have_failed(tmp_path):
+    """The survivor's "connection reset by peer" was recorded first (the victim, SIGKILLed, recorded nothing, or
+    recorded later): the restart's cause says it lost a peer, after the rank that failed of itself."""
+    run = interrupted_run(tmp_path)
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    lost = ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
+            "[127.0.0.1]:20893: Connection reset by peer")
+    events.insert(3, {"time": 11.4, "event": "failure", "rank": 0, "error": lost})
+    (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    (restart,) = analyze(load_run(run))["goodput"]["restarts"]
+    assert restart["cause"] == f"rank 1 failed: InjectedFailure: boom; rank 0 lost a peer: {lost}"
+    alone = [e for e in events if e.get("error") != "InjectedFailure: boom"]
+    (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in alone))
+    (restart,) = analyze(load_run(run))["goodput"]["restarts"]
+    assert restart["cause"] == f"rank 0 lost a peer: {lost}"
+
+
 def test_goodput_attributes_the_lost_time(tmp_path):
     r = analyze(load_run(interrupted_run(tmp_path)))
     g = r["goodput"]

@@ -15,7 +15,7 @@ from typing import Any
 from trainctl.report.attempts import Attempt, log_weight
 from trainctl.report.load import RunData
 from trainctl.rundir.paths import EVENTS
-from trainctl.rundir.runstate import outcome
+from trainctl.rundir.runstate import SECONDARY, outcome
 
 QUEUE_EVENTS = ("submit", "submitted", "requeue", "requeued")
 # the job left the queue: the local launcher's start, the Slurm batch script's first line (slurm_start), or the
@@ -77,7 +77,11 @@ def describe_cause(prev: Attempt) -> str:
         by_error: dict[str, list[str]] = {}
         for f in fails:
             by_error.setdefault(str(f.get("error", "unknown error")), []).append(str(f.get("rank", "?")))
-        return "; ".join(f"rank {', '.join(ranks)} failed: {err}" for err, ranks in by_error.items())
+        # a rank that only lost its peer ("connection reset by peer") did not fail of itself: said so, and after
+        # the ranks that did (runstate's first cause: the one whose error was not another's consequence)
+        lost = {err: bool(SECONDARY.search(err)) for err in by_error}
+        return "; ".join(f"rank {', '.join(by_error[err])} {'lost a peer' if lost[err] else 'failed'}: {err}"
+                         for err in sorted(by_error, key=lambda err: lost[err]))
     if prev.asked_to_stop is not None:  # Ctrl-C, SIGTERM to the launcher, `trainctl cancel`: runstate's words;
         ended = outcome(prev.events)  # the ranks' "preempted" event only names the SIGTERM they got
         return ended.reason if ended is not None else "stopped on request"
