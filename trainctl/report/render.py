@@ -115,7 +115,8 @@ def _breakdown_rows(runs: list[dict[str, Any]]) -> list[Row]:
 
 
 def _goodput_rows() -> list[Row]:
-    labels = {"queueing": "queueing", "startup": "start-up", "restarts": "restarts (gap incl. failed step)",
+    # restarts: a failure's and a user's resume alike (the idle wait before a resume is shown apart)
+    labels = {"queueing": "queueing", "startup": "start-up", "restarts": "restarts (each one's stop and start-up)",
               "replayed_steps": "replayed steps", "checkpoint_stalls": "checkpoint stalls",
               "shutdown": "shutdown", "other": "other (between steps, logging)"}
 
