@@ -342,6 +342,8 @@ def test_warning_signal_then_scontrol_requeue_resume_with_the_reference_losses(
                        "scontrol requeue", 60)
     assert pending["eligible_at"] and "eligible to start at" in pending["reason"], pending  # Slurm's BeginTime
     assert pending["reason"].startswith("requeued (scontrol requeue)"), pending
+    # queued, it does not train: no ETA (its last step plus what is left would be a time already past)
+    assert pending["projection"]["running"] is False and pending["projection"]["eta_time"] is None, pending
     _start_now(jid)
     st = wait_done(run)
     assert st["attempts"] == 3 and st["steps_done"] == LONG_STEPS and st["job_id"] == jid

@@ -3,6 +3,8 @@ run split into its causes, checked against figures worked out by hand."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from trainctl.report.projection import Measured, Planned, gap, lines, project
@@ -21,9 +23,10 @@ def test_remaining_is_the_steps_left_at_the_measured_rates() -> None:
     assert RUN.remaining_s == pytest.approx(810.0)
     assert RUN.total_s == pytest.approx(1110.0)
     assert RUN.projected_failures == pytest.approx(8.0)  # 2 so far + 6 more
-    p = project(RUN, plan_whole_run=None, finished=False, last_time=1000.0, tokens_per_step=None,
+    now = time.time()  # a run that trains: its last step just ended
+    p = project(RUN, plan_whole_run=None, finished=False, last_time=now, tokens_per_step=None,
                 tokens_given=False, basis="measured over attempts 0-2")
-    assert p["total_is"] == "projected" and p["eta_time"] == pytest.approx(1810.0)
+    assert p["total_is"] == "projected" and p["eta_time"] == pytest.approx(now + 810.0)
     assert p["gpu_hours"] == pytest.approx(1110.0 * 8 / 3600)
     assert p["total_days"] == pytest.approx(1110.0 / 86400)
     assert p["vs_plan"] is None and "no whole-run projection" in p["vs_plan_note"]
@@ -103,3 +106,12 @@ def test_a_short_run_whose_gap_is_start_up_names_it_not_a_priced_term() -> None:
                          tokens_given=False, basis="measured over attempt 0"))
     assert ("measured 6.18 s behind the plan's 5.32 s; largest cause: start-up, queueing and shutdown (+7.50 s: "
             "time the plan's whole run does not price)") in text[2], text
+
+
+def test_a_run_that_waited_is_done_from_now_not_from_its_last_step() -> None:
+    """A resumed job that waited in Slurm's queue trains again: its last step was an hour ago, so the rest ends
+    `remaining` from now, not an hour ago plus `remaining`, a time already past."""
+    before = time.time()
+    p = project(RUN, plan_whole_run=None, finished=False, last_time=before - 3600.0, tokens_per_step=None,
+                tokens_given=False, basis="measured over attempts 0-2")
+    assert before + 810.0 <= p["eta_time"] <= time.time() + 810.0

@@ -38,9 +38,10 @@ def status(run: Path = RunArg, json_: bool = JsonOpt) -> None:
     """State of a run in Slurm's words, steps done, attempts, the last MFU, and the rest projected from what it
     measured (ETA, days, GPU-hours, the gap to the plan)."""
     from trainctl.launch.status import run_status
+    from trainctl.rundir.runstate import RUNNING, STARTING
 
     st = run_status(run)
-    proj = _projection(run)
+    proj = _projection(run, training=st.state in (STARTING, RUNNING))  # not while Slurm queues it
     if json_:
         print_json({**st.to_json(), "projection": proj})
         return
@@ -65,14 +66,14 @@ def status(run: Path = RunArg, json_: bool = JsonOpt) -> None:
     console.print(f"[dim]{escape(st.run_dir)}[/dim]", soft_wrap=True)
 
 
-def _projection(run: Path) -> dict[str, Any] | None:
+def _projection(run: Path, *, training: bool) -> dict[str, Any] | None:
     """The rest of the run projected from what it measured (report/projection.py); None before its first step
     (load_run refuses a run with nothing to report, which status still describes)."""
     from trainctl.report.load import load_run
     from trainctl.report.projection import projection_of
 
     try:
-        return projection_of(load_run(run))
+        return projection_of(load_run(run), training=training)
     except TrainctlError:
         return None
 

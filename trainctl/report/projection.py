@@ -149,7 +149,8 @@ def project(m: Measured, *, plan_whole_run: dict[str, Any] | None, finished: boo
         # "measured" once every step is done; "projected" while steps are left
         "total_is": "measured" if finished or not m.steps_left else "projected",
         "remaining_s": m.remaining_s, "running": running,
-        "eta_time": (last_time + m.remaining_s) if last_time is not None and running else None,
+        # from now at the latest: a job that waited (a resumed one in Slurm's queue) is not done in the past
+        "eta_time": (max(last_time, time.time()) + m.remaining_s) if last_time is not None and running else None,
         "total_s": total, "total_days": total / 86400.0, "gpu_hours": total * m.gpus / 3600.0,
         "failures_total": m.projected_failures,
         "vs_plan": None, "vs_plan_note": None,
@@ -161,8 +162,11 @@ def project(m: Measured, *, plan_whole_run: dict[str, Any] | None, finished: boo
     return out
 
 
-def run_projection(run: RunData, summary: dict[str, Any], gp: dict[str, Any]) -> dict[str, Any]:
-    """The projection of one run from its report's summary (report/summary.py) and goodput (report/goodput.py)."""
+def run_projection(run: RunData, summary: dict[str, Any], gp: dict[str, Any], *,
+                   training: bool | None = None) -> dict[str, Any]:
+    """The projection of one run from its report's summary (report/summary.py) and goodput (report/goodput.py).
+    `training`: whether the run trains now, where the caller knows it from the backend (`status`: not while
+    Slurm queues it); else from the events: the latest attempt has not ended and no stop was asked of it."""
     spec_train = (run.spec or {}).get("train") or {}
     total = summary.get("steps_target") or spec_train.get("steps")
     step = summary["step_time_s"]["median"]
@@ -176,24 +180,26 @@ def run_projection(run: RunData, summary: dict[str, Any], gp: dict[str, Any]) ->
                  gpus=int(summary.get("world_size") or 1))
     times = [float(r["time"]) for r in run.metrics if "time" in r]
     latest = since(run.events, attempt_begin(run.events))
-    training = live_outcome(latest) is None and stop_requested(latest) is None  # nor stopping
+    if live_outcome(latest) is not None or stop_requested(latest) is not None:  # ended, or stopping
+        training = False
     attempts = gp["attempts"]
     whole_run = ((run.plan or {}).get("checkpoint") or {}).get("whole_run")
     other_hardware = summary["plan"].get("reason") == "other_hardware"  # a GPU plan, trained on the CPU
     return project(m, plan_whole_run=None if other_hardware else whole_run,
                    no_plan_note=summary["plan"]["note"] if other_hardware else NO_WHOLE_RUN,
                    finished=gp["final_outcome"] == "finished" and m.steps_left == 0,
-                   last_time=max(times, default=None), running=training,
+                   last_time=max(times, default=None), running=training is not False,
                    tokens_per_step=summary.get("tokens_per_step"),
                    tokens_given=spec_train.get("tokens") is not None,
                    basis=f"measured over attempt{'s 0-' if attempts > 1 else ' '}{attempts - 1}")
 
 
-def projection_of(run: RunData) -> dict[str, Any]:
-    """The projection of a run directory's records alone (what `trainctl status` shows)."""
+def projection_of(run: RunData, *, training: bool | None = None) -> dict[str, Any]:
+    """The projection of a run directory's records (what `trainctl status` shows); `training` as run_projection."""
     attempts = split_attempts(run)
     final, replayed = final_and_replayed(attempts)
-    return run_projection(run, summarize(run, final, attempts), goodput(run, attempts, final, replayed))
+    return run_projection(run, summarize(run, final, attempts), goodput(run, attempts, final, replayed),
+                          training=training)
 
 
 def _when(p: dict[str, Any]) -> str:
