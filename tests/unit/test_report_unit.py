@@ -360,6 +360,10 @@ def test_scaling_efficiency_between_two_runs_of_one_model(tmp_path):
     render(report, Console(file=out, width=200))
     assert "warning: strong on 4 GPUs against base on 2: strong scaling efficiency 68%" in out.getvalue()
     assert "scaling: weak on 4 GPUs against base on 2: weak scaling efficiency 90%" in out.getvalue()
+    # named larger run first: the smaller one is still the baseline (it read 146%, a speed-up, of base on 2)
+    (flipped,) = build_report([strong, base])["scaling"]
+    assert (flipped["run"], flipped["baseline"], flipped["gpus"], flipped["baseline_gpus"]) == ("strong", "base", 4, 2)
+    assert flipped["efficiency"] == pytest.approx(350 / 512) and flipped["warning"]
 
 
 def test_plot_marks_skipped_and_nan_steps(tmp_path):
