@@ -142,6 +142,27 @@ def test_mfu_above_100_percent_is_a_bug_not_a_result(tmp_path):
     assert "BUG (>100%)" in out and "130" not in out
 
 
+def test_runs_of_one_spec_are_told_apart_on_every_line(tmp_path):
+    """Two launches of one recipe share its name: the table's column, each per-run line and the warnings say
+    which run by its directory's name beside the spec's, or by the whole path where those collide too."""
+    def run(where: Path) -> Path:
+        path = _write(where, [_step(k, float(k)) for k in range(1, 6)], [{"time": 0.0, "event": "launch"}])
+        (path / "spec.yaml").write_text("name: same\ntrain: {log_every: 1}\n")
+        return path
+
+    a, b = run(tmp_path / "a"), run(tmp_path / "b")
+    report = build_report([a, b])
+    assert [r["label"] for r in report["runs"]] == ["same (a)", "same (b)"]
+    assert [r["name"] for r in report["runs"]] == ["same", "same"]  # the spec's name, as --json had it
+    buf = io.StringIO()
+    render(report, Console(file=buf, width=200))
+    out = buf.getvalue()
+    assert "same (a): stats over" in out and "same (b): stats over" in out, out
+    twins = [run(tmp_path / "x" / "run"), run(tmp_path / "y" / "run")]
+    assert [r["label"] for r in build_report(twins)["runs"]] == [str(t) for t in twins]
+    assert build_report([a])["runs"][0]["label"] == "same"
+
+
 def test_plan_prediction_side_by_side_and_cpu_note(tmp_path):
     plan = {"prediction": {"mfu": 0.5, "hfu": 0.6, "step_time_s": 0.8, "tokens_per_s": 1280.0},
             "hardware": {"peak_flops": 1.25e12}, "layout": {"pp": 2}, "pipeline": {"bubble_fraction": 0.2},

@@ -63,7 +63,7 @@ def analyze(run: RunData) -> dict[str, Any]:
     spikes = {s["step"] for s in div["loss_spikes"]}
     final_ids = {id(r) for r in final}
     return {
-        "run": str(run.root), "name": run.name,
+        "run": str(run.root), "name": run.name, "label": run.name,  # label: what the report calls it (build_report)
         "covers": segs[-1].label if len(segs) > 1 else f"all {len(attempts)} attempts" if len(attempts) > 1
         else "attempt 0",  # which attempts the step statistics, breakdown and plan comparison are of
         "layout": segs[-1].describe(),
@@ -98,7 +98,18 @@ def build_report(runs: list[Path], calibration: Path | None = None) -> dict[str,
     several runs of one model at different GPU counts, their scaling efficiency."""
     data = [load_run(p, calibration) for p in runs]
     reports = [analyze(d) for d in data]
+    _label(reports)
     return {"runs": reports, "scaling": scaling(data, reports) if len(data) > 1 else []}
+
+
+def _label(reports: list[dict[str, Any]]) -> None:
+    """Runs of one spec share its name: each line of the report then says which run by its directory's name
+    beside it, or by the whole path where those collide too."""
+    if len({r["name"] for r in reports}) == len(reports):
+        return
+    dirs = [Path(r["run"]).name for r in reports]
+    for r, d in zip(reports, dirs, strict=True):
+        r["label"] = f"{r['name']} ({d})" if len(set(dirs)) == len(dirs) else r["run"]
 
 
 __all__ = ["analyze", "build_report", "load_run"]

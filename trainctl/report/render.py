@@ -78,7 +78,7 @@ def _table(title: str, runs: list[dict[str, Any]], rows: list[Row]) -> Table:
     t = Table(title=title, title_justify="left", show_lines=False)
     t.add_column("")
     for r in runs:
-        t.add_column(escape(r["name"] if len({x["name"] for x in runs}) == len(runs) else r["run"]), overflow="fold")
+        t.add_column(escape(r["label"]), overflow="fold")
     for label, fn in rows:
         # Text cells carry our styling; every other value (error text, paths) is escaped, not parsed as markup
         t.add_row(label, *(c if isinstance(c, Text) else escape(c) for c in (fn(r) for r in runs)))
@@ -164,7 +164,7 @@ def render(report: dict[str, Any], console: Console | None = None) -> None:
     runs = report["runs"]
     for r in runs:
         for w in r["warnings"]:
-            prose(con, escape(w), f"[bold red]warning[/bold red] ({escape(r['name'])}): ")
+            prose(con, escape(w), f"[bold red]warning[/bold red] ({escape(r['label'])}): ")
     for x in report.get("scaling", []):
         prose(con, escape(x["line"] + (f", below {WARN_BELOW:.0%}" if x["warning"] else "")),
               "[bold red]warning[/bold red]: " if x["warning"] else "scaling: ")
@@ -172,9 +172,9 @@ def render(report: dict[str, Any], console: Console | None = None) -> None:
     for r in runs:
         s = r["summary"]
         prose(con, f"[dim]stats over {s['steps_in_stats']} steps ({s['stats_note']}); MFU = model FLOPs / (step "
-                   f"time x {s['world_size']} ranks x peak)[/dim]", f"[dim]{escape(r['name'])}:[/dim] ")
+                   f"time x {s['world_size']} ranks x peak)[/dim]", f"[dim]{escape(r['label'])}:[/dim] ")
         if not s["plan"].get("available"):
-            prose(con, f"[dim]{escape(s['plan']['note'])}[/dim]", f"[dim]{escape(r['name'])}:[/dim] ")
+            prose(con, f"[dim]{escape(s['plan']['note'])}[/dim]", f"[dim]{escape(r['label'])}:[/dim] ")
     con.print(_table("Where the time of a median step went", runs, _breakdown_rows(runs)))
     _render_step_vs_plan(con, runs)
     con.print(_table("Goodput (whole run: every attempt, across restarts)", runs, _goodput_rows()))
@@ -184,11 +184,11 @@ def render(report: dict[str, Any], console: Console | None = None) -> None:
             idle = f", after {dur(x['idle_s'])} idle" if x.get("idle_s") else ""
             prose(con, escape(f"restart -> attempt {x['attempt']} (resumed after step {x['resumed_at_step']}, gap "
                               f"{dur(x['gap_s'])}{idle}, {x['replayed_steps']} steps replayed): {cause}"),
-                  f"  {escape(r['name'])}: ")
+                  f"  {escape(r['label'])}: ")
     con.print("[bold]On track (measured so far, the rest projected)[/bold]")
     for r in runs:
         for line in projection_lines(r["projection"]):
-            prose(con, escape(line), f"  {escape(r['name'])}: ")
+            prose(con, escape(line), f"  {escape(r['label'])}: ")
     _render_nodes(con, runs)
     _render_memory(con, runs)
     moe = [r for r in runs if (r.get("routing") or {}).get("available")]
@@ -199,18 +199,18 @@ def render(report: dict[str, Any], console: Console | None = None) -> None:
     for r in runs:
         st = r["stragglers"]
         if not st.get("available"):
-            prose(con, escape(st["note"]), f"  {escape(r['name'])}: ")
+            prose(con, escape(st["note"]), f"  {escape(r['label'])}: ")
         elif not st["stragglers"]:
             prose(con, f"none over {st['steps_sampled']} steps x {st['ranks']} ranks (median rank busy "
-                       f"{dur(st['median_busy_s'])} per step)", f"  {escape(r['name'])}: ")
+                       f"{dur(st['median_busy_s'])} per step)", f"  {escape(r['label'])}: ")
         if st.get("logging_overhead_s_per_step") is not None:
             prose(con, f"[dim]per-rank step-time logging cost at most {dur(st['logging_overhead_s_per_step'])} per "
-                       "step on a rank[/dim]", f"  [dim]{escape(r['name'])}:[/dim] ")
+                       "step on a rank[/dim]", f"  [dim]{escape(r['label'])}:[/dim] ")
         for x in st.get("stragglers", []):
             prose(con, f"[yellow]{escape(x['where'])}[/yellow]: busy {dur(x['busy_median_s'])} per step vs median "
                        f"{dur(st['median_busy_s'])}, above in {x['steps_above']}/{st['steps_sampled']} steps; cost "
                        f"{dur(x['cost_s'])} ({pct(x['cost_fraction'], 1)} of the step time)",
-                  f"  {escape(r['name'])}: ")
+                  f"  {escape(r['label'])}: ")
             if x.get("note"):
                 prose(con, escape(x["note"]), f"    ranks {', '.join(map(str, x['ranks']))}: ")
 
@@ -221,11 +221,11 @@ def _render_nodes(con: Console, runs: list[dict[str, Any]]) -> None:
     for r in runs:
         for node, why in (r.get("excluded_nodes") or {}).items():
             prose(con, escape(f"{node} excluded from later jobs ({why.get('source')}): {why.get('reason')}"),
-                  f"  {escape(r['name'])}: ")
+                  f"  {escape(r['label'])}: ")
         nodes = r.get("nodes") or {}
         if not nodes.get("available"):
             continue
-        t = Table(title=f"Nodes over time ({escape(r['name'])})", title_justify="left")
+        t = Table(title=f"Nodes over time ({escape(r['label'])})", title_justify="left")
         for col in ("attempt", "from", "nodes", "ranks", "dp x micro-batches", "steps", "tokens/s"):
             t.add_column(col, justify="left" if col in ("from", "steps") else "right")
         for x in nodes["segments"]:
@@ -234,7 +234,7 @@ def _render_nodes(con: Console, runs: list[dict[str, Any]]) -> None:
                       f"{x['dp']} x {x['micro_batches']}", steps, si(x["tokens_per_s"]))
         con.print(t)
         for e in nodes["resizes"]:
-            prose(con, escape(str(e.get("message") or "")), f"  {escape(r['name'])}: ")
+            prose(con, escape(str(e.get("message") or "")), f"  {escape(r['label'])}: ")
 
 
 def _routing_rows() -> list[Row]:
@@ -269,7 +269,7 @@ def _held_against_plans(r: dict[str, Any]) -> list[tuple[str, dict[str, Any], di
 def _render_step_vs_plan(con: Console, runs: list[dict[str, Any]]) -> None:
     for r in runs:
         for covers, v, _ in _held_against_plans(r):
-            _step_vs_plan_table(con, r["name"], covers, v)
+            _step_vs_plan_table(con, r["label"], covers, v)
 
 
 def _step_vs_plan_table(con: Console, run_name: str, covers: str, v: dict[str, Any]) -> None:
@@ -311,12 +311,12 @@ def _step_vs_plan_table(con: Console, run_name: str, covers: str, v: dict[str, A
 def _render_memory(con: Console, runs: list[dict[str, Any]]) -> None:
     for r in runs:
         for covers, _, mem in _held_against_plans(r):
-            name = escape(r["name"])
+            name = escape(r["label"])
             if not mem.get("available"):
                 prose(con, f"[dim]{escape(mem.get('note', 'not measured'))}[/dim]",
                       f"[dim]{name}: memory ({escape(covers)}):[/dim] ")
                 continue
-            t = Table(title=f"Memory per GPU, predicted vs measured ({escape(r['name'])}, {escape(covers)})",
+            t = Table(title=f"Memory per GPU, predicted vs measured ({escape(r['label'])}, {escape(covers)})",
                       title_justify="left")
             for col in ("pipeline rank", "component", "predicted", "measured", "error"):
                 t.add_column(col, justify="left" if col == "component" else "right")
@@ -335,7 +335,7 @@ def _render_profile(con: Console, runs: list[dict[str, Any]]) -> None:
         files = r.get("profile") or []
         if not files:
             continue
-        con.print(f"[bold]Profiler traces[/bold] ({escape(r['name'])}: chrome://tracing or ui.perfetto.dev; memory "
+        con.print(f"[bold]Profiler traces[/bold] ({escape(r['label'])}: chrome://tracing or ui.perfetto.dev; memory "
                   "snapshots: pytorch.org/memory_viz)")
         for f in files:
             what = "trace" if f["kind"] == "trace" else "memory snapshot"

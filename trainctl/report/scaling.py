@@ -38,7 +38,7 @@ def scaling(data: list[RunData], reports: list[dict[str, Any]]) -> list[dict[str
                 and f["tokens_per_step"]):
             continue
         (base_name, base, base_data), (name, run, run_data) = sorted(
-            [(first["name"], f, first_data), (r["name"], s, d)], key=lambda x: x[1]["world_size"])
+            [(first["label"], f, first_data), (r["label"], s, d)], key=lambda x: x[1]["world_size"])
         eff = run["tokens_per_s_per_gpu"] / base["tokens_per_s_per_gpu"]
         kind = _kind(base, run)
         unit = "ranks" if ((run_data.spec or {}).get("cluster") or {}).get("gpu") == "cpu" else "GPUs"
