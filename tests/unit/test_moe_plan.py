@@ -28,10 +28,11 @@ from paths import RECIPES
 from trainctl import model_shape as ms
 from trainctl.plan.auto import search
 from trainctl.plan.comm import all_to_all_bytes
-from trainctl.plan.estimate import MOE_IMBALANCE, Evaluator
+from trainctl.plan.estimate import Evaluator
 from trainctl.plan.placement import Groups, Layout, ep_fits_nvlink, ep_groups_outside_nvlink, placement
 from trainctl.plan.plan import build_plan, candidate_from_spec, context_from_spec
 from trainctl.spec import load_spec
+from trainctl.spec.models import DEFAULT_MOE_IMBALANCE
 
 MIXTRAL = RECIPES / "mixtral-8x7b.yaml"
 OLMOE = RECIPES / "olmoe-1b-7b.yaml"
@@ -167,11 +168,29 @@ def test_expert_memory_falls_with_ep_and_optimizer_is_sharded_over_expert_dp() -
 
 def test_load_imbalance_allowance_and_capacity_factor() -> None:
     dropless = build_plan(load_spec(TINY_MOE))
-    assert dropless.to_json()["moe"]["load_imbalance_allowance"] == MOE_IMBALANCE
+    assert dropless.to_json()["moe"]["load_imbalance_allowance"] == DEFAULT_MOE_IMBALANCE == 1.1
     capped = build_plan(load_spec(TINY_MOE, overrides=["model.moe.capacity_factor=1.25"]))
     assert capped.to_json()["moe"]["load_imbalance_allowance"] == 1.25
     assert capped.est.hardware_flops > dropless.est.hardware_flops  # capacity-padded buffers are computed
     assert capped.est.model_flops == dropless.est.model_flops  # MFU counts the model, not the padding
+
+
+def test_the_imbalance_allowance_is_the_specs_and_paces_the_routed_experts() -> None:
+    """estimate.moe_imbalance prices the imbalance a run measured (mfu-report names it): on one H100 the compute
+    time grows by the extra routed-expert FLOPs at the planned rate and nothing else. tiny-moe's shape (presets):
+    hidden 64, 4 layers all MoE, top-2 of 4 experts of SwiGLU width 96: 2 x 3 x 64 x 96 active expert weights a
+    layer, 6 FLOPs per weight per token forward and backward, 16 x 64 tokens a step."""
+    one_gpu = ["cluster.gpu=h100-sxm", "cluster.gpus_per_node=1", "parallel.tp=1", "parallel.dp=1", "parallel.ep=1",
+               "parallel.sequence_parallel=false"]
+    base = build_plan(load_spec(TINY_MOE, overrides=one_gpu)).to_json()
+    heavy_plan = build_plan(load_spec(TINY_MOE, overrides=[*one_gpu, "estimate.moe_imbalance=2.0"]))
+    heavy = heavy_plan.to_json()
+    assert (base["moe"]["load_imbalance_allowance"], heavy["moe"]["load_imbalance_allowance"]) == (1.1, 2.0)
+    extra_flops = (2.0 - 1.1) * 6 * (2 * 3 * 64 * 96) * 4 * (16 * 64)
+    rate = base["hardware"]["peak_flops"] * base["assumptions"]["compute_efficiency"]
+    assert heavy["prediction"]["compute_s"] - base["prediction"]["compute_s"] == pytest.approx(extra_flops / rate)
+    assert heavy["prediction"]["step_time_s"] - base["prediction"]["step_time_s"] == pytest.approx(extra_flops / rate)
+    assert heavy_plan.est.model_flops == build_plan(load_spec(TINY_MOE, overrides=one_gpu)).est.model_flops
 
 
 # --- placement ----------------------------------------------------------------------------------------------

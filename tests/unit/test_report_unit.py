@@ -218,10 +218,11 @@ def _moe(imbalance: float, a2a_s: float, aux: float, dropped: int = 0) -> dict[s
 
 def test_routing_imbalance_and_all_to_all_share(tmp_path):
     """Steps 2-5 are steady (step 1 is warm-up): imbalance median of 1.3, 1.2, 1.25, 1.15 = 1.225, above the
-    planner's 1.1; the all-to-all takes 0.1 s of each 0.5 s step (20%); drops summed over every step."""
+    1.1 the run's plan priced; the all-to-all takes 0.1 s of each 0.5 s step (20%); drops summed over every step."""
     imb = [1.8, 1.3, 1.2, 1.25, 1.15]
     m = [_step(k, float(k), dt=0.5, moe=_moe(imb[k - 1], 0.1, 1.1 - 0.02 * k, dropped=k)) for k in range(1, 6)]
-    report = build_report([_write(tmp_path / "moe", m, [{"time": 0.0, "event": "launch"}]),
+    plan = {"moe": {"load_imbalance_allowance": 1.1}}
+    report = build_report([_write(tmp_path / "moe", m, [{"time": 0.0, "event": "launch"}], plan),
                            _write(tmp_path / "dense", [_step(k, float(k)) for k in range(1, 6)],
                                   [{"time": 0.0, "event": "launch"}])])
     moe, dense = report["runs"]
@@ -230,7 +231,8 @@ def test_routing_imbalance_and_all_to_all_share(tmp_path):
     assert r["imbalance"]["first"] == 1.8 and r["imbalance"]["last"] == 1.15
     assert r["a2a_share"] == pytest.approx(0.2) and r["dropped"] == 15
     assert r["aux_loss"]["first"] == pytest.approx(1.08) and r["aux_loss"]["last"] == pytest.approx(1.0)
-    assert any("routing imbalance 1.23" in w for w in moe["warnings"])
+    (warned,) = [w for w in moe["warnings"] if "routing imbalance 1.23" in w]
+    assert "`--set estimate.moe_imbalance=1.23` plans with what this run measured" in warned, warned
     a2a = next(i for i in moe["time_breakdown"]["items"] if i["name"] == "EP all-to-all (measured)")
     assert a2a["fraction"] == pytest.approx(0.2)
     assert not dense["routing"]["available"] and not any("routing" in w for w in dense["warnings"])

@@ -212,7 +212,9 @@ def render_plan(plan: Plan, console: Console, ranks: bool) -> None:
                    f"comm_efficiency {a['comm_efficiency']}, {dp_overlap_text(a, j['calibration'])}, "
                    f"tp_overlap {a['tp_overlap']}"
                    + (f", offload_pcie_gbps {a['offload_pcie_gbps']}, host_adam_gbps {a['host_adam_gbps']}"
-                      if L["offload"] == "optimizer" else ""))
+                      if L["offload"] == "optimizer" else "")
+                   + (f", moe_imbalance {a['moe_imbalance']}" if "moe" in j and j["moe"]["capacity_factor"] is None
+                      else ""))
     for line in [a["roofline"], *a["notes"]]:
         prose(console, f"[dim]{escape(line)}[/dim]", "  [dim]-[/dim] ")
 

@@ -23,7 +23,7 @@ measured FLOP/s and, per collective, latency * calls + bytes / measured bandwidt
   step      = pipeline + (dp - hidden) + embedding
 Mixture of experts: the slot adds the EP all-to-all of the rank's MoE layers (dispatch and combine,
 forward and backward; on the critical path, not overlapped); the routed experts' FLOPs are charged times
-the load-imbalance allowance (MOE_IMBALANCE, or the capacity factor when one is set); the expert weights
+the load-imbalance allowance (estimate.moe_imbalance, or the capacity factor when one is set); the expert weights
 are split over ep and their gradients and optimizer state reduced/sharded over the expert-data-parallel
 group (dp/ep), which adds the "expert_dp" traffic (time summed with dp's).
 Context parallelism: each rank computes s/cp tokens of every sequence (compute, TP and PP bytes, activations
@@ -55,13 +55,7 @@ from trainctl.plan import comm, memory, powersgd
 from trainctl.plan.comm import INTER_NODE, NVLINK
 from trainctl.plan.pipeline import balanced_split, pp_rank_of_stage, stages_of_pp_rank
 from trainctl.plan.rates import CP_OPS, EMBEDDING_OPS, EP_OPS, PP_OPS, TP_OPS, AssumedRates, MeasuredRates, Ops
-
-# Load-imbalance allowance of dropless routing: the busiest EP rank receives this many times the mean
-# tokens and sets the pace of the expert MLPs (and holds that much more of their activations). Trained
-# routers with a load-balancing loss keep the max/mean expert load around 1.05-1.2 (Switch Transformer,
-# Fedus et al. 2022; the Megatron-Core MoE report); 1.1 is the planner's assumption. With a capacity factor
-# the experts compute capacity-padded buffers: the factor itself.
-MOE_IMBALANCE = 1.1
+from trainctl.spec.models import DEFAULT_MOE_IMBALANCE
 
 # Bytes the fused CPU AdamW moves per fp32 element: reads the master, gradient and both moments, writes the
 # master and both moments (7 x 4).
@@ -96,6 +90,10 @@ class Assumptions:
     tp_overlap: float = 0.0
     offload_pcie_gbps: float = 25.0  # optimizer offload: pinned host<->device copies per GPU, each direction
     host_adam_gbps: float = 40.0  # optimizer offload: host memory bandwidth of one GPU's CPU AdamW step
+    # dropless routing: the busiest EP rank receives this many times the mean tokens and sets the pace of the
+    # expert MLPs (and holds that much more of their activations); with a capacity factor the experts compute
+    # capacity-padded buffers: the factor itself (estimate.moe_imbalance says where 1.1 comes from)
+    moe_imbalance: float = DEFAULT_MOE_IMBALANCE
 
 
 @dataclass(frozen=True)
@@ -346,7 +344,7 @@ class Evaluator:
         cf = m.moe.capacity_factor if m.moe is not None else None
         # what the GPUs compute (capacity-padded buffers with a capacity factor), and what paces the slot
         self.expert_factor = cf or 1.0
-        self.expert_pace = cf or MOE_IMBALANCE
+        self.expert_pace = cf or ctx.assume.moe_imbalance
         self._layer_flops = {r: model.layer_flops_per_token(m, r, self.expert_factor)
                              for r in ("none", "selective", "full")}
         self._layer_flops_paced = {r: model.layer_flops_per_token(m, r, self.expert_pace)

@@ -106,7 +106,8 @@ def context_from_spec(spec: RunSpec) -> Context:
     e = spec.estimate
     assume = Assumptions(compute_efficiency=e.compute_efficiency, comm_efficiency=e.comm_efficiency,
                          dp_overlap=dp_overlap(e.dp_overlap, on_cpu, c.gpus_per_node), tp_overlap=e.tp_overlap,
-                         offload_pcie_gbps=e.offload_pcie_gbps, host_adam_gbps=e.host_adam_gbps)
+                         offload_pcie_gbps=e.offload_pcie_gbps, host_adam_gbps=e.host_adam_gbps,
+                         moe_imbalance=e.moe_imbalance)
     rates = measured_rates(spec, assumed_rates(hw, assume))  # cluster.calibration (plan/rates.py)
     if rates is not None and hw.peak_flops is None:  # a CPU: MFU against the peak measured where it runs
         hw = replace(hw, peak_flops=rates.profile.peak_flops)

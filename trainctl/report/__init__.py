@@ -53,7 +53,8 @@ def analyze(run: RunData) -> dict[str, Any]:
         warnings.append(summary["mfu_bug"]["message"])
     div = divergence(run, final)  # skipped steps, rollbacks, divergence, loss spikes
     warnings += divergence_warnings(div)
-    moe = routing(steady, final)  # mixture of experts: imbalance, dropped tokens, all-to-all share
+    planned_moe = ((run.plan or {}).get("moe") or {}).get("load_imbalance_allowance")
+    moe = routing(steady, final, planned_moe)  # mixture of experts: imbalance, dropped tokens, all-to-all share
     warnings += routing_warnings(moe)
     steps = ((run.spec or {}).get("train") or {}).get("steps")
     cadence = measured_cadence(run, summary["step_time_s"]["median"], steps)

@@ -247,7 +247,8 @@ def _routing_rows() -> list[Row]:
     return [
         ("imbalance (busiest expert / mean), median / max",
          lambda r: f"{m(r)['imbalance']['median']:.2f} / {m(r)['imbalance']['max']:.2f} "
-                   f"(planned {m(r)['imbalance']['planned']:.2f})"),
+                   + ("(no plan)" if m(r)['imbalance']['planned'] is None
+                      else f"(planned {m(r)['imbalance']['planned']:.2f})")),
         ("imbalance first -> last step", trend("imbalance")),
         ("tokens per expert per step, min / max", lambda r: f"{m(r)['tokens_per_expert']['min']:.0f} / "
                                                             f"{m(r)['tokens_per_expert']['max']:.0f} (mean "

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainctl.plan.estimate import MOE_IMBALANCE
 from trainctl.report.attempts import median
 
 
-def routing(steady: list[dict[str, Any]], final: list[dict[str, Any]]) -> dict[str, Any]:
-    """The routing section: `steady` steps for the medians, `final` (every step's last run) for the trends."""
+def routing(steady: list[dict[str, Any]], final: list[dict[str, Any]], planned: float | None) -> dict[str, Any]:
+    """The routing section: `steady` steps for the medians, `final` (every step's last run) for the trends;
+    `planned`: the load-imbalance allowance the run's plan priced (its plan.json; None without one)."""
     rows = [r for r in final if r.get("moe")]
     if not rows:
         return {"available": False, "note": "a dense model (no MoE routing recorded)"}
@@ -23,7 +23,7 @@ def routing(steady: list[dict[str, Any]], final: list[dict[str, Any]]) -> dict[s
     return {
         "available": True,
         "imbalance": {"median": median(imb), "max": max(imb), "first": first["imbalance"],
-                      "last": last["imbalance"], "planned": MOE_IMBALANCE},
+                      "last": last["imbalance"], "planned": planned},
         "tokens_per_expert": {"min": min(r["moe"]["tokens_per_expert"]["min"] for r in calm),
                               "max": max(r["moe"]["tokens_per_expert"]["max"] for r in calm),
                               "mean": median([r["moe"]["tokens_per_expert"]["mean"] for r in calm])},
@@ -41,8 +41,10 @@ def warnings(d: dict[str, Any]) -> list[str]:
     if not d.get("available"):
         return []
     i = d["imbalance"]
-    if i["median"] is not None and i["median"] > i["planned"]:
+    if i["median"] is not None and i["planned"] is not None and i["median"] > i["planned"]:
         return [f"routing imbalance {i['median']:.2f} (busiest expert over the mean, median step) is above the "
                 f"planner's allowance of {i['planned']:.2f}: the busiest EP rank sets the pace of the experts, "
-                "so the plan's step time is optimistic (a larger model.moe.aux_loss_coeff balances harder)"]
+                "so the plan's step time is optimistic; `--set estimate.moe_imbalance="
+                f"{i['median']:.2f}` plans with what this run measured (a larger model.moe.aux_loss_coeff "
+                "balances harder)"]
     return []

@@ -21,6 +21,8 @@ Size = Annotated[int, Field(ge=1, le=100_000_000)]
 NonNegCount = Annotated[int, Field(ge=0, le=1_000_000_000)]
 Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
 DEFAULT_GRACE_S = 300  # launcher.grace_s: Slurm's stop warning before a time limit, enough to save a checkpoint
+# the planner's default allowance for a dropless router's load imbalance (estimate.moe_imbalance)
+DEFAULT_MOE_IMBALANCE = 1.1
 PositiveFloat = Annotated[float, Field(gt=0.0, le=1e9, allow_inf_nan=False)]
 NonNegativeFloat = Annotated[float, Field(ge=0.0, le=1e9, allow_inf_nan=False)]
 
@@ -564,6 +566,11 @@ class EstimateSpec(Strict):
         "SMs while the backward computes), 0 on CPU ranks that occupy every core of their node (gloo reduces on "
         "the cores the compute keeps busy)")
     tp_overlap: Fraction = Field(0.0, description="Fraction of TP communication hidden behind compute")
+    moe_imbalance: Annotated[float, Field(ge=1.0, le=1000.0)] = Field(
+        DEFAULT_MOE_IMBALANCE, description="Mixture of experts, dropless routing: the busiest expert's tokens over "
+        "the mean, which paces the expert MLPs and sizes their activations. 1.1: a trained router with a "
+        "load-balancing loss (1.05-1.2: Switch Transformer, Fedus et al. 2022; the Megatron-Core MoE report); "
+        "`trainctl mfu-report` measures a run's. A capacity factor (model.moe.capacity_factor) replaces it")
     checkpoint_write_gbps: PositiveFloat = Field(2.0, description="Checkpoint write bandwidth per node to the "
                                                  "checkpoint directory's filesystem, GB/s (a save's total time)")
     checkpoint_stage_gbps: PositiveFloat = Field(10.0, description="Device-to-host copy per GPU, GB/s: what an "
