@@ -33,3 +33,20 @@ def test_a_survivor_that_lost_its_peer_is_not_the_cause() -> None:
     assert (cause.kind, cause.rank) == ("signal", 1)
     # without the events' word on rank 0, torchrun's root cause stands
     assert torchrun_root_cause(console).rank == 0
+
+
+def test_restarts_left_count_torchruns_own_and_none_under_srun(tmp_path) -> None:
+    """What `status` tells of a rank's failure while the job runs: torchrun restarts the workers
+    launcher.max_restarts times in an attempt (each trainer start records its number); srun restarts none."""
+    from trainctl.launch.status import restarts_left
+    from trainctl.rundir.paths import RunPaths
+
+    paths = RunPaths(tmp_path)
+    started = [{"event": "start", "torchrun_restart": 0}, {"event": "failure"},
+               {"event": "start", "torchrun_restart": 1}]
+    paths.spec.write_text("name: x\nlauncher: {mode: torchrun, max_restarts: 3}\n")
+    assert restarts_left(paths, started[:1]) == 3 and restarts_left(paths, started) == 2
+    paths.spec.write_text("name: x\nlauncher: {backend: slurm, mode: srun, max_restarts: 3}\n")
+    assert restarts_left(paths, started[:1]) == 0
+    paths.spec.write_text("name: x\n")  # the default: no restart
+    assert restarts_left(paths, started[:1]) == 0

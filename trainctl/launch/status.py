@@ -26,6 +26,7 @@ from trainctl.rundir.runstate import (
     Outcome,
     RunState,
     attempt_begin,
+    failed_unasked,
     live_outcome,
     outcome,
     since,
@@ -49,17 +50,16 @@ def run_state(paths: RunPaths, job: dict[str, Any]) -> RunState:
     if js.active:
         if js.pending:
             return RunState(PENDING, js.reason, True, **base)
-        live = live_outcome(current)
-        if stop_requested(current) is None and live is not None and live.state == FAILED:
-            # a rank failed while the job runs: torchrun restarts the workers from the newest checkpoint, or,
-            # with no restart left, the job is ending; either way no stop was asked for and nothing is saved
+        if (failed := failed_unasked(current)) is not None:
+            # torchrun restarts the workers from the newest checkpoint, or, with no restart left, the job ends
             left = restarts_left(paths, current)
             if left > 0:
-                return RunState(STARTING, f"{live.reason}; torchrun restarts the workers from the newest "
+                return RunState(STARTING, f"{failed.reason}; torchrun restarts the workers from the newest "
                                 f"checkpoint ({left} restart{'s' if left != 1 else ''} left, launcher.max_restarts)",
-                                True, outcome=live, **base)
-            return RunState(STOPPING, f"{live.reason}; no restart left (launcher.max_restarts): the job is ending",
-                            True, outcome=live, **base)
+                                True, outcome=failed, **base)
+            return RunState(STOPPING, f"{failed.reason}; no restart left (launcher.max_restarts): the job is "
+                            "ending", True, outcome=failed, **base)
+        live = live_outcome(current)
         if stop_requested(current) is not None or (live is not None and live.state != COMPLETED):
             return RunState(STOPPING, "the ranks save a checkpoint after their current step, then exit", True,
                             outcome=live, **base)
@@ -155,8 +155,12 @@ def spec_steps(paths: RunPaths) -> tuple[str | None, int | None]:
 
 def restarts_left(paths: RunPaths, attempt: list[dict[str, Any]]) -> int:
     """How many more times torchrun restarts the workers in this attempt: launcher.max_restarts of the frozen
-    spec less the restarts its trainer starts recorded (0 when the spec cannot be read)."""
-    limit = (_frozen_spec(paths).get("launcher") or {}).get("max_restarts", 0)
+    spec less the restarts its trainer starts recorded (0 when the spec cannot be read, and under srun, which
+    starts each rank itself and restarts none)."""
+    launcher = _frozen_spec(paths).get("launcher") or {}
+    if launcher.get("mode") == "srun":
+        return 0
+    limit = launcher.get("max_restarts", 0)
     used = max((int(e.get("torchrun_restart") or 0) for e in attempt if e.get("event") == "start"), default=0)
     return max(0, limit - used) if isinstance(limit, int) else 0
 

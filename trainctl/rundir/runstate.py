@@ -268,6 +268,13 @@ def stop_requested(events: list[dict[str, Any]]) -> dict[str, Any] | None:
     return next((e for e in reversed(events) if e.get("event") in STOP_EVENTS), None)
 
 
+def failed_unasked(attempt: list[dict[str, Any]]) -> Outcome | None:
+    """The failure of what runs now (`live_outcome`) when no stop was asked of the attempt: a rank failed while
+    the job goes on (torchrun restarts the workers, or ends the job); no rank saves a checkpoint for it."""
+    live = live_outcome(attempt)
+    return live if live is not None and live.state == FAILED and stop_requested(attempt) is None else None
+
+
 def stopping_progress(paths: RunPaths) -> str:
     """Where a stopping run is, in words: its step and whether the checkpoint it stops with is committed."""
     events = read_jsonl(paths.events)
@@ -275,9 +282,8 @@ def stopping_progress(paths: RunPaths) -> str:
     if (sig := _last(current, "checkpoint_on_signal")) is not None:
         return ("before the first step, nothing to save" if sig.get("before_first_step")
                 else f"step {sig.get('step')}, checkpoint committed; the ranks are exiting")
-    live = live_outcome(current)
-    if stop_requested(current) is None and live is not None and live.state == FAILED:
-        return f"{live.reason}; nothing is saved, the ranks are exiting"
+    if (failed := failed_unasked(current)) is not None:
+        return f"{failed.reason}; nothing is saved, the ranks are exiting"
     if _last(current, "start") is None:
         return "before the first step, nothing to save"
     steps = [m.get("step") for m in read_jsonl(paths.metrics) if isinstance(m.get("step"), int)]
