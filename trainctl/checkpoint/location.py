@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trainctl.rundir.paths import RunPaths
+from trainctl.rundir.paths import RunPaths, read_yaml
 
 if TYPE_CHECKING:
     from trainctl.spec import RunSpec
@@ -26,12 +26,5 @@ def resolve_checkpoint_dir(run_dir: Path, spec: RunSpec | None = None) -> Path:
 
 
 def _frozen_checkpoint_dir(paths: RunPaths) -> str | None:
-    if not paths.spec.exists():
-        return None
-    import yaml
-
-    try:
-        data = yaml.safe_load(paths.spec.read_text(encoding="utf-8")) or {}
-        return (data.get("checkpoint") or {}).get("dir")
-    except (OSError, yaml.YAMLError, AttributeError):
-        return None
+    checkpoint = (read_yaml(paths.spec) or {}).get("checkpoint")
+    return checkpoint.get("dir") if isinstance(checkpoint, dict) else None

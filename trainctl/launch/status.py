@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainctl.errors import UsageError
 from trainctl.launch.backend import backend_for
-from trainctl.rundir.paths import RunPaths, last_jsonl, read_jsonl
+from trainctl.rundir.paths import RunPaths, last_jsonl, read_jsonl, read_yaml
 from trainctl.rundir.runstate import (
     CANCELLED,
     COMPLETED,
@@ -135,20 +135,9 @@ def read_job_json(paths: RunPaths) -> dict[str, Any]:
     return job
 
 
-def _frozen_spec(paths: RunPaths) -> dict[str, Any]:
-    """The frozen spec read as plain YAML, no validation needed here ({} when it cannot be read)."""
-    import yaml
-
-    try:
-        data = yaml.safe_load(paths.spec.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def spec_steps(paths: RunPaths) -> tuple[str | None, int | None]:
     """(name, train.steps) from the frozen spec."""
-    data = _frozen_spec(paths)
+    data = read_yaml(paths.spec) or {}
     steps = (data.get("train") or {}).get("steps")
     return data.get("name"), steps if isinstance(steps, int) else None
 
@@ -157,7 +146,7 @@ def restarts_left(paths: RunPaths, attempt: list[dict[str, Any]]) -> int:
     """How many more times torchrun restarts the workers in this attempt: launcher.max_restarts of the frozen
     spec less the restarts its trainer starts recorded (0 when the spec cannot be read, and under srun, which
     starts each rank itself and restarts none)."""
-    launcher = _frozen_spec(paths).get("launcher") or {}
+    launcher = (read_yaml(paths.spec) or {}).get("launcher") or {}
     if launcher.get("mode") == "srun":
         return 0
     limit = launcher.get("max_restarts", 0)

@@ -7,11 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from trainctl.errors import RunError, UsageError
 from trainctl.rundir import steptimes
-from trainctl.rundir.paths import RunPaths, load_jsonl
+from trainctl.rundir.paths import RunPaths, load_jsonl, read_yaml
 from trainctl.rundir.runstate import attempt_begin, outcome, since
 from trainctl.rundir.steptimes import RankSteps
 
@@ -74,14 +72,6 @@ def repriced_plan(spec_file: Path, profile: Path) -> dict[str, Any]:
     return json.loads(build_plan_json(load_spec(spec_file).with_calibration(profile)))
 
 
-def _yaml(path: Path) -> dict[str, Any] | None:
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def _layouts(paths: RunPaths, events: list[dict[str, Any]], calibration: Path | None) -> list[Layout]:
     """The launch's spec and plan, then each `resume --set`'s. A change recorded without its previous plan
     (an older trainctl rewrote only spec.yaml) leaves plan.json to the launch's layout and none to the later."""
@@ -106,7 +96,7 @@ def _layouts(paths: RunPaths, events: list[dict[str, Any]], calibration: Path | 
     files.append((paths.spec.name, paths.plan.name if not changes or "previous_plan" in changes[-1] else None))
     since = [float("-inf"), *(float(e.get("time", 0.0)) for e in changes)]
     sets = [[], *([str(x) for x in e.get("overrides") or []] for e in changes)]
-    return [Layout(since=t, spec=_yaml(paths.root / spec_file),
+    return [Layout(since=t, spec=read_yaml(paths.root / spec_file),
                    plan=plan_of(spec_file, plan_file, latest=i == len(files) - 1), spec_file=spec_file, overrides=o)
             for i, (t, (spec_file, plan_file), o) in enumerate(zip(since, files, sets, strict=True))]
 

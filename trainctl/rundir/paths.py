@@ -366,6 +366,18 @@ def last_jsonl(path: Path) -> dict[str, Any] | None:
     return next((rec for raw in reversed(lines) if (rec := parse_jsonl_line(raw)) is not None), None)
 
 
+def read_yaml(path: Path) -> dict[str, Any] | None:
+    """A run's YAML file (its frozen spec, a replaced one) as plain data, no validation; None when it is missing,
+    unreadable or not a mapping."""
+    import yaml  # here: most readers of a run directory never need it
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """The records of a JSONL file, its unreadable lines skipped (`load_jsonl` also counts them)."""
     return load_jsonl(path).records
