@@ -9,7 +9,7 @@ ways of exchanging K/V (all-gather, what the trainer does, vs a ring of send/rec
 2. K/V exchange, one layer's forward on the CP group: (a) all-gather the K/V blocks, then attend the local
    queries to the whole sequence; (b) a ring: cp-1 rounds of isend/irecv of a K/V block, each overlapped with
    attention to the block in hand. The ring is given every advantage (no causal skipping, no log-sum-exp
-   merge of partial results); if (a) is still as fast, the all-gather stays (docs/ARCHITECTURE.md,
+   merge of partial results); if (a) is still as fast, the all-gather stays (docs/design/trainer.md,
    "Context parallelism").
 
     .venv/bin/python bench/bench_cp.py                       # seq 4096, 2 layers, hidden 128, GQA 8/2 heads

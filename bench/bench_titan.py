@@ -16,7 +16,7 @@ Runs, each in its own process, in this order while --budget-s lasts:
   compiled  trainctl then torchtitan, --steps steps (own initial weights: speed only)
   again     a second round of the four, shorter, to see the spread (alternating)
 
-Per run: tokens/s (median step after --skip steps), MFU under trainctl's convention (docs/ARCHITECTURE.md,
+Per run: tokens/s (median step after --skip steps), MFU under trainctl's convention (docs/design/memory.md,
 "MFU convention": 6N + 12·L·h·s per token, N the matmul weights with the LM head, against the catalog's dense
 BF16 peak) and under torchtitan's own (6·(params - embedding) + 12·L·h·s, its peak table), the allocator's peak.
 
@@ -503,7 +503,7 @@ class Bench:
 
 
 def flops_per_token(run: Path) -> float:
-    """trainctl's MFU numerator per token (docs/ARCHITECTURE.md, "MFU convention") for the run's model."""
+    """trainctl's MFU numerator per token (docs/design/memory.md, "MFU convention") for the run's model."""
     from trainctl.model_shape import ModelShape, model_flops_per_token_of
     from trainctl.spec import load_spec
 

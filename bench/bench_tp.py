@@ -170,7 +170,7 @@ def main_rank(a: argparse.Namespace) -> None:
     dist.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()
-    # avoids the random SIGABRT at interpreter shutdown (docs/ARCHITECTURE.md, "Checked facts: PyTorch
+    # avoids the random SIGABRT at interpreter shutdown (docs/design/checked-facts.md, "Checked facts: PyTorch
     # distributed on CPU/gloo")
     os._exit(0)
 

@@ -1,5 +1,5 @@
 """What one micro-batch's forward saves for backward, tensor by tensor, on a device: the figures behind the
-planner's activation model (docs/ARCHITECTURE.md, "Memory model"), to tell where a device's kernels save other
+planner's activation model (docs/design/memory.md, "Memory model"), to tell where a device's kernels save other
 tensors than the CPU's (flash attention, fused norms).
 
 Builds the trainer's own stage (runtime/model/transformer.build_stage) of a Llama-style model, runs one forward

@@ -2,7 +2,7 @@
 
 Atomic writes: a temporary file in the same directory, then a rename, so a reader (another rank, a concurrent
 `trainctl status`, a restarted job) never sees half a file. Durable writes are fsynced: a checkpoint's commit
-marker must never reach the disk before the files it vouches for (docs/ARCHITECTURE.md, "Checkpoint format and
+marker must never reach the disk before the files it vouches for (docs/design/checkpoints.md, "Checkpoint format and
 commit protocol"). Checksums (`file_digest`) are those of checkpoint files and of the token files a run
 trains on.
 

@@ -5,7 +5,7 @@ so the parameter count a plan predicts is the count the trainer builds (a test b
 meta device and compares). Torch-free plain integer arithmetic on a light dataclass, so the `--auto` search
 can call it for thousands of layouts without building pydantic models.
 
-Conventions (docs/ARCHITECTURE.md, "MFU convention"):
+Conventions (docs/design/memory.md, "MFU convention"):
 - N, the *matmul* parameter count, counts every weight that takes part in a matrix multiply, including the
   output projection (LM head) even when it is tied to the embedding, and excludes the embedding lookup and
   position embeddings (a lookup is not a matmul).

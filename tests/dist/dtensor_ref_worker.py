@@ -23,7 +23,7 @@ one process, gathers every gradient to a full tensor, maps the reference's names
 the max differences per case to OUT.json; tests/dist/test_tp_dtensor_reference.py asserts on them.
 
 Attention reshapes with `.view(B, T, -1, head_dim)`: after ColwiseParallel each rank holds heads/tp query heads
-and kv_heads/tp kv heads (docs/ARCHITECTURE.md, "Checked facts: PyTorch distributed on CPU/gloo").
+and kv_heads/tp kv heads (docs/design/checked-facts.md, "Checked facts: PyTorch distributed on CPU/gloo").
 """
 
 from __future__ import annotations
@@ -421,7 +421,7 @@ def main() -> None:
     dist.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()
-    # avoids the random SIGABRT at interpreter shutdown (docs/ARCHITECTURE.md, "Checked facts: PyTorch
+    # avoids the random SIGABRT at interpreter shutdown (docs/design/checked-facts.md, "Checked facts: PyTorch
     # distributed on CPU/gloo")
     os._exit(0)
 

@@ -66,7 +66,7 @@ def main(out: Path) -> None:
                 "peers_equal": all(torch.equal(p, flat) for p in peers)},
                out / f"rank{rank}.pt")
     # Leave from inside main: returning tears down DDP's reducer and the gloo group in their destructors,
-    # which hung 1 run in 10 here (docs/ARCHITECTURE.md, "Checked facts: PyTorch distributed on CPU/gloo").
+    # which hung 1 run in 10 here (docs/design/checked-facts.md, "Checked facts: PyTorch distributed on CPU/gloo").
     exit_now(0, barrier=True)
 
 

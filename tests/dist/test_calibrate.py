@@ -4,7 +4,7 @@ Real processes, the documentation's own: the calibration of the tiny recipe (8 r
 docs/plan-and-calibrate.md and the README's quick run (launched for 3 steps, resumed to 6) are shared by the
 tests of this module (tests/conftest.py `readme_walkthrough`, which follows the README and the docs/ pages
 once per session). No timing thresholds: the figures only have to exist, be positive and be used.
-Contract: docs/ARCHITECTURE.md, "Calibration profile"; exit codes 0 ok, 1 failed, 2 usage (one line).
+Contract: docs/design/calibration.md, "Calibration profile"; exit codes 0 ok, 1 failed, 2 usage (one line).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What the person at the terminal sees and keeps, through `trainctl launch` with real torchrun, real ranks and
-real signals (docs/ARCHITECTURE.md, "Signal chain" and "Run states"): Ctrl-C saves and stops with no step
+real signals (docs/design/signals.md, "Signal chain" and "Run states"): Ctrl-C saves and stops with no step
 lost, a second Ctrl-C kills at once, a SIGKILLed launcher leaves no process behind and a resumable run, a rank
 killed by SIGKILL is named as the first cause (out of memory when the kernel's OOM killer sent it), and
 `status` agrees with the launcher's last line. Two ranks (DP 2): enough for "every rank stops after the same

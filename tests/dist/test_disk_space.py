@@ -1,4 +1,4 @@
-"""Disk space for checkpoints (docs/ARCHITECTURE.md, "Disk space") on a real, small tmpfs (fixture `tmpfs`):
+"""Disk space for checkpoints (docs/design/checkpoints.md, "Disk space") on a real, small tmpfs (fixture `tmpfs`):
 the check before training (warning, --strict refusal), and a save that hits ENOSPC mid-run: one line, the
 previous checkpoint kept (retention never deletes the last valid checkpoint before a new one commits)."""
 

@@ -1,4 +1,4 @@
-"""The divergence guard through real runs (torchrun, gloo, CPU; docs/ARCHITECTURE.md, "Divergence guard"):
+"""The divergence guard through real runs (torchrun, gloo, CPU; docs/design/trainer.md, "Divergence guard"):
 lr=1e9 without clipping diverges from step 2 and stops with exit 3 keeping the last finite checkpoint (DP2
 through `trainctl launch`, PP2 through `trainctl resume`); a NaN injected into one rank's gradients at one step
 is skipped by every rank; with rollback the run reloads the checkpoint before the NaN window, skips that data

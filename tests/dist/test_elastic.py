@@ -1,7 +1,7 @@
 """Elastic node ranges with real torchrun agents: two agents on this machine act as two nodes (c10d rendezvous
 on 127.0.0.1, one rank each); after a checkpoint one agent and its rank are SIGKILLed as a lost node would be,
 the other re-rendezvouses alone (cluster.min_nodes: 1) and finishes at dp 1 with twice the micro-batches. Its
-losses stay on an uninterrupted run's curve and the global batch is kept (docs/ARCHITECTURE.md, "Elastic node
+losses stay on an uninterrupted run's curve and the global batch is kept (docs/design/launch.md, "Elastic node
 ranges")."""
 
 from __future__ import annotations

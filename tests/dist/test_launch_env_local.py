@@ -1,5 +1,5 @@
 """launcher.setup on the local backend: a failing line stops the run before torchrun, with one line naming it
-(docs/ARCHITECTURE.md, "Containers and environment"). That the lines, launcher.python and launcher.nccl reach
+(docs/design/launch.md, "Containers and environment"). That the lines, launcher.python and launcher.nccl reach
 every rank of a real launch is checked with the credentials' launch (tests/dist/test_launch_secrets.py)."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Credentials and file modes through real local runs (`trainctl launch` and `trainctl resume`, 2 CPU ranks under
 torchrun): a value of launcher.env whose name looks like a credential, and one passed through by name, reach
 every rank's environment while no file of the run directory holds them; the run directory's files get the
-umask's mode (docs/ARCHITECTURE.md, "Secrets"). The same launch runs launcher.setup lines and launcher.python,
+umask's mode (docs/design/launch.md, "Secrets"). The same launch runs launcher.setup lines and launcher.python,
 and sets launcher.nccl: what they give reaches the ranks too ("Containers and environment")."""
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ grad norms; measured 1.7e-5 and 3.3e-4). Justification: bf16 keeps 8 significant
 2^-9 = 2.0e-3); TP changes where matmul partial sums are rounded to bf16, so each activation differs by
 O(2^-9) relative between layouts, and the loss, a mean over all tokens of the batch, averages those
 independent roundings down rather than adding them up. ZeRO-1 under bf16 also keeps bf16 parameters (one
-rank keeps fp32 weights: docs/ARCHITECTURE.md, "Memory model"); with the bf16 residual stream one rank casts
+rank keeps fp32 weights: docs/design/memory.md, "Memory model"); with the bf16 residual stream one rank casts
 its norm weights to bf16 too, so only the embedding weights and the gradients rounded to bf16 differ (with
 the fp32 stream, where one rank's norms ran on fp32 weights, the grad norms differed by 1.7e-3). The
 bf16-parameter paths themselves are held against PyTorch's own: the hand-written ZeRO-1 and ZeRO-2 against

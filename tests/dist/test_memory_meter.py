@@ -34,7 +34,7 @@ def spec(train: dict | None = None, **parallel) -> dict:
 
 
 def test_model_state_bytes_are_exact_and_activations_measured(tmp_path: Path) -> None:
-    """Bytes per parameter of every path, from independent arithmetic (docs/ARCHITECTURE.md, "Memory model")."""
+    """Bytes per parameter of every path, from independent arithmetic (docs/design/memory.md, "Memory model")."""
     cases = {"one": spec(), "zero1": spec(dp=2, zero=1), "zero2": spec(dp=2, zero=2), "zero3": spec(dp=2, zero=3),
              "full": spec({"recompute": "full"}),
              "zero1-bf16": spec(BF16, dp=2, zero=1), "zero2-bf16": spec(BF16, dp=2, zero=2),
@@ -118,7 +118,7 @@ PLAN_CASES: dict[str, tuple] = {
 
 
 def test_plan_memory_is_the_trainers_measured_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """docs/ARCHITECTURE.md, "Memory model": the plan's weights, gradients and optimizer bytes are what the
+    """docs/design/memory.md, "Memory model": the plan's weights, gradients and optimizer bytes are what the
     trainer holds (up to bucket padding and AdamW's step counters), its activations within 10% of the
     measured saved-for-backward peak."""
     from test_layout_matrix import case_spec

@@ -1,4 +1,4 @@
-"""One job per run directory (docs/ARCHITECTURE.md, "Run lock"): real launches, real processes, no mocks.
+"""One job per run directory (docs/design/run-states.md, "Run lock"): real launches, real processes, no mocks.
 
 A second `trainctl launch --run-dir` or `trainctl resume` on a run that is training exits 2 at once with one
 line naming the live launcher and how to stop it; a lock left by a crash (dead pid) or by another login node

@@ -45,8 +45,8 @@ def test_tp_matches_single_process(results, case):
 
 
 def test_tp_fp32_within_tolerance(results):
-    """fp32 matches only up to reduction order (~1e-6; docs/ARCHITECTURE.md, "Checked facts: PyTorch distributed on
-    CPU/gloo"): tolerance, not bitwise."""
+    """fp32 matches only up to reduction order (~1e-6; docs/design/checked-facts.md, "Checked facts:
+    PyTorch distributed on CPU/gloo"): tolerance, not bitwise."""
     _tp, res = results
     r = res["llama_sp_fp32"]
     assert r["loss_diff"] <= 1e-5 * abs(r["ref_loss"])

@@ -2,7 +2,7 @@
 loses node n2 (its torchrun agent and its rank SIGKILLed, as a crashed node's would be) after a checkpoint and
 finishes on n1 at dp 1 with twice the micro-batches. Its losses stay on an uninterrupted run's curve, the global
 batch is kept, the resize is recorded, `status` says COMPLETED and `mfu-report` shows the node count change
-(docs/ARCHITECTURE.md, "Elastic node ranges").
+(docs/design/launch.md, "Elastic node ranges").
 
 How n2 is lost: `scontrol listpids JOB.0 n2` lists the processes of the step's task on n2 (Slurm's own process
 tracking: the task, i.e. the node's torchrun agent, and the ranks it started), and each gets SIGKILL. A real

@@ -1,6 +1,6 @@
 """A node the straggler detector names persistently is kept out of the run's next job, on the real local Slurm
 cluster: a two-node data-parallel run whose rank on n2 is a straggler is resumed on one node, and `trainctl
-resume` excludes n2 with the reason, which `status` and `mfu-report` show (docs/ARCHITECTURE.md, "Preflight and
+resume` excludes n2 with the reason, which `status` and `mfu-report` show (docs/design/launch.md, "Preflight and
 node exclusion").
 
 n2's rank does each step's work six times over (the slow_work fault: CPU time, a slow device). Slowing n2

@@ -1,5 +1,5 @@
 """The calibration's fixed work (trainctl/plan/calibration/fixed.py): its fits recover known costs, and the
-planner charges them as the trainer spends them (docs/ARCHITECTURE.md, "Calibration profile"). Independent
+planner charges them as the trainer spends them (docs/design/calibration.md, "Calibration profile"). Independent
 arithmetic: synthetic timings from known per-tensor / per-element costs, and the step's figures recomputed
 from the model's own counts."""
 

@@ -1,4 +1,4 @@
-"""A calibration profile describes hardware, not a job (docs/ARCHITECTURE.md, "Calibration profile"): one
+"""A calibration profile describes hardware, not a job (docs/design/calibration.md, "Calibration profile"): one
 measured on 2 ranks of one node prices an 8-rank spec and a 2-node spec on the same hardware, each term it
 extrapolates named in a warning, and only another accelerator is refused. Independent arithmetic: the
 profile is built by `profile.build` from synthetic raw figures of a known latency and bandwidth, and the

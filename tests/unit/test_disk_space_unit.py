@@ -1,5 +1,5 @@
 """Disk space helpers without a run: the disk-full test, the one line, the event of the latest attempt, and
-the planner's checkpoint size (docs/ARCHITECTURE.md, "Disk space")."""
+the planner's checkpoint size (docs/design/checkpoints.md, "Disk space")."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """launcher.setup, launcher.python, launcher.container and launcher.nccl: the spec rules (exit 2 lines), the
 rendered sbatch script in both modes (rendered, then run by bash against a fake srun), the local command,
-and how a failed setup line is reported (docs/ARCHITECTURE.md, "Containers and environment")."""
+and how a failed setup line is reported (docs/design/launch.md, "Containers and environment")."""
 
 from __future__ import annotations
 

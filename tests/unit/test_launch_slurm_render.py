@@ -82,7 +82,7 @@ def test_torchrun_mode_script(tmp_path: Path) -> None:
 def test_torchrun_first_node_hosts_the_rendezvous(tmp_path: Path) -> None:
     """Each node's wrapper tells torchrun whether it hosts the c10d store (the first node of the allocation),
     keeping a launcher.env PET_RDZV_CONF in front: on the one-host test cluster every node matched the
-    endpoint's name and n2's agent could host it (docs/ARCHITECTURE.md, "Elastic node ranges")."""
+    endpoint's name and n2's agent could host it (docs/design/launch.md, "Elastic node ranges")."""
     launch = render.plan_slurm(slurm_spec(**{"cluster.min_nodes": "1", "launcher.max_restarts": "1"}), tmp_path / "r")
     step = launch.rendered.step
     wrapper = shlex.split(step[step.index("bash") + 2])[0]

@@ -1,5 +1,5 @@
 """The layering docs/ARCHITECTURE.md promises (section "Layers"), read from the source, and the page's own
-truth: its layers table in the real import order, its section names cited where they exist, and no comment
+truth: its layers table in the real import order, the design pages' sections cited where they exist, and no comment
 pointing outside the repository.
 
 Layering: torch is imported at module level only under trainctl/runtime/ (the CLI, spec, planner, launcher and
@@ -179,8 +179,11 @@ def tracked_text_files() -> list[Path]:
             and (REPO / n).is_file()]
 
 
-def headings() -> set[str]:
-    return {line.lstrip("#").strip() for line in ARCHITECTURE.read_text().splitlines() if line.startswith("#")}
+DESIGN_PAGES = [ARCHITECTURE, *sorted((REPO / "docs" / "design").glob("*.md"))]
+
+
+def headings(page: Path) -> set[str]:
+    return {line.lstrip("#").strip() for line in page.read_text().splitlines() if line.startswith("#")}
 
 
 def anchor(heading: str) -> str:
@@ -188,29 +191,45 @@ def anchor(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
 
 
-# `docs/ARCHITECTURE.md, "Section"`, also across a comment's line break; `section "Section"` on the page itself
-CITATION = re.compile(r'ARCHITECTURE\.md(?:[,:]|\s)*(?:#\s*)?\(?(?:section\s+)?\\?"([^"\\]+)\\?"')
-SELF_CITATION = re.compile(r'\bsections?\s+"([^"]+)"')
-LINK = re.compile(r"ARCHITECTURE\.md#([\w-]+)")
+# `docs/design/memory.md, "Section"` (or the map's `docs/ARCHITECTURE.md, "Section"`), also across a comment's
+# line break
+CITATION = re.compile(r'(ARCHITECTURE|design/[\w-]+)\.md(?:[,:]|\s)*(?:#\s*)?\(?(?:section\s+)?\\?"([^"\\]+)\\?"')
+LINK = re.compile(r"(ARCHITECTURE|design/[\w-]+)\.md#([\w-]+)")
 
 
-def test_every_citation_of_the_architecture_page_names_a_real_section() -> None:
-    names = headings()
-    anchors = {anchor(h) for h in names}
+def cited_page(name: str) -> Path:
+    return REPO / "docs" / f"{name}.md"
+
+
+def test_every_citation_of_a_design_page_names_a_real_section() -> None:
+    """Code and docs cite the map and the design pages by section name; each name is a heading of that page."""
+    assert len(DESIGN_PAGES) > 5  # the design pages were found
     cited: list[tuple[str, str]] = []
     broken: list[str] = []
     for f in tracked_text_files():
         if f.name == "test_layers.py":  # its own patterns
             continue
         text = f.read_text()
-        found = [re.sub(r"\s*\n\s*#?\s*", " ", c) for c in CITATION.findall(text)]  # a citation broken over lines
-        if f == ARCHITECTURE:
-            found += SELF_CITATION.findall(text)
-        cited += [(f.name, c) for c in found]
-        broken += [f"{f.relative_to(REPO)}: \"{c}\"" for c in found if c not in names]
-        broken += [f"{f.relative_to(REPO)}: #{a}" for a in LINK.findall(text) if a not in anchors]
+        for page, section_name in CITATION.findall(text):
+            section_name = re.sub(r"\s*\n\s*#?\s*", " ", section_name)  # a citation broken over lines
+            cited.append((f.name, section_name))
+            target = cited_page(page)
+            if not target.is_file() or section_name not in headings(target):
+                broken.append(f"{f.relative_to(REPO)}: {page}.md, \"{section_name}\"")
+        for page, a in LINK.findall(text):
+            target = cited_page(page)
+            if not target.is_file() or a not in {anchor(h) for h in headings(target)}:
+                broken.append(f"{f.relative_to(REPO)}: {page}.md#{a}")
     assert len(cited) > 50  # the citations were found
     assert broken == []
+
+
+def test_the_map_is_a_map() -> None:
+    """docs/ARCHITECTURE.md stays short enough to read in one sitting and links every design page."""
+    text = ARCHITECTURE.read_text()
+    assert len(text.splitlines()) <= 300
+    unlinked = [p.name for p in DESIGN_PAGES[1:] if f"(design/{p.name}" not in text]
+    assert unlinked == []
 
 
 # Comments and docs stand on their own: no pointer to notes, issues or machines outside the repository.

@@ -3,7 +3,7 @@
 - --auto never returns an invalid layout: every returned layout is a RunSpec that passed
   trainctl.spec.validate_spec, and on small clusters every *enumerated* layout passes it too, and
   every layout the rules accept (with the search's fixed choices) is enumerated.
-- Predicted MFU never exceeds 1 (docs/ARCHITECTURE.md, "MFU convention": an MFU above 100% is a bug),
+- Predicted MFU never exceeds 1 (docs/design/memory.md, "MFU convention": an MFU above 100% is a bug),
   nor compute_efficiency.
 - The fast score --auto ranks by equals the full evaluation's step time and memory.
 """

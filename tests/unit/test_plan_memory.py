@@ -64,7 +64,7 @@ def test_bf16_sharded_optimizer_is_megatrons_distributed_optimizer_or_better(d):
     assert sum(trainer_state_bytes(2, d, "bf16")) <= 6 + 12 / d
     assert sum(trainer_state_bytes(0, d, "bf16")) == 16 < 18
     # fp32 runs keep fp32 weights beside the fp32 master slice (Megatron's fp32 param needs no master:
-    # 8 + 8/d); the redundant 4/d is the fp32 ZeRO-1 layout's, kept from before (docs/ARCHITECTURE.md)
+    # 8 + 8/d); the redundant 4/d is the fp32 ZeRO-1 layout's, kept from before (docs/design/memory.md, "Memory model")
     assert sum(trainer_state_bytes(1, d, "fp32")) == pytest.approx(8 + 8 / d + 4 / d, rel=1e-15)
 
 

@@ -9,7 +9,7 @@ Checksums and fsynced writes are trainctl/fileio.py's.
     location.py   resolve_checkpoint_dir: where a run's checkpoints live
 
 The trainer's side (DCP storage, what a checkpoint holds, the save/resume policy) is in trainctl/runtime/checkpoint/
-(docs/ARCHITECTURE.md, "Checkpoint format and commit protocol").
+(docs/design/checkpoints.md, "Checkpoint format and commit protocol").
 """
 
 from trainctl.checkpoint.format import (

@@ -2,7 +2,7 @@
 
 Used by the CLI (`trainctl checkpoints`, `trainctl resume`), the launcher and the runtime writer
 (trainctl/runtime/checkpoint/storage.py), so all of them agree on what "a valid checkpoint" means
-(docs/ARCHITECTURE.md, "Checkpoint format and commit protocol").
+(docs/design/checkpoints.md, "Checkpoint format and commit protocol").
 
 Layout of one checkpoint, in the checkpoints directory (default RUN/checkpoints):
 

@@ -2,7 +2,7 @@
 
 The trainer (runtime/checkpoint/storage.py) turns a save that failed with ENOSPC (or EDQUOT) into one line and a
 `disk_full` event; the launcher prints that line for the run (launch/diskspace.py, which also holds the
-check before training). docs/ARCHITECTURE.md, "Disk space".
+check before training). docs/design/checkpoints.md, "Disk space".
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Was a rank killed by the kernel's out-of-memory killer? Its SIGKILL looks like any `kill -9`; the kernel's
-counters tell them apart (docs/ARCHITECTURE.md, "Out-of-memory kills"). No torch.
+counters tell them apart (docs/design/run-states.md, "Out-of-memory kills"). No torch.
 
 - the oom_kill count of the process's memory cgroup: cgroup v1 `memory.oom_control`, v2 `memory.events`
   (a job's cgroup under Slurm, a container's, a test's);

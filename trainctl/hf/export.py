@@ -4,7 +4,7 @@ Everything a user can get wrong is found here without torch, each as one line, e
 format, OUT (new or empty), the checkpoint (the newest valid one or `--step N`, every file's checksum
 verified), a model no transformers class matches. The export then runs in this process
 (runtime/model/hf_weights.py imports torch lazily): one process reads the whole model, fp32, from the checkpoint's
-DCP shards, whatever layout wrote them (docs/ARCHITECTURE.md, "Hugging Face weights").
+DCP shards, whatever layout wrote them (docs/design/checkpoints.md, "Hugging Face weights").
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ its config.json, and where each of our parameters lives in its safetensors. No t
 One owner for the mapping: `trainctl export --format hf` (runtime/model/hf_weights.py writes through it),
 `model.init_from` (reads through it) and the tests (compare with transformers through it) use these tables.
 
-Families (docs/ARCHITECTURE.md, "Hugging Face weights"):
+Families (docs/design/checkpoints.md, "Hugging Face weights"):
     llama    LlamaForCausalLM: RMSNorm, RoPE, SwiGLU, GQA; `bias: true` is its attention_bias + mlp_bias
     mixtral  MixtralForCausalLM: the llama family whose every layer is an MoE of routed experts only
              (topk_softmax router, no shared experts, no biases)
@@ -232,7 +232,7 @@ def config_shape(cfg: dict[str, Any]) -> tuple[str, dict[str, Any]]:
             shape["ffn_hidden"] = cfg["intermediate_size"]
         return kind, shape
     raise UsageError(f"config.json: model_type {kind!r} is not one trainctl maps",
-                     hint="llama, mixtral or gpt2 (docs/ARCHITECTURE.md, \"Hugging Face weights\")")
+                     hint="llama, mixtral or gpt2 (docs/design/checkpoints.md, \"Hugging Face weights\")")
 
 
 def positions_rows(cfg: dict[str, Any]) -> int | None:

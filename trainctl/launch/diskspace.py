@@ -4,7 +4,7 @@ Before training, `launch` and `resume` compare the free space of the checkpoint 
 will hold at its peak: keep_last committed checkpoints plus the one being written (retention deletes the
 oldest only after the new one commits), each of the planner's size (trainctl.plan.checkpoint_size). What
 valid checkpoints of the run already hold counts as theirs (a resume), up to keep_last of them. Short: a
-warning, or under `--strict` a refusal (exit 2). docs/ARCHITECTURE.md, "Disk space".
+warning, or under `--strict` a refusal (exit 2). docs/design/checkpoints.md, "Disk space".
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What the ranks start in besides what each launcher sets itself: the spec's variables (launcher.nccl's
 NCCL_* names, then launcher.env), launcher.setup's shell lines and the bash that runs them, and which paths
-a container must see. No torch. (docs/ARCHITECTURE.md, "Containers and environment")
+a container must see. No torch. (docs/design/launch.md, "Containers and environment")
 
 Setup lines are the user's shell, written verbatim; everything trainctl adds around them is its own text or
 shell-quoted. Each line runs as its own brace group in the current shell (so `export` and `source` reach

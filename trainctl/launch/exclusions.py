@@ -6,7 +6,7 @@ nodes). No torch.
 The record feeds Slurm's `--exclude` of every later submission (`trainctl resume`), and the batch script
 asks `python -m trainctl.launch.exclusions RUN_DIR` at the start of each attempt and before it requeues itself
 (it prints the spec's cluster.exclude and the record's nodes, comma-separated, after adding the nodes the
-failures since name): a requeued job's excluded nodes are then updated while it waits (docs/ARCHITECTURE.md,
+failures since name): a requeued job's excluded nodes are then updated while it waits (docs/design/launch.md,
 "Preflight and node exclusion").
 """
 

@@ -6,7 +6,7 @@ throttled GPU among healthy ones stands out whatever the hardware; leaving it ou
 median from leaning towards it: of two nodes, the fleet median is their mean), and on a GPU also against its
 catalog peak (a fleet that is slow as a whole). A node pair of the
 ring whose link is slow names the node when all of that node's pairs are slow, else the link: both of its
-ends are then suspect. docs/ARCHITECTURE.md, "Preflight and node exclusion".
+ends are then suspect. docs/design/launch.md, "Preflight and node exclusion".
 """
 
 from __future__ import annotations

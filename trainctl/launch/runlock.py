@@ -1,4 +1,4 @@
-"""One job per run directory: the run lock `RUN/run.lock` (docs/ARCHITECTURE.md, "Run lock"). No torch.
+"""One job per run directory: the run lock `RUN/run.lock` (docs/design/run-states.md, "Run lock"). No torch.
 
 A local launcher (`trainctl launch`, `trainctl resume`, `trainctl calibrate`) holds the lock for as long as it
 runs; a second launcher on the same run directory is refused (exit 2) with one line naming the owner and

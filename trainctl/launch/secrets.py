@@ -1,7 +1,7 @@
 """Credentials in the launch environment: handed to the ranks, never written to the run directory. No torch.
 
 A run directory is read by others (files get the umask's mode, 0644 under 022) and kept for months, so a
-value in it is published. Variables reach the ranks two ways (docs/ARCHITECTURE.md, "Secrets"):
+value in it is published. Variables reach the ranks two ways (docs/design/launch.md, "Secrets"):
 
 - `launcher.env: {NAME: value}` is written into spec.yaml, launch.sh and job.json, except when NAME looks
   like a credential (`looks_like_credential`): then its value is moved into this process's environment, the

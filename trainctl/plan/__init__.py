@@ -1,5 +1,5 @@
 """plan layer: pure arithmetic over a run spec (no torch, no numpy). Parameter counts and FLOPs per token
-come from trainctl.model_shape (docs/ARCHITECTURE.md, "MFU convention").
+come from trainctl.model_shape (docs/design/memory.md, "MFU convention").
 
 placement  rank placement and process groups (Megatron order), shared with the trainer
 pipeline   layers per pipeline stage (shared with the trainer); split: its fast twin for --auto

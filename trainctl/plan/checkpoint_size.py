@@ -1,6 +1,6 @@
 """The bytes of one checkpoint of a run, as the bundled trainer writes it: the planner's one figure. No torch.
 
-A checkpoint (docs/ARCHITECTURE.md, "Checkpoint format and commit protocol") holds every parameter once,
+A checkpoint (docs/design/checkpoints.md, "Checkpoint format and commit protocol") holds every parameter once,
 whatever the layout (DCP keeps one copy of what DP replicas share; TP and ZeRO shards add up to the whole):
 the fp32 weights and AdamW's two fp32 moments, 12 bytes per parameter in any `train.precision` (the trainer
 keeps fp32 weights and autocasts the compute: the memory model's weights + optimizer bytes, section "Memory

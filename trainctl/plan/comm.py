@@ -136,7 +136,7 @@ def dp_traffic(params: float, zero: int, dp: int, micro_batches: int, grad_bytes
     # FSDP2 as the trainer drives it: the gradient sync is off until the step's last micro-batch
     # (schedules.Accumulate; pipelining's stage does the same), so one reduce-scatter per unit per step.
     # Every unit but the head's, the root included, is gathered for forward and again for backward: the
-    # trainer passes reshard_after_forward=True, which FSDP2 then applies to the root too (docs/ARCHITECTURE.md,
+    # trainer passes reshard_after_forward=True, which FSDP2 then applies to the root too (docs/design/checked-facts.md,
     # "Checked facts: PyTorch distributed on CPU/gloo")
     calls = float(micro_batches * units)
     regathered = float(micro_batches * (units - (kept > 0)))

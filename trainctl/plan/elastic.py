@@ -3,7 +3,7 @@
 tp x cp x pp (and ep) stay as the spec says; the data-parallel size follows the world, dp = world / (tp*cp*pp),
 and train.global_batch stays, so the micro-batches per step (gradient accumulation) become
 global_batch / (micro_batch x dp). The trainer builds its layout from `for_world` (runtime/entry.py), the
-planner lists the node counts a run may shrink to with `shrink_options` (docs/ARCHITECTURE.md, "Elastic node
+planner lists the node counts a run may shrink to with `shrink_options` (docs/design/launch.md, "Elastic node
 ranges").
 """
 

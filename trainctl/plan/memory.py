@@ -1,7 +1,7 @@
 """Per-GPU memory: the bytes the bundled trainer allocates (model states, activations, reserve), and the
 published formulas they are derived from (kept as tests of the per-term arithmetic).
 
-The planner uses the `trainer_*` functions; docs/ARCHITECTURE.md ("Memory model") has the byte table. The
+The planner uses the `trainer_*` functions; docs/design/memory.md ("Memory model") has the byte table. The
 paper formulas below them (`model_state_bytes`, `layer_activation_bytes`) describe the idealised run:
 
 Model states (Rajbhandari et al. 2020, "ZeRO", Sec. 3.1 and Figure 1): mixed-precision Adam keeps

@@ -1,5 +1,5 @@
 """Predicted vs measured memory per pipeline rank and component: the plan's `memory.per_pp_rank` beside the
-trainer's measured `memory` line in metrics.jsonl (docs/ARCHITECTURE.md, "Memory model")."""
+trainer's measured `memory` line in metrics.jsonl (docs/design/memory.md, "Memory model")."""
 
 from __future__ import annotations
 

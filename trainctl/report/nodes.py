@@ -1,5 +1,5 @@
 """Node count and throughput over time: one segment per attempt (each trainer start), from its `start` event's
-world (an elastic run continues on fewer nodes after losing some: docs/ARCHITECTURE.md, "Elastic node ranges").
+world (an elastic run continues on fewer nodes after losing some: docs/design/launch.md, "Elastic node ranges").
 Shown when the run is elastic or its world changed between attempts."""
 
 from __future__ import annotations

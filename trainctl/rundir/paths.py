@@ -1,7 +1,7 @@
 """The run directory: the name of every file in it, and the JSONL helpers. No torch.
 
 Launch, runtime, report and the CLI all find a run's files through `RunPaths`; no other module spells a
-name out (docs/ARCHITECTURE.md, "Run directory"). Checkpoint-internal names (step directories, manifest,
+name out (docs/design/run-states.md, "Run directory"). Checkpoint-internal names (step directories, manifest,
 marker) belong to trainctl/checkpoint/format.py.
 
     RUN/spec.yaml                    frozen, fully resolved spec (spec.prev-<n>.yaml: before a resume --set)

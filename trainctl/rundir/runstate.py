@@ -1,7 +1,7 @@
 """One truth about a run: its state, derived in one place from the run directory and its backend. No torch.
 
 `trainctl status`, `runs`, `cancel`, `logs -f`, `resume`, `mfu-report` and the local launcher's last line all
-read it (docs/ARCHITECTURE.md, "Run states", has the transition table). The states:
+read it (docs/design/run-states.md, "Run states", has the transition table). The states:
 
 - PENDING    submitted, not running (Slurm's queue, or a requeued job waiting for its eligible time)
 - STARTING   the job runs, the trainer has not begun training (torchrun, process groups, checkpoint load), or

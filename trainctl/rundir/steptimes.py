@@ -1,7 +1,7 @@
 """Per-rank step times (RUN/logs/steptimes-rank<N>.jsonl, written by trainctl/runtime/observe/stragglers.py): reading
 them, a rank's own work in a step, which ranks do the same work, and which nodes are persistent stragglers.
 No torch. The report's straggler section (report/stragglers.py) and the exclusion record (launch/exclusions.py)
-both judge from here (docs/ARCHITECTURE.md, "Preflight and node exclusion").
+both judge from here (docs/design/launch.md, "Preflight and node exclusion").
 
 Ranks are compared only with ranks of the same pipeline stage: a stage's work differs by design (the last one
 carries the LM head and the loss, the first the embedding), so a pipeline's last stage is not a straggler.

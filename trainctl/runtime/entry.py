@@ -4,7 +4,7 @@ Exit status, on every path: 0 success, 1 a failure (traceback on this rank's std
 line; a TrainctlError such as an unusable checkpoint gives the line alone), 2 a spec error, 75 stopped by
 SIGTERM/SIGUSR1/SIGUSR2 after committing a checkpoint (requeue me). The exit itself goes through
 distributed.exit_now (barrier on success, flush, os._exit) because interpreter shutdown after gloo/FSDP
-aborts at random (docs/ARCHITECTURE.md, "Checked facts: PyTorch distributed on CPU/gloo").
+aborts at random (docs/design/checked-facts.md, "Checked facts: PyTorch distributed on CPU/gloo").
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ def parallelize(modules: list[StageModule], spec: RunSpec, par: Parallel, *, pre
     offload = p.offload == "optimizer"
     if fsdp:
         # zero-bubble schedules run weight-gradient passes after later forwards: with FSDP2's default
-        # resharding they train on wrong weights (docs/ARCHITECTURE.md, "Checked facts: PyTorch distributed
+        # resharding they train on wrong weights (docs/design/checked-facts.md, "Checked facts: PyTorch distributed
         # on CPU/gloo")
         reshard = p.schedule not in ("zero-bubble", "zbv")
         bf16 = torch.bfloat16 if precision == "bf16" else None

@@ -106,7 +106,7 @@ def _model_vs_tp(spec: RunSpec) -> Iterator[str]:
 
 
 def _context_parallel(spec: RunSpec) -> Iterator[str]:
-    """Context parallelism (runtime/parallel/context_parallel.py; docs/ARCHITECTURE.md, "Context parallelism")."""
+    """Context parallelism (runtime/parallel/context_parallel.py; docs/design/trainer.md, "Context parallelism")."""
     m, p = spec.model, spec.parallel
     if p.cp == 1:
         return
@@ -364,7 +364,7 @@ def _data_and_launcher(spec: RunSpec) -> Iterator[str]:
 
 
 def _launcher_environment(spec: RunSpec) -> Iterator[str]:
-    """launcher.python, launcher.container and launcher.nccl (docs/ARCHITECTURE.md, "Containers and environment")."""
+    """launcher.python, launcher.container and launcher.nccl (docs/design/launch.md, "Containers and environment")."""
     lz = spec.launcher
     if lz.python is not None and not lz.python.strip():
         yield problem("launcher.python", lz.python, "an empty interpreter",
@@ -400,7 +400,7 @@ def _launcher_environment(spec: RunSpec) -> Iterator[str]:
 
 
 def _elastic(spec: RunSpec) -> Iterator[str]:
-    """cluster.min_nodes (docs/ARCHITECTURE.md, "Elastic node ranges"); which node counts the layout can
+    """cluster.min_nodes (docs/design/launch.md, "Elastic node ranges"); which node counts the layout can
     shrink to is the planner's (plan/elastic.py), checked again by the trainer on the world it finds."""
     c, lz = spec.cluster, spec.launcher
     if c.min_nodes is None:

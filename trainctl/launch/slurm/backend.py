@@ -184,7 +184,7 @@ def slurm_outputs(paths: RunPaths, job: dict[str, Any]) -> list[Path]:
 
 def torchrun_rank_logs(paths: RunPaths, rank: int) -> list[Path]:
     """torchrun's files of a global rank, oldest attempt first. Rendezvous order decides a rank's node and
-    local rank, in every attempt anew (docs/ARCHITECTURE.md, "Rank order"): each attempt's `placement` event
+    local rank, in every attempt anew (docs/design/trainer.md, "Rank order"): each attempt's `placement` event
     says where the rank ran then; a run without them falls back to placement.json (the latest attempt)."""
     from trainctl.rundir.paths import TORCHRUN_RANK_LOGS, read_jsonl
 

@@ -4,7 +4,7 @@ These words are also the vocabulary `trainctl status` speaks for every backend: 
 its runs in them too (docs/ARCHITECTURE.md, "Layers": one owner per fact).
 
 A job's state comes from the live record (`scontrol show job`), then the jobcomp log (the local test
-cluster has no accounting; docs/ARCHITECTURE.md, "Checked facts: Slurm"), then `sacct`.
+cluster has no accounting; docs/design/checked-facts.md, "Checked facts: Slurm"), then `sacct`.
 """
 
 from __future__ import annotations

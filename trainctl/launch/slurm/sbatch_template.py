@@ -171,7 +171,7 @@ def step_command(req: SbatchRequest) -> list[str]:
     # still ends a hung job. PET_LOG_DIR (torchrun's --log-dir) is per node, so `trainctl logs --rank N`
     # can find a rank. launcher.setup runs first, in the node's task (inside the container, if any), so what it
     # sets is torchrun's environment and therefore the ranks'.
-    # Elastic: torchrun's --nnodes=MIN:MAX; c10d re-forms the group on the nodes left (docs/ARCHITECTURE.md,
+    # Elastic: torchrun's --nnodes=MIN:MAX; c10d re-forms the group on the nodes left (docs/design/launch.md,
     # "Elastic node ranges"). The rendezvous store lives in the first node's agent: losing that node ends the job.
     nnodes = "--nnodes=$SLURM_NNODES" if req.min_nodes is None else f"--nnodes={req.min_nodes}:{req.nodes}"
     # is_host: the first node's agent hosts the c10d store. torch decides it by matching the endpoint's name

@@ -6,5 +6,5 @@ fit      least-squares fits: latency + bytes/bandwidth per link class and collec
 profile  the profile's JSON schema: build from raw figures, write atomically, load and check against a spec
 
 The worker that measures is trainctl/runtime/workers/calibrate.py (torch); the refit from a finished run's step
-times is trainctl/report/refit.py; docs/ARCHITECTURE.md, "Calibration profile", says how the planner uses it.
+times is trainctl/report/refit.py; docs/design/calibration.md, "Calibration profile", says how the planner uses it.
 """

@@ -413,7 +413,7 @@ def extrapolations(profile: Profile, spec: RunSpec) -> list[str]:
     measured_per_node = profile.cluster.get("ranks_per_node")
     if measured_per_node != c.gpus_per_node:
         # a GPU computes alone whatever its neighbours do; CPU ranks divide the node's cores, and no rescaling
-        # of the measured rates held (docs/ARCHITECTURE.md, "Calibration profile")
+        # of the measured rates held (docs/design/calibration.md, "Calibration profile")
         why = ("on a CPU the ranks share the node's cores, so no rate measured then holds (more ranks per node: "
                "slower than priced, fewer: faster); price this spec from its own: trainctl calibrate SPEC"
                if c.gpu == "cpu" else "the compute rates are per rank as the node was shared then")

@@ -12,7 +12,7 @@ torn or truncated or without marker, are reported and skipped; checksums are ver
 Resharding on resume: tp, dp, zero and the pipeline split (pp, schedule, virtual stages) may change; the
 global batch is kept (micro-batches per replica follow from dp); TP shards are rebuilt from the old ones
 (trainctl.runtime.checkpoint.state). The model must be the same: another shape is refused before any step runs,
-naming the difference (docs/ARCHITECTURE.md, "Checkpoint format and commit protocol").
+naming the difference (docs/design/checkpoints.md, "Checkpoint format and commit protocol").
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ trainctl/checkpoint/format.py; that package also decides validity and retention 
 
 Async save: `save()` copies the state to host memory (reused buffers) and returns; a background
 thread writes it with DCP, checksums, and commits. The thread talks over its OWN gloo group
-(training collectives on the default group and DCP's on the same group hang: docs/ARCHITECTURE.md,
+(training collectives on the default group and DCP's on the same group hang: docs/design/checked-facts.md,
 "Checked facts: PyTorch distributed on CPU/gloo").
 At most one save is in flight: the next `save()`, `load()` or `wait()` waits for it and re-raises
 its error, on every rank. `failed()` says, without waiting, that the save in flight failed: the trainer
@@ -334,7 +334,7 @@ class CheckpointManager:
     def _disk_full(self, step: int) -> CheckpointError:
         """Collective, after a save failed for lack of space and its staging dir is gone: one line naming the
         directory, the free and the needed space and the newest valid checkpoint (same on every rank), and
-        a `disk_full` event the launcher prints (docs/ARCHITECTURE.md, "Disk space")."""
+        a `disk_full` event the launcher prints (docs/design/checkpoints.md, "Disk space")."""
         message = None
         if self.rank == 0:
             newest = latest_valid(self.dir)

@@ -1,5 +1,5 @@
 """Two ops written as autograd functions so that they keep for backward what Megatron keeps, not what torch's
-composite ops would (docs/ARCHITECTURE.md, "Memory model"):
+composite ops would (docs/design/memory.md, "Memory model"):
 
 - `swiglu`: silu(gate) * up keeping only the fused [gate; up] input; silu(gate) is recomputed in backward, as
   Megatron's fused bias-SwiGLU does. The plain ops would also keep silu(gate): f more values per token.

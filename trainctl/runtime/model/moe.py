@@ -1,4 +1,4 @@
-"""The mixture-of-experts MLP of an MoE layer (docs/ARCHITECTURE.md, "MoE block").
+"""The mixture-of-experts MLP of an MoE layer (docs/design/trainer.md, "MoE block").
 
 One forward, for this rank's tokens x [B, T', H] (T' = T/tp under sequence parallelism, else T):
 

@@ -275,7 +275,7 @@ class Embedding(nn.Module):
             h = h + pos
         # the residual stream is in the compute dtype, bf16 under bf16 autocast as in Megatron: the norm inputs,
         # a recomputed block's input and the pipeline's messages are 2 bytes a value; or at least fp32 with
-        # model.fp32_residual (docs/ARCHITECTURE.md, "Memory model")
+        # model.fp32_residual (docs/design/memory.md, "Memory model")
         h = h.to(residual_dtype(self.cfg, compute_dtype(h)))
         if self.learned_pos and self.tp.sp:
             h = scatter_to_sp_region(h, self.tp)

@@ -1,6 +1,6 @@
 """What a rank really holds: exact bytes of weights, gradients and optimizer state, and the peak bytes of
 activations saved for backward. These are the figures the planner's memory model is held against
-(docs/ARCHITECTURE.md, "Memory model").
+(docs/design/memory.md, "Memory model").
 
 - Model states are counted tensor by tensor, each storage once (a view into a flat bucket is not counted
   twice): parameters (local shards under FSDP), gradient buffers (DP buckets, ZeRO shards, low-precision

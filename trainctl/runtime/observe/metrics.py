@@ -1,6 +1,6 @@
 """Per-step metrics (rank 0): tokens/s, TFLOP/s per GPU, MFU and HFU, console + JSONL.
 
-The MFU convention is docs/ARCHITECTURE.md, "MFU convention" (owned by trainctl.model_shape)."""
+The MFU convention is docs/design/memory.md, "MFU convention" (owned by trainctl.model_shape)."""
 
 from __future__ import annotations
 

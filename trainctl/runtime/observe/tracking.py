@@ -3,7 +3,7 @@
 RUN/metrics.jsonl is the record: the trainer appends each line there first, then hands it to these sinks,
 which mirror its numeric fields (`scalars`). Both libraries are optional extras, imported only here and only
 when the spec switches them on; a sink that cannot start or fails while writing warns once and is dropped,
-and the run goes on (docs/ARCHITECTURE.md, "Experiment tracking and profiler traces").
+and the run goes on (docs/design/trainer.md, "Experiment tracking and profiler traces").
 
 Restarts and resumes append to the same run's logs. TensorBoard: each attempt writes a new event file whose
 first event purges the steps after the checkpoint it resumed from (`purge_step`), so TensorBoard shows the

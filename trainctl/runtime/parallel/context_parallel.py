@@ -1,5 +1,5 @@
 """Context parallelism: exact causal attention over a sequence split across the ranks of a CP group
-(docs/ARCHITECTURE.md, "Context parallelism").
+(docs/design/trainer.md, "Context parallelism").
 
 Chunk layout (load-balanced causal work, as Megatron-Core and the Llama 3 paper lay it out): each sequence of
 T tokens is cut into 2*cp chunks of c = T/(2*cp) tokens; CP rank i holds chunks i and 2*cp-1-i, in that order,

@@ -2,13 +2,13 @@
 
 Why the gradient reduction is written by hand instead of DDP: DDP combined with torch.distributed.pipelining
 crashes (reducer.cpp internal assert), and composable `replicate()` gives silently wrong losses with TP or PP
-(docs/ARCHITECTURE.md, "Checked facts: PyTorch distributed on CPU/gloo").
+(docs/design/checked-facts.md, "Checked facts: PyTorch distributed on CPU/gloo").
 A post-accumulate-grad hook per parameter sees each micro-batch's gradient; buckets
 (flat runs of parameters in roughly the order backward produces them, never spanning two stage modules,
 each padded to a multiple of dp) are reduced asynchronously, strictly in bucket order so every DP rank
 issues the same collectives in the same order. This works unchanged under the pipeline schedules.
 
-How a gradient reaches its bucket (docs/ARCHITECTURE.md, "Memory model"):
+How a gradient reaches its bucket (docs/design/memory.md, "Memory model"):
 - in place (fp32 parameters, ZeRO-0/1): `param.grad` is a view of the bucket's flat fp32 buffer and autograd
   accumulates every micro-batch into it (DDP's gradient_as_bucket_view);
 - handed over (bf16 parameters; ZeRO-2): the hook adds the micro-batch's gradient into an fp32 buffer and
@@ -534,7 +534,7 @@ def apply_fsdp(modules: list[nn.Module], par: Parallel, reduce_dtype: torch.dtyp
     """fully_shard each transformer block, the ends (below), then the stage root, over this rank's DP group.
 
     Native FSDP2 here: sharding parameters themselves (gather before use, free after) is what FSDP2 does
-    well and checked on CPU/gloo with TP and every PP schedule we use (docs/ARCHITECTURE.md, "Checked
+    well and checked on CPU/gloo with TP and every PP schedule we use (docs/design/checked-facts.md, "Checked
     facts: PyTorch distributed on CPU/gloo"). DP mesh built from the placement's DP group so its ranks are the
     plan's."""
     from torch.distributed.device_mesh import DeviceMesh
@@ -546,7 +546,7 @@ def apply_fsdp(modules: list[nn.Module], par: Parallel, reduce_dtype: torch.dtyp
     # The sharded parameters stay fp32 (they are the master); under bf16 compute FSDP gathers them in bf16
     # (param_dtype) and reduce-scatters the gradients in fp32 (or bf16 with grad_reduce_dtype), which it
     # also accumulates over micro-batches in fp32. The blocks' inputs keep their dtype (the residual stream
-    # is fp32 in every layout: docs/ARCHITECTURE.md, "Memory model").
+    # is fp32 in every layout: docs/design/memory.md, "Memory model").
     mp = fsdp_policy(reduce_dtype, param_dtype)
     kw = offload_policy(par, offload)
     for m in modules:
@@ -570,7 +570,7 @@ def apply_fsdp(modules: list[nn.Module], par: Parallel, reduce_dtype: torch.dtyp
 def offload_policy(par: Parallel, offload: bool) -> dict[str, object]:
     """fully_shard's keyword for optimizer offload: FSDP2's CPUOffloadPolicy keeps the fp32 weight, gradient and
     (through the optimizer) moment shards on the host and steps there. Pinned only on a GPU: pinning needs the
-    accelerator (docs/ARCHITECTURE.md, "Optimizer offload")."""
+    accelerator (docs/design/trainer.md, "Optimizer offload")."""
     if not offload:
         return {}
     from torch.distributed.fsdp import CPUOffloadPolicy

@@ -1,5 +1,5 @@
 """Gradients of a model with expert parallelism: the dense parameters are reduced over the data-parallel
-group, the routed experts over the expert-data-parallel group (docs/ARCHITECTURE.md, "MoE block").
+group, the routed experts over the expert-data-parallel group (docs/design/trainer.md, "MoE block").
 
 Composed, not written again: one `GradSync` for the dense parameters on the DP group and one for the expert
 parameters on the expert-DP group (the dp/ep replicas of this rank's experts), each with its own buckets,

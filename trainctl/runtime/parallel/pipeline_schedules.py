@@ -3,7 +3,7 @@ pipeline schedule (GPipe, 1F1B, interleaved 1F1B, interleaved zero-bubble, ZBV) 
 torch.distributed.pipelining.
 
 Native pipelining: checked on CPU/gloo against one process at PP=2/4 with every schedule here
-(docs/ARCHITECTURE.md, "Checked facts: PyTorch distributed on CPU/gloo"), and measured as fast as a
+(docs/design/checked-facts.md, "Checked facts: PyTorch distributed on CPU/gloo"), and measured as fast as a
 hand-written 1F1B on the tiny model (24-27 vs 22-23 ms/step). Its stages infer activation shapes from the
 first micro-batch at run time, so sequence-parallel chunks [B, T/tp, H] need no special handling, and loss_fn
 may run TP collectives (every TP rank runs the same schedule in lockstep).

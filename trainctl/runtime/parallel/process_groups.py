@@ -59,7 +59,7 @@ def attempt_store(env: RankEnv) -> dist.Store:
     base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), env.world_size,
                          is_master=env.rank == 0 and not agent, timeout=timedelta(seconds=timeout_s()))
     # torchrun does not count a restart for new nodes joining (a membership change), but the world then
-    # grows: the world size keeps those attempts apart (docs/ARCHITECTURE.md, "Elastic node ranges").
+    # grows: the world size keeps those attempts apart (docs/design/launch.md, "Elastic node ranges").
     attempt = (f"{os.environ.get('SLURM_RESTART_COUNT', '0')}.{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
                f".w{env.world_size}")
     return dist.PrefixStore(f"trainctl/attempt-{attempt}/", base)
@@ -222,7 +222,7 @@ def _subgroup(lists: list[list[int]], rank: int) -> dist.ProcessGroup | None:
 
 def exit_now(code: int, barrier: bool) -> NoReturn:
     """Leave without running interpreter shutdown: it SIGABRTs at random after gloo/FSDP
-    (docs/ARCHITECTURE.md, "Checked facts: PyTorch distributed on CPU/gloo").
+    (docs/design/checked-facts.md, "Checked facts: PyTorch distributed on CPU/gloo").
 
     On success every rank meets at a barrier first so no rank tears down sockets another still uses;
     on failure there is no barrier (the peers may be dead) and torchrun stops the rest."""

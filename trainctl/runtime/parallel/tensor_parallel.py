@@ -208,7 +208,7 @@ def _batch_major(seq_major: Tensor) -> Tensor:
     (H, B*H, 1)): contiguous at B = 1 but not at B >= 2. Elementwise ops keep their inputs' layout, so
     that layout would spread along the residual stream to the stage output, and torch.distributed.pipelining
     allocates its receive buffers with the output's strides (gloo and NCCL refuse non-contiguous buffers;
-    docs/ARCHITECTURE.md, "Activation layout"). Every activation is batch-major and contiguous."""
+    docs/design/trainer.md, "Activation layout"). Every activation is batch-major and contiguous."""
     return seq_major.movedim(0, SEQ_DIM).contiguous()
 
 

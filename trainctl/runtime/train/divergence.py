@@ -1,5 +1,5 @@
 """The divergence guard: skip a step whose loss or gradient norm is not finite, stop (or roll back) after
-several in a row (docs/ARCHITECTURE.md, "Divergence guard"; spec section `train.divergence`).
+several in a row (docs/design/trainer.md, "Divergence guard"; spec section `train.divergence`).
 
 Every step the trainer already reduces the global gradient norm and the mean loss in one all-reduce over
 every rank. Two more numbers travel in that same all-reduce: how many ranks found a non-finite value in

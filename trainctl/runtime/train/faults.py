@@ -1,4 +1,4 @@
-"""Test-only fault injection behind one switch: TRAINCTL_FAULTS (docs/ARCHITECTURE.md, "Fault injection").
+"""Test-only fault injection behind one switch: TRAINCTL_FAULTS (docs/design/testing.md, "Fault injection").
 
     TRAINCTL_FAULTS="fail_at_step=3,fail_rank=1"
 

@@ -39,7 +39,7 @@ def adamw(groups: Iterable[tuple[list[torch.Tensor], bool]], train: TrainSpec) -
     foreach's passes (247 -> 236 ms per step of a 0.9B model on an H200); on a CPU 4-5x torch's default there,
     a loop over the tensors, which was what kept ZeRO-3 behind torchtitan's FSDP2 (also fused) on the CPU
     (bench/bench_titan.py --cpu-fsdp). Per element it computes the same wherever a tensor is cut (a ZeRO
-    slice steps bitwise as the whole tensor does); it differs from the loop by about an ulp (docs/ARCHITECTURE.md,
+    slice steps bitwise as the whole tensor does); it differs from the loop by about an ulp (docs/design/trainer.md,
     "Optimizer offload")."""
     param_groups = [{"params": ps, "weight_decay": train.weight_decay if dec else 0.0}
                     for ps, dec in groups if ps]

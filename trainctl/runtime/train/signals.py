@@ -12,7 +12,7 @@ then stop before their first step. A request made before the handler existed is 
 instead (`recorded_stop`): the launcher signals only ranks that already handle SIGTERM. A rank
 whose parent goes away (torchrun killed, its launcher with it) raises the same flag itself, as SIGHUP
 ("hang-up: the controlling process died"), so a killed launcher never leaves ranks training on
-(docs/ARCHITECTURE.md, "Signal chain").
+(docs/design/signals.md, "Signal chain").
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def recorded_stop(paths: RunPaths, env: Mapping[str, str] = os.environ) -> int:
       signal only ranks that already handle SIGTERM;
     - the Slurm batch script's (`signal`, for this job and attempt): Slurm signals only the processes that exist,
       and under torchrun a rank ignores a stop until its handler is installed (the step's wrapper ignores TERM
-      and USR1 for torchrun). (docs/ARCHITECTURE.md, "Signal chain".)"""
+      and USR1 for torchrun). (docs/design/signals.md, "Signal chain".)"""
     try:
         events = read_jsonl(paths.events)
     except OSError:  # unreadable: no request can be read from it either
