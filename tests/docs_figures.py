@@ -1,0 +1,154 @@
+"""The figures the docs show for a cheap, deterministic command are what that command prints now.
+
+A page shows a command's output as a `$ trainctl ...` line in a ```text block with the output lines under it
+(the same blocks tests/readme_walkthrough.py follows). For `plan` and `validate` without a measured input
+(no run, no calibration profile) the output depends only on the code and the recipes, so its figures can be
+regenerated. The page may leave lines out (`...` on its own line) or part of a line (`...` inside it); the
+lines it shows keep their place, and only their figures are brought up to date:
+
+    python tests/docs_figures.py     rewrite every such block in README.md and docs/ from its command
+
+tests/unit/test_docs_figures.py reruns the commands and fails when a block differs from what this writes.
+Figures from real runs (launch, resume, calibrate, mfu-report) vary from run to run; the walkthrough
+(tests/dist/test_readme_examples.py) checks their shape and every count.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from paths import REPO
+from readme_walkthrough import Example, all_examples, run
+
+REGENERATE = "python tests/docs_figures.py"
+GENERATED_COMMANDS = ("plan", "validate")  # cheap (no torch, no launch) and deterministic without a measured input
+
+NUMBER = r"\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?"
+ELLIPSIS = r"\.\.\.|…"
+_TOKEN = re.compile(f"({ELLIPSIS})|({NUMBER})")
+
+
+def generated(ex: Example) -> bool:
+    """An example whose shown output this module regenerates."""
+    return ex.expected is not None and not ex.measuring and ex.args[0] in GENERATED_COMMANDS
+
+
+def generated_examples() -> list[Example]:
+    return [ex for ex in all_examples() if generated(ex)]
+
+
+class Stale(Exception):
+    """A shown line the command no longer prints in any form: the page needs a person, not a regeneration."""
+
+
+def _line_pattern(shown: str) -> re.Pattern[str]:
+    """The shown line, spaces collapsed, as a regex: its figures and its `...` are groups, the rest literal."""
+    out, pos = [], 0
+    for m in _TOKEN.finditer(shown):
+        out += [re.escape(shown[pos:m.start()]), "(.*?)" if m.group(1) else f"({NUMBER})"]
+        pos = m.end()
+    out.append(re.escape(shown[pos:]))
+    return re.compile("".join(out))
+
+
+def _collapse(line: str) -> str:
+    return " ".join(line.split())
+
+
+def _refreshed_line(shown: str, printed: str) -> str | None:
+    """`shown` with the figures `printed` has in their places; `printed` itself when the page shows the whole
+    line; None when `printed` is not this line."""
+    m = _line_pattern(_collapse(shown)).fullmatch(_collapse(printed))
+    if m is None:
+        return None
+    if not re.search(ELLIPSIS, shown):
+        return printed.rstrip()  # the whole line: the command's own spacing (table padding follows the figures)
+    figures = iter(g for g, t in zip(m.groups(), _TOKEN.finditer(_collapse(shown)), strict=True) if not t.group(1))
+    return _TOKEN.sub(lambda t: t.group(0) if t.group(1) else next(figures), shown)
+
+
+def refreshed(shown: list[str], output: str, where: str) -> list[str]:
+    """The block's lines with every figure as `output` prints it, each shown line matched in order."""
+    printed = output.splitlines()
+    out, at = [], 0
+    for line in shown:
+        if not line.strip() or line.strip() in ("...", "…"):
+            out.append(line)
+            continue
+        for i in range(at, len(printed)):
+            new = _refreshed_line(line, printed[i])
+            if new is not None:
+                out.append(new)
+                at = i + 1
+                break
+        else:
+            raise Stale(f"{where}: the command no longer prints a line like\n    {line}\n"
+                        f"after that point it printed\n    " + "\n    ".join(printed[at:at + 12]))
+    return out
+
+
+@dataclass
+class Block:
+    """The output lines a page shows under one `$` line: lines[start:end] of the page."""
+    example: Example
+    start: int  # 0-based index of the first output line
+    end: int
+
+
+def blocks(page_lines: list[str], examples: list[Example]) -> list[Block]:
+    out = []
+    for ex in examples:
+        start = end = ex.line  # ex.line is 1-based: the output starts on the next line, index ex.line
+        while end < len(page_lines) and not page_lines[end].startswith(("$ ", "```")):
+            end += 1
+        out.append(Block(ex, start, end))
+    return out
+
+
+def printed(ex: Example, cwd: Path) -> str:
+    result = run(ex, cwd)
+    return result.output
+
+
+def workdir(base: Path) -> Path:
+    """A directory the pages' commands run in, as the walkthrough's: the recipes at `recipes/`."""
+    (base / "recipes").symlink_to(REPO / "recipes")
+    return base
+
+
+def regenerate(cwd: Path) -> list[str]:
+    """Rewrite every generated block of README.md and docs/ in place; the pages changed."""
+    by_page: dict[str, list[Example]] = {}
+    for ex in generated_examples():
+        by_page.setdefault(ex.page, []).append(ex)
+    changed = []
+    for page, examples in by_page.items():
+        path = REPO / page
+        lines = path.read_text().splitlines()
+        for b in reversed(blocks(lines, examples)):
+            lines[b.start:b.end] = refreshed(lines[b.start:b.end], printed(b.example, cwd), b.example.where)
+        text = "\n".join(lines) + "\n"
+        if text != path.read_text():
+            path.write_text(text)
+            changed.append(page)
+    return changed
+
+
+def main() -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            changed = regenerate(workdir(Path(tmp)))
+        except Stale as e:
+            print(f"{e}\nedit the block by hand (keep the lines the page needs), then run {REGENERATE} again",
+                  file=sys.stderr)
+            return 1
+    print("rewrote " + ", ".join(changed) if changed else "every generated block is up to date")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
