@@ -77,3 +77,9 @@ def test_the_walkthrough_order_names_existing_pages() -> None:
     """The pages tests/readme_walkthrough.py follows in order (so their examples run) are there."""
     missing = [name for name in PAGES if not (DOCS / name).is_file()]
     assert not missing, missing
+
+
+def test_the_readme_stays_short() -> None:
+    """A newcomer reads the README in one go: at most 220 lines; the detail belongs on the pages it links (the
+    architecture map's own limit is tests/unit/test_layers.py's)."""
+    assert len(README.read_text().splitlines()) <= 220
