@@ -11,6 +11,7 @@ and its quick run), so the launches and the calibration run once per session (te
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -28,6 +29,24 @@ PAGES = ("spec.md", "plan-and-calibrate.md", "launching.md", "resume-and-failure
          "interop.md", "extending.md", "results.md")
 MEASURING = ("launch", "resume", "calibrate", "mfu-report", "checkpoints", "data check", "status", "runs")
 SLURM_ELSEWHERE = "recipes/llama3-70b.yaml"
+
+
+_NUM = r"\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?k?"
+_TIME = rf"(?:{_NUM} ?(?:ns|µs|us|ms|s)|\d+m \d+s|\d+h \d+m)"
+_SIZE = rf"{_NUM} ?(?:B|kB|MB|GB|TB|KiB|MiB|GiB|TiB)"
+# A page's token that varies with the machine or the moment, and the pattern its place accepts (no capturing
+# group in either): in a command that measures, these may differ from the page's; the first is the page's `...`.
+VARYING = [
+    (r"\.\.\.|…", r".*?"),
+    (r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:[+-]\d{2}:\d{2}|Z)?", r"\S+"),
+    (r"\d{4}-\d{2}-\d{2}", r"\d{4}-\d{2}-\d{2}"),
+    (r"\d{2}:\d{2}:\d{2}", r"\d{2}:\d{2}:\d{2}"),
+    (r"(?<=-)\d{8}-\d{6}(?:-\d+)?", r"\d{8}-\d{6}(?:-\d+)?"),  # runs/<name>-<YYYYmmdd-HHMMSS>
+    (rf"(?<![\w.])(?:\d+m \d+s|\d+h \d+m|{_NUM} ?(?:ns|µs|us|ms|s))(?![\w/])", _TIME),
+    (rf"(?<![\w.]){_NUM} ?(?:B|kB|MB|GB|TB|KiB|MiB|GiB|TiB)(?!\w)", _SIZE),
+    (r"(?<![\w.])(?:\d[\d,]*\.\d+(?:e[-+]?\d+)?k?|\d{1,3}(?:,\d{3})+|\d+(?=%|k\b| ?tok/s|/gpu|/rank))", _NUM),
+]
+VARYING_RE = re.compile("|".join(f"({p})" for p, _ in VARYING))
 
 
 @dataclass

@@ -26,7 +26,7 @@ import subprocess
 import pytest
 import yaml
 from cli_utils import trainctl
-from readme_walkthrough import Example, Walkthrough, all_examples
+from readme_walkthrough import VARYING, VARYING_RE, Example, Walkthrough, all_examples
 
 from trainctl.rundir.paths import RunPaths, read_jsonl
 from trainctl.spec import load_spec, resolved_dict
@@ -41,23 +41,6 @@ EXIT = {  # what the pages say these exit with
 }
 
 
-_NUM = r"\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?k?"
-_TIME = rf"(?:{_NUM} ?(?:ns|µs|us|ms|s)|\d+m \d+s|\d+h \d+m)"
-_SIZE = rf"{_NUM} ?(?:B|kB|MB|GB|TB|KiB|MiB|GiB|TiB)"
-# A page's token that varies with the machine or the moment, and the pattern its place accepts.
-_VARYING = [
-    (r"\.\.\.|…", r".*?"),
-    (r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:[+-]\d{2}:\d{2}|Z)?", r"\S+"),
-    (r"\d{4}-\d{2}-\d{2}", r"\d{4}-\d{2}-\d{2}"),
-    (r"\d{2}:\d{2}:\d{2}", r"\d{2}:\d{2}:\d{2}"),
-    (r"(?<=-)\d{8}-\d{6}(?:-\d+)?", r"\d{8}-\d{6}(?:-\d+)?"),  # runs/<name>-<YYYYmmdd-HHMMSS>
-    (rf"(?<![\w.])(?:\d+m \d+s|\d+h \d+m|{_NUM} ?(?:ns|µs|us|ms|s))(?![\w/])", _TIME),
-    (rf"(?<![\w.]){_NUM} ?(?:B|kB|MB|GB|TB|KiB|MiB|GiB|TiB)(?!\w)", _SIZE),
-    (r"(?<![\w.])(?:\d[\d,]*\.\d+(?:e[-+]?\d+)?k?|\d{1,3}(?:,\d{3})+|\d+(?=%|k\b| ?tok/s|/gpu|/rank))", _NUM),
-]
-_VARYING_RE = re.compile("|".join(f"({p})" for p, _ in _VARYING))
-
-
 def normal(line: str) -> str:
     return " ".join(line.replace("┃", "│").split())
 
@@ -66,11 +49,11 @@ def pattern(expected: str, measuring: bool) -> re.Pattern[str]:
     """The page's line as a regex: literal text; `...` any text; in a measuring command also the varying
     figures (see the module docstring)."""
     out, pos = [], 0
-    for m in _VARYING_RE.finditer(expected):
+    for m in VARYING_RE.finditer(expected):
         group = next(i for i, g in enumerate(m.groups()) if g is not None)
         if group != 0 and not measuring:
             continue  # an exact command: only `...` stands for something else
-        out += [re.escape(expected[pos:m.start()]), _VARYING[group][1]]
+        out += [re.escape(expected[pos:m.start()]), VARYING[group][1]]
         pos = m.end()
     out.append(re.escape(expected[pos:]))
     return re.compile("".join(out))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from docs_figures import REGENERATE, Stale, blocks, generated_examples, printed, refreshed, workdir
+from docs_figures import MEASURED, REGENERATE, Stale, blocks, generated_examples, printed, refreshed, workdir
 from paths import REPO
 
 
@@ -52,6 +52,20 @@ def test_a_regeneration_brings_figures_up_to_date_and_keeps_what_the_page_left_o
         "...",
         "step 7.5 s | ... | MFU 9.0%"]  # a line the page abridged keeps its `...`
     assert refreshed(SHOWN, output.replace("1.5 GB", "1.5 GB"), "page:1") != SHOWN
+
+
+def test_a_measured_block_takes_a_new_runs_times_and_keeps_its_counts() -> None:
+    """A real run's figures vary (times, rates, sizes) and are regenerated from a new run; its counts (the step
+    numbers) are the page's: `step 3/3` takes the third step's figures, not the second's."""
+    shown = ["step 1/3 | loss 5.5608 | 772.6 ms | 1.3k tok/s (166/rank) | ... | MFU 0.26%",
+             "...",
+             "step 3/3 | loss 5.3199 | 478.9 ms | 2.1k tok/s (267/rank) | ... | MFU 0.43%"]
+    output = "\n".join(f"step {n}/3 | loss 5.{n}000 | {n}00.5 ms | {n}.0k tok/s ({n}11/rank) | x | MFU 0.{n}0%"
+                       for n in (1, 2, 3))
+    assert refreshed(shown, output, "page:1", MEASURED) == [
+        "step 1/3 | loss 5.1000 | 100.5 ms | 1.0k tok/s (111/rank) | ... | MFU 0.10%",
+        "...",
+        "step 3/3 | loss 5.3000 | 300.5 ms | 3.0k tok/s (311/rank) | ... | MFU 0.30%"]
 
 
 def test_a_line_the_command_no_longer_prints_is_not_guessed() -> None:
