@@ -149,3 +149,52 @@ def write_durable(path: Path, data: bytes) -> None:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
+
+
+class NotRegularFile(OSError):
+    """`read_capped`'s refusal of what is not a regular file: a FIFO never ends, a device never stops
+    (/dev/zero), a directory has no text. `kind` names it in words."""
+
+    def __init__(self, path: Path, kind: str) -> None:
+        super().__init__(f"{path} is {kind}, not a regular file")
+        self.kind = kind
+
+
+class TooLarge(OSError):
+    """`read_capped`'s refusal of a file longer than its limit (`limit` bytes)."""
+
+    def __init__(self, path: Path, limit: int) -> None:
+        super().__init__(f"{path} is larger than {limit} bytes")
+        self.limit = limit
+
+
+def file_kind(mode: int) -> str:
+    """What a stat mode is, in words ('a named pipe (FIFO)')."""
+    import stat
+
+    for test, words in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
+                        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                        (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return words
+    return "a regular file" if stat.S_ISREG(mode) else "not a file"
+
+
+def read_capped(path: Path, limit: int) -> bytes:
+    """The bytes of the regular file `path`, refusing (NotRegularFile, TooLarge) before reading more than `limit`
+    of them. Opened non-blocking and judged by fstat of what was opened: a FIFO's open would wait for a writer
+    for ever, and a file swapped between a stat and the open is still judged by what is read."""
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotRegularFile(path, file_kind(mode))
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(limit + 1)  # one byte more tells a file of exactly `limit` from a longer one
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise TooLarge(path, limit)
+    return data

@@ -11,6 +11,11 @@ terminal's width in TRAINCTL_COLUMNS when it starts torchrun, and rank 0 prints 
 form when that is narrower than COMPACT_BELOW. Without a terminal (a pipe, a log, Slurm) the variable is unset
 and the line keeps its full form.
 
+What trainctl shows of text it did not write (a run's name, a path, a value from a spec or a run directory a
+stranger made) goes through `printable` (or `escape`, for rich markup) first: a control character in it is
+shown as an escape (`\\x1b`), never sent, so a name cannot clear the screen, retitle the window or overwrite a
+line (carriage return, backspace). Newlines and tabs stay: they are how our own messages are laid out.
+
 The CLI's consoles never wrap by themselves (cli/console.py: a path or a job id cut in two breaks copy-paste),
 so prose that holds no such token (notes, warnings, explanations) is wrapped here (`prose`), at spaces.
 """
@@ -20,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import shutil
 import sys
 from collections.abc import Iterator
@@ -43,6 +49,22 @@ def compact() -> bool:
     """Whether the step line must fit a terminal narrower than COMPACT_BELOW (the launcher said so)."""
     value = os.environ.get(COLUMNS_VARIABLE, "").strip()
     return value.isdigit() and int(value) < COMPACT_BELOW
+
+
+# C0 controls but newline and tab, DEL, and the C1 controls (U+0080..U+009F: U+009B is a one-character CSI)
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """`text` with every control character but newline and tab written as a Python escape (ESC as `\\x1b`)."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def escape(text: str) -> str:
+    """`text` as rich markup that prints as written: `printable`, with rich's markup characters escaped."""
+    from rich.markup import escape as rich_escape  # imported here: `trainctl --help` never loads rich
+
+    return rich_escape(printable(text))
 
 
 GONE = (errno.EIO, errno.EPIPE, errno.ENXIO, errno.EBADF)  # the terminal or the pipe's reader went away

@@ -307,6 +307,13 @@ def test_cancel_again_waits_for_the_save_and_force_keeps_the_committed_checkpoin
     again = trainctl("cancel", str(run))
     assert again.returncode == 0, again
     assert re.search(r"already stopping: step \d+, checkpoint in progress; nothing more sent", again.stdout), again
+    early = trainctl("resume", str(run))  # while the save is in flight: wait, not "stop it with trainctl cancel"
+    assert early.returncode == 2, early
+    (line,) = early.stderr.strip().splitlines()
+    assert re.search(rf"{re.escape(str(run))} is still stopping: `trainctl cancel` asked it to stop at "
+                     r"\d\d:\d\d:\d\d; step \d+, checkpoint in progress \(trainctl launch .*; wait for it to end "
+                     rf"\(`trainctl status {re.escape(str(run))}` says when it has\)", line), line
+    assert "trainctl cancel " + str(run) not in line, line
     proc.send_signal(signal.SIGTERM)  # a second `kill` of the launcher is noted, not a kill either
     assert proc.poll() is None and status(run)["state"] == "STOPPING"  # still saving, nothing killed
     force = trainctl("cancel", "--force", str(run))

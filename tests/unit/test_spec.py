@@ -203,7 +203,7 @@ def test_missing_file_directory_and_binary(tmp_path):
         load_spec(binary)
     huge = tmp_path / "h.yaml"
     huge.write_text("x: 1\n" * 300_000)
-    with pytest.raises(SpecError, match="a spec is at most"):
+    with pytest.raises(SpecError, match="the most a spec may be"):
         load_spec(huge)
 
 

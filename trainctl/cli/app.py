@@ -131,4 +131,4 @@ def _save_traceback(args: Sequence[str]) -> str | None:
 
 def _print_error(message: str, hint: str | None = None) -> None:
     text = "".join(f"error: {line}\n" for line in message.splitlines() or [message])
-    terminal.write(sys.stderr, text + (f"hint: {hint}\n" if hint else ""))
+    terminal.write(sys.stderr, terminal.printable(text + (f"hint: {hint}\n" if hint else "")))

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from trainctl import terminal
+from trainctl.terminal import escape as escape  # the one escape of shown text; commands import it from here
 
 if TYPE_CHECKING:  # rich is imported on first use: `--help` prints through typer and never loads it
     from rich.console import Console
@@ -38,17 +39,10 @@ def make_console(*, stderr: bool = False) -> Console:
     return Console(stderr=stderr, soft_wrap=True, highlight=False, width=width, emoji=False)
 
 
-def escape(text: str) -> str:
-    """`text` with rich's markup characters escaped, so it prints as written."""
-    from rich.markup import escape as rich_escape
-
-    return rich_escape(text)
-
-
 def show(console: Console, line: Line) -> None:
     """Print a launch backend's line: styled parts through rich, verbatim lines to stdout exactly."""
     if line.verbatim:
-        terminal.write(sys.stdout, line.text + "\n")
+        terminal.write(sys.stdout, terminal.printable(line.text) + "\n")
         return
     with terminal.guarded(console.file):  # a terminal that closed under a run must not end its launcher
         console.print("".join(escape(p) if isinstance(p, str) else f"[{p[1]}]{escape(p[0])}[/{p[1]}]"

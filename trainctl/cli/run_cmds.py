@@ -15,6 +15,7 @@ from trainctl.cli.console import Col, escape, fitted_table, make_console
 from trainctl.cli.jsonout import print_json
 from trainctl.cli.options import JsonOpt
 from trainctl.errors import RunError, TrainctlError, UsageError
+from trainctl.terminal import printable
 
 STATE_COLOR = {"COMPLETED": "green", "RUNNING": "cyan", "STARTING": "cyan", "PENDING": "yellow",
                "STOPPING": "yellow", "STOPPED": "yellow", "CANCELLED": "yellow"}
@@ -128,11 +129,11 @@ def cancel(run: Path = RunArg,
     job = read_job_json(paths)
     st = run_status(run)
     if not st.active:
-        print(f"{st.name}: already {st.state}; nothing to cancel")
+        print(printable(f"{st.name}: already {st.state}; nothing to cancel"))
         return
     if st.state == STOPPING and not force:  # a second signal must not cut short the save it asked for
-        print(f"{st.name}: already stopping: {stopping_progress(paths)}; nothing more sent "
-              f"(`trainctl cancel --force {run}` kills at once)")
+        print(printable(f"{st.name}: already stopping: {stopping_progress(paths)}; nothing more sent "
+                        f"(`trainctl cancel --force {run}` kills at once)"))
         return
     # recorded first: how the run ends reads "cancelled" (runstate); the launcher reads `force` (a SIGTERM
     # alone cannot say it), and ranks still starting read the request (runtime/train/signals.recorded_stop)
@@ -142,7 +143,7 @@ def cancel(run: Path = RunArg,
         raise RunError(f"{paths.events}: cannot record the cancel ({e.strerror}); nothing was sent",
                        hint="the run directory must be writable (its launcher stops a run whose directory "
                             "became read-only by itself)") from e
-    print(backend_for(job).cancel(paths, job, force=force))
+    print(printable(backend_for(job).cancel(paths, job, force=force)))
 
 
 @app.command()

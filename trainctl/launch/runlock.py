@@ -36,6 +36,7 @@ from trainctl.errors import UsageError
 from trainctl.hardware.hostname import this_host
 from trainctl.launch.procs import descendants
 from trainctl.rundir.paths import RunPaths
+from trainctl.rundir.runstate import stop_in_flight
 
 HEARTBEAT_S = 10.0  # the owner touches the lock this often
 STALE_AFTER_S = 120.0  # another host: a lock not touched for this long has lost its owner
@@ -172,7 +173,12 @@ def describe(owner: Owner | None) -> str:
 
 
 def refusal(root: Path, owner: Owner | None, v: Verdict, here_host: str) -> str:
-    """The one line a second launcher exits with."""
+    """The one line a second launcher exits with: stop the live job, or, when it was asked to stop already,
+    wait for it to end (a second cancel would change nothing)."""
+    stopping = stop_in_flight(RunPaths(root))
+    if stopping is not None:
+        return (f"{root} is still stopping: {stopping} ({describe(owner)}, {v.why}); wait for it to end "
+                f"(`trainctl status {root}` says when it has), then run this again")
     where = "" if owner is None or owner.host == here_host else f" on host {owner.host}"
     return (f"{root} is in use by a live job: {describe(owner)}, {v.why}; stop it with "
             f"`trainctl cancel {root}`{where} (or wait for it to end)")

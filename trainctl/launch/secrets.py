@@ -16,22 +16,29 @@ A launch or resume whose passthrough variable is not set stops before anything r
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Mapping, MutableMapping
 
 from trainctl.errors import UsageError
 from trainctl.spec import RunSpec
 
-# A name part (between underscores) that marks a credential: HF_TOKEN, WANDB_API_KEY, AWS_SECRET_ACCESS_KEY,
-# DB_PASSWORD, GHTOKEN. Erring towards "credential" costs only that the value must be exported again for
-# `trainctl resume`; TOKENIZERS_PARALLELISM is not one.
-_CREDENTIAL_PARTS = {"KEY", "KEYS", "PASS", "PASSPHRASE", "AUTH", "PAT", "COOKIE", "PRIVATE", "CREDENTIAL",
-                     "CREDENTIALS"}
-_CREDENTIAL_ENDINGS = ("TOKEN", "TOKENS", "SECRET", "SECRETS", "PASSWORD", "PASSWD", "APIKEY")
+# Which names are credentials: the one list (docs/launching.md and docs/reference/spec.md say it in words;
+# tests/unit/test_secrets.py holds them to it). Case is ignored. Erring towards "credential" costs only that
+# the value must be exported again for `trainctl resume`.
+# Anywhere in the name: SECRETKEY, MYPASSWORD1, AWS_SECRET_ACCESS_KEY, GOOGLE_APPLICATION_CREDENTIALS.
+CREDENTIAL_ANYWHERE = ("SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL", "PRIVATE", "APIKEY")
+# A whole word of the name (words are split at underscores and digits): WANDB_API_KEY, SMTP_PASS, GITHUB_PAT.
+CREDENTIAL_WORDS = ("KEY", "KEYS", "PASS", "AUTH", "PAT", "COOKIE")
+# The end of a word: HF_TOKEN, GHTOKEN, TOKEN2; not TOKENIZERS_PARALLELISM.
+CREDENTIAL_WORD_ENDINGS = ("TOKEN", "TOKENS")
 REDACTED = "<redacted>"
 
 
 def looks_like_credential(name: str) -> bool:
-    return any(p in _CREDENTIAL_PARTS or p.endswith(_CREDENTIAL_ENDINGS) for p in name.upper().split("_"))
+    upper = name.upper()
+    if any(part in upper for part in CREDENTIAL_ANYWHERE):
+        return True
+    return any(w in CREDENTIAL_WORDS or w.endswith(CREDENTIAL_WORD_ENDINGS) for w in re.split(r"[^A-Z]+", upper))
 
 
 def credential_names(env: Mapping[str, str]) -> list[str]:

@@ -6,14 +6,13 @@ from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
 from trainctl.report.divergence import cell as divergence_cell
 from trainctl.report.projection import lines as projection_lines
 from trainctl.report.scaling import WARN_BELOW
-from trainctl.terminal import prose
+from trainctl.terminal import escape, prose
 from trainctl.units import count, dur, pct, si, size, tflops
 
 Row = tuple[str, Callable[[dict[str, Any]], Any]]  # a cell: str (escaped) or rich Text

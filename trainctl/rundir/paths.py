@@ -369,13 +369,13 @@ def last_jsonl(path: Path) -> dict[str, Any] | None:
 def read_yaml(path: Path) -> dict[str, Any] | None:
     """A run's YAML file (its frozen spec, a replaced one) as plain data, no validation; None when it is missing,
     unreadable or not a mapping."""
-    import yaml  # here: most readers of a run directory never need it
+    from trainctl.errors import SpecError
+    from trainctl.spec.loader import parse_yaml, read_spec_text  # here: most readers never need YAML
 
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError):
+    try:  # read as a spec file is: a regular file of bounded size, no duplicate key (a hand-made run directory)
+        return parse_yaml(read_spec_text(path), str(path))
+    except SpecError:
         return None
-    return data if isinstance(data, dict) else None
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -23,6 +23,7 @@ began; the backend says whether anything still runs (the run lock's processes, o
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -273,6 +274,22 @@ def failed_unasked(attempt: list[dict[str, Any]]) -> Outcome | None:
     the job goes on (torchrun restarts the workers, or ends the job); no rank saves a checkpoint for it."""
     live = live_outcome(attempt)
     return live if live is not None and live.state == FAILED and stop_requested(attempt) is None else None
+
+
+def stop_in_flight(paths: RunPaths) -> str | None:
+    """The stop asked of the run's current attempt and where it is, in words ("`trainctl cancel` asked it to
+    stop at 19:40:02; step 12, checkpoint in progress"); None when none was asked. For a refusal while the
+    attempt still runs: the advice is then to wait, not to cancel again."""
+    events = read_jsonl(paths.events)
+    current = since(events, attempt_begin(events))
+    # a cancel's own record first: the launcher then records the SIGTERM the cancel sent it as a stop_requested
+    asked = _last(current, "cancel_requested") or stop_requested(current)
+    if asked is None:
+        return None
+    who = ((FORCED if asked.get("force") else "`trainctl cancel`") if asked.get("event") == "cancel_requested"
+           else LAUNCHER_SIGNAL.get(asked.get("signal"), f"{asked.get('signal')} to the launcher"))
+    when = time.strftime("%H:%M:%S", time.localtime(float(asked.get("time") or 0.0)))
+    return f"{who} asked it to stop at {when}; {stopping_progress(paths)}"
 
 
 def stopping_progress(paths: RunPaths) -> str:

@@ -15,10 +15,11 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from trainctl.errors import SpecError
+from trainctl.fileio import NotRegularFile, TooLarge, read_capped
 from trainctl.spec import rules
 from trainctl.spec.models import RunSpec
 
-MAX_SPEC_BYTES = 1_000_000  # a spec is a page of YAML; anything bigger is a mistake (or an attack)
+MAX_SPEC_BYTES = 1 << 20  # 1 MiB: a spec is a page of YAML; anything bigger is a mistake (or an attack)
 # YAML nodes after alias expansion: a real spec has a few hundred. Aliases share one node when loaded, but
 # validation and every dump expand them, so nested aliases ("billion laughs") blow up exponentially.
 MAX_SPEC_NODES = 20_000
@@ -27,25 +28,30 @@ MAX_ECHO = 80  # characters of a user's key or value echoed in a message
 
 def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> RunSpec:
     """Read, override and validate the spec at `path`; raise SpecError (exit 2) on any problem."""
+    return load_spec_text(read_spec_text(path), str(path), overrides)
+
+
+def read_spec_text(path: str | Path) -> str:
+    """The text of the YAML file at `path`: a regular file of at most MAX_SPEC_BYTES in UTF-8, else SpecError.
+    What is not a regular file is refused before a byte is read (/dev/zero never ends, a FIFO never opens)."""
     source = str(path)
-    p = Path(path)
     try:
-        if p.is_dir():
-            raise SpecError(["is a directory, not a spec file. Fix: pass the path of a .yaml file"], source)
-        raw = p.read_bytes()
+        raw = read_capped(Path(path), MAX_SPEC_BYTES)
     except FileNotFoundError:
         raise SpecError(["no such file. Fix: check the path (recipes/ has examples)"], source) from None
+    except NotRegularFile as e:
+        raise SpecError([f"is {e.kind}, not a spec file. Fix: pass the path of a .yaml file"], source) from None
+    except TooLarge:
+        raise SpecError([f"file is larger than {MAX_SPEC_BYTES // (1 << 20)} MiB ({MAX_SPEC_BYTES:,} bytes), the "
+                         "most a spec may be. Fix: pass the run spec, not a data file"], source) from None
     except OSError as e:
         raise SpecError([f"cannot read the file ({e.strerror}). Fix: check the path and permissions"],
                         source) from None
-    if len(raw) > MAX_SPEC_BYTES:
-        raise SpecError([f"file is {len(raw)} bytes; a spec is at most {MAX_SPEC_BYTES}. "
-                         "Fix: pass the run spec, not a data file"], source)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise SpecError(["not UTF-8 text. Fix: pass a YAML run spec"], source) from None
-    return load_spec_text(text, source, overrides)
+    return text
 
 
 def load_spec_text(text: str, source: str = "<spec>", overrides: Sequence[str] = ()) -> RunSpec:
@@ -92,17 +98,74 @@ def _expanded_nodes(root: yaml.Node) -> int | None:
     return size(root)
 
 
+class DuplicateKey(Exception):
+    """A mapping that gives one key twice: PyYAML would keep the last silently (a second `train:` section
+    replacing the first whole)."""
+
+    def __init__(self, key: Any, first: yaml.Mark, again: yaml.Mark) -> None:
+        super().__init__(f"key {key!r} at lines {first.line + 1} and {again.line + 1}")
+        self.key, self.first, self.again = key, first, again
+
+    def line(self) -> str:
+        a, b = self.first, self.again
+        where = (f"line {a.line + 1} and at line {b.line + 1}" if a.line != b.line else
+                 f"line {a.line + 1}, columns {a.column + 1} and {b.column + 1}")
+        return (f"key {clip(repr(self.key))} is given twice in one mapping, at {where}; YAML would keep only the "
+                "second. Fix: keep one (merge the two)")
+
+
+class _RefuseDuplicateKeys:
+    """A SafeConstructor that raises DuplicateKey where a mapping names a key twice. The keys written in the
+    mapping are compared; those a merge key (`<<: *base`) brings in may be overridden, as YAML means them to."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, yaml.Mark] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)  # type: ignore[attr-defined]
+            try:
+                first = seen.setdefault(key, key_node.start_mark)
+            except TypeError:
+                continue  # an unhashable key: the constructor refuses it itself
+            if first is not key_node.start_mark:
+                raise DuplicateKey(key, first, key_node.start_mark)
+        return super().construct_mapping(node, deep)  # type: ignore[misc]
+
+
 # libyaml's parser where PyYAML was built with it: the same documents, parsed about 10x faster
-_FAST_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+class _FastLoader(_RefuseDuplicateKeys, getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    pass
+
+
+class _Loader(_RefuseDuplicateKeys, yaml.SafeLoader):
+    pass
+
+
+def safe_load(text: str) -> Any:
+    """yaml.safe_load that refuses a key given twice in one mapping (DuplicateKey): every YAML a user gives
+    trainctl (a spec, a `--set` value) is read by it."""
+    try:
+        return _construct(_FastLoader, text)
+    except yaml.YAMLError:
+        # not valid YAML: PyYAML's own parser finds the same place and names the character (a tab, say)
+        return _construct(_Loader, text)
+
+
+def _construct(loader_class: type, text: str) -> Any:
+    loader = loader_class(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
 
 
 def _safe_load_bounded(text: str, source: str) -> Any:
-    """yaml.safe_load, refusing documents whose alias expansion would exceed MAX_SPEC_NODES."""
+    """`safe_load`, refusing documents whose alias expansion would exceed MAX_SPEC_NODES."""
     try:
-        return _load_bounded(text, source, _FAST_LOADER)
+        return _load_bounded(text, source, _FastLoader)
     except yaml.YAMLError:
-        # not valid YAML: PyYAML's own parser finds the same place and names the character (a tab, say)
-        return _load_bounded(text, source, yaml.SafeLoader)
+        return _load_bounded(text, source, _Loader)
 
 
 def _load_bounded(text: str, source: str, loader_class: type) -> Any:
@@ -119,7 +182,10 @@ def _load_bounded(text: str, source: str, loader_class: type) -> Any:
             raise SpecError([f"the YAML expands to more than {MAX_SPEC_NODES:,} values once its aliases "
                              "(*name) are expanded; a run spec has a few hundred. Fix: write plain values"],
                             source)
-        return loader.construct_document(node)
+        try:
+            return loader.construct_document(node)
+        except DuplicateKey as e:
+            raise SpecError([e.line()], source) from None
     finally:
         loader.dispose()
 
@@ -149,9 +215,11 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     if not sep or not key or any(not part for part in key.split(".")):
         raise SpecError([f"--set {clip(repr(item))}: expected KEY.PATH=VALUE, e.g. --set parallel.tp=4"])
     try:
-        parsed = yaml.safe_load(value) if value.strip() else ""
+        parsed = safe_load(value) if value.strip() else ""
     except yaml.YAMLError:
         parsed = value  # not YAML: keep the raw string (e.g. a path with a colon)
+    except DuplicateKey as e:
+        raise SpecError([f"--set {clip(repr(item))}: {e.line()}"]) from None
     return key.split("."), parsed
 
 

@@ -17,6 +17,7 @@ from trainctl.spec.models import NCCL_VARIABLES, RunSpec
 from trainctl.units import count
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ENV_NAME_FIX = "use letters, digits and underscores, not starting with a digit (e.g. MY_SETTING)"
 _SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^\d+-\d+$|^(infinite|UNLIMITED)$")
 
 
@@ -36,9 +37,16 @@ def _largest_divisor_at_most(n: int, limit: int) -> int:
 def check(spec: RunSpec) -> list[str]:
     """Every independent problem at once: a rule group stops early only where its later rules would just
     repeat its first mistake (no dp, no micro-batch count)."""
-    groups = (_hardware, _model_vs_tp, _context_parallel, _layout, _offload, _moe, _grad_compression, _training,
+    groups = (_name, _hardware, _model_vs_tp, _context_parallel, _layout, _offload, _moe, _grad_compression, _training,
               _data_and_launcher, _launcher_environment, _elastic)
     return [line for group in groups for line in group(spec)]
+
+
+def _name(spec: RunSpec) -> Iterator[str]:
+    # shown on terminals (status, runs, the Slurm queue): an escape sequence there would act, not print
+    if any(not ch.isprintable() for ch in spec.name):
+        yield problem("name", spec.name, "holds control characters, which a terminal would act on (an escape "
+                      "sequence clears the screen)", "use printable characters")
 
 
 def _hardware(spec: RunSpec) -> Iterator[str]:
@@ -352,10 +360,14 @@ def _data_and_launcher(spec: RunSpec) -> Iterator[str]:
     if spec.launcher.backend == "local" and c.nodes > 1:
         yield problem("cluster.nodes", c.nodes, "the local backend runs on this one machine",
                       "set cluster.nodes: 1 or launcher.backend: slurm")
+    # every backend writes these names into a shell script (launch.sh, the batch script): only a name a shell
+    # can export is one, so nothing of a name runs as code
+    for name in spec.launcher.env:
+        if not _ENV_NAME.fullmatch(name):
+            yield problem("launcher.env", name, "not an environment variable name", _ENV_NAME_FIX)
     for name in spec.launcher.env_passthrough:
         if not _ENV_NAME.fullmatch(name):
-            yield problem("launcher.env_passthrough", name, "not an environment variable name",
-                          "use letters, digits and underscores, not starting with a digit")
+            yield problem("launcher.env_passthrough", name, "not an environment variable name", _ENV_NAME_FIX)
         elif name in spec.launcher.env:
             yield problem("launcher.env_passthrough", name, "also set in launcher.env",
                           f"keep one: launcher.env.{name} sets a value, env_passthrough takes it from your "

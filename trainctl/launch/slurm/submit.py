@@ -19,6 +19,7 @@ from trainctl.launch.slurm.job_state import WAITING, is_active, job_state
 from trainctl.launch.slurm.render import SlurmLaunch, commands_text, render_launch
 from trainctl.launch.slurm.tools import run_slurm
 from trainctl.rundir.paths import RunPaths, record_event
+from trainctl.rundir.runstate import stop_in_flight
 
 
 def create(launch: SlurmLaunch) -> RunPaths:
@@ -76,6 +77,11 @@ def require_not_active(paths: RunPaths) -> None:
     if job_id is None:
         return
     state = job_state(str(job_id))["state"]
+    stopping = stop_in_flight(paths) if is_active(state) else None
+    if stopping is not None:  # cancelled already: a second cancel changes nothing, the job is ending
+        raise UsageError(f"Slurm job {job_id} of {paths.root} is {state}, still stopping: {stopping}",
+                         hint=f"wait for it to end (`trainctl status {shlex.quote(str(paths.root))}` says when "
+                              "it has), then run this again")
     if is_active(state):
         raise UsageError(f"Slurm job {job_id} of {paths.root} is {state}: it is still this run's job",
                          hint=ACTIVE_HINT.format(run=shlex.quote(str(paths.root)))
