@@ -126,6 +126,15 @@ def test_two_node_job_completes_with_local_losses(slurm_cluster: SlurmCluster, t
     assert placement["tp_groups_across_nodes"] == [] and sorted(placement["nodes"]) == ["n1", "n2"]
     listed = trainctl("runs", str(tmp_path), "--json")
     assert json.loads(listed.stdout)[0]["state"] == "COMPLETED"
+    # continued on another allocation of the same ranks (one node of four, not two of two): the layout is the
+    # checkpoint's, so no `layout change` line, and each changed field is said (was: nothing for cluster.*)
+    dry = trainctl("resume", str(run), "--dry-run", "--set", "cluster.nodes=1", "--set", "cluster.gpus_per_node=4",
+                   "--set", f"train.steps={LONG_STEPS + 10}")
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    changes = [ln for ln in dry.stdout.splitlines() if ln.startswith(("spec change:", "layout change:"))]
+    assert changes[:2] == ["spec change: cluster.gpus_per_node: 2 -> 4", "spec change: cluster.nodes: 2 -> 1"]
+    assert len(changes) == 3 and changes[2].startswith(f"spec change: train.steps: {LONG_STEPS} -> "), dry.stdout
+    assert not (run / "spec.prev-1.yaml").exists()
     # mfu-report: queueing is sbatch -> the batch script's first line; start-up from there to the first step
     (g,) = [x["goodput"] for x in json.loads(trainctl("mfu-report", str(run), "--json").stdout)["runs"]]
     (submitted,), (started,) = events(run, "submit"), events(run, "slurm_start")

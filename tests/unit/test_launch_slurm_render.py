@@ -458,7 +458,7 @@ def test_resubmit_submits_the_same_script_again_and_records_it(tmp_path: Path, f
 
 def test_resubmit_refuses_while_the_job_is_queued_or_running(tmp_path: Path, fake_slurm: Path) -> None:
     from trainctl.cli.app import main
-    from trainctl.rundir.paths import read_jsonl
+    from trainctl.rundir.paths import read_jsonl, record_event
 
     _, paths = _submitted_run(tmp_path)
     (fake_slurm / "state").write_text("RUNNING\n")
@@ -469,6 +469,13 @@ def test_resubmit_refuses_while_the_job_is_queued_or_running(tmp_path: Path, fak
     assert e.value.code == 2
     assert not (fake_slurm / "sbatch-102.argv").exists() and not (paths.root / "spec.prev-1.yaml").exists()
     assert "resume_requested" not in [x["event"] for x in read_jsonl(paths.events)]
+    # cancelled, still ending (Slurm says RUNNING or COMPLETING until the batch script exits): wait, not cancel
+    record_event(paths, "cancel_requested", state="RUNNING", force=False)  # what `trainctl cancel` records first
+    with pytest.raises(UsageError, match=r"Slurm job 101 .* is RUNNING, still stopping: `trainctl cancel` asked "
+                                         r"it to stop at \d\d:\d\d:\d\d") as refused:
+        submit.resubmit(paths)
+    assert refused.value.hint is not None and refused.value.hint.startswith("wait for it to end")
+    assert "trainctl cancel" not in refused.value.hint
 
 
 def test_trainctl_resume_on_slurm_rerenders_a_changed_spec(tmp_path: Path, fake_slurm: Path,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from trainctl.checkpoint import (
     list_checkpoints,
     resolve_checkpoint_dir,
 )
+from trainctl.checkpoint.meta import saved_layout
 from trainctl.data import identity as data_identity
 from trainctl.data.identity import DataIdentity
 from trainctl.errors import UsageError
@@ -127,7 +129,7 @@ def plan_resume(run_dir: Path, from_step: int | None = None, overrides: list[str
                          hint=f"train longer with --set train.steps=N (N > {info.step})")
     return ResumePlan(paths=paths, spec=spec, backend=backend, checkpoint_dir=ckdir, checkpoint=info, skipped=skipped,
                       abandon=abandon, overrides=[secrets.redact_override(o) for o in overrides or []],
-                      last_logged_step=last, spec_changes=spec_changes(before, spec),
+                      last_logged_step=last, spec_changes=spec_changes(before, spec, layout_reported(info)),
                       held_back=secrets.credential_names(loaded.launcher.env), warnings=change_warnings(before, spec),
                       notes=[n for n in (metrics.skipped_note(paths.metrics),
                                          load_jsonl(paths.events).skipped_note(paths.events)) if n],
@@ -163,15 +165,22 @@ CONSEQUENCE = {
     "model": "another model shape cannot load this checkpoint",
     "data": "the data position (sequences consumed) is kept and applied to the new data",
 }
-LAYOUT_SECTIONS = ("parallel.", "cluster.")  # reported as layout changes (resharded at load)
 
 
-def spec_changes(before: RunSpec, after: RunSpec) -> list[str]:
-    """'train.steps: 25 -> 45 (consequence)' for every field `--set` changed, the layout aside."""
+def layout_reported(info: CheckpointInfo | None) -> set[str]:
+    """The spec fields a `layout change:` line reports (ResumePlan.layout_changes): those of the checkpoint's
+    recorded layout; none without a checkpoint. Every other change (cluster.nodes, a field of a checkpoint
+    written without a layout) is a spec change line."""
+    return {f"parallel.{k}" for k in saved_layout(info.meta)} if info is not None else set()
+
+
+def spec_changes(before: RunSpec, after: RunSpec, reported: Collection[str] = ()) -> list[str]:
+    """'train.steps: 25 -> 45 (consequence)' for every field `--set` changed, those in `reported` (the layout
+    change lines') aside."""
     old, new = _flat(resolved_dict(before)), _flat(resolved_dict(after))
     out = []
     for key in sorted(set(old) | set(new)):
-        if old.get(key) == new.get(key) or key.startswith(LAYOUT_SECTIONS) or key == "name":
+        if old.get(key) == new.get(key) or key in reported or key == "name":
             continue
         why = CONSEQUENCE.get(key) or CONSEQUENCE.get(key.split(".", 1)[0])
         out.append(f"{key}: {old.get(key)!r} -> {new.get(key)!r}" + (f" ({why})" if why else ""))
