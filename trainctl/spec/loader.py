@@ -116,21 +116,27 @@ class DuplicateKey(Exception):
 
 class _RefuseDuplicateKeys:
     """A SafeConstructor that raises DuplicateKey where a mapping names a key twice. The keys written in the
-    mapping are compared; those a merge key (`<<: *base`) brings in may be overridden, as YAML means them to."""
+    mapping are compared; those a merge key (`<<: *base`) brings in may be overridden, as YAML means them to.
+    Checked at a node's first flattening, the one place that sees every mapping as written: flattening puts
+    the merged keys into the node, and a merge source may be flattened (by a mapping merging it) before it is
+    constructed."""
 
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[Any, yaml.Mark] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = self.construct_object(key_node, deep=True)  # type: ignore[attr-defined]
-            try:
-                first = seen.setdefault(key, key_node.start_mark)
-            except TypeError:
-                continue  # an unhashable key: the constructor refuses it itself
-            if first is not key_node.start_mark:
-                raise DuplicateKey(key, first, key_node.start_mark)
-        return super().construct_mapping(node, deep)  # type: ignore[misc]
+    def flatten_mapping(self, node: yaml.MappingNode) -> None:
+        checked: set[int] = self.__dict__.setdefault("_checked_mappings", set())
+        if id(node) not in checked:
+            checked.add(id(node))
+            seen: dict[Any, yaml.Mark] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)  # type: ignore[attr-defined]
+                try:
+                    first = seen.setdefault(key, key_node.start_mark)
+                except TypeError:
+                    continue  # an unhashable key: the constructor refuses it itself
+                if first is not key_node.start_mark:
+                    raise DuplicateKey(key, first, key_node.start_mark)
+        super().flatten_mapping(node)  # type: ignore[misc]
 
 
 # libyaml's parser where PyYAML was built with it: the same documents, parsed about 10x faster
