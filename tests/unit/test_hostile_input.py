@@ -94,6 +94,13 @@ def test_a_device_or_a_fifo_as_the_spec_is_refused_at_once(tmp_path: Path, comma
         assert f"{spec}: is a named pipe (FIFO), not a spec file. Fix: pass the path of a .yaml file" in line, line
 
 
+def test_a_calibration_profile_that_is_a_device_is_refused_at_once() -> None:
+    out = trainctl("plan", str(TINY_RECIPE), "--calibration", "/dev/zero", timeout=60)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out
+    assert out.stderr.splitlines()[0] == "error: calibration profile /dev/zero: is a character device, not a " \
+                                         "profile file", out.stderr
+
+
 def test_a_spec_is_read_up_to_1_mib(tmp_path: Path) -> None:
     text = TINY_RECIPE.read_text()
     at_limit = tmp_path / "at-limit.yaml"

@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from trainctl.errors import UsageError
-from trainctl.fileio import write_atomic
+from trainctl.fileio import NotRegularFile, TooLarge, read_capped, write_atomic
 from trainctl.hardware.catalog import resolve_fabric
 from trainctl.model_shape import ModelShape
 from trainctl.plan.calibration.fit import LinkFit, fit_collective, fit_rate, median_of
@@ -70,6 +70,7 @@ SCHEMA_CHANGES = {1: "it also measures the work outside the layers",
                   2: "it fits each collective's latency per call and per ring step over group sizes"}
 STALE_DAYS = 30  # older than this: warned (drivers, firmware and neighbours change)
 REDO = "run `trainctl calibrate SPEC --out {path}` again"
+MAX_PROFILE_BYTES = 16 << 20  # a profile is tens of KB; a bound keeps /dev/zero or a huge file from being read
 
 
 def build(meta: dict[str, Any], raw: dict[str, Any]) -> dict[str, Any]:
@@ -316,7 +317,12 @@ def load(path: Path) -> Profile:
     """Read and schema-check a profile; a missing, corrupt, truncated or foreign file is a UsageError."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_capped(path, MAX_PROFILE_BYTES).decode("utf-8")
+    except (NotRegularFile, TooLarge) as e:  # /dev/zero never ends, a FIFO never opens: refused unread
+        what = (f"is {e.kind}, not a profile file" if isinstance(e, NotRegularFile) else
+                f"larger than {MAX_PROFILE_BYTES >> 20} MiB, the most a profile may be")
+        raise UsageError(f"calibration profile {path}: {what}",
+                         hint="pass the .json file `trainctl calibrate SPEC` wrote") from e
     except OSError as e:
         raise UsageError(f"calibration profile {path}: cannot read it ({e.strerror or e})",
                          hint="check cluster.calibration / --calibration, or run `trainctl calibrate SPEC`") from e
