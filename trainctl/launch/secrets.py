@@ -22,9 +22,9 @@ from collections.abc import Iterable, Mapping, MutableMapping
 from trainctl.errors import UsageError
 from trainctl.spec import RunSpec
 
-# Which names are credentials: the one list (docs/launching.md and docs/reference/spec.md say it in words;
-# tests/unit/test_secrets.py holds them to it). Case is ignored. Erring towards "credential" costs only that
-# the value must be exported again for `trainctl resume`.
+# Which names are credentials: the one list (docs/launching.md says it in words, and
+# tests/unit/test_hostile_input.py holds the page to it). Case is ignored. Erring towards "credential" costs
+# only that the value must be exported again for `trainctl resume`.
 # Anywhere in the name: SECRETKEY, MYPASSWORD1, AWS_SECRET_ACCESS_KEY, GOOGLE_APPLICATION_CREDENTIALS.
 CREDENTIAL_ANYWHERE = ("SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL", "PRIVATE", "APIKEY")
 # A whole word of the name (words are split at underscores and digits): WANDB_API_KEY, SMTP_PASS, GITHUB_PAT.
