@@ -6,6 +6,11 @@ marker must never reach the disk before the files it vouches for (docs/design/ch
 commit protocol"). Checksums (`file_digest`) are those of checkpoint files and of the token files a run
 trains on.
 
+JSON (`json_text`) is written one way, to files (plan.json) and to `--json` alike: strict RFC 8259. Python's
+json module writes a NaN or infinite float as the bare words `NaN` / `Infinity`, which strict parsers (jq,
+JavaScript's JSON.parse, Go, serde) reject; here a non-finite number becomes null, and the record that holds
+it says what null means there (a NaN loss; a whole run not expected to finish).
+
 The file gets the mode `open()` would give it (0666 less the umask), not mkstemp's 0600: others on the
 cluster read run directories and token files, and a user who wants them private sets a umask (077).
 """
@@ -13,9 +18,12 @@ cluster read run directories and token files, and a user who wants them private 
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 
 def umask() -> int:
@@ -198,3 +206,24 @@ def read_capped(path: Path, limit: int) -> bytes:
     if len(data) > limit:
         raise TooLarge(path, limit)
     return data
+
+
+def finite(value: Any) -> Any:
+    """`value` with every NaN/inf float (at any depth) replaced by None; dict keys become strings."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k if isinstance(k, str) else str(k): finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+def json_text(value: Any, *, compact: bool = False) -> str:
+    """Strict JSON text (module docstring): indented, or `compact` (no spaces) for outputs of millions of
+    numbers. Objects json cannot encode (paths) become their string, as `str()` writes them."""
+    style: dict[str, Any] = {"separators": (",", ":")} if compact else {"indent": 2}
+    try:  # the common case has nothing to replace: skip the copy (plan --json --ranks at 16k GPUs)
+        return json.dumps(value, allow_nan=False, default=str, **style)
+    except ValueError:
+        return json.dumps(finite(value), allow_nan=False, default=str, **style)

@@ -25,10 +25,31 @@ def dur(s: float | None) -> str:
             return f"{_sig3(s / scale)} {unit}"
     if abs(s) < 120:
         return f"{s:.2f} s"
-    m, sec = divmod(s, 60)
+    m, sec = divmod(round(s), 60)  # whole seconds first: 599.7 s is 10m 00s, not 9m 60s
     if m >= 48 * 60:  # an MTBF, a checkpoint interval of a big job: days read better than 1575h
         return f"{int(m) // 1440}d {int(m) % 1440 // 60:02d}h"
     return f"{int(m) // 60}h {int(m) % 60:02d}m" if m >= 60 else f"{int(m)}m {sec:02.0f}s"
+
+
+def figure(x: float | None) -> str:
+    """A quantity with its digits in view: whole numbers with separators from 100 up, three significant digits
+    below (0.000146 GPU-hours, not 0)."""
+    if x is None:
+        return "-"
+    return f"{x:,.0f}" if abs(x) >= 99.95 else _sig3(x)
+
+
+def days(s: float) -> str:
+    """A long wall clock in days (2 days and more), a shorter one as a duration: 1,234.5 days, 5h 02m."""
+    return f"{s / 86400:,.1f} days" if s >= 2 * 86400 else dur(s)
+
+
+def energy(mwh: float) -> str:
+    """Energy in the unit that shows it: MWh, kWh or Wh."""
+    for unit, per_mwh in (("MWh", 1.0), ("kWh", 1e3)):
+        if abs(mwh * per_mwh) >= 1:
+            return f"{figure(mwh * per_mwh)} {unit}"
+    return f"{figure(mwh * 1e6)} Wh"
 
 
 def pct(x: float | None, digits: int = 2) -> str:

@@ -117,7 +117,7 @@ def test_negative_price_is_one_line_naming_the_field_exit_2() -> None:
 def test_token_budget_sets_the_steps_and_refuses_a_partial_batch() -> None:
     from trainctl.errors import SpecError
     from trainctl.plan.plan import build_plan
-    from trainctl.spec import load_spec
+    from trainctl.spec import load_spec, load_spec_text
 
     by_steps = load_spec(LLAMA_405B)
     tokens = by_steps.train.steps * by_steps.batch_tokens
@@ -129,8 +129,32 @@ def test_token_budget_sets_the_steps_and_refuses_a_partial_batch() -> None:
     with pytest.raises(SpecError) as err:
         load_spec(LLAMA_405B, ["train.steps=null", f"train.tokens={tokens + 1}"])
     assert "train.tokens" in str(err.value) and "Fix: use" in str(err.value)
-    with pytest.raises(SpecError, match="exactly one of train.steps and train.tokens"):
-        load_spec(LLAMA_405B, [f"train.tokens={tokens}"])
+    # a --set of one of the two replaces the other, as a data source's does
+    assert load_spec(LLAMA_405B, [f"train.tokens={tokens}"]).train.steps == by_steps.train.steps
+    assert load_spec(LLAMA_405B, [f"train.tokens={tokens}", "train.steps=9000"]).train.tokens is None
+    # both in one file (a run directory's frozen spec) must agree
+    assert load_spec(LLAMA_405B, ["train.steps=null", f"train.tokens={tokens}"]).train.steps == by_steps.train.steps
+    with pytest.raises(SpecError) as err:
+        load_spec_text(Path(LLAMA_405B).read_text().replace(
+            f"steps: {by_steps.train.steps},", f"tokens: {tokens}, steps: {by_steps.train.steps + 1},"))
+    assert f"train.steps = {by_steps.train.steps + 1}: disagrees with train.tokens" in str(err.value)
+    with pytest.raises(SpecError, match="give train.steps or train.tokens"):
+        load_spec(LLAMA_405B, ["train.steps=null"])
+
+
+def test_tokens_not_a_multiple_of_the_batch_suggest_two_counts_that_differ_in_print() -> None:
+    """15T on the 70B recipe (4,194,304 tokens a step): the short forms once read (1.5e+13 or 1.5e+13)."""
+    import re
+
+    from trainctl.errors import SpecError
+    from trainctl.spec import load_spec
+
+    with pytest.raises(SpecError) as err:
+        load_spec(REPO / "recipes" / "llama3-70b.yaml", ["train.tokens=15T"])
+    down, up = 3576278 * 4194304, 3576279 * 4194304
+    assert f"use {down:,} or {up:,}" in str(err.value)
+    short = re.search(r"\(([^ ]+) or ([^ )]+)\)", str(err.value))
+    assert short and short[1] != short[2] and float(short[1]) == pytest.approx(down, rel=1e-7)
 
 
 def test_405b_recipe_priced_at_the_published_rate_needs_the_published_gpu_hours() -> None:

@@ -7,7 +7,6 @@ with `--strict`, 1 when the plan has an error-level warning (does not fit, or a 
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +18,8 @@ from trainctl.cli.jsonout import print_json
 from trainctl.cli.options import JsonOpt, OptionalSpecArg, SetOpt, read_spec
 from trainctl.errors import UsageError
 from trainctl.terminal import prose
-from trainctl.units import count, decimal_size, dur, pct, tflops
+from trainctl.units import count, decimal_size, dur, energy, figure, pct, tflops
+from trainctl.units import days as days_text
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -245,45 +245,60 @@ def checkpoint_rows(ck: dict[str, Any]) -> list[tuple[str, str]]:
     configured = (" or ".join(asked) or "none scheduled") + (
         f" = {dur(cad['configured_s'])}" if cad["configured_s"] else "")
     if cad["loss_configured"] is not None:
-        configured += f"; {pct(cad['loss_configured'], 2)} expected lost"
+        configured += f"; {lost_text(cad['loss_configured'])}"
     steps = f" (~{count(cad['optimal_steps'], 'step')})" if cad["optimal_steps"] else ""
     return [
         ("size", _bytes(ck["bytes"])),
         ("save", f"blocks training {dur(ck['blocking_s'])}" + (f", written in {dur(ck['save_s'])} (async)"
                  if ck["async"] else " (synchronous)") + f" at {ck['write_gbps_per_node']:g} GB/s per node"),
         ("interval", configured),
-        ("Young/Daly interval", f"{dur(cad['optimal_s'])}{steps}; {pct(cad['loss_optimal'], 2)} expected lost, "
+        ("Young/Daly interval", f"{dur(cad['optimal_s'])}{steps}; {lost_text(cad['loss_optimal'])}, "
                                 f"MTBF {dur(cad['mtbf_s'])} ({cad['mtbf_source']})"),
     ] + whole_run_rows(ck["whole_run"])
 
 
 def whole_run_rows(run: dict[str, Any] | None) -> list[tuple[str, str]]:
-    """The whole run under failures (plan/whole_run.py; formulas in --json's checkpoint.whole_run.formulas)."""
+    """The whole run under failures and time limits (plan/whole_run.py; formulas in --json's
+    checkpoint.whole_run.formulas)."""
     if run is None:  # no predicted step time: a CPU's peak is measured at run time, not in the catalog
         return [("whole run", "unknown without a predicted step time: `trainctl calibrate SPEC` measures this "
                               "hardware, then `trainctl plan SPEC --calibration PROFILE` prices the whole run")]
-    days = run["wall_days"]
-    if days["mean"] is None or not math.isfinite(days["mean"]):  # a save interval far beyond the MTBF
-        return [("whole run", f"{count(run['steps'], 'step')}, compute {dur(run['compute_s'])}: not expected to "
-                              f"finish: {dur(run['interval_s'])} of work between saves against an MTBF of "
-                              f"{dur(run['mtbf_s'])} (schedule checkpoints: checkpoint.every_steps)")]
-    cost = f", cost {run['cost']:,.0f}" if run["cost"] is not None else ""
-    energy = f", at most {run['energy_mwh']:,.0f} MWh" if run["energy_mwh"] is not None else ""
+    length = (f"{count(run['steps'], 'step')} x {run['tokens'] / run['steps']:,.0f} tokens = "
+              f"{run['tokens']:.4g} tokens (from {run['given']}); compute {dur(run['compute_s'])}")
+    if not run["finishes"]:
+        return [("whole run", f"{length}: not expected to finish: {run['not_finishing']}")]
+    days = {k: v * 86400.0 for k, v in run["wall_days"].items()}
+    cost = f", cost {figure(run['cost'])}" if run["cost"] is not None else ""
+    energy_row = f", at most {energy(run['energy_mwh'])}" if run["energy_mwh"] is not None else ""
     parts = run["restart_parts_s"]
     restart = (f"{dur(run['restart_s'])} restart (requeue {dur(parts['requeue'])}, start-up {dur(parts['startup'])}, "
                f"checkpoint load {dur(parts['checkpoint_load'])}: estimate.requeue_s, startup_s, "
                "checkpoint_read_gbps)")
+    limit = run["time_limit"]
+    limit_rows = [] if limit is None else [(
+        "time limits", f"~{count(limit['stops'], 'requeue')} at cluster.time {dur(limit['limit_s'])} "
+                       f"({dur(limit['train_per_attempt_s'])} of training per attempt after the grace and start-up), "
+                       f"{dur(limit['cost_each_s'])} each (the stop's save and a restart): {dur(limit['total_s'])}; "
+                       "not failures")]
     return [
-        ("whole run", f"{count(run['steps'], 'step')} x {run['tokens'] / run['steps']:,.0f} tokens = "
-                      f"{run['tokens']:.4g} tokens (from {run['given']}); compute {dur(run['compute_s'])}; "
-                      f"{count(run['saves'], 'save')} blocking "
-                      f"{dur(run['save_blocking_s'])}, last write {dur(run['last_write_s'])}"),
-        ("interruptions", f"~{run['expected_interruptions']:.1f} expected, each redoing the work since the last "
-                          f"save plus a {restart}; ETTR {pct(run['ettr'], 1)}"),
-        ("wall clock", f"P10 {days['p10']:.2f} / P50 {days['p50']:.2f} / P90 {days['p90']:.2f} days (closed form); "
-                       f"{run['gpu_hours']:,.0f} GPU-hours{energy}{cost}"),
+        ("whole run", f"{length}; {count(run['saves'], 'save')} blocking {dur(run['save_blocking_s'])}, last write "
+                      f"{dur(run['last_write_s'])}"),
+        ("interruptions", f"~{figure(run['expected_interruptions'])} failures expected, each redoing the work since "
+                          f"the last save plus a {restart}; ETTR {pct(run['ettr'], 1)}"),
+        *limit_rows,
+        ("wall clock", f"P10 {days_text(days['p10'])} / P50 {days_text(days['p50'])} / P90 {days_text(days['p90'])} "
+                       f"(closed form); {figure(run['gpu_hours'])} GPU-hours{energy_row}{cost}"),
         ("best interval", f"{dur(run['optimal_interval_s'])} minimises the expected wall clock"),
     ]
+
+
+def lost_text(loss: float) -> str:
+    """An interval's expected loss (plan/cadence.py), or the whole run's verdict where it is past finishing."""
+    from trainctl.plan.whole_run import FINISH_FACTOR
+
+    if loss > 1.0 - 1.0 / FINISH_FACTOR:
+        return f"over {pct(1.0 - 1.0 / FINISH_FACTOR, 0)} expected lost: not expected to finish"
+    return f"{pct(loss, 2)} expected lost"
 
 
 def render_ranks(plan: Plan, console: Console) -> None:
@@ -409,23 +424,28 @@ def render_sweep(res: Sweep, console: Console) -> None:
                    f"{res.node_range[1]} searched, each at its best layout (`plan --auto` there); the Pareto "
                    "front of days against GPU-hours (no other count is both faster and cheaper):")
     t = Table()
-    for col in ("nodes", "GPUs", "layout", "days", "GPU-hours", *(("cost",) if res.priced else ()), "MFU"):
+    for col in ("nodes", "GPUs", "layout", "wall clock", "GPU-hours", *(("cost",) if res.priced else ()), "MFU"):
         t.add_column(col, justify="left" if col == "layout" else "right")
     for p in res.front:
         d = p.as_dict()
-        t.add_row(f"{p.nodes:,}", f"{d['gpus']:,}", escape(d["layout"]), f"{p.days:,.1f}", f"{p.gpu_hours:,.0f}",
-                  *((f"{p.cost:,.0f}",) if p.cost is not None else ()), _pct(p.mfu))
+        t.add_row(f"{p.nodes:,}", f"{d['gpus']:,}", escape(d["layout"]), days_text(p.days * 86400),
+                  figure(p.gpu_hours),
+                  *((figure(p.cost),) if p.cost is not None else ()), _pct(p.mfu))
     console.print(t)
     if res.answer is not None:
         a = res.answer
-        cost = f", cost {a.cost:,.0f}" if a.cost is not None else ""
-        prose(console, f"{a.nodes:,} nodes: {a.days:,.1f} days, {a.gpu_hours:,.0f} GPU-hours{cost}, MFU "
+        cost = f", cost {figure(a.cost)}" if a.cost is not None else ""
+        prose(console, f"{a.nodes:,} nodes: {days_text(a.days * 86400)}, {figure(a.gpu_hours)} GPU-hours{cost}, MFU "
                        f"{_pct(a.mfu)} ({res.why}).", "[bold green]Answer:[/bold green] ")
+    if res.not_finishing:
+        shown = ", ".join(map(str, res.not_finishing[:6])) + (", …" if len(res.not_finishing) > 6 else "")
+        prose(console, f"[yellow]Not expected to finish at {count(len(res.not_finishing), 'node count')} "
+                       f"({shown}): left out (plan SPEC --set cluster.nodes=N says why).[/yellow]")
     if res.empty:
         shown = ", ".join(map(str, res.empty[:6])) + (", …" if len(res.empty) > 6 else "")
         prose(console, f"[dim]No layout at {count(len(res.empty), 'node count')} ({shown}): the spec rules leave "
                        "none that fits there (global_batch bounds dp x pp: micro-batches >= pp).[/dim]")
-    prose(console, f"[dim]Days: the whole run's expected wall clock with interruptions and restarts (plan's "
+    prose(console, f"[dim]Wall clock: the whole run's expected, with interruptions and restarts (plan's "
                    f"whole-run block); {sum(p.scored for p in res.points):,} of "
                    f"{sum(p.candidates for p in res.points):,} layouts scored, the rest could not beat a count's "
                    f"best; {res.elapsed_s:.1f} s.[/dim]")

@@ -20,7 +20,7 @@ import yaml
 
 from trainctl.data import identity as data_identity
 from trainctl.errors import UsageError
-from trainctl.fileio import nearest_existing, require_writable, write_atomic, write_errors_as_usage
+from trainctl.fileio import json_text, nearest_existing, require_writable, write_atomic, write_errors_as_usage
 from trainctl.launch import secrets
 from trainctl.rundir.paths import RunPaths
 from trainctl.spec import RunSpec, resolved_dict
@@ -100,7 +100,7 @@ def build_plan_json(spec: RunSpec) -> str:
 
     # Recorded, not enforced: a plan warning (e.g. memory) does not stop a launch the rules accepted.
     data = build_plan(spec).to_json(ranks=True)
-    return data if isinstance(data, str) else json.dumps(data, indent=2) + "\n"
+    return data if isinstance(data, str) else json_text(data) + "\n"  # null for non-finite, as plan --json
 
 
 def render_script(command: Sequence[str], env: Mapping[str, str], header: str,

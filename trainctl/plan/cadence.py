@@ -7,7 +7,9 @@ smallest at Young's T = sqrt(2*C*M) (J. W. Young, "A first order approximation t
 interval", CACM 17(9), 1974). Daly's higher-order estimate (J. T. Daly, "A higher order estimate of the
 optimum checkpoint interval for restart dumps", FGCS 22(3), 2006, eq. 37) corrects it for C not << M:
 T = sqrt(2CM) * (1 + sqrt(C/2M)/3 + (C/2M)/9) - C for C < 2M, else T = M. The interval we advise is Daly's;
-the loss we print is the first-order one above, at the configured interval and at Daly's.
+the loss we print, at the configured interval and at Daly's, is the whole-run model's (plan/whole_run.py
+`lost_fraction`: the share of the wall clock lost to saves, redone work and restarts, 1 - ETTR for a run of
+whole intervals), not the first-order sum above, which passes 100% where failures are frequent.
 
 The job's MTBF is `checkpoint.mtbf_hours` when the spec gives it, else a per-node MTBF divided by the node
 count: NODE_MTBF_HOURS from Llama 3's pre-training (Dubey et al., "The Llama 3 Herd of Models", 2024,
@@ -20,6 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from trainctl.plan.whole_run import lost_fraction
 from trainctl.units import count, dur
 
 NODE_MTBF_HOURS = 6300.0
@@ -45,9 +48,9 @@ def daly_interval(cost_s: float, mtbf_s: float) -> float:
     return math.sqrt(2.0 * cost_s * mtbf_s) * (1.0 + math.sqrt(r) / 3.0 + r / 9.0) - cost_s
 
 
-def expected_loss(interval_s: float, cost_s: float, mtbf_s: float) -> float:
-    """Fraction of the wall clock lost to saving and to redoing work after failures (first order)."""
-    return cost_s / interval_s + interval_s / (2.0 * mtbf_s)
+def expected_loss(interval_s: float, cost_s: float, mtbf_s: float, restart_s: float = 0.0) -> float:
+    """Fraction of the wall clock lost to saving, redoing work after failures and restarting (whole-run model)."""
+    return lost_fraction(interval_s=interval_s, save_block_s=cost_s, restart_s=restart_s, mtbf_s=mtbf_s)
 
 
 def configured_interval(every_steps: int | None, every_minutes: float | None,
@@ -67,6 +70,7 @@ class Cadence:
     configured_s: float | None
     step_time_s: float | None
     run_s: float | None = None  # the whole run's predicted or measured length, when known
+    restart_s: float = 0.0  # what a failure costs besides the redone work (requeue, start-up, load)
 
     @property
     def optimal_s(self) -> float:
@@ -74,13 +78,13 @@ class Cadence:
 
     @property
     def loss_optimal(self) -> float:
-        return expected_loss(self.optimal_s, self.cost_s, self.mtbf_s)
+        return expected_loss(self.optimal_s, self.cost_s, self.mtbf_s, self.restart_s)
 
     @property
     def loss_configured(self) -> float | None:
         if not self.configured_s:
             return None
-        return expected_loss(self.configured_s, self.cost_s, self.mtbf_s)
+        return expected_loss(self.configured_s, self.cost_s, self.mtbf_s, self.restart_s)
 
     @property
     def optimal_steps(self) -> int | None:
@@ -111,4 +115,4 @@ class Cadence:
         return {"cost_s": self.cost_s, "mtbf_s": self.mtbf_s, "mtbf_source": self.mtbf_source,
                 "configured_s": self.configured_s, "optimal_s": self.optimal_s, "optimal_steps": self.optimal_steps,
                 "young_s": young_interval(self.cost_s, self.mtbf_s), "loss_configured": self.loss_configured,
-                "loss_optimal": self.loss_optimal, "warning": self.warning()}
+                "loss_optimal": self.loss_optimal, "restart_s": self.restart_s, "warning": self.warning()}

@@ -24,7 +24,7 @@ from trainctl.plan.estimate import Assumptions, Candidate, Context, Estimate, Ev
 from trainctl.plan.memory import compute_precision, host_memory_bytes, reserve_bytes
 from trainctl.plan.placement import Groups, Layout, placement_table
 from trainctl.plan.rates import describe, measured_rates
-from trainctl.plan.whole_run import WholeRun, whole_run_summary
+from trainctl.plan.whole_run import TimeLimit, WholeRun, whole_run_summary
 from trainctl.spec import time_limit
 from trainctl.spec.models import RunSpec
 from trainctl.units import dur
@@ -389,7 +389,7 @@ def checkpoint_plan(spec: RunSpec, step_time: float | None) -> tuple[dict[str, A
     blocking, total = save_seconds(spec)
     ck = spec.checkpoint
     mtbf, source = job_mtbf(spec.cluster.nodes, ck.mtbf_hours)
-    cadence = Cadence(cost_s=blocking, mtbf_s=mtbf, mtbf_source=source,
+    cadence = Cadence(cost_s=blocking, mtbf_s=mtbf, mtbf_source=source, restart_s=sum(restart_parts(spec).values()),
                       configured_s=configured_interval(ck.every_steps, ck.every_minutes, step_time),
                       step_time_s=step_time, run_s=step_time * spec.train.steps if step_time else None)
     e = spec.estimate
@@ -408,22 +408,45 @@ def checkpoint_plan(spec: RunSpec, step_time: float | None) -> tuple[dict[str, A
     return out, tuple(warnings)
 
 
+def restart_parts(spec: RunSpec) -> dict[str, float]:
+    """A restart's seconds by part: the scheduler's requeue, the start-up, the checkpoint load of one node."""
+    e = spec.estimate
+    load = checkpoint_bytes(spec) / spec.cluster.nodes / (e.checkpoint_read_gbps * 1e9)
+    return {"requeue": e.requeue_s, "startup": e.startup_s, "checkpoint_load": load}
+
+
+def run_time_limit(spec: RunSpec, *, save_s: float, interval_s: float) -> TimeLimit | None:
+    """Slurm's cluster.time as the whole run meets it (plan/whole_run.py); None for a local run or no limit. A
+    stop saves (its whole write) before the job requeues itself, unless the grace is too short for the write:
+    then the work since the last save is lost, half an interval on average."""
+    limit = time_limit.limit_s(spec.cluster.time)
+    if spec.backend != "slurm" or limit is None or limit >= time_limit.UNLIMITED_S:
+        return None
+    parts = restart_parts(spec)
+    grace = spec.launcher.grace_s
+    lost = interval_s / 2.0 if grace < save_s else 0.0
+    return TimeLimit(limit_s=float(limit), train_s=limit - grace - parts["startup"] - parts["checkpoint_load"],
+                     stop_s=save_s + sum(parts.values()) + lost)
+
+
 def whole_run_plan(spec: RunSpec, *, step_time: float | None, blocking_s: float, save_s: float,
                    mtbf_s: float) -> dict[str, Any] | None:
-    """The whole run's expected wall clock, interruptions and GPU-hours (plan/whole_run.py); None without a step
-    time. Without scheduled saves the run is one interval: a failure redoes it from the start."""
+    """The whole run's expected wall clock, interruptions, time-limit stops and GPU-hours (plan/whole_run.py);
+    None without a step time. Without scheduled saves the run is one interval: a failure redoes it from the
+    start."""
     if not step_time:
         return None
-    e, ck = spec.estimate, spec.checkpoint
+    ck = spec.checkpoint
     compute = step_time * spec.train.steps
-    interval = configured_interval(ck.every_steps, ck.every_minutes, step_time) or compute
-    load = checkpoint_bytes(spec) / spec.cluster.nodes / (e.checkpoint_read_gbps * 1e9)
-    parts = {"requeue": e.requeue_s, "startup": e.startup_s, "checkpoint_load": load}
-    run = WholeRun(compute_s=compute, interval_s=min(interval, compute), save_block_s=blocking_s,
+    configured = configured_interval(ck.every_steps, ck.every_minutes, step_time)
+    interval = min(configured or compute, compute)
+    parts = restart_parts(spec)
+    run = WholeRun(compute_s=compute, interval_s=interval, save_block_s=blocking_s,
                    last_write_s=save_s - blocking_s if ck.async_save else 0.0, restart_s=sum(parts.values()),
-                   mtbf_s=mtbf_s)
+                   mtbf_s=mtbf_s, time_limit=run_time_limit(spec, save_s=save_s, interval_s=interval))
     summary = whole_run_summary(run=run, gpus=spec.cluster.world_size, gpu_hour_price=spec.cluster.gpu_hour_price,
-                                board_power_w=resolve_accelerator(spec.cluster).board_power_w, restart_parts=parts)
+                                board_power_w=resolve_accelerator(spec.cluster).board_power_w, restart_parts=parts,
+                                saves_scheduled=configured is not None)
     given = "train.tokens" if spec.train.tokens is not None else "train.steps"
     return {"steps": spec.train.steps, "tokens": spec.train.steps * spec.batch_tokens, "given": given, **summary}
 

@@ -26,6 +26,7 @@ from trainctl.plan.checkpoint_size import save_seconds
 from trainctl.plan.estimate import Candidate, Evaluator
 from trainctl.plan.plan import whole_run_plan
 from trainctl.spec.models import RunSpec
+from trainctl.units import figure
 
 OBJECTIVES = ("time", "cost", "gpu-hours")
 DEFAULT_COUNTS = 64
@@ -59,7 +60,7 @@ class Point:
 @dataclass(frozen=True)
 class Sweep:
     name: str
-    objective: str
+    objective: str  # what picked the answer: an --objective, or "deadline" or "budget"
     node_range: tuple[int, int]
     points: list[Point]  # every count with a fitting layout, by node count
     empty: list[int]  # counts (or sweep points) where no layout exists or none fits
@@ -68,12 +69,13 @@ class Sweep:
     why: str  # how the answer was picked
     priced: bool
     elapsed_s: float
+    not_finishing: list[int]  # counts with a layout whose whole run is not expected to finish
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "objective": self.objective, "nodes": list(self.node_range),
                 "why": self.why, "answer": self.answer.as_dict() if self.answer else None,
                 "front": [p.as_dict() for p in self.front], "points": [p.as_dict() for p in self.points],
-                "no_layout": self.empty, "priced": self.priced,
+                "no_layout": self.empty, "not_finishing": self.not_finishing, "priced": self.priced,
                 "candidates_scored": sum(p.scored for p in self.points),
                 "candidates": sum(p.candidates for p in self.points), "elapsed_s": self.elapsed_s}
 
@@ -90,24 +92,34 @@ def parse_nodes(text: str) -> tuple[int, int]:
     return lo, hi
 
 
+def _amount(option: str, text: str, unit: str, example: str) -> tuple[float, str]:
+    """`--OPTION` as a positive, finite number with an optional unit suffix -> (the number, the suffix as
+    typed, lowercased; "" without one). One parser for --deadline and --budget: any float Python reads (1e6,
+    5e+6, 2.5), never inf or nan."""
+    m = re.fullmatch(rf"\s*(\S+?)\s*({unit})?\s*", text, re.IGNORECASE)
+    try:
+        value = float(m[1]) if m else math.nan
+    except ValueError:
+        value = math.nan
+    if m is None or not math.isfinite(value) or value <= 0:
+        raise UsageError(f"{option} {text!r}: expected a positive, finite amount, e.g. {example}")
+    return value, (m[2] or "").lower()
+
+
 def parse_deadline(text: str) -> float:
     """`30d`, `36h` or plain days -> days."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?(?:e\d+)?)\s*([dh]?)\s*", text, re.IGNORECASE)
-    if m is None or float(m[1]) <= 0:
-        raise UsageError(f"--deadline {text!r}: expected a positive duration in days or hours, e.g. 30d or 36h")
-    return float(m[1]) / (24.0 if m[2].lower() == "h" else 1.0)
+    value, suffix = _amount("--deadline", text, "d|h", "30d or 36h")
+    return value / (24.0 if suffix == "h" else 1.0)
 
 
 def parse_budget(text: str, price: float | None) -> tuple[float, bool]:
     """`2e6gpuh` (GPU-hours) or a plain amount (currency, which needs cluster.gpu_hour_price) -> (amount, is
     GPU-hours)."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?(?:e\d+)?)\s*(gpuh)?\s*", text, re.IGNORECASE)
-    if m is None or float(m[1]) <= 0:
-        raise UsageError(f"--budget {text!r}: expected a positive amount, GPU-hours as 2e6gpuh or money as 5e6")
-    if m[2] is None and price is None:
-        raise UsageError(f"--budget {text}: a money budget needs cluster.gpu_hour_price in the spec (--set "
+    value, suffix = _amount("--budget", text, "gpuh", "GPU-hours as 2e6gpuh or money as 5e6")
+    if not suffix and price is None:
+        raise UsageError(f"--budget {text.strip()}: a money budget needs cluster.gpu_hour_price in the spec (--set "
                          f"cluster.gpu_hour_price=2.5), or give GPU-hours as {text.strip()}gpuh")
-    return float(m[1]), m[2] is not None
+    return value, bool(suffix)
 
 
 def node_counts(lo: int, hi: int, counts: int, has_layout: Callable[[int], bool]) -> tuple[list[int], list[int]]:
@@ -172,6 +184,7 @@ def sweep(spec: RunSpec, *, nodes: tuple[int, int], counts: int = DEFAULT_COUNTS
     if objective == "cost" and price is None:
         raise UsageError("--objective cost needs cluster.gpu_hour_price in the spec (--set "
                          "cluster.gpu_hour_price=2.5), or use --objective gpu-hours")
+    _refuse_unusable(spec, nodes)
     shapes: dict[int, list[Candidate]] = {}  # per node count: its layouts, without ZeRO/offload variants
 
     def has_layout(n: int) -> bool:
@@ -182,6 +195,7 @@ def sweep(spec: RunSpec, *, nodes: tuple[int, int], counts: int = DEFAULT_COUNTS
     chosen, empty = node_counts(lo, hi, counts, has_layout)
     shared: Evaluator | None = None
     points: list[Point] = []
+    never: dict[int, str] = {}  # counts whose whole run is not expected to finish: why
     for i, n in enumerate(chosen):
         at = spec_at(spec, n)
         ctx, _ = search_context(at)
@@ -192,15 +206,37 @@ def sweep(spec: RunSpec, *, nodes: tuple[int, int], counts: int = DEFAULT_COUNTS
             empty.append(n)
         else:
             run = _whole_run(at, best.cand, best.est.step_time)
-            points.append(Point(nodes=n, best=best, days=run["wall_days"]["mean"], gpu_hours=run["gpu_hours"],
-                                cost=run["cost"], scored=scored,
-                                candidates=sum(len(zero_stages(shape)) for shape in shapes[n])))
+            if not run["finishes"]:  # no days or GPU-hours to rank it by
+                never[n] = run["not_finishing"]
+            else:
+                points.append(Point(nodes=n, best=best, days=run["wall_days"]["mean"], gpu_hours=run["gpu_hours"],
+                                    cost=run["cost"], scored=scored,
+                                    candidates=sum(len(zero_stages(shape)) for shape in shapes[n])))
         if progress is not None:
             progress(i + 1, len(chosen), n)
+    if not points and never:
+        largest = max(never)
+        raise UsageError(f"--nodes {lo}..{hi}: no node count is expected to finish the run; at {largest:,} nodes "
+                         f"{never[largest]}")
     answer, why = _pick(points, objective, deadline_days, budget, price, nodes)
-    return Sweep(name=spec.name, objective=objective, node_range=nodes, points=points, empty=sorted(empty),
+    picked_by = "deadline" if deadline_days is not None else "budget" if budget is not None else objective
+    return Sweep(name=spec.name, objective=picked_by, node_range=nodes, points=points, empty=sorted(empty),
                  front=pareto(points), answer=answer, why=why, priced=price is not None,
-                 elapsed_s=time.perf_counter() - t0)
+                 elapsed_s=time.perf_counter() - t0, not_finishing=sorted(never))
+
+
+def _refuse_unusable(spec: RunSpec, nodes: tuple[int, int]) -> None:
+    """Node counts the spec cannot run on, or cannot price, are not swept: one line with the fix. The local
+    backend runs on one node; a peak unknown to the catalog (a CPU) gives no step time in seconds, only a rank
+    (plan --auto's nominal 1 TFLOP/s), so days and GPU-hours would be invented."""
+    lo, hi = nodes
+    if spec.launcher.backend == "local" and hi > 1:
+        raise UsageError(f"--nodes {lo}..{hi}: launcher.backend local runs on one node; sweep node counts of a "
+                         "Slurm run (--set launcher.backend=slurm), or use --nodes 1")
+    if not search_context(spec)[1]:
+        raise UsageError(f"--nodes {lo}..{hi}: no step time in seconds for {spec.cluster.gpu} (its peak FLOP/s is not "
+                         "in the catalog), so no days or GPU-hours: price it with --calibration PROFILE (trainctl "
+                         "calibrate SPEC) or --set cluster.peak_tflops=N")
 
 
 def _pick(points: list[Point], objective: str, deadline_days: float | None, budget: tuple[float, bool] | None,
@@ -215,11 +251,11 @@ def _pick(points: list[Point], objective: str, deadline_days: float | None, budg
     if deadline_days is not None:
         meets = [p for p in points if p.days <= deadline_days]
         if not meets:
-            raise UsageError(f"--deadline {deadline_days:g}d: no node count in {span} meets it; the fastest, "
-                             f"{fastest.nodes} nodes, takes {fastest.days:.1f} days ({fastest.days - deadline_days:.1f}"
-                             f" over): raise --nodes' upper end or the deadline")
+            raise UsageError(f"--deadline {figure(deadline_days)}d: no node count in {span} meets it; the fastest, "
+                             f"{fastest.nodes} nodes, takes {figure(fastest.days)} days "
+                             f"({figure(fastest.days - deadline_days)} over): raise --nodes' upper end or the deadline")
         best = min(meets, key=lambda p: (p.gpu_hours, p.days))
-        return best, f"the cheapest count that finishes within {deadline_days:g} days"
+        return best, f"the cheapest count that finishes within {figure(deadline_days)} days"
     if budget is not None:
         amount, in_gpu_hours = budget
         spend = (lambda p: p.gpu_hours) if in_gpu_hours else (lambda p: p.cost or 0.0)
@@ -227,10 +263,10 @@ def _pick(points: list[Point], objective: str, deadline_days: float | None, budg
         within = [p for p in points if spend(p) <= amount]
         if not within:
             low = spend(cheapest)
-            raise UsageError(f"--budget {amount:g}: no node count in {span} fits it; the cheapest, {cheapest.nodes} "
-                             f"nodes, needs {low:,.0f} {unit} ({low - amount:,.0f} over): raise the budget or "
-                             "lower --nodes' lower end")
-        return min(within, key=lambda p: (p.days, p.gpu_hours)), f"the fastest count within {amount:g} {unit}"
+            raise UsageError(f"--budget {figure(amount)} {unit}: no node count in {span} fits it; the cheapest, "
+                             f"{cheapest.nodes} nodes, needs {figure(low)} {unit} ({figure(low - amount)} over): raise "
+                             "the budget or lower --nodes' lower end")
+        return min(within, key=lambda p: (p.days, p.gpu_hours)), f"the fastest count within {figure(amount)} {unit}"
     if objective == "time":
         return fastest, "objective time: the fewest days"
     return cheapest, f"objective {objective}: the fewest GPU-hours" + (" (cost = GPU-hours x price)"

@@ -30,7 +30,9 @@ def measured_cadence(run: RunData, step_time_s: float | None, steps: int | None)
     ck, cluster = spec.get("checkpoint") or {}, spec.get("cluster") or {}
     mtbf, source = job_mtbf(int(cluster.get("nodes") or 1), ck.get("mtbf_hours"))
     cost = float(median(blocks) or 0.0)
+    planned = ((run.plan or {}).get("checkpoint") or {}).get("whole_run") or {}
     cadence = Cadence(cost, mtbf, source,
                       configured_interval(ck.get("every_steps"), ck.get("every_minutes"), step_time_s),
-                      step_time_s, run_s=step_time_s * steps if step_time_s and steps else None)
+                      step_time_s, run_s=step_time_s * steps if step_time_s and steps else None,
+                      restart_s=float(planned.get("restart_s") or 0.0))  # the plan's restart; 0 without one
     return {"available": True, "saves": len(blocks), "save_s": median(save_durations(run)), **cadence.as_dict()}

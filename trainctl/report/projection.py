@@ -21,6 +21,7 @@ steps), a cause like the others.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -91,21 +92,31 @@ class Planned:
     failures_per_compute_s: float
     cost_per_failure_s: float
     last_write_s: float
+    time_limits_per_step_s: float = 0.0  # the planned requeues at cluster.time, spread over the steps
 
     @classmethod
     def from_whole_run(cls, w: dict[str, Any]) -> Planned:
+        """The plan's side; the caller has checked that the plan expects the run to finish (w["finishes"])."""
         steps, compute = float(w["steps"]), float(w["compute_s"])
         failures = float(w["expected_interruptions"])
-        lost = w["wall_days"]["mean"] * 86400.0 - compute - w["save_blocking_s"] - w["last_write_s"]
+        limits = float(((w.get("time_limit") or {}).get("total_s")) or 0.0)
+        lost = w["wall_days"]["mean"] * 86400.0 - compute - w["save_blocking_s"] - w["last_write_s"] - limits
         return cls(step_s=compute / steps, save_per_step_s=w["save_blocking_s"] / steps,
                    failures_per_compute_s=failures / compute if compute else 0.0,
                    cost_per_failure_s=max(0.0, lost / failures) if failures > 0 else float(w["restart_s"]),
-                   last_write_s=float(w["last_write_s"]))
+                   last_write_s=float(w["last_write_s"]), time_limits_per_step_s=limits / steps)
 
     def total_s(self, steps: int) -> float:
         compute = steps * self.step_s
-        return (compute + steps * self.save_per_step_s + self.failures_per_compute_s * compute
-                * self.cost_per_failure_s + self.last_write_s)
+        return (compute + steps * (self.save_per_step_s + self.time_limits_per_step_s)
+                + self.failures_per_compute_s * compute * self.cost_per_failure_s + self.last_write_s)
+
+
+def expects_finish(w: dict[str, Any]) -> bool:
+    """Whether the plan's whole run has a finite expected total (plan/whole_run.py `finishes`; a plan written
+    before that key has an infinite or missing mean instead)."""
+    mean = (w.get("wall_days") or {}).get("mean")
+    return w.get("finishes", True) is not False and isinstance(mean, (int, float)) and math.isfinite(mean)
 
 
 def gap(m: Measured, p: Planned) -> dict[str, Any]:
@@ -157,6 +168,9 @@ def project(m: Measured, *, plan_whole_run: dict[str, Any] | None, finished: boo
     }
     if plan_whole_run is None:
         out["vs_plan_note"] = no_plan_note
+    elif not expects_finish(plan_whole_run):  # no planned total to be behind or ahead of
+        why = plan_whole_run.get("not_finishing") or "its expected wall clock is infinite"
+        out["vs_plan_note"] = f"the plan expects the run not to finish: {why}"
     else:
         out["vs_plan"] = gap(m, Planned.from_whole_run(plan_whole_run))
     return out

@@ -244,9 +244,11 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str], source: str 
                                  "section"], source)
             node[key] = child = dict(child)
             node = child
-        if keys[:-1] == ["data"] and keys[-1] in DATA_SOURCES and value:
-            # `--set data.synthetic=true` on a recipe with a data.path means "this source instead"
-            for other in DATA_SOURCES:
+        alternatives = ALTERNATIVES.get(tuple(keys[:-1]), ())
+        if keys[-1] in alternatives and value:
+            # `--set data.synthetic=true` on a recipe with a data.path means "this source instead", and
+            # `--set train.tokens=2T` on one with train.steps "this length instead"
+            for other in alternatives:
                 node.pop(other, None)
         node[keys[-1]] = value
     return data
@@ -254,6 +256,8 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str], source: str 
 
 # The keys of the data section that each name the run's whole data source (the spec allows one).
 DATA_SOURCES = ("path", "blend", "synthetic")
+# Per section, keys that each say the same thing another way: a `--set` of one replaces the others.
+ALTERNATIVES = {("data",): DATA_SOURCES, ("train",): ("steps", "tokens")}
 
 
 def validate_spec(data: dict[str, Any], source: str = "<spec>") -> RunSpec:

@@ -266,7 +266,8 @@ class TrainSpec(Strict):
     global_batch: Count = Field(description="Sequences per optimizer step, across all DP ranks")
     # up to a billion: a 15T-token budget at 4M tokens per step is 3.6M steps
     steps: Annotated[int, Field(ge=1, le=1_000_000_000)] | None = Field(
-        None, description="Optimizer steps to train for; give this or train.tokens")
+        None, description="Optimizer steps to train for; give this or train.tokens (a run directory's frozen "
+        "spec holds both: the steps its tokens imply)")
     tokens: Annotated[int, BeforeValidator(token_count), Field(gt=0, le=10**17)] | None = Field(
         None, description="Tokens to train on (15e12, 15T, 405B, 2M), instead of train.steps: the steps are "
         "tokens / (global_batch x model.seq_len), which must divide it")
@@ -320,8 +321,8 @@ class TrainSpec(Strict):
 
     @model_validator(mode="after")
     def _steps_or_tokens(self) -> TrainSpec:
-        if (self.steps is None) == (self.tokens is None):
-            raise ValueError("give exactly one of train.steps and train.tokens (the other is derived)")
+        if self.steps is None and self.tokens is None:
+            raise ValueError("give train.steps or train.tokens (the other is derived)")
         return self
 
     @property
@@ -620,10 +621,19 @@ class RunSpec(Strict):
     @model_validator(mode="after")
     def _steps_from_tokens(self) -> RunSpec:
         # frozen model: train.tokens sets train.steps once, at validation; a count the batch does not divide is
-        # rounded down here and refused by the rules (spec/rules.py), which name the fix
-        if self.train.tokens is not None:
-            object.__setattr__(self.train, "steps", max(1, self.train.tokens // self.batch_tokens))
+        # rounded down here and refused by the rules (spec/rules.py), which name the fix. Steps given beside the
+        # tokens (a run directory's frozen spec holds both) stay, for the rules to hold against the tokens.
+        if self.train.tokens is not None and self.train.steps is None:
+            object.__setattr__(self.train, "steps", self.steps_for_tokens)
         return self
+
+    @property
+    def steps_for_tokens(self) -> int | None:
+        """The optimizer steps train.tokens implies (rounded down; at least 1); None without train.tokens. The
+        one place that turns a token budget into steps."""
+        if self.train.tokens is None:
+            return None
+        return max(1, self.train.tokens // self.batch_tokens)
 
     @property
     def batch_tokens(self) -> int:

@@ -288,12 +288,22 @@ def _grad_compression(spec: RunSpec) -> Iterator[str]:
                       "set grad_reduce_dtype: fp32 with grad_compression, or remove grad_compression")
 
 
+def _apart(a: int, b: int) -> str:
+    """`a or b` in the fewest significant digits that tell them apart: 1.5e+13 or 1.500000004e+13."""
+    digits = next((d for d in range(4, 18) if f"{a:.{d}g}" != f"{b:.{d}g}"), 18)
+    return f"{a:.{digits}g} or {b:.{digits}g}"
+
+
 def _training(spec: RunSpec) -> Iterator[str]:
     t = spec.train
-    if t.tokens is not None and t.tokens % spec.batch_tokens:
-        down, up = t.steps * spec.batch_tokens, (t.steps + 1) * spec.batch_tokens
+    implied = spec.steps_for_tokens
+    if implied is not None and t.tokens % spec.batch_tokens:
+        down, up = implied * spec.batch_tokens, (implied + 1) * spec.batch_tokens
         yield problem("train.tokens", t.tokens, f"not a multiple of the {spec.batch_tokens:,} tokens of one step "
-                      f"(train.global_batch x model.seq_len)", f"use {down:,} or {up:,} ({down:.4g} or {up:.4g})")
+                      f"(train.global_batch x model.seq_len)", f"use {down:,} or {up:,} ({_apart(down, up)})")
+    elif implied is not None and t.steps != implied:
+        yield problem("train.steps", t.steps, f"disagrees with train.tokens = {t.tokens:,}, which is {implied:,} "
+                      f"steps of {spec.batch_tokens:,} tokens", "give one of train.steps and train.tokens")
     if t.warmup > t.steps:
         yield problem("train.warmup", t.warmup, f"longer than train.steps = {t.steps}",
                       "use warmup <= steps")
