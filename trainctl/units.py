@@ -32,11 +32,11 @@ def dur(s: float | None) -> str:
 
 
 def figure(x: float | None) -> str:
-    """A quantity with its digits in view: whole numbers with separators from 100 up, three significant digits
-    below (0.000146 GPU-hours, not 0)."""
+    """A quantity with its digits in view: whole numbers with separators from 100 up (and whole ones below),
+    three significant digits below (0.000146 GPU-hours, not 0)."""
     if x is None:
         return "-"
-    return f"{x:,.0f}" if abs(x) >= 99.95 else _sig3(x)
+    return f"{x:,.0f}" if abs(x) >= 99.95 or float(x).is_integer() else _sig3(x)
 
 
 def days(s: float) -> str:
