@@ -332,9 +332,12 @@ def test_warning_signal_then_scontrol_requeue_resume_with_the_reference_losses(
     at the next step boundary and exits 0 (the batch script reads the event), the job requeues itself, attempt
     2 resumes exactly there. Attempt 2 gets `scontrol requeue` (SIGTERM to everything, SIGKILL 5 s later): the
     ranks checkpoint if they can, else attempt 3 replays from the last periodic checkpoint. The job's log reads
-    as clean stops: no traceback, no torchrun SignalException, no srun error."""
+    as clean stops: no traceback, no torchrun SignalException, no srun error. The run is given as a token
+    budget (train.tokens, the same 30 steps of 8 x 64 tokens): every attempt's ranks read the frozen spec,
+    which holds the steps it implies beside it, and `status` and `mfu-report` read them too."""
     run = tmp_path / "run"
-    r = trainctl("launch", *LONG, "--set", "launcher.mode=srun", "--run-dir", str(run))
+    r = trainctl("launch", *LONG, "--set", "launcher.mode=srun", "--set", f"train.tokens={LONG_STEPS * 8 * 64}",
+                 "--run-dir", str(run))
     assert r.returncode == 0, r.stdout + r.stderr
     jid = job_id(run)
     wait_step(run, 5)
@@ -367,6 +370,10 @@ def test_warning_signal_then_scontrol_requeue_resume_with_the_reference_losses(
     out = (run / "logs" / f"slurm-{jid}.out").read_text()
     for noise in ("Traceback", "SignalException", "srun: error", "ChildFailedError"):
         assert noise not in out, out[-4000:]
+    report = trainctl("mfu-report", str(run), "--json")
+    assert report.returncode == 0, report.stderr
+    assert json.loads(report.stdout)["runs"][0]["projection"]["tokens"] == {
+        "done": LONG_STEPS * 8 * 64, "total": LONG_STEPS * 8 * 64, "given": True}
     assert slurm_lines(out) == [], out[-4000:]  # no "forcing job termination", no "STEP ... CANCELLED"
     assert "DUE TO JOB REQUEUE" in (run / "logs" / f"slurm-{jid}.err").read_text()  # Slurm's own, kept apart
     assert "trainctl: SIGTERM (scontrol requeue): stopping the ranks" in out, out[-4000:]
