@@ -147,3 +147,13 @@ def test_a_sweep_where_no_count_finishes_says_so_and_the_fix() -> None:
                    "--set", "checkpoint.mtbf_hours=2")
     assert out.returncode == 2 and "Answer" not in out.stdout and "inf" not in out.stderr
     assert "no node count is expected to finish the run" in out.stderr and "schedule checkpoints" in out.stderr
+
+
+def test_the_docs_token_budget_example_is_valid_for_its_recipe() -> None:
+    """docs/plan-and-calibrate.md's example once read `train.tokens: 15T`, which the 70B recipe refuses."""
+    text = " ".join((REPO / "docs" / "plan-and-calibrate.md").read_text().split())
+    [(tokens, steps)] = re.findall(r"--set train.tokens=(\d+)` runs its ([\d,]+) steps", text)
+    out = trainctl("plan", str(REPO / "recipes" / "llama3-70b.yaml"), "--set", f"train.tokens={tokens}", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["checkpoint"]["whole_run"]["steps"] == int(steps.replace(",", ""))
+    assert trainctl("validate", str(REPO / "recipes" / "llama3-70b.yaml"), "--set", "train.tokens=15T").returncode == 2
