@@ -424,11 +424,13 @@ def render_sweep(res: Sweep, console: Console) -> None:
                    f"{res.node_range[1]} searched, each at its best layout (`plan --auto` there); the Pareto "
                    "front of days against GPU-hours (no other count is both faster and cheaper):")
     t = Table()
-    for col in ("nodes", "GPUs", "layout", "wall clock", "GPU-hours", *(("cost",) if res.priced else ()), "MFU"):
+    in_days = all(p.days >= 2 for p in res.front)  # else durations: 0.0 days would hide a short run's figure
+    for col in ("nodes", "GPUs", "layout", "days" if in_days else "time", "GPU-hours",
+                *(("cost",) if res.priced else ()), "MFU"):
         t.add_column(col, justify="left" if col == "layout" else "right")
     for p in res.front:
         d = p.as_dict()
-        t.add_row(f"{p.nodes:,}", f"{d['gpus']:,}", escape(d["layout"]), days_text(p.days * 86400),
+        t.add_row(f"{p.nodes:,}", f"{d['gpus']:,}", escape(d["layout"]), f"{p.days:,.1f}" if in_days else dur(p.days * 86400),
                   figure(p.gpu_hours),
                   *((figure(p.cost),) if p.cost is not None else ()), _pct(p.mfu))
     console.print(t)
