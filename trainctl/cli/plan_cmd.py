@@ -430,8 +430,8 @@ def render_sweep(res: Sweep, console: Console) -> None:
         t.add_column(col, justify="left" if col == "layout" else "right")
     for p in res.front:
         d = p.as_dict()
-        t.add_row(f"{p.nodes:,}", f"{d['gpus']:,}", escape(d["layout"]), f"{p.days:,.1f}" if in_days else dur(p.days * 86400),
-                  figure(p.gpu_hours),
+        took = f"{p.days:,.1f}" if in_days else dur(p.days * 86400)
+        t.add_row(f"{p.nodes:,}", f"{d['gpus']:,}", escape(d["layout"]), took, figure(p.gpu_hours),
                   *((figure(p.cost),) if p.cost is not None else ()), _pct(p.mfu))
     console.print(t)
     if res.answer is not None:
