@@ -239,6 +239,8 @@ def _cp_line(cpj: dict, hw: dict) -> str:
 
 def checkpoint_rows(ck: dict[str, Any]) -> list[tuple[str, str]]:
     """One save's size and time, the interval asked for and the Young/Daly one (plan/cadence.py)."""
+    from trainctl.plan.cadence import lost_text
+
     cad = ck["cadence"]
     asked = [f"every {ck['every_steps']} steps"] if ck["every_steps"] else []
     asked += [f"every {ck['every_minutes']:g} min"] if ck["every_minutes"] else []
@@ -290,15 +292,6 @@ def whole_run_rows(run: dict[str, Any] | None) -> list[tuple[str, str]]:
                        f"(closed form); {figure(run['gpu_hours'])} GPU-hours{energy_row}{cost}"),
         ("best interval", f"{dur(run['optimal_interval_s'])} minimises the expected wall clock"),
     ]
-
-
-def lost_text(loss: float) -> str:
-    """An interval's expected loss (plan/cadence.py), or the whole run's verdict where it is past finishing."""
-    from trainctl.plan.whole_run import FINISH_FACTOR
-
-    if loss > 1.0 - 1.0 / FINISH_FACTOR:
-        return f"over {pct(1.0 - 1.0 / FINISH_FACTOR, 0)} expected lost: not expected to finish"
-    return f"{pct(loss, 2)} expected lost"
 
 
 def render_ranks(plan: Plan, console: Console) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from trainctl.plan.whole_run import lost_fraction
+from trainctl.plan.whole_run import FINISH_FACTOR, lost_fraction
 from trainctl.units import count, dur
 
 NODE_MTBF_HOURS = 6300.0
@@ -51,6 +51,14 @@ def daly_interval(cost_s: float, mtbf_s: float) -> float:
 def expected_loss(interval_s: float, cost_s: float, mtbf_s: float, restart_s: float = 0.0) -> float:
     """Fraction of the wall clock lost to saving, redoing work after failures and restarting (whole-run model)."""
     return lost_fraction(interval_s=interval_s, save_block_s=cost_s, restart_s=restart_s, mtbf_s=mtbf_s)
+
+
+def lost_text(loss: float) -> str:
+    """An interval's expected loss in words, or the whole run's verdict where it is past finishing (the same
+    threshold as plan/whole_run.py's: an ETTR under 1 / FINISH_FACTOR)."""
+    if loss > 1.0 - 1.0 / FINISH_FACTOR:
+        return f"over {1.0 - 1.0 / FINISH_FACTOR:.0%} expected lost: not expected to finish"
+    return f"{100 * loss:.2f}% expected lost"
 
 
 def configured_interval(every_steps: int | None, every_minutes: float | None,

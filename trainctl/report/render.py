@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from trainctl.plan.cadence import lost_text
 from trainctl.report.divergence import cell as divergence_cell
 from trainctl.report.projection import lines as projection_lines
 from trainctl.report.scaling import WARN_BELOW
@@ -140,9 +141,9 @@ def _goodput_rows() -> list[Row]:
                 return f"blocks {dur(c['cost_s'])}, committed after {dur(c['save_s'])} ({c['saves']} saves)"
             if key == "configured":
                 return "none scheduled" if c["configured_s"] is None else (
-                    f"{dur(c['configured_s'])}: {pct(c['loss_configured'], 2)} expected lost")
+                    f"{dur(c['configured_s'])}: {lost_text(c['loss_configured'])}")
             steps = f" (~{count(c['optimal_steps'], 'step')})" if c["optimal_steps"] else ""
-            return f"{dur(c['optimal_s'])}{steps}: {pct(c['loss_optimal'], 2)} (MTBF {dur(c['mtbf_s'])})"
+            return f"{dur(c['optimal_s'])}{steps}: {lost_text(c['loss_optimal'])} (MTBF {dur(c['mtbf_s'])})"
         return f
 
     def idle(r: dict[str, Any]) -> str:
