@@ -115,3 +115,24 @@ def test_a_run_that_waited_is_done_from_now_not_from_its_last_step() -> None:
     p = project(RUN, plan_whole_run=None, finished=False, last_time=before - 3600.0, tokens_per_step=None,
                 tokens_given=False, basis="measured over attempts 0-2")
     assert before + 810.0 <= p["eta_time"] <= time.time() + 810.0
+
+
+def test_the_plan_side_keeps_time_limit_requeues_apart_from_failures() -> None:
+    """The same plan with 2 requeues at the time limit of 50 s each (100 s more wall clock): failures still cost
+    20 s each, and the plan's total is its own 560 s."""
+    limited = {**PLAN, "wall_days": {"mean": 560.0 / 86400}, "time_limit": {"stops": 2, "total_s": 100.0}}
+    plan = Planned.from_whole_run(limited)
+    assert plan.cost_per_failure_s == pytest.approx(20.0) and plan.total_s(400) == pytest.approx(560.0)
+
+
+def test_a_plan_that_expects_no_finish_has_no_gap_and_says_why() -> None:
+    """Infinite failures x a zero cost once crashed status (NaN to int); a plan.json written before `finishes`
+    held an infinite mean instead."""
+    never = {**PLAN, "finishes": False, "not_finishing": "its expected wall clock is over 100x its compute",
+             "expected_interruptions": None, "wall_days": {"mean": None}}
+    old = {**PLAN, "expected_interruptions": float("inf"), "wall_days": {"mean": float("inf")}}
+    for whole, why in ((never, "over 100x its compute"), (old, "infinite")):
+        p = project(RUN, plan_whole_run=whole, finished=False, last_time=None, tokens_per_step=None,
+                    tokens_given=False, basis="measured over attempt 0")
+        assert p["vs_plan"] is None and p["vs_plan_note"].startswith("the plan expects the run not to finish")
+        assert why in p["vs_plan_note"] and any("not to finish" in line for line in lines(p))
