@@ -303,7 +303,8 @@ def _training(spec: RunSpec) -> Iterator[str]:
                       f"(train.global_batch x model.seq_len)", f"use {down:,} or {up:,} ({_apart(down, up)})")
     elif implied is not None and t.steps != implied:
         yield problem("train.steps", t.steps, f"disagrees with train.tokens = {t.tokens:,}, which is {implied:,} "
-                      f"steps of {spec.batch_tokens:,} tokens", "give one of train.steps and train.tokens")
+                      f"steps of {spec.batch_tokens:,} tokens", "give one of them: --set train.tokens=N or "
+                      "train.steps=N replaces the other")
     if t.warmup > t.steps:
         yield problem("train.warmup", t.warmup, f"longer than train.steps = {t.steps}",
                       "use warmup <= steps")
