@@ -22,6 +22,7 @@ class TrainctlError(Exception):
         super().__init__(message)
         self.message = message
         self.hint = hint
+        self.notes: list[str] = []  # lines printed after the message as `note:`, before the hint
 
 
 class UsageError(TrainctlError):
@@ -31,11 +32,13 @@ class UsageError(TrainctlError):
 class SpecError(UsageError):
     """One or more problems in a run spec; each names the field, the value and the fix."""
 
-    def __init__(self, problems: list[str], source: str | None = None) -> None:
+    def __init__(self, problems: list[str], source: str | None = None, not_checked: list[str] | None = None) -> None:
         self.problems = problems
         self.source = source
         prefix = f"{source}: " if source else ""
         super().__init__("\n".join(prefix + p for p in problems))
+        # rules another problem kept from judging (`field: not checked: why`): printed as notes after the errors
+        self.notes = [prefix + line for line in not_checked or []]
 
 
 class RunError(TrainctlError):

@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
     except TrainctlError as e:
         if _state["debug"]:
             raise
-        _print_error(e.message, e.hint)
+        _print_error(e.message, e.hint, notes=e.notes)
         sys.exit(e.exit_code)
     except OSError as e:  # a file the command could not read or write that no check foresaw: one line, not a traceback
         if _state["debug"] or isinstance(e, BrokenPipeError):  # a closed pipe (`| head`) is no error of ours
@@ -129,6 +129,7 @@ def _save_traceback(args: Sequence[str]) -> str | None:
     return None
 
 
-def _print_error(message: str, hint: str | None = None) -> None:
+def _print_error(message: str, hint: str | None = None, notes: list[str] | None = None) -> None:
     text = "".join(f"error: {line}\n" for line in message.splitlines() or [message])
+    text += "".join(f"note: {line}\n" for line in notes or [])
     terminal.write(sys.stderr, terminal.printable(text + (f"hint: {hint}\n" if hint else "")))

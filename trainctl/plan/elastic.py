@@ -54,7 +54,7 @@ def on_nodes(spec: RunSpec, nodes: int) -> NodeCount:
     if world % spec.model_parallel:
         return NodeCount(nodes, why_not=f"{names} = {spec.model_parallel} does not divide its {world} ranks")
     small = resized(spec, nodes)
-    problems = rules.check(small)
+    problems = rules.check(small).problems
     if problems:
         return NodeCount(nodes, why_not=problems[0])
     return NodeCount(nodes, small.dp, small.micro_batches)

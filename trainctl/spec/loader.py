@@ -286,11 +286,24 @@ def validate_spec(data: dict[str, Any], source: str = "<spec>") -> RunSpec:
         except (RecursionError, OverflowError, MemoryError) as e:
             raise SpecError([f"spec could not be validated ({type(e).__name__}). Fix: simplify the values"],
                             source) from None
-        lines += [line for line in rules.check(spec) if not _mentions_any(line, defaulted)]
+        found = rules.check(spec, tp_unsettled=("parallel", "tp") in defaulted)
+        not_checked = list(found.not_checked)
+        for line in found.problems:
+            if not _mentions_any(line, defaulted):
+                lines.append(line)
+            elif (note := _not_checked(line, defaulted)) not in not_checked:
+                not_checked.append(note)
         if lines:
-            raise SpecError(lines, source)
+            raise SpecError(lines, source, not_checked)
         return spec
     raise SpecError(lines, source)
+
+
+def _not_checked(rule_line: str, locs: list[tuple[str | int, ...]]) -> str:
+    """What a rule that judged a stand-in for an invalid field says instead: which field it could not check."""
+    field = rules.field_of(rule_line)
+    invalid = ", ".join(".".join(str(x) for x in loc) for loc in locs if loc and _mentions_any(rule_line, [loc]))
+    return f"{field}: not checked: its rule needs {invalid}, which is invalid (see above)"
 
 
 MAX_VALIDATION_PASSES = 8  # each pass sets aside a deeper layer of errors; a spec has few layers of sections

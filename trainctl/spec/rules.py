@@ -7,7 +7,8 @@ Warnings (legal but probably unintended) are the planner's job, not these rules'
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass
 
 from trainctl.data.files import megatron_prefix
 from trainctl.hardware.catalog import ACCELERATORS, FABRICS
@@ -34,12 +35,123 @@ def _largest_divisor_at_most(n: int, limit: int) -> int:
     return next(d for d in range(min(n, limit), 0, -1) if n % d == 0)
 
 
-def check(spec: RunSpec) -> list[str]:
-    """Every independent problem at once: a rule group stops early only where its later rules would just
-    repeat its first mistake (no dp, no micro-batch count)."""
+@dataclass(frozen=True)
+class Unchecked:
+    """A rule that could not judge `field` because another mistake leaves a value it needs undefined."""
+
+    field: str
+    why: str
+
+    def line(self) -> str:
+        return f"{self.field}: not checked: {self.why}"
+
+
+@dataclass(frozen=True)
+class Findings:
+    """What the rules found: problems (one line each, field, value and fix) and the rules another mistake kept
+    from judging (one line each, saying which)."""
+
+    problems: list[str]
+    not_checked: list[str]
+
+
+Finding = str | Unchecked
+
+
+def check(spec: RunSpec, tp_unsettled: bool = False) -> Findings:
+    """Every independent problem at once. A rule that needs a value another mistake leaves undefined says it
+    was not checked. An invalid tensor-parallel size (or one set aside as invalid: `tp_unsettled`) is one
+    problem, not one per rule that uses tp: the other rules are judged with each tp the model allows, and a
+    problem counts only when it stands with every one of them."""
+    own = [] if tp_unsettled else list(_tp_fit(spec))
+    if not own and not tp_unsettled:
+        return _findings(list(_judged(spec)))
+    choices = [t for t in range(1, spec.model.heads + 1) if not list(_tp_fit(_with_tp(spec, t)))]
+    runs = {t: list(_judged(_with_tp(spec, t))) for t in choices}
+    failed = {t: {field_of(f): f for f in found if isinstance(f, str)} for t, found in runs.items()}
+    skipped = {t: {f.field: f for f in found if isinstance(f, Unchecked)} for t, found in runs.items()}
+    # in the order the rules judge them (a field's earliest place in any tp's findings)
+    place = {}
+    for t in choices:
+        for i, f in enumerate(failed[t]):
+            place[f] = min(i, place.get(f, i))
+    fields = sorted(place, key=place.__getitem__)
+    # a problem whatever tp stands in (or where none let its rule judge): not tp's
+    independent = [f for f in fields if all(f in failed[t] or f in skipped[t] for t in choices)]
+    problems = [_with_every({t: failed[t][f] for t in choices if f in failed[t]}, choices) for f in independent]
+    fit = [t for t in choices if not set(failed[t]) - set(independent)]
+    if own:
+        problems.insert(0, _tp_line(spec, own, choices, fit))
+    never = [f for f in dict.fromkeys(f for t in choices for f in skipped[t]) if all(f in skipped[t] for t in choices)]
+    return Findings(problems, [skipped[choices[0]][f].line() for f in never])
+
+
+def _judged(spec: RunSpec) -> Iterator[Finding]:
     groups = (_name, _hardware, _model_vs_tp, _context_parallel, _layout, _offload, _moe, _grad_compression, _training,
               _data_and_launcher, _launcher_environment, _elastic)
-    return [line for group in groups for line in group(spec)]
+    for group in groups:
+        yield from group(spec)
+
+
+def _findings(found: list[Finding]) -> Findings:
+    return Findings([f for f in found if isinstance(f, str)], [f.line() for f in found if isinstance(f, Unchecked)])
+
+
+def field_of(line: str) -> str:
+    """The field a problem line names (`problem` starts every line with `field = value:`)."""
+    return line.split(" = ", 1)[0]
+
+
+def _with_tp(spec: RunSpec, tp: int) -> RunSpec:
+    return spec.model_copy(update={"parallel": spec.parallel.model_copy(update={"tp": tp})})
+
+
+def _with_every(lines: dict[int, str], choices: list[int]) -> str:
+    """One problem found with each tp the model allows that let its rule judge (`lines`, by tp): its line, and
+    which tp it was judged with where that matters (the lines differ, or some tp left the rule unchecked)."""
+    texts = list(lines.values())
+    if len(set(texts)) == 1 and len(lines) == len(choices):
+        return texts[0]
+    judged = list(lines)
+    if judged == choices:
+        return f"{texts[0]} (judged with each tp the model allows: {_listed(choices)})"
+    return (f"{texts[0]} (judged with tp {_listed(judged)}: of the tp values the model allows, {_listed(choices)}, "
+            f"{'the only one' if len(judged) == 1 else 'those'} that let this rule judge)")
+
+
+def _listed(values: list[int]) -> str:
+    return ", ".join(str(v) for v in values)
+
+
+def _tp_fit(spec: RunSpec) -> Iterator[tuple[str, str]]:
+    """What rules tp's own fit to the model and the NVLink domain (what is wrong, the fix), judged alone."""
+    m, p, c = spec.model, spec.parallel, spec.cluster
+    if m.heads % p.tp:
+        yield f"model.heads={m.heads} is not divisible by tp", f"use a tp that divides {m.heads}: {_divisors(m.heads)}"
+    if m.kv_heads is not None and m.kv_heads % p.tp:
+        yield (f"model.kv_heads={m.kv_heads} is not divisible by tp",
+               f"use tp <= kv_heads that divides it: {_divisors(m.kv_heads)}")
+    domain = nvlink_domain_size(c)
+    if not p.allow_tp_across_nodes and not aligned_groups_fit(p.tp, c.world_size, domain):
+        acc = ACCELERATORS.get(c.gpu)
+        if acc is not None and acc.link == "pcie" and domain == 1:
+            why = (f"{c.gpu} has no NVLink: TP's all-reduces, several per layer, would cross PCIe through the "
+                   "host (or the inter-node fabric) and dominate the step")
+        else:
+            where = "a node" if domain == c.gpus_per_node else f"an NVLink domain of {domain} GPUs"
+            why = (f"TP groups would not fit inside {where} ({c.gpu}); TP all-reduces every layer and across the "
+                   "slower inter-node fabric it dominates the step")
+        yield why, (f"use a tp that divides {domain} (e.g. {_largest_divisor_at_most(domain, p.tp)}) and add pp, "
+                    "or set parallel.allow_tp_across_nodes: true if you really mean it")
+
+
+def _tp_line(spec: RunSpec, own: list[tuple[str, str]], choices: list[int], fit: list[int]) -> str:
+    """tp's one problem line: everything it does not fit, and the tp values that fit."""
+    whats, fixes = zip(*own, strict=True)
+    fix = fixes[0] if len(own) == 1 else f"use a tp that fits them all: {_listed(choices)}"
+    if fit and fit != choices:
+        fix += f" (of these, {_listed(fit)} also {'fits' if len(fit) == 1 else 'fit'} every other rule that uses tp)"
+    return problem("parallel.tp", spec.parallel.tp, "; ".join(whats), fix)
 
 
 def _name(spec: RunSpec) -> Iterator[str]:
@@ -71,21 +183,14 @@ def _hardware(spec: RunSpec) -> Iterator[str]:
 
 
 def _model_vs_tp(spec: RunSpec) -> Iterator[str]:
-    m, p, c = spec.model, spec.parallel, spec.cluster
-    world = c.world_size
+    """The model's shape against a tp that fits it (check() judges tp's own fit, _tp_fit, first)."""
+    m, p = spec.model, spec.parallel
     if m.hidden % m.heads:
         yield problem("model.hidden", m.hidden, f"not divisible by model.heads={m.heads}",
                       "pick hidden = heads * head_dim")
-    if m.heads % p.tp:
-        yield problem("parallel.tp", p.tp, f"model.heads={m.heads} is not divisible by tp",
-                      f"use a tp that divides {m.heads}: {_divisors(m.heads)}")
-    if m.kv_heads is not None:
-        if m.heads % m.kv_heads:
-            yield problem("model.kv_heads", m.kv_heads, f"does not divide model.heads={m.heads}",
-                          f"use a divisor of {m.heads}: {_divisors(m.heads)}")
-        if m.kv_heads % p.tp:
-            yield problem("parallel.tp", p.tp, f"model.kv_heads={m.kv_heads} is not divisible by tp",
-                          f"use tp <= kv_heads that divides it: {_divisors(m.kv_heads)}")
+    if m.kv_heads is not None and m.heads % m.kv_heads:
+        yield problem("model.kv_heads", m.kv_heads, f"does not divide model.heads={m.heads}",
+                      f"use a divisor of {m.heads}: {_divisors(m.heads)}")
     if m.ffn_hidden % p.tp:
         yield problem("model.ffn_hidden", m.ffn_hidden, f"the MLP is split over tp={p.tp} ranks but it does not "
                       "divide", f"use an ffn_hidden divisible by {p.tp}, e.g. {p.tp * -(-m.ffn_hidden // p.tp)}")
@@ -97,20 +202,6 @@ def _model_vs_tp(spec: RunSpec) -> Iterator[str]:
         yield problem("model.seq_len", m.seq_len,
                       f"sequence_parallel splits {where} over tp={p.tp} ranks but it does not divide",
                       f"use a seq_len divisible by {p.tp * p.cp}" + (f" (tp*cp = {p.tp}*{p.cp})" if p.cp > 1 else ""))
-
-    domain = nvlink_domain_size(c)
-    if not p.allow_tp_across_nodes and not aligned_groups_fit(p.tp, world, domain):
-        acc = ACCELERATORS.get(c.gpu)
-        if acc is not None and acc.link == "pcie" and domain == 1:
-            why = (f"{c.gpu} has no NVLink: TP's all-reduces, several per layer, would cross PCIe through the "
-                   "host (or the inter-node fabric) and dominate the step")
-        else:
-            where = "a node" if domain == c.gpus_per_node else f"an NVLink domain of {domain} GPUs"
-            why = (f"TP groups would not fit inside {where} ({c.gpu}); TP all-reduces every layer and across the "
-                   "slower inter-node fabric it dominates the step")
-        yield problem("parallel.tp", p.tp, why,
-                      f"use a tp that divides {domain} (e.g. {_largest_divisor_at_most(domain, p.tp)}) and add pp, "
-                      "or set parallel.allow_tp_across_nodes: true if you really mean it")
 
 
 def _context_parallel(spec: RunSpec) -> Iterator[str]:
@@ -136,8 +227,20 @@ def _context_parallel(spec: RunSpec) -> Iterator[str]:
                       "and CP are combined after both land)", "set parallel.cp: 1 for an MoE model")
 
 
-def _layout(spec: RunSpec) -> Iterator[str]:  # noqa: C901 - world size, batch and pipeline, in that order
-    m, p, t, c = spec.model, spec.parallel, spec.train, spec.cluster
+def _layout(spec: RunSpec) -> Iterator[Finding]:
+    """World size, then the batch (which needs dp), then the pipeline's shape (which needs neither)."""
+    dp = yield from _world(spec)
+    if dp is None:
+        yield Unchecked("train.global_batch", "its divisibility by micro_batch*dp, and the micro-batches the "
+                        "pipeline needs, wait for a data-parallel size that fits the GPUs (see parallel above)")
+    else:
+        yield from _batch(spec, dp)
+    yield from _pipeline_shape(spec)
+
+
+def _world(spec: RunSpec) -> Generator[Finding, None, int | None]:
+    """The world-size rule; returns dp, or None where this mistake leaves it undefined."""
+    p, c = spec.parallel, spec.cluster
     world = c.world_size
     model_parallel = spec.model_parallel
     # the product as the user wrote it: cp appears only when it is used
@@ -148,17 +251,20 @@ def _layout(spec: RunSpec) -> Iterator[str]:  # noqa: C901 - world size, batch a
                           f"{names} = {model_parallel} does not divide the {world:,} GPUs "
                           f"(cluster.nodes={c.nodes} x cluster.gpus_per_node={c.gpus_per_node})",
                           f"choose {names} among the divisors of {world}: {_divisors(world)}")
-            return  # dp is undefined; the rules below would only repeat this mistake
+            return None
     elif model_parallel * p.dp != world:
         yield problem("parallel.dp", p.dp,
                       f"{names}*dp = {values}*{p.dp} = {model_parallel * p.dp} but the cluster has "
                       f"{count(c.nodes, 'node')} x {c.gpus_per_node} GPUs = {world:,}",
                       f"set parallel.dp to {world // model_parallel if world % model_parallel == 0 else 'auto'}"
                       " or change cluster.nodes")
-        return
-    dp = spec.dp
+        return None
+    return spec.dp
 
-    # --- batch ----------------------------------------------------------------------------------
+
+def _batch(spec: RunSpec, dp: int) -> Iterator[str]:
+    """The global batch against dp: whole micro-batches, enough of them for the pipeline's schedule."""
+    p, t = spec.parallel, spec.train
     per_step = p.micro_batch * dp
     if t.global_batch % per_step:
         lo = per_step * max(1, t.global_batch // per_step)
@@ -167,13 +273,21 @@ def _layout(spec: RunSpec) -> Iterator[str]:  # noqa: C901 - world size, batch a
                       f"use a multiple of {per_step}, e.g. {lo} or {lo + per_step}")
         return  # micro-batch counts below would be meaningless
     micro_batches = t.global_batch // per_step
-
-    # --- pipeline -------------------------------------------------------------------------------
-    stages = p.pp * p.virtual_stages
     if p.pp > 1 and micro_batches < p.pp:
         yield problem("train.global_batch", t.global_batch,
                       f"gives {micro_batches} micro-batches per replica but pipeline needs at least pp={p.pp}",
                       f"raise global_batch to >= {p.pp * per_step} or lower parallel.micro_batch")
+    # torch's interleaved schedules run rounds of pp micro-batches; ZBV has no such rounds (it pads its
+    # own order to 2*pp-1 micro-batches and drops the padding)
+    if p.schedule in ("interleaved", "zero-bubble") and p.pp > 1 and micro_batches % p.pp:
+        yield problem("parallel.schedule", p.schedule,
+                      f"the {p.schedule} schedule needs micro-batches ({micro_batches}) divisible by pp={p.pp}",
+                      f"choose global_batch so global_batch/(micro_batch*dp) is a multiple of {p.pp}")
+
+
+def _pipeline_shape(spec: RunSpec) -> Iterator[str]:  # noqa: C901 - schedule, stages and layers, in that order
+    m, p = spec.model, spec.parallel
+    stages = p.pp * p.virtual_stages
     if p.schedule == "interleaved" and p.virtual_stages < 2:
         yield problem("parallel.virtual_stages", p.virtual_stages,
                       "the interleaved schedule needs at least 2 model chunks per pipeline rank",
@@ -182,24 +296,16 @@ def _layout(spec: RunSpec) -> Iterator[str]:  # noqa: C901 - world size, batch a
         if p.pp < 2:
             yield problem("parallel.schedule", p.schedule, f"the {p.schedule} schedule needs pipeline parallelism",
                           "set parallel.pp >= 2 or schedule: 1f1b")
-        # torch's interleaved schedules run rounds of pp micro-batches; ZBV has no such rounds (it pads its
-        # own order to 2*pp-1 micro-batches and drops the padding)
-        if p.schedule != "zbv" and micro_batches % p.pp:
-            yield problem("parallel.schedule", p.schedule,
-                          f"the {p.schedule} schedule needs micro-batches ({micro_batches}) divisible by pp={p.pp}",
-                          f"choose global_batch so global_batch/(micro_batch*dp) is a multiple of {p.pp}")
     elif p.virtual_stages > 1:
         yield problem("parallel.virtual_stages", p.virtual_stages,
                       f"virtual stages only apply to the interleaved, zero-bubble and zbv schedules (got "
                       f"{p.schedule})", "set schedule: interleaved or virtual_stages: 1")
-    bad_zbv = p.schedule == "zbv" and p.virtual_stages != 2  # then the stage count is that mistake's echo
-    if bad_zbv:
+    if p.schedule == "zbv" and p.virtual_stages != 2:
         # torch's ScheduleZBVZeroBubble: exactly two stages per rank, the V (rank r: stages r and 2*pp-1-r)
         yield problem("parallel.virtual_stages", p.virtual_stages,
                       "the zbv schedule places exactly 2 stages on each pipeline rank (a V)",
                       "set virtual_stages: 2 or leave it out (zbv's default)")
-    if bad_zbv:
-        return
+        return  # the stage count below would be this mistake's echo
     if p.stage_layers is not None:
         if len(p.stage_layers) != stages:
             yield problem("parallel.stage_layers", p.stage_layers,
