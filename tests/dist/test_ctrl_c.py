@@ -295,7 +295,8 @@ def test_cancel_again_waits_for_the_save_and_force_keeps_the_committed_checkpoin
     """Step 2's save commits; step 4's is still being written (the writer sleeps before its commit) when `cancel`
     asks the ranks to stop. A second `cancel` sends nothing ("already stopping"), a second SIGTERM is only noted;
     `cancel --force` kills every process, the save in flight with it, and the run resumes from step 2, the
-    newest committed checkpoint."""
+    newest committed checkpoint: `status` and `runs` say 2 steps are committed and the rest will be run again
+    (they used to count the lost steps as done)."""
     run = tmp_path / "run"
     proc = launch(run, "--set", "checkpoint.every_steps=2", "--set", "checkpoint.keep_last=1",
                   env=faults.encode(slow_write_s=600, slow_write_from_step=4))
@@ -328,6 +329,13 @@ def test_cancel_again_waits_for_the_save_and_force_keeps_the_committed_checkpoin
     assert valid_steps(run) == [2]  # the save in flight is discarded whole; the committed one is kept
     st = status(run)
     assert st["state"] == "CANCELLED" and "cancel --force" in st["reason"], st
+    # status and runs count what is committed, and the steps past it that the resume runs again
+    ran = max(m["step"] for m in read_jsonl(run / "metrics.jsonl"))
+    assert ran >= 5 and (st["steps_done"], st["steps_committed"], st["steps_lost"]) == (ran, 2, ran - 2), st
+    said = f"steps 2/100000 committed ({ran} run; {ran - 2} will be run again)"
+    assert said in trainctl("status", str(run)).stdout
+    listed = trainctl("runs", str(tmp_path), env={"COLUMNS": "200"}).stdout
+    assert said.removeprefix("steps ") in listed, listed
     exit_event = [e for e in read_jsonl(run / "events.jsonl") if e["event"] == "launcher_exit"][-1]
     assert exit_event["state"] == "CANCELLED", exit_event
     resumed = trainctl("resume", str(run), "--set", "train.steps=3")

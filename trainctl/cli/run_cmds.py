@@ -6,7 +6,7 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -16,6 +16,9 @@ from trainctl.cli.jsonout import print_json
 from trainctl.cli.options import JsonOpt
 from trainctl.errors import RunError, TrainctlError, UsageError
 from trainctl.terminal import printable
+
+if TYPE_CHECKING:
+    from trainctl.launch.status import RunStatus
 
 STATE_COLOR = {"COMPLETED": "green", "RUNNING": "cyan", "STARTING": "cyan", "PENDING": "yellow",
                "STOPPING": "yellow", "STOPPED": "yellow", "CANCELLED": "yellow"}
@@ -30,8 +33,15 @@ def _fmt_mfu(mfu: float | None) -> str:
     return f"{mfu:.1%}" if mfu <= 1.0 else f"{mfu:.1%} (above 100%: a bug in the peak or FLOP count)"
 
 
-def _fmt_steps(done: int, total: int | None) -> str:
-    return f"{done}/{total}" if total else str(done)
+def _fmt_steps(st: RunStatus) -> str:
+    """Steps done of the total; for a run that ended with steps past its newest checkpoint, the committed steps
+    first and the ones a resume runs again."""
+    def of_total(n: int) -> str:
+        return f"{n}/{st.steps_total}" if st.steps_total else str(n)
+
+    if not st.steps_lost:
+        return of_total(st.steps_done)
+    return (f"{of_total(st.steps_committed)} committed ({st.steps_done} run; {st.steps_lost} will be run again)")
 
 
 @app.command()
@@ -53,7 +63,7 @@ def status(run: Path = RunArg, json_: bool = JsonOpt) -> None:
     console.print(f"[bold]{escape(st.name)}[/bold] ({st.backend}{escape(job)}): [{color}]{st.state}[/{color}]"
                   + (f" - {escape(st.reason)}" if st.reason and st.reason != "None" else ""), soft_wrap=True)
     loss = f", loss {st.last_loss:.4f}" if isinstance(st.last_loss, float) else ""
-    console.print(f"steps {_fmt_steps(st.steps_done, st.steps_total)}{loss}, MFU {_fmt_mfu(st.last_mfu)}, "
+    console.print(f"steps {_fmt_steps(st)}{loss}, MFU {_fmt_mfu(st.last_mfu)}, "
                   f"attempts {st.attempts}, trainer starts {st.starts}"
                   + (f", nodes {escape(st.nodes)}" if st.nodes and st.nodes != "(null)" else ""), soft_wrap=True)
     if proj is not None:
@@ -108,7 +118,7 @@ def runs(base: Path = typer.Argument(Path("runs"), help="Directory holding run d
     columns = [Col("run", "key"), Col("name"), Col("backend"), Col("job"), Col("state", "key"), Col("steps"),
                Col("MFU", "prose")]
     rows = [[escape(Path(s.run_dir).name), escape(s.name), s.backend, s.job_id or "-", s.state,
-             _fmt_steps(s.steps_done, s.steps_total), _fmt_mfu(s.last_mfu)] for s in found]
+             _fmt_steps(s), _fmt_mfu(s.last_mfu)] for s in found]
     console.print(fitted_table(console, columns, rows, box=box.SIMPLE, show_edge=False))
 
 

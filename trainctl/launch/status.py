@@ -88,7 +88,7 @@ class RunStatus:
     reason: str | None
     job_state: str | None  # the backend's own word (Slurm's JobState), when it has one
     eligible_at: str | None  # a pending requeue: when Slurm lets it start
-    steps_done: int
+    steps_done: int  # the last step the ranks finished (metrics.jsonl), committed or not
     steps_total: int | None
     attempts: int  # Slurm attempts (1 + requeues) or local launches
     starts: int  # trainer starts (torchrun restarts included)
@@ -96,12 +96,24 @@ class RunStatus:
     last_mfu: float | None
     nodes: str | None
     excluded_nodes: dict[str, str] = field(default_factory=dict)  # node -> why later jobs keep out of it
+    steps_committed: int = 0  # the newest valid checkpoint's step: where a resume starts
     active: bool = field(default=False, repr=False)  # the backend's word; not part of `status --json`
+
+    @property
+    def steps_lost(self) -> int:
+        """Steps run past the newest checkpoint of a run that ended without saving them (a kill, `cancel
+        --force`, a second Ctrl-C, a crash): a resume runs them again. 0 while the run lives (its next save
+        keeps them) and once it completed."""
+        if self.active or self.state == COMPLETED:
+            return 0
+        return max(0, self.steps_done - self.steps_committed)
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         del out["active"]
+        out["steps_lost"] = self.steps_lost
         return out
+
 
 
 def is_run_dir(paths: RunPaths) -> bool:
@@ -165,11 +177,24 @@ def spec_world_size(paths: RunPaths) -> int | None:
         return None
 
 
+def committed_step(paths: RunPaths) -> int:
+    """The step of the run's newest valid checkpoint (shallow check: what a resume starts from), 0 for none."""
+    from trainctl.checkpoint import CheckpointError, latest_valid, resolve_checkpoint_dir
+
+    try:
+        info = latest_valid(resolve_checkpoint_dir(paths.root))
+    except CheckpointError:  # the directory cannot be listed: nothing known to be committed
+        return 0
+    return info.step if info is not None else 0
+
+
 def _progress(paths: RunPaths) -> dict[str, Any]:
-    """The RunStatus fields the run directory's own files give (spec, metrics, events), whatever job.json says."""
+    """The RunStatus fields the run directory's own files give (spec, metrics, events, checkpoints), whatever
+    job.json says."""
     name, total = spec_steps(paths)
     last = last_jsonl(paths.metrics) or {}
     return dict(run_dir=str(paths.root), name=name or paths.root.name, steps_done=int(last.get("step", 0) or 0),
+                steps_committed=committed_step(paths),
                 steps_total=total, starts=sum(1 for e in read_jsonl(paths.events) if e.get("event") == "start"),
                 last_loss=last.get("loss"), last_mfu=last.get("mfu"))
 
