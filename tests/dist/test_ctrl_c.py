@@ -371,6 +371,14 @@ def test_a_stop_during_start_up_is_resumable_with_nothing_to_save(tmp_path: Path
     assert valid_steps(run) == [] and not read_jsonl(run / "metrics.jsonl")
     st = status(run)
     assert st["state"] == state and "nothing to save" in st["reason"], st
+    # export says why there is no checkpoint (the schedule is set; the run stopped before its first save),
+    # not "set checkpoint.every_steps", which the spec sets
+    exported = trainctl("export", str(run), str(tmp_path / "hf"), "--format", "hf")
+    assert exported.returncode == 2 and "set checkpoint.every_steps" not in exported.stderr, exported.stderr
+    assert exported.stderr.splitlines()[-1] == (
+        "hint: none was saved: the run stopped before its first step, before its first save at step 100000 "
+        f"(checkpoint.every_steps). Fix: `trainctl resume {run}` runs it on to a save (a stop after a step also "
+        "saves)"), exported.stderr
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from trainctl.checkpoint import (
     latest_valid,
     resolve_checkpoint_dir,
 )
-from trainctl.errors import UsageError
+from trainctl.errors import TrainctlError, UsageError
 from trainctl.fileio import require_writable
 from trainctl.hf import format as hf_format
 from trainctl.model_shape import ModelShape
@@ -51,7 +51,7 @@ def plan_export(run: Path, step: int | None, fmt: str, out: Path) -> ExportPlan:
         raise UsageError(f"{out}: exists and is not an empty directory", hint="give a new (or empty) directory")
     require_writable(out.absolute().parent, f"OUT {out}")  # the model is written beside it, then renamed into place
     directory = resolve_checkpoint_dir(run)
-    info = _checkpoint(directory, step)
+    info = _checkpoint(run, directory, step)
     saved = (info.meta or {}).get("model")
     if not saved:
         raise UsageError(f"{info.path}: no model record in its manifest (not written by the trainctl trainer)")
@@ -60,7 +60,7 @@ def plan_export(run: Path, step: int | None, fmt: str, out: Path) -> ExportPlan:
     return ExportPlan(info, shape, lay, out)
 
 
-def _checkpoint(directory: Path, step: int | None) -> CheckpointInfo:
+def _checkpoint(run: Path, directory: Path, step: int | None) -> CheckpointInfo:
     """The checkpoint to export, its checksums verified: `step`, or the newest valid one."""
     try:
         if step is not None:
@@ -74,8 +74,32 @@ def _checkpoint(directory: Path, step: int | None) -> CheckpointInfo:
     if skipped:
         raise UsageError(f"{directory}: no valid checkpoint (newest, step {skipped[0].step}: {skipped[0].reason})",
                          hint="trainctl checkpoints RUN --deep lists them")
-    raise UsageError(f"{directory}: no checkpoint to export",
-                     hint="set checkpoint.every_steps (a run also saves after its last step when it is set)")
+    raise UsageError(f"{directory}: no checkpoint to export", hint=_why_none(run))
+
+
+def _why_none(run: Path) -> str:
+    """Why a run has no checkpoint, from its frozen schedule and the steps it ran: it saves none, or it has not
+    reached (or stopped before) its first save."""
+    from trainctl.launch.status import run_status
+    from trainctl.rundir.paths import last_jsonl, read_yaml
+
+    paths = RunPaths(run)
+    schedule = (read_yaml(paths.spec) or {}).get("checkpoint") or {}
+    every_steps, every_minutes = schedule.get("every_steps"), schedule.get("every_minutes")
+    if not every_steps and not every_minutes:
+        return "the run saves none: set checkpoint.every_steps (a run also saves after its last step when it is set)"
+    first = " or ".join(([f"step {every_steps} (checkpoint.every_steps)"] if every_steps else [])
+                        + ([f"{every_minutes:g} minutes in (checkpoint.every_minutes)"] if every_minutes else []))
+    reached = int((last_jsonl(paths.metrics) or {}).get("step", 0) or 0)
+    try:
+        live = run_status(run).active
+    except TrainctlError:  # a damaged job record: judge by the files alone
+        live = False
+    if live:
+        return f"none saved yet: the run is at step {reached}, and its first save comes at {first}; export after it"
+    when = "before its first step" if reached == 0 else f"at step {reached}"
+    return (f"none was saved: the run stopped {when}, before its first save at {first}. Fix: `trainctl resume "
+            f"{run}` runs it on to a save (a stop after a step also saves)")
 
 
 def run_export(plan: ExportPlan) -> list[str]:

@@ -53,6 +53,17 @@ def ring_steps(op: str, n: int) -> int:
     return 2 * (n - 1) if op == "all_reduce" else n - 1
 
 
+# A fit whose worst measured point is off by more than this is a poor fit: the ring's shape misses how the library
+# behaves on this link (or the measurements were disturbed), so the times it prices are rough.
+POOR_FIT = 0.25
+
+
+def fit_quality(max_rel_error: float) -> str:
+    """A fit's error said plainly: how far off its worst measured point is, flagged when that is a poor fit."""
+    said = f"worst measured point off by {max_rel_error:.0%}"
+    return said + (" - a poor fit: the times priced from it are rough" if max_rel_error > POOR_FIT else "")
+
+
 @dataclass(frozen=True)
 class LinkFit:
     latency_s: float  # per call, whatever the group: dispatch, and the wait for a busy peer (load_excess_s)

@@ -57,7 +57,7 @@ from trainctl.errors import UsageError
 from trainctl.fileio import NotRegularFile, TooLarge, read_capped, write_atomic
 from trainctl.hardware.catalog import resolve_fabric
 from trainctl.model_shape import ModelShape
-from trainctl.plan.calibration.fit import LinkFit, fit_collective, fit_rate, median_of
+from trainctl.plan.calibration.fit import LinkFit, fit_collective, fit_quality, fit_rate, median_of
 from trainctl.plan.calibration.fixed import FixedWork, fit_fixed
 from trainctl.plan.calibration.shapes import INTER, INTRA, tp_sizes
 from trainctl.plan.memory import compute_precision
@@ -199,8 +199,7 @@ def summary(profile: dict[str, Any]) -> str:
             worst = max(ops.values(), key=lambda f: f["max_rel_error"])
             parts.append(f"{link.replace('_', '-')} all-reduce {ar['latency_s'] * 1e6:.0f} us + "
                          f"{ar['step_latency_s'] * 1e6:.0f} us per ring step + {ar['bytes_per_s'] / 1e9:.3g} GB/s "
-                         f"(fits within {worst['max_rel_error']:.0%} of every measured point, worst "
-                         f"{worst['op'].replace('_', '-')})")
+                         f"(fit of {worst['op'].replace('_', '-')}: {fit_quality(worst['max_rel_error'])})")
     for link, share in (fits.get("dp_overlap") or {}).items():
         parts.append(f"{link.replace('_', '-')} DP reduction {share:.0%} hidden behind compute")
     return "; ".join(parts)
