@@ -18,7 +18,7 @@ def dur(s: float | None) -> str:
     """A duration in the unit that fits it: ns, µs, ms (three significant digits), s, then minutes, hours, days."""
     if s is None:
         return "-"
-    if s == 0:
+    if abs(s) < 0.5e-9:  # below what any clock here resolves: a difference of two equal figures' rounding
         return "0 s"
     for unit, scale in (("ns", 1e-9), ("µs", 1e-6), ("ms", 1e-3)):
         if abs(s) < scale * 999.5:  # 999.7 ms reads as 1.00 s

@@ -190,16 +190,7 @@ class Plan:
 
     def breakdown(self) -> dict[str, float] | None:
         """Where the predicted step goes (seconds, summing to the step), or None when times are unknown."""
-        e = self.est
-        if e.step_time is None or e.compute_time is None:
-            return None
-        parts = {"compute": e.compute_time, "TP exposed": e.tp_exposed_time, "CP K/V exchange": e.extra["cp_time"],
-                 "MoE all-to-all": e.extra["ep_time"], "PP point-to-point": e.p2p_time,
-                 "pipeline bubble": e.bubble_time or 0.0, "DP exposed": e.dp_exposed_time or 0.0,
-                 "tied-embedding sync": e.embedding_sync_time, "PowerSGD compute": e.extra.get("powersgd_time", 0.0),
-                 "offload copies": e.offload_copy_time, "offload CPU step": e.offload_step_time,
-                 "optimizer step": e.optimizer_time, "FSDP2 units": e.fsdp_time}
-        return {k: v for k, v in parts.items() if v}
+        return breakdown_of(self.est)
 
     def outside_layers(self) -> dict[str, Any] | None:
         """The step's work outside the transformer layers, as a profile's fixed work prices it (None without):
@@ -343,6 +334,19 @@ class Plan:
             out["placement"] = placement_table(self.layout)
             out["groups"] = Groups(self.layout).as_dict()
         return out
+
+
+def breakdown_of(e: Estimate) -> dict[str, float] | None:
+    """Where an estimate's step goes (seconds, summing to the step), or None when times are unknown."""
+    if e.step_time is None or e.compute_time is None:
+        return None
+    parts = {"compute": e.compute_time, "TP exposed": e.tp_exposed_time, "CP K/V exchange": e.extra["cp_time"],
+             "MoE all-to-all": e.extra["ep_time"], "PP point-to-point": e.p2p_time,
+             "pipeline bubble": e.bubble_time or 0.0, "DP exposed": e.dp_exposed_time or 0.0,
+             "tied-embedding sync": e.embedding_sync_time, "PowerSGD compute": e.extra.get("powersgd_time", 0.0),
+             "offload copies": e.offload_copy_time, "offload CPU step": e.offload_step_time,
+             "optimizer step": e.optimizer_time, "FSDP2 units": e.fsdp_time}
+    return {k: v for k, v in parts.items() if v}
 
 
 def _layers_per_rank(e: Estimate) -> list[int]:

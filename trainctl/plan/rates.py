@@ -163,7 +163,12 @@ def measured_rates(spec: RunSpec, fallback: AssumedRates) -> MeasuredRates | Non
     accelerator is refused (UsageError); lesser differences and extrapolations come back as warnings."""
     if not spec.cluster.calibration:
         return None
-    profile = prof.load(Path(spec.cluster.calibration))
+    return rates_of(prof.load(Path(spec.cluster.calibration)), spec, fallback)
+
+
+def rates_of(profile: prof.Profile, spec: RunSpec, fallback: AssumedRates) -> MeasuredRates:
+    """The rates a loaded profile gives the spec: what `plan` and `mfu-report --calibration` price with (and
+    `calibrate --from-run` while it fits a profile to a run)."""
     return MeasuredRates(profile, fallback, prof.check(profile, spec), prof.same_model(profile, spec),
                          overlap_set=spec.estimate.dp_overlap is not None)
 

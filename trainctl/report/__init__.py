@@ -36,6 +36,15 @@ def _held_against_plan(run: RunData, seg: Segment, final: list[dict[str, Any]]) 
             "step_vs_plan": step_vs_plan(part, steady), "memory": memory_vs_plan(part)}
 
 
+def last_layout(run: RunData) -> tuple[RunData, list[dict[str, Any]]]:
+    """The run as its last layout's attempts saw it, and their steady steps: what the step statistics, the time
+    breakdown and the plan comparison are of (and what `calibrate --from-run` fits)."""
+    attempts = split_attempts(run)
+    final, _ = final_and_replayed(attempts)
+    segs = segments(run, attempts)
+    return view(run, segs[-1]), steady_steps(kept_in(segs[-1], final), segs[-1].attempts)
+
+
 def analyze(run: RunData) -> dict[str, Any]:
     """Every section of the report for one run, as plain JSON-able data. The step statistics, the time
     breakdown and the plan comparison cover the attempts of the last layout ("covers"); a run resumed with
@@ -113,4 +122,4 @@ def _label(reports: list[dict[str, Any]]) -> None:
         r["label"] = f"{r['name']} ({d})" if len(set(dirs)) == len(dirs) else r["run"]
 
 
-__all__ = ["analyze", "build_report", "load_run"]
+__all__ = ["analyze", "build_report", "last_layout", "load_run"]

@@ -61,6 +61,15 @@ HOST_BOUND = ("the plan found the layers host-bound ({floor} of its step is the 
               "more work")
 
 
+def component_seconds(breakdown: dict[str, float], drain_s: float) -> dict[str, float]:
+    """A predicted step's parts (the planner's breakdown_s) grouped as the ranks measure them (COMPONENTS)."""
+    components = {c: sum(breakdown.get(k) or 0.0 for k in keys) for c, keys in COMPONENTS.items()}
+    # a rank's sync holds the pipeline's drain: the later stages wait in it for the first to finish its backward
+    components["pipeline bubble + point-to-point"] -= drain_s
+    components["DP gradient sync (exposed)"] += drain_s
+    return components
+
+
 def predicted_components(run: RunData) -> tuple[dict[str, Any] | None, str | None]:
     """The plan's step and its parts grouped as COMPONENTS, or (None, why there is none)."""
     plan = run.plan or {}
@@ -75,11 +84,7 @@ def predicted_components(run: RunData) -> tuple[dict[str, Any] | None, str | Non
         return None, ("the plan has no step-time prediction (no catalog peak for this accelerator and no "
                       "calibration profile: `trainctl calibrate SPEC`, then `mfu-report --calibration "
                       "PROFILE`, or launch with cluster.calibration)")
-    components = {c: sum(parts.get(k) or 0.0 for k in keys) for c, keys in COMPONENTS.items()}
-    # a rank's sync holds the pipeline's drain: the later stages wait in it for the first to finish its backward
-    drain = pred.get("pipeline_drain_s") or 0.0
-    components["pipeline bubble + point-to-point"] -= drain
-    components["DP gradient sync (exposed)"] += drain
+    components = component_seconds(parts, pred.get("pipeline_drain_s") or 0.0)
     return {"step_time_s": pred["step_time_s"], "components_s": components,
             "outside_layers": pred.get("outside_layers"), "dispatch_s": pred.get("dispatch_s") or 0.0}, None
 

@@ -39,7 +39,7 @@ every raw figure (per rank) and every fit:
                                 optimizer step per tensor and per element, and what one FSDP2 unit adds to a
                                 layer's forward + backward
 A profile refitted from a run (trainctl/report/refit.py) has `source: run` and may lack links, matmul or
-fixed (its rate already holds the fixed work).
+fixed (without a base profile: its rate then holds the fixed work; with one, the base's fixed work is kept).
 """
 
 from __future__ import annotations
@@ -240,7 +240,7 @@ class Profile:
     data: dict[str, Any]
     compute: dict[int, float]  # tp -> FLOP/s per rank the planner charges
     links: dict[str, dict[str, LinkFit]]
-    fixed: FixedWork | None = None  # the work outside the layers; None: a refit profile (its rate holds it)
+    fixed: FixedWork | None = None  # the work outside the layers; None: a refit without a base (its rate holds it)
 
     @property
     def cluster(self) -> dict[str, Any]:
