@@ -333,7 +333,9 @@ def test_cancel_again_waits_for_the_save_and_force_keeps_the_committed_checkpoin
     ran = max(m["step"] for m in read_jsonl(run / "metrics.jsonl"))
     assert ran >= 5 and (st["steps_done"], st["steps_committed"], st["steps_lost"]) == (ran, 2, ran - 2), st
     said = f"steps 2/100000 committed ({ran} run; {ran - 2} will be run again)"
-    assert said in trainctl("status", str(run)).stdout
+    shown = trainctl("status", str(run), env={"COLUMNS": "300"}).stdout
+    assert said in shown and f"steps 2/100000 committed, {ran - 2} more to run again (measured" in shown, shown
+    assert st["projection"]["steps"] == {"done": 2, "total": 100000, "lost": ran - 2}, st["projection"]
     listed = trainctl("runs", str(tmp_path), env={"COLUMNS": "200"}).stdout
     assert said.removeprefix("steps ") in listed, listed
     exit_event = [e for e in read_jsonl(run / "events.jsonl") if e["event"] == "launcher_exit"][-1]

@@ -209,7 +209,7 @@ def test_interrupted_and_resumed_run_has_goodput_below_100_percent(tmp_path):
     assert lost["other"] < 0.1 * g["wall_s"]
     assert restart["failure"]  # a failure, not a stop the user asked for
     pr = r["projection"]  # finished: every figure measured, the failure and its cost in it
-    assert pr["total_is"] == "measured" and pr["remaining_s"] == 0 and pr["steps"] == {"done": 8, "total": 8}
+    assert pr["total_is"] == "measured" and pr["remaining_s"] == 0 and pr["steps"] == {"done": 8, "total": 8, "lost": 0}
     assert pr["total_s"] == pytest.approx(g["wall_s"] - g["idle_s"])
     assert pr["measured"]["failures"] == 1
     assert pr["measured"]["cost_per_failure_s"] == pytest.approx(restart["gap_s"] + restart["replayed_s"])

@@ -113,7 +113,7 @@ def test_two_node_job_completes_with_local_losses(slurm_cluster: SlurmCluster, t
     assert st["steps_done"] == LONG_STEPS and st["attempts"] == 1 and st["last_mfu"] is not None
     proj = st["projection"]  # done: the total measured, no failures; a GPU plan is not held against a CPU run
     assert proj["total_is"] == "measured" and proj["remaining_s"] == 0 and proj["measured"]["failures"] == 0
-    assert proj["steps"] == {"done": LONG_STEPS, "total": LONG_STEPS}
+    assert proj["steps"] == {"done": LONG_STEPS, "total": LONG_STEPS, "lost": 0}
     assert proj["vs_plan"] is None and ("trained on the CPU" in proj["vs_plan_note"]) == (mode == "srun")
     assert losses(run) == pytest.approx(reference_losses, rel=1e-6, abs=1e-6)
     out = (run / "logs" / f"slurm-{job_id(run)}.out").read_text()

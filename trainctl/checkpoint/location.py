@@ -28,3 +28,14 @@ def resolve_checkpoint_dir(run_dir: Path, spec: RunSpec | None = None) -> Path:
 def _frozen_checkpoint_dir(paths: RunPaths) -> str | None:
     checkpoint = (read_yaml(paths.spec) or {}).get("checkpoint")
     return checkpoint.get("dir") if isinstance(checkpoint, dict) else None
+
+
+def committed_step(run_dir: Path) -> int:
+    """The step of a run's newest valid checkpoint (shallow check), where a resume starts; 0 for none."""
+    from trainctl.checkpoint.format import CheckpointError, latest_valid
+
+    try:
+        info = latest_valid(resolve_checkpoint_dir(run_dir))
+    except CheckpointError:  # the directory cannot be listed: nothing known to be committed
+        return 0
+    return info.step if info is not None else 0

@@ -62,7 +62,8 @@ def status(run: Path = RunArg, json_: bool = JsonOpt) -> None:
         if st.job_id else ""
     console.print(f"[bold]{escape(st.name)}[/bold] ({st.backend}{escape(job)}): [{color}]{st.state}[/{color}]"
                   + (f" - {escape(st.reason)}" if st.reason and st.reason != "None" else ""), soft_wrap=True)
-    loss = f", loss {st.last_loss:.4f}" if isinstance(st.last_loss, float) else ""
+    loss = (f", loss {st.last_loss:.4f}" + (f" (step {st.steps_done})" if st.steps_lost else "")
+            if isinstance(st.last_loss, float) else "")
     console.print(f"steps {_fmt_steps(st)}{loss}, MFU {_fmt_mfu(st.last_mfu)}, "
                   f"attempts {st.attempts}, trainer starts {st.starts}"
                   + (f", nodes {escape(st.nodes)}" if st.nodes and st.nodes != "(null)" else ""), soft_wrap=True)

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainctl.checkpoint.location import committed_step
 from trainctl.errors import UsageError
 from trainctl.launch.backend import backend_for
 from trainctl.rundir.paths import RunPaths, last_jsonl, read_jsonl, read_yaml
@@ -177,24 +178,13 @@ def spec_world_size(paths: RunPaths) -> int | None:
         return None
 
 
-def committed_step(paths: RunPaths) -> int:
-    """The step of the run's newest valid checkpoint (shallow check: what a resume starts from), 0 for none."""
-    from trainctl.checkpoint import CheckpointError, latest_valid, resolve_checkpoint_dir
-
-    try:
-        info = latest_valid(resolve_checkpoint_dir(paths.root))
-    except CheckpointError:  # the directory cannot be listed: nothing known to be committed
-        return 0
-    return info.step if info is not None else 0
-
-
 def _progress(paths: RunPaths) -> dict[str, Any]:
     """The RunStatus fields the run directory's own files give (spec, metrics, events, checkpoints), whatever
     job.json says."""
     name, total = spec_steps(paths)
     last = last_jsonl(paths.metrics) or {}
     return dict(run_dir=str(paths.root), name=name or paths.root.name, steps_done=int(last.get("step", 0) or 0),
-                steps_committed=committed_step(paths),
+                steps_committed=committed_step(paths.root),
                 steps_total=total, starts=sum(1 for e in read_jsonl(paths.events) if e.get("event") == "start"),
                 last_loss=last.get("loss"), last_mfu=last.get("mfu"))
 

@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from trainctl.checkpoint.location import committed_step
 from trainctl.report.attempts import final_and_replayed, split_attempts
 from trainctl.report.goodput import goodput
 from trainctl.report.load import RunData
@@ -143,15 +144,16 @@ NO_WHOLE_RUN = "the plan has no whole-run projection (no predicted step time: a 
 
 def project(m: Measured, *, plan_whole_run: dict[str, Any] | None, finished: bool, last_time: float | None,
             tokens_per_step: int | None, tokens_given: bool, basis: str, running: bool = True,
-            no_plan_note: str = NO_WHOLE_RUN) -> dict[str, Any]:
+            no_plan_note: str = NO_WHOLE_RUN, lost: int = 0) -> dict[str, Any]:
     """The projection `status --json` and `mfu-report --json` carry under "projection"; `no_plan_note` says why
     there is no gap to the plan when `plan_whole_run` is None. `running`: the latest attempt trains (it has not
     ended, and no stop was asked of it); an ETA is only given then (a stopped run's last step plus what is left
-    is a time that will not come)."""
+    is a time that will not come). `lost`: steps run past the newest checkpoint of a run that ended without
+    saving them (m.steps_done counts the committed ones)."""
     total = m.total_s
     out: dict[str, Any] = {
         "available": True, "basis": basis, "finished": finished,
-        "steps": {"done": m.steps_done, "total": m.steps_total},
+        "steps": {"done": m.steps_done, "total": m.steps_total, "lost": lost},
         "tokens": ({"done": m.steps_done * tokens_per_step, "total": m.steps_total * tokens_per_step,
                     "given": tokens_given} if tokens_per_step else None),
         "measured": {"step_s": m.step_s, "save_per_step_s": m.save_per_step_s, "failures": m.failures,
@@ -196,6 +198,11 @@ def run_projection(run: RunData, summary: dict[str, Any], gp: dict[str, Any], *,
     latest = since(run.events, attempt_begin(run.events))
     if live_outcome(latest) is not None or stop_requested(latest) is not None:  # ended, or stopping
         training = False
+    lost = 0
+    if training is False and gp["final_outcome"] != "finished":
+        # steps run past the newest checkpoint of a run that ended without saving them: a resume runs them again
+        lost = max(0, m.steps_done - committed_step(run.root))
+        m = replace(m, steps_done=m.steps_done - lost)
     attempts = gp["attempts"]
     whole_run = ((run.plan or {}).get("checkpoint") or {}).get("whole_run")
     other_hardware = summary["plan"].get("reason") == "other_hardware"  # a GPU plan, trained on the CPU
@@ -205,7 +212,7 @@ def run_projection(run: RunData, summary: dict[str, Any], gp: dict[str, Any], *,
                    last_time=max(times, default=None), running=training is not False,
                    tokens_per_step=summary.get("tokens_per_step"),
                    tokens_given=spec_train.get("tokens") is not None,
-                   basis=f"measured over attempt{'s 0-' if attempts > 1 else ' '}{attempts - 1}")
+                   basis=f"measured over attempt{'s 0-' if attempts > 1 else ' '}{attempts - 1}", lost=lost)
 
 
 def projection_of(run: RunData, *, training: bool | None = None) -> dict[str, Any]:
@@ -235,6 +242,8 @@ def lines(p: dict[str, Any]) -> list[str]:
     tok = p["tokens"]
     done = (f"tokens {si(tok['done'])}/{si(tok['total'])}" if tok and tok["given"]
             else f"steps {p['steps']['done']}/{p['steps']['total']}")
+    if p["steps"].get("lost"):
+        done += f" committed, {p['steps']['lost']} more to run again"
     fails = (f"{count(m['failures'], 'failure')}, {dur(m['cost_per_failure_s'])} lost each" if m["failures"]
              else "no failures so far, none projected")
     out = [f"{done} ({p['basis']}: step {dur(m['step_s'])}, saves {dur(m['save_per_step_s'])}/step, {fails})"]
