@@ -19,7 +19,7 @@ from trainctl.checkpoint import (
     latest_valid,
     resolve_checkpoint_dir,
 )
-from trainctl.errors import TrainctlError, UsageError
+from trainctl.errors import UsageError
 from trainctl.fileio import require_writable
 from trainctl.hf import format as hf_format
 from trainctl.model_shape import ModelShape
@@ -78,10 +78,10 @@ def _checkpoint(run: Path, directory: Path, step: int | None) -> CheckpointInfo:
 
 
 def _why_none(run: Path) -> str:
-    """Why a run has no checkpoint, from its frozen schedule and the steps it ran: it saves none, or it has not
-    reached (or stopped before) its first save."""
-    from trainctl.launch.status import run_status
-    from trainctl.rundir.paths import last_jsonl, read_yaml
+    """Why a run has no checkpoint, from its frozen schedule, the steps it ran and whether its latest attempt
+    ended (its events): it saves none, or it has not reached (or stopped before) its first save."""
+    from trainctl.rundir.paths import last_jsonl, read_jsonl, read_yaml
+    from trainctl.rundir.runstate import attempt_begin, outcome, since
 
     paths = RunPaths(run)
     schedule = (read_yaml(paths.spec) or {}).get("checkpoint") or {}
@@ -91,12 +91,10 @@ def _why_none(run: Path) -> str:
     first = " or ".join(([f"step {every_steps} (checkpoint.every_steps)"] if every_steps else [])
                         + ([f"{every_minutes:g} minutes in (checkpoint.every_minutes)"] if every_minutes else []))
     reached = int((last_jsonl(paths.metrics) or {}).get("step", 0) or 0)
-    try:
-        live = run_status(run).active
-    except TrainctlError:  # a damaged job record: judge by the files alone
-        live = False
-    if live:
-        return f"none saved yet: the run is at step {reached}, and its first save comes at {first}; export after it"
+    events = sorted(read_jsonl(paths.events), key=lambda e: float(e.get("time", 0.0)))
+    if outcome(since(events, attempt_begin(events))) is None:  # no end recorded: it trains still (or was killed)
+        return (f"none saved yet: the run is at step {reached}, and its first save comes at {first}; export after "
+                f"it (a run that is gone: `trainctl resume {run}` runs it on to a save)")
     when = "before its first step" if reached == 0 else f"at step {reached}"
     return (f"none was saved: the run stopped {when}, before its first save at {first}. Fix: `trainctl resume "
             f"{run}` runs it on to a save (a stop after a step also saves)")
