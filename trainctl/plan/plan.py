@@ -12,8 +12,9 @@ from typing import Any
 
 from trainctl import model_shape
 from trainctl.checkpoint import storage
-from trainctl.hardware.catalog import peak_tflops_for, resolve_accelerator, resolve_fabric
+from trainctl.hardware.catalog import Accelerator, peak_tflops_for, resolve_accelerator, resolve_fabric
 from trainctl.model_shape import ModelShape, ParamCounts
+from trainctl.plan import operators
 from trainctl.plan.bubble import BUBBLE_DEFINITION
 from trainctl.plan.cadence import Cadence, configured_interval, job_mtbf
 from trainctl.plan.checkpoint_size import checkpoint_bytes, save_seconds
@@ -108,7 +109,8 @@ def context_from_spec(spec: RunSpec) -> Context:
                          dp_overlap=dp_overlap(e.dp_overlap, on_cpu, c.gpus_per_node), tp_overlap=e.tp_overlap,
                          offload_pcie_gbps=e.offload_pcie_gbps, host_adam_gbps=e.host_adam_gbps,
                          moe_imbalance=e.moe_imbalance)
-    rates = measured_rates(spec, assumed_rates(hw, assume))  # cluster.calibration (plan/rates.py)
+    device = operator_device(acc, hw.peak_flops, e.attention_kernel) if e.compute_efficiency is None else None
+    rates = measured_rates(spec, assumed_rates(hw, assume, device))  # cluster.calibration (plan/rates.py)
     if rates is not None and hw.peak_flops is None:  # a CPU: MFU against the peak measured where it runs
         hw = replace(hw, peak_flops=rates.profile.peak_flops)
     return Context(
@@ -116,7 +118,24 @@ def context_from_spec(spec: RunSpec) -> Context:
         precision=precision, world=spec.world_size, hw=hw, assume=assume,
         grad_reduce_bf16=spec.parallel.grad_reduce_dtype == "bf16", rates=rates,
         powersgd_rank=spec.parallel.powersgd.rank if spec.parallel.powersgd else None, on_gpu=not on_cpu,
+        device=device,
     )
+
+
+# The attention kernel the bundled trainer runs on a GPU: torch's scaled_dot_product_attention picks its flash
+# backend, FlashAttention-2 (estimate.attention_kernel names another stack's).
+TRAINER_ATTENTION_KERNEL = "flash2"
+
+
+def operator_device(acc: Accelerator, peak_flops: float | None, kernel: str) -> operators.Device | None:
+    """The operator model's view of the accelerator (plan/operators.py); None where the catalog lacks its figures
+    (the CPU, a custom part): the layers then run at a flat share of the peak."""
+    name = TRAINER_ATTENTION_KERNEL if kernel == "auto" else kernel
+    attention = acc.attention("flash2" if name == "unfused" else name)
+    if not peak_flops or acc.gemm_efficiency is None or not acc.sm_count or not acc.hbm_gbps or attention is None:
+        return None
+    return operators.Device(peak_flops=peak_flops, gemm_efficiency=acc.gemm_efficiency, sm_count=acc.sm_count,
+                            hbm_bw=acc.hbm_gbps * 1e9, attention=attention, kernel=name)
 
 
 def candidate_from_spec(spec: RunSpec) -> Candidate:
@@ -140,6 +159,12 @@ class Plan:
     layout: Layout
     checkpoint: dict[str, Any]  # bytes per save, its blocking and total seconds, the Young/Daly cadence
     elastic: tuple[NodeCount, ...] = ()  # cluster.min_nodes: the layout on each node count it may shrink to
+
+    @property
+    def attention_kernel(self) -> str | None:
+        """The attention kernel the step is priced with (estimate.attention_kernel resolved; None: no operator
+        model)."""
+        return self.ctx.device.kernel if self.ctx.device is not None else None
 
     # --- headline figures -----------------------------------------------------------------------------
     @property
@@ -320,7 +345,8 @@ class Plan:
                 "breakdown_s": self.breakdown(), "dominant": self.dominant(),
                 "outside_layers": self.outside_layers(),
             },
-            "assumptions": {**asdict(self.ctx.assume), "roofline": ROOFLINE, "notes": list(NOTES)},
+            "assumptions": {**asdict(self.ctx.assume), "attention_kernel": self.attention_kernel, "roofline": ROOFLINE,
+                            "notes": list(NOTES)},
             "calibration": describe(self.ctx.rates),
             "checkpoint": self.checkpoint,
             "warnings": [x.as_dict() for x in self.warnings],
