@@ -169,8 +169,8 @@ def test_all_recipes_in_the_directory_plan():
 @pytest.mark.parametrize("gpu,ranks_per_node,cores,configured,expected", [
     ("cpu", 2, 2, None, 0.0),  # two ranks on two cores: gloo's reduction competes with the backward
     ("cpu", 8, 2, None, 0.0),
-    ("cpu", 2, 16, None, 0.8),  # free cores to reduce on
-    ("h100-sxm", 8, 2, None, 0.8),  # NCCL on its own SMs, whatever the host's cores
+    ("cpu", 2, 16, None, None),  # free cores to reduce on: what the trainer's buckets hide (None)
+    ("h100-sxm", 8, 2, None, None),  # NCCL on its own SMs, whatever the host's cores: the trainer's buckets
     ("cpu", 2, 2, 0.5, 0.5),  # estimate.dp_overlap as the spec sets it
 ])
 def test_dp_overlap_default_follows_where_the_reduction_runs(monkeypatch, gpu, ranks_per_node, cores, configured,

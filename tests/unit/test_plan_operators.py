@@ -138,3 +138,41 @@ def test_the_bundled_trainers_plan_says_what_tp_overlap_would_save() -> None:
     exposed = json.loads(out.stdout)["prediction"]["tp_exposed_s"]
     text = trainctl("plan", "recipes/llama3-70b.yaml").stdout
     assert exposed > 0 and f"would hide up to {exposed:.3g} s" in " ".join(text.split())
+
+
+DP_SPEC = """
+name: dp
+model: {layers: 8, hidden: 2048, heads: 16, vocab: 32000, seq_len: 2048}
+parallel: {tp: 1, pp: 1, dp: 16, zero: 1, micro_batch: 1}
+train: {global_batch: 64, steps: 10, precision: bf16}
+cluster: {nodes: 2, gpus_per_node: 8, gpu: h100-sxm, interconnect: ndr}
+launcher: {backend: slurm}
+"""
+
+
+def test_the_bundled_trainers_dp_overlap_is_its_buckets() -> None:
+    """Unset estimate.dp_overlap prices what the trainer hides: its gradient reduce-scatter, bucket by bucket, behind
+    the backward still to run of the last micro-batch (all but the last bucket's; at most that backward, 2/3 of a
+    slot without recompute), and the weight all-gather after the step, exposed. By hand: 16 ranks, 8 per node, over
+    the fabric; fp32 gradients, bf16 weights, one call each."""
+    from trainctl.plan.comm import gather_bytes
+    from trainctl.plan.estimate import Evaluator
+    from trainctl.plan.memory import dp_bucket_numel
+    from trainctl.plan.plan import candidate_from_spec, context_from_spec
+    from trainctl.spec import load_spec_text
+
+    spec = load_spec_text(DP_SPEC)
+    ev = Evaluator(context_from_spec(spec))
+    est = ev.evaluate(candidate_from_spec(spec))
+    params = est.worst.params
+    rs = ev.rates.comm(INTER_NODE, (("reduce_scatter", 1.0),), gather_bytes(params * 4, 16), 1, 16, 8)
+    ag = ev.rates.comm(INTER_NODE, (("all_gather", 1.0),), gather_bytes(params * 2, 16), 1, 16, 8)
+    buckets = -(-params // dp_bucket_numel())
+    slot = est.compute_time / est.micro_batches
+    hidden = min(rs * (1 - 1 / buckets), 2 / 3 * slot)
+    assert est.dp_time == pytest.approx(rs + ag)
+    assert 0 < hidden < rs and est.dp_exposed_time == pytest.approx(rs + ag - hidden)
+    # a stack that overlaps more (Megatron-Core's --overlap-grad-reduce / --overlap-param-gather) says so
+    full = load_spec_text(DP_SPEC + "estimate: {dp_overlap: 1.0}\n")
+    est_full = Evaluator(context_from_spec(full)).evaluate(candidate_from_spec(full))
+    assert est_full.dp_exposed_time == pytest.approx(rs + ag - min(rs + ag, slot))

@@ -478,10 +478,12 @@ def rates_text(a: dict) -> str:
 def dp_overlap_text(assumptions: dict[str, Any], calibration: dict[str, Any]) -> str:
     """estimate.dp_overlap as the plan used it: the profile's measured share per link class where it has one."""
     measured = calibration.get("dp_overlap") or {}
+    share = assumptions["dp_overlap"]
+    own = "the trainer's own (its gradient buckets)" if share is None else share
     if not measured:
-        return f"dp_overlap {assumptions['dp_overlap']}"
+        return f"dp_overlap {own}"
     shares = ", ".join(f"{link.replace('_', '-')} {x:.2f}" for link, x in sorted(measured.items()))
-    return f"dp_overlap measured by calibrate ({shares}; other links {assumptions['dp_overlap']})"
+    return f"dp_overlap measured by calibrate ({shares}; other links {own})"
 
 
 @app.command()

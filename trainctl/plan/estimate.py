@@ -46,6 +46,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
+from math import ceil
 from typing import NamedTuple
 
 from trainctl import model_shape as model
@@ -96,7 +97,9 @@ class Assumptions:
     # catalog's cited figures; a number: the flat share of peak FLOP/s / link bandwidth a spec asks for
     compute_efficiency: float | None = None
     comm_efficiency: float | None = None
-    dp_overlap: float = 0.8
+    # None: what the bundled trainer hides (Evaluator._trainer_hidden); a share: estimate.dp_overlap's, within the
+    # windows the module docstring gives (another stack's overlap, or a CPU's 0)
+    dp_overlap: float | None = None
     tp_overlap: float = 0.0
     offload_pcie_gbps: float = 25.0  # optimizer offload: pinned host<->device copies per GPU, each direction
     host_adam_gbps: float = 40.0  # optimizer offload: host memory bandwidth of one GPU's CPU AdamW step
@@ -336,6 +339,7 @@ class _Base:
     emb_time: float
     layer_params_gpu: float  # one layer's parameters on one GPU, the largest kind (ZeRO-3 gathers two at a time)
     shape_key: tuple = ()  # (tp, pp, v, layers, ep, schedule): what PowerSGD's figures depend on (_psgd)
+    load_recompute: str = "none"  # the layout's recompute (the backward's share of a slot)
     spread: dict[str, int] = field(default_factory=dict)  # each kind's group ranks on one node (_spread)
 
 
@@ -696,7 +700,7 @@ class Evaluator:
             attn_layer_time = mb * pairs * model.attention_flops_per_pair(m) / tp / rate
             slot = compute_mb + tp_mb_time + ep_mb_time + cp_mb_time + p2p
         return _Base(
-            shape_key=(tp, pp, v, layers, c.ep, c.schedule),
+            shape_key=(tp, pp, v, layers, c.ep, c.schedule), load_recompute=c.recompute,
             n_micro=n_micro, layers=layers, prof=prof, params=params, experts=experts, largest=largest,
             max_params=max(p - e for p, e in zip(params, experts, strict=True)), max_experts=max(experts),
             load=load, vp=vp, acts=tuple(acts), transient=transient, acts_copied=acts_copied,
@@ -811,7 +815,12 @@ class Evaluator:
             window = b.slot if zero <= 1 else b.n_micro * b.slot
             overlap = self.rates.dp_overlap(b.links["dp"])  # measured by calibrate, else the assumption
             overlap = a.dp_overlap if overlap is None else overlap
-            dp_exposed = (t_dp + t_edp) - min(overlap * (t_dp + t_edp), window)
+            if overlap is None:  # what the bundled trainer hides, bucket by bucket
+                dp_exposed = (t_dp + t_edp) - self._trainer_hidden(b, zero, [
+                    (b.links["dp"], dp_traffic, dp, b.spread["dp"], b.max_params),
+                    (b.links["expert_dp"], edp_traffic, edp, b.spread["expert_dp"], b.max_experts)])
+            else:
+                dp_exposed = (t_dp + t_edp) - min(overlap * (t_dp + t_edp), window)
             step = b.slot * (b.n_micro + b.bubble_slots) + dp_exposed + b.emb_time + copy_s + cpu_s + opt_s + fsdp_s
             if psgd:
                 step += z.psgd_time  # PowerSGD's matmuls and QRs run after the backward, between its collectives
@@ -875,6 +884,26 @@ class Evaluator:
     def _dp_time(self, link: str, traffic: list[tuple[str, float, float]], group: int, per_node: int) -> float:
         return sum(self.rates.comm(link, ((op, 1.0),), nbytes, calls, group, per_node)
                    for op, nbytes, calls in traffic)
+
+    def _trainer_hidden(self, b: _Base, zero: int, groups: list[tuple[str, list[tuple[str, float, float]], int, int,
+                                                                           float]]) -> float:
+        """Seconds of DP traffic the bundled trainer hides behind compute (runtime/parallel/data_parallel.py): each
+        gradient bucket's reduction starts when its parameters' gradients are complete and overlaps the backward
+        still to run, so all but the last bucket's hide behind the backward of the last micro-batch (ZeRO-0/1, once a
+        step) or of every micro-batch (ZeRO-2, each one's); ZeRO-1/2's weight all-gather follows the optimizer step,
+        exposed. FSDP2 (ZeRO-3) prefetches each unit's gathers and reduces a unit's gradients while the next
+        computes: all but one unit's traffic hides behind the micro-batches' forward and backward."""
+        backward = 1 - self._layer_flops["none"] / 3 / self._layer_flops[b.load_recompute]
+        window = b.slot * (b.n_micro if zero >= 2 else 1) * (1 if zero >= 3 else backward)
+        hidden = 0.0
+        for link, traffic, group, per_node, params in groups:
+            if not traffic:
+                continue
+            pieces = b.units if zero >= 3 else max(1, ceil(params / memory.dp_bucket_numel()))
+            overlappable = sum(self.rates.comm(link, ((op, 1.0),), nbytes, calls, group, per_node)
+                               for op, nbytes, calls in traffic if zero >= 3 or op != "all_gather")
+            hidden += overlappable * (1 - 1 / pieces)
+        return min(hidden, window)
 
     def _spread(self, tp: int, dp: int, cp: int, ep: int) -> dict[str, int]:
         """Ranks of one group of each kind on one node (Megatron order tp-cp-ep-dp-pp: a group at stride s has

@@ -34,10 +34,13 @@ ROOFLINE = (
     "step = slot*(m + (p-1)/v) + exposed DP + tied-embedding sync (+ offload copies and CPU AdamW); slot = max "
     "over pipeline ranks of (hardware FLOPs per micro-batch / FLOP/s + TP time * (1-tp_overlap)) + pipeline p2p, "
     "MoE all-to-all "
-    "and CP K/V exchange per micro-batch (not overlapped); exposed DP = DP time - min(dp_overlap*DP time, one "
-    "slot for ZeRO 0/1 or all m slots for ZeRO 2/3); FLOP/s = peak*compute_efficiency and link time = bytes / "
-    "(link*comm_efficiency), or with a calibration profile the measured FLOP/s and latency*calls + bytes / "
-    "measured bandwidth"
+    "and CP K/V exchange per micro-batch (not overlapped); exposed DP = DP time - what hides: the bundled "
+    "trainer's buckets (all but the last bucket's reduction behind the last micro-batch's backward, ZeRO-2 every "
+    "micro-batch's; the ZeRO-1/2 weight all-gather exposed; ZeRO-3 all but one FSDP unit's traffic), or with "
+    "estimate.dp_overlap min(dp_overlap*DP time, one slot for ZeRO 0/1 or all m slots for ZeRO 2/3); the layers' "
+    "times from the operator model (plan/operators.py) and collectives from NCCL's cost model, or flat shares of "
+    "peak and link (estimate.compute_efficiency, comm_efficiency), or a calibration profile's measured FLOP/s and "
+    "latency*calls + bytes / measured bandwidth"
 )
 NOTES = (
     "model FLOPs per token = 6*N + 12*L*h*s (N: every matmul weight incl. the LM head, no embedding "
@@ -78,10 +81,11 @@ def cpu_cores() -> int:
     return os.cpu_count() or 1
 
 
-def dp_overlap(configured: float | None, on_cpu: bool, ranks_per_node: int) -> float:
-    """estimate.dp_overlap, or its default: on GPUs Assumptions' 0.8; on CPUs 0 when the ranks occupy every core
-    of the node: gloo's reduction then competes with the backward for them (measured here, 2 ranks on 2 cores:
-    the sync a DP step waits for was longer than the whole predicted all-reduce)."""
+def dp_overlap(configured: float | None, on_cpu: bool, ranks_per_node: int) -> float | None:
+    """estimate.dp_overlap, or its default: None, what the bundled trainer hides bucket by bucket
+    (Evaluator._trainer_hidden); on CPUs 0 when the ranks occupy every core of the node: gloo's reduction then
+    competes with the backward for them (measured here, 2 ranks on 2 cores: the sync a DP step waits for was
+    longer than the whole predicted all-reduce)."""
     if configured is not None:
         return configured
     return 0.0 if on_cpu and ranks_per_node >= cpu_cores() else Assumptions.dp_overlap

@@ -572,10 +572,14 @@ class EstimateSpec(Strict):
     )
     dp_overlap: Fraction | None = Field(
         None, description="Fraction of DP communication hidden behind backward; unset: the share a calibration "
-        "profile measured on the DP group's link (trainctl calibrate), else 0.8 on GPUs (NCCL reduces on its own "
-        "SMs while the backward computes), 0 on CPU ranks that occupy every core of their node (gloo reduces on "
-        "the cores the compute keeps busy)")
-    tp_overlap: Fraction = Field(0.0, description="Fraction of TP communication hidden behind compute")
+        "profile measured on the DP group's link (trainctl calibrate), else on GPUs what the bundled trainer "
+        "hides (every gradient bucket's reduction but the last behind the backward still to run; the ZeRO-1/2 "
+        "weight all-gather after the step, exposed), 0 on CPU ranks that occupy every core of their node (gloo "
+        "reduces on the cores the compute keeps busy). Set it for another stack's overlap (Megatron-Core's "
+        "--overlap-grad-reduce / --overlap-param-gather: 1.0)")
+    tp_overlap: Fraction = Field(0.0, description="Fraction of TP communication hidden behind compute; the bundled "
+                                 "trainer hides none (its plan says what hiding it would save); Megatron-Core's "
+                                 "--tp-comm-overlap hides it behind the GEMMs")
     moe_imbalance: Annotated[float, Field(ge=1.0, le=1000.0)] = Field(
         DEFAULT_MOE_IMBALANCE, description="Mixture of experts, dropless routing: the busiest expert's tokens over "
         "the mean, which paces the expert MLPs and sizes their activations. 1.1: a trained router with a "
