@@ -357,6 +357,7 @@ class Evaluator:
         self.act_bytes = memory.activation_bytes(ctx.precision)
         self.stream_bytes = memory.residual_bytes(m, ctx.precision)  # what a pipeline stage sends
         self.grad_bytes = 4  # the trainer's gradients are fp32 (plan.memory.trainer_state_bytes)
+        self.bucket_numel = memory.dp_bucket_numel()  # the trainer's gradient bucket (read once: an env lookup)
         self._default_split = lru_cache(maxsize=None)(self._split)
         self._profile = lru_cache(maxsize=None)(self._make_profile)
         self._rank_params = lru_cache(maxsize=None)(self._make_rank_params)
@@ -806,8 +807,9 @@ class Evaluator:
                                float(b.n_micro * max(0, ends_units - (b.head_unit[dense_r] > 0))))]
         edp_traffic = comm.dp_traffic(b.max_experts, zero, edp, b.n_micro, grad_bytes, weight_bytes, b.units,
                                       e_psgd)
-        t_dp = self._dp_time(b.links["dp"], dp_traffic, dp, b.spread["dp"])
-        t_edp = self._dp_time(b.links["expert_dp"], edp_traffic, edp, b.spread["expert_dp"])
+        dp_parts = self._dp_times(b.links["dp"], dp_traffic, dp, b.spread["dp"])
+        edp_parts = self._dp_times(b.links["expert_dp"], edp_traffic, edp, b.spread["expert_dp"])
+        t_dp, t_edp = sum(dp_parts), sum(edp_parts)
         copy_s, cpu_s = self._offload_seconds(b, zero, dp, edp) if z.host else (0.0, 0.0)
         opt_s = self._optimizer_seconds(b, zero, dp, offloaded=bool(z.host))
         dp_exposed = step = None
@@ -817,8 +819,7 @@ class Evaluator:
             overlap = a.dp_overlap if overlap is None else overlap
             if overlap is None:  # what the bundled trainer hides, bucket by bucket
                 dp_exposed = (t_dp + t_edp) - self._trainer_hidden(b, zero, [
-                    (b.links["dp"], dp_traffic, dp, b.spread["dp"], b.max_params),
-                    (b.links["expert_dp"], edp_traffic, edp, b.spread["expert_dp"], b.max_experts)])
+                    (dp_traffic, dp_parts, b.max_params), (edp_traffic, edp_parts, b.max_experts)])
             else:
                 dp_exposed = (t_dp + t_edp) - min(overlap * (t_dp + t_edp), window)
             step = b.slot * (b.n_micro + b.bubble_slots) + dp_exposed + b.emb_time + copy_s + cpu_s + opt_s + fsdp_s
@@ -881,12 +882,13 @@ class Evaluator:
         slot = memory.zero2_slot_numel(round(params), largest, dp, memory.dp_bucket_numel())
         return float(memory.zero2_buffer_bytes(slot, dp, self.ctx.grad_reduce_bf16))
 
-    def _dp_time(self, link: str, traffic: list[tuple[str, float, float]], group: int, per_node: int) -> float:
-        return sum(self.rates.comm(link, ((op, 1.0),), nbytes, calls, group, per_node)
-                   for op, nbytes, calls in traffic)
+    def _dp_times(self, link: str, traffic: list[tuple[str, float, float]], group: int, per_node: int
+                  ) -> list[float]:
+        """Seconds of each of the DP collectives `traffic` lists (op, bytes, calls)."""
+        return [self.rates.comm(link, ((op, 1.0),), nbytes, calls, group, per_node) for op, nbytes, calls in traffic]
 
-    def _trainer_hidden(self, b: _Base, zero: int, groups: list[tuple[str, list[tuple[str, float, float]], int, int,
-                                                                           float]]) -> float:
+    def _trainer_hidden(self, b: _Base, zero: int,
+                        groups: list[tuple[list[tuple[str, float, float]], list[float], float]]) -> float:
         """Seconds of DP traffic the bundled trainer hides behind compute (runtime/parallel/data_parallel.py): each
         gradient bucket's reduction starts when its parameters' gradients are complete and overlaps the backward
         still to run, so all but the last bucket's hide behind the backward of the last micro-batch (ZeRO-0/1, once a
@@ -896,12 +898,12 @@ class Evaluator:
         backward = 1 - self._layer_flops["none"] / 3 / self._layer_flops[b.load_recompute]
         window = b.slot * (b.n_micro if zero >= 2 else 1) * (1 if zero >= 3 else backward)
         hidden = 0.0
-        for link, traffic, group, per_node, params in groups:
+        for traffic, seconds, params in groups:  # each collective's (op, bytes, calls) and its seconds
             if not traffic:
                 continue
-            pieces = b.units if zero >= 3 else max(1, ceil(params / memory.dp_bucket_numel()))
-            overlappable = sum(self.rates.comm(link, ((op, 1.0),), nbytes, calls, group, per_node)
-                               for op, nbytes, calls in traffic if zero >= 3 or op != "all_gather")
+            pieces = b.units if zero >= 3 else max(1, ceil(params / self.bucket_numel))
+            overlappable = sum(t for (op, _, _), t in zip(traffic, seconds, strict=True)
+                               if zero >= 3 or op != "all_gather")
             hidden += overlappable * (1 - 1 / pieces)
         return min(hidden, window)
 
