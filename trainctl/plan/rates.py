@@ -47,8 +47,9 @@ EP_OPS: Ops = (("all_to_all", 1.0),)  # MoE token dispatch and combine
 CP_OPS: dict[bool, Ops] = {False: (("all_gather", 1 / 2), ("reduce_scatter", 1 / 2)),
                            True: (("all_gather", 2 / 3), ("reduce_scatter", 1 / 3))}
 PROFILE_LINK = {NVLINK: INTRA, INTER_NODE: INTER}  # the planner's link classes -> the profile's
-UNCALIBRATED = ("operator model (catalog: best-GEMM efficiency, HBM bandwidth, flash-attention efficiency) and "
-                "NCCL's latency and bus bandwidth per link tier; `trainctl calibrate SPEC` measures them")
+UNCALIBRATED = ("on GPUs the operator model (catalog: best-GEMM efficiency, HBM bandwidth, flash-attention "
+                "efficiency) and NCCL's latency and bus bandwidth per link tier, on CPUs no rate; `trainctl calibrate "
+                "SPEC` measures them")
 # collective steps of a ring over n ranks, per call
 RING_STEPS = {"all_reduce": lambda n: 2 * (n - 1), "reduce_scatter": lambda n: n - 1, "all_gather": lambda n: n - 1,
               "all_to_all": lambda n: n - 1, "send_recv": lambda n: 1}
