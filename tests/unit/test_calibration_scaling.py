@@ -23,7 +23,7 @@ from trainctl.plan import comm
 from trainctl.plan.calibration import profile as prof
 from trainctl.plan.calibration.fit import LinkFit, fit_collective, ring_steps
 from trainctl.plan.calibration.shapes import INTER, INTRA, MESSAGE_BYTES, OPS, bus_bytes
-from trainctl.plan.estimate import Evaluator
+from trainctl.plan.estimate import DEFAULT_COMM_EFFICIENCY, Evaluator
 from trainctl.plan.plan import candidate_from_spec, context_from_spec
 from trainctl.spec import RunSpec, load_spec
 
@@ -216,7 +216,8 @@ def test_a_one_node_profile_prices_the_two_node_cluster_from_the_catalogs_fabric
     est, spec, warnings = _plan(profile, [*TWO_NODES, *PURE_DP])
     assert est.comm_link["dp"] == comm.INTER_NODE and est.step_time > 0
     ctx = context_from_spec(spec)
-    fabric_bw = ctx.hw.inter_node_bw * ctx.assume.comm_efficiency  # no latency: as without a profile
+    # no latency: as without a profile, where CPU ranks get a flat share of the link
+    fabric_bw = ctx.hw.inter_node_bw * DEFAULT_COMM_EFFICIENCY
     assert est.dp_time == pytest.approx(sum(nbytes for _, nbytes, _ in _dp_traffic(est, spec)) / fabric_bw)
     text = "\n".join(warnings)
     assert ("inter-node links: not calibrated (measured on one node), priced from the catalog's fabric "

@@ -180,8 +180,9 @@ def test_the_imbalance_allowance_is_the_specs_and_paces_the_routed_experts() -> 
     time grows by the extra routed-expert FLOPs at the planned rate and nothing else. tiny-moe's shape (presets):
     hidden 64, 4 layers all MoE, top-2 of 4 experts of SwiGLU width 96: 2 x 3 x 64 x 96 active expert weights a
     layer, 6 FLOPs per weight per token forward and backward, 16 x 64 tokens a step."""
+    # a flat compute rate (estimate.compute_efficiency), so the extra FLOPs take exactly extra / rate
     one_gpu = ["cluster.gpu=h100-sxm", "cluster.gpus_per_node=1", "parallel.tp=1", "parallel.dp=1", "parallel.ep=1",
-               "parallel.sequence_parallel=false"]
+               "parallel.sequence_parallel=false", "estimate.compute_efficiency=0.6"]
     base = build_plan(load_spec(TINY_MOE, overrides=one_gpu)).to_json()
     heavy_plan = build_plan(load_spec(TINY_MOE, overrides=[*one_gpu, "estimate.moe_imbalance=2.0"]))
     heavy = heavy_plan.to_json()

@@ -171,8 +171,8 @@ def test_all_recipes_in_the_directory_plan():
 @pytest.mark.parametrize("gpu,ranks_per_node,cores,configured,expected", [
     ("cpu", 2, 2, None, 0.0),  # two ranks on two cores: gloo's reduction competes with the backward
     ("cpu", 8, 2, None, 0.0),
-    ("cpu", 2, 16, None, 0.8),  # free cores to reduce on
-    ("h100-sxm", 8, 2, None, 0.8),  # NCCL on its own SMs, whatever the host's cores
+    ("cpu", 2, 16, None, None),  # free cores to reduce on: what the trainer's buckets hide (None)
+    ("h100-sxm", 8, 2, None, None),  # NCCL on its own SMs, whatever the host's cores: the trainer's buckets
     ("cpu", 2, 2, 0.5, 0.5),  # estimate.dp_overlap as the spec sets it
 ])
 def test_dp_overlap_default_follows_where_the_reduction_runs(monkeypatch, gpu, ranks_per_node, cores, configured,
@@ -206,5 +206,6 @@ def test_auto_nodes_sweep_json_and_errors():
                         (["--nodes", "1..2", "--deadline", "1h"], "--deadline")):
         bad = trainctl("plan", "--auto", llama8b, *args)
         assert bad.returncode == 2, (args, bad.stderr)
-        lines = bad.stderr.strip().splitlines()
+        # the sweep's progress lines come once it has taken a second of wall clock (a loaded machine's): not the error
+        lines = [x for x in bad.stderr.strip().splitlines() if not x.startswith("plan --auto: ")]
         assert len(lines) == 1 and field in lines[0], (args, bad.stderr)

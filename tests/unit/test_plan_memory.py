@@ -303,3 +303,24 @@ def test_trainer_tp_sp_selective_against_korthikanti():
     got = trainer_layer_activation_bytes(llama, b, t, True, "selective", "bf16", on_gpu=True)
     assert got == pytest.approx(megatron + 2 * 4 * sb / t, rel=1e-12)
     assert got / megatron < 1.001
+
+
+def test_dropout_on_a_gpu_keeps_no_attention_scores() -> None:
+    """On CUDA, SDPA's flash and memory-efficient kernels take attention dropout without keeping the s x s scores
+    (the mask is regenerated from the RNG state in backward); the CPU's math kernel keeps the scores, the mask and
+    the dropped copy. So on a GPU dropout adds only the two residual dropout masks (1 byte per value of the s x b x h
+    stream each), on a CPU those and 2 + (1 + 2) bytes per score of each head."""
+    from trainctl.model_shape import ModelShape
+    from trainctl.plan.memory import trainer_layer_activation_bytes
+
+    s, b, h, heads = 1024, 2, 512, 8
+    plain = ModelShape(layers=2, hidden=h, heads=heads, vocab=1000, seq_len=s)
+    dropped = ModelShape(layers=2, hidden=h, heads=heads, vocab=1000, seq_len=s, dropout=0.1)
+
+    def delta(on_gpu: bool) -> float:
+        return (trainer_layer_activation_bytes(dropped, b, 1, False, "none", "bf16", on_gpu=on_gpu)
+                - trainer_layer_activation_bytes(plain, b, 1, False, "none", "bf16", on_gpu=on_gpu))
+
+    masks = 2 * s * b * h
+    assert delta(on_gpu=True) == masks
+    assert delta(on_gpu=False) == masks + heads * s * s * b * (2 + 1 + 2)

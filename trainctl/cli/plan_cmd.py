@@ -208,9 +208,11 @@ def render_plan(plan: Plan, console: Console, ranks: bool) -> None:
     _print_kv(console, "Checkpoints", checkpoint_rows(j["checkpoint"]))
 
     a = j["assumptions"]
-    prose(console, f"[bold]Assumptions[/bold] (estimate.* in the spec): compute_efficiency {a['compute_efficiency']}, "
-                   f"comm_efficiency {a['comm_efficiency']}, {dp_overlap_text(a, j['calibration'])}, "
-                   f"tp_overlap {a['tp_overlap']}"
+    prose(console, f"[bold]Assumptions[/bold] (estimate.* in the spec): {rates_text(a)}, "
+                   f"{dp_overlap_text(a, j['calibration'])}, tp_overlap {a['tp_overlap']}"
+                   + (f" (TP communication overlap, as Megatron-Core's --tp-comm-overlap, would hide up to "
+                      f"{j['prediction']['tp_exposed_s']:.3g} s of the step)"
+                      if a["tp_overlap"] == 0 and j["prediction"].get("tp_exposed_s") else "")
                    + (f", offload_pcie_gbps {a['offload_pcie_gbps']}, host_adam_gbps {a['host_adam_gbps']}"
                       if L["offload"] == "optimizer" else "")
                    + (f", moe_imbalance {a['moe_imbalance']}" if "moe" in j and j["moe"]["capacity_factor"] is None
@@ -404,8 +406,8 @@ def render_auto(res: AutoResult, console: Console, on_cpu: bool = False) -> None
         console.print(f"[bold red]{len(res.invalid)} enumerated layouts failed validation (a planner bug); not "
                       "shown.[/bold red]")
     a = res.assumptions
-    prose(console, f"[dim]Assumptions: compute_efficiency {a['compute_efficiency']}, comm_efficiency "
-                   f"{a['comm_efficiency']}, {dp_overlap_text(a, res.calibration)}, tp_overlap {a['tp_overlap']}. "
+    prose(console, f"[dim]Assumptions: {rates_text(a)}, {dp_overlap_text(a, res.calibration)}, "
+                   f"tp_overlap {a['tp_overlap']}. "
                    "Run `trainctl plan SPEC --set parallel.tp=...` on a row for its full plan.[/dim]")
 
 
@@ -463,13 +465,25 @@ def _sweep_progress() -> Callable[[int, int, int], None]:
     return report
 
 
+def rates_text(a: dict) -> str:
+    """How the plan priced compute and collectives: the operator and NCCL models, or the spec's flat shares."""
+    compute = (f"compute_efficiency {a['compute_efficiency']}" if a.get("compute_efficiency") is not None
+               else "compute: operator model (catalog GEMM, HBM and attention figures)")
+    links = (f"comm_efficiency {a['comm_efficiency']}" if a.get("comm_efficiency") is not None
+             else "collectives: NCCL's latency and bus-bandwidth model")
+    kernel = a.get("attention_kernel")  # the trainer's own (flash2, auto) goes without saying
+    return f"{compute}, {links}" + (f", attention_kernel {kernel}" if kernel not in (None, "auto", "flash2") else "")
+
+
 def dp_overlap_text(assumptions: dict[str, Any], calibration: dict[str, Any]) -> str:
     """estimate.dp_overlap as the plan used it: the profile's measured share per link class where it has one."""
     measured = calibration.get("dp_overlap") or {}
+    share = assumptions["dp_overlap"]
+    own = "the trainer's own (its gradient buckets)" if share is None else share
     if not measured:
-        return f"dp_overlap {assumptions['dp_overlap']}"
+        return f"dp_overlap {own}"
     shares = ", ".join(f"{link.replace('_', '-')} {x:.2f}" for link, x in sorted(measured.items()))
-    return f"dp_overlap measured by calibrate ({shares}; other links {assumptions['dp_overlap']})"
+    return f"dp_overlap measured by calibrate ({shares}; other links {own})"
 
 
 @app.command()

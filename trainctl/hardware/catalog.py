@@ -38,6 +38,19 @@ class Accelerator:
     # The datasheet's maximum board power (TDP / TBP), watts: plan's whole-run energy is this x GPU-hours, an
     # upper bound for the boards alone. None where no datasheet gives a per-GPU figure.
     board_power_w: float | None = None
+    # The operator-level step model (plan/operators.py); sources in OPERATOR_SOURCES below.
+    hbm_gbps: float | None = None  # device memory bandwidth, GB/s (datasheet)
+    sm_count: int | None = None  # streaming multiprocessors (compute units on AMD): GEMM wave quantization
+    gemm_efficiency: float | None = None  # best large 16-bit GEMM / dense peak (a published MAMF measurement)
+    # flash attention (forward, backward) FLOP/s over the dense peak, by kernel: "flash2" (FlashAttention-2, what
+    # torch's SDPA flash backend runs) and "flash3" (Hopper's FlashAttention-3 / cuDNN class of kernels)
+    attention_efficiency: tuple[tuple[str, float, float], ...] = ()
+
+    def attention(self, kernel: str) -> tuple[float, float] | None:
+        """(forward, backward) efficiency of `kernel` on this part; flash3 falls back to flash2 where the part has
+        no FlashAttention-3 figure (it runs on Hopper only); None where neither is known."""
+        table = {k: (f, b) for k, f, b in self.attention_efficiency}
+        return table.get(kernel) or table.get("flash2")
 
 
 @dataclass(frozen=True)
@@ -178,6 +191,71 @@ ACCELERATORS: dict[str, Accelerator] = {
                        peak_fp32_tflops=None, memory_gb=None, nvlink_domain=0, nvlink_gbps=10.0,
                        source="measured on this machine at run time", link="shm"),
 }
+
+# --- The operator-level step model's figures (plan/operators.py), each from the source named beside it. None of
+# them is fitted to the published runs the plan is checked against (recipes/published/, docs/validation.md).
+#
+# hbm_gbps: the datasheet's memory bandwidth (the same datasheets as above): V100 SXM2 900 GB/s; A100 40GB 1,555;
+#   A100 80GB SXM 2,039; H100 SXM 3.35 TB/s; H100 PCIe 2.0 TB/s; H100 NVL 3.9 TB/s; H200 4.8 TB/s; GH200 (96 GB
+#   HBM3) 4 TB/s; HGX B200 64 TB/s / 8; GB200 NVL72 576 TB/s / 72; L40S 864 GB/s; L4 300 GB/s; A10G 600 GB/s (AWS
+#   G5 page); MI300X 5.3 TB/s.
+# sm_count: the architecture whitepapers: V100 80 SMs (Volta whitepaper), A100 108 (Ampere GA100 whitepaper),
+#   H100 SXM5 132 / PCIe 114 (Hopper whitepaper; H200, GH200 and H100 NVL carry the SXM5's 132), B200 148
+#   (Blackwell datasheet's GPU), L40S 142 and L4 58 (Ada whitepaper), A10G 80 (GA102), MI300X 304 CUs (CDNA 3
+#   whitepaper).
+# gemm_efficiency: the best 16-bit matmul found by a shape search over M, N, K, divided by the dense peak: Stas
+#   Bekman, "Machine Learning Engineering", compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS
+#   comparison table" (BF16, torch 2.6-2.7 with CUDA 12.6; mamf-finder.py): A100 SXM 271.2 / 312 = 86.9%, GH200
+#   828.6 / 989 = 83.8%, H100 SXM 794.5 / 989 = 80.3%, B200 1,745 / 2,250 = 77.6%, MI300X 781.9 / 1,300 = 60.1%
+#   (v1 table, ROCm 6.2). Parts the table lacks take the measured part of the same die (H100 PCIe/NVL and H200:
+#   the H100 SXM's; GB200: the B200's); the rest (V100, Ada, A10G) take 0.80, the median of the measured NVIDIA
+#   parts (an assumption, printed as the catalog's source).
+# attention_efficiency (forward, backward) over the dense peak, causal FLOPs counted as the kernels' authors count
+#   them (the masked half not computed): FlashAttention-2 on A100 (Dao 2023, "FlashAttention-2: Faster Attention
+#   with Better Parallelism and Work Partitioning", Sec. 4.1: forward up to 73% of peak, backward up to 63%);
+#   FlashAttention-2 on H100: 35% (Shah et al. 2024, "FlashAttention-3", abstract: "FlashAttention-2 achieving
+#   only 35% utilization on the H100"), forward and backward alike; FlashAttention-3 on H100 (same paper): forward
+#   up to 740 TFLOP/s = 75% in BF16, backward 1.5-1.75x FlashAttention-2's: 1.5 x 35% = 53% (the lower end).
+#   Ampere and Ada parts take A100's FlashAttention-2 figures, Hopper parts the H100's, Blackwell the H100's
+#   FlashAttention-2 figure (no published Blackwell figure: an assumption); V100 has no flash kernel (torch runs
+#   its memory-efficient kernel): A100's figures, an assumption.
+_AMPERE_ATTN = (("flash2", 0.73, 0.63),)
+_HOPPER_ATTN = (("flash2", 0.35, 0.35), ("flash3", 0.75, 0.53))
+_MEDIAN_GEMM = 0.80
+_OPERATOR_FIGURES: dict[str, dict[str, Any]] = {
+    "v100": dict(hbm_gbps=900.0, sm_count=80, gemm_efficiency=_MEDIAN_GEMM, attention_efficiency=_AMPERE_ATTN),
+    "a100-40gb": dict(hbm_gbps=1555.0, sm_count=108, gemm_efficiency=0.869, attention_efficiency=_AMPERE_ATTN),
+    "a100-80gb": dict(hbm_gbps=2039.0, sm_count=108, gemm_efficiency=0.869, attention_efficiency=_AMPERE_ATTN),
+    "h100-sxm": dict(hbm_gbps=3350.0, sm_count=132, gemm_efficiency=0.803, attention_efficiency=_HOPPER_ATTN),
+    "h100-pcie": dict(hbm_gbps=2000.0, sm_count=114, gemm_efficiency=0.803, attention_efficiency=_HOPPER_ATTN),
+    "h100-nvl": dict(hbm_gbps=3900.0, sm_count=132, gemm_efficiency=0.803, attention_efficiency=_HOPPER_ATTN),
+    "h200": dict(hbm_gbps=4800.0, sm_count=132, gemm_efficiency=0.803, attention_efficiency=_HOPPER_ATTN),
+    "gh200": dict(hbm_gbps=4000.0, sm_count=132, gemm_efficiency=0.838, attention_efficiency=_HOPPER_ATTN),
+    "b200": dict(hbm_gbps=8000.0, sm_count=148, gemm_efficiency=0.776, attention_efficiency=(("flash2", 0.35, 0.35),)),
+    "gb200": dict(hbm_gbps=8000.0, sm_count=148, gemm_efficiency=0.776,
+                  attention_efficiency=(("flash2", 0.35, 0.35),)),
+    "l40s": dict(hbm_gbps=864.0, sm_count=142, gemm_efficiency=_MEDIAN_GEMM, attention_efficiency=_AMPERE_ATTN),
+    "l4": dict(hbm_gbps=300.0, sm_count=58, gemm_efficiency=_MEDIAN_GEMM, attention_efficiency=_AMPERE_ATTN),
+    "a10g": dict(hbm_gbps=600.0, sm_count=80, gemm_efficiency=_MEDIAN_GEMM, attention_efficiency=_AMPERE_ATTN),
+    "mi300x": dict(hbm_gbps=5300.0, sm_count=304, gemm_efficiency=0.601, attention_efficiency=_AMPERE_ATTN),
+}
+ACCELERATORS = {k: replace(a, **_OPERATOR_FIGURES.get(k, {})) for k, a in ACCELERATORS.items()}
+
+# --- Collectives as NCCL prices them (plan/rates.py `AssumedRates.comm`).
+# Latency: NCCL's own cost model, src/graph/tuning.cc (NVIDIA/nccl, default tuner constants), Simple protocol:
+#   a base latency of 8.4 us per call (ring and tree), plus a per-step hardware latency: ring 3.4 us on NVLink,
+#   5.7 on PCIe, 14 on the network; tree 4.0 on NVLink and PCIe, 14 on the network. A ring all-reduce over n ranks
+#   takes 2(n-1) steps (n-1 for a reduce-scatter or an all-gather), a tree all-reduce 2 x (the node's ranks - 1)
+#   intra-node steps plus 2 log2(nodes) network steps; NCCL's tree bandwidth is 0.92 x the ring's (same file).
+NCCL_BASE_LATENCY_S = 8.4e-6
+NCCL_STEP_LATENCY_S = {"ring": {"nvlink": 3.4e-6, "pcie": 5.7e-6, "net": 14e-6},
+                       "tree": {"nvlink": 4.0e-6, "pcie": 4.0e-6, "net": 14e-6}}
+NCCL_TREE_BANDWIDTH = 0.92
+# Bus bandwidth reached, over the link's one-direction rate: NVLink 370 of 450 GB/s measured for an H100 node's
+# all-reduce without SHARP (Austin et al. 2025, "How to Scale Your Model", the GPU chapter's measurement) = 0.82;
+# the network 340 of 400 Gb/s measured with all_reduce_bench.py on AWS EFA (Bekman, "Machine Learning
+# Engineering", training/performance, the IDEFICS-80B estimate) = 0.85.
+BUS_EFFICIENCY = {"nvlink": 370 / 450, "pcie": 370 / 450, "xgmi": 370 / 450, "shm": 1.0, "net": 340 / 400}
 
 FABRICS: dict[str, Fabric] = {
     # Line rate / 8 = GB/s per direction; one NIC (port) per GPU as on rail-optimised HGX clusters.

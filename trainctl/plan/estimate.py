@@ -46,17 +46,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
+from math import ceil
 from typing import NamedTuple
 
 from trainctl import model_shape as model
 from trainctl.model_shape import ModelShape
 from trainctl.plan import bubble as schedule
-from trainctl.plan import comm, memory, powersgd
+from trainctl.plan import comm, memory, operators, powersgd
 from trainctl.plan.comm import INTER_NODE, NVLINK
 from trainctl.plan.pipeline import balanced_split, pp_rank_of_stage, stages_of_pp_rank
 from trainctl.plan.rates import CP_OPS, EMBEDDING_OPS, EP_OPS, PP_OPS, TP_OPS, AssumedRates, MeasuredRates, Ops
 from trainctl.spec.models import DEFAULT_MOE_IMBALANCE
 
+# The flat share of peak for a GPU the catalog has no operator figures for (a custom accelerator): what the planner
+# assumed before it priced operators.
+DEFAULT_COMPUTE_EFFICIENCY = 0.6
+DEFAULT_COMM_EFFICIENCY = 0.7  # the flat share of link bandwidth gloo's CPU ranks are priced at (no NCCL model)
+# Bytes the GPU's optimizer step moves per parameter of the rank's shard (the fused AdamW reads the fp32 master,
+# gradient and both moments and writes the master and moments: 28; the gradient norm and clipping read the gradient
+# twice and write it once: 12; the 16-bit weight copy written: 2), at HBM bandwidth after the backward.
+GPU_OPTIMIZER_BYTES = 28 + 12 + 2
 # Bytes the fused CPU AdamW moves per fp32 element: reads the master, gradient and both moments, writes the
 # master and both moments (7 x 4).
 OFFLOAD_STEP_BYTES = 28
@@ -84,9 +93,13 @@ class Hardware:
 
 @dataclass(frozen=True)
 class Assumptions:
-    compute_efficiency: float = 0.6
-    comm_efficiency: float = 0.7
-    dp_overlap: float = 0.8
+    # None: the operator model (plan/operators.py) and NCCL's latency and bandwidth model (plan/rates.py), from the
+    # catalog's cited figures; a number: the flat share of peak FLOP/s / link bandwidth a spec asks for
+    compute_efficiency: float | None = None
+    comm_efficiency: float | None = None
+    # None: what the bundled trainer hides (Evaluator._trainer_hidden); a share: estimate.dp_overlap's, within the
+    # windows the module docstring gives (another stack's overlap, or a CPU's 0)
+    dp_overlap: float | None = None
     tp_overlap: float = 0.0
     offload_pcie_gbps: float = 25.0  # optimizer offload: pinned host<->device copies per GPU, each direction
     host_adam_gbps: float = 40.0  # optimizer offload: host memory bandwidth of one GPU's CPU AdamW step
@@ -110,11 +123,22 @@ class Context:
     powersgd_rank: int | None = None  # parallel.grad_compression.powersgd.rank (ZeRO-0/1 only)
     rates: MeasuredRates | None = None  # a calibration profile's rates; None: assumed from hw and assume
     on_gpu: bool = False  # the ranks run on GPUs (which kernels save what for backward: plan/memory.py)
+    # the operator model's device (plan/operators.py); None: the layers run at the rates' flat FLOP/s (a CPU, a
+    # calibration profile, estimate.compute_efficiency set, or a part without the catalog's figures)
+    device: operators.Device | None = None
 
 
-def assumed_rates(hw: Hardware, a: Assumptions) -> AssumedRates:
-    return AssumedRates(hw.peak_flops, {NVLINK: hw.nvlink_bw, INTER_NODE: hw.inter_node_bw}, a.compute_efficiency,
-                        a.comm_efficiency)
+def assumed_rates(hw: Hardware, a: Assumptions, device: operators.Device | None = None) -> AssumedRates:
+    """The uncalibrated rates: a flat share of the peak where the spec sets compute_efficiency (or the device has
+    no catalog figures), else the best GEMM's rate; links per comm_efficiency, or NCCL's model where unset."""
+    if a.compute_efficiency is not None or device is None:
+        eff = a.compute_efficiency if a.compute_efficiency is not None else DEFAULT_COMPUTE_EFFICIENCY
+    else:
+        eff = device.gemm_efficiency
+    # NCCL's model is a GPU's; CPU ranks (gloo over shared memory) keep the flat share of the link
+    comm_eff = a.comm_efficiency if a.comm_efficiency is not None or hw.link != "shm" else DEFAULT_COMM_EFFICIENCY
+    return AssumedRates(hw.peak_flops, {NVLINK: hw.nvlink_bw, INTER_NODE: hw.inter_node_bw}, eff, comm_eff,
+                        link=hw.link, gpus_per_node=hw.gpus_per_node)
 
 
 @dataclass(frozen=True)
@@ -263,6 +287,7 @@ class _Load:
     """Per-rank compute for one (tp, pp, v, split, recompute): what decides the pipeline's pace."""
 
     flops: tuple[float, ...]  # hardware FLOPs per token of a micro-batch, per pipeline rank
+    seconds: tuple[float, ...]  # per pipeline rank, seconds of compute per token (0 when the rate is unknown)
     collectives: tuple[int, ...]  # TP all-reduce equivalents per micro-batch, per pipeline rank
     slow: int  # the rank with the longest slot (compute + exposed TP), the same for every micro_batch
     imbalance: float
@@ -314,6 +339,8 @@ class _Base:
     emb_time: float
     layer_params_gpu: float  # one layer's parameters on one GPU, the largest kind (ZeRO-3 gathers two at a time)
     shape_key: tuple = ()  # (tp, pp, v, layers, ep, schedule): what PowerSGD's figures depend on (_psgd)
+    load_recompute: str = "none"  # the layout's recompute (the backward's share of a slot)
+    spread: dict[str, int] = field(default_factory=dict)  # each kind's group ranks on one node (_spread)
 
 
 class Evaluator:
@@ -330,12 +357,14 @@ class Evaluator:
         self.act_bytes = memory.activation_bytes(ctx.precision)
         self.stream_bytes = memory.residual_bytes(m, ctx.precision)  # what a pipeline stage sends
         self.grad_bytes = 4  # the trainer's gradients are fp32 (plan.memory.trainer_state_bytes)
+        self.bucket_numel = memory.dp_bucket_numel()  # the trainer's gradient bucket (read once: an env lookup)
         self._default_split = lru_cache(maxsize=None)(self._split)
         self._profile = lru_cache(maxsize=None)(self._make_profile)
         self._rank_params = lru_cache(maxsize=None)(self._make_rank_params)
         self._stage_params = lru_cache(maxsize=None)(self._make_stage_params)
         self._units = lru_cache(maxsize=None)(self._make_units)
         self._load = lru_cache(maxsize=None)(self._make_load)
+        self._rates = lru_cache(maxsize=None)(self._make_rates)
         self._compression = lru_cache(maxsize=None)(self._make_compression)
         self._layer_act = lru_cache(maxsize=None)(self._make_layer_act)
         self._step_floor = lru_cache(maxsize=None)(self._make_step_floor)
@@ -464,20 +493,42 @@ class Evaluator:
                 last = flight[prof.last_chunk[r]]
         return tuple(units), first, last
 
-    def _make_load(self, tp: int, pp: int, v: int, layers: tuple[int, ...], recompute: str, schedule_: str
-                   ) -> _Load:
+    def _make_rates(self, tp: int, cp: int, mb: int, sp: bool, recompute: str) -> tuple[float, float] | None:
+        """(layer, head) achieved FLOP/s on one rank: the operator model's (plan/operators.py) seconds of one layer
+        and of the head for this shape, as a rate of their FLOPs; the rates' flat FLOP/s without a device; None
+        when the rate is unknown (a CPU without a profile)."""
+        flat = self.rates.compute(tp)
+        dev = self.device
+        if dev is None or not flat:
+            return (flat, flat) if flat else None
+        m = self.ctx.shape
+        tokens = mb * m.seq_len / cp
+        layer_s = operators.layer_seconds(m, dev, micro_batch=mb, tp=tp, cp=cp, sp=sp, recompute=recompute,
+                                          act=self.act_bytes, stream=self.stream_bytes)
+        vp = self.padded_vocab(tp)
+        head_s = operators.head_seconds(m, dev, micro_batch=mb, tp=tp, cp=cp, vocab=vp, act=self.act_bytes)
+        # the layer's FLOPs as the operator model shaped them: a MoE layer as a dense one with top_k experts' MLP
+        dense = m if m.moe is None else replace(m, moe=None, ffn_hidden=m.moe.expert_ffn_hidden * m.moe.top_k)
+        layer_flops = model.layer_flops_per_token(dense, recompute) * tokens / tp
+        return layer_flops / layer_s, model.head_flops_per_token(m, vp) * tokens / tp / head_s
+
+    def _make_load(self, tp: int, pp: int, v: int, layers: tuple[int, ...], recompute: str, schedule_: str,
+                   mb: int = 1, cp: int = 1, sp: bool = False) -> _Load:
         prof = self._profile(pp, v, layers, schedule_)
         m, hw, a = self.ctx.shape, self.ctx.hw, self.ctx.assume
         layer_flops = self._layer_flops_paced[recompute]  # routed experts at the busiest EP rank's pace
         head_flops = model.head_flops_per_token(m, self.padded_vocab(tp))
         flops = tuple((prof.rank_layers[r] * layer_flops + (head_flops if prof.has_last[r] else 0.0)) / tp
                       for r in range(pp))
+        rates = self._rates(tp, cp, mb, sp, recompute)
+        seconds = tuple(0.0 if rates is None else
+                        (prof.rank_layers[r] * layer_flops / rates[0] + (head_flops / rates[1] if prof.has_last[r]
+                                                                         else 0.0)) / tp for r in range(pp))
         per_layer = 6 if recompute == "full" else 4  # TP all-reduce equivalents per layer (fwd, bwd, recompute)
         counts = tuple(prof.rank_layers[r] * per_layer + prof.has_first[r] + prof.has_last[r] if tp > 1 else 0
                        for r in range(pp))
         # Both terms of a slot scale with the micro-batch, so the slowest rank does not depend on it.
         link = comm.tp_link(tp, self.ctx.world, hw.nvlink_domain)
-        rate = self.rates.compute(tp) or 1.0
         tp_cost = self.rates.comm(link, TP_OPS[False], comm.all_reduce_bytes(m.hidden * self.act_bytes, tp)) * (
             1 - a.tp_overlap)
         # the ends' work beyond their FLOPs (a calibration profile's fixed work), per token of the micro-batch it
@@ -485,9 +536,10 @@ class Evaluator:
         fixed = self.rates.fixed
         ends = tuple(fixed.ends_seconds(prof.has_first[r], prof.has_last[r]) / (fixed.micro_batch * m.seq_len)
                      if fixed is not None else 0.0 for r in range(pp))
-        slots = [flops[r] / rate + counts[r] * tp_cost + ends[r] for r in range(pp)]
+        pace = seconds if rates is not None else flops  # an unknown rate ranks the pipeline ranks by FLOPs
+        slots = [pace[r] + counts[r] * tp_cost + ends[r] for r in range(pp)]
         mean = sum(flops) / pp
-        return _Load(flops, counts, max(range(pp), key=slots.__getitem__),
+        return _Load(flops, seconds, counts, max(range(pp), key=slots.__getitem__),
                      max(flops) / mean - 1 if mean > 0 else 0.0, ends)
 
     def _make_layer_act(self, mb: int, tp: int, sp: bool, recompute: str, cp: int, ep: int) -> float:
@@ -512,6 +564,14 @@ class Evaluator:
         layers = stage_layers if stage_layers is not None else self._default_split(pp * v)
         units, _, _ = self._units(schedule_, pp, v, self.ctx.global_batch // (mb * dp), layers)
         return max(units) * self._layer_act(mb, tp, sp, recompute, cp, ep)
+
+    @property
+    def device(self) -> operators.Device | None:
+        """The operator model's device where it prices the layers: uncalibrated, with no flat
+        estimate.compute_efficiency (either replaces it)."""
+        if self.ctx.assume.compute_efficiency is not None or not isinstance(self.rates, AssumedRates):
+            return None
+        return self.ctx.device
 
     def padded_vocab(self, tp: int) -> int:
         return self.ctx.shape.padded_vocab(tp)
@@ -538,7 +598,7 @@ class Evaluator:
         layers = self.stage_layers(c)
         prof = self._profile(pp, v, layers, c.schedule)
         params, experts, moe_layers, largest = self._rank_params(tp, pp, v, layers, c.ep, c.schedule)
-        load = self._load(tp, pp, v, layers, c.recompute, c.schedule)
+        load = self._load(tp, pp, v, layers, c.recompute, c.schedule, mb, cp, sp)
         vp = self.padded_vocab(tp)
         world = ctx.world
         tokens_mb = mb * m.seq_len / cp  # this rank's tokens of a micro-batch
@@ -597,7 +657,9 @@ class Evaluator:
         rates, tp_calls, sends = self.rates, load.collectives[load.slow], max(prof.sends) if pp > 1 else 0
         tp_mb_slow = tp_calls * tp_ar
         groups = {"tp": tp, "pp": 2, "embedding": 2, "ep": c.ep, "cp": cp}  # pairs: send/recv, first + last
-        tp_mb_time = rates.comm(links["tp"], TP_OPS[sp], tp_mb_slow, tp_calls, groups["tp"]) * (1 - a.tp_overlap)
+        spread = self._spread(tp, dp, cp, c.ep)
+        tp_mb_time = rates.comm(links["tp"], TP_OPS[sp], tp_mb_slow, tp_calls, groups["tp"], spread["tp"]) * (
+            1 - a.tp_overlap)
         measured = rates.tp_layer(links["tp"], tp, sp, c.recompute) if tp > 1 and cp == 1 and m.moe is None else None
         rate = rates.compute(tp)
         if measured is not None and rate:
@@ -607,11 +669,13 @@ class Evaluator:
             ends = prof.has_first[load.slow] + prof.has_last[load.slow]
             tp_mb_time = (prof.rank_layers[load.slow] * self._layer_excess(seconds, tokens, tokens_mb, c.recompute,
                                                                            tp, rate)
-                          + rates.comm(links["tp"], TP_OPS[sp], ends * tp_ar, ends, groups["tp"]) * (1 - a.tp_overlap))
-        p2p = rates.comm(pp_link, PP_OPS, p2p_mb_bytes, sends, groups["pp"])
-        ep_mb_time = rates.comm(links["ep"], EP_OPS, ep_mb_bytes, ep_calls_mb, groups["ep"])
+                          + rates.comm(links["tp"], TP_OPS[sp], ends * tp_ar, ends, groups["tp"], spread["tp"])
+                          * (1 - a.tp_overlap))
+        p2p = rates.comm(pp_link, PP_OPS, p2p_mb_bytes, sends, groups["pp"], spread["pp"])
+        ep_mb_time = rates.comm(links["ep"], EP_OPS, ep_mb_bytes, ep_calls_mb, groups["ep"], spread["ep"])
         cp_ops = CP_OPS[cp_passes == 3]
-        cp_layer_time = rates.comm(links["cp"], cp_ops, cp_layer, cp_passes if cp_layer else 0, groups["cp"])
+        cp_layer_time = rates.comm(links["cp"], cp_ops, cp_layer, cp_passes if cp_layer else 0, groups["cp"],
+                                   spread["cp"])
         measured_cp = rates.cp_layer(links["cp"], cp, c.recompute) if cp > 1 and tp == 1 and m.moe is None else None
         if measured_cp is not None and rate:
             # the layer as calibrate ran it on a CP rank's chunks (tokens / cp of the measured micro-batch's): what
@@ -625,7 +689,7 @@ class Evaluator:
         dispatch_mb = 0.0  # what the host's issuing of the layers' kernels adds beyond running them
         ends_mb = load.ends[load.slow] * tokens_mb
         if rate:
-            compute_mb = load.flops[load.slow] / rate * tokens_mb + ends_mb
+            compute_mb = load.seconds[load.slow] * tokens_mb + ends_mb
             # a GPU runs a layer's kernels while the host issues the next ones: the layers take the longer of
             # the two (too little work per kernel and the GPU waits for the host: the dispatch floor)
             floor = rates.dispatch_floor(c.recompute)
@@ -637,7 +701,7 @@ class Evaluator:
             attn_layer_time = mb * pairs * model.attention_flops_per_pair(m) / tp / rate
             slot = compute_mb + tp_mb_time + ep_mb_time + cp_mb_time + p2p
         return _Base(
-            shape_key=(tp, pp, v, layers, c.ep, c.schedule),
+            shape_key=(tp, pp, v, layers, c.ep, c.schedule), load_recompute=c.recompute,
             n_micro=n_micro, layers=layers, prof=prof, params=params, experts=experts, largest=largest,
             max_params=max(p - e for p, e in zip(params, experts, strict=True)), max_experts=max(experts),
             load=load, vp=vp, acts=tuple(acts), transient=transient, acts_copied=acts_copied,
@@ -656,7 +720,9 @@ class Evaluator:
             tp_exposed=n_micro * tp_mb_time, p2p=p2p, ep_mb_time=ep_mb_time, cp_mb_time=cp_mb_time,
             cp_layer_time=cp_layer_time, attn_layer_time=attn_layer_time, bubble_slots=bubble_slots, slot=slot,
             compute_mb=compute_mb, ends_mb=ends_mb, dispatch_mb=dispatch_mb,
-            emb_time=rates.comm(pp_link, EMBEDDING_OPS, emb_bytes, float(emb_bytes > 0), groups["embedding"]),
+            emb_time=rates.comm(pp_link, EMBEDDING_OPS, emb_bytes, float(emb_bytes > 0), groups["embedding"],
+                                spread["embedding"]),
+            spread=spread,
             layer_params_gpu=max(model.layer_params_per_gpu(m, tp),
                                  sum(model.layers_params_per_gpu(m, tp, layers=1, moe_layers=1, ep=c.ep))
                                  if m.moe is not None else 0.0),
@@ -741,16 +807,21 @@ class Evaluator:
                                float(b.n_micro * max(0, ends_units - (b.head_unit[dense_r] > 0))))]
         edp_traffic = comm.dp_traffic(b.max_experts, zero, edp, b.n_micro, grad_bytes, weight_bytes, b.units,
                                       e_psgd)
-        t_dp = self._dp_time(b.links["dp"], dp_traffic, dp)
-        t_edp = self._dp_time(b.links["expert_dp"], edp_traffic, edp)
+        dp_parts = self._dp_times(b.links["dp"], dp_traffic, dp, b.spread["dp"])
+        edp_parts = self._dp_times(b.links["expert_dp"], edp_traffic, edp, b.spread["expert_dp"])
+        t_dp, t_edp = sum(dp_parts), sum(edp_parts)
         copy_s, cpu_s = self._offload_seconds(b, zero, dp, edp) if z.host else (0.0, 0.0)
-        opt_s = self._optimizer_seconds(b, zero, dp)
+        opt_s = self._optimizer_seconds(b, zero, dp, offloaded=bool(z.host))
         dp_exposed = step = None
         if b.slot is not None:
             window = b.slot if zero <= 1 else b.n_micro * b.slot
             overlap = self.rates.dp_overlap(b.links["dp"])  # measured by calibrate, else the assumption
             overlap = a.dp_overlap if overlap is None else overlap
-            dp_exposed = (t_dp + t_edp) - min(overlap * (t_dp + t_edp), window)
+            if overlap is None:  # what the bundled trainer hides, bucket by bucket
+                dp_exposed = (t_dp + t_edp) - self._trainer_hidden(b, zero, [
+                    (dp_traffic, dp_parts, b.max_params), (edp_traffic, edp_parts, b.max_experts)])
+            else:
+                dp_exposed = (t_dp + t_edp) - min(overlap * (t_dp + t_edp), window)
             step = b.slot * (b.n_micro + b.bubble_slots) + dp_exposed + b.emb_time + copy_s + cpu_s + opt_s + fsdp_s
             if psgd:
                 step += z.psgd_time  # PowerSGD's matmuls and QRs run after the backward, between its collectives
@@ -770,14 +841,17 @@ class Evaluator:
         rate = self.rates.compute(b.shape_key[0])
         return psgd, max((d.flops + e.flops) / rate for d, e in psgd) if rate else 0.0
 
-    def _optimizer_seconds(self, b: _Base, zero: int, dp: int) -> float:
+    def _optimizer_seconds(self, b: _Base, zero: int, dp: int, offloaded: bool = False) -> float:
         """The optimizer step (gradient norm, clipping, AdamW) on the slowest pipeline rank, by a profile's
         fixed work (0 without): ZeRO-1/2 step the rank's fragments of the master (about a dp-th of its tensors
         and elements), ZeRO-3 every local shard (a dp-th of the elements), ZeRO-0 every parameter."""
         fixed = self.rates.fixed
-        if fixed is None:
-            return 0.0
         shard = dp if zero >= 1 and dp > 1 else 1
+        if fixed is None:  # the operator model: the step's bytes at HBM bandwidth, on the rank's shard
+            dev = self.device
+            if dev is None or offloaded:  # offload: the CPU steps
+                return 0.0
+            return max(b.params) / shard * GPU_OPTIMIZER_BYTES / dev.hbm_bw
         split = shard if zero in (1, 2) else 1
         p = b.prof
         return max(fixed.optimizer_seconds(max(1.0, fixed.stage_tensors(n, f, la) / split), params / shard)
@@ -808,8 +882,41 @@ class Evaluator:
         slot = memory.zero2_slot_numel(round(params), largest, dp, memory.dp_bucket_numel())
         return float(memory.zero2_buffer_bytes(slot, dp, self.ctx.grad_reduce_bf16))
 
-    def _dp_time(self, link: str, traffic: list[tuple[str, float, float]], group: int) -> float:
-        return sum(self.rates.comm(link, ((op, 1.0),), nbytes, calls, group) for op, nbytes, calls in traffic)
+    def _dp_times(self, link: str, traffic: list[tuple[str, float, float]], group: int, per_node: int
+                  ) -> list[float]:
+        """Seconds of each of the DP collectives `traffic` lists (op, bytes, calls)."""
+        return [self.rates.comm(link, ((op, 1.0),), nbytes, calls, group, per_node) for op, nbytes, calls in traffic]
+
+    def _trainer_hidden(self, b: _Base, zero: int,
+                        groups: list[tuple[list[tuple[str, float, float]], list[float], float]]) -> float:
+        """Seconds of DP traffic the bundled trainer hides behind compute (runtime/parallel/data_parallel.py): each
+        gradient bucket's reduction starts when its parameters' gradients are complete and overlaps the backward
+        still to run, so all but the last bucket's hide behind the backward of the last micro-batch (ZeRO-0/1, once a
+        step) or of every micro-batch (ZeRO-2, each one's); ZeRO-1/2's weight all-gather follows the optimizer step,
+        exposed. FSDP2 (ZeRO-3) prefetches each unit's gathers and reduces a unit's gradients while the next
+        computes: all but one unit's traffic hides behind the micro-batches' forward and backward."""
+        backward = 1 - self._layer_flops["none"] / 3 / self._layer_flops[b.load_recompute]
+        window = b.slot * (b.n_micro if zero >= 2 else 1) * (1 if zero >= 3 else backward)
+        hidden = 0.0
+        for traffic, seconds, params in groups:  # each collective's (op, bytes, calls) and its seconds
+            if not traffic:
+                continue
+            pieces = b.units if zero >= 3 else max(1, ceil(params / self.bucket_numel))
+            overlappable = sum(t for (op, _, _), t in zip(traffic, seconds, strict=True)
+                               if zero >= 3 or op != "all_gather")
+            hidden += overlappable * (1 - 1 / pieces)
+        return min(hidden, window)
+
+    def _spread(self, tp: int, dp: int, cp: int, ep: int) -> dict[str, int]:
+        """Ranks of one group of each kind on one node (Megatron order tp-cp-ep-dp-pp: a group at stride s has
+        gpus_per_node // s of its ranks on a node): across nodes NCCL drives that many NICs at once."""
+        gpn = self.ctx.hw.gpus_per_node
+
+        def on_node(size: int, stride: int) -> int:
+            return max(1, min(size, gpn // stride)) if stride < gpn else 1
+
+        return {"tp": on_node(tp, 1), "pp": 1, "embedding": 1, "ep": on_node(ep, tp), "cp": on_node(cp, tp),
+                "dp": on_node(dp * cp, tp), "expert_dp": on_node(max(1, dp * cp // ep), tp * ep)}
 
     def step_floor(self, c: Candidate) -> float | None:
         """A floor under score(c)'s step seconds from the cached per-rank load alone (no _Base): the slowest
@@ -825,17 +932,18 @@ class Evaluator:
         if not rate:
             return None
         layers = stage_layers if stage_layers is not None else self._default_split(pp * v)
-        load = self._load(tp, pp, v, layers, recompute, schedule_)
+        load = self._load(tp, pp, v, layers, recompute, schedule_, mb, cp, sp)
         n_micro = self.ctx.global_batch // (mb * dp)
         tokens_mb = mb * self.ctx.shape.seq_len / cp
-        per_token = load.flops[load.slow] / rate
+        per_token = load.seconds[load.slow]
         if isinstance(self.rates, AssumedRates):
             # assumed rates price bytes linearly (no latency, no measured layer): the slot's TP collectives and
             # p2p sends are then exactly these per-token costs, as _make_base prices them
             m, a, world, domain = self.ctx.shape, self.ctx.assume, self.ctx.world, self.ctx.hw.nvlink_domain
             msg = m.hidden * self.act_bytes
             if tp > 1:
-                tp_cost = self.rates.comm(comm.tp_link(tp, world, domain), TP_OPS[sp], comm.all_reduce_bytes(msg, tp))
+                tp_cost = self.rates.comm(comm.tp_link(tp, world, domain), TP_OPS[sp], comm.all_reduce_bytes(msg, tp),
+                                          per_node=self._spread(tp, dp, cp, 1)["tp"])
                 per_token += load.collectives[load.slow] * tp_cost * (1 - a.tp_overlap)
             if pp > 1:
                 sends = max(self._profile(pp, v, layers, schedule_).sends)
@@ -885,7 +993,7 @@ class Evaluator:
             comm_bytes.update(ep=b.ep_bytes, expert_dp=z.edp_bytes)
         if c.cp > 1:
             comm_bytes["cp"] = b.cp_bytes
-        comm_time = {k: self.rates.comm(b.links[k], b.ops[k], comm_bytes[k], b.calls[k], b.groups[k])
+        comm_time = {k: self.rates.comm(b.links[k], b.ops[k], comm_bytes[k], b.calls[k], b.groups[k], b.spread[k])
                      for k in comm_bytes if k not in ("dp", "expert_dp")}
         comm_time["dp"] = z.dp_time
         if m.moe is not None:

@@ -169,8 +169,10 @@ def trainer_layer_activation_bytes(m: ModelShape, micro_batch: int, tp: int, sp:
 
     Differences from Korthikanti et al. 2022 (`layer_activation_bytes`), each measured with saved-tensor
     hooks: the attention is torch's scaled_dot_product_attention, which keeps its output and a
-    log-sum-exp per row (a*s*b fp32), never the s x s scores (unless dropout makes it fall back to the
-    math kernel, which stores them as the paper counts); the output projection gets its own copy of the
+    log-sum-exp per row (a*s*b fp32), never the s x s scores, except on a CPU with dropout, where torch falls back
+    to the math kernel, which stores them as the paper counts (on CUDA the flash and memory-efficient kernels take
+    dropout themselves, regenerating its mask from the RNG state in backward: no scores); the output projection
+    gets its own copy of the
     attention output (the head transpose); each norm keeps per-token statistics besides its input
     (`_norm_saved_bytes`); the SwiGLU keeps only its [gate; up] input (runtime/model/lean_ops.py recomputes
     silu(gate) in backward, as Megatron's fused kernel does). The residual stream is in the compute dtype, so
@@ -210,7 +212,7 @@ def trainer_layer_activation_bytes(m: ModelShape, micro_batch: int, tp: int, sp:
             split += (sbh + 2 * m.seq_len * b * m.kv_width + sbh - qkv) * act
         elif m.position == "rope":
             split += (sbh + sb * m.kv_width) * act  # the rotated Q and K
-        if m.dropout:
+        if m.dropout and not on_gpu:  # the CPU's math kernel keeps the scores, their mask and dropped copy
             scores = m.heads * s * s * b
             split += scores * act + scores * (1 + act)
     if sp:

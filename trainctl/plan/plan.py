@@ -12,8 +12,9 @@ from typing import Any
 
 from trainctl import model_shape
 from trainctl.checkpoint import storage
-from trainctl.hardware.catalog import peak_tflops_for, resolve_accelerator, resolve_fabric
+from trainctl.hardware.catalog import Accelerator, peak_tflops_for, resolve_accelerator, resolve_fabric
 from trainctl.model_shape import ModelShape, ParamCounts
+from trainctl.plan import operators
 from trainctl.plan.bubble import BUBBLE_DEFINITION
 from trainctl.plan.cadence import Cadence, configured_interval, job_mtbf
 from trainctl.plan.checkpoint_size import checkpoint_bytes, save_seconds
@@ -33,10 +34,13 @@ ROOFLINE = (
     "step = slot*(m + (p-1)/v) + exposed DP + tied-embedding sync (+ offload copies and CPU AdamW); slot = max "
     "over pipeline ranks of (hardware FLOPs per micro-batch / FLOP/s + TP time * (1-tp_overlap)) + pipeline p2p, "
     "MoE all-to-all "
-    "and CP K/V exchange per micro-batch (not overlapped); exposed DP = DP time - min(dp_overlap*DP time, one "
-    "slot for ZeRO 0/1 or all m slots for ZeRO 2/3); FLOP/s = peak*compute_efficiency and link time = bytes / "
-    "(link*comm_efficiency), or with a calibration profile the measured FLOP/s and latency*calls + bytes / "
-    "measured bandwidth"
+    "and CP K/V exchange per micro-batch (not overlapped); exposed DP = DP time - what hides: the bundled "
+    "trainer's buckets (all but the last bucket's reduction behind the last micro-batch's backward, ZeRO-2 every "
+    "micro-batch's; the ZeRO-1/2 weight all-gather exposed; ZeRO-3 all but one FSDP unit's traffic), or with "
+    "estimate.dp_overlap min(dp_overlap*DP time, one slot for ZeRO 0/1 or all m slots for ZeRO 2/3); the layers' "
+    "times from the operator model (plan/operators.py) and collectives from NCCL's cost model, or flat shares of "
+    "peak and link (estimate.compute_efficiency, comm_efficiency), or a calibration profile's measured FLOP/s and "
+    "latency*calls + bytes / measured bandwidth"
 )
 NOTES = (
     "model FLOPs per token = 6*N + 12*L*h*s (N: every matmul weight incl. the LM head, no embedding "
@@ -77,10 +81,11 @@ def cpu_cores() -> int:
     return os.cpu_count() or 1
 
 
-def dp_overlap(configured: float | None, on_cpu: bool, ranks_per_node: int) -> float:
-    """estimate.dp_overlap, or its default: on GPUs Assumptions' 0.8; on CPUs 0 when the ranks occupy every core
-    of the node: gloo's reduction then competes with the backward for them (measured here, 2 ranks on 2 cores:
-    the sync a DP step waits for was longer than the whole predicted all-reduce)."""
+def dp_overlap(configured: float | None, on_cpu: bool, ranks_per_node: int) -> float | None:
+    """estimate.dp_overlap, or its default: None, what the bundled trainer hides bucket by bucket
+    (Evaluator._trainer_hidden); on CPUs 0 when the ranks occupy every core of the node: gloo's reduction then
+    competes with the backward for them (measured here, 2 ranks on 2 cores: the sync a DP step waits for was
+    longer than the whole predicted all-reduce)."""
     if configured is not None:
         return configured
     return 0.0 if on_cpu and ranks_per_node >= cpu_cores() else Assumptions.dp_overlap
@@ -108,7 +113,8 @@ def context_from_spec(spec: RunSpec) -> Context:
                          dp_overlap=dp_overlap(e.dp_overlap, on_cpu, c.gpus_per_node), tp_overlap=e.tp_overlap,
                          offload_pcie_gbps=e.offload_pcie_gbps, host_adam_gbps=e.host_adam_gbps,
                          moe_imbalance=e.moe_imbalance)
-    rates = measured_rates(spec, assumed_rates(hw, assume))  # cluster.calibration (plan/rates.py)
+    device = operator_device(acc, hw.peak_flops, e.attention_kernel) if e.compute_efficiency is None else None
+    rates = measured_rates(spec, assumed_rates(hw, assume, device))  # cluster.calibration (plan/rates.py)
     if rates is not None and hw.peak_flops is None:  # a CPU: MFU against the peak measured where it runs
         hw = replace(hw, peak_flops=rates.profile.peak_flops)
     return Context(
@@ -116,7 +122,24 @@ def context_from_spec(spec: RunSpec) -> Context:
         precision=precision, world=spec.world_size, hw=hw, assume=assume,
         grad_reduce_bf16=spec.parallel.grad_reduce_dtype == "bf16", rates=rates,
         powersgd_rank=spec.parallel.powersgd.rank if spec.parallel.powersgd else None, on_gpu=not on_cpu,
+        device=device,
     )
+
+
+# The attention kernel the bundled trainer runs on a GPU: torch's scaled_dot_product_attention picks its flash
+# backend, FlashAttention-2 (estimate.attention_kernel names another stack's).
+TRAINER_ATTENTION_KERNEL = "flash2"
+
+
+def operator_device(acc: Accelerator, peak_flops: float | None, kernel: str) -> operators.Device | None:
+    """The operator model's view of the accelerator (plan/operators.py); None where the catalog lacks its figures
+    (the CPU, a custom part): the layers then run at a flat share of the peak."""
+    name = TRAINER_ATTENTION_KERNEL if kernel == "auto" else kernel
+    attention = acc.attention("flash2" if name == "unfused" else name)
+    if not peak_flops or acc.gemm_efficiency is None or not acc.sm_count or not acc.hbm_gbps or attention is None:
+        return None
+    return operators.Device(peak_flops=peak_flops, gemm_efficiency=acc.gemm_efficiency, sm_count=acc.sm_count,
+                            hbm_bw=acc.hbm_gbps * 1e9, attention=attention, kernel=name)
 
 
 def candidate_from_spec(spec: RunSpec) -> Candidate:
@@ -140,6 +163,12 @@ class Plan:
     layout: Layout
     checkpoint: dict[str, Any]  # bytes per save, its blocking and total seconds, the Young/Daly cadence
     elastic: tuple[NodeCount, ...] = ()  # cluster.min_nodes: the layout on each node count it may shrink to
+
+    @property
+    def attention_kernel(self) -> str | None:
+        """The attention kernel the step is priced with (estimate.attention_kernel resolved; None: no operator
+        model)."""
+        return self.ctx.device.kernel if self.ctx.device is not None else None
 
     # --- headline figures -----------------------------------------------------------------------------
     @property
@@ -311,7 +340,8 @@ class Plan:
                 "breakdown_s": self.breakdown(), "dominant": self.dominant(),
                 "outside_layers": self.outside_layers(),
             },
-            "assumptions": {**asdict(self.ctx.assume), "roofline": ROOFLINE, "notes": list(NOTES)},
+            "assumptions": {**asdict(self.ctx.assume), "attention_kernel": self.attention_kernel, "roofline": ROOFLINE,
+                            "notes": list(NOTES)},
             "calibration": describe(self.ctx.rates),
             "checkpoint": self.checkpoint,
             "warnings": [x.as_dict() for x in self.warnings],

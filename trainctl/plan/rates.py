@@ -1,7 +1,11 @@
 """Where the planner's times come from: FLOP/s per rank and seconds per collective, in one place.
 
-`AssumedRates` (no profile): the catalog peak x estimate.compute_efficiency and the catalog link bandwidth
-x estimate.comm_efficiency, no latency: what trainctl always did, uncalibrated. `MeasuredRates`: a
+`AssumedRates` (no profile): the catalog peak x the best GEMM's efficiency (the layers' own rates come from the
+operator model, plan/operators.py, through the Evaluator), and collectives as NCCL prices them (`nccl_seconds`):
+a latency per call and per ring or tree step, the bus bandwidth of the link tier (NVLink, or the network at the
+NICs of the group's ranks on one node), ring or tree, whichever is faster, from the catalog's cited constants.
+estimate.compute_efficiency / comm_efficiency, when a spec sets them, replace these by a flat share of the peak
+and of the link bandwidth without latency (what trainctl did before it priced operators). `MeasuredRates`: a
 calibration profile's fits (`trainctl calibrate`): the measured FLOP/s at the layout's TP size and, per link
 class and collective kind, latency per call + latency per ring step x the kind's steps in the group + bus
 bytes / measured bandwidth, the kind's own fit at every group size (beyond the largest measured it
@@ -23,9 +27,11 @@ Which collective carries what, as (op, share of the bytes), each entry making th
 
 from __future__ import annotations
 
+from math import log2
 from pathlib import Path
 from typing import Any
 
+from trainctl.hardware.catalog import BUS_EFFICIENCY, NCCL_BASE_LATENCY_S, NCCL_STEP_LATENCY_S, NCCL_TREE_BANDWIDTH
 from trainctl.plan.calibration import profile as prof
 from trainctl.plan.calibration.fixed import FixedWork
 from trainctl.plan.calibration.shapes import INTER, INTRA, OPS
@@ -41,8 +47,12 @@ EP_OPS: Ops = (("all_to_all", 1.0),)  # MoE token dispatch and combine
 CP_OPS: dict[bool, Ops] = {False: (("all_gather", 1 / 2), ("reduce_scatter", 1 / 2)),
                            True: (("all_gather", 2 / 3), ("reduce_scatter", 1 / 3))}
 PROFILE_LINK = {NVLINK: INTRA, INTER_NODE: INTER}  # the planner's link classes -> the profile's
-UNCALIBRATED = ("catalog peak x estimate.compute_efficiency, catalog link bandwidth x estimate.comm_efficiency, "
-                "no latency term; `trainctl calibrate SPEC` measures them")
+UNCALIBRATED = ("on GPUs the operator model (catalog: best-GEMM efficiency, HBM bandwidth, flash-attention "
+                "efficiency) and NCCL's latency and bus bandwidth per link tier, on CPUs no rate; `trainctl calibrate "
+                "SPEC` measures them")
+# collective steps of a ring over n ranks, per call
+RING_STEPS = {"all_reduce": lambda n: 2 * (n - 1), "reduce_scatter": lambda n: n - 1, "all_gather": lambda n: n - 1,
+              "all_to_all": lambda n: n - 1, "send_recv": lambda n: 1}
 
 
 class AssumedRates:
@@ -50,19 +60,60 @@ class AssumedRates:
     fixed: FixedWork | None = None  # the work outside the layers is not modelled without a profile
 
     def __init__(self, peak_flops: float | None, link_bw: dict[str, float], compute_efficiency: float,
-                 comm_efficiency: float) -> None:
+                 comm_efficiency: float | None, link: str = "nvlink", gpus_per_node: int = 8) -> None:
         self.flops = peak_flops * compute_efficiency if peak_flops else None
-        self.bw = {link: bw * comm_efficiency for link, bw in link_bw.items()}
+        self.flat_comm = comm_efficiency is not None
+        # a flat share of the link without latency (estimate.comm_efficiency), else NCCL's bus bandwidth per tier
+        intra_eff = comm_efficiency if self.flat_comm else BUS_EFFICIENCY.get(link, BUS_EFFICIENCY["nvlink"])
+        net_eff = comm_efficiency if self.flat_comm else BUS_EFFICIENCY["net"]
+        self.bw = {NVLINK: link_bw[NVLINK] * intra_eff, INTER_NODE: link_bw[INTER_NODE] * net_eff}
+        self.intra = "pcie" if link == "pcie" else "nvlink"  # NCCL's hardware latency class inside a node
+        self.gpus_per_node = gpus_per_node
         self.warnings: tuple[str, ...] = ()
 
     def compute(self, tp: int) -> float | None:
         """Achieved FLOP/s per rank at this TP size; None when unknown (no peak: a CPU without a profile)."""
         return self.flops
 
-    def comm(self, link: str, ops: Ops, nbytes: float, calls: float = 0.0, group: int = 0) -> float:
-        """Seconds for `nbytes` bus bytes per rank over `link`, in `calls` calls of each op among `group`
-        ranks (0: unknown; a latency term would need it)."""
-        return nbytes / self.bw[link]
+    def comm(self, link: str, ops: Ops, nbytes: float, calls: float = 0.0, group: int = 0, per_node: int = 0
+             ) -> float:
+        """Seconds for `nbytes` bus bytes per rank over `link`, in `calls` calls of each op among `group` ranks
+        (0: unknown), `per_node` of them on each node (0: unknown, taken as 1 across nodes): NCCL's model
+        (`nccl_seconds`), or bytes at the flat link rate when estimate.comm_efficiency is set."""
+        if self.flat_comm:
+            return nbytes / self.bw[link]
+        return sum(self.nccl_seconds(link, op, share * nbytes, calls, group, per_node) for op, share in ops)
+
+    def nccl_seconds(self, link: str, op: str, nbytes: float, calls: float, group: int, per_node: int) -> float:
+        """One kind's `calls` collectives of `nbytes` bus bytes in all, as NCCL's cost model prices them
+        (hardware/catalog.py: latencies and bandwidth factors of NVIDIA/nccl src/graph/tuning.cc): a ring of
+        base + steps x step latency, the network's steps priced at the network's; for an all-reduce across nodes
+        also the tree (2 x (ranks per node - 1) intra-node steps + 2 log2(nodes) network steps, 0.92 x the ring's
+        bandwidth), whichever is faster. Across nodes the bus bandwidth is the NICs of the group's ranks on one
+        node (one NIC per GPU), at most the NVLink's; inside a node the NVLink's."""
+        n = max(group, 2)
+        if link == NVLINK:
+            ppn, nodes, bw = n, 1, self.bw[NVLINK]
+        else:
+            ppn = min(max(per_node, 1), n)
+            nodes = max(n // ppn, 2)
+            bw = min(self.bw[NVLINK], ppn * self.bw[INTER_NODE])
+        if calls <= 0:
+            return nbytes / bw
+        size = nbytes / calls
+        steps = RING_STEPS[op](n)
+        net_steps = 0 if nodes == 1 else (2 if op == "all_reduce" else 1) * (nodes - 1)
+        if op == "send_recv":
+            net_steps = 0 if nodes == 1 else 1
+        lat = NCCL_STEP_LATENCY_S["ring"]
+        ring = (NCCL_BASE_LATENCY_S + (steps - net_steps) * lat[self.intra] + net_steps * lat["net"]) + size / bw
+        best = ring
+        if op == "all_reduce" and nodes > 1:
+            tree_lat = NCCL_STEP_LATENCY_S["tree"]
+            tree = (NCCL_BASE_LATENCY_S + 2 * ((ppn - 1) * tree_lat[self.intra] + log2(nodes) * tree_lat["net"])
+                    + size / (bw * NCCL_TREE_BANDWIDTH))
+            best = min(ring, tree)
+        return calls * best
 
     def fsdp_unit(self, link: str, unit_bytes: float, dp: int) -> float | None:
         return None
@@ -106,14 +157,15 @@ class MeasuredRates:
             rate = self._rates[tp] = self.profile.compute_rate(tp)
         return rate
 
-    def comm(self, link: str, ops: Ops, nbytes: float, calls: float = 0.0, group: int = 0) -> float:
+    def comm(self, link: str, ops: Ops, nbytes: float, calls: float = 0.0, group: int = 0, per_node: int = 0
+             ) -> float:
         """As AssumedRates.comm, by each kind's fit at the group's size (calibration/fit.py
         `LinkFit.latency_at`), a collective the profile lacks as without a profile."""
         total = 0.0
         for op, share in ops:
             fit = self._fits[link, op]
             total += (fit.seconds(share * nbytes, calls, group) if fit is not None
-                      else self.fallback.comm(link, ops, share * nbytes))
+                      else self.fallback.comm(link, ((op, 1.0),), share * nbytes, calls, group, per_node))
         return total
 
     def fsdp_unit(self, link: str, unit_bytes: float, dp: int) -> float | None:

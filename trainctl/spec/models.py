@@ -555,18 +555,31 @@ class TrackingSpec(Strict):
 class EstimateSpec(Strict):
     """Assumptions of the planner's roofline; printed with every plan."""
 
-    compute_efficiency: Annotated[float, Field(gt=0.0, le=1.0)] = Field(
-        0.6, description="Achievable fraction of peak FLOP/s for large matmuls"
+    compute_efficiency: Annotated[float, Field(gt=0.0, le=1.0)] | None = Field(
+        None, description="A flat fraction of peak FLOP/s for all the layers' work; unset: the operator model prices "
+        "each GEMM by its shape, attention by its kernel and the memory-bound work at HBM bandwidth, from the "
+        "hardware catalog's cited figures (docs/plan-and-calibrate.md)"
     )
-    comm_efficiency: Annotated[float, Field(gt=0.0, le=1.0)] = Field(
-        0.7, description="Achievable fraction of link bandwidth for collectives"
+    comm_efficiency: Annotated[float, Field(gt=0.0, le=1.0)] | None = Field(
+        None, description="A flat fraction of link bandwidth for collectives, no latency; unset: NCCL's model (a "
+        "latency per call and step, ring or tree, the bus bandwidth of the link tier, from the catalog)"
+    )
+    attention_kernel: Literal["auto", "flash2", "flash3", "unfused"] = Field(
+        "auto", description="The attention kernel the step is priced with: auto is what the bundled trainer runs "
+        "(torch SDPA's flash backend, FlashAttention-2, on a GPU); flash3 a Hopper FlashAttention-3 / cuDNN class "
+        "kernel; unfused the s x s scores materialised (Megatron before flash attention). Another stack's choice, "
+        "for planning its published runs; plan prints it as an assumption"
     )
     dp_overlap: Fraction | None = Field(
         None, description="Fraction of DP communication hidden behind backward; unset: the share a calibration "
-        "profile measured on the DP group's link (trainctl calibrate), else 0.8 on GPUs (NCCL reduces on its own "
-        "SMs while the backward computes), 0 on CPU ranks that occupy every core of their node (gloo reduces on "
-        "the cores the compute keeps busy)")
-    tp_overlap: Fraction = Field(0.0, description="Fraction of TP communication hidden behind compute")
+        "profile measured on the DP group's link (trainctl calibrate), else on GPUs what the bundled trainer "
+        "hides (every gradient bucket's reduction but the last behind the backward still to run; the ZeRO-1/2 "
+        "weight all-gather after the step, exposed), 0 on CPU ranks that occupy every core of their node (gloo "
+        "reduces on the cores the compute keeps busy). Set it for another stack's overlap (Megatron-Core's "
+        "--overlap-grad-reduce / --overlap-param-gather: 1.0)")
+    tp_overlap: Fraction = Field(0.0, description="Fraction of TP communication hidden behind compute; the bundled "
+                                 "trainer hides none (its plan says what hiding it would save); Megatron-Core's "
+                                 "--tp-comm-overlap hides it behind the GEMMs")
     moe_imbalance: Annotated[float, Field(ge=1.0, le=1000.0)] = Field(
         DEFAULT_MOE_IMBALANCE, description="Mixture of experts, dropless routing: the busiest expert's tokens over "
         "the mean, which paces the expert MLPs and sizes their activations. 1.1: a trained router with a "

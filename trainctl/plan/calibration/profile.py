@@ -437,9 +437,10 @@ def extrapolations(profile: Profile, spec: RunSpec) -> list[str]:
             continue
         if not ops:
             fabric = resolve_fabric(c)
+            how = ("x estimate.comm_efficiency, no latency" if c.gpu == "cpu" or spec.estimate.comm_efficiency
+                   else "in NCCL's latency and bus-bandwidth model")
             out.append(f"{where} links: not calibrated (measured on one node), priced from the catalog's fabric "
-                       f"({fabric.name}, {fabric.gbps_per_gpu:g} GB/s per GPU x estimate.comm_efficiency, no "
-                       f"latency)")
+                       f"({fabric.name}, {fabric.gbps_per_gpu:g} GB/s per GPU {how})")
             continue
         n0 = min(f.group_size for f in ops.values())
         if n > n0:

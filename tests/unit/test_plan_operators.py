@@ -1,0 +1,178 @@
+"""The operator-level step model (trainctl/plan/operators.py) and NCCL's collective model (plan/rates.py), each
+against arithmetic done here by hand from the catalog's cited figures, and their place in `trainctl plan`."""
+
+from __future__ import annotations
+
+import json
+from math import log2
+
+import pytest
+from cli_utils import trainctl
+
+from trainctl.hardware.catalog import ACCELERATORS
+from trainctl.model_shape import ModelShape
+from trainctl.plan import operators
+from trainctl.plan.comm import INTER_NODE, NVLINK
+from trainctl.plan.rates import AssumedRates
+
+A100 = ACCELERATORS["a100-80gb"]
+H100 = ACCELERATORS["h100-sxm"]
+
+
+def _device(acc=A100, kernel: str = "flash2") -> operators.Device:
+    return operators.Device(peak_flops=acc.peak_bf16_tflops * 1e12, gemm_efficiency=acc.gemm_efficiency,
+                            sm_count=acc.sm_count, hbm_bw=acc.hbm_gbps * 1e9, attention=acc.attention(kernel),
+                            kernel=kernel)
+
+
+def test_catalog_figures_are_the_cited_ones() -> None:
+    """The figures the catalog cites: A100 SXM 271.2 of 312 TFLOP/s and H100 SXM 794.5 of 989 (MAMF table), HBM
+    2,039 GB/s and 3.35 TB/s (datasheets), 108 and 132 SMs, FlashAttention-2 on A100 73%/63% and FlashAttention-3
+    on H100 75% forward."""
+    assert A100.gemm_efficiency == round(271.2 / 312, 3) and H100.gemm_efficiency == round(794.5 / 989, 3)
+    assert (A100.hbm_gbps, H100.hbm_gbps, A100.sm_count, H100.sm_count) == (2039.0, 3350.0, 108, 132)
+    assert A100.attention("flash2") == (0.73, 0.63) and H100.attention("flash3")[0] == 0.75
+    assert A100.attention("flash3") == A100.attention("flash2")  # no FlashAttention-3 off Hopper
+
+
+def test_a_large_gemm_runs_at_the_best_gemm_rate_less_its_last_wave() -> None:
+    """8192^3 on an A100: 64 x 64 = 4096 tiles of 128 x 128 over 108 SMs take 38 waves, the last one partly
+    idle: 2*8192^3 FLOPs at 312e12 x 0.869 x 4096/(38*108)."""
+    dev = _device()
+    n = 8192
+    expected = 2 * n**3 / (312e12 * 0.869 * (4096 / (38 * 108)))
+    assert operators.gemm_seconds(dev, n, n, n, 2) == pytest.approx(expected, rel=1e-12)
+
+
+def test_a_thin_gemm_is_priced_by_its_bytes() -> None:
+    """k = 16: 2*m*n*k FLOPs take far less than moving the m x n output: bytes 2*(m*k + k*n + m*n) at 2,039 GB/s."""
+    dev = _device()
+    m = n = 8192
+    assert operators.gemm_seconds(dev, m, n, 16, 2) == pytest.approx(2 * (m * 16 + 16 * n + m * n) / 2039e9)
+
+
+def test_flash_attention_is_the_causal_half_at_the_kernels_efficiency() -> None:
+    """One rank, seq 2048, 16 heads of 64: a 2048-token sequence has 2048*2049/2 causal (query, key) pairs; forward
+    4 FLOPs per pair per head dimension per head at 73% of 312 TFLOP/s, backward 2.5x those FLOPs at 63%."""
+    m = ModelShape(layers=1, hidden=1024, heads=16, vocab=1000, seq_len=2048)
+    dev = _device()
+    fwd, bwd = operators._attention_seconds(m, dev, micro_batch=1, tp=1, cp=1, act=2)
+    flops = 4 * (2048 * 2049 // 2) * 64 * 16
+    assert fwd == pytest.approx(flops / (312e12 * 0.73)) and bwd == pytest.approx(2.5 * flops / (312e12 * 0.63))
+
+
+def test_nccl_ring_inside_a_node() -> None:
+    """An all-reduce over 8 ranks on NVLink, one call: NCCL's base latency 8.4 us + 2*(8-1) ring steps of 3.4 us,
+    and the bytes at 370/450 of the 300 GB/s NVLink."""
+    rates = AssumedRates(312e12, {NVLINK: 300e9, INTER_NODE: 25e9}, 0.869, None)
+    nbytes = 1e9
+    expected = 8.4e-6 + 14 * 3.4e-6 + nbytes / (300e9 * 370 / 450)
+    assert rates.comm(NVLINK, (("all_reduce", 1.0),), nbytes, calls=1, group=8) == pytest.approx(expected)
+
+
+def test_nccl_picks_the_tree_for_small_all_reduces_across_nodes_and_the_ring_for_large() -> None:
+    """48 ranks one per node (a DP group at TP 8): the ring pays 2*47 network steps of 14 us, the tree
+    2*log2(48) of them at 0.92 of the bandwidth (NIC 25 GB/s x 340/400); NCCL takes whichever is faster."""
+    rates = AssumedRates(312e12, {NVLINK: 300e9, INTER_NODE: 25e9}, 0.869, None)
+    bw = 25e9 * 340 / 400
+
+    def by_hand(nbytes: float) -> float:
+        ring = 8.4e-6 + 2 * 47 * 14e-6 + nbytes / bw
+        tree = 8.4e-6 + 2 * log2(48) * 14e-6 + nbytes / (bw * 0.92)
+        return min(ring, tree)
+
+    small, large = 1e4, 1e10
+    got = [rates.comm(INTER_NODE, (("all_reduce", 1.0),), x, calls=1, group=48, per_node=1) for x in (small, large)]
+    assert got == pytest.approx([by_hand(small), by_hand(large)])
+    assert by_hand(small) < 8.4e-6 + 2 * 47 * 14e-6  # the tree won the small one
+    assert by_hand(large) == pytest.approx(8.4e-6 + 2 * 47 * 14e-6 + large / bw)  # the ring the large one
+
+
+def test_across_nodes_a_group_uses_the_nics_of_its_ranks_on_a_node() -> None:
+    """A DP group at TP 1 has 8 ranks on each node: NCCL's rings leave the node through 8 NICs, so the bus
+    bandwidth is 8 x the NIC's (capped by NVLink's); calls = 0 prices the bytes alone."""
+    rates = AssumedRates(312e12, {NVLINK: 300e9, INTER_NODE: 25e9}, 0.869, None)
+    nbytes = 1e9
+    one = rates.comm(INTER_NODE, (("reduce_scatter", 1.0),), nbytes, group=32, per_node=1)
+    eight = rates.comm(INTER_NODE, (("reduce_scatter", 1.0),), nbytes, group=32, per_node=8)
+    assert one == pytest.approx(nbytes / (25e9 * 0.85))
+    assert eight == pytest.approx(nbytes / min(300e9 * 370 / 450, 8 * 25e9 * 0.85))
+
+
+def test_a_flat_comm_efficiency_keeps_the_old_link_model() -> None:
+    rates = AssumedRates(312e12, {NVLINK: 300e9, INTER_NODE: 25e9}, 0.6, 0.7)
+    assert rates.comm(INTER_NODE, (("all_reduce", 1.0),), 1e9, calls=10, group=48) == pytest.approx(1e9 / (25e9 * .7))
+
+
+SPEC = """
+name: ops
+model: {layers: 4, hidden: 1024, heads: 16, vocab: 32000, seq_len: 2048}
+parallel: {tp: 1, pp: 1, dp: 1, micro_batch: 2}
+train: {global_batch: 8, steps: 10, precision: bf16}
+cluster: {nodes: 1, gpus_per_node: 1, gpu: a100-80gb}
+launcher: {backend: local}
+"""
+
+
+def test_plan_prices_one_gpu_as_its_layers_head_and_optimizer(tmp_path) -> None:
+    """The plan's compute on one A100 is 4 micro-batches x (4 layers + the head), each as the operator model prices
+    it, and its optimizer step the parameters x 42 bytes at HBM bandwidth; nothing else is on one GPU."""
+    path = tmp_path / "ops.yaml"
+    path.write_text(SPEC)
+    j = json.loads(trainctl("plan", str(path), "--json").stdout)
+    m = ModelShape(layers=4, hidden=1024, heads=16, vocab=32000, seq_len=2048)
+    dev = _device()
+    layer = operators.layer_seconds(m, dev, micro_batch=2, tp=1, cp=1, sp=False, recompute="none", act=2, stream=2)
+    head = operators.head_seconds(m, dev, micro_batch=2, tp=1, cp=1, vocab=32000, act=2)
+    p = j["prediction"]
+    assert p["compute_s"] == pytest.approx(4 * (4 * layer + head), rel=1e-9)
+    assert p["breakdown_s"]["optimizer step"] == pytest.approx(j["params"]["total"] * 42 / 2039e9, rel=1e-9)
+    assert p["step_time_s"] == pytest.approx(p["compute_s"] + p["breakdown_s"]["optimizer step"], rel=1e-9)
+    assert j["assumptions"]["compute_efficiency"] is None and j["assumptions"]["attention_kernel"] == "flash2"
+
+
+def test_the_bundled_trainers_plan_says_what_tp_overlap_would_save() -> None:
+    """The bundled trainer does not overlap TP communication (estimate.tp_overlap 0): its plan says how much of the
+    step Megatron-Core's --tp-comm-overlap would hide, which is the exposed TP time it predicts."""
+    out = trainctl("plan", "recipes/llama3-70b.yaml", "--json")
+    exposed = json.loads(out.stdout)["prediction"]["tp_exposed_s"]
+    text = trainctl("plan", "recipes/llama3-70b.yaml").stdout
+    assert exposed > 0 and f"would hide up to {exposed:.3g} s" in " ".join(text.split())
+
+
+DP_SPEC = """
+name: dp
+model: {layers: 8, hidden: 2048, heads: 16, vocab: 32000, seq_len: 2048}
+parallel: {tp: 1, pp: 1, dp: 16, zero: 1, micro_batch: 1}
+train: {global_batch: 64, steps: 10, precision: bf16}
+cluster: {nodes: 2, gpus_per_node: 8, gpu: h100-sxm, interconnect: ndr}
+launcher: {backend: slurm}
+"""
+
+
+def test_the_bundled_trainers_dp_overlap_is_its_buckets() -> None:
+    """Unset estimate.dp_overlap prices what the trainer hides: its gradient reduce-scatter, bucket by bucket, behind
+    the backward still to run of the last micro-batch (all but the last bucket's; at most that backward, 2/3 of a
+    slot without recompute), and the weight all-gather after the step, exposed. By hand: 16 ranks, 8 per node, over
+    the fabric; fp32 gradients, bf16 weights, one call each."""
+    from trainctl.plan.comm import gather_bytes
+    from trainctl.plan.estimate import Evaluator
+    from trainctl.plan.memory import dp_bucket_numel
+    from trainctl.plan.plan import candidate_from_spec, context_from_spec
+    from trainctl.spec import load_spec_text
+
+    spec = load_spec_text(DP_SPEC)
+    ev = Evaluator(context_from_spec(spec))
+    est = ev.evaluate(candidate_from_spec(spec))
+    params = est.worst.params
+    rs = ev.rates.comm(INTER_NODE, (("reduce_scatter", 1.0),), gather_bytes(params * 4, 16), 1, 16, 8)
+    ag = ev.rates.comm(INTER_NODE, (("all_gather", 1.0),), gather_bytes(params * 2, 16), 1, 16, 8)
+    buckets = -(-params // dp_bucket_numel())
+    slot = est.compute_time / est.micro_batches
+    hidden = min(rs * (1 - 1 / buckets), 2 / 3 * slot)
+    assert est.dp_time == pytest.approx(rs + ag)
+    assert 0 < hidden < rs and est.dp_exposed_time == pytest.approx(rs + ag - hidden)
+    # a stack that overlaps more (Megatron-Core's --overlap-grad-reduce / --overlap-param-gather) says so
+    full = load_spec_text(DP_SPEC + "estimate: {dp_overlap: 1.0}\n")
+    est_full = Evaluator(context_from_spec(full)).evaluate(candidate_from_spec(full))
+    assert est_full.dp_exposed_time == pytest.approx(rs + ag - min(rs + ag, slot))

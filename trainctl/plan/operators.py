@@ -1,0 +1,132 @@
+"""The operator-level step model: one layer's forward and backward (and recompute) on one GPU as the sum of its
+operators, each priced by what bounds it, from the catalog's cited figures (hardware/catalog.py).
+
+  GEMMs          2*m*n*k FLOPs at peak x the part's best-GEMM efficiency x the wave quantization of m x n in
+                 128 x 128 tiles over the SMs (NVIDIA, "Matrix Multiplication Background User's Guide", tile and
+                 wave quantization), or its bytes at HBM bandwidth when that is longer (a roofline per GEMM). The
+                 shapes are the layer's after TP and CP sharding; backward is the data-gradient GEMM (m, k, n) and
+                 the weight-gradient GEMM (k, n, m) of each.
+  attention      flash kernels: the causal half of the scores' FLOPs (4*pairs*head_dim forward, 2.5x that backward:
+                 FlashAttention-2's five matmuls against two) at the kernel's own efficiency; "unfused" (Megatron
+                 before flash attention): QK^T and AV as batched GEMMs over the whole s x s square, the fused
+                 scale-mask-softmax and the attention dropout as HBM passes over the s x s scores.
+  memory-bound   norms, residual adds, rotary, the activation, dropout: their bytes at HBM bandwidth (a backward
+                 moves twice a forward's bytes: the saved input and the incoming gradient read, a gradient written).
+  recompute      full: the forward again; selective: the attention core's forward again.
+
+What the planner asks: seconds per micro-batch of one layer and of the LM head (with its loss) on one rank. The
+Evaluator turns them into an achieved FLOP/s for the layer's and the head's FLOPs, so every other figure of the
+plan (MoE pace, the pipeline, the bubble) reads them as it read the flat rate before.
+Not priced: kernel launches and host overheads (no cited figure holds for every stack), the embedding lookup.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import ceil
+
+from trainctl import model_shape as model
+from trainctl.model_shape import ModelShape
+
+TILE = 128  # GEMM output tile edge for wave quantization (cuBLAS's common 128 x 128 CTA tile)
+# A residual dropout writes a 1-byte mask per value besides its output.
+MASK_BYTES = 1
+# Rotary in the trainer: the 16-bit Q and K read, rotated in fp32 (written, read back) and cast back.
+ROTARY_BYTES_PER_VALUE = 2 + 4 + 4 + 2
+# The scale-mask-softmax and dropout over the s x s scores, 16-bit, per score (Megatron's fused softmax kernel):
+# softmax reads and writes the scores (4 bytes) forward, reads its output and gradient and writes one (6) backward;
+# the attention dropout reads and writes them with a 1-byte mask (5), and again backward (5).
+SOFTMAX_BYTES = (4, 6)
+ATTENTION_DROPOUT_BYTES = (5, 5)
+
+
+@dataclass(frozen=True)
+class Device:
+    """What the operator model needs of one GPU (hardware/catalog.py's cited figures)."""
+
+    peak_flops: float  # dense FLOP/s at the run's precision
+    gemm_efficiency: float
+    sm_count: int
+    hbm_bw: float  # bytes/s
+    attention: tuple[float, float]  # (forward, backward) efficiency of the flash kernel the run uses
+    kernel: str = "flash2"  # flash2 | flash3 | unfused
+
+
+def gemm_seconds(dev: Device, m: float, n: float, k: float, act: int) -> float:
+    """One GEMM of an m x k by k x n product: compute at the quantized efficiency, or its bytes, whichever is longer."""
+    if m <= 0 or n <= 0 or k <= 0:
+        return 0.0
+    tiles = ceil(m / TILE) * ceil(n / TILE)
+    waves = ceil(tiles / dev.sm_count)
+    quantized = tiles / (waves * dev.sm_count)
+    compute = 2 * m * n * k / (dev.peak_flops * dev.gemm_efficiency * quantized)
+    traffic = act * (m * k + k * n + m * n) / dev.hbm_bw
+    return max(compute, traffic)
+
+
+def _train_gemm(dev: Device, m: float, n: float, k: float, act: int) -> tuple[float, float]:
+    """(forward, backward) seconds of one linear layer: y = x W (m x k by k x n), dx = dy W^T, dW = x^T dy."""
+    return gemm_seconds(dev, m, n, k, act), gemm_seconds(dev, m, k, n, act) + gemm_seconds(dev, k, n, m, act)
+
+
+def layer_seconds(m: ModelShape, dev: Device, *, micro_batch: int, tp: int, cp: int, sp: bool, recompute: str,
+                  act: int, stream: int) -> float:
+    """Seconds of one transformer layer's forward + backward (+ recompute) for one micro-batch on one rank.
+
+    `act`: bytes of a 16-bit (or fp32) activation; `stream`: bytes of the residual stream's values. A MoE layer is
+    priced as a dense layer whose MLP has the routed experts' width times top_k (the Evaluator charges the real
+    FLOPs at the rate this gives)."""
+    t = micro_batch * m.seq_len / cp  # this rank's tokens
+    h, hd = m.hidden, m.head_dim
+    q = m.heads * hd / tp
+    kv = max(m.kv_heads / tp, 1) * hd  # a KV head is replicated when tp exceeds the KV heads
+    ffn = (m.moe.expert_ffn_hidden * m.moe.top_k if m.moe is not None else m.ffn_hidden) / tp
+    up = ffn * (2 if m.swiglu else 1)
+    fwd = bwd = 0.0
+    for n_out, k_in in ((q + 2 * kv, h), (h, q), (up, h), (h, ffn)):
+        f, b = _train_gemm(dev, t, n_out, k_in, act)
+        fwd, bwd = fwd + f, bwd + b
+    core_f, core_b = _attention_seconds(m, dev, micro_batch=micro_batch, tp=tp, cp=cp, act=act)
+    # memory-bound work, forward bytes; the norms, residual adds and residual dropouts are replicated over TP
+    # (split under sequence parallelism), the rest is on the rank's heads and MLP shard
+    rep = t * h / (tp if sp else 1)
+    elementwise = (2 * 2 * rep * act  # two norms: read and write the stream
+                   + 2 * 3 * rep * stream  # two residual adds: read two, write one
+                   + (2 * rep * (2 * act + MASK_BYTES) if m.dropout else 0.0)  # two residual dropouts
+                   + ((3 if m.swiglu else 2) * t * ffn * act)  # the activation: read [gate; up] or fc1, write
+                   + (t * (q + kv) * ROTARY_BYTES_PER_VALUE if m.position == "rope" else 0.0))
+    mem_f = elementwise / dev.hbm_bw
+    forward = fwd + core_f + mem_f
+    backward = bwd + core_b + 2 * mem_f
+    again = forward if recompute == "full" else core_f if recompute == "selective" else 0.0
+    return forward + backward + again
+
+
+def _attention_seconds(m: ModelShape, dev: Device, *, micro_batch: int, tp: int, cp: int, act: int
+                       ) -> tuple[float, float]:
+    """(forward, backward) seconds of the attention core (scores, softmax, weighted sum) on one rank."""
+    heads = m.heads / tp
+    hd = m.head_dim
+    if dev.kernel == "unfused":
+        s_q, s_kv = m.seq_len / cp, m.seq_len
+        batch = micro_batch * heads
+        f = batch * (gemm_seconds(dev, s_q, s_kv, hd, act) + gemm_seconds(dev, s_q, hd, s_kv, act))
+        b = 2 * f  # each of the two batched GEMMs has a data- and a weight-side gradient GEMM of its size
+        scores = batch * s_q * s_kv
+        soft = (SOFTMAX_BYTES[0] + (ATTENTION_DROPOUT_BYTES[0] if m.dropout else 0)) * scores / dev.hbm_bw
+        soft_b = (SOFTMAX_BYTES[1] + (ATTENTION_DROPOUT_BYTES[1] if m.dropout else 0)) * scores / dev.hbm_bw
+        return f + soft, b + soft_b
+    pairs = micro_batch * max(model.causal_pairs_per_rank(m.seq_len, cp))  # the causal half this rank computes
+    flops = 4 * pairs * hd * heads
+    eff_f, eff_b = dev.attention
+    return flops / (dev.peak_flops * eff_f), 2.5 * flops / (dev.peak_flops * eff_b)
+
+
+def head_seconds(m: ModelShape, dev: Device, *, micro_batch: int, tp: int, cp: int, vocab: int, act: int) -> float:
+    """Seconds of the final norm, LM head and cross-entropy forward + backward for one micro-batch on one rank: the
+    head GEMM, and the loss's passes over the logits (written 16-bit, read and log-softmaxed in fp32, the gradient
+    written: about 2 + 4 + 4 + 4 + 2 bytes per logit)."""
+    t = micro_batch * m.seq_len / cp
+    v = vocab / tp
+    f, b = _train_gemm(dev, t, v, m.hidden, act)
+    return f + b + 16 * t * v / dev.hbm_bw + 6 * t * m.hidden * act / dev.hbm_bw

@@ -1,0 +1,154 @@
+"""The plan held against the published record: every run of recipes/published/published.yaml planned as its spec
+says, its predicted throughput per GPU against the published one, and the table docs/validation.md shows.
+
+    python -m trainctl.plan.validation            # print the table
+    python -m trainctl.plan.validation --write    # rewrite docs/validation.md (tests/unit/test_published_runs.py
+                                                  # checks it is current)
+
+A published figure is TFLOP/s per GPU, counting either the model's FLOPs (no recompute) or the hardware's (the
+recomputed forward counted, as Megatron 2021 and BLOOM report them); the plan's predicted figure counts the same
+FLOPs over its predicted step, so the error is the predicted throughput over the published one, less 1 (positive:
+the plan is too fast). Torch-free, like every planner module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+PUBLISHED = ROOT / "recipes" / "published"
+DOC = ROOT / "docs" / "validation.md"
+# The issue's target (issue 51): mean absolute error at most 5%, at most 10% on any one run.
+TARGET_MEAN, TARGET_WORST = 0.05, 0.10
+# The planner's model before the operator model, for comparison: a flat share of peak and of link bandwidth.
+FLAT = ("estimate.compute_efficiency=0.6", "estimate.comm_efficiency=0.7")
+
+
+@dataclass(frozen=True)
+class Row:
+    spec: str
+    run: str
+    source: str
+    gpus: int
+    layout: str
+    counts: str  # "model" | "hardware"
+    published: float  # TFLOP/s per GPU
+    predicted: float
+    step_s: float  # the plan's predicted step
+    flat: float  # predicted by the flat model the planner had before (FLAT: 60% of peak, 70% of link bandwidth)
+    issue51: bool = True  # one of issue 51's eleven runs (its target is stated over them)
+
+    @property
+    def error(self) -> float:
+        return self.predicted / self.published - 1
+
+    @property
+    def flat_error(self) -> float:
+        return self.flat / self.published - 1
+
+
+def runs(folder: Path = PUBLISHED) -> list[dict]:
+    return yaml.safe_load((folder / "published.yaml").read_text())["runs"]
+
+
+def plan_row(entry: dict, folder: Path = PUBLISHED) -> Row:
+    from trainctl.plan.plan import build_plan
+    from trainctl.spec import load_spec
+
+    spec = load_spec(folder / entry["spec"])
+    est = build_plan(spec).est
+    flat = build_plan(load_spec(folder / entry["spec"], overrides=FLAT)).est
+    flops = est.hardware_flops if entry["counts"] == "hardware" else est.model_flops
+    world = spec.world_size
+    p = spec.parallel
+    zero = f" ZeRO-{p.zero}" if p.zero else ""
+    zero = f" ZeRO-{p.zero}" if p.zero else ""
+    layout = f"TP{p.tp} PP{p.pp} DP{spec.dp}{zero}, GB {spec.train.global_batch}"
+    assert est.step_time, f"{entry['spec']}: the plan has no step time"
+    return Row(spec=entry["spec"], run=entry["run"], source=entry["source"], gpus=world, layout=layout,
+               counts=entry["counts"], published=float(entry["tflops"]), predicted=flops / est.step_time / world / 1e12,
+               step_s=est.step_time, flat=flops / flat.step_time / world / 1e12, issue51=bool(entry["issue51"]))
+
+
+def table(rows: list[Row]) -> str:
+    lines = ["| run | GPUs | layout | counts | published TFLOP/s per GPU | predicted | error | flat model "
+             "| its error |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        mark = "" if r.issue51 else " *"
+        lines.append(f"| {r.run}{mark} (`recipes/published/{r.spec}`) | {r.gpus:,} | {r.layout} | {r.counts} | "
+                     f"{r.published:g} | {r.predicted:.1f} | {r.error:+.1%} | {r.flat:.1f} | {r.flat_error:+.1%} |")
+    lines.append("")
+    lines.append("\\* not in issue 51's table: the same published tables' other rows.")
+    lines.append("")
+    for name, subset in (("issue 51's eleven runs", [r for r in rows if r.issue51]), (f"all {len(rows)} runs", rows)):
+        mean, worst = summary(subset)
+        flat_mean, flat_worst = summary(subset, flat=True)
+        lines.append(f"- {name}: mean absolute error {mean:.1%}, worst {worst:.1%} (target: {TARGET_MEAN:.0%} mean, "
+                     f"{TARGET_WORST:.0%} worst); the flat model ({', '.join(FLAT)}, the same specs otherwise): "
+                     f"{flat_mean:.1%} mean, {flat_worst:.1%} worst.")
+    return "\n".join(lines)
+
+
+def summary(rows: list[Row], flat: bool = False) -> tuple[float, float]:
+    errors = [abs(r.flat_error if flat else r.error) for r in rows]
+    return sum(errors) / len(errors), max(errors)
+
+
+DOC_HEAD = """# The plan against the published record
+
+Each row is a published training run, written as a spec under `recipes/published/` (its comments give the source,
+the published figure and what the spec had to assume where the source is silent), planned with the default
+uncalibrated model: the operator-level step model and NCCL's collective model, every constant cited in
+`trainctl/hardware/catalog.py` and none fitted to these rows. "counts" says which FLOPs the published TFLOP/s
+count: the model's (no recompute) or the hardware's (the recomputed forward too); the predicted column counts the
+same FLOPs over the plan's predicted step. Error: predicted over published, less 1 (positive: the plan is too fast).
+
+Generated by `python -m trainctl.plan.validation --write`; `tests/unit/test_published_runs.py` checks that this
+page is current and holds the errors below.
+
+"""
+
+
+DOC_TAIL = """
+## What is still off, and why
+
+- The ten Megatron-LM 2021 A100 runs land within -2% to +10%, and follow the table's rise with model size (the
+  flat model falls 15-16% short on the largest two): the unfused attention's passes over the s x s scores at HBM
+  bandwidth and the gradient all-reduce that Megatron did not then overlap are most of what the flat 60% missed.
+- The flat model does better on average (the last two columns) only because 60% of peak happens to sit near
+  what H100s sustained in these runs; 60% is no measurement, and it misses the A100 rows' trend with size.
+- The Megatron-Core H100 runs are predicted too fast (but for the 32B row), worst at 1.7B and 7.1B. The cited
+  H100 figures (best GEMM 80% of peak, FlashAttention-3 at 75%/53%) put a layer near 72% of peak, while NVIDIA
+  measured 41-49% MFU end to end; what the model lacks there has no cited constant yet: GEMMs at these shapes
+  below the best-shape MAMF, sustained clocks under a 700 W training load, the SMs --tp-comm-overlap takes from
+  the GEMMs, kernel launch and host overheads (dominant for the small models' small kernels). The specs'
+  assumptions (full TP and DP overlap, the interleaving) also weigh on these rows; each spec names them.
+- BLOOM is predicted 22% too fast: its Omni-Path fabric and the DeepSpeed pipeline engine's overheads are assumed,
+  not measured.
+"""
+
+
+def render(rows: list[Row]) -> str:
+    return DOC_HEAD + table(rows) + "\n" + DOC_TAIL
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--write", action="store_true", help=f"rewrite {DOC.relative_to(ROOT)}")
+    args = ap.parse_args(argv)
+    rows = [plan_row(e) for e in runs()]
+    text = render(rows)
+    if args.write:
+        DOC.write_text(text)
+    sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
