@@ -38,7 +38,9 @@ def launched(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     base = tmp_path_factory.mktemp("launched")
     spec_file = write_spec(base / "spec.yaml", {"parallel": {"dp": 2}, "cluster": {"gpus_per_node": 2},
                                                 "train": {"steps": STEPS},
-                                                "checkpoint": {"every_steps": 2, "keep_last": 5}})
+                                                "checkpoint": {"every_steps": 2, "keep_last": 5},
+                                                # a value of two lines: its export spans two lines of launch.sh
+                                                "launcher": {"env": {"RUN_NOTE": "first line\nsecond 'line'"}}})
     run = base / "run"
     r = trainctl("launch", str(spec_file), "--run-dir", str(run), env=stop_after(STOPPED_AT))
     assert r.returncode == EXIT_STOPPED, r.stdout[-2000:] + r.stderr[-3000:]
@@ -130,6 +132,7 @@ def test_truncated_job_json_status_runs_and_repair(launched: tuple[Path, Path], 
     assert steps(run) == list(range(1, STEPS + 1))
     rebuilt = json.loads(job.read_text())
     assert rebuilt["backend"] == "local" and rebuilt["command"] == whole["command"] and rebuilt["env"] == whole["env"]
+    assert rebuilt["env"]["RUN_NOTE"] == "first line\nsecond 'line'"  # read from launch.sh whole, not line by line
     assert [(a["attempt"], a["kind"], a["status"]) for a in rebuilt["attempts"]] == [
         (1, "launch", "stopped"), (2, "resume", "completed")]
     assert (run / rebuilt["repaired"]["damaged_copy"]).read_text() == (launched[1] / "job.json").read_text()[:120]

@@ -85,20 +85,22 @@ def _iso(t: Any) -> str | None:
 
 
 def _script_command(path: Path) -> tuple[list[str], dict[str, str]]:
-    """(command, variables) of a launch.sh rendered by trainctl.launch.create.render_script; empty if absent."""
+    """(command, variables) of a launch.sh rendered by trainctl.launch.create.render_script; empty if absent or
+    unparseable. The script is split as the shell reads it, whole: a quoted value may span lines (a
+    launcher.env value holding a newline), so no line is split on its own."""
     command: list[str] = []
     env: dict[str, str] = {}
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError):
+        words = shlex.split(path.read_text(encoding="utf-8"), comments=True)
+    except (OSError, UnicodeDecodeError, ValueError):
         return command, env
-    for line in lines:
-        words = shlex.split(line, comments=True) if line.startswith(("export ", "exec ")) else []
-        if words[:1] == ["export"] and len(words) == 2 and "=" in words[1]:
-            key, _, value = words[1].partition("=")
+    for i, word in enumerate(words):
+        if word == "export" and i + 1 < len(words) and "=" in words[i + 1]:
+            key, _, value = words[i + 1].partition("=")
             env[key] = value
-        elif words[:1] == ["exec"]:
-            command = words[1:]
+        elif word == "exec":  # the script's last statement: the rest is the command
+            command = words[i + 1:]
+            break
     return command, env
 
 
