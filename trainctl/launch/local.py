@@ -67,6 +67,7 @@ from trainctl.rundir.runstate import (
     lost_peer_ranks,
     oom_or,
     outcome,
+    read_events,
     since,
     torchrun_root_cause,
 )
@@ -399,7 +400,7 @@ def _run(launch: LocalLaunch, paths: RunPaths, out: TextIO, kind: str, console: 
             log.close()
     if stopper.lost is not None:  # the ranks failed of it too, most likely: the directory is the cause
         return run_dir_lost(paths, stopper.lost)
-    events = since(read_jsonl(paths.events), started)
+    events = since(read_events(paths), started)
     result = outcome(events, killed=stopper.killed_by)
     if rc and (result is None or (result.cause is not None and result.cause.kind == LOST_PEER)):
         # nothing recorded, or only the survivors' "connection closed": a rank died by a signal, or torchrun

@@ -30,6 +30,7 @@ from trainctl.rundir.runstate import (
     failed_unasked,
     live_outcome,
     outcome,
+    read_events,
     since,
     stop_requested,
 )
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 def run_state(paths: RunPaths, job: dict[str, Any]) -> RunState:
     """The run's state now (asks the backend: Slurm's job state, or whether the local launcher lives)."""
     backend = backend_for(job)
-    events = sorted(read_jsonl(paths.events), key=lambda e: float(e.get("time", 0.0)))
+    events = read_events(paths)
     js = backend.job_state(paths, job, events)
     current = since(events, attempt_begin(events))
     attempts = job.get("attempts") or []

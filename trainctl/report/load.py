@@ -10,7 +10,7 @@ from typing import Any
 from trainctl.errors import RunError, UsageError
 from trainctl.rundir import steptimes
 from trainctl.rundir.paths import RunPaths, load_jsonl, read_yaml
-from trainctl.rundir.runstate import attempt_begin, outcome, since
+from trainctl.rundir.runstate import attempt_begin, in_time_order, outcome, since
 from trainctl.rundir.steptimes import RankSteps
 
 
@@ -117,7 +117,7 @@ def load_run(root: Path, calibration: Path | None = None) -> RunData:
     paths = RunPaths(root)
     metrics_read, events_read = load_jsonl(paths.metrics), load_jsonl(paths.events)
     metrics = [m for m in metrics_read.records if isinstance(m.get("step"), int)]
-    events = sorted(events_read.records, key=lambda e: e.get("time", 0.0))
+    events = in_time_order(events_read.records)
     skipped = [n for n in (metrics_read.skipped_note(paths.metrics), events_read.skipped_note(paths.events)) if n]
     if not metrics and not events:
         raise UsageError(f"{root}: no {paths.metrics.name} or {paths.events.name}: not a run directory, or the run "

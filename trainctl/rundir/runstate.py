@@ -115,6 +115,24 @@ class RunState:
 
 # --- one attempt ----------------------------------------------------------------------------------------
 
+def event_time(e: dict[str, Any]) -> float:
+    t = e.get("time")
+    return float(t) if isinstance(t, (int, float)) else 0.0
+
+
+def in_time_order(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Events in the order they happened: by the time each bears (ties in file order). The file's own order is
+    the order of the appends, which two ranks failing microseconds apart can make the reverse of the order
+    they failed in; every reader of "what came first" (the launcher's last line, `status`, `mfu-report`) reads
+    the events in this order, so they name the same first cause."""
+    return sorted(events, key=event_time)
+
+
+def read_events(paths: RunPaths) -> list[dict[str, Any]]:
+    """The run's events.jsonl, in time order (`in_time_order`)."""
+    return in_time_order(read_jsonl(paths.events))
+
+
 def attempt_begin(events: list[dict[str, Any]]) -> float:
     """When the latest attempt began (0.0: none recorded)."""
     return max((float(e.get("time", 0.0)) for e in events if e.get("event") in BEGIN_EVENTS), default=0.0)
@@ -215,6 +233,7 @@ def first_cause(events: list[dict[str, Any]]) -> Cause | None:
         where = f" on {setup['host']}" if setup.get("host") else " in the batch script"
         return Cause("setup failed", f"launcher.setup[{setup.get('item')}] exited with status "
                      f"{setup.get('exit_code')}{where}; the trainer did not start")
+    events = in_time_order(events)  # the first to fail, whatever order the ranks' appends landed in
     failures = [e for e in events if e.get("event") == "failure"]
     primary = [e for e in failures if not SECONDARY.search(str(e.get("error") or ""))]
     hangs = [e for e in events if e.get("event") == "hang"]
@@ -294,7 +313,7 @@ def stop_in_flight(paths: RunPaths) -> str | None:
 
 def stopping_progress(paths: RunPaths) -> str:
     """Where a stopping run is, in words: its step and whether the checkpoint it stops with is committed."""
-    events = read_jsonl(paths.events)
+    events = read_events(paths)
     current = since(events, attempt_begin(events))
     if (sig := _last(current, "checkpoint_on_signal")) is not None:
         return ("before the first step, nothing to save" if sig.get("before_first_step")
