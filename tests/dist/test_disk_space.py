@@ -4,10 +4,14 @@ previous checkpoint kept (retention never deletes the last valid checkpoint befo
 
 from __future__ import annotations
 
+import contextlib
+import json
+import subprocess
 from pathlib import Path
 
 import pytest
-from cli_utils import trainctl
+from cli_utils import TRAINCTL, trainctl
+from resume_utils import wait_for_step
 from spec_utils import write_spec
 from trainer_utils import ROOT
 
@@ -90,3 +94,54 @@ def test_disk_full_mid_run_stops_with_one_line_and_keeps_the_last_checkpoint(tmp
     after = [step for step, t in ended[0] if t > failed["time"]]
     assert len(after) <= 1, f"steps trained after the save of step 20 was known to have failed: {after}"
     assert 20 <= ended[0][-1][0] < 40
+
+
+DISK_FILLED = ("ran out of space while the run trained (its disk or quota is full)", "disk full: ",
+               "the run directory's disk is full (")
+
+
+def fill(directory: Path) -> None:
+    """Take every free block of the file system holding `directory`."""
+    with open(directory / "filler", "wb", buffering=0) as f, contextlib.suppress(OSError):
+        while True:
+            f.write(bytes(4096))
+
+
+@pytest.mark.slow
+def test_run_directory_disk_full_is_said_by_the_launcher_and_status(tmp_path: Path, tmpfs) -> None:
+    """The run directory's own disk fills (its checkpoints, logs and records all on it): the launcher stops the
+    ranks, says so, and records it where `status` reads it (was: `status` said the launcher was gone without a
+    record, "killed?")."""
+    disk = tmpfs("8m")
+    spec = write_spec(tmp_path / "spec.yaml", {"train": {"steps": 300}, "checkpoint": {"every_steps": 100}})
+    run = disk / "run"
+    proc = subprocess.Popen([*TRAINCTL, "launch", str(spec), "--run-dir", str(run)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True)
+    try:
+        wait_for_step(run, 1)
+        fill(disk)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    # which write fails first (the launcher's log, a rank's metrics or checkpoint) is the machine's choice: each
+    # way ends in a line that says the disk filled
+    assert proc.returncode == 1, out[-3000:]
+    last = out.rstrip().splitlines()[-1]
+    assert last.startswith("run failed: ") and any(w in last for w in DISK_FILLED), out[-3000:]
+    st = trainctl("status", str(run), "--json")
+    assert st.returncode == 0 and json.loads(st.stdout)["state"] == "FAILED", st.stdout + st.stderr
+    reason = json.loads(st.stdout)["reason"]
+    assert any(w in reason for w in DISK_FILLED) and "killed?" not in reason, reason
+    assert not (run / ".launcher-reserve").exists()  # the space it held went to the records
+
+    # nothing recorded after the ranks' start, by the ranks or the launcher (as in a disk full before the launcher
+    # could hold its reserve): `status` reads the full disk itself
+    events = run / "events.jsonl"
+    lines = events.read_bytes().splitlines(keepends=True)
+    kept = b"".join(lines[:next(i for i, x in enumerate(lines) if b'"event":"start"' in x) + 1])
+    with open(events, "r+b") as f:  # rewritten in place: the disk has no block for a new file
+        f.write(kept)
+        f.truncate()
+    st = trainctl("status", str(run))
+    assert st.returncode == 0, st.stderr
+    assert any(w in st.stdout for w in DISK_FILLED) and "killed?" not in st.stdout, st.stdout

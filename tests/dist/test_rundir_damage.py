@@ -189,3 +189,30 @@ def test_unwritable_targets_refused_in_one_line(unwritable: tuple[Path, tuple[st
         assert len(lines) == 1, f"{what}: {r.stderr}"
         assert lines[0].startswith("error: ") and problem in lines[0] and str(target) in lines[0], f"{what}: {lines}"
     assert sorted(p.relative_to(target) for p in target.rglob("*")) == before  # nothing half-made
+
+
+def test_hand_edited_spec_is_said_kept_and_recorded_on_resume(launched: tuple[Path, Path], tmp_path: Path) -> None:
+    run = copy_run(launched, tmp_path)
+    frozen = (run / "spec.yaml").read_text()
+    assert "  lr: 0.001\n" in frozen
+    (run / "spec.yaml").write_text(frozen.replace("  lr: 0.001\n", "  lr: 0.5\n"))  # by hand, no --set
+    said = "spec change (spec.yaml edited by hand): train.lr: 0.001 -> 0.5 (the LR schedule is rescaled from here on)"
+
+    r = trainctl("resume", str(run), "--dry-run")
+    ok(r)
+    assert said in r.stdout, r.stdout  # was: nothing said, the new rate used
+    assert not (run / "spec.prev-1.yaml").exists()
+
+    r = trainctl("resume", str(run))
+    ok(r)
+    assert said in r.stdout, r.stdout
+    assert (run / "spec.prev-1.yaml").read_text() == frozen  # what the run trained with until now
+    (changed,) = [e for e in load_jsonl(run / "events.jsonl").records if e["event"] == "spec_changed"]
+    assert changed["hand_edits"] == [said.split(": ", 1)[1]] and changed["overrides"] == []
+    assert changed["previous"] == "spec.prev-1.yaml" and changed["previous_plan"] == "plan.prev-1.json"
+    job = json.loads((run / "job.json").read_text())
+    assert job["frozen_spec"]["yaml"] == (run / "spec.yaml").read_text() and "  lr: 0.5\n" in job["frozen_spec"]["yaml"]
+    assert (run / "plan.prev-1.json").read_text() == (launched[1] / "plan.json").read_text()
+    r = trainctl("resume", str(run), "--dry-run", "--set", f"train.steps={STEPS + 2}")  # said once, not again
+    ok(r)
+    assert "edited by hand" not in r.stdout and f"spec change: train.steps: {STEPS} -> {STEPS + 2}" in r.stdout

@@ -55,6 +55,8 @@ def resume(
                       f"({plan.checkpoint.path})", soft_wrap=True)
     for change in plan.layout_changes():
         console.print(f"layout change: {escape(change)} (model, optimizer and data position are resharded at load)")
+    for change in plan.hand_edits:  # used as a --set would be: said, kept (spec.prev-<n>.yaml) and recorded
+        console.print(f"spec change (spec.yaml edited by hand): {escape(change)}", soft_wrap=True)
     for change in plan.spec_changes:
         console.print(f"spec change: {escape(change)}", soft_wrap=True)
     for change in plan.data_changes:

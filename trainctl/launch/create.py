@@ -20,7 +20,14 @@ import yaml
 
 from trainctl.data import identity as data_identity
 from trainctl.errors import UsageError
-from trainctl.fileio import json_text, nearest_existing, require_writable, write_atomic, write_errors_as_usage
+from trainctl.fileio import (
+    bytes_digest,
+    json_text,
+    nearest_existing,
+    require_writable,
+    write_atomic,
+    write_errors_as_usage,
+)
 from trainctl.launch import secrets
 from trainctl.rundir.paths import RunPaths
 from trainctl.spec import RunSpec, resolved_dict
@@ -78,6 +85,19 @@ def freeze_spec(spec: RunSpec) -> RunSpec:
     return spec
 
 
+def write_frozen_spec(paths: RunPaths, spec: RunSpec) -> dict[str, str]:
+    """Write RUN/spec.yaml (`spec` frozen: freeze_spec) durably, and return the record job.json keeps of it:
+    its sha256 and its text. `trainctl resume` holds spec.yaml to the record: a hand edit since is shown and
+    recorded as a `--set` is (resume.hand_edits), never used silently; the text is what the edit replaced."""
+    text = yaml.safe_dump(resolved_dict(spec), sort_keys=False)
+    write_atomic(paths.spec, text, fsync=True)
+    return frozen_spec_record(text)
+
+
+def frozen_spec_record(text: str) -> dict[str, str]:
+    return {"sha256": bytes_digest(text.encode("utf-8")), "yaml": text}
+
+
 def git_info(where: Path | None = None) -> dict[str, Any]:
     """Commit and dirtiness of the code that runs (the installed package's tree); None without git."""
     where = where or Path(__file__).resolve().parents[1]
@@ -133,14 +153,14 @@ def create_run_dir(root: Path, spec: RunSpec, *, backend: str, command: Sequence
     try:
         with write_errors_as_usage(f"run directory {paths.root}"):
             paths.logs.mkdir(parents=True, exist_ok=True)
-            write_atomic(paths.spec, yaml.safe_dump(resolved_dict(spec), sort_keys=False))
+            frozen = write_frozen_spec(paths, spec)
             write_atomic(paths.plan, build_plan_json(spec))
             created = now_iso()
             write_atomic(paths.launch_script, render_script(command, env, f"trainctl launch ({backend}), {created}",
                                                             spec.launcher.env_passthrough), executable=True)
             write_job(paths, {"backend": backend, "command": list(command), "env": dict(env), "git": git_info(),
                               "created": created, "data": [i.to_json() for i in data_identity.of_spec(spec)],
-                              "attempts": []})
+                              "frozen_spec": frozen, "attempts": []})
     except BaseException:
         _take_back(paths.root, existed)
         raise

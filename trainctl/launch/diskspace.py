@@ -47,6 +47,23 @@ def space_problem(spec: RunSpec, run_dir: Path) -> str | None:
             "free space, set checkpoint.dir elsewhere or lower checkpoint.keep_last")
 
 
+FULL_BELOW = 1 << 20  # bytes free under which a run directory's disk counts as full (a launcher's records need less)
+
+
+def run_dir_full(paths: RunPaths) -> str | None:
+    """Why a run whose launcher left no record of its end most likely ended: its directory's disk is full now
+    (the launcher could not write its record); None when it has room, or cannot be read."""
+    try:
+        free = free_bytes(paths.root)
+    except OSError:
+        return None
+    if free >= FULL_BELOW:
+        return None
+    return (f"the run directory's disk is full ({human_bytes(free)} free on {paths.root}): the launcher could not "
+            "record how the run ended; free space, then `trainctl resume` continues from the newest valid "
+            "checkpoint")
+
+
 def disk_full_event(paths: RunPaths) -> dict[str, Any] | None:
     """The `disk_full` event of the run's latest attempt, if a save of that attempt ran out of space."""
     found = None

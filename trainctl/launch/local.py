@@ -7,6 +7,7 @@ console; we copy that console into RUN/logs/launcher.log and show rank 0's lines
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
 import os
@@ -18,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -50,7 +51,7 @@ from trainctl.launch.create import (
     read_job,
     record_attempt,
 )
-from trainctl.launch.diskspace import disk_full_line
+from trainctl.launch.diskspace import disk_full_line, run_dir_full
 from trainctl.launch.procs import children, die_with_parent, handles, kill_tree, signal_all
 from trainctl.rundir.paths import RunPaths, read_jsonl, record_event
 from trainctl.rundir.runstate import (
@@ -230,10 +231,14 @@ class Stopper:
         self.signals: list[int] = []
         self.killed_by: str | None = None  # what killed the tree, in words (runstate.outcome)
         self.lost: OSError | None = None  # the run directory can no longer be written (RunDirWatch, a write)
+        self.ended = False  # torchrun has exited: the attempt's outcome stands, a stop has nothing left to stop
 
     def __call__(self, signum: int, _frame: FrameType | None) -> None:
-        self.signals.append(signum)
         name = signal.Signals(signum).name
+        if self.ended:
+            self.say(f"trainctl: {name}: the ranks have already ended; nothing left to stop")
+            return
+        self.signals.append(signum)
         force = self._forced()
         if len(self.signals) > 1 or force:
             if force or signum == signal.SIGINT:
@@ -298,6 +303,32 @@ class Stopper:
             kill_tree(self.proc.pid)
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def handling_stops(stopper: Stopper, *, to_the_end: bool) -> Iterator[None]:
+    """`stopper` handles Ctrl-C, SIGTERM and SIGHUP inside. `to_the_end` (a training launch, whose exit status
+    says how the run ended): it keeps them until the process exits, and from `atexit` on they are ignored, so
+    a stop asked in the launcher's last moments (its records and last line written; Python's finalization,
+    which puts a Python handler back to the default, death) cannot turn exit 0 or 75 into 143. Otherwise (a
+    measuring job, after which the command goes on) the handlers before are put back."""
+    old = {s: signal.signal(s, stopper) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        if to_the_end:
+            atexit.register(_ignore_stops)
+        else:
+            for s, h in old.items():
+                signal.signal(s, h)
+
+
+def _ignore_stops() -> None:
+    for s in STOP_SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
+
+
 class RunDirWatch:
     """Notices, every few seconds, the run directory deleted (or replaced: a rank's heartbeat may make its
     logs/ again) or made read-only under a running launcher, and has the Stopper stop the ranks."""
@@ -338,29 +369,25 @@ class RunDirWatch:
         return None
 
 
-def run(launch: LocalLaunch, paths: RunPaths, out: TextIO | None = None, kind: str = "launch",
+def terminal_say(out: TextIO | None = None) -> Callable[[str], None]:
+    """A line to the person's terminal (`out`: stdout), which may have gone away (trainctl/terminal.py)."""
+    def say(text: str) -> None:
+        terminal.write(out or sys.stdout, text + "\n")
+    return say
+
+
+def run(launch: LocalLaunch, paths: RunPaths, stopper: Stopper, out: TextIO | None = None, kind: str = "launch",
         verbose: bool = False, lock_note: Callable[[str], None] | None = None) -> Outcome:
-    """Hold the run lock, run torchrun, stream rank 0's console, turn Ctrl-C/SIGTERM into "save and stop";
-    how it ended.
+    """Hold the run lock, run torchrun, stream rank 0's console, with `stopper` (installed by the caller:
+    handling_stops) turning Ctrl-C/SIGTERM into "save and stop"; how it ended.
 
     Appends a new attempt to job.json (a `trainctl resume` of the same run directory is attempt 2, ...).
     The person's terminal may go away (trainctl/terminal.py); the run directory may be deleted or become
     read-only under it: the run then ends FAILED with one line naming the directory (run_dir_lost)."""
     out = out or sys.stdout
-    console = ConsoleFilter(verbose)
-
-    def say(text: str) -> None:
-        terminal.write(out, text + "\n")
-
-    stopper = Stopper(paths, say, trainer=launch.module == TRAINER_MODULE)
-    old = {s: signal.signal(s, stopper) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    try:
-        with runlock.hold(paths.root, kind, lock_note) as lock:
-            stopper.begin(lock.owner.since)
-            return _run(launch, paths, out, kind, console, stopper, started=lock.owner.since)
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
+    with runlock.hold(paths.root, kind, lock_note) as lock:
+        stopper.begin(lock.owner.since)
+        return _run(launch, paths, out, kind, ConsoleFilter(verbose), stopper, started=lock.owner.since)
 
 
 def _run(launch: LocalLaunch, paths: RunPaths, out: TextIO, kind: str, console: ConsoleFilter, stopper: Stopper,
@@ -375,6 +402,51 @@ def _run(launch: LocalLaunch, paths: RunPaths, out: TextIO, kind: str, console: 
         log: BinaryIO | None = open(paths.launcher_log, "ab")  # noqa: SIM115 (closed below; may fail mid-run)
     except OSError as e:
         raise RunError(run_dir_lost(paths, e).reason) from e
+    reserve = SpaceReserve(paths.launcher_reserve)
+    try:
+        rc = _torchrun(launch, paths, out, console, stopper, log)
+        full = run_dir_full(paths) if rc else None  # as the ranks ended, the reserve still held
+    finally:
+        reserve.free()  # room for the records below, when the disk filled under the run
+    if stopper.lost is None and full is not None and _unrecorded_failure(
+            outcome(since(read_events(paths), started))):
+        # a rank that could not write (its metrics, its checkpoint) died before it could record why either
+        stopper.lost = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(paths.root))
+    if stopper.lost is not None:  # the ranks failed of it too, most likely: the directory is the cause
+        lost = run_dir_lost(paths, stopper.lost)
+        if stopper.lost.errno in (errno.ENOSPC, errno.EDQUOT):  # still there: say so where `status` reads it
+            with contextlib.suppress(OSError):
+                _record_end(paths, attempt=attempt, rc=rc, result=lost, stopper=stopper, started=started)
+        return lost
+    events = since(read_events(paths), started)
+    result = outcome(events, killed=stopper.killed_by)
+    if rc and _unrecorded_failure(result):
+        # nothing recorded, or only the survivors' "connection closed": a rank died by a signal, or torchrun
+        # could not start its ranks; torchrun's own record says which
+        cause = oom_or(torchrun_root_cause(read_from(paths.launcher_log, log_from), lost_peer_ranks(events))
+                       or (result and result.cause), paths)
+        result = Outcome(state=FAILED, step=None, reason=cause.line() if cause else f"torchrun exited with status {rc}",
+                         cause=cause)
+    elif result is None:
+        result = Outcome(COMPLETED, None, "every step done")
+    try:
+        _record_end(paths, attempt=attempt, rc=rc, result=result, stopper=stopper, started=started)
+    except OSError as e:  # lost in the last moment
+        return run_dir_lost(paths, e)
+    return result
+
+
+def _unrecorded_failure(result: Outcome | None) -> bool:
+    """The events of a failed attempt (their `outcome`) hold no rank's record of why, or only the survivors'
+    "connection closed": a rank died by a signal, torchrun could not start its ranks, or a rank could not write
+    its record."""
+    return result is None or (result.cause is not None and result.cause.kind == LOST_PEER)
+
+
+def _torchrun(launch: LocalLaunch, paths: RunPaths, out: TextIO, console: ConsoleFilter, stopper: Stopper,
+              log: BinaryIO | None) -> int:
+    """Run torchrun to its end, copying its console to `log` (launcher.log) and the filtered lines to `out`;
+    its exit status."""
     # Own session: a terminal Ctrl-C reaches only us, and we decide what the ranks get. torchrun dies with
     # us however we die (PDEATHSIG), and its ranks then stop themselves after a checkpoint.
     env = {**os.environ, **launch.env, **terminal.launch_variables()}
@@ -395,31 +467,43 @@ def _run(launch: LocalLaunch, paths: RunPaths, out: TextIO, kind: str, console: 
             if shown is not None:
                 terminal.write(out, shown)
         rc = proc.wait()
+    stopper.ended = True
     if log is not None:
         with contextlib.suppress(OSError):
             log.close()
-    if stopper.lost is not None:  # the ranks failed of it too, most likely: the directory is the cause
-        return run_dir_lost(paths, stopper.lost)
-    events = since(read_events(paths), started)
-    result = outcome(events, killed=stopper.killed_by)
-    if rc and (result is None or (result.cause is not None and result.cause.kind == LOST_PEER)):
-        # nothing recorded, or only the survivors' "connection closed": a rank died by a signal, or torchrun
-        # could not start its ranks; torchrun's own record says which
-        cause = oom_or(torchrun_root_cause(read_from(paths.launcher_log, log_from), lost_peer_ranks(events))
-                       or (result and result.cause), paths)
-        result = Outcome(state=FAILED, step=None, reason=cause.line() if cause else f"torchrun exited with status {rc}",
-                         cause=cause)
-    elif result is None:
-        result = Outcome(COMPLETED, None, "every step done")
-    try:
-        record_attempt(paths, attempt=attempt, exit_code=rc, status=result.state.lower(),
-                       seconds=round(time.time() - started, 3))
-        record_event(paths, "launcher_exit", backend=NAME, exit_code=rc, state=result.state, step=result.step,
-                     reason=result.reason, cause=result.cause.to_json() if result.cause else None,
-                     signal=signal.Signals(stopper.signals[0]).name if stopper.signals else None)
-    except OSError as e:  # lost in the last moment
-        return run_dir_lost(paths, e)
-    return result
+    return rc
+
+
+def _record_end(paths: RunPaths, *, attempt: int, rc: int, result: Outcome, stopper: Stopper,
+                started: float) -> None:
+    """How the attempt ended, in job.json's attempt and the `launcher_exit` event (`status` reads it)."""
+    record_attempt(paths, attempt=attempt, exit_code=rc, status=result.state.lower(),
+                   seconds=round(time.time() - started, 3))
+    record_event(paths, "launcher_exit", backend=NAME, exit_code=rc, state=result.state, step=result.step,
+                 reason=result.reason, cause=result.cause.to_json() if result.cause else None,
+                 signal=signal.Signals(stopper.signals[0]).name if stopper.signals else None)
+
+
+class SpaceReserve:
+    """A little space (RUN/.launcher-reserve) held while the ranks run and freed when they end, so that a launcher
+    whose run filled the disk can still record how the run ended (job.json's attempt, the `launcher_exit` event):
+    without it `status` finds no record and can only guess (was: "gone without a record ... (killed?)")."""
+
+    SIZE = 64 << 10  # job.json rewritten and one event, many times over
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:  # written, not sparse: the blocks are really taken; a disk already full holds none
+            with open(path, "wb") as f:
+                f.write(bytes(self.SIZE))
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError:
+            self.free()
+
+    def free(self) -> None:
+        with contextlib.suppress(OSError):
+            self.path.unlink(missing_ok=True)
 
 
 def run_dir_lost(paths: RunPaths, error: OSError) -> Outcome:
@@ -431,8 +515,11 @@ def run_dir_lost(paths: RunPaths, error: OSError) -> Outcome:
         what = f"was deleted while the run trained{f' ({name} is gone)' if name else ''}"
     elif error.errno == errno.EROFS:
         what = "became read-only while the run trained (its file system was remounted read-only)"
-    elif error.errno in (errno.ENOSPC, errno.EDQUOT):
-        what = "ran out of space (its disk or quota is full)"
+    elif error.errno in (errno.ENOSPC, errno.EDQUOT):  # its end is recorded (SpaceReserve): resumable
+        line = (f"{where} ran out of space while the run trained (its disk or quota is full); free space, "
+                f"then `trainctl resume {shlex.quote(str(paths.root))}` continues from the "
+                "newest valid checkpoint")
+        return Outcome(state=FAILED, step=None, reason=line, cause=Cause(RUN_DIR_LOST, line))
     else:
         what = f"can no longer be written ({error.strerror or error})"
     line = f"{where} {what}; nothing more of this run could be recorded there"
@@ -514,14 +601,20 @@ class LocalBackend(Backend[LocalLaunch, LocalLaunch]):
                 verbatim(f"{env_words(launch.env)} {shlex.join(launch.command)}")]
 
     def start(self, launch: LocalLaunch, say: Say, *, verbose: bool = False) -> int:
-        paths = create(launch)
-        say(note(("run dir", "bold"), f" {paths.root}"))
-        say(note((f"{launch.nproc} ranks, {env_words(launch.env)}; per-rank logs in {paths.logs}", "dim")))
-        return self._attempt(launch, paths, "launch", say, verbose)
+        # the stop handlers come first: a SIGTERM while the run directory is made stops the run before its first
+        # step (exit 75), where the default action would kill the launcher with a half-made directory (143)
+        trainer = launch.module == TRAINER_MODULE
+        stopper = Stopper(RunPaths(launch.run_dir.resolve()), terminal_say(), trainer=trainer)
+        with handling_stops(stopper, to_the_end=trainer):
+            paths = create(launch)
+            say(note(("run dir", "bold"), f" {paths.root}"))
+            say(note((f"{launch.nproc} ranks, {env_words(launch.env)}; per-rank logs in {paths.logs}", "dim")))
+            return self._attempt(launch, paths, "launch", say, verbose, stopper)
 
-    def _attempt(self, launch: LocalLaunch, paths: RunPaths, kind: str, say: Say, verbose: bool) -> int:
+    def _attempt(self, launch: LocalLaunch, paths: RunPaths, kind: str, say: Say, verbose: bool,
+                 stopper: Stopper) -> int:
         """Hold the run lock, run torchrun to the end, print the one last line; the exit code."""
-        result = run(launch, paths, kind=kind, verbose=verbose,
+        result = run(launch, paths, stopper, kind=kind, verbose=verbose,
                      lock_note=lambda s: say(note(("note", "yellow"), f" {s}")))
         say(end_line(paths, result, trainer=launch.module == TRAINER_MODULE))
         return result.exit_code
@@ -539,7 +632,10 @@ class LocalBackend(Backend[LocalLaunch, LocalLaunch]):
         return [verbatim(f"{env_words(relaunch.env)} {shlex.join(relaunch.command)}")]
 
     def resume(self, relaunch: LocalLaunch, say: Say, *, verbose: bool = False) -> int:
-        return self._attempt(relaunch, RunPaths(relaunch.run_dir), "resume", say, verbose)
+        paths = RunPaths(relaunch.run_dir)
+        trainer = relaunch.module == TRAINER_MODULE
+        with handling_stops(stopper := Stopper(paths, terminal_say(), trainer=trainer), to_the_end=trainer):
+            return self._attempt(relaunch, paths, "resume", say, verbose, stopper)
 
     def job_state(self, paths: RunPaths, job: dict[str, Any], events: list[dict[str, Any]]) -> JobState:
         live, why, _ = lock_holds(paths)

@@ -8,7 +8,9 @@ backend, appending to the same run directory (metrics.jsonl, events.jsonl, job.j
 `--from-step N` rewinds: checkpoints after N are moved aside to `step-M.abandoned-<time>` (a name that
 is never a resume candidate, kept for inspection), so neither this start nor any later automatic restart
 continues the abandoned branch. `--set k=v` changes the frozen spec (e.g. a new allocation: dp and
-cluster.gpus_per_node together); the previous spec.yaml is kept as spec.prev-<n>.yaml.
+cluster.gpus_per_node together); the previous spec.yaml is kept as spec.prev-<n>.yaml. spec.yaml edited by hand
+since trainctl wrote it (job.json's `frozen_spec`: its sha256 and text) is taken as such a change: each field
+shown, the text it replaced kept as spec.prev-<n>.yaml, a `spec_changed` event recorded; never used silently.
 
 A token file whose size or content changed since the checkpoint was written is refused, naming it
 (trainctl.data.identity); `--accept-data-change` continues on it and records the change. A data file at
@@ -24,8 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from trainctl.checkpoint import (
     CheckpointError,
     CheckpointInfo,
@@ -40,15 +40,46 @@ from trainctl.checkpoint import (
 from trainctl.checkpoint.meta import saved_layout
 from trainctl.data import identity as data_identity
 from trainctl.data.identity import DataIdentity
-from trainctl.errors import UsageError
-from trainctl.fileio import require_writable, write_atomic
+from trainctl.errors import SpecError, UsageError
+from trainctl.fileio import bytes_digest, require_writable, write_atomic
 from trainctl.launch import secrets
 from trainctl.launch.backend import backend_for
-from trainctl.launch.create import build_plan_json, freeze_spec, read_job, write_job
+from trainctl.launch.create import (
+    build_plan_json,
+    freeze_spec,
+    frozen_spec_record,
+    read_job,
+    write_frozen_spec,
+    write_job,
+)
 from trainctl.launch.status import open_run, read_job_json
 from trainctl.plan.lr_scaling import lr_unchanged_warning
 from trainctl.rundir.paths import RunPaths, load_jsonl, record_event
-from trainctl.spec import RunSpec, load_spec, resolved_dict
+from trainctl.spec import RunSpec, load_spec, load_spec_text, resolved_dict
+
+
+@dataclass(frozen=True)
+class HandEdit:
+    """RUN/spec.yaml edited by hand since trainctl wrote it (job.json's `frozen_spec` record): what changed, and
+    the text it replaced."""
+
+    changes: list[str]  # 'train.lr: 0.001 -> 0.5 (consequence)'; empty when only comments or layout of the text
+    replaced: str
+
+
+def hand_edit(paths: RunPaths, job: dict[str, Any], now: RunSpec) -> HandEdit | None:
+    """How spec.yaml (read as `now`) differs from the record job.json keeps of what trainctl last wrote there;
+    None when it is unchanged, or when there is no record (a run of an older trainctl, a rebuilt job.json)."""
+    rec = job.get("frozen_spec")
+    if not isinstance(rec, dict) or not isinstance(rec.get("sha256"), str) or not isinstance(rec.get("yaml"), str):
+        return None
+    try:
+        if bytes_digest(paths.spec.read_bytes()) == rec["sha256"]:
+            return None
+        was = load_spec_text(rec["yaml"], source=f"{paths.job} (frozen_spec)")
+    except (OSError, SpecError):
+        return None
+    return HandEdit(spec_changes(was, now), rec["yaml"])  # every field: the layout's too
 
 
 @dataclass
@@ -68,6 +99,11 @@ class ResumePlan:
     notes: list[str] = field(default_factory=list)  # what the run directory holds that a reader skips
     data: list[DataIdentity] = field(default_factory=list)  # the token files now (job.json "data" from here on)
     data_changes: list[str] = field(default_factory=list)  # accepted with --accept-data-change
+    hand_edit: HandEdit | None = None  # spec.yaml differs from what trainctl last wrote there
+
+    @property
+    def hand_edits(self) -> list[str]:
+        return self.hand_edit.changes if self.hand_edit else []
 
     def layout_changes(self) -> list[str]:
         """'tp 2 -> 4' for every parallel setting that differs from the checkpoint's (resharded at load)."""
@@ -79,7 +115,8 @@ class ResumePlan:
                 "layout_changes": self.layout_changes(),
                 "skipped": [{"step": i.step, "path": str(i.path), "reason": i.reason} for i in self.skipped],
                 "abandoned": [i.step for i in self.abandon], "overrides": self.overrides,
-                "spec_changes": self.spec_changes, "data_changes": self.data_changes, "warnings": self.warnings,
+                "spec_changes": self.spec_changes, "hand_edits": self.hand_edits, "data_changes": self.data_changes,
+                "warnings": self.warnings,
                 "notes": self.notes,
                 "last_logged_step": self.last_logged_step, "steps": self.spec.train.steps}
 
@@ -104,6 +141,7 @@ def plan_resume(run_dir: Path, from_step: int | None = None, overrides: list[str
     loaded = load_spec(paths.spec, overrides or [])
     spec = freeze_spec(loaded)  # what is written back (--set): credentials held back, data paths absolute
     job = read_job_json(paths)  # damaged: how to repair it (exit 2)
+    edited = hand_edit(paths, job, before)
     backend = str(job.get("backend") or spec.backend)
     # before anything is changed: its job may still be queued or running
     backend_for(backend).require_not_active(paths)
@@ -130,7 +168,8 @@ def plan_resume(run_dir: Path, from_step: int | None = None, overrides: list[str
     return ResumePlan(paths=paths, spec=spec, backend=backend, checkpoint_dir=ckdir, checkpoint=info, skipped=skipped,
                       abandon=abandon, overrides=[secrets.redact_override(o) for o in overrides or []],
                       last_logged_step=last, spec_changes=spec_changes(before, spec, layout_reported(info)),
-                      held_back=secrets.credential_names(loaded.launcher.env), warnings=change_warnings(before, spec),
+                      hand_edit=edited, held_back=secrets.credential_names(loaded.launcher.env),
+                      warnings=change_warnings(load_spec_text(edited.replaced) if edited else before, spec),
                       notes=[n for n in (metrics.skipped_note(paths.metrics),
                                          load_jsonl(paths.events).skipped_note(paths.events)) if n],
                       data=data, data_changes=changed)
@@ -207,22 +246,28 @@ def prepare(plan: ResumePlan) -> None:
         os.replace(info.path, target)
         record_event(paths, "checkpoint_abandoned", step=info.step, path=str(target),
                      reason=f"trainctl resume --from-step {plan.checkpoint.step if plan.checkpoint else None}")
-    if plan.overrides:
+    frozen = None
+    if plan.overrides or plan.hand_edits:  # a hand edit is kept and recorded as a --set is
         n = 1
         while paths.previous_spec(n).exists():
             n += 1
-        os.replace(paths.spec, paths.previous_spec(n))
-        write_atomic(paths.spec, yaml.safe_dump(resolved_dict(plan.spec), sort_keys=False))
+        if plan.hand_edit is not None:  # what the run trained with is the text the edit replaced
+            write_atomic(paths.previous_spec(n), plan.hand_edit.replaced, fsync=True)
+        else:
+            os.replace(paths.spec, paths.previous_spec(n))
+        frozen = write_frozen_spec(paths, plan.spec)
         # the attempts from here on are held against the new spec's plan, the earlier ones against their own
         previous_plan = None
         if paths.plan.exists():
             os.replace(paths.plan, paths.previous_plan(n))
             previous_plan = paths.previous_plan(n).name
-        write_atomic(paths.plan, build_plan_json(plan.spec))
-        record_event(paths, "spec_changed", overrides=plan.overrides, previous=paths.previous_spec(n).name,
-                     previous_plan=previous_plan)
+        write_atomic(paths.plan, build_plan_json(plan.spec), fsync=True)
+        record_event(paths, "spec_changed", overrides=plan.overrides, hand_edits=plan.hand_edits,
+                     previous=paths.previous_spec(n).name, previous_plan=previous_plan)
     job = read_job(paths)
     job["data"] = [i.to_json() for i in plan.data]  # what the ranks check at their start from now on
+    # spec.yaml as it is now is what trainctl wrote (or, unchanged but for comments, accepted)
+    job["frozen_spec"] = frozen or frozen_spec_record(paths.spec.read_text(encoding="utf-8"))
     write_job(paths, job)
     if plan.data_changes:
         record_event(paths, "data_changed", changes=plan.data_changes, accepted="--accept-data-change",

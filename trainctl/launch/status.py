@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from trainctl.checkpoint.location import committed_step
 from trainctl.errors import UsageError
 from trainctl.launch.backend import backend_for
+from trainctl.launch.diskspace import run_dir_full
 from trainctl.rundir.paths import RunPaths, last_jsonl, read_jsonl, read_yaml
 from trainctl.rundir.runstate import (
     CANCELLED,
@@ -76,8 +77,8 @@ def run_state(paths: RunPaths, job: dict[str, Any]) -> RunState:
         return RunState(js.state_hint, js.reason, False, **base)
     if not attempts and not current:
         return RunState(PENDING, "not started", False, **base)
-    return RunState(FAILED, js.reason or "the launcher is gone without a record of how the run ended "
-                    "(killed?); `trainctl resume` continues from the newest valid checkpoint", False, **base)
+    return RunState(FAILED, js.reason or run_dir_full(paths) or "the launcher is gone without a record of how the "
+                    "run ended (killed?); `trainctl resume` continues from the newest valid checkpoint", False, **base)
 
 
 @dataclass

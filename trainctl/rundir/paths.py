@@ -11,6 +11,8 @@ marker) belong to trainctl/checkpoint/format.py.
     RUN/job.json                     backend, ids, attempts, git commit
     RUN/run.lock                     local: the live launcher (host, pid, start time, boot id); one job per run
     RUN/run.lock.takeover            held for milliseconds while a stale run.lock is removed
+    RUN/.launcher-reserve            local: 64 KiB the launcher holds while a run trains and frees to record its end
+                                     when the disk filled
     RUN/metrics.jsonl                one JSON object per training step (rank 0)
     RUN/events.jsonl                 starts, restarts, checkpoints, preemptions, failures
     RUN/placement.json               where every rank really ran (rank 0)
@@ -54,6 +56,7 @@ COMMANDS = "commands.txt"
 JOB = "job.json"
 LOCK = "run.lock"  # trainctl/launch/runlock.py: which launcher owns the run directory now
 LOCK_TAKEOVER = "run.lock.takeover"  # held for milliseconds while a stale run.lock is removed
+LAUNCHER_RESERVE = ".launcher-reserve"  # local: space the launcher frees to record how a run ended on a full disk
 LOGS = "logs"
 METRICS = "metrics.jsonl"
 EVENTS = "events.jsonl"
@@ -151,6 +154,10 @@ class RunPaths:
     @property
     def lock_takeover(self) -> Path:
         return self.root / LOCK_TAKEOVER
+
+    @property
+    def launcher_reserve(self) -> Path:
+        return self.root / LAUNCHER_RESERVE
 
     @property
     def logs(self) -> Path:
