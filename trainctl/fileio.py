@@ -47,7 +47,9 @@ def default_mode(executable: bool = False) -> int:
 
 def write_atomic(path: Path, text: str, executable: bool = False, fsync: bool = False) -> None:
     """Replace `path` with `text` in one step, with the umask's mode (`executable`: +x where the umask allows
-    it); `fsync` also makes it durable before the rename."""
+    it). `fsync` makes it durable: the file's data before the rename, then its directory (the new name), so
+    that after a crash or a file-system error the path holds the old text or the new, never an empty file (a
+    run directory's records: a resume needs them)."""
     import tempfile  # tempfile and hashlib are imported where used: `trainctl --help` loads this module
 
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
@@ -62,6 +64,8 @@ def write_atomic(path: Path, text: str, executable: bool = False, fsync: bool = 
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    if fsync:
+        fsync_path(path.parent)
 
 
 WRITABLE_FIX = "choose a writable place, or make it writable"  # said on the same line as the problem

@@ -8,6 +8,8 @@ One launch (2 ranks, stopped with a checkpoint after step 3 of 6) is copied for 
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import shutil
 import subprocess
 from collections.abc import Callable, Iterator
@@ -26,6 +28,8 @@ pytestmark = pytest.mark.slow
 
 STOPPED_AT = 3
 STEPS = 6
+STRACE = ("strace", "-f", "--seccomp-bpf", "-qq", "-e", "trace=fsync,fdatasync", "-e", "signal=none", "-y", "-o")
+FSYNCS = "fsyncs.strace"  # beside the run directory
 
 
 def ok(r: subprocess.CompletedProcess[str]) -> None:
@@ -42,7 +46,9 @@ def launched(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
                                                 # a value of two lines: its export spans two lines of launch.sh
                                                 "launcher": {"env": {"RUN_NOTE": "first line\nsecond 'line'"}}})
     run = base / "run"
-    r = trainctl("launch", str(spec_file), "--run-dir", str(run), env=stop_after(STOPPED_AT))
+    # under strace where it runs: which files the launcher and the ranks fsync (test_records_are_fsynced)
+    traced = (*STRACE, str(base / FSYNCS)) if shutil.which("strace") else ()
+    r = trainctl("launch", str(spec_file), "--run-dir", str(run), env=stop_after(STOPPED_AT), prefix=traced)
     assert r.returncode == EXIT_STOPPED, r.stdout[-2000:] + r.stderr[-3000:]
     return spec_file, run
 
@@ -216,3 +222,76 @@ def test_hand_edited_spec_is_said_kept_and_recorded_on_resume(launched: tuple[Pa
     r = trainctl("resume", str(run), "--dry-run", "--set", f"train.steps={STEPS + 2}")  # said once, not again
     ok(r)
     assert "edited by hand" not in r.stdout and f"spec change: train.steps: {STEPS} -> {STEPS + 2}" in r.stdout
+
+
+# --- records that survive a crash, and those rebuilt when they did not ------------------------------------------
+
+def test_records_are_fsynced(launched: tuple[Path, Path]) -> None:
+    """Every record of the run directory reaches the disk: the whole files written by a temporary file's fsync, a
+    rename and the directory's fsync; the appended logs by an fsync after their writes (was: spec.yaml, plan.json,
+    launch.sh, events.jsonl and metrics.jsonl never fsynced, found empty after a file-system error)."""
+    log = launched[1].parent / FSYNCS
+    if not log.exists():
+        pytest.skip("strace is not installed here")
+    run = str(launched[1])
+    synced = set(re.findall(r"fsync\(\d+<([^>]*)>\)\s+= 0", log.read_text()))
+    names = {Path(p).name for p in synced if str(Path(p).parent) == run}
+    for record in ("spec.yaml", "plan.json", "launch.sh", "job.json"):  # written as .<name>.<random>, renamed
+        assert any(n.startswith(f".{record}.") for n in names), (record, sorted(names))
+    assert run in synced  # the directory: the renamed names are durable
+    assert {"events.jsonl", "metrics.jsonl"} <= names, sorted(names)
+
+
+def damage(run: Path, *names: str) -> None:
+    """Leave `names` as a file-system error leaves records that never reached the disk: empty."""
+    for name in names:
+        (run / name).write_bytes(b"")
+
+
+def test_empty_records_are_rebuilt_from_what_survives(launched: tuple[Path, Path], tmpfs: Callable[..., Path],
+                                                      tmp_path: Path) -> None:
+    disk = tmpfs("64m")
+    run = copy_run(launched, disk)
+    damage(run, "spec.yaml", "plan.json", "launch.sh", "events.jsonl", "metrics.jsonl")  # job.json, checkpoints kept
+    subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)  # as the file-system error left it
+
+    r = trainctl("resume", str(run))
+    assert r.returncode == EXIT_USAGE, r.stdout + r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert line == (f"error: {run / 'spec.yaml'} is damaged (empty); intact: checkpoints up to step {STOPPED_AT}; "
+                    f"`trainctl resume {run} --repair` rebuilds it from job.json's record of it and continues from "
+                    f"step {STOPPED_AT}"), line  # was: "the spec is empty"
+    r = trainctl("resume", str(run), "--repair", "--dry-run")
+    ok(r)
+    said = " ".join(r.stdout.split())
+    assert ("would rebuild spec.yaml (empty) from job.json's record of it; plan.json (empty) from spec.yaml; "
+            "launch.sh (empty) from the command a resume runs; nothing to rebuild events.jsonl (empty), "
+            "metrics.jsonl (empty) from: its history is lost; nothing changed") in said, said  # was: nothing to repair
+    r = trainctl("resume", str(run), "--repair")
+    assert r.returncode == EXIT_USAGE and "Read-only file system" in r.stderr, r.stderr
+
+    subprocess.run(["mount", "-o", "remount,rw", str(disk)], check=True)
+    r = trainctl("resume", str(run), "--repair")
+    ok(r)
+    assert f"resuming {run} from step {STOPPED_AT}" in " ".join(r.stdout.split()), r.stdout
+    assert steps(run) == list(range(STOPPED_AT + 1, STEPS + 1))
+    assert (run / "spec.yaml").read_text() == (launched[1] / "spec.yaml").read_text()
+    assert (run / "plan.json").read_text() == (launched[1] / "plan.json").read_text()
+    assert whole_command(run) == [w.replace(str(launched[1]), str(run)) for w in whole_command(launched[1])]
+
+    # job.json lost as well: the spec comes back from the newest checkpoint's own copy of it
+    both = copy_run(launched, tmp_path)
+    damage(both, "spec.yaml", "job.json")
+    r = trainctl("resume", str(both), "--repair", "--dry-run")
+    ok(r)
+    said = " ".join(r.stdout.split())
+    assert f"would rebuild spec.yaml (empty) from checkpoint step {STOPPED_AT}'s copy; job.json (" in said, said
+    (newest,) = [c for c in (both / "checkpoints").iterdir() if c.name.endswith(f"{STOPPED_AT:08d}")]
+    assert json.loads((newest / "manifest.json").read_text())["meta"]["spec"] == \
+        (launched[1] / "spec.yaml").read_text()
+
+
+def whole_command(run: Path) -> list[str]:
+    """The command of a local run's launch.sh (its `exec` statement's words)."""
+    words = shlex.split((run / "launch.sh").read_text(), comments=True)
+    return words[words.index("exec") + 1:]

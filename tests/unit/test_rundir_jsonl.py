@@ -12,7 +12,7 @@ from pathlib import Path
 
 from spec_utils import write_spec
 
-from trainctl.launch.repair import rebuild
+from trainctl.launch.repair import plan_repair
 from trainctl.rundir import runstate
 from trainctl.rundir.paths import RunPaths, append_jsonl, last_jsonl, load_jsonl
 
@@ -58,7 +58,10 @@ def test_job_json_of_a_slurm_run_rebuilt_from_its_files(tmp_path: Path) -> None:
               {"time": 30.0, "event": "submit", "backend": "slurm", "job_id": "57", "mode": "torchrun",
                "resubmit": True, "previous_job_id": "41"}):
         append_jsonl(paths.events, e)
-    rebuilt = rebuild(paths)
+    repair = plan_repair(paths)  # job.json missing: rebuilt; plan.json missing: planned from the spec again
+    assert [f.path.name for f in repair.fixes] == ["plan.json"]
+    rebuilt = repair.job
+    assert rebuilt is not None and repair.job_why == "missing"
     job = rebuilt.job
     assert job["backend"] == "slurm" and job["job_id"] == "57" and job["command"] == argv
     assert job["slurm"]["submit_command"] == argv and job["slurm"]["mode"] == "torchrun"

@@ -27,8 +27,10 @@ def resume(
     accept_data_change: bool = typer.Option(False, "--accept-data-change", help="Continue although a data file "
                                             "changed since the checkpoint (recorded in events.jsonl and job.json)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Show what would be resumed and how; change nothing."),
-    repair: bool = typer.Option(False, "--repair", help="A damaged job.json (truncated, not JSON) is rebuilt first "
-                                "from spec.yaml, launch.sh and events.jsonl; the damaged one is kept beside it."),
+    repair: bool = typer.Option(False, "--repair", help="Damaged records (empty, truncated, missing) are rebuilt "
+                                "first from what survives: spec.yaml from job.json's record or the newest valid "
+                                "checkpoint's copy, plan.json and launch.sh from the spec, job.json from spec.yaml, "
+                                "launch.sh and events.jsonl (the damaged one kept beside it)."),
     as_json: bool = JsonOpt,
     strict: bool = StrictOpt,
     verbose: bool = VerboseOpt,
@@ -82,28 +84,33 @@ def resume(
 
 
 def _repair(console: Console, run: Path, dry_run: bool) -> None:
-    """--repair: rebuild a damaged job.json (or say that it is intact); --dry-run says what it would rebuild and
-    stops there, since the rest of the plan needs the record."""
+    """--repair: rebuild every damaged record (spec.yaml, plan.json, launch.sh, job.json) from what survives, or
+    say that they are intact; --dry-run says what it would rebuild and stops there, since the rest of the plan
+    needs the records."""
     from trainctl.launch import repair
-    from trainctl.launch.status import open_run, read_job_json
+    from trainctl.launch.status import open_run
 
     paths = open_run(run)
-    try:
-        read_job_json(paths)
-    except repair.DamagedJob as e:  # unparseable or missing
-        rebuilt = repair.rebuild(paths)
-        what = (f"job.json ({rebuilt.job['backend']} backend, {len(rebuilt.job.get('attempts') or [])} attempt(s)) "
-                f"from {', '.join(rebuilt.sources)}")
-        if dry_run:
-            console.print(f"--dry-run: would rebuild {escape(what)} ({escape(e.why)}); nothing changed", soft_wrap=True)
-            raise typer.Exit(0) from None
-        require_writable(paths.root, f"run directory {paths.root}")
-        with write_errors_as_usage(f"run directory {paths.root}"):
-            kept = repair.write_rebuilt(paths, rebuilt)
-        console.print(f"[bold]rebuilt[/bold] {escape(what)}"
-                      + (f"; the damaged one is kept as {escape(kept.name)}" if kept else ""), soft_wrap=True)
+    plan = repair.plan_repair(paths)
+    lost = f"; nothing to rebuild {', '.join(plan.lost)} from: its history is lost" if plan.lost else ""
+    if plan.nothing:
+        console.print(f"{paths.spec.name}, {paths.plan.name}, {paths.launch_script.name} and {paths.job.name} are "
+                      f"intact: nothing to repair{escape(lost)}", soft_wrap=True)
         return
-    console.print(f"{paths.job.name} is intact: nothing to repair", soft_wrap=True)
+    what = [f.words() for f in plan.fixes]
+    if plan.job is not None:
+        what.append(f"job.json ({plan.job.job['backend']} backend, {len(plan.job.job.get('attempts') or [])} "
+                    f"attempt(s)) from {', '.join(plan.job.sources)} ({plan.job_why})")
+    if dry_run:
+        console.print(f"--dry-run: would rebuild {escape('; '.join(what))}{escape(lost)}; nothing changed",
+                      soft_wrap=True)
+        raise typer.Exit(0)
+    require_writable(paths.root, f"run directory {paths.root}")
+    with write_errors_as_usage(f"run directory {paths.root}"):
+        kept = repair.apply_repair(paths, plan)
+    console.print(f"[bold]rebuilt[/bold] {escape('; '.join(what))}"
+                  + (f"; the damaged job.json is kept as {escape(kept.name)}" if kept else "") + escape(lost),
+                  soft_wrap=True)
 
 
 __all__ = ["resume"]

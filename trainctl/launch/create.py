@@ -16,8 +16,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from trainctl.data import identity as data_identity
 from trainctl.errors import UsageError
 from trainctl.fileio import (
@@ -30,7 +28,7 @@ from trainctl.fileio import (
 )
 from trainctl.launch import secrets
 from trainctl.rundir.paths import RunPaths
-from trainctl.spec import RunSpec, resolved_dict
+from trainctl.spec import RunSpec, frozen_text
 
 
 def default_run_dir(spec: RunSpec, now: datetime | None = None, base: Path = Path("runs")) -> Path:
@@ -89,7 +87,7 @@ def write_frozen_spec(paths: RunPaths, spec: RunSpec) -> dict[str, str]:
     """Write RUN/spec.yaml (`spec` frozen: freeze_spec) durably, and return the record job.json keeps of it:
     its sha256 and its text. `trainctl resume` holds spec.yaml to the record: a hand edit since is shown and
     recorded as a `--set` is (resume.hand_edits), never used silently; the text is what the edit replaced."""
-    text = yaml.safe_dump(resolved_dict(spec), sort_keys=False)
+    text = frozen_text(spec)
     write_atomic(paths.spec, text, fsync=True)
     return frozen_spec_record(text)
 
@@ -154,10 +152,10 @@ def create_run_dir(root: Path, spec: RunSpec, *, backend: str, command: Sequence
         with write_errors_as_usage(f"run directory {paths.root}"):
             paths.logs.mkdir(parents=True, exist_ok=True)
             frozen = write_frozen_spec(paths, spec)
-            write_atomic(paths.plan, build_plan_json(spec))
+            write_atomic(paths.plan, build_plan_json(spec), fsync=True)
             created = now_iso()
             write_atomic(paths.launch_script, render_script(command, env, f"trainctl launch ({backend}), {created}",
-                                                            spec.launcher.env_passthrough), executable=True)
+                                                            spec.launcher.env_passthrough), executable=True, fsync=True)
             write_job(paths, {"backend": backend, "command": list(command), "env": dict(env), "git": git_info(),
                               "created": created, "data": [i.to_json() for i in data_identity.of_spec(spec)],
                               "frozen_spec": frozen, "attempts": []})
@@ -189,7 +187,7 @@ def read_job(paths: RunPaths) -> dict[str, Any]:
 
 
 def write_job(paths: RunPaths, job: dict[str, Any]) -> None:
-    write_atomic(paths.job, json.dumps(job, indent=2) + "\n")
+    write_atomic(paths.job, json.dumps(job, indent=2) + "\n", fsync=True)
 
 
 def record_attempt(paths: RunPaths, **fields: Any) -> None:

@@ -42,7 +42,7 @@ from trainctl.data import identity as data_identity
 from trainctl.data.identity import DataIdentity
 from trainctl.errors import SpecError, UsageError
 from trainctl.fileio import bytes_digest, require_writable, write_atomic
-from trainctl.launch import secrets
+from trainctl.launch import repair, secrets
 from trainctl.launch.backend import backend_for
 from trainctl.launch.create import (
     build_plan_json,
@@ -133,9 +133,8 @@ def plan_resume(run_dir: Path, from_step: int | None = None, overrides: list[str
     """Read the run directory and decide what the relaunch will do; changes nothing."""
     root = Path(run_dir).absolute()
     paths = open_run(Path(run_dir))
-    if not paths.spec.exists():
-        raise UsageError(f"{run_dir}: not a run directory (no {paths.spec.name})",
-                         hint="give the directory `trainctl launch` created")
+    if (damage := repair.spec_problem(paths.spec)) is not None:  # a file-system error's leftovers: --repair
+        raise repair.DamagedSpec(paths, damage, read_job_json(paths))
     require_writable(root, f"run directory {run_dir}")  # the relaunch appends to it: refuse before any change
     before = load_spec(paths.spec)  # as frozen: what the run ran with so far
     loaded = load_spec(paths.spec, overrides or [])

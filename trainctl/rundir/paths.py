@@ -49,6 +49,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainctl.fileio import fsync_path
+
 SPEC = "spec.yaml"
 PLAN = "plan.json"
 LAUNCH_SCRIPT = "launch.sh"
@@ -285,18 +287,23 @@ def _files(paths: Any) -> list[Path]:
     return sorted(files, key=lambda p: (p.stat().st_mtime, p.name))
 
 
-def append_text(path: Path, text: str) -> None:
+def append_text(path: Path, text: str, fsync: bool = False) -> None:
     """Append `text` (whole lines) in a single write(), so concurrent appenders do not interleave, and on a
     fresh line: after a torn last line (a writer killed mid-line, a full disk) the new line would otherwise
-    be glued onto it and both be lost."""
+    be glued onto it and both be lost. `fsync`: durable on return (and the file's name, when it made it)."""
     with open(path, "a+b") as f:
         data = text.encode("utf-8")
-        if f.tell() > 0:  # append mode: the position is the end
+        made = f.tell() == 0  # append mode: the position is the end
+        if not made:
             f.seek(-1, os.SEEK_END)
             if f.read(1) != b"\n":
                 data = b"\n" + data
         f.write(data)
         f.flush()
+        if fsync:
+            os.fsync(f.fileno())
+    if fsync and made:
+        fsync_path(path.parent)
 
 
 def shell_fresh_line(path_word: str) -> str:
@@ -306,13 +313,15 @@ def shell_fresh_line(path_word: str) -> str:
     return f'"$([ -n "$(tail -c1 {path_word} 2>/dev/null)" ] && printf %s \'\\n\')"'
 
 
-def append_jsonl(path: Path, record: dict[str, Any]) -> None:
+def append_jsonl(path: Path, record: dict[str, Any], fsync: bool = False) -> None:
     """Append one JSON object as one line (on a fresh line, in one write: `append_text`)."""
-    append_text(path, json.dumps(record, separators=(",", ":")) + "\n")
+    append_text(path, json.dumps(record, separators=(",", ":")) + "\n", fsync=fsync)
 
 
 def record_event(paths: RunPaths, kind: str, **fields: Any) -> None:
-    append_jsonl(paths.events, {"time": time.time(), "event": kind, "pid": os.getpid(), **fields})
+    """Append one event, durably: events are few (starts, saves, stops, failures) and each is what `status`,
+    `resume --repair` and the report read a run's history from after a crash."""
+    append_jsonl(paths.events, {"time": time.time(), "event": kind, "pid": os.getpid(), **fields}, fsync=True)
 
 
 @dataclass(frozen=True)

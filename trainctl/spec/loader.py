@@ -415,3 +415,9 @@ def resolved_dict(spec: RunSpec) -> dict[str, Any]:
     data["parallel"]["dp"] = spec.dp
     data["launcher"]["backend"] = spec.backend
     return data
+
+
+def frozen_text(spec: RunSpec) -> str:
+    """The text of a run directory's spec.yaml for `spec` (resolved_dict as YAML): written by the launch, and
+    kept in every checkpoint to rebuild it from."""
+    return yaml.safe_dump(resolved_dict(spec), sort_keys=False)

@@ -26,8 +26,8 @@ def create(launch: SlurmLaunch) -> RunPaths:
     """The run directory: spec.yaml, plan.json, launch.sh (the sbatch script), commands.txt, job.json."""
     argv = launch.submit_argv()
     paths = create_run_dir(launch.run_dir, launch.spec, backend=NAME, command=argv, env=dict(launch.request.env))
-    write_atomic(paths.launch_script, launch.script, executable=True)
-    write_atomic(paths.commands, commands_text(launch))
+    write_atomic(paths.launch_script, launch.script, executable=True, fsync=True)
+    write_atomic(paths.commands, commands_text(launch), fsync=True)
     job = read_job(paths)
     job["slurm"] = {"mode": launch.request.mode, "script": paths.launch_script.name,
                     "submit_command": argv, "options": launch.rendered.options,
@@ -142,8 +142,8 @@ def _replace_script(paths: RunPaths, launch: SlurmLaunch, current: str | None) -
             n += 1
         kept = paths.previous_launch_script(n)
         os.replace(paths.launch_script, kept)
-    write_atomic(paths.launch_script, launch.script, executable=True)
-    write_atomic(paths.commands, commands_text(launch))
+    write_atomic(paths.launch_script, launch.script, executable=True, fsync=True)
+    write_atomic(paths.commands, commands_text(launch), fsync=True)
     job = read_job(paths)
     sl = job.setdefault("slurm", {})
     sl.update({"mode": launch.request.mode, "submit_command": launch.submit_argv(),

@@ -47,6 +47,7 @@ from trainctl.runtime.observe import metrics
 from trainctl.runtime.parallel.process_groups import timeout_s
 from trainctl.runtime.train import faults, signals
 from trainctl.runtime.train.loader import BatchLoader
+from trainctl.spec import frozen_text
 from trainctl.spec.models import RunSpec
 
 
@@ -68,7 +69,10 @@ def save_meta(spec: RunSpec, paths: RunPaths, loader: BatchLoader, step: int,
     return {"step": step, "layout": layout_of(spec), "model": model_of(spec),
             "seed": spec.train.seed, "global_batch": spec.train.global_batch,
             "consumed_samples": loader.consumed, "tokens": loader.consumed * spec.model.seq_len,
-            "spec_sha256": spec_hash, "data": data}
+            "spec_sha256": spec_hash, "data": data,
+            # the spec this state was trained with, as spec.yaml holds it: what `trainctl resume --repair` writes
+            # back when the run directory's copy is lost or damaged (launch/repair.py)
+            "spec": frozen_text(spec)}
 
 
 def data_trained_on(spec: RunSpec, paths: RunPaths) -> list[dict[str, Any]]:

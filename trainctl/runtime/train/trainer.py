@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from trainctl import terminal
+from trainctl.fileio import fsync_path
 from trainctl.hardware import oom_kills
 from trainctl.model_shape import ModelShape
 from trainctl.plan.memory import compute_precision
@@ -33,6 +34,9 @@ from trainctl.runtime.train import divergence, faults, optim
 from trainctl.runtime.train.loader import build_loader
 from trainctl.spec.models import RunSpec
 
+# metrics.jsonl is fsynced this often (and at the last step): a step's fsync can take milliseconds on a shared
+# file system, and a crash loses at most this much of the log, which a resume writes again from its checkpoint
+METRICS_FSYNC_S = 10.0
 MEMORY_STEPS = 2  # memory is measured on the 2nd step of each attempt (optimizer state exists after the 1st)
 # a failed run's exit waits this long at most for its save in flight to commit (CheckpointManager.settle): a
 # 0.9B model's async write took 34 s on a GPU machine's disk
@@ -91,6 +95,7 @@ def deterministic_kernels() -> None:
 class Trainer:
     def __init__(self, spec: RunSpec, par: Parallel, paths: RunPaths):
         self.spec, self.par, self.paths = spec, par, paths
+        self._metrics_synced = float("-inf")  # when metrics.jsonl was last fsynced (monotonic)
         t, p = spec.train, spec.parallel
         self.log = par.rank == 0
         torch.manual_seed(t.seed)  # same stream on every rank: replicated dropout masks agree over TP
@@ -374,7 +379,11 @@ class Trainer:
                 rec["memory"], self._memory_rec = self._memory_rec, None
             if step + 1 in self.profiled_steps:
                 rec["profiled"] = True  # the profiler's overhead is in step_time_s (the report leaves it out)
-            append_jsonl(self.paths.metrics, rec)  # the record; the tracking sinks mirror it
+            # the record (the tracking sinks mirror it), durable every METRICS_FSYNC_S and at the run's last step
+            now = time.monotonic()
+            durable = now - self._metrics_synced >= METRICS_FSYNC_S or step + 1 == spec.train.steps
+            append_jsonl(self.paths.metrics, rec, fsync=durable)
+            self._metrics_synced = now if durable else self._metrics_synced
             self.tracking.write(rec)
             print(metrics.step_line(rec, compact=self.compact_step_line,
                                     per="rank" if par.device.type == "cpu" else "gpu"), flush=True)
@@ -425,6 +434,10 @@ class Trainer:
         """No checkpoint of a diverging or non-finite state (collective; divergence.DivergenceGuard.may_save)."""
         held = self.sync.held()["master"]
         tensors = [q.to_local() if hasattr(q, "to_local") else q for m in self.modules for q in m.parameters()]
+        if self.log:  # the log up to a checkpoint is as durable as the checkpoint: a resume never writes it again
+            with contextlib.suppress(OSError):
+                fsync_path(self.paths.metrics)
+                self._metrics_synced = time.monotonic()
         return self.guard.may_save(step, [t.detach() for t in tensors] + list(held), self.par.device,
                                    scheduled=scheduled)
 
