@@ -96,3 +96,39 @@ def test_a_changed_token_file_is_named_under_a_running_rank_at_resume_and_at_a_r
     now = [(str(tokens), SIZE, hashlib.sha256(other).hexdigest())]
     assert identity_of(json.loads((run / "job.json").read_text())["data"]) == now
     assert identity_of(latest_valid(run / "checkpoints").meta["data"]) == now
+
+
+def test_a_token_file_rewritten_in_place_with_its_size_and_mtime_restored_is_refused(tmp_path: Path) -> None:
+    """Every token changed, the size, mtime and inode as before (the stat key of the cached hash): the sampled
+    hash read at every check differs, so the file is hashed again and refused, by `resume` and by the ranks
+    started again without it (a Slurm requeue runs launch.sh's command) (was: trained on, no word)."""
+    tokens = tmp_path / "tokens.bin"
+    original = np.random.default_rng(0).integers(0, 256, 3_000_000, dtype="<u2").tobytes()  # 6 MB: sampled
+    tokens.write_bytes(original)
+    spec = write_spec(tmp_path / "spec.yaml", {"train": {"steps": 4}, "checkpoint": {"every_steps": 2},
+                                               "data": {"synthetic": False, "path": str(tokens)}})
+    run = tmp_path / "run"
+    r = trainctl("launch", str(spec), "--run-dir", str(run), env=faults.encode(stop_after_step=2))
+    assert r.returncode == 75, r.stdout[-2000:] + r.stderr[-2000:]
+
+    r = trainctl("resume", str(run), "--dry-run")  # judged unchanged, and said how, with what it cannot see
+    assert r.returncode == 0, r.stderr
+    assert ("data: 1 token file(s) unchanged since checkpoint step 2 (size, mtime and inode, and a sha256 of 64 "
+            "blocks of 64 KiB spread over each; not seen: an in-place edit that restores size and mtime and touches "
+            "none of those blocks)") in " ".join(r.stdout.split()), r.stdout
+
+    st = os.stat(tokens)
+    with open(tokens, "r+b") as f:  # in place: the same inode
+        f.write(bytes((b + 1) % 256 if i % 2 == 0 else b for i, b in enumerate(original)))  # every token
+    os.utime(tokens, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (os.stat(tokens).st_size, os.stat(tokens).st_mtime_ns, os.stat(tokens).st_ino) == \
+        (st.st_size, st.st_mtime_ns, st.st_ino)
+
+    r = trainctl("resume", str(run))
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    assert f"data file {tokens} changed since checkpoint step 2: same size, other content" in r.stderr, r.stderr
+    r = subprocess.run(["bash", str(run / "launch.sh")], capture_output=True, text=True, timeout=300, env=rank_env())
+    assert r.returncode != 0
+    failure = [e for e in events(run) if e["event"] == "failure"][-1]
+    assert failure["error"].startswith(f"data file {tokens} changed since the run recorded it (job.json): same "
+                                       "size, other content"), failure

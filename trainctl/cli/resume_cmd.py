@@ -61,6 +61,12 @@ def resume(
         console.print(f"spec change (spec.yaml edited by hand): {escape(change)}", soft_wrap=True)
     for change in plan.spec_changes:
         console.print(f"spec change: {escape(change)}", soft_wrap=True)
+    if plan.data and not plan.data_changes:  # what "unchanged" was judged by, and what it cannot see
+        from trainctl.data.identity import UNCHANGED_BY
+
+        console.print(f"data: {len(plan.data)} token file(s) unchanged since "
+                      f"{f'checkpoint step {plan.checkpoint.step}' if plan.checkpoint else 'the launch'} "
+                      f"({UNCHANGED_BY})", soft_wrap=True)
     for change in plan.data_changes:
         console.print(f"[yellow]data change[/yellow] (--accept-data-change): {escape(change)}", soft_wrap=True)
     for warning in plan.warnings:

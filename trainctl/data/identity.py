@@ -8,14 +8,20 @@ restarts no `trainctl resume` precedes (a Slurm requeue, a torchrun restart). A 
 --set data.path=...`) is a spec change, said as such, not a changed file.
 
 The hash reads the whole file once: it is cached beside the file (trainctl.data.sidecar) and reused from a recorded
-identity while the file's size, mtime and inode are those it was computed for.
+identity while the file's size, mtime and inode are those it was computed for, and while the file's sampled hash
+(`sample_digest`: 64 blocks of 64 KiB spread over it, read at every check, milliseconds at any size) is the one
+recorded with it. A file rewritten in place with its size and mtime restored (re-tokenized, every token
+changed) thus fails the sample and is hashed whole again, and refused. The exact limit: an in-place edit that
+restores size and mtime and leaves all 64 sampled blocks unchanged (a file over 4 MiB edited between them) is
+not noticed; a file up to 4 MiB is sampled whole.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +35,12 @@ if TYPE_CHECKING:
 
 SUFFIX = ".trainctl-hash.json"
 ANNOUNCE_BYTES = 1 << 30  # hashing a file this large takes seconds: say so
+SAMPLE_BLOCKS = 64  # sample_digest reads this many blocks ...
+SAMPLE_BLOCK = 64 << 10  # ... of this many bytes: 4 MiB at most (bench/bench_data_identity.py measures it)
+SAMPLE = "sample_" + HASH
+# how a file is judged unchanged, with the exact limit, as `trainctl resume` says it
+UNCHANGED_BY = (f"size, mtime and inode, and a {HASH} of {SAMPLE_BLOCKS} blocks of {SAMPLE_BLOCK >> 10} KiB spread "
+                f"over each; not seen: an in-place edit that restores size and mtime and touches none of those blocks")
 
 
 @dataclass(frozen=True)
@@ -39,13 +51,16 @@ class DataIdentity:
     size: int
     sha256: str  # of the whole content (checkpoint.durable's hash, as for checkpoint files)
     key: dict[str, int]
+    sample_sha256: str | None = None  # sample_digest; None in a record of an older trainctl
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> DataIdentity:
-        return cls(str(d["path"]), int(d["size"]), str(d[HASH]), dict(d.get("key") or {}))
+        sample = d.get(SAMPLE)
+        return cls(str(d["path"]), int(d["size"]), str(d[HASH]), dict(d.get("key") or {}),
+                   sample if isinstance(sample, str) else None)
 
     def change_from(self, old: DataIdentity) -> str | None:
         """What changed since `old` (of the same path), in words; None when it is the same data."""
@@ -53,24 +68,43 @@ class DataIdentity:
             return f"size {old.size:,} -> {self.size:,} bytes"
         if old.sha256 != self.sha256:
             return f"same size, other content ({HASH} {old.sha256[:12]} -> {self.sha256[:12]})"
+        if old.sample_sha256 and self.sample_sha256 and old.sample_sha256 != self.sample_sha256:
+            return f"same size, other content (sampled {HASH} {old.sample_sha256[:12]} -> {self.sample_sha256[:12]})"
         return None
+
+
+def sample_digest(path: str | Path, size: int) -> str:
+    """sha256 of the file's size and SAMPLE_BLOCKS blocks of SAMPLE_BLOCK bytes at evenly spread offsets (the first
+    and the last block included; the whole file when it is no larger): cheap at any size, so read at every check,
+    never cached. Any change to a sampled byte changes it."""
+    import hashlib
+
+    h = hashlib.new(HASH, size.to_bytes(8, "little"))
+    with open(path, "rb") as f:
+        if size <= SAMPLE_BLOCKS * SAMPLE_BLOCK:
+            h.update(f.read())
+        else:
+            for i in range(SAMPLE_BLOCKS):
+                h.update(os.pread(f.fileno(), SAMPLE_BLOCK, i * (size - SAMPLE_BLOCK) // (SAMPLE_BLOCKS - 1)))
+    return h.hexdigest()
 
 
 def identity(path: str, known: Iterable[DataIdentity] = ()) -> DataIdentity:
     """The file's identity now: from `known` (a recorded identity) or the cache beside the file while the file
-    is the one they describe, else hashed (and cached)."""
+    is the one they describe (the same stat key and sampled hash), else hashed (and cached)."""
     key = sidecar.stat_key(path)
+    sample = sample_digest(path, key["size"])
     for k in known:
-        if k.path == path and k.key == key:
-            return k
+        if k.path == path and k.key == key and k.sample_sha256 in (None, sample):
+            return replace(k, sample_sha256=sample)
     cached = sidecar.read(path, SUFFIX, key)
-    if cached is not None and isinstance(cached.get(HASH), str):
-        return DataIdentity(path, key["size"], cached[HASH], key)
+    if cached is not None and isinstance(cached.get(HASH), str) and cached.get(SAMPLE) == sample:
+        return DataIdentity(path, key["size"], cached[HASH], key, sample)
     if key["size"] >= ANNOUNCE_BYTES:
         print(f"hashing {path} ({key['size'] / 1e9:.1f} GB; once, cached beside it)", file=sys.stderr, flush=True)
     _, digest = file_digest(Path(path))
-    sidecar.write(path, SUFFIX, key, {HASH: digest})
-    return DataIdentity(path, key["size"], digest, key)
+    sidecar.write(path, SUFFIX, key, {HASH: digest, SAMPLE: sample})
+    return DataIdentity(path, key["size"], digest, key, sample)
 
 
 def files_of(spec: RunSpec) -> list[str]:

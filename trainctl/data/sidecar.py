@@ -2,7 +2,8 @@
 JSON file beside it, valid while the file's size, modification time and inode are those recorded. No torch.
 
 A relaunch, or every rank of a job, then reads a few bytes instead of the whole file. The key misses a file
-rewritten in place with its old size and mtime restored (nothing short of reading it would notice).
+rewritten in place with its old size and mtime restored: a fact that must not outlive such an edit is held to
+more than the key (trainctl.data.identity reads a sample of the file at every check).
 """
 
 from __future__ import annotations
