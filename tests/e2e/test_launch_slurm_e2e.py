@@ -489,9 +489,10 @@ def test_start_failures_beyond_the_bound_end_the_run_with_the_cause(slurm_cluste
 
 def test_a_token_file_changed_before_a_requeue_stops_the_next_attempt_naming_it(slurm_cluster: SlurmCluster,
                                                                                  tmp_path: Path) -> None:
-    """A restart that no `trainctl resume` checks: the token file is replaced by another of the same size while
-    the job trains (the running ranks keep reading the file they opened), `scontrol requeue` restarts the job,
-    and rank 0 of the next attempt stops before any step, naming the file."""
+    """A restart that no `trainctl resume` checks: the token file is rewritten in place while the job trains, every
+    token changed and its size, mtime and inode as before (what the cached hash is keyed by), `scontrol requeue`
+    restarts the job, and rank 0 of the next attempt stops before any step, naming the file: the sampled hash read
+    at every start differs (was: the requeue trained on the other tokens)."""
     import numpy as np
 
     tokens = tmp_path / "tokens.bin"
@@ -502,9 +503,12 @@ def test_a_token_file_changed_before_a_requeue_stops_the_next_attempt_naming_it(
     assert r.returncode == 0, r.stdout + r.stderr
     jid = job_id(run)
     wait_step(run, 2)
-    other = tmp_path / "other.bin"
-    np.random.default_rng(1).integers(0, 256, 200_000, dtype="<u2").tofile(other)
-    os.replace(other, tokens)
+    st = os.stat(tokens)
+    with open(tokens, "r+b") as f:  # in place
+        f.write(np.random.default_rng(1).integers(0, 256, 200_000, dtype="<u2").tobytes())
+    os.utime(tokens, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (os.stat(tokens).st_ino, os.stat(tokens).st_size, os.stat(tokens).st_mtime_ns) == \
+        (st.st_ino, st.st_size, st.st_mtime_ns)
     subprocess.run(["scontrol", "requeue", jid], check=True)
     wait_for(lambda: status(run)["state"] == "PENDING", "scontrol requeue", 60)
     steps = last_step(run)
