@@ -561,3 +561,35 @@ def test_a_stop_before_the_ranks_exist_reaches_them_and_the_log_reads_clean(slur
     assert "requeueing job" in log and "trainctl: SIGTERM (scancel): stopping the ranks" in log, log
     assert slurm_lines(log) == [] and "Traceback" not in log, log
     assert "CANCELLED" in (run / "logs" / f"slurm-{jid}.err").read_text()  # Slurm's own lines, kept apart
+
+
+def test_a_copied_run_and_a_fresh_launch_leave_another_runs_checkpoints_alone(slurm_cluster: SlurmCluster,
+                                                                             tmp_path: Path) -> None:
+    """docs/FAILURES.md, "Run directories and checkpoint directories", on Slurm: a run with its checkpoint directory
+    outside the run directory trains two steps; a fresh launch pointed at that directory and a `cp -a` copy of the
+    run resumed are both refused before anything is submitted, and the directory keeps its bytes."""
+    ckdir = tmp_path / "scratch" / "ck"
+    one_rank = ["--set", "launcher.backend=slurm", "--set", "cluster.nodes=1", "--set", "cluster.gpus_per_node=1",
+                "--set", "parallel.tp=1", "--set", "parallel.pp=1", "--set", "parallel.dp=1",
+                "--set", "parallel.sequence_parallel=false", "--set", "train.global_batch=4"]
+    run = tmp_path / "run"
+    r = trainctl("launch", str(TINY), *one_rank, "--set", "train.steps=2", "--set", "checkpoint.every_steps=2",
+                 "--set", f"checkpoint.dir={ckdir}", "--run-dir", str(run))
+    assert r.returncode == 0, r.stdout + r.stderr
+    wait_done(run)
+    before = {str(p): p.stat().st_mtime for p in sorted(ckdir.rglob("*"))}
+    assert any(p.endswith("step-00000002") for p in before), before
+    queued = squeue_ids()
+    new = tmp_path / "new"
+    r = trainctl("launch", str(TINY), *one_rank, "--set", "train.steps=4", "--set", f"checkpoint.dir={ckdir}",
+                 "--run-dir", str(new))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert (f"error: checkpoint directory {ckdir} is not empty: it holds checkpoints of step 2 of run {run}, and a "
+            "new run starts from its own initialisation") in r.stderr
+    copy = tmp_path / "copy"
+    subprocess.run(["cp", "-a", str(run), str(copy)], check=True)
+    r = trainctl("resume", str(copy), "--set", "train.steps=4")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"error: checkpoint directory {ckdir} belongs to run {run}, of which {copy} is a copy" in r.stderr
+    assert not new.exists() and squeue_ids() <= queued  # nothing submitted
+    assert {str(p): p.stat().st_mtime for p in sorted(ckdir.rglob("*"))} == before

@@ -86,6 +86,7 @@ def _repair(console: Console, run: Path, dry_run: bool) -> None:
     from trainctl.launch.status import open_run, read_job_json
 
     paths = open_run(run)
+    paths.refuse_links()  # the repair writes there: never through a symbolic link
     try:
         read_job_json(paths)
     except repair.DamagedJob as e:  # unparseable or missing

@@ -35,6 +35,7 @@ from trainctl.checkpoint import (
     latest_valid,
     layout_changes,
     list_checkpoints,
+    owner,
     resolve_checkpoint_dir,
 )
 from trainctl.checkpoint.meta import saved_layout
@@ -47,7 +48,7 @@ from trainctl.launch.backend import backend_for
 from trainctl.launch.create import build_plan_json, freeze_spec, read_job, write_job
 from trainctl.launch.status import open_run, read_job_json
 from trainctl.plan.lr_scaling import lr_unchanged_warning
-from trainctl.rundir.paths import RunPaths, load_jsonl, record_event
+from trainctl.rundir.paths import RunPaths, load_jsonl, read_jsonl, record_event
 from trainctl.spec import RunSpec, load_spec, resolved_dict
 
 
@@ -68,6 +69,7 @@ class ResumePlan:
     notes: list[str] = field(default_factory=list)  # what the run directory holds that a reader skips
     data: list[DataIdentity] = field(default_factory=list)  # the token files now (job.json "data" from here on)
     data_changes: list[str] = field(default_factory=list)  # accepted with --accept-data-change
+    claim: owner.Claim | None = None  # the run's id and its checkpoint directory's owner record, written by prepare
 
     def layout_changes(self) -> list[str]:
         """'tp 2 -> 4' for every parallel setting that differs from the checkpoint's (resharded at load)."""
@@ -100,6 +102,7 @@ def plan_resume(run_dir: Path, from_step: int | None = None, overrides: list[str
         raise UsageError(f"{run_dir}: not a run directory (no {paths.spec.name})",
                          hint="give the directory `trainctl launch` created")
     require_writable(root, f"run directory {run_dir}")  # the relaunch appends to it: refuse before any change
+    paths.refuse_links()  # nothing is written through a symbolic link a copy or a hand put there
     before = load_spec(paths.spec)  # as frozen: what the run ran with so far
     loaded = load_spec(paths.spec, overrides or [])
     spec = freeze_spec(loaded)  # what is written back (--set): credentials held back, data paths absolute
@@ -108,6 +111,8 @@ def plan_resume(run_dir: Path, from_step: int | None = None, overrides: list[str
     # before anything is changed: its job may still be queued or running
     backend_for(backend).require_not_active(paths)
     ckdir = resolve_checkpoint_dir(root, spec)
+    # before its checkpoints are read: another run's directory is neither resumed from, written nor pruned
+    claim = owner.for_resume(ckdir, root, job, read_jsonl(paths.events))
     skipped: list[CheckpointInfo] = []
     abandon: list[CheckpointInfo] = []
     # deep: every file's checksum, as the trainer verifies before it loads, so both name the same step
@@ -132,8 +137,8 @@ def plan_resume(run_dir: Path, from_step: int | None = None, overrides: list[str
                       last_logged_step=last, spec_changes=spec_changes(before, spec, layout_reported(info)),
                       held_back=secrets.credential_names(loaded.launcher.env), warnings=change_warnings(before, spec),
                       notes=[n for n in (metrics.skipped_note(paths.metrics),
-                                         load_jsonl(paths.events).skipped_note(paths.events)) if n],
-                      data=data, data_changes=changed)
+                                         load_jsonl(paths.events).skipped_note(paths.events), claim.note) if n],
+                      data=data, data_changes=changed, claim=claim)
 
 
 def data_now(paths: RunPaths, spec: RunSpec, info: CheckpointInfo | None, job: dict[str, Any],
@@ -223,7 +228,11 @@ def prepare(plan: ResumePlan) -> None:
                      previous_plan=previous_plan)
     job = read_job(paths)
     job["data"] = [i.to_json() for i in plan.data]  # what the ranks check at their start from now on
+    if plan.claim is not None:  # the ranks check the owner record against this id at their start
+        job["run_id"] = plan.claim.run_id
     write_job(paths, job)
+    if plan.claim is not None:
+        plan.claim.apply(plan.checkpoint_dir, paths.root)
     if plan.data_changes:
         record_event(paths, "data_changed", changes=plan.data_changes, accepted="--accept-data-change",
                      step=plan.checkpoint.step if plan.checkpoint else 0)

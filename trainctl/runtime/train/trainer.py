@@ -19,7 +19,7 @@ from trainctl.plan.memory import compute_precision
 from trainctl.plan.pipeline import spec_stages_of_pp_rank, stage_layer_ranges
 from trainctl.rundir.paths import RunPaths, append_jsonl, read_jsonl, record_event
 from trainctl.rundir.runstate import restart_cause
-from trainctl.runtime.checkpoint.policy import Checkpointing
+from trainctl.runtime.checkpoint.policy import Checkpointing, run_dir_deleted
 from trainctl.runtime.checkpoint.state import TrainState
 from trainctl.runtime.model.moe import A2A, is_expert_param
 from trainctl.runtime.model.parallel_context import ParallelContext
@@ -374,7 +374,10 @@ class Trainer:
                 rec["memory"], self._memory_rec = self._memory_rec, None
             if step + 1 in self.profiled_steps:
                 rec["profiled"] = True  # the profiler's overhead is in step_time_s (the report leaves it out)
-            append_jsonl(self.paths.metrics, rec)  # the record; the tracking sinks mirror it
+            try:
+                append_jsonl(self.paths.metrics, rec)  # the record; the tracking sinks mirror it
+            except FileNotFoundError as e:  # its directory is gone: one line, not a traceback
+                raise run_dir_deleted(self.paths, step + 1) from e
             self.tracking.write(rec)
             print(metrics.step_line(rec, compact=self.compact_step_line,
                                     per="rank" if par.device.type == "cpu" else "gpu"), flush=True)
@@ -461,7 +464,7 @@ class Trainer:
                 for n, (t, sh) in peer.items():
                     params[n], shards[n] = t, sh
         if self.par.dp_rank == 0:
-            out.mkdir(parents=True, exist_ok=True)
+            out.mkdir(exist_ok=True)
             torch.save({"params": params, "shards": shards}, out / f"pp{self.par.pp_rank}-tp{self.par.tp_rank}.pt")
 
 
