@@ -8,8 +8,9 @@ neither writes nor prunes there (retention would delete the owner's steps):
   own initialisation (or `model.init_from`), never from another run's newest step;
 - `trainctl resume` (`for_resume`) refuses a directory owned by another run id, or by the same id in another,
   still existing run directory (a run directory copied with `cp -a` whose absolute checkpoint.dir points at the
-  original's). The same id in a directory that was itself copied or moved (the record names another path), or
-  a run directory that was moved (the recorded one is gone), is this run's: the record is rewritten;
+  original's). A directory that was itself copied or moved (the record names another path) is no run's live
+  directory, and a run directory that was moved (the recorded one is gone) keeps its own: the record is
+  rewritten for the run that resumes;
 - every rank checks the record again at its start (`problem`), which covers Slurm requeues and torchrun
   restarts that no `trainctl` command saw.
 
@@ -58,7 +59,7 @@ def read_owner(ckdir: Path) -> Owner | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         return Owner(run_id=str(data["run_id"]), run_dir=str(data["run_dir"]), dir=str(data["dir"]))
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # no record (or no directory at all: the ranks say so)
         return None
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise UsageError(f"{path} is damaged ({type(e).__name__}): which run this checkpoint directory belongs to "
@@ -138,14 +139,14 @@ def for_resume(ckdir: Path, run_dir: Path, job: dict[str, Any], events: list[dic
                          f"(its {Path(run_dir).name}/events.jsonl names none), and no owner record: resuming would "
                          "write and prune another run's checkpoints",
                          hint=f"give this run its own with trainctl resume {run_dir} --set checkpoint.dir=NEW")
+    if not _same(owner.dir, ckdir):  # the directory itself was copied or moved here: no run's live one
+        return Claim(recorded, write=True)
     if owner.run_id != recorded:
         raise UsageError(f"checkpoint directory {ckdir} belongs to another run, {owner.run_dir} (its owner record "
                          f"{OWNER}): resuming would write and prune that run's checkpoints",
                          hint=f"give this run its own with trainctl resume {run_dir} --set checkpoint.dir=NEW; to "
                               f"hand it to this run deliberately, remove {owner_path(ckdir)} once that run no "
                               "longer uses it")
-    if not _same(owner.dir, ckdir):  # the checkpoint directory itself was copied or moved here: this run's now
-        return Claim(recorded, write=True)
     if _same(owner.run_dir, run_dir):
         return Claim(recorded, write=False)
     if _is_run(owner.run_dir, recorded):
