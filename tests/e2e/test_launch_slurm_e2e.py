@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -593,3 +594,28 @@ def test_a_copied_run_and_a_fresh_launch_leave_another_runs_checkpoints_alone(sl
     assert f"error: checkpoint directory {ckdir} belongs to run {run}, of which {copy} is a copy" in r.stderr
     assert not new.exists() and squeue_ids() <= queued  # nothing submitted
     assert {str(p): p.stat().st_mtime for p in sorted(ckdir.rglob("*"))} == before
+
+
+def test_a_run_directory_deleted_under_the_job_stays_deleted(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """No launcher watches a Slurm job's run directory: its ranks notice it gone after their step, agree to stop
+    together, and nothing of the run is made again (was: metrics.jsonl, heartbeats and a half-written checkpoint
+    came back). Two ranks saving every other step, so a save may be in flight when it goes."""
+    run = tmp_path / "run"
+    r = trainctl("launch", str(TINY), "--set", "launcher.backend=slurm", "--set", "cluster.nodes=1",
+                 "--set", "cluster.gpus_per_node=2", "--set", "parallel.tp=1", "--set", "parallel.pp=1",
+                 "--set", "parallel.dp=2", "--set", "parallel.sequence_parallel=false",
+                 "--set", "train.global_batch=4", "--set", "train.steps=100000",
+                 "--set", "checkpoint.every_steps=2", "--run-dir", str(run))
+    assert r.returncode == 0, r.stdout + r.stderr
+    jid = job_id(run)
+    wait_step(run, 3)
+    for _ in range(100):  # the ranks may create a file between rmtree's listing and its rmdir: delete again
+        try:
+            shutil.rmtree(run)
+            break
+        except FileNotFoundError:
+            break
+        except OSError:
+            continue
+    wait_for(lambda: jid not in squeue_ids(), "the job to end", 120)
+    assert not run.exists(), sorted(str(p.relative_to(run)) for p in run.rglob("*"))

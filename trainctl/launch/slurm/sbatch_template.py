@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainctl.errors import EXIT_DIVERGED
+from trainctl.errors import EXIT_DIVERGED, EXIT_RUN_FAILED
 from trainctl.launch import environment, secrets
 from trainctl.launch.backend import DEFAULT_GRACE_S, TRAINER_MODULE
 from trainctl.rundir.paths import COMMANDS, EVENTS, RunPaths, shell_fresh_line
@@ -324,6 +324,13 @@ def render(req: SbatchRequest) -> SbatchRender:
         "done",
         "",
         *step_lines(step),
+        "# The run directory was deleted under the job (its ranks stopped by themselves): nothing to record, and a",
+        "# requeued attempt would only fail there; nothing of the run is made again.",
+        'if [ ! -d "$RUN_DIR" ]; then',
+        '    echo "trainctl: the run directory $RUN_DIR was deleted under the job; nothing more of this run is recorded'
+        ' there"',
+        f"    exit {EXIT_RUN_FAILED}",
+        "fi",
         "# One line that says what happened (the ranks' events), not only an exit status.",
         'if [ "$step_started" = 0 ]; then',
         '    echo "trainctl: the stop came before the training step started, which was not started; nothing to save"',
