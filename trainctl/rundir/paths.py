@@ -48,7 +48,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainctl.fileio import open_append
+from trainctl.errors import UsageError
+from trainctl.fileio import LINK_FIX, LINK_REFUSED, open_append
 
 SPEC = "spec.yaml"
 PLAN = "plan.json"
@@ -135,9 +136,6 @@ class RunPaths:
     def refuse_links(self) -> None:
         """Refuse (UsageError: one line naming the first link, where it points and the fix) a run directory with
         a symbolic link where trainctl writes, before anything is written (`links`)."""
-        from trainctl.errors import UsageError
-        from trainctl.fileio import LINK_FIX, LINK_REFUSED
-
         found = self.links()
         if found:
             more = f" (and {len(found) - 1} more in the run directory)" if len(found) > 1 else ""
