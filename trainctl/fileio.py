@@ -18,12 +18,13 @@ cluster read run directories and token files, and a user who wants them private 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 
 def umask() -> int:
@@ -66,6 +67,42 @@ def write_atomic(path: Path, text: str, executable: bool = False, fsync: bool = 
         raise
     if fsync:
         fsync_path(path.parent)
+
+
+# O_NOFOLLOW: a run directory's files are written only as regular files trainctl made there, never through a
+# symbolic link that a copy or a hand put in their place (the append would land in the link's target).
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+LINK_REFUSED = "is a symbolic link; trainctl writes only regular files it made there"
+LINK_FIX = "replace the link with a regular file (or remove it)"
+
+
+def open_nofollow(path: Path, flags: int) -> int:
+    """os.open(path, flags) with the umask's mode for a new file, refusing a symbolic link at `path` with an
+    OSError (ELOOP) whose text says so (`os_error_line` then gives one line naming the file)."""
+    try:
+        return os.open(path, flags | NOFOLLOW | os.O_CLOEXEC, 0o666)
+    except OSError as e:
+        if e.errno == errno.ELOOP and os.path.islink(path):
+            raise OSError(errno.ELOOP, f"{LINK_REFUSED}; {LINK_FIX}", str(path)) from None
+        raise
+
+
+def open_append(path: Path) -> BinaryIO:
+    """`path` opened to append (and read), created when missing; never through a symbolic link."""
+    return os.fdopen(open_nofollow(path, os.O_RDWR | os.O_APPEND | os.O_CREAT), "a+b")
+
+
+def replace_file(path: Path, data: bytes) -> None:
+    """Write `data` under a temporary name beside `path` (made fresh: never a link), then rename it over `path`:
+    readers see the old or the new file whole. For small, often rewritten files (heartbeats) that need no
+    fsync and no random name (a dead writer's `.tmp` is simply overwritten)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        if os.path.islink(tmp):
+            os.unlink(tmp)
+    with os.fdopen(open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
 
 
 WRITABLE_FIX = "choose a writable place, or make it writable"  # said on the same line as the problem

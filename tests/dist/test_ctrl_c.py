@@ -434,6 +434,8 @@ def test_run_dir_lost_while_training_is_one_line(tmp_path: Path, read_only_later
     assert out.rstrip().splitlines()[-1] == (f"run failed: the run directory {run} {what}; nothing more of this run "
                                              "could be recorded there"), out[-2000:]
     assert_clean(out)
+    if "deleted" in what:  # neither the launcher nor a rank made any of it again (a heartbeat, metrics, a save)
+        assert not run.exists(), sorted(str(p.relative_to(run)) for p in run.rglob("*"))
 
 
 def test_terminal_that_goes_away_still_saves_and_records(tmp_path: Path) -> None:

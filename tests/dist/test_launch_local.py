@@ -105,6 +105,10 @@ def test_default_run_dir_is_name_and_time_and_never_collides(tmp_path: Path) -> 
     assert default_run_dir(spec, now, base=tmp_path) == first  # empty: usable
     (first / "spec.yaml").write_text("x")
     assert default_run_dir(spec, now, base=tmp_path) == tmp_path / "my_run_x-20260102-030405-2"
+    # a launch makes its own at once (mkdir of a name nobody holds): never one that exists, even empty
+    made = [default_run_dir(spec, now, base=tmp_path, create=True) for _ in range(2)]
+    assert made == [tmp_path / "my_run_x-20260102-030405-2", tmp_path / "my_run_x-20260102-030405-3"]
+    assert all(d.is_dir() and not any(d.iterdir()) for d in made)
 
 
 def test_freeze_spec_makes_data_path_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -187,6 +191,15 @@ def test_cli_dry_run_creates_nothing(tmp_path: Path) -> None:
     assert "-m torch.distributed.run --standalone --nproc-per-node=8" in r.stdout
     assert "OMP_NUM_THREADS=" in r.stdout
     assert not (tmp_path / "runs").exists()
+
+
+def test_cli_launch_refused_without_run_dir_leaves_no_directory(tmp_path: Path) -> None:
+    """The default run directory is made before the checks (atomically: concurrent launches never share one) and
+    taken back when a check refuses the launch."""
+    r = trainctl("launch", str(TINY), "--set", "data.synthetic=false", "--set", f"data.path={tmp_path / 'nope.bin'}",
+                 cwd=tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert not list((tmp_path / "runs").glob("*"))  # nothing left behind (runs/ itself may stay)
 
 
 @pytest.mark.parametrize("case", ["missing-data", "bad-spec", "existing-run-dir", "two-nodes"])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -565,3 +566,60 @@ def test_a_stop_before_the_ranks_exist_reaches_them_and_the_log_reads_clean(slur
     assert "requeueing job" in log and "trainctl: SIGTERM (scancel): stopping the ranks" in log, log
     assert slurm_lines(log) == [] and "Traceback" not in log, log
     assert "CANCELLED" in (run / "logs" / f"slurm-{jid}.err").read_text()  # Slurm's own lines, kept apart
+
+
+def test_a_copied_run_and_a_fresh_launch_leave_another_runs_checkpoints_alone(slurm_cluster: SlurmCluster,
+                                                                             tmp_path: Path) -> None:
+    """docs/FAILURES.md, "Run directories and checkpoint directories", on Slurm: a run with its checkpoint directory
+    outside the run directory trains two steps; a fresh launch pointed at that directory and a `cp -a` copy of the
+    run resumed are both refused before anything is submitted, and the directory keeps its bytes."""
+    ckdir = tmp_path / "scratch" / "ck"
+    one_rank = ["--set", "launcher.backend=slurm", "--set", "cluster.nodes=1", "--set", "cluster.gpus_per_node=1",
+                "--set", "parallel.tp=1", "--set", "parallel.pp=1", "--set", "parallel.dp=1",
+                "--set", "parallel.sequence_parallel=false", "--set", "train.global_batch=4"]
+    run = tmp_path / "run"
+    r = trainctl("launch", str(TINY), *one_rank, "--set", "train.steps=2", "--set", "checkpoint.every_steps=2",
+                 "--set", f"checkpoint.dir={ckdir}", "--run-dir", str(run))
+    assert r.returncode == 0, r.stdout + r.stderr
+    wait_done(run)
+    before = {str(p): p.stat().st_mtime for p in sorted(ckdir.rglob("*"))}
+    assert any(p.endswith("step-00000002") for p in before), before
+    new = tmp_path / "new"
+    r = trainctl("launch", str(TINY), *one_rank, "--set", "train.steps=4", "--set", f"checkpoint.dir={ckdir}",
+                 "--run-dir", str(new))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert (f"error: checkpoint directory {ckdir} is not empty: it holds checkpoints of step 2 of run {run}, and a "
+            "new run starts from its own initialisation") in r.stderr
+    copy = tmp_path / "copy"
+    subprocess.run(["cp", "-a", str(run), str(copy)], check=True)
+    r = trainctl("resume", str(copy), "--set", "train.steps=4")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"error: checkpoint directory {ckdir} belongs to run {run}, of which {copy} is a copy" in r.stderr
+    # nothing submitted: a submission makes its run directory first, a resubmission records its job
+    assert not new.exists() and job_id(copy) == job_id(run)
+    assert {str(p): p.stat().st_mtime for p in sorted(ckdir.rglob("*"))} == before
+
+
+def test_a_run_directory_deleted_under_the_job_stays_deleted(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """No launcher watches a Slurm job's run directory: its ranks notice it gone after their step, agree to stop
+    together, and nothing of the run is made again (was: metrics.jsonl, heartbeats and a half-written checkpoint
+    came back). Two ranks saving every other step, so a save may be in flight when it goes."""
+    run = tmp_path / "run"
+    r = trainctl("launch", str(TINY), "--set", "launcher.backend=slurm", "--set", "cluster.nodes=1",
+                 "--set", "cluster.gpus_per_node=2", "--set", "parallel.tp=1", "--set", "parallel.pp=1",
+                 "--set", "parallel.dp=2", "--set", "parallel.sequence_parallel=false",
+                 "--set", "train.global_batch=4", "--set", "train.steps=100000",
+                 "--set", "checkpoint.every_steps=2", "--run-dir", str(run))
+    assert r.returncode == 0, r.stdout + r.stderr
+    jid = job_id(run)
+    wait_step(run, 3)
+    for _ in range(100):  # the ranks may create a file between rmtree's listing and its rmdir: delete again
+        try:
+            shutil.rmtree(run)
+            break
+        except FileNotFoundError:
+            break
+        except OSError:
+            continue
+    wait_for(lambda: jid not in squeue_ids(), "the job to end", 120)
+    assert not run.exists(), sorted(str(p.relative_to(run)) for p in run.rglob("*"))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from trainctl.fileio import umask, write_atomic
+from trainctl.fileio import os_error_line, umask, write_atomic
 
 
 @pytest.fixture(params=[0o022, 0o077, 0o002])
@@ -45,3 +45,25 @@ def test_data_prepare_output_gets_the_umask_mode(tmp_path: Path, mask: int) -> N
                        capture_output=True, text=True, timeout=120, preexec_fn=lambda: os.umask(mask))
     assert r.returncode == 0, r.stderr
     assert stat.S_IMODE(out.stat().st_mode) == 0o666 & ~mask
+
+
+def test_run_directory_writes_never_go_through_a_symbolic_link(tmp_path: Path) -> None:
+    """A JSONL append (metrics, events) and a replaced file (heartbeats, placement) refuse a link at their path with
+    one line naming it (O_NOFOLLOW), and the link's target keeps its bytes."""
+    import errno
+
+    from trainctl.fileio import replace_file
+    from trainctl.rundir.paths import append_jsonl
+
+    target = tmp_path / "elsewhere"
+    target.write_text("theirs\n")
+    link = tmp_path / "metrics.jsonl"
+    link.symlink_to(target)
+    with pytest.raises(OSError) as e:
+        append_jsonl(link, {"step": 1})
+    assert e.value.errno == errno.ELOOP and os_error_line(e.value).startswith(f"{link}: is a symbolic link")
+    tmp_link = tmp_path / ".heartbeat-rank0.tmp"  # a link at the temporary name is removed, not written through
+    tmp_link.symlink_to(target)
+    replace_file(tmp_path / "heartbeat-rank0", b"{}")
+    assert target.read_text() == "theirs\n" and (tmp_path / "heartbeat-rank0").read_bytes() == b"{}"
+    assert not tmp_link.exists() and not tmp_link.is_symlink()

@@ -598,3 +598,29 @@ def test_an_export_that_keeps_passthrough_variables_from_the_job_is_refused(tmp_
     ok = slurm_spec(**{"launcher.env_passthrough": "[WANDB_API_KEY]",
                  "launcher.sbatch_args": '["--export=ALL,EXTRA=1"]'})
     assert ': "${WANDB_API_KEY:?' in render.plan_slurm(ok, tmp_path / "run2").script
+
+
+def test_a_symbolic_link_in_the_run_directory_stops_the_attempt_before_any_write(tmp_path: Path) -> None:
+    """A link put into the run directory while the job waited (a requeue no `trainctl resume` saw): the batch script
+    stops with one line naming it, exit 1, and writes nothing through it (not even its own events)."""
+    run = tmp_path / "run"
+    launch = render.plan_slurm(slurm_spec(), run, python="/bin/false")
+    run.mkdir()
+    target = tmp_path / "elsewhere.jsonl"
+    target.write_text("theirs\n")
+    (run / "events.jsonl").symlink_to(target)
+    script = tmp_path / "launch.sh"
+    script.write_text(launch.script)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
+        (bindir / name).write_text(text)
+        (bindir / name).chmod(0o755)
+    env = {"PATH": f"{bindir}:/usr/bin:/bin", "SLURM_JOB_ID": "123", "SLURM_JOB_NODELIST": "n[1-2]",
+           "SLURM_NNODES": "2", "FAKE_CALLS": str(tmp_path / "calls")}
+    r = subprocess.run(["bash", str(script)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert (f"trainctl: {run}/events.jsonl is a symbolic link; trainctl writes only regular files it made there (it "
+            f"points to {target}); replace the link with a regular file (or remove it), then trainctl resume {run}"
+            ) in r.stdout.splitlines(), r.stdout + r.stderr
+    assert target.read_text() == "theirs\n" and not (tmp_path / "calls").exists()  # no srun either

@@ -4,7 +4,8 @@ Used by the CLI (`trainctl checkpoints`, `trainctl resume`), the launcher and th
 (trainctl/runtime/checkpoint/storage.py), so all of them agree on what "a valid checkpoint" means
 (docs/design/checkpoints.md, "Checkpoint format and commit protocol").
 
-Layout of one checkpoint, in the checkpoints directory (default RUN/checkpoints):
+Layout of one checkpoint, in the checkpoints directory (default RUN/checkpoints), beside the directory's owner
+record `.trainctl-owner.json` (the one run that writes and prunes there: trainctl/checkpoint/owner.py):
 
     step-00000500/
         __<r>_<i>.distcp   DCP shards; rank r writes the files with prefix __<r>_
@@ -50,6 +51,7 @@ from trainctl.fileio import HASH, bytes_digest, file_digest
 
 MANIFEST = "manifest.json"
 MARKER = "COMMITTED"
+OWNER = ".trainctl-owner.json"  # which run the directory belongs to (trainctl/checkpoint/owner.py)
 DCP_INDEX = ".metadata"  # DCP's own name for its index file
 FORMAT_VERSION = 1
 

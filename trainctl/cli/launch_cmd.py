@@ -53,26 +53,28 @@ def launch(
     Locally it runs to the end here: Ctrl-C makes every rank save a checkpoint after its current step and stop
     (exit 75; `trainctl resume RUN` continues); a second Ctrl-C kills at once."""
     from trainctl.launch.backend import backend_for
-    from trainctl.launch.create import default_run_dir
+    from trainctl.launch.create import reserved_run_dir
     from trainctl.launch.node_health import Thresholds
     from trainctl.launch.secrets import credential_names
 
     console = make_console()
     run = read_spec(spec, [*(set_ or []), *([f"launcher.grace_s={grace}"] if grace is not None else [])])
     say_held_back(console, credential_names(run.launcher.env))
-    target = run_dir or default_run_dir(run)
-    excluded: dict[str, str] = {}
-    if preflight and not dry_run:
-        run, excluded = _preflight(console, run, target, preflight_nodes,
-                                   Thresholds(min_matmul_ratio, min_link_ratio, min_peak_fraction))
-    backend = backend_for(run)
-    launch = backend.prepare(run, target, grace_s=run.launcher.grace_s, dry_run=dry_run)
-    check_before_training(console, run, run_dir or default_run_dir(run), strict)
-    if dry_run:
-        for line in backend.dry_run(launch):
-            show(console, line)
-        return
-    code = backend.start(launch, sayer(console), verbose=verbose)
+    # a default run directory is made now, atomically (concurrent launches get distinct ones), and taken back
+    # when the launch stops before using it
+    with reserved_run_dir(run, run_dir, dry_run=dry_run) as target:
+        excluded: dict[str, str] = {}
+        if preflight and not dry_run:
+            run, excluded = _preflight(console, run, target, preflight_nodes,
+                                       Thresholds(min_matmul_ratio, min_link_ratio, min_peak_fraction))
+        backend = backend_for(run)
+        launch = backend.prepare(run, target, grace_s=run.launcher.grace_s, dry_run=dry_run)
+        check_before_training(console, run, target, strict)
+        if dry_run:
+            for line in backend.dry_run(launch):
+                show(console, line)
+            return
+        code = backend.start(launch, sayer(console), verbose=verbose)
     if excluded:  # the submission already excludes them (cluster.exclude); the record keeps them out of resumes
         from trainctl.launch import exclusions
         from trainctl.rundir.paths import RunPaths

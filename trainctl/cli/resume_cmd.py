@@ -97,6 +97,7 @@ def _repair(console: Console, run: Path, dry_run: bool) -> None:
     from trainctl.launch.status import open_run
 
     paths = open_run(run)
+    paths.refuse_links()  # the repair writes there: never through a symbolic link
     plan = repair.plan_repair(paths)
     lost = f"; nothing to rebuild {', '.join(plan.lost)} from: its history is lost" if plan.lost else ""
     if plan.nothing:

@@ -104,7 +104,7 @@ def counters() -> OomCounters:
 
 def record(path: Path) -> None:
     """At a rank's start: its counters now (a rank that cannot write its log directory has bigger trouble)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(exist_ok=True)  # RUN/logs; not its parents: a deleted run directory stays deleted
     write_atomic(path, json.dumps(asdict(counters())) + "\n")
 
 

@@ -5,23 +5,27 @@ No torch: the launch layer runs in the CLI process.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shlex
 import shutil
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from trainctl.checkpoint import owner, resolve_checkpoint_dir
 from trainctl.data import identity as data_identity
 from trainctl.errors import UsageError
 from trainctl.fileio import (
+    WRITABLE_FIX,
     bytes_digest,
     json_text,
     nearest_existing,
+    os_error_line,
     require_writable,
     write_atomic,
     write_errors_as_usage,
@@ -31,25 +35,59 @@ from trainctl.rundir.paths import RunPaths
 from trainctl.spec import RunSpec, frozen_text
 
 
-def default_run_dir(spec: RunSpec, now: datetime | None = None, base: Path = Path("runs")) -> Path:
-    """runs/<name>-<YYYYmmdd-HHMMSS>; the name is reduced to filename-safe characters."""
+def default_run_dir(spec: RunSpec, now: datetime | None = None, base: Path = Path("runs"), *,
+                    create: bool = False) -> Path:
+    """runs/<name>-<YYYYmmdd-HHMMSS>; the name is reduced to filename-safe characters. `create`: made here, at
+    once and only by this process (mkdir of a name nobody holds, else the next suffix), so launches started at
+    the same second never share or refuse one; without it (a dry run), the name it would be."""
     stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
     name = re.sub(r"[^A-Za-z0-9._-]+", "_", spec.name).strip("._") or "run"
-    candidate = base / f"{name}-{stamp}"
-    n = 2
-    while _non_empty(candidate):  # two launches in one second: never reuse, never collide
-        candidate = base / f"{name}-{stamp}-{n}"
+    if create:
+        with write_errors_as_usage(f"run directory under {base}"):
+            base.mkdir(parents=True, exist_ok=True)
+    n = 1
+    while True:
+        candidate = base / (f"{name}-{stamp}" if n == 1 else f"{name}-{stamp}-{n}")
         n += 1
-    return candidate
+        if not create:
+            if not _non_empty(candidate):
+                return candidate
+            continue
+        try:
+            candidate.mkdir()  # atomic: exactly one process makes a name
+            return candidate
+        except FileExistsError:
+            continue
+        except OSError as e:
+            raise UsageError(f"run directory {candidate}: {os_error_line(e)}", hint=WRITABLE_FIX) from e
+
+
+@contextlib.contextmanager
+def reserved_run_dir(spec: RunSpec, given: Path | None, *, base: Path = Path("runs"),
+                     dry_run: bool = False) -> Iterator[Path]:
+    """The run directory of a launch: `given`, or a default one made for it now (default_run_dir(create=True));
+    a default one is removed again when the launch stops before writing into it (a refused spec, a failed
+    check), so refusals leave no empty directories behind."""
+    if given is not None or dry_run:
+        yield given or default_run_dir(spec, base=base)
+        return
+    made = default_run_dir(spec, base=base, create=True)
+    try:
+        yield made
+    except BaseException:
+        with contextlib.suppress(OSError):
+            made.rmdir()  # only while still empty
+        raise
 
 
 def _non_empty(path: Path) -> bool:
     return path.exists() and (not path.is_dir() or any(path.iterdir()))
 
 
-def check_run_dir(path: Path) -> None:
+def check_run_dir(path: Path, spec: RunSpec | None = None) -> None:
     """Refuse a run dir that already holds something (a run directory records exactly one run), or that cannot
-    be made and written: before anything is created."""
+    be made and written, and (`spec`: a run that trains) a checkpoint directory that is not empty: before anything
+    is created."""
     if path.exists() and not path.is_dir():
         raise UsageError(f"run directory {path} exists and is not a directory",
                          hint="pass another --run-dir")
@@ -58,6 +96,8 @@ def check_run_dir(path: Path) -> None:
                          hint="pass a new --run-dir (or leave it out for a fresh runs/<name>-<time>); "
                               f"to continue that run from its last checkpoint: trainctl resume {path}")
     require_writable(path, f"run directory {path}")
+    if spec is not None and (problem := owner.new_run_problem(resolve_checkpoint_dir(path, spec))) is not None:
+        raise problem
 
 
 def freeze_spec(spec: RunSpec) -> RunSpec:
@@ -137,12 +177,13 @@ def now_iso() -> str:
 
 
 def create_run_dir(root: Path, spec: RunSpec, *, backend: str, command: Sequence[str],
-                   env: Mapping[str, str]) -> RunPaths:
-    """Make RUN/ with spec.yaml, plan.json (when the planner exists), launch.sh, job.json (with the identity of
-    the data files: trainctl.data.identity) and logs/.
+                   env: Mapping[str, str], trains: bool = True) -> RunPaths:
+    """Make RUN/ with spec.yaml, plan.json (when the planner exists), launch.sh, job.json (with the run's id and
+    the identity of the data files: trainctl.data.identity) and logs/; for a run that `trains`, its checkpoint
+    directory with this run as its owner (trainctl/checkpoint/owner.py).
 
     `spec` is frozen (`freeze_spec`) and `env` built from it: neither holds a credential's value."""
-    check_run_dir(root)
+    check_run_dir(root, spec if trains else None)
     leaked = secrets.credential_names({**spec.launcher.env, **env})
     if leaked:  # a caller that skipped freeze_spec: refuse rather than publish the value
         raise RuntimeError(f"credential {', '.join(leaked)} would be written to {root}: freeze the spec first")
@@ -156,9 +197,15 @@ def create_run_dir(root: Path, spec: RunSpec, *, backend: str, command: Sequence
             created = now_iso()
             write_atomic(paths.launch_script, render_script(command, env, f"trainctl launch ({backend}), {created}",
                                                             spec.launcher.env_passthrough), executable=True, fsync=True)
-            write_job(paths, {"backend": backend, "command": list(command), "env": dict(env), "git": git_info(),
-                              "created": created, "data": [i.to_json() for i in data_identity.of_spec(spec)],
+            run_id = owner.new_run_id()
+            write_job(paths, {"backend": backend, "run_id": run_id, "command": list(command), "env": dict(env),
+                              "git": git_info(), "created": created,
+                              "data": [i.to_json() for i in data_identity.of_spec(spec)],
                               "frozen_spec": frozen, "attempts": []})
+            if trains:  # last: a failure before leaves no record in a checkpoint directory outside the run
+                ckdir = resolve_checkpoint_dir(paths.root, spec)
+                with write_errors_as_usage(f"checkpoint directory {ckdir}"):
+                    owner.write_owner(ckdir, run_id, paths.root)
     except BaseException:
         _take_back(paths.root, existed)
         raise

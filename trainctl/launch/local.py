@@ -28,6 +28,7 @@ from typing import Any, BinaryIO, TextIO
 from trainctl import terminal
 from trainctl.data.prep import check_data
 from trainctl.errors import RunError, UsageError
+from trainctl.fileio import open_append
 from trainctl.hf import init_source
 from trainctl.launch import environment, package_origin, runlock
 from trainctl.launch.backend import (
@@ -53,7 +54,7 @@ from trainctl.launch.create import (
 )
 from trainctl.launch.diskspace import disk_full_line, run_dir_full
 from trainctl.launch.procs import children, die_with_parent, handles, kill_tree, signal_all
-from trainctl.rundir.paths import RunPaths, read_jsonl, record_event
+from trainctl.rundir.paths import DirIdentity, RunPaths, read_jsonl, record_event
 from trainctl.rundir.runstate import (
     CANCELLED,
     COMPLETED,
@@ -130,7 +131,7 @@ def plan_local(spec: RunSpec, run_dir: Path | None = None, existing: bool = Fals
     init_source.check(spec, root)  # the weights it starts from fit its model (exit 2 naming the field)
     runlock.check_free(root)  # one job per run directory: a live launcher there is named (exit 2)
     if not existing:
-        check_run_dir(root)
+        check_run_dir(root, spec if module == TRAINER_MODULE else None)
     nproc = spec.cluster.gpus_per_node * spec.cluster.nodes
     env = {
         # N ranks share the cores; without this each rank starts a thread per core and they thrash.
@@ -165,7 +166,8 @@ def check_python(python: str, *, after_setup: bool) -> None:
 
 
 def create(launch: LocalLaunch) -> RunPaths:
-    return create_run_dir(launch.run_dir, launch.spec, backend=NAME, command=launch.command, env=launch.env)
+    return create_run_dir(launch.run_dir, launch.spec, backend=NAME, command=launch.command, env=launch.env,
+                          trains=launch.module == TRAINER_MODULE)
 
 
 TRACEBACK_STARTS = ("Traceback (most recent call last):", "During handling of the above exception",
@@ -330,15 +332,15 @@ def _ignore_stops() -> None:
 
 
 class RunDirWatch:
-    """Notices, every few seconds, the run directory deleted (or replaced: a rank's heartbeat may make its
-    logs/ again) or made read-only under a running launcher, and has the Stopper stop the ranks."""
+    """Notices, every few seconds, the run directory deleted (or deleted and made again: rundir.paths.DirIdentity)
+    or made read-only under a running launcher, and has the Stopper stop the ranks (which notice a deleted one
+    themselves after their step: runtime/checkpoint/policy.py)."""
 
     EVERY_S = 2.0
 
     def __init__(self, paths: RunPaths, stopper: Stopper) -> None:
         self.paths, self.stopper = paths, stopper
-        st = os.stat(paths.root)
-        self.identity = (st.st_dev, st.st_ino)
+        self.identity = DirIdentity.of(paths.root)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="trainctl-run-dir-watch", daemon=True)
 
@@ -358,10 +360,12 @@ class RunDirWatch:
 
     def problem(self) -> OSError | None:
         job = str(self.paths.job)
+        lost = self.identity.lost(self.paths.root)
+        if lost is not None and lost.errno != errno.ENOENT:
+            return lost
+        if lost is not None or not self.paths.job.exists():
+            return FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), job)
         try:
-            st = os.stat(self.paths.root)
-            if (st.st_dev, st.st_ino) != self.identity or not self.paths.job.exists():
-                return FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), job)
             if os.statvfs(self.paths.root).f_flag & os.ST_RDONLY:
                 return OSError(errno.EROFS, os.strerror(errno.EROFS), job)
         except OSError as e:
@@ -399,7 +403,7 @@ def _run(launch: LocalLaunch, paths: RunPaths, out: TextIO, kind: str, console: 
         record_attempt(paths, attempt=attempt, started=now_iso(), kind=kind)
         record_event(paths, kind, backend=NAME, nproc=launch.nproc, attempt=attempt, time=started)
         log_from = paths.launcher_log.stat().st_size if paths.launcher_log.exists() else 0  # this attempt's part
-        log: BinaryIO | None = open(paths.launcher_log, "ab")  # noqa: SIM115 (closed below; may fail mid-run)
+        log: BinaryIO | None = open_append(paths.launcher_log)  # closed below; may fail mid-run
     except OSError as e:
         raise RunError(run_dir_lost(paths, e).reason) from e
     reserve = SpaceReserve(paths.launcher_reserve)

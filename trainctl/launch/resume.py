@@ -35,6 +35,7 @@ from trainctl.checkpoint import (
     latest_valid,
     layout_changes,
     list_checkpoints,
+    owner,
     resolve_checkpoint_dir,
 )
 from trainctl.checkpoint.meta import saved_layout
@@ -54,7 +55,7 @@ from trainctl.launch.create import (
 )
 from trainctl.launch.status import open_run, read_job_json
 from trainctl.plan.lr_scaling import lr_unchanged_warning
-from trainctl.rundir.paths import RunPaths, load_jsonl, record_event
+from trainctl.rundir.paths import RunPaths, load_jsonl, read_jsonl, record_event
 from trainctl.spec import RunSpec, load_spec, load_spec_text, resolved_dict
 
 
@@ -104,6 +105,7 @@ class ResumePlan:
     @property
     def hand_edits(self) -> list[str]:
         return self.hand_edit.changes if self.hand_edit else []
+    claim: owner.Claim | None = None  # the run's id and its checkpoint directory's owner record, written by prepare
 
     def layout_changes(self) -> list[str]:
         """'tp 2 -> 4' for every parallel setting that differs from the checkpoint's (resharded at load)."""
@@ -136,6 +138,7 @@ def plan_resume(run_dir: Path, from_step: int | None = None, overrides: list[str
     if (damage := repair.spec_problem(paths.spec)) is not None:  # a file-system error's leftovers: --repair
         raise repair.DamagedSpec(paths, damage, read_job_json(paths))
     require_writable(root, f"run directory {run_dir}")  # the relaunch appends to it: refuse before any change
+    paths.refuse_links()  # nothing is written through a symbolic link a copy or a hand put there
     before = load_spec(paths.spec)  # as frozen: what the run ran with so far
     loaded = load_spec(paths.spec, overrides or [])
     spec = freeze_spec(loaded)  # what is written back (--set): credentials held back, data paths absolute
@@ -145,6 +148,8 @@ def plan_resume(run_dir: Path, from_step: int | None = None, overrides: list[str
     # before anything is changed: its job may still be queued or running
     backend_for(backend).require_not_active(paths)
     ckdir = resolve_checkpoint_dir(root, spec)
+    # before its checkpoints are read: another run's directory is neither resumed from, written nor pruned
+    claim = owner.for_resume(ckdir, root, job, read_jsonl(paths.events))
     skipped: list[CheckpointInfo] = []
     abandon: list[CheckpointInfo] = []
     # deep: every file's checksum, as the trainer verifies before it loads, so both name the same step
@@ -170,8 +175,8 @@ def plan_resume(run_dir: Path, from_step: int | None = None, overrides: list[str
                       hand_edit=edited, held_back=secrets.credential_names(loaded.launcher.env),
                       warnings=change_warnings(load_spec_text(edited.replaced) if edited else before, spec),
                       notes=[n for n in (metrics.skipped_note(paths.metrics),
-                                         load_jsonl(paths.events).skipped_note(paths.events)) if n],
-                      data=data, data_changes=changed)
+                                         load_jsonl(paths.events).skipped_note(paths.events), claim.note) if n],
+                      data=data, data_changes=changed, claim=claim)
 
 
 def data_now(paths: RunPaths, spec: RunSpec, info: CheckpointInfo | None, job: dict[str, Any],
@@ -267,7 +272,11 @@ def prepare(plan: ResumePlan) -> None:
     job["data"] = [i.to_json() for i in plan.data]  # what the ranks check at their start from now on
     # spec.yaml as it is now is what trainctl wrote (or, unchanged but for comments, accepted)
     job["frozen_spec"] = frozen or frozen_spec_record(paths.spec.read_text(encoding="utf-8"))
+    if plan.claim is not None:  # the ranks check the owner record against this id at their start
+        job["run_id"] = plan.claim.run_id
     write_job(paths, job)
+    if plan.claim is not None:
+        plan.claim.apply(plan.checkpoint_dir, paths.root)
     if plan.data_changes:
         record_event(paths, "data_changed", changes=plan.data_changes, accepted="--accept-data-change",
                      step=plan.checkpoint.step if plan.checkpoint else 0)

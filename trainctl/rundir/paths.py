@@ -41,6 +41,7 @@ output: they have no file of their own.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -49,7 +50,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainctl.fileio import fsync_path
+from trainctl.errors import UsageError
+from trainctl.fileio import LINK_FIX, LINK_REFUSED, fsync_path, open_append
 
 SPEC = "spec.yaml"
 PLAN = "plan.json"
@@ -87,6 +89,11 @@ PREVIOUS_LAUNCH_SCRIPT = "launch.prev-{n}.sh"
 # torchrun's own layout under its --log-dir: <rendezvous run id>/attempt_<n>/<local rank>/{stdout,stderr}.log
 TORCHRUN_RANK_LOGS = "*/attempt_*/{local_rank}/std*.log"
 
+# The entries of a run directory that trainctl, its launcher or a rank writes (or writes into): none may be a
+# symbolic link (RunPaths.links), nor may anything in logs/, which is wholly theirs and torchrun's.
+WRITTEN = (SPEC, PLAN, LAUNCH_SCRIPT, COMMANDS, JOB, LOCK, LOCK_TAKEOVER, LOGS, METRICS, EVENTS, PLACEMENT, CALIBRATION,
+           PREFLIGHT, EXCLUDED_NODES, FINAL_WEIGHTS, TENSORBOARD, WANDB, PROFILE, CHECKPOINTS)
+
 TAIL_BYTES = 64 * 1024  # last_jsonl: enough for the last records of any of our JSONL files
 
 _STEPTIMES_RE = re.compile(re.escape(STEPTIMES).replace(re.escape("{rank}"), r"(\d+)"))
@@ -120,6 +127,23 @@ class RunPaths:
     @property
     def spec(self) -> Path:
         return self.root / SPEC
+
+    def links(self) -> list[Path]:
+        """The entries trainctl writes (WRITTEN, and everything in logs/) that are symbolic links: a write there
+        would land in the link's target, outside the run."""
+        found = [p for p in (self.root / name for name in WRITTEN) if p.is_symlink()]
+        if self.logs.is_dir() and not self.logs.is_symlink():
+            found += sorted(p for p in self.logs.iterdir() if p.is_symlink())
+        return found
+
+    def refuse_links(self) -> None:
+        """Refuse (UsageError: one line naming the first link, where it points and the fix) a run directory with
+        a symbolic link where trainctl writes, before anything is written (`links`)."""
+        found = self.links()
+        if found:
+            more = f" (and {len(found) - 1} more in the run directory)" if len(found) > 1 else ""
+            raise UsageError(f"{found[0]} {LINK_REFUSED} (it points to {os.readlink(found[0])}){more}",
+                             hint=f"{LINK_FIX}, then run the command again")
 
     def previous_spec(self, n: int) -> Path:
         """Where the n-th replaced spec.yaml is kept (`trainctl resume --set`)."""
@@ -281,6 +305,30 @@ class RunPaths:
         return _files(self.torchrun_logs.glob(f"*/{node}/" + TORCHRUN_RANK_LOGS.format(local_rank=local_rank)))
 
 
+@dataclass(frozen=True)
+class DirIdentity:
+    """Which directory a path named when a job started (device and inode): a run directory deleted under the job,
+    or deleted and made again, is told apart from the one it started in. Neither the launcher nor a rank then
+    writes there again (nothing of the run is recreated: docs/FAILURES.md)."""
+
+    dev: int
+    ino: int
+
+    @classmethod
+    def of(cls, path: Path) -> DirIdentity:
+        st = os.stat(path)
+        return cls(st.st_dev, st.st_ino)
+
+    def lost(self, path: Path) -> OSError | None:
+        """Why `path` is no longer this directory (ENOENT: deleted, or replaced by another), or None."""
+        try:
+            if DirIdentity.of(path) == self:
+                return None
+        except OSError as e:
+            return e
+        return FileNotFoundError(errno.ENOENT, "deleted and made again", str(path))
+
+
 def _files(paths: Any) -> list[Path]:
     """Plain files, oldest first (then by name: stdout and stderr of one attempt keep their order)."""
     files = [p for p in paths if p.is_file()]
@@ -291,7 +339,7 @@ def append_text(path: Path, text: str, fsync: bool = False) -> None:
     """Append `text` (whole lines) in a single write(), so concurrent appenders do not interleave, and on a
     fresh line: after a torn last line (a writer killed mid-line, a full disk) the new line would otherwise
     be glued onto it and both be lost. `fsync`: durable on return (and the file's name, when it made it)."""
-    with open(path, "a+b") as f:
+    with open_append(path) as f:  # never through a symbolic link (fileio.NOFOLLOW)
         data = text.encode("utf-8")
         made = f.tell() == 0  # append mode: the position is the end
         if not made:

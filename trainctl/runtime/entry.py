@@ -50,6 +50,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
                          error=f"SpecError: {str(e).splitlines()[0]}")
         exit_now(2, barrier=False)
     try:
+        paths.refuse_links()  # a Slurm requeue or torchrun restart writes nothing through a link either
         if (wrong := package_origin.problem()) is not None:  # before any step: not at the first checkpoint
             raise UsageError(wrong, hint=package_origin.PROBLEM_HINT)
         from trainctl.plan.elastic import for_world, resize_event

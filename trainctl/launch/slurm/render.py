@@ -65,7 +65,7 @@ def plan_slurm(spec: RunSpec, run_dir: Path | None = None, *, grace_s: int = DEF
                          hint=f"use --set launcher.backend={NAME}")
     spec = freeze_spec(spec)
     root = (run_dir or default_run_dir(spec)).absolute()
-    check_run_dir(root)
+    check_run_dir(root, spec if trainer_module == TRAINER_MODULE else None)
     return render_launch(spec, root, grace_s=grace_s, python=python, trainer_module=trainer_module,
                          dry_run=dry_run)
 

@@ -27,10 +27,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainctl.errors import EXIT_DIVERGED
+from trainctl.errors import EXIT_DIVERGED, EXIT_RUN_FAILED
+from trainctl.fileio import LINK_FIX, LINK_REFUSED
 from trainctl.launch import environment, secrets
 from trainctl.launch.backend import DEFAULT_GRACE_S, TRAINER_MODULE
-from trainctl.rundir.paths import COMMANDS, EVENTS, RunPaths, shell_fresh_line
+from trainctl.rundir.paths import COMMANDS, EVENTS, WRITTEN, RunPaths, shell_fresh_line
 from trainctl.rundir.runstate import SECONDARY, SETUP_FAILED
 
 RUN = RunPaths(Path("$RUN_DIR"))  # the run directory's files as the script's body names them
@@ -278,6 +279,15 @@ def render(req: SbatchRequest) -> SbatchRender:
         '\'{"time":%s,"event":"%s","pid":%d,"job_id":"%s","attempt":%d%s}\\n\' '
         f'"$(date +%s.%N)" "$1" "$$" "$SLURM_JOB_ID" "$attempt" "${{2:-}}" >>{EVENTS_WORD}',
         "}",
+        "# trainctl writes only regular files it made in the run directory: a symbolic link put there while the job",
+        "# waited stops the attempt before anything is written through it (rundir.paths.RunPaths.links).",
+        f'for f in "$RUN_DIR"/{{{",".join(WRITTEN)}}} "{RUN.logs}"/*; do',
+        '    if [ -L "$f" ]; then',
+        f'        echo "trainctl: $f {LINK_REFUSED} (it points to $(readlink "$f")); {LINK_FIX}, then trainctl'
+        ' resume $RUN_DIR"',
+        f"        exit {EXIT_RUN_FAILED}",
+        "    fi",
+        "done",
         'echo "trainctl: job $SLURM_JOB_ID attempt $attempt on $SLURM_JOB_NODELIST,'
         ' master $MASTER_ADDR:$MASTER_PORT"',
         'event slurm_start ",\\"nodes\\":\\"$SLURM_JOB_NODELIST\\""',
@@ -324,6 +334,13 @@ def render(req: SbatchRequest) -> SbatchRender:
         "done",
         "",
         *step_lines(step),
+        "# The run directory was deleted under the job (its ranks stopped by themselves): nothing to record, and a",
+        "# requeued attempt would only fail there; nothing of the run is made again.",
+        'if [ ! -d "$RUN_DIR" ]; then',
+        '    echo "trainctl: the run directory $RUN_DIR was deleted under the job; nothing more of this run is recorded'
+        ' there"',
+        f"    exit {EXIT_RUN_FAILED}",
+        "fi",
         "# One line that says what happened (the ranks' events), not only an exit status.",
         'if [ "$step_started" = 0 ]; then',
         '    echo "trainctl: the stop came before the training step started, which was not started; nothing to save"',

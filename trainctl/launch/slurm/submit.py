@@ -25,7 +25,8 @@ from trainctl.rundir.runstate import stop_in_flight
 def create(launch: SlurmLaunch) -> RunPaths:
     """The run directory: spec.yaml, plan.json, launch.sh (the sbatch script), commands.txt, job.json."""
     argv = launch.submit_argv()
-    paths = create_run_dir(launch.run_dir, launch.spec, backend=NAME, command=argv, env=dict(launch.request.env))
+    paths = create_run_dir(launch.run_dir, launch.spec, backend=NAME, command=argv, env=dict(launch.request.env),
+                           trains=launch.request.trainer_module == TRAINER_MODULE)
     write_atomic(paths.launch_script, launch.script, executable=True, fsync=True)
     write_atomic(paths.commands, commands_text(launch), fsync=True)
     job = read_job(paths)

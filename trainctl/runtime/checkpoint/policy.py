@@ -34,13 +34,14 @@ from trainctl.checkpoint import (
     layout_changes,
     layout_of,
     model_of,
+    owner,
     resolve_checkpoint_dir,
     same_layout,
 )
 from trainctl.data import identity as data_identity
-from trainctl.errors import EXIT_OK, EXIT_STOPPED
+from trainctl.errors import EXIT_OK, EXIT_STOPPED, RunError
 from trainctl.plan.checkpoint_size import checkpoint_bytes
-from trainctl.rundir.paths import RunPaths, read_jsonl, record_event
+from trainctl.rundir.paths import DirIdentity, RunPaths, read_jsonl, record_event
 from trainctl.runtime.checkpoint import state
 from trainctl.runtime.checkpoint.storage import CheckpointManager, set_rng_state
 from trainctl.runtime.observe import metrics
@@ -79,13 +80,18 @@ def data_trained_on(spec: RunSpec, paths: RunPaths) -> list[dict[str, Any]]:
     """The identity of the spec's token files now (trainctl.data.identity), refusing a file changed since the run
     recorded it in job.json: restarts that no `trainctl resume` checked (a Slurm requeue, a torchrun restart)
     stop here, before any step."""
+    recorded = data_identity.recorded(_job(paths).get("data"))
+    now, _ = data_identity.compare(spec, recorded, since="the run recorded it (job.json)", run=str(paths.root))
+    return [i.to_json() for i in now]
+
+
+def _job(paths: RunPaths) -> dict[str, Any]:
+    """The run's job.json, or {} for ranks started without a launcher (tests): nothing recorded to compare with."""
     try:
         job = json.loads(paths.job.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        job = {}  # ranks started without a launcher (tests): nothing recorded to compare with
-    recorded = data_identity.recorded(job.get("data") if isinstance(job, dict) else None)
-    now, _ = data_identity.compare(spec, recorded, since="the run recorded it (job.json)", run=str(paths.root))
-    return [i.to_json() for i in now]
+        return {}
+    return job if isinstance(job, dict) else {}
 
 
 def check_compatible(info: CheckpointInfo, spec: RunSpec) -> None:
@@ -138,6 +144,12 @@ def reshard_memory_problem(parts: state.TrainState, info: CheckpointInfo, from_t
             f"only {avail / 1e9:.2f} GB of host memory is available")
 
 
+def run_dir_deleted(paths: RunPaths, step: int) -> RunError:
+    """A rank's one line when its run directory was deleted under the job: it stops, writing nothing there."""
+    return RunError(f"the run directory {paths.root} was deleted under the running job (after step {step}); this "
+                    "rank stops without writing there")
+
+
 def requeue_code() -> int:
     """Exit status after a stop signal and its committed checkpoint.
 
@@ -157,6 +169,12 @@ class Checkpointing:
         self.log = parts.par.rank == 0
         ck = spec.checkpoint
         self.dir = resolve_checkpoint_dir(paths.root, spec)
+        # the run directory as this rank found it: one deleted under the job stops it (after_step)
+        self.run_dir = DirIdentity.of(paths.root)
+        # every rank, before anything is written or pruned there: a Slurm requeue or torchrun restart of a run
+        # whose checkpoint directory another run owns stops here (no `trainctl` command saw it)
+        if (foreign := owner.problem(self.dir, paths.root, _job(paths))) is not None:
+            raise CheckpointError(foreign)
         # Raises CheckpointError on every rank when the directory is not writable (read-only, full, a file).
         self.mgr = CheckpointManager(self.dir, rank=parts.par.rank, world_size=parts.par.world_size,
                                      keep_last=ck.keep_last, milestone_every=ck.milestone_every,
@@ -246,8 +264,12 @@ class Checkpointing:
 
         `may_save` (collective, asked only when a scheduled save is due): False defers the save, so that no
         checkpoint holds a diverging or non-finite state (runtime/train/divergence.py)."""
-        sig, time_due_all, save_failed = signals.agree(
-            [self.stop.signum, int(self.schedule.time_due()), int(self.mgr.failed())], self.parts.par.device)
+        lost = self.run_dir.lost(self.paths.root)
+        sig, time_due_all, save_failed, run_dir_lost = signals.agree(
+            [self.stop.signum, int(self.schedule.time_due()), int(self.mgr.failed()), int(lost is not None)],
+            self.parts.par.device)
+        if run_dir_lost:  # every rank stops after the same step, writing nothing more there (nor making it again)
+            raise run_dir_deleted(self.paths, step)
         if save_failed:  # an async save failed (a full disk...): stop now, not at the next save
             self.mgr.wait()  # raises its error, the same on every rank (the writers agree on a failure)
             raise CheckpointError(f"a checkpoint save failed on another rank; stopping after step {step}")

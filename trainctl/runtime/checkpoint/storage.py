@@ -35,6 +35,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.tensor import DTensor
 
 from trainctl.checkpoint import (
@@ -76,6 +77,15 @@ warnings.filterwarnings("ignore", message=".*deprecating ShardedTensor.*", categ
 
 # We pass no_dist=True deliberately in one-process runs; DCP warns on every call anyway.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+
+
+class _InExistingDir(FileSystem):
+    """DCP's file system, but a staging directory is made only inside the existing checkpoint directory: DCP's own
+    mkdir makes the missing parents too, which brought a run directory deleted under the job back to life with
+    half a checkpoint in it."""
+
+    def mkdir(self, path: str | os.PathLike[str]) -> None:
+        Path(path).mkdir(exist_ok=True)
 
 
 class CheckpointManager:
@@ -261,8 +271,9 @@ class CheckpointManager:
         files: dict[str, dict[str, Any]] = {}
         error, cause = None, None
         try:
-            dcp.save(app_state, storage_writer=FileSystemWriter(str(tmp), sync_files=True),
-                     process_group=self.pg, no_dist=not self.distributed)
+            writer = FileSystemWriter(str(tmp), sync_files=True)
+            writer.fs = _InExistingDir()
+            dcp.save(app_state, storage_writer=writer, process_group=self.pg, no_dist=not self.distributed)
             if rank_state is not None:
                 with open(tmp / rank_state_filename(self.rank), "wb") as f:
                     torch.save(rank_state, f)
@@ -421,7 +432,7 @@ class CheckpointManager:
     def _check_writable(self) -> None:
         error = None
         try:
-            self.dir.mkdir(parents=True, exist_ok=True)
+            self.dir.mkdir(exist_ok=True)  # never its parents: the launcher made them; a deleted run stays deleted
             probe = self.dir / f".probe-{self.rank}-{secrets.token_hex(4)}"
             write_durable(probe, b"x" * 4096)
             probe.unlink()

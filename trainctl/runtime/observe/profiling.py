@@ -105,7 +105,7 @@ class StepProfiler:
 
 def _replace_into(path: Path, write: Callable[[str], object]) -> None:
     """Let `write(name)` make the file under a temporary name, then give it its final one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(exist_ok=True)  # RUN/profile; not its parents: a deleted run directory stays deleted
     tmp = path.with_name(f".{path.name}.tmp")
     write(str(tmp))
     os.replace(tmp, path)

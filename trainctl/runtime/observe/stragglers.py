@@ -49,7 +49,7 @@ class StepTimeLog:
         self.pending = 0
         self.steps = 0
         with contextlib.suppress(OSError):
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.parent.mkdir(exist_ok=True)  # not its parents: a deleted run directory stays deleted
         self.overhead_s = 0.0  # time spent in record()/flush(): what this costs the step
 
     def record(self, step: int, step_s: float, sync_s: float, comm_s: float = 0.0, pp_s: float = 0.0) -> None:

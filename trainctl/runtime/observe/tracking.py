@@ -108,7 +108,7 @@ class WandbSink:
 
         w = spec.tracking.wandb
         assert w is not None
-        paths.wandb.mkdir(parents=True, exist_ok=True)
+        paths.wandb.mkdir(exist_ok=True)
         # W&B takes steps in increasing order only: the steps earlier attempts logged are not sent again
         self.last = max((r["step"] for r in read_jsonl(paths.metrics) if isinstance(r.get("step"), int)), default=0)
         self.run = wandb.init(project=w.project, entity=w.entity, mode=w.mode, dir=str(paths.root),

@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trainctl.fileio import replace_file
 from trainctl.hardware.hostname import this_host
 from trainctl.rundir.paths import RunPaths, record_event
 from trainctl.runtime.train import faults
@@ -183,12 +184,10 @@ class Watchdog:
         self.last_file = time.monotonic()
         path = heartbeat_path(self.paths, self.rank)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text(json.dumps({"rank": self.rank, "step": self.step, "progress": self.progress,
-                                       "time": time.time(), "state": state, "pid": os.getpid(),
-                                       "host": self.host}))
-            os.replace(tmp, path)  # readers never see a torn file
+            path.parent.mkdir(exist_ok=True)  # not its parents: a deleted run directory stays deleted
+            replace_file(path, json.dumps({"rank": self.rank, "step": self.step, "progress": self.progress,
+                                           "time": time.time(), "state": state, "pid": os.getpid(),
+                                           "host": self.host}).encode())  # readers never see a torn file
         except OSError:
             pass
 

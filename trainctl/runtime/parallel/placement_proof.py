@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from trainctl.fileio import replace_file
 from trainctl.hardware.hostname import this_host
 from trainctl.plan.pipeline import stages_of_pp_rank
 from trainctl.plan.placement import Groups, Layout, coords, cp_coord, tp_groups_across_nodes
@@ -104,9 +105,7 @@ def prove_placement(spec: RunSpec, paths: RunPaths, rank: int, local_rank: int,
         reports = [mine]
     mapping = build_map(reports, Layout.from_spec(spec), spec.parallel.virtual_stages)
     if rank == 0:
-        tmp = paths.placement.with_name(f".{paths.placement.name}.tmp")
-        tmp.write_text(json.dumps(mapping, indent=1) + "\n", encoding="utf-8")
-        os.replace(tmp, paths.placement)
+        replace_file(paths.placement, (json.dumps(mapping, indent=1) + "\n").encode())
         # Per attempt (placement.json keeps only the latest): rendezvous may order the nodes differently in
         # every attempt, and `trainctl logs --rank N` finds a rank's files of each attempt from this.
         record_event(paths, "placement", nodes=mapping["nodes"],

@@ -20,7 +20,7 @@ from trainctl.plan.memory import compute_precision
 from trainctl.plan.pipeline import spec_stages_of_pp_rank, stage_layer_ranges
 from trainctl.rundir.paths import RunPaths, append_jsonl, read_jsonl, record_event
 from trainctl.rundir.runstate import restart_cause
-from trainctl.runtime.checkpoint.policy import Checkpointing
+from trainctl.runtime.checkpoint.policy import Checkpointing, run_dir_deleted
 from trainctl.runtime.checkpoint.state import TrainState
 from trainctl.runtime.model.moe import A2A, is_expert_param
 from trainctl.runtime.model.parallel_context import ParallelContext
@@ -382,7 +382,10 @@ class Trainer:
             # the record (the tracking sinks mirror it), durable every METRICS_FSYNC_S and at the run's last step
             now = time.monotonic()
             durable = now - self._metrics_synced >= METRICS_FSYNC_S or step + 1 == spec.train.steps
-            append_jsonl(self.paths.metrics, rec, fsync=durable)
+            try:
+                append_jsonl(self.paths.metrics, rec, fsync=durable)
+            except FileNotFoundError as e:  # its directory is gone: one line, not a traceback
+                raise run_dir_deleted(self.paths, step + 1) from e
             self._metrics_synced = now if durable else self._metrics_synced
             self.tracking.write(rec)
             print(metrics.step_line(rec, compact=self.compact_step_line,
@@ -474,7 +477,7 @@ class Trainer:
                 for n, (t, sh) in peer.items():
                     params[n], shards[n] = t, sh
         if self.par.dp_rank == 0:
-            out.mkdir(parents=True, exist_ok=True)
+            out.mkdir(exist_ok=True)
             torch.save({"params": params, "shards": shards}, out / f"pp{self.par.pp_rank}-tp{self.par.tp_rank}.pt")
 
 
