@@ -69,8 +69,12 @@ def test_a_grace_over_a_quarter_of_the_time_limit_warns_with_the_numbers() -> No
 
 def test_launch_without_any_option_takes_the_spec_grace(tmp_path) -> None:
     spec = tmp_path / "spec.yaml"
-    spec.write_text((REPO / "recipes" / "tiny-cpu.yaml").read_text() + "\nlauncher: {backend: slurm, grace_s: 45}\n"
-                    "cluster: {nodes: 2, gpus_per_node: 4, gpu: cpu, time: '01:00:00'}\n")
+    recipe = (REPO / "recipes" / "tiny-cpu.yaml").read_text()
+    assert "launcher: {backend: local, mode: torchrun}" in recipe  # replaced, not given twice (refused as such)
+    assert "cluster: {nodes: 1, gpus_per_node: 8, gpu: cpu}" in recipe
+    spec.write_text(recipe.replace("launcher: {backend: local, mode: torchrun}", "launcher: {backend: slurm, grace_s: 45}")
+                    .replace("cluster: {nodes: 1, gpus_per_node: 8, gpu: cpu}",
+                             "cluster: {nodes: 2, gpus_per_node: 4, gpu: cpu, time: '01:00:00'}"))
     r = in_bare_shell("launch", str(spec), "--dry-run")  # no --set, no --grace
     assert r.returncode == 0, r.stderr
     assert "#SBATCH --signal=B:USR1@45" in r.stdout
