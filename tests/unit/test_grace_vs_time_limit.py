@@ -72,7 +72,8 @@ def test_launch_without_any_option_takes_the_spec_grace(tmp_path) -> None:
     recipe = (REPO / "recipes" / "tiny-cpu.yaml").read_text()
     assert "launcher: {backend: local, mode: torchrun}" in recipe  # replaced, not given twice (refused as such)
     assert "cluster: {nodes: 1, gpus_per_node: 8, gpu: cpu}" in recipe
-    spec.write_text(recipe.replace("launcher: {backend: local, mode: torchrun}", "launcher: {backend: slurm, grace_s: 45}")
+    spec.write_text(recipe.replace("launcher: {backend: local, mode: torchrun}",
+                                   "launcher: {backend: slurm, grace_s: 45}")
                     .replace("cluster: {nodes: 1, gpus_per_node: 8, gpu: cpu}",
                              "cluster: {nodes: 2, gpus_per_node: 4, gpu: cpu, time: '01:00:00'}"))
     r = in_bare_shell("launch", str(spec), "--dry-run")  # no --set, no --grace

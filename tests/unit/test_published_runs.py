@@ -2,7 +2,7 @@
 as its spec says, with the uncalibrated model's cited constants, and its predicted TFLOP/s per GPU held against the
 published figure.
 
-Issue 51's target is a mean absolute error of at most 5% and at most 10% on any one run. The cited-constant model
+The target is a mean absolute error of at most 5% and at most 10% on any one run. The cited-constant model
 does not reach it on the Megatron-Core H100 rows (docs/validation.md says why); this test holds the errors the model
 reaches, so a change that makes the plan worse against the record fails here, and one that makes it better can
 tighten HELD_MEAN / HELD_WORST.
@@ -14,7 +14,7 @@ import pytest
 
 from trainctl.plan import validation
 
-# over issue 51's eleven runs; over all the published rows
+# over the eleven headline runs; over all the published rows
 HELD_MEAN, HELD_WORST = 0.21, 0.71  # reached: 20.9%, 70.5% (the Megatron-Core 1.7B row); target 5%, 10%
 HELD_MEAN_ALL, HELD_WORST_ALL = 0.21, 0.71  # reached: 20.2%, 70.5%
 # the Megatron-LM 2021 A100 rows, where the model's cited figures hold: within 10% each
@@ -27,7 +27,7 @@ def rows() -> list[validation.Row]:
 
 
 def test_every_published_run_is_planned_and_the_error_is_held(rows: list[validation.Row]) -> None:
-    issue = [r for r in rows if r.issue51]
+    issue = [r for r in rows if r.headline]
     assert len(issue) == 11 and len(rows) > 11
     for r in rows:
         assert r.step_s > 0 and r.predicted > 0

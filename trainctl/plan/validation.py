@@ -23,7 +23,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 PUBLISHED = ROOT / "recipes" / "published"
 DOC = ROOT / "docs" / "validation.md"
-# The issue's target (issue 51): mean absolute error at most 5%, at most 10% on any one run.
+# The target: mean absolute error at most 5%, at most 10% on any one run.
 TARGET_MEAN, TARGET_WORST = 0.05, 0.10
 # The planner's model before the operator model, for comparison: a flat share of peak and of link bandwidth.
 FLAT = ("estimate.compute_efficiency=0.6", "estimate.comm_efficiency=0.7")
@@ -41,7 +41,7 @@ class Row:
     predicted: float
     step_s: float  # the plan's predicted step
     flat: float  # predicted by the flat model the planner had before (FLAT: 60% of peak, 70% of link bandwidth)
-    issue51: bool = True  # one of issue 51's eleven runs (its target is stated over them)
+    headline: bool = True  # one of the eleven headline runs (its target is stated over them)
 
     @property
     def error(self) -> float:
@@ -72,7 +72,7 @@ def plan_row(entry: dict, folder: Path = PUBLISHED) -> Row:
     assert est.step_time, f"{entry['spec']}: the plan has no step time"
     return Row(spec=entry["spec"], run=entry["run"], source=entry["source"], gpus=world, layout=layout,
                counts=entry["counts"], published=float(entry["tflops"]), predicted=flops / est.step_time / world / 1e12,
-               step_s=est.step_time, flat=flops / flat.step_time / world / 1e12, issue51=bool(entry["issue51"]))
+               step_s=est.step_time, flat=flops / flat.step_time / world / 1e12, headline=bool(entry["headline"]))
 
 
 def table(rows: list[Row]) -> str:
@@ -80,13 +80,13 @@ def table(rows: list[Row]) -> str:
              "| its error |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        mark = "" if r.issue51 else " *"
+        mark = "" if r.headline else " *"
         lines.append(f"| {r.run}{mark} (`recipes/published/{r.spec}`) | {r.gpus:,} | {r.layout} | {r.counts} | "
                      f"{r.published:g} | {r.predicted:.1f} | {r.error:+.1%} | {r.flat:.1f} | {r.flat_error:+.1%} |")
     lines.append("")
-    lines.append("\\* not in issue 51's table: the same published tables' other rows.")
+    lines.append("\\* not in the headline table: the same published tables' other rows.")
     lines.append("")
-    for name, subset in (("issue 51's eleven runs", [r for r in rows if r.issue51]), (f"all {len(rows)} runs", rows)):
+    for name, subset in (("the eleven headline runs", [r for r in rows if r.headline]), (f"all {len(rows)} runs", rows)):
         mean, worst = summary(subset)
         flat_mean, flat_worst = summary(subset, flat=True)
         lines.append(f"- {name}: mean absolute error {mean:.1%}, worst {worst:.1%} (target: {TARGET_MEAN:.0%} mean, "
