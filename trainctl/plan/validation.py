@@ -86,7 +86,8 @@ def table(rows: list[Row]) -> str:
     lines.append("")
     lines.append("\\* not in the headline table: the same published tables' other rows.")
     lines.append("")
-    for name, subset in (("the eleven headline runs", [r for r in rows if r.headline]), (f"all {len(rows)} runs", rows)):
+    headline = [r for r in rows if r.headline]
+    for name, subset in (("the eleven headline runs", headline), (f"all {len(rows)} runs", rows)):
         mean, worst = summary(subset)
         flat_mean, flat_worst = summary(subset, flat=True)
         lines.append(f"- {name}: mean absolute error {mean:.1%}, worst {worst:.1%} (target: {TARGET_MEAN:.0%} mean, "
