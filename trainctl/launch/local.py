@@ -513,7 +513,14 @@ class LocalBackend(Backend[LocalLaunch, LocalLaunch]):
                 verbatim(f"{env_words(launch.env)} {shlex.join(launch.command)}")]
 
     def start(self, launch: LocalLaunch, say: Say, *, verbose: bool = False) -> int:
-        paths = create(launch)
+        self.create(launch)
+        return self.start_created(launch, say, verbose=verbose)
+
+    def create(self, launch: LocalLaunch) -> RunPaths:
+        return create(launch)
+
+    def start_created(self, launch: LocalLaunch, say: Say, *, verbose: bool = False) -> int:
+        paths = RunPaths(launch.run_dir.resolve())  # as create_run_dir made it
         say(note(("run dir", "bold"), f" {paths.root}"))
         say(note((f"{launch.nproc} ranks, {env_words(launch.env)}; per-rank logs in {paths.logs}", "dim")))
         return self._attempt(launch, paths, "launch", say, verbose)
