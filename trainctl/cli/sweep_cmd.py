@@ -123,10 +123,13 @@ def cancel_sweep(root: Path, force: bool) -> None:
     """`trainctl cancel SWEEP`: no further run of it starts; every active run is cancelled as `cancel RUN` does."""
     from trainctl.cli.run_cmds import cancel
     from trainctl.launch import sweep as sw
+    from trainctl.rundir.runstate import PENDING
 
     record, rows = sweep_rows(root)
     sw.request_cancel(root)
-    active = [(run, st) for run, st in rows if not isinstance(st, Exception) and st.active]
+    # the queued first: on Slurm a job array would start its next element as soon as a running one ends
+    active = sorted(((run, st) for run, st in rows if not isinstance(st, Exception) and st.active),
+                    key=lambda rs: rs[1].state != PENDING)
     if not active:
         print(f"sweep {root}: no run is active; none of its runs will start until `trainctl resume {root}`")
     for run, _ in active:

@@ -104,7 +104,17 @@ def submit_array(root: Path, launches: Sequence[SlurmLaunch], *, job_name: str,
     return array_id
 
 
-def _record_job(paths: RunPaths, job_id: str, *, array_id: str, event: str) -> None:
+def scancel_target(job: dict[str, Any]) -> str:
+    """What scancel must name to reach the run's current job: an array element by its task (ARRAY_TASK):
+    Slurm 22.05's scancel refuses an element's own job id ("Invalid job id specified") and still exits 0."""
+    job_id = str(job["job_id"])
+    for entry in (job.get("slurm") or {}).get("jobs", []):
+        if str(entry.get("job_id")) == job_id and entry.get("array_task"):
+            return str(entry["array_task"])
+    return job_id
+
+
+def _record_job(paths: RunPaths, job_id: str, *, array_id: str, event: str, task: str | None = None) -> None:
     """The run's current Slurm job (job.json `job_id`, `slurm.jobs`) and an event saying so."""
     job = read_job(paths)
     if job.get("job_id") == job_id:
@@ -112,7 +122,8 @@ def _record_job(paths: RunPaths, job_id: str, *, array_id: str, event: str) -> N
     sl = job.setdefault("slurm", {})
     job["job_id"] = job_id
     sl["job_id"] = job_id
-    sl.setdefault("jobs", []).append({"job_id": job_id, "submitted": now_iso(), "array": array_id})
+    sl.setdefault("jobs", []).append({"job_id": job_id, "submitted": now_iso(), "array": array_id,
+                                      **({"array_task": task} if task else {})})
     write_job(paths, job)
     record_event(paths, event, backend=NAME, job_id=job_id, array=array_id, mode=sl.get("mode"))
 
@@ -135,7 +146,7 @@ def record_element(run_dir: Path) -> None:
     jobs = [j for j in (job.get("slurm") or {}).get("jobs", []) if j.get("job_id") != task]
     job.setdefault("slurm", {})["jobs"] = jobs
     write_job(paths, job)
-    _record_job(paths, os.environ["SLURM_JOB_ID"], array_id=array_id, event="array_element")
+    _record_job(paths, os.environ["SLURM_JOB_ID"], array_id=array_id, event="array_element", task=task)
 
 
 if __name__ == "__main__":

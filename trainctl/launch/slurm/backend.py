@@ -132,7 +132,7 @@ class SlurmBackend(Backend[SlurmLaunch, RunPaths]):
         return LogFiles(files)
 
     def cancel(self, paths: RunPaths, job: dict[str, Any], *, force: bool = False) -> str:
-        job_id = str(job["job_id"])
+        job_id = array.scancel_target(job)  # a sweep's job array element by its task
         if force:  # slurmctld turns a SIGKILL for a running job into its own cancel: there is no quicker kill
             submit.cancel(job_id, signal="KILL")
             return (f"cancelled Slurm job {job_id} with scancel --signal=KILL: Slurm sends SIGTERM now and SIGKILL "
