@@ -70,3 +70,14 @@ def test_slurm_grid_that_reshapes_the_job_is_refused(tmp_path: Path) -> None:
                  "--grid", "cluster.cpus_per_task=1,2", "--dry-run")
     assert r.returncode == 2, r.stdout + r.stderr
     assert len(errors(r.stderr)) == 1 and "changes the Slurm request" in r.stderr, r.stderr
+
+
+def test_slurm_dry_run_shows_the_job_array(tmp_path: Path) -> None:
+    sweep = tmp_path / "s"
+    r = trainctl("sweep", *ONE_RANK, "--set", "launcher.backend=slurm", "--sweep-dir", str(sweep),
+                 "--grid", "train.lr=1e-3,3e-3", "--grid", "train.seed=1,2", "--max-parallel", "2", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    (submit,) = [ln for ln in r.stdout.splitlines() if ln.startswith("sbatch ")]
+    assert "--array=0-3%2" in submit and submit.endswith(f"{sweep}/array.sh")
+    assert f"--output={sweep}/run-%a/logs/slurm-%j.out" in submit  # each element's log in its run's logs/
+    assert not sweep.exists()

@@ -3,6 +3,7 @@ commands hands a sweep directory to this module). No torch."""
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,13 @@ def sweep(
     say = sayer(console)
     sw.say_plan(prepared, say)
     if dry_run:
+        if prepared.record.backend == "slurm":  # what would be submitted: one job array
+            from trainctl.launch.slurm import array
+
+            options = array.array_options(prepared.root, prepared.launches, job_name=prepared.points[0].spec.name,
+                                          concurrency=max_parallel)
+            console.print("[bold]submit with[/bold]")
+            print(shlex.join(["sbatch", "--parsable", *options, str(prepared.root / "array.sh")]))
         return
     sw.create(prepared)
     if prepared.record.backend == "local":
