@@ -75,6 +75,18 @@ class Run:
                 raise TimeoutError(f"{self.path} is still running after {timeout} s")
             time.sleep(poll_s)
 
+    def metrics(self) -> list[dict[str, Any]]:
+        """The measured steps, one record each (RUN/metrics.jsonl)."""
+        from trainctl.rundir.paths import RunPaths, read_jsonl
+
+        return read_jsonl(RunPaths(self.path).metrics)
+
+    def report(self) -> dict[str, Any]:
+        """What `trainctl mfu-report RUN --json` prints."""
+        from trainctl.report import build_report
+
+        return build_report([self.path])
+
     @property
     def output(self) -> str:
         """What the `trainctl` process printed (once it has exited)."""

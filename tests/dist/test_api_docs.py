@@ -31,6 +31,7 @@ def test_the_documented_example_runs(tmp_path: Path) -> None:
     run = tmp_path / "runs" / "api-example"
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert f"COMPLETED 4 loss {metrics[-1]['loss']:.4f}" in r.stdout  # the status is the run's own last step
+    assert "4 steps measured; MFU median 0." in r.stdout
 
 
 def test_plan_is_plan_json() -> None:
