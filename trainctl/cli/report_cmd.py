@@ -14,7 +14,8 @@ from trainctl.cli.options import JsonOpt
 
 @app.command("mfu-report")
 def mfu_report(
-    runs: list[Path] = typer.Argument(..., metavar="RUN", help="Run directories (several: side by side).",
+    runs: list[Path] = typer.Argument(..., metavar="RUN", help="Run directories (several: side by side), or "
+                                      "a sweep directory (its runs compared).",
                                       show_default=False),
     as_json: bool = JsonOpt,
     plot_file: Path | None = typer.Option(None, "--plot", metavar="FILE.png",
@@ -25,12 +26,17 @@ def mfu_report(
 ) -> None:
     """MFU, HFU and throughput vs the plan; where the time went; goodput across restarts; stragglers."""
     from trainctl.report import build_report
+    from trainctl.report import sweep as sweeps
 
     if plot_file is not None:
         from trainctl.report.plot import check_target
 
         check_target(plot_file)  # before the report's work: a wrong suffix is a usage error, not a traceback
+    runs, swept = sweeps.expand(runs)  # a sweep directory stands for its runs
     report = build_report(runs, calibration)
+    if swept:
+        sweeps.compare(swept, report["runs"])
+        report["sweeps"] = swept
     if plot_file is not None:
         from trainctl.report.plot import plot
 

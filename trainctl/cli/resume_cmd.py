@@ -38,7 +38,12 @@ def resume(
     """Resume a run from its latest valid checkpoint with the backend it used, appending to its run directory."""
     from trainctl.launch import resume as rs
     from trainctl.launch.backend import backend_for
+    from trainctl.rundir.sweep_record import is_sweep_dir
 
+    if is_sweep_dir(run):  # every run of the sweep that needs it (cli/sweep_cmd.py)
+        from trainctl.cli.sweep_cmd import resume_sweep
+
+        return resume_sweep(run, dry_run, verbose)
     console = make_console(stderr=as_json)
     if repair:
         _repair(console, run, dry_run)

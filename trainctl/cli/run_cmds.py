@@ -50,7 +50,12 @@ def status(run: Path = RunArg, json_: bool = JsonOpt) -> None:
     measured (ETA, days, GPU-hours, the gap to the plan)."""
     from trainctl.launch.status import run_status
     from trainctl.rundir.runstate import RUNNING, STARTING
+    from trainctl.rundir.sweep_record import is_sweep_dir
 
+    if is_sweep_dir(run):  # a sweep: a table of its runs (cli/sweep_cmd.py)
+        from trainctl.cli.sweep_cmd import show_status
+
+        return show_status(run, json_)
     st = run_status(run)
     proj = _projection(run, training=st.state in (STARTING, RUNNING))  # not while Slurm queues it
     if json_:
@@ -135,7 +140,12 @@ def cancel(run: Path = RunArg,
     from trainctl.launch.status import open_run, read_job_json, run_status
     from trainctl.rundir.paths import record_event
     from trainctl.rundir.runstate import STOPPING, stopping_progress
+    from trainctl.rundir.sweep_record import is_sweep_dir
 
+    if is_sweep_dir(run):  # every active run of the sweep, and none of its runs starts after (cli/sweep_cmd.py)
+        from trainctl.cli.sweep_cmd import cancel_sweep
+
+        return cancel_sweep(run, force)
     paths = open_run(run)
     job = read_job_json(paths)
     st = run_status(run)

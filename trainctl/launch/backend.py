@@ -119,6 +119,15 @@ class Backend(ABC, Generic[L, R]):
         (runstate.EXIT_CODE of how it ended, or 0 once submitted). `verbose`: show every rank's and the
         launcher's raw output as it comes, where this backend shows output at all."""
 
+    # --- trainctl sweep: its runs are created first, then started (locally) or submitted as one array -----
+    @abstractmethod
+    def create(self, launch: L) -> RunPaths:
+        """Create the run directory of a prepared launch without starting it."""
+
+    def start_created(self, launch: L, say: Say, *, verbose: bool = False) -> int:
+        """Start a launch whose run directory `create` made; the exit code as `start` gives it."""
+        raise UsageError(f"the {self.name} backend starts a sweep's runs together, not one by one")
+
     # --- trainctl resume ---------------------------------------------------------------------------------
     @abstractmethod
     def require_not_active(self, paths: RunPaths) -> None:

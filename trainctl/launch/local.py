@@ -607,13 +607,28 @@ class LocalBackend(Backend[LocalLaunch, LocalLaunch]):
     def start(self, launch: LocalLaunch, say: Say, *, verbose: bool = False) -> int:
         # the stop handlers come first: a SIGTERM while the run directory is made stops the run before its first
         # step (exit 75), where the default action would kill the launcher with a half-made directory (143)
-        trainer = launch.module == TRAINER_MODULE
-        stopper = Stopper(RunPaths(launch.run_dir.resolve()), terminal_say(), trainer=trainer)
-        with handling_stops(stopper, to_the_end=trainer):
-            paths = create(launch)
-            say(note(("run dir", "bold"), f" {paths.root}"))
-            say(note((f"{launch.nproc} ranks, {env_words(launch.env)}; per-rank logs in {paths.logs}", "dim")))
-            return self._attempt(launch, paths, "launch", say, verbose, stopper)
+        stopper = self._stopper(launch)
+        with handling_stops(stopper, to_the_end=launch.module == TRAINER_MODULE):
+            self.create(launch)
+            return self._run_created(launch, say, verbose, stopper)
+
+    def create(self, launch: LocalLaunch) -> RunPaths:
+        return create(launch)
+
+    def start_created(self, launch: LocalLaunch, say: Say, *, verbose: bool = False) -> int:
+        stopper = self._stopper(launch)
+        with handling_stops(stopper, to_the_end=launch.module == TRAINER_MODULE):
+            return self._run_created(launch, say, verbose, stopper)
+
+    @staticmethod
+    def _stopper(launch: LocalLaunch) -> Stopper:
+        return Stopper(RunPaths(launch.run_dir.resolve()), terminal_say(), trainer=launch.module == TRAINER_MODULE)
+
+    def _run_created(self, launch: LocalLaunch, say: Say, verbose: bool, stopper: Stopper) -> int:
+        paths = RunPaths(launch.run_dir.resolve())  # as create_run_dir made it
+        say(note(("run dir", "bold"), f" {paths.root}"))
+        say(note((f"{launch.nproc} ranks, {env_words(launch.env)}; per-rank logs in {paths.logs}", "dim")))
+        return self._attempt(launch, paths, "launch", say, verbose, stopper)
 
     def _attempt(self, launch: LocalLaunch, paths: RunPaths, kind: str, say: Say, verbose: bool,
                  stopper: Stopper) -> int:

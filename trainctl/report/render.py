@@ -13,6 +13,7 @@ from trainctl.plan.cadence import lost_text
 from trainctl.report.divergence import cell as divergence_cell
 from trainctl.report.projection import lines as projection_lines
 from trainctl.report.scaling import WARN_BELOW
+from trainctl.report.sweep import table as sweep_table
 from trainctl.terminal import escape, prose
 from trainctl.units import count, dur, pct, si, size, tflops
 
@@ -168,6 +169,10 @@ def render(report: dict[str, Any], console: Console | None = None) -> None:
     for x in report.get("scaling", []):
         prose(con, escape(x["line"] + (f", below {WARN_BELOW:.0%}" if x["warning"] else "")),
               "[bold red]warning[/bold red]: " if x["warning"] else "scaling: ")
+    for sweep in report.get("sweeps", []):  # mfu-report SWEEP: its runs compared first (report/sweep.py)
+        con.print(sweep_table(sweep))
+        if sweep["not_measured"]:
+            con.print(f"[dim]not measured yet: {escape(', '.join(sweep['not_measured']))}[/dim]")
     con.print(_table("MFU report", runs, _summary_rows()))
     for r in runs:
         s = r["summary"]

@@ -22,7 +22,7 @@ from trainctl.launch.backend import (
     note,
     verbatim,
 )
-from trainctl.launch.slurm import NAME, cluster, submit
+from trainctl.launch.slurm import NAME, array, cluster, submit
 from trainctl.launch.slurm import job_state as jobs
 from trainctl.launch.slurm.render import SlurmLaunch, plan_slurm
 from trainctl.launch.slurm.stop_cause import NODE_FAILURE
@@ -72,6 +72,9 @@ class SlurmBackend(Backend[SlurmLaunch, RunPaths]):
         say(note(f"follow it:  trainctl status {run}   |   trainctl logs {run} -f"))
         return EXIT_OK
 
+    def create(self, launch: SlurmLaunch) -> RunPaths:
+        return submit.create(launch)
+
     def require_not_active(self, paths: RunPaths) -> None:
         submit.require_not_active(paths)
 
@@ -96,6 +99,9 @@ class SlurmBackend(Backend[SlurmLaunch, RunPaths]):
             return JobState(jobs.UNKNOWN, f"never submitted (see {paths.events.name})", attempts=0, active=False)
         info = jobs.job_state(str(job_id))
         state, reason = info["state"], info["reason"]
+        if state == jobs.UNKNOWN and array.never_started(str(job_id), events):  # Slurm keeps no record of it
+            return JobState(jobs.CANCELLED, "cancelled before it started", attempts=0, active=False,
+                            state_hint=jobs.CANCELLED)
         # Attempts of every job of the run (`trainctl resume` submits a new job into the same run dir).
         seen = {(str(e.get("job_id")), e.get("attempt")) for e in events if e.get("event") == "slurm_start"}
         earlier = sum(1 for j, _ in seen if j != str(job_id))
@@ -126,7 +132,7 @@ class SlurmBackend(Backend[SlurmLaunch, RunPaths]):
         return LogFiles(files)
 
     def cancel(self, paths: RunPaths, job: dict[str, Any], *, force: bool = False) -> str:
-        job_id = str(job["job_id"])
+        job_id = array.scancel_target(job)  # a sweep's job array element by its task
         if force:  # slurmctld turns a SIGKILL for a running job into its own cancel: there is no quicker kill
             submit.cancel(job_id, signal="KILL")
             return (f"cancelled Slurm job {job_id} with scancel --signal=KILL: Slurm sends SIGTERM now and SIGKILL "
