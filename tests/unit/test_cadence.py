@@ -19,6 +19,7 @@ from trainctl.report import analyze, load_run
 from trainctl.spec import load_spec
 
 LLAMA_8B = REPO / "recipes" / "llama3-8b.yaml"
+LLAMA3_GPU_HOURS = 54 * 24 * 16384 / 419  # Llama 3 sec. 3.3.4: GPU-hours per interruption
 
 
 def test_young_and_daly_against_hand_arithmetic():
@@ -48,12 +49,19 @@ def test_the_interval_loss_is_one_less_the_ettr_of_the_same_run() -> None:
     assert cadence.expected_loss(1e6, c, m, r) == 1.0  # exp past a float's range: all of it lost
 
 
-def test_job_mtbf_from_the_node_count_and_llama3_fleet():
-    per_node = 54 * 24 / 419 * 2048  # hours, from the paper's snapshot
-    assert pytest.approx(per_node, rel=0.01) == cadence.NODE_MTBF_HOURS
-    mtbf, source = cadence.job_mtbf(8, None)
-    assert mtbf == pytest.approx(cadence.NODE_MTBF_HOURS / 8 * 3600) and "/ 8 nodes" in source
-    assert cadence.job_mtbf(8, 12.0)[0] == 12 * 3600.0
+def test_job_mtbf_scales_a_published_fleets_rate_per_gpu():
+    """Llama 3's snapshot: 54 days x 16,384 H100 / 419 interruptions = 50,677 GPU-hours each, so a job of that
+    size fails every 3.09 h (the paper's ~3 hours) and one of 64 GPUs every 33 days; OPT-175B's 35 restarts in
+    60 days on 992 A100 give 40,814 GPU-hours, the default for an A100. checkpoint.mtbf_hours overrides both."""
+    llama = 54 * 24 * 16384 / 419
+    mtbf, source = cadence.job_mtbf(gpus=16384, gpu="h100-sxm", mtbf_hours=None, fleet=None)
+    assert mtbf / 3600 == pytest.approx(3.093, abs=1e-3) and "llama3-h100" in source and "Dubey" in source
+    assert cadence.job_mtbf(gpus=64, gpu="h200", mtbf_hours=None, fleet=None)[0] == pytest.approx(llama / 64 * 3600)
+    mtbf, source = cadence.job_mtbf(gpus=992, gpu="a100-80gb", mtbf_hours=None, fleet=None)
+    assert mtbf == pytest.approx(60 * 24 * 3600 / 35) and "opt175b-a100" in source and "Zhang" in source
+    chosen = cadence.job_mtbf(gpus=992, gpu="a100-80gb", mtbf_hours=None, fleet="llama3-h100")[0]
+    assert chosen == pytest.approx(llama / 992 * 3600)
+    assert cadence.job_mtbf(gpus=8, gpu="h100-sxm", mtbf_hours=12.0, fleet="opt175b-a100")[0] == 12 * 3600.0
 
 
 def test_plan_prices_a_save_and_compares_the_interval():
@@ -67,7 +75,7 @@ def test_plan_prices_a_save_and_compares_the_interval():
     assert ck["save_s"] == pytest.approx(stage + write)
     cad = ck["cadence"]
     assert cad["configured_s"] == pytest.approx(1000 * step)
-    assert cad["optimal_s"] == pytest.approx(cadence.daly_interval(stage, cadence.NODE_MTBF_HOURS / 4 * 3600))
+    assert cad["optimal_s"] == pytest.approx(cadence.daly_interval(stage, LLAMA3_GPU_HOURS / 32 * 3600))
     assert cad["optimal_steps"] == round(cad["optimal_s"] / step)
     assert not [w for w in j["warnings"] if w["code"].startswith("CHECKPOINT")]
 
@@ -106,7 +114,7 @@ def test_mfu_report_measures_the_cadence(tmp_path):
 
     run = interrupted_run(tmp_path)
     c = analyze(load_run(run))["checkpoint_cadence"]
-    mtbf = cadence.NODE_MTBF_HOURS * 3600
+    mtbf = LLAMA3_GPU_HOURS / 8 * 3600  # the fixture's spec: 1 node of 8 H100 by default
     assert (c["cost_s"], c["save_s"], c["saves"]) == pytest.approx((0.2, 0.1, 1))
     assert c["optimal_s"] == pytest.approx(cadence.daly_interval(0.2, mtbf)) and c["configured_s"] is None
     (run / "spec.yaml").write_text("name: x\ntrain: {log_every: 1, steps: 10}\ncheckpoint: {every_steps: 1}\n")

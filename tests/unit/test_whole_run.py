@@ -74,7 +74,7 @@ def test_full_model_interval_is_daly_whatever_the_restart_costs() -> None:
 def test_default_failure_model_reproduces_llama3_interruptions() -> None:
     """Dubey et al., "The Llama 3 Herd of Models" (2024), sec. 3.3.4: 419 unexpected interruptions in a 54-day
     snapshot of pre-training on 16,384 H100s (2,048 nodes of 8)."""
-    mtbf_s, _ = job_mtbf(2048, None)
+    mtbf_s, _ = job_mtbf(gpus=16384, gpu="h100-sxm", mtbf_hours=None, fleet=None)
     snapshot_s = 54 * 24 * HOUR
     run = WholeRun(compute_s=snapshot_s * 0.9, interval_s=0.5 * HOUR, save_block_s=30.0, last_write_s=0.0,
                    restart_s=0.1 * HOUR, mtbf_s=mtbf_s)

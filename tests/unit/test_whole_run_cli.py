@@ -157,3 +157,31 @@ def test_the_docs_token_budget_example_is_valid_for_its_recipe() -> None:
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["checkpoint"]["whole_run"]["steps"] == int(steps.replace(",", ""))
     assert trainctl("validate", str(REPO / "recipes" / "llama3-70b.yaml"), "--set", "train.tokens=15T").returncode == 2
+
+
+def test_planned_maintenance_stretches_the_calendar_and_is_printed_as_an_assumption() -> None:
+    """8 hours a week down: the run's calendar time and the GPU-hours held grow by 168 / 160, failures unchanged;
+    without the field the plan says it assumes none."""
+    base = whole(LLAMA_8B)
+    held = whole(LLAMA_8B, "--set", "cluster.maintenance_hours_per_week=8")
+    assert held["wall_days"]["mean"] == pytest.approx(base["wall_days"]["mean"] * 168 / 160, rel=1e-9)
+    assert held["gpu_hours"] == pytest.approx(base["gpu_hours"] * 168 / 160, rel=1e-9)
+    assert held["expected_interruptions"] == pytest.approx(base["expected_interruptions"])
+    assert held["maintenance"]["total_s"] == pytest.approx(held["wall_days"]["mean"] * DAY * 8 / 168)
+    assert "none assumed" in plan_rows(LLAMA_8B)["maintenance"]
+    assert "8 h a week" in plan_rows(LLAMA_8B, "--set", "cluster.maintenance_hours_per_week=8")["maintenance"]
+    bad = trainctl("plan", LLAMA_8B, "--set", "cluster.maintenance_hours_per_week=168")
+    assert bad.returncode == 2 and "maintenance_hours_per_week" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_the_failure_rate_comes_from_a_cited_fleet_and_scales_with_the_gpus() -> None:
+    """An A100 run takes OPT-175B's published rate (35 restarts in 60 days on 992 A100), per GPU, so its MTBF is
+    40,814 GPU-hours / 1,536 GPUs; Llama 3's fleet can be chosen instead, and the source is printed."""
+    run = whole(BLOOM)
+    assert run["mtbf_s"] == pytest.approx(60 * 24 * 3600 * 992 / 35 / 1536)
+    assert "opt175b-a100" in run["mtbf_source"] and "Zhang et al. 2022" in run["mtbf_source"]
+    llama = whole(BLOOM, "--set", "checkpoint.failure_fleet=llama3-h100")
+    assert llama["mtbf_s"] == pytest.approx(54 * 24 * 3600 * 16384 / 419 / 1536)
+    assert "llama3-h100" in plan_rows(LLAMA_8B)["Young/Daly interval"]
+    bad = trainctl("plan", BLOOM, "--set", "checkpoint.failure_fleet=meta")
+    assert bad.returncode == 2 and "failure_fleet" in bad.stderr and "Traceback" not in bad.stderr

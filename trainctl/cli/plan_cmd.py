@@ -284,12 +284,17 @@ def whole_run_rows(run: dict[str, Any] | None) -> list[tuple[str, str]]:
                        f"({dur(limit['train_per_attempt_s'])} of training per attempt after the grace and start-up), "
                        f"{dur(limit['cost_each_s'])} each (the stop's save and a restart): {dur(limit['total_s'])}; "
                        "not failures")]
+    hours = run["maintenance"]["hours_per_week"]
+    maintenance = (f"{hours:g} h a week (cluster.maintenance_hours_per_week): "
+                   f"{dur(run['maintenance']['total_s'])} of the wall clock" if hours
+                   else "none assumed (cluster.maintenance_hours_per_week 0)")
     return [
         ("whole run", f"{length}; {count(run['saves'], 'save')} blocking {dur(run['save_blocking_s'])}, last write "
                       f"{dur(run['last_write_s'])}"),
         ("interruptions", f"~{figure(run['expected_interruptions'])} failures expected, each redoing the work since "
                           f"the last save plus a {restart}; ETTR {pct(run['ettr'], 1)}"),
         *limit_rows,
+        ("maintenance", maintenance),
         ("wall clock", f"P10 {days_text(days['p10'])} / P50 {days_text(days['p50'])} / P90 {days_text(days['p90'])} "
                        f"(closed form); {figure(run['gpu_hours'])} GPU-hours{energy_row}{cost}"),
         ("best interval", f"{dur(run['optimal_interval_s'])} minimises the expected wall clock"),

@@ -11,10 +11,8 @@ the loss we print, at the configured interval and at Daly's, is the whole-run mo
 `lost_fraction`: the share of the wall clock lost to saves, redone work and restarts, 1 - ETTR for a run of
 whole intervals), not the first-order sum above, which passes 100% where failures are frequent.
 
-The job's MTBF is `checkpoint.mtbf_hours` when the spec gives it, else a per-node MTBF divided by the node
-count: NODE_MTBF_HOURS from Llama 3's pre-training (Dubey et al., "The Llama 3 Herd of Models", 2024,
-sec. 3.3.4: 419 unexpected interruptions in a 54-day snapshot on 16,384 H100s, i.e. 2,048 nodes of 8:
-1,296 h / 419 = 3.09 h per job failure, x 2,048 nodes = 6,335 h per node).
+The job's MTBF is `checkpoint.mtbf_hours` when the spec gives it, else a published fleet's per-GPU MTBF
+divided by the job's GPUs (plan/failure_rates.py: Llama 3's H100 fleet, OPT-175B's A100 fleet).
 """
 
 from __future__ import annotations
@@ -22,19 +20,19 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from trainctl.plan.failure_rates import fleet_for
 from trainctl.plan.whole_run import FINISH_FACTOR, lost_fraction
 from trainctl.units import count, dur
 
-NODE_MTBF_HOURS = 6300.0
 WASTE_WARN = 0.05  # a configured interval losing this much more of the wall clock than Daly's is warned about
 
 
-def job_mtbf(nodes: int, mtbf_hours: float | None) -> tuple[float, str]:
-    """(the job's MTBF in seconds, where it comes from)."""
+def job_mtbf(*, gpus: int, gpu: str, mtbf_hours: float | None, fleet: str | None) -> tuple[float, str]:
+    """(the job's MTBF in seconds, where it comes from): checkpoint.mtbf_hours, else the fleet's per-GPU rate."""
     if mtbf_hours is not None:
         return mtbf_hours * 3600.0, f"checkpoint.mtbf_hours {mtbf_hours:g} h"
-    hours = NODE_MTBF_HOURS / max(1, nodes)
-    return hours * 3600.0, f"{NODE_MTBF_HOURS:,.0f} h per node / {count(nodes, 'node')} (Llama 3's fleet)"
+    chosen = fleet_for(gpu, fleet)
+    return chosen.job_mtbf_hours(gpus) * 3600.0, chosen.describe(gpus)
 
 
 def young_interval(cost_s: float, mtbf_s: float) -> float:

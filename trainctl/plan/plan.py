@@ -422,7 +422,7 @@ def checkpoint_plan(spec: RunSpec, step_time: float | None) -> tuple[dict[str, A
     """One save's bytes and seconds, and the Young/Daly interval against the configured one (plan/cadence.py)."""
     blocking, total = save_seconds(spec)
     ck = spec.checkpoint
-    mtbf, source = job_mtbf(spec.cluster.nodes, ck.mtbf_hours)
+    mtbf, source = spec_mtbf(spec)
     cadence = Cadence(cost_s=blocking, mtbf_s=mtbf, mtbf_source=source, restart_s=sum(restart_parts(spec).values()),
                       configured_s=configured_interval(ck.every_steps, ck.every_minutes, step_time),
                       step_time_s=step_time, run_s=step_time * spec.train.steps if step_time else None)
@@ -430,7 +430,8 @@ def checkpoint_plan(spec: RunSpec, step_time: float | None) -> tuple[dict[str, A
     out = {"bytes": checkpoint_bytes(spec), "async": ck.async_save, "blocking_s": blocking, "save_s": total,
            "write_gbps_per_node": e.checkpoint_write_gbps, "stage_gbps_per_gpu": e.checkpoint_stage_gbps,
            "every_steps": ck.every_steps, "every_minutes": ck.every_minutes, "cadence": cadence.as_dict(),
-           "whole_run": whole_run_plan(spec, step_time=step_time, blocking_s=blocking, save_s=total, mtbf_s=mtbf)}
+           "whole_run": whole_run_plan(spec, step_time=step_time, blocking_s=blocking, save_s=total, mtbf_s=mtbf,
+                                       mtbf_source=source)}
     warnings = [PlanWarning("CHECKPOINT_INTERVAL", "warning", line)] if (line := cadence.warning()) else []
     if ck.async_save and cadence.configured_s is not None and cadence.configured_s < total:
         warnings.append(PlanWarning("CHECKPOINT_BACKLOG", "warning", (
@@ -440,6 +441,12 @@ def checkpoint_plan(spec: RunSpec, step_time: float | None) -> tuple[dict[str, A
     if ck.dir is not None and (shared := storage.storage_problem(spec, Path.cwd())):  # else known only at launch
         warnings.append(PlanWarning(storage.WARNING_CODE, "warning", shared))
     return out, tuple(warnings)
+
+
+def spec_mtbf(spec: RunSpec) -> tuple[float, str]:
+    """The job's MTBF in seconds and where it comes from (plan/cadence.py job_mtbf)."""
+    c, ck = spec.cluster, spec.checkpoint
+    return job_mtbf(gpus=c.world_size, gpu=c.gpu, mtbf_hours=ck.mtbf_hours, fleet=ck.failure_fleet)
 
 
 def restart_parts(spec: RunSpec) -> dict[str, float]:
@@ -464,7 +471,7 @@ def run_time_limit(spec: RunSpec, *, save_s: float, interval_s: float) -> TimeLi
 
 
 def whole_run_plan(spec: RunSpec, *, step_time: float | None, blocking_s: float, save_s: float,
-                   mtbf_s: float) -> dict[str, Any] | None:
+                   mtbf_s: float, mtbf_source: str = "") -> dict[str, Any] | None:
     """The whole run's expected wall clock, interruptions, time-limit stops and GPU-hours (plan/whole_run.py);
     None without a step time. Without scheduled saves the run is one interval: a failure redoes it from the
     start."""
@@ -477,10 +484,11 @@ def whole_run_plan(spec: RunSpec, *, step_time: float | None, blocking_s: float,
     parts = restart_parts(spec)
     run = WholeRun(compute_s=compute, interval_s=interval, save_block_s=blocking_s,
                    last_write_s=save_s - blocking_s if ck.async_save else 0.0, restart_s=sum(parts.values()),
-                   mtbf_s=mtbf_s, time_limit=run_time_limit(spec, save_s=save_s, interval_s=interval))
+                   mtbf_s=mtbf_s, time_limit=run_time_limit(spec, save_s=save_s, interval_s=interval),
+                   maintenance_share=spec.cluster.maintenance_hours_per_week / 168.0)
     summary = whole_run_summary(run=run, gpus=spec.cluster.world_size, gpu_hour_price=spec.cluster.gpu_hour_price,
                                 board_power_w=resolve_accelerator(spec.cluster).board_power_w, restart_parts=parts,
-                                saves_scheduled=configured is not None)
+                                saves_scheduled=configured is not None, mtbf_source=mtbf_source)
     given = "train.tokens" if spec.train.tokens is not None else "train.steps"
     return {"steps": spec.train.steps, "tokens": spec.train.steps * spec.batch_tokens, "given": given, **summary}
 

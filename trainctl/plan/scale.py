@@ -21,10 +21,9 @@ from typing import Any
 
 from trainctl.errors import UsageError
 from trainctl.plan.auto import Scored, best_layout, enumerate_shapes, search_context, zero_stages
-from trainctl.plan.cadence import job_mtbf
 from trainctl.plan.checkpoint_size import save_seconds
 from trainctl.plan.estimate import Candidate, Evaluator
-from trainctl.plan.plan import whole_run_plan
+from trainctl.plan.plan import spec_mtbf, whole_run_plan
 from trainctl.spec.models import RunSpec
 from trainctl.units import figure
 
@@ -156,7 +155,7 @@ def _whole_run(spec: RunSpec, c: Candidate, step: float) -> dict[str, Any]:
     """plan's whole-run block for the layout `c` of `spec` (checkpoint size follows its tp)."""
     laid = spec.model_copy(update={"parallel": spec.parallel.model_copy(update={"tp": c.tp})})
     blocking, total = save_seconds(laid)
-    mtbf, _ = job_mtbf(laid.cluster.nodes, laid.checkpoint.mtbf_hours)
+    mtbf, _ = spec_mtbf(laid)
     run = whole_run_plan(laid, step_time=step, blocking_s=blocking, save_s=total, mtbf_s=mtbf)
     assert run is not None  # a step time was given
     return run

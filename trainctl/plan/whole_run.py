@@ -26,6 +26,10 @@ last save. An attempt trains for at most the limit less the grace, the start-up 
 failure-model wall clock is w stops ceil(w / that) - 1 times (an upper bound: a failure's requeue starts a
 fresh limit). These stops are planned, not failures, and priced apart from them.
 
+Planned maintenance (cluster.maintenance_hours_per_week, m) is apart from failures: the cluster is down m of
+every 168 hours, so the run's calendar time is the running time x 168 / (168 - m), and its GPU-hours count the
+GPUs held through the windows (a reserved cluster). A window's own stop (a save and a restart) is not priced.
+
 Not expected to finish: where the expected wall clock exceeds FINISH_FACTOR times the compute (an ETTR below
 1 / FINISH_FACTOR), or no attempt can train before its time limit. Past that the expectation grows as
 exp(interval / MTBF) and its figures (10^120 days) mean only "never": they are not printed.
@@ -91,6 +95,11 @@ class WholeRun:
     restart_s: float  # requeue + start-up + checkpoint load
     mtbf_s: float  # the job's mean time between failures
     time_limit: TimeLimit | None = None  # None: attempts end only by failing (no Slurm time limit)
+    maintenance_share: float = 0.0  # of the calendar, the cluster down for planned maintenance
+
+    def _calendar(self, running_s: float) -> float:
+        """Running time stretched by the planned maintenance windows between it."""
+        return running_s / (1.0 - self.maintenance_share)
 
     @property
     def segments(self) -> tuple[int, float]:
@@ -119,11 +128,19 @@ class WholeRun:
         return wall + self.last_write_s
 
     def _with_limits(self, wall_s: float) -> float:
-        return wall_s + (self.time_limit.stops(wall_s) * self.time_limit.stop_s if self.time_limit else 0.0)
+        """The running time with the time-limit stops a run of `wall_s` makes, and the maintenance around it."""
+        running = wall_s + (self.time_limit.stops(wall_s) * self.time_limit.stop_s if self.time_limit else 0.0)
+        return self._calendar(running)
 
     @property
     def expected_wall_s(self) -> float:
         return self._with_limits(self.failure_wall_s)
+
+    @property
+    def maintenance_s(self) -> float:
+        """Expected calendar seconds of planned maintenance during the run."""
+        wall = self.expected_wall_s
+        return wall * self.maintenance_share if math.isfinite(wall) else math.inf
 
     @property
     def limit_stops(self) -> int:
@@ -222,7 +239,8 @@ def why_not_finishing(run: WholeRun, *, saves_scheduled: bool) -> str:
 
 
 def whole_run_summary(*, run: WholeRun, gpus: int, gpu_hour_price: float | None, board_power_w: float | None,
-                      restart_parts: dict[str, float], saves_scheduled: bool) -> dict[str, object]:
+                      restart_parts: dict[str, float], saves_scheduled: bool,
+                      mtbf_source: str = "") -> dict[str, object]:
     """The whole-run figures plan prints, each with its formula; those of a run not expected to finish are None
     (null in JSON), and `not_finishing` says why. `board_power_w`: the accelerator's datasheet maximum
     (hardware/catalog.py), None where none is published."""
@@ -235,7 +253,9 @@ def whole_run_summary(*, run: WholeRun, gpus: int, gpu_hour_price: float | None,
     return {
         "compute_s": run.compute_s, "saves": run.saves, "save_blocking_s": run.saves * run.save_block_s,
         "last_write_s": run.last_write_s, "interval_s": run.interval_s, "mtbf_s": run.mtbf_s,
-        "restart_s": run.restart_s, "restart_parts_s": restart_parts,
+        "mtbf_source": mtbf_source, "restart_s": run.restart_s, "restart_parts_s": restart_parts,
+        "maintenance": {"hours_per_week": run.maintenance_share * 168.0,
+                        "total_s": run.maintenance_s if finishes else None},
         "finishes": finishes,
         "not_finishing": None if finishes else why_not_finishing(run, saves_scheduled=saves_scheduled),
         "expected_interruptions": run.expected_failures if finishes else None,
@@ -259,14 +279,17 @@ def whole_run_summary(*, run: WholeRun, gpus: int, gpu_hour_price: float | None,
                          "estimate.checkpoint_read_gbps",
             "wall": "per save interval T with save blocking C, MTBF M, restart R: M exp(R/M) (exp((T+C)/M) - 1), "
                     "summed over the intervals, plus the last save's write (closed form, Poisson failures), plus "
-                    "the time-limit stops",
+                    "the time-limit stops, x 168 / (168 - cluster.maintenance_hours_per_week)",
             "interruptions": "failures only: exp(R/M) (exp((T+C)/M) - 1) per interval",
             "time_limit": "stops = ceil(failure-model wall clock / train_per_attempt_s) - 1, train_per_attempt_s = "
                           "cluster.time - launcher.grace_s - start-up - checkpoint load; each costs the stop's save "
                           "write + requeue + start-up + checkpoint load (+ half an interval of work when the grace "
                           "is shorter than a save's write)",
             "spread": "normal approximation of a compound Poisson failure process (closed form, not simulated)",
-            "ettr": "compute_s / expected wall clock", "gpu_hours": "expected wall clock x GPUs",
+            "maintenance": "the cluster down maintenance_hours_per_week of every 168 hours: the running time x "
+                           "168 / (168 - hours); a window's own save and restart are not priced",
+            "ettr": "compute_s / expected wall clock", "gpu_hours": "expected wall clock x GPUs (held through "
+                                                                    "maintenance)",
             "cost": "gpu_hours x cluster.gpu_hour_price",
             "energy_mwh": "gpu_hours x the board's datasheet maximum power: an upper bound for the boards alone "
                           "(no host, network or cooling; a board waiting on a restart draws less)",

@@ -28,7 +28,9 @@ def measured_cadence(run: RunData, step_time_s: float | None, steps: int | None)
         return {"available": False, "note": "no checkpoint save measured (metrics ckpt_block_s)"}
     spec = run.spec or {}
     ck, cluster = spec.get("checkpoint") or {}, spec.get("cluster") or {}
-    mtbf, source = job_mtbf(int(cluster.get("nodes") or 1), ck.get("mtbf_hours"))
+    mtbf, source = job_mtbf(gpus=int(cluster.get("nodes") or 1) * int(cluster.get("gpus_per_node") or 8),
+                            gpu=str(cluster.get("gpu") or "h100-sxm"), mtbf_hours=ck.get("mtbf_hours"),
+                            fleet=ck.get("failure_fleet"))
     cost = float(median(blocks) or 0.0)
     planned = ((run.plan or {}).get("checkpoint") or {}).get("whole_run") or {}
     cadence = Cadence(cost, mtbf, source,

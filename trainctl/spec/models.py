@@ -390,8 +390,12 @@ class CheckpointSpec(Strict):
                              "the state is copied to host memory while the write runs; false: training waits for "
                              "the write")
     mtbf_hours: PositiveFloat | None = Field(None, description="The job's mean time between failures, for the "
-                                             "Young/Daly checkpoint interval that plan and mfu-report advise; "
-                                             "default 6,300 h per node / nodes (Llama 3's fleet)")
+                                             "Young/Daly checkpoint interval and the whole run that plan and "
+                                             "mfu-report price; overrides failure_fleet")
+    failure_fleet: Literal["llama3-h100", "opt175b-a100"] | None = Field(
+        None, description="The published fleet whose interruption rate per GPU sets the job's MTBF (per-GPU MTBF / "
+        "GPUs): llama3-h100 (419 in 54 days on 16,384 H100), opt175b-a100 (35 restarts in 2 months on 992 "
+        "A100); default the fleet of cluster.gpu's generation (A100: opt175b-a100, else llama3-h100)")
 
 
 class ClusterSpec(Strict):
@@ -432,6 +436,9 @@ class ClusterSpec(Strict):
     calibration: str | None = Field(None, description="Calibration profile from `trainctl calibrate` (JSON): the "
                                     "planner's times then come from its measured rates instead of catalog peaks "
                                     "x estimate.* efficiencies; a relative path is relative to the working directory")
+    maintenance_hours_per_week: Annotated[float, Field(ge=0.0, lt=168.0, allow_inf_nan=False)] = Field(
+        0.0, description="Planned maintenance apart from failures: hours a week the cluster is down; plan's whole "
+        "run stretches its calendar time by 168 / (168 - hours) and counts the GPUs held through it")
     gpu_hour_price: PositiveFloat | None = Field(None, description="Price of one GPU-hour (any currency): plan then "
                                                  "prices the whole run's expected GPU-hours; no default price")
 
