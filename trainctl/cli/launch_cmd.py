@@ -19,7 +19,7 @@ from trainctl.cli.options import (
     say_held_back,
 )
 from trainctl.cli.preflight_cmd import LinkRatioOpt, MatmulRatioOpt, PeakFractionOpt, show_preflight
-from trainctl.errors import RunError
+from trainctl.errors import RunError, UsageError
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -59,6 +59,11 @@ def launch(
 
     console = make_console()
     run = read_spec(spec, [*(set_ or []), *([f"launcher.grace_s={grace}"] if grace is not None else [])])
+    if run.train.stages:  # the trainer runs one shape; nothing may train differently from what the spec says
+        raise UsageError(f"train.stages: the bundled trainer runs one shape, not the {len(run.train.stages)} stages "
+                         "this spec lists (plan prices them together)",
+                         hint="remove train.stages to train the spec's own shape, or write each stage as its own "
+                              "spec (its global_batch, model.seq_len, parallel.cp and train.tokens)")
     say_held_back(console, credential_names(run.launcher.env))
     # a default run directory is made now, atomically (concurrent launches get distinct ones), and taken back
     # when the launch stops before using it

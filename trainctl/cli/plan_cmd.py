@@ -267,8 +267,10 @@ def whole_run_rows(run: dict[str, Any] | None) -> list[tuple[str, str]]:
     if run is None:  # no predicted step time: a CPU's peak is measured at run time, not in the catalog
         return [("whole run", "unknown without a predicted step time: `trainctl calibrate SPEC` measures this "
                               "hardware, then `trainctl plan SPEC --calibration PROFILE` prices the whole run")]
-    length = (f"{count(run['steps'], 'step')} x {run['tokens'] / run['steps']:,.0f} tokens = "
-              f"{run['tokens']:.4g} tokens (from {run['given']}); compute {dur(run['compute_s'])}")
+    stages = run["stages"] or []
+    shape = (f"in {count(len(stages), 'stage')}" if stages else f"x {run['tokens'] / run['steps']:,.0f} tokens")
+    length = (f"{count(run['steps'], 'step')} {shape} = {run['tokens']:.4g} tokens (from {run['given']}); "
+              f"compute {dur(run['compute_s'])}")
     if not run["finishes"]:
         return [("whole run", f"{length}: not expected to finish: {run['not_finishing']}")]
     days = {k: v * 86400.0 for k, v in run["wall_days"].items()}
@@ -288,7 +290,12 @@ def whole_run_rows(run: dict[str, Any] | None) -> list[tuple[str, str]]:
     maintenance = (f"{hours:g} h a week (cluster.maintenance_hours_per_week): "
                    f"{dur(run['maintenance']['total_s'])} of the wall clock" if hours
                    else "none assumed (cluster.maintenance_hours_per_week 0)")
+    stage_rows = [(f"stage {st['name']}", (
+        f"{count(st['steps'], 'step')} x {st['global_batch']:,} x {st['seq_len']:,} tokens (cp {st['cp']}, dp "
+        f"{st['dp']}) at {dur(st['step_time_s'])} a step (predicted): {dur(st['compute_s'])}"
+        + ("" if st["fits"] else "; out of memory"))) for st in stages]
     return [
+        *stage_rows,
         ("whole run", f"{length}; {count(run['saves'], 'save')} blocking {dur(run['save_blocking_s'])}, last write "
                       f"{dur(run['last_write_s'])}"),
         ("interruptions", f"~{figure(run['expected_interruptions'])} failures expected, each redoing the work since "

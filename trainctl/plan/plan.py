@@ -391,12 +391,13 @@ def build_plan(spec: RunSpec) -> Plan:
     ev = Evaluator(ctx)
     cand = candidate_from_spec(spec)
     est = ev.evaluate(cand)
-    checkpoint, cadence_warning = checkpoint_plan(spec, est.step_time)
+    stages = stage_prices(spec)
+    checkpoint, cadence_warning = checkpoint_plan(spec, est.step_time, stages)
     shrink = tuple(shrink_options(spec))
     return Plan(
         name=spec.name, ctx=ctx, cand=cand, est=est, params=model_shape.param_counts(ctx.shape),
         warnings=(tuple(advise(ev, est)) + calibration_warnings(ctx) + cadence_warning + elastic_warnings(shrink)
-                  + grace_warnings(spec)),
+                  + grace_warnings(spec) + stage_warnings(stages)),
         layout=Layout.from_spec(spec), checkpoint=checkpoint, elastic=shrink,
     )
 
@@ -418,11 +419,43 @@ def elastic_warnings(options: tuple[NodeCount, ...]) -> tuple[PlanWarning, ...]:
                         f"{bad[-1].why_not}"),)
 
 
-def checkpoint_plan(spec: RunSpec, step_time: float | None) -> tuple[dict[str, Any], tuple[PlanWarning, ...]]:
+def stage_prices(spec: RunSpec) -> list[dict[str, Any]] | None:
+    """train.stages, each priced at its own shape (batch, sequence length, cp): its steps, predicted step time,
+    compute and memory; None for an unstaged spec (docs/design/whole-run.md, "Staged training")."""
+    if not spec.train.stages:
+        return None
+    out = []
+    for st in spec.train.stages:
+        shaped = spec.stage_spec(st)
+        ctx = context_from_spec(shaped)
+        est = Evaluator(ctx).evaluate(candidate_from_spec(shaped))
+        steps = shaped.train.steps
+        assert steps is not None  # stage_spec sets them
+        out.append({"name": st.name, "tokens": steps * shaped.batch_tokens, "steps": steps,
+                    "global_batch": shaped.train.global_batch, "seq_len": shaped.model.seq_len,
+                    "cp": shaped.parallel.cp, "dp": shaped.dp, "model_flops_per_step": est.model_flops,
+                    "step_time_s": est.step_time,
+                    "compute_s": est.step_time * steps if est.step_time else None,
+                    "mfu": est.mfu(ctx.world, ctx.hw.peak_flops), "memory_bytes": est.worst.total,
+                    "fits": est.fits})
+    return out
+
+
+def stage_warnings(stages: list[dict[str, Any]] | None) -> tuple[PlanWarning, ...]:
+    """A stage whose shape does not fit in memory (the layout is the spec's; the batch and length are its own)."""
+    return tuple(PlanWarning("STAGE_OUT_OF_MEMORY", "error", (
+        f"train.stages {s['name']!r} needs {s['memory_bytes'] / 1e9:.1f} GB per GPU at seq_len {s['seq_len']:,} and "
+        f"global_batch {s['global_batch']:,}: over the GPU's memory; give the stage a layout that fits (cp, dp) or "
+        "more recompute")) for s in stages or () if not s["fits"])
+
+
+def checkpoint_plan(spec: RunSpec, step_time: float | None,
+                    stages: list[dict[str, Any]] | None = None) -> tuple[dict[str, Any], tuple[PlanWarning, ...]]:
     """One save's bytes and seconds, and the Young/Daly interval against the configured one (plan/cadence.py)."""
     blocking, total = save_seconds(spec)
     ck = spec.checkpoint
     mtbf, source = spec_mtbf(spec)
+    step_time = staged_mean_step(stages, spec) if stages is not None else step_time
     cadence = Cadence(cost_s=blocking, mtbf_s=mtbf, mtbf_source=source, restart_s=sum(restart_parts(spec).values()),
                       configured_s=configured_interval(ck.every_steps, ck.every_minutes, step_time),
                       step_time_s=step_time, run_s=step_time * spec.train.steps if step_time else None)
@@ -431,7 +464,7 @@ def checkpoint_plan(spec: RunSpec, step_time: float | None) -> tuple[dict[str, A
            "write_gbps_per_node": e.checkpoint_write_gbps, "stage_gbps_per_gpu": e.checkpoint_stage_gbps,
            "every_steps": ck.every_steps, "every_minutes": ck.every_minutes, "cadence": cadence.as_dict(),
            "whole_run": whole_run_plan(spec, step_time=step_time, blocking_s=blocking, save_s=total, mtbf_s=mtbf,
-                                       mtbf_source=source)}
+                                       mtbf_source=source, stages=stages)}
     warnings = [PlanWarning("CHECKPOINT_INTERVAL", "warning", line)] if (line := cadence.warning()) else []
     if ck.async_save and cadence.configured_s is not None and cadence.configured_s < total:
         warnings.append(PlanWarning("CHECKPOINT_BACKLOG", "warning", (
@@ -470,11 +503,20 @@ def run_time_limit(spec: RunSpec, *, save_s: float, interval_s: float) -> TimeLi
                      stop_s=save_s + sum(parts.values()) + lost)
 
 
+def staged_mean_step(stages: list[dict[str, Any]], spec: RunSpec) -> float | None:
+    """A staged run's compute per optimizer step, averaged over its stages (None if a stage has no step time)."""
+    if any(s["compute_s"] is None for s in stages):
+        return None
+    return sum(s["compute_s"] for s in stages) / spec.train.steps
+
+
 def whole_run_plan(spec: RunSpec, *, step_time: float | None, blocking_s: float, save_s: float,
-                   mtbf_s: float, mtbf_source: str = "") -> dict[str, Any] | None:
+                   mtbf_s: float, mtbf_source: str = "",
+                   stages: list[dict[str, Any]] | None = None) -> dict[str, Any] | None:
     """The whole run's expected wall clock, interruptions, time-limit stops and GPU-hours (plan/whole_run.py);
     None without a step time. Without scheduled saves the run is one interval: a failure redoes it from the
-    start."""
+    start. A staged run's `step_time` is its mean over the stages (staged_mean_step): the compute is the
+    stages' sum, and checkpoint.every_steps is that many mean steps apart."""
     if not step_time:
         return None
     ck = spec.checkpoint
@@ -489,8 +531,12 @@ def whole_run_plan(spec: RunSpec, *, step_time: float | None, blocking_s: float,
     summary = whole_run_summary(run=run, gpus=spec.cluster.world_size, gpu_hour_price=spec.cluster.gpu_hour_price,
                                 board_power_w=resolve_accelerator(spec.cluster).board_power_w, restart_parts=parts,
                                 saves_scheduled=configured is not None, mtbf_source=mtbf_source)
+    if stages is not None:
+        return {"steps": spec.train.steps, "tokens": sum(s["tokens"] for s in stages), "given": "train.stages",
+                "stages": stages, **summary}
     given = "train.tokens" if spec.train.tokens is not None else "train.steps"
-    return {"steps": spec.train.steps, "tokens": spec.train.steps * spec.batch_tokens, "given": given, **summary}
+    return {"steps": spec.train.steps, "tokens": spec.train.steps * spec.batch_tokens, "given": given,
+            "stages": None, **summary}
 
 
 def calibration_warnings(ctx: Context) -> tuple[PlanWarning, ...]:

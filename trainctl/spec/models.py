@@ -262,6 +262,21 @@ class ProfileSpec(Strict):
         return self.start_step + self.steps - 1
 
 
+class StageSpec(Strict):
+    """One stage of a staged run (train.stages): its token budget at its own batch, sequence length and context
+    parallelism; what it leaves out is the spec's own. Only plan prices stages: the trainer runs one shape."""
+
+    name: str = Field(min_length=1, max_length=64, description="The stage's name, as plan prints it")
+    tokens: Annotated[int, BeforeValidator(token_count), Field(gt=0, le=10**17)] = Field(
+        description="Tokens the stage trains on (252M, 2.87T): a multiple of its global_batch x seq_len")
+    global_batch: Count | None = Field(None, description="Sequences per optimizer step in this stage; default "
+                                       "train.global_batch")
+    seq_len: Size | None = Field(None, description="Tokens per sequence in this stage; default model.seq_len")
+    cp: Count | None = Field(None, description="Context parallelism in this stage; default parallel.cp (with dp, "
+                             "to keep the world size)")
+    dp: Count | None = Field(None, description="Data parallelism in this stage; default parallel.dp")
+
+
 class TrainSpec(Strict):
     global_batch: Count = Field(description="Sequences per optimizer step, across all DP ranks")
     # up to a billion: a 15T-token budget at 4M tokens per step is 3.6M steps
@@ -318,11 +333,16 @@ class TrainSpec(Strict):
                                        "stop (or roll back) after several in a row")
     profile: ProfileSpec | None = Field(None, description="torch.profiler Chrome/Perfetto traces of a window of "
                                         "steps on selected ranks (RUN/profile/); absent: no profiler")
+    stages: list[StageSpec] | None = Field(
+        None, min_length=1, max_length=64, description="The whole run as stages in order (a batch-size ramp, a "
+        "long-context stage, annealing), each its tokens at its own shape: plan prices each stage's steps at its "
+        "shape and sums them, and train.steps is their total; launch refuses it (the trainer runs one shape: give "
+        "each stage its own spec)")
 
     @model_validator(mode="after")
     def _steps_or_tokens(self) -> TrainSpec:
-        if self.steps is None and self.tokens is None:
-            raise ValueError("give train.steps or train.tokens (the other is derived)")
+        if self.steps is None and self.tokens is None and not self.stages:
+            raise ValueError("give train.steps, train.tokens or train.stages (the steps are derived)")
         return self
 
     @property
@@ -645,7 +665,27 @@ class RunSpec(Strict):
         # tokens (a run directory's frozen spec holds both) stay, for the rules to hold against the tokens.
         if self.train.tokens is not None and self.train.steps is None:
             object.__setattr__(self.train, "steps", self.steps_for_tokens)
+        if self.train.stages and self.train.steps is None:
+            object.__setattr__(self.train, "steps", sum(self.stage_steps(s) for s in self.train.stages))
         return self
+
+    def stage_batch_tokens(self, stage: StageSpec) -> int:
+        """Tokens per optimizer step of a stage: its global_batch x seq_len, the spec's where it leaves them out."""
+        return (stage.global_batch or self.train.global_batch) * (stage.seq_len or self.model.seq_len)
+
+    def stage_steps(self, stage: StageSpec) -> int:
+        """The optimizer steps a stage's tokens make (rounded down, at least 1; the rules refuse a remainder)."""
+        return max(1, stage.tokens // self.stage_batch_tokens(stage))
+
+    def stage_spec(self, stage: StageSpec) -> RunSpec:
+        """The spec at a stage's shape and steps (not validated: the rules check it, spec/rules.py)."""
+        parallel = self.parallel.model_copy(update={"cp": stage.cp or self.parallel.cp,
+                                                    "dp": stage.dp or self.parallel.dp})
+        train = self.train.model_copy(update={"global_batch": stage.global_batch or self.train.global_batch,
+                                              "steps": self.stage_steps(stage), "tokens": None, "stages": None,
+                                              "warmup": 0, "profile": None})
+        model = self.model.model_copy(update={"seq_len": stage.seq_len or self.model.seq_len})
+        return self.model_copy(update={"parallel": parallel, "train": train, "model": model})
 
     @property
     def steps_for_tokens(self) -> int | None:

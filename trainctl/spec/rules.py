@@ -88,7 +88,7 @@ def check(spec: RunSpec, tp_unsettled: bool = False) -> Findings:
 
 def _judged(spec: RunSpec) -> Iterator[Finding]:
     groups = (_name, _hardware, _model_vs_tp, _context_parallel, _layout, _offload, _moe, _grad_compression, _training,
-              _data_and_launcher, _launcher_environment, _elastic)
+              _stages, _data_and_launcher, _launcher_environment, _elastic)
     for group in groups:
         yield from group(spec)
 
@@ -152,6 +152,44 @@ def _tp_line(spec: RunSpec, own: list[tuple[str, str]], choices: list[int], fit:
     if fit and fit != choices:
         fix += f" (of these, {_listed(fit)} also {'fits' if len(fit) == 1 else 'fit'} every other rule that uses tp)"
     return problem("parallel.tp", spec.parallel.tp, "; ".join(whats), fix)
+
+
+def _stages(spec: RunSpec) -> Iterator[str]:
+    """train.stages: each stage's tokens whole steps at its shape, the shape a valid layout (the layout rules run
+    on the stage's spec; only what they find beyond the spec's own problems is said), the total the steps."""
+    stages = spec.train.stages
+    if not stages:
+        return
+    t = spec.train
+    if t.tokens is not None:
+        yield problem("train.tokens", t.tokens, "given beside train.stages, which set the run's tokens stage by stage",
+                      "remove train.tokens (or train.stages)")
+    total = sum(spec.stage_steps(st) for st in stages)
+    if t.steps != total:
+        yield problem("train.steps", t.steps, f"disagrees with train.stages, whose tokens make {total:,} steps",
+                      "remove train.steps (it is derived from the stages) or fix the stages' tokens")
+    names = [st.name for st in stages]
+    if len(set(names)) < len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        yield problem("train.stages", ", ".join(twice), "stage names repeat", "give each stage its own name")
+    own = set(_shape_lines(spec))
+    for i, st in enumerate(stages):
+        where = f"train.stages[{i}] ({st.name})"
+        per_step = spec.stage_batch_tokens(st)
+        if st.tokens % per_step:
+            down, up = st.tokens // per_step * per_step, (st.tokens // per_step + 1) * per_step
+            yield problem(f"{where}.tokens", st.tokens, f"not a multiple of the stage's {per_step:,} tokens per step "
+                          "(its global_batch x seq_len)",
+                          f"use {down:,} or {up:,} ({_apart(down, up)})" if down else f"use {up:,} (one step)")
+        for line in _shape_lines(spec.stage_spec(st)):
+            if line not in own:
+                yield f"{where}: {line}"
+
+
+def _shape_lines(spec: RunSpec) -> list[str]:
+    """The problems of a spec's shape and layout (the rule groups a stage's batch, length and cp can break)."""
+    return [line for group in (_model_vs_tp, _context_parallel, _layout, _moe) for line in group(spec)
+            if isinstance(line, str)]
 
 
 def _name(spec: RunSpec) -> Iterator[str]:

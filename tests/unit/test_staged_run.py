@@ -1,0 +1,107 @@
+"""Staged training (train.stages) through the real CLI: plan prices each stage's steps at its own shape and sums
+them, the rules name each inconsistent stage in one line, launch refuses what the trainer would not run, and
+the published whole runs (BLOOM, Llama 3.1 405B) planned from their recipes, with the GPU-hours error held."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from cli_utils import trainctl
+from paths import REPO
+
+LLAMA_8B = REPO / "recipes" / "llama3-8b.yaml"
+TINY = REPO / "recipes" / "tiny-cpu.yaml"
+
+
+def staged(tmp_path: Path, base: Path, stages: list[dict[str, Any]], **train: Any) -> Path:
+    """`base` with train.stages (train.steps/tokens dropped and no warm-up, unless given)."""
+    spec = yaml.safe_load(base.read_text())
+    spec["train"] = {k: v for k, v in spec["train"].items() if k not in ("steps", "tokens")}
+    spec["train"].update({"warmup": 0, **train}, stages=stages)
+    path = tmp_path / f"{base.stem}-staged.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def plan_json(path: Path) -> dict[str, Any]:
+    out = trainctl("plan", str(path), "--json")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_plan_prices_each_stage_at_its_shape_and_sums_the_run(tmp_path: Path) -> None:
+    """Two stages of llama3-8b: 100 steps at the recipe's shape, 50 at twice the sequence and half the batch (the
+    same tokens per step). Each stage's step is the plan of that shape alone; the whole run's compute is their
+    sum, its steps their total, and a stage's tokens added again add exactly its compute."""
+    base = plan_json(LLAMA_8B)
+    per_step = base["flops"]["tokens_per_step"]
+    gb = base["layout"]["global_batch"]
+    stages = [{"name": "short", "tokens": 100 * per_step},
+              {"name": "long", "tokens": 50 * per_step, "global_batch": gb // 2, "seq_len": 16384}]
+    run = plan_json(staged(tmp_path, LLAMA_8B, stages))["checkpoint"]["whole_run"]
+    short, long = run["stages"]
+    assert (short["steps"], long["steps"], run["steps"]) == (100, 50, 150)
+    assert short["step_time_s"] == pytest.approx(base["prediction"]["step_time_s"], rel=1e-12)
+    assert long["seq_len"] == 16384 and long["step_time_s"] > short["step_time_s"]  # attention grows with s
+    assert run["compute_s"] == pytest.approx(100 * short["step_time_s"] + 50 * long["step_time_s"], rel=1e-12)
+    assert run["tokens"] == 150 * per_step and run["given"] == "train.stages"
+    more = plan_json(staged(tmp_path, LLAMA_8B, [*stages, {**stages[1], "name": "long-again"}]))
+    assert more["checkpoint"]["whole_run"]["compute_s"] == pytest.approx(run["compute_s"] + long["compute_s"])
+    text = trainctl("plan", str(staged(tmp_path, LLAMA_8B, stages)), env={"COLUMNS": "300"}).stdout
+    assert "stage long" in text and f"50 steps x {gb // 2} x 16,384 tokens" in text and "150 steps in 2 stages" in text
+
+
+def test_inconsistent_stages_are_refused_one_line_each(tmp_path: Path) -> None:
+    """Each mistake its own line naming the stage and the fix: tokens not whole steps, a cp that breaks the world
+    size, a repeated name, train.tokens beside the stages; nothing is priced."""
+    per_step = plan_json(LLAMA_8B)["flops"]["tokens_per_step"]
+    bad = staged(tmp_path, LLAMA_8B, [{"name": "a", "tokens": 100 * per_step + 1},
+                                      {"name": "a", "tokens": per_step, "cp": 2}], tokens=per_step)
+    out = trainctl("plan", str(bad))
+    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("error:")]
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert any("train.stages[0] (a).tokens" in ln and "not a multiple" in ln and "use " in ln for ln in lines)
+    assert any(ln.count("train.stages[1] (a): parallel.dp") == 1 and "cluster has" in ln for ln in lines)
+    assert any("stage names repeat" in ln for ln in lines)
+    assert any("train.tokens" in ln and "beside train.stages" in ln for ln in lines)
+    steps = staged(tmp_path, LLAMA_8B, [{"name": "a", "tokens": per_step}], steps=7)
+    out = trainctl("plan", str(steps))
+    assert out.returncode == 2
+    assert "train.steps = 7: disagrees with train.stages, whose tokens make 1 steps" in out.stderr
+
+
+def test_launch_refuses_stages_rather_than_train_another_shape(tmp_path: Path) -> None:
+    """The trainer runs one shape: a staged spec is refused at launch (one line, exit 2, no run directory),
+    not trained at its base shape in silence."""
+    spec = staged(tmp_path, TINY, [{"name": "a", "tokens": 16 * 64 * 3}, {"name": "b", "tokens": 8 * 64 * 2,
+                                                                           "global_batch": 8}])
+    out = trainctl("launch", str(spec), "--run-dir", str(tmp_path / "run"), "--dry-run")
+    assert out.returncode == 2 and "train.stages" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "run").exists()
+    assert trainctl("validate", str(spec)).returncode == 0
+
+
+# The published whole runs, planned from their recipes with the default estimate.*: GPU-hours against the
+# published figure. TARGET is the issue's goal; HELD is the error the plan achieves today (the step model is
+# uncalibrated against these runs; nothing is fitted to them), so a change that moves it must say so here.
+TARGET = 0.10
+PUBLISHED = {  # recipe -> (published GPU-hours, source, error held today)
+    "bloom-176b": (1_082_990, "BLOOM paper sec. 3.5.1 / model card: 1,082,990 A100 GPU-hours", 0.05),
+    "llama3-405b-staged": (30.84e6, "Llama 3.1 model card: 30.84M H100 GPU-hours for the 405B", 0.42),
+}
+
+
+@pytest.mark.parametrize("recipe", sorted(PUBLISHED))
+def test_published_whole_run_gpu_hours_from_the_recipe(recipe: str) -> None:
+    published, source, held = PUBLISHED[recipe]
+    run = plan_json(REPO / "recipes" / f"{recipe}.yaml")["checkpoint"]["whole_run"]
+    error = run["gpu_hours"] / published - 1.0
+    print(f"{recipe}: planned {run['gpu_hours']:,.0f} GPU-hours against {published:,.0f} ({source}): "
+          f"{error:+.1%} (target within {TARGET:.0%})")
+    assert abs(error) <= held, f"{recipe}: {error:+.1%} against the {held:.0%} held"
+    # the whole run is the sum of its stages, each at its own shape
+    assert run["compute_s"] == pytest.approx(sum(s["steps"] * s["step_time_s"] for s in run["stages"]), rel=1e-9)
