@@ -144,11 +144,22 @@ def test_recipes_plan_without_errors(recipe):
     if not path.exists():
         pytest.skip(f"{path.name} not written yet")
     plan = build_plan(load_spec(path))
-    assert plan.errors == [], [w.message for w in plan.errors]
-    assert plan.fits
+    assert unexpected_errors(path, plan) == []
+    assert plan.fits or path.stem in PUBLISHED_OOM
     if plan.mfu is not None:
         assert 0 < plan.mfu < 1
     json.dumps(plan.to_json())  # serialisable
+
+
+# Recipes that follow a published layout the bundled trainer cannot fit (docs/design/memory.md, "Memory model"):
+# their one error is the OOM line, which itemises the bytes.
+PUBLISHED_OOM = {"llama3-405b", "llama3-405b-staged"}
+
+
+def unexpected_errors(path, plan) -> list[str]:
+    """The plan's errors, less a published layout's itemised OOM."""
+    return [w.message for w in plan.errors if not (path.stem in PUBLISHED_OOM and w.code == "OOM"
+                                                   and "layer-micro-batches' worth" in w.message)]
 
 
 def test_all_recipes_in_the_directory_plan():
@@ -158,7 +169,7 @@ def test_all_recipes_in_the_directory_plan():
 
     for path in sorted((ROOT / "recipes").glob("*.yaml")):
         plan = build_plan(load_spec(path))
-        assert plan.errors == [], (path.name, [w.message for w in plan.errors])
+        assert unexpected_errors(path, plan) == [], path.name
         run = plan.to_json()["checkpoint"]["whole_run"]
         rows = dict(whole_run_rows(run))
         assert (run is None) == (plan.to_json()["prediction"]["step_time_s"] is None), path.name

@@ -86,12 +86,13 @@ def test_launch_refuses_stages_rather_than_train_another_shape(tmp_path: Path) -
 
 
 # The published whole runs, planned from their recipes with the default estimate.*: GPU-hours against the
-# published figure. TARGET is the issue's goal; HELD is the error the plan achieves today (the step model is
-# uncalibrated against these runs; nothing is fitted to them), so a change that moves it must say so here.
+# published figure. TARGET is the goal for published whole runs; the third figure of each is the error the plan
+# achieves today (the step model is uncalibrated against these runs; nothing is fitted to them), so a change
+# that moves it must say so here.
 TARGET = 0.10
 PUBLISHED = {  # recipe -> (published GPU-hours, source, error held today)
     "bloom-176b": (1_082_990, "BLOOM paper sec. 3.5.1 / model card: 1,082,990 A100 GPU-hours", 0.05),
-    "llama3-405b-staged": (30.84e6, "Llama 3.1 model card: 30.84M H100 GPU-hours for the 405B", 0.42),
+    "llama3-405b-staged": (30.84e6, "Llama 3.1 model card: 30.84M H100 GPU-hours for the 405B", 0.40),
 }
 
 
@@ -105,3 +106,19 @@ def test_published_whole_run_gpu_hours_from_the_recipe(recipe: str) -> None:
     assert abs(error) <= held, f"{recipe}: {error:+.1%} against the {held:.0%} held"
     # the whole run is the sum of its stages, each at its own shape
     assert run["compute_s"] == pytest.approx(sum(s["steps"] * s["step_time_s"] for s in run["stages"]), rel=1e-9)
+
+
+def test_the_405b_recipe_follows_the_paper_and_its_oom_line_names_the_bytes() -> None:
+    """Llama 3 (sec. 3.3.2) trained 405B at 8K without activation checkpointing, optimizer state and gradients
+    sharded (ZeRO-2 here). The plan of that layout does not fit, and its OOM line says where the bytes go: the
+    activations are 569 MB per layer per micro-batch (Korthikanti et al.'s 34sbh/t for this shape is 570 MB)
+    times 128 layer-micro-batches: 16 micro-batches of the 8 one-layer chunks a middle rank holds under
+    Megatron's interleaved schedule at micro-batches = pp."""
+    j = plan_json(REPO / "recipes" / "llama3-405b.yaml")
+    assert (j["layout"]["recompute"], j["layout"]["zero"]) == ("none", 2)
+    oom = next(w["message"] for w in j["warnings"] if w["code"] == "OOM")
+    worst = j["memory"]["per_pp_rank"][j["memory"]["worst_pp_rank"]]
+    per_layer = 34 * 8192 * 16384 / 8
+    assert worst["activations"] == pytest.approx(128 * per_layer, rel=0.01)
+    assert "128 layer-micro-batches' worth" in oom and "569 MB per layer per micro-batch" in oom
+    assert f"activations {worst['activations'] / 1e9:.1f} GB" in oom and "3.2 GB reserve" in oom

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from trainctl.plan import memory
 from trainctl.plan.comm import INTER_NODE
 from trainctl.plan.comm_levers import Levers
-from trainctl.plan.estimate import Estimate, Evaluator
+from trainctl.plan.estimate import Candidate, Estimate, Evaluator, RankMemory
 from trainctl.units import dur
 
 LEVELS = ("info", "warning", "severe", "error")
@@ -31,6 +32,24 @@ def _gb(x: float) -> str:
     return f"{x / GB:.1f} GB"
 
 
+def _dense_layer_bytes(ev: Evaluator, c: Candidate) -> float | None:
+    """Activation bytes a dense layer keeps per micro-batch in flight (plan/memory.py); None for a mixture of
+    experts, whose layers differ."""
+    ctx = ev.ctx
+    if ctx.shape.moe is not None:
+        return None
+    return memory.trainer_layer_activation_bytes(ctx.shape, c.micro_batch, c.tp, c.sequence_parallel, c.recompute,
+                                                 ctx.precision, c.cp, ctx.on_gpu)
+
+
+def _memory_parts(rank: RankMemory, per_layer: float | None) -> str:
+    """Where one GPU's bytes go, itemised as the trainer holds them."""
+    layers = (f" ({per_layer / 1e6:,.0f} MB per layer per micro-batch in flight, {rank.activations / per_layer:,.0f} "
+              "layer-micro-batches' worth)" if per_layer else "")
+    return (f"weights {_gb(rank.weights)}, gradients {_gb(rank.gradients)}, optimizer {_gb(rank.optimizer)}, "
+            f"activations {_gb(rank.activations)}{layers}, transient {_gb(rank.transient)}")
+
+
 def advise(ev: Evaluator, est: Estimate) -> list[PlanWarning]:  # noqa: C901 - a flat list of independent checks
     c, ctx, out = est.cand, ev.ctx, []
     add = lambda code, level, msg: out.append(PlanWarning(code, level, msg))  # noqa: E731
@@ -41,8 +60,9 @@ def advise(ev: Evaluator, est: Estimate) -> list[PlanWarning]:  # noqa: C901 - a
     if not gpu_fits:
         add("OOM", "error",
             f"does not fit: pipeline rank {est.worst.pp_rank} needs {_gb(est.worst.total)} > {_gb(est.capacity or 0)} "
-            "per GPU; raise parallel.zero, use train.recompute selective/full, a smaller micro_batch, more tp/pp, "
-            "or parallel.offload: optimizer")
+            f"per GPU ({_gb(ctx.hw.memory_bytes or 0)} less a {_gb(ctx.hw.reserve_bytes)} reserve): "
+            f"{_memory_parts(est.worst, _dense_layer_bytes(ev, c))}; raise parallel.zero, use train.recompute "
+            "selective/full, a smaller micro_batch, more tp/pp, or parallel.offload: optimizer")
     if not est.host_fits:
         add("HOST_OOM", "error",
             f"optimizer offload does not fit host memory: {_gb(est.host_per_node)} per node "

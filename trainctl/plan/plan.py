@@ -437,16 +437,24 @@ def stage_prices(spec: RunSpec) -> list[dict[str, Any]] | None:
                     "step_time_s": est.step_time,
                     "compute_s": est.step_time * steps if est.step_time else None,
                     "mfu": est.mfu(ctx.world, ctx.hw.peak_flops), "memory_bytes": est.worst.total,
-                    "fits": est.fits})
+                    "fits": est.fits, "own_shape": shaped.train.recompute == spec.train.recompute and all(
+                        getattr(st, k) in (None, base) for k, base in _stage_bases(spec))})
     return out
 
 
+def _stage_bases(spec: RunSpec) -> tuple[tuple[str, Any], ...]:
+    """A stage's shape fields and the spec's own values of them."""
+    return (("global_batch", spec.train.global_batch), ("seq_len", spec.model.seq_len), ("cp", spec.parallel.cp),
+            ("dp", spec.parallel.dp))
+
+
 def stage_warnings(stages: list[dict[str, Any]] | None) -> tuple[PlanWarning, ...]:
-    """A stage whose shape does not fit in memory (the layout is the spec's; the batch and length are its own)."""
+    """A stage whose shape does not fit in memory (the layout is the spec's; the batch and length are its own);
+    a stage at the spec's own shape is the OOM error's already."""
     return tuple(PlanWarning("STAGE_OUT_OF_MEMORY", "error", (
         f"train.stages {s['name']!r} needs {s['memory_bytes'] / 1e9:.1f} GB per GPU at seq_len {s['seq_len']:,} and "
         f"global_batch {s['global_batch']:,}: over the GPU's memory; give the stage a layout that fits (cp, dp) or "
-        "more recompute")) for s in stages or () if not s["fits"])
+        "more recompute")) for s in stages or () if not s["fits"] and not s["own_shape"])
 
 
 def checkpoint_plan(spec: RunSpec, step_time: float | None,

@@ -275,6 +275,8 @@ class StageSpec(Strict):
     cp: Count | None = Field(None, description="Context parallelism in this stage; default parallel.cp (with dp, "
                              "to keep the world size)")
     dp: Count | None = Field(None, description="Data parallelism in this stage; default parallel.dp")
+    recompute: Literal["none", "selective", "full"] | None = Field(
+        None, description="Activation recomputation in this stage; default train.recompute")
 
 
 class TrainSpec(Strict):
@@ -683,6 +685,7 @@ class RunSpec(Strict):
                                                     "dp": stage.dp or self.parallel.dp})
         train = self.train.model_copy(update={"global_batch": stage.global_batch or self.train.global_batch,
                                               "steps": self.stage_steps(stage), "tokens": None, "stages": None,
+                                              "recompute": stage.recompute or self.train.recompute,
                                               "warmup": 0, "profile": None})
         model = self.model.model_copy(update={"seq_len": stage.seq_len or self.model.seq_len})
         return self.model_copy(update={"parallel": parallel, "train": train, "model": model})
