@@ -85,6 +85,14 @@ def test_launch_refuses_stages_rather_than_train_another_shape(tmp_path: Path) -
     assert trainctl("validate", str(spec)).returncode == 0
 
 
+def test_the_node_sweep_refuses_stages_rather_than_price_one_shape() -> None:
+    """The sweep's whole run prices the spec's one shape: a staged spec is refused in one line, not priced as
+    if every stage were the base."""
+    out = trainctl("plan", str(REPO / "recipes" / "bloom-176b.yaml"), "--auto", "--nodes", "24..48")
+    assert out.returncode == 2 and "the node sweep prices one shape, not train.stages' 2" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
 # The published whole runs, planned from their recipes with the default estimate.*: GPU-hours against the
 # published figure. TARGET is the goal for published whole runs; the third figure of each is the error the plan
 # achieves today (the step model is uncalibrated against these runs; nothing is fitted to them), so a change

@@ -226,9 +226,13 @@ def sweep(spec: RunSpec, *, nodes: tuple[int, int], counts: int = DEFAULT_COUNTS
 
 def _refuse_unusable(spec: RunSpec, nodes: tuple[int, int]) -> None:
     """Node counts the spec cannot run on, or cannot price, are not swept: one line with the fix. The local
-    backend runs on one node; a peak unknown to the catalog (a CPU) gives no step time in seconds, only a rank
-    (plan --auto's nominal 1 TFLOP/s), so days and GPU-hours would be invented."""
+    backend runs on one node; a staged run changes shape; a peak unknown to the catalog (a CPU) gives no step
+    time in seconds, only a rank (plan --auto's nominal 1 TFLOP/s), so days and GPU-hours would be invented."""
     lo, hi = nodes
+    if spec.train.stages:  # the sweep's whole run prices one shape; a staged run's would be another run's
+        raise UsageError(f"--nodes {lo}..{hi}: the node sweep prices one shape, not train.stages' "
+                         f"{len(spec.train.stages)}; plan the staged run at each node count (--set cluster.nodes=N, "
+                         "with each stage's dp), or sweep one stage's spec")
     if spec.launcher.backend == "local" and hi > 1:
         raise UsageError(f"--nodes {lo}..{hi}: launcher.backend local runs on one node; sweep node counts of a "
                          "Slurm run (--set launcher.backend=slurm), or use --nodes 1")
