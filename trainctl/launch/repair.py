@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import stat
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -214,8 +215,12 @@ def write_rebuilt(paths: RunPaths, rebuilt: Rebuilt) -> Path | None:
 # --- every record: spec.yaml, plan.json, launch.sh, job.json --------------------------------------------------
 
 def text_problem(path: Path) -> str | None:
-    """What is wrong with a record file whatever its format (missing, unreadable, empty), or None."""
+    """What is wrong with a record file whatever its format (missing, unreadable, empty), or None. A path that is
+    no regular file (a FIFO, a device) is not damage but no record either: None here and in the checks below, and
+    its reader refuses it in one line (fileio.read_capped) instead of waiting on it or reading for ever."""
     try:
+        if not _regular(path):
+            return None
         data = path.read_bytes()
     except FileNotFoundError:
         return "missing"
@@ -224,12 +229,16 @@ def text_problem(path: Path) -> str | None:
     return "empty" if not data.strip() else None
 
 
+def _regular(path: Path) -> bool:
+    return stat.S_ISREG(path.stat().st_mode)
+
+
 def spec_problem(path: Path) -> str | None:
     """spec.yaml damaged (missing, empty, not YAML, not a mapping: a file-system error's leftovers), or None. A
     spec that parses but breaks a rule is a spec error, not damage: its loader names the field and the fix."""
     import yaml
 
-    if (problem := text_problem(path)) is not None:
+    if (problem := text_problem(path)) is not None or not _regular(path):
         return problem
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -239,7 +248,7 @@ def spec_problem(path: Path) -> str | None:
 
 
 def plan_problem(path: Path) -> str | None:
-    if (problem := text_problem(path)) is not None:
+    if (problem := text_problem(path)) is not None or not _regular(path):
         return problem
     try:
         json.loads(path.read_text(encoding="utf-8"))
@@ -250,7 +259,7 @@ def plan_problem(path: Path) -> str | None:
 
 def script_problem(path: Path) -> str | None:
     """launch.sh damaged: missing, empty, or cut before its last statement (the `exec` of the command)."""
-    if (problem := text_problem(path)) is not None:
+    if (problem := text_problem(path)) is not None or not _regular(path):
         return problem
     return None if _script_command(path)[0] else "truncated (no command)"
 
