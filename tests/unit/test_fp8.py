@@ -6,6 +6,8 @@ which layers the conversion touches; a tiny model's loss curve in FP8 against th
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from cli_utils import trainctl
@@ -100,6 +102,15 @@ def test_fp8_error_against_the_exact_product_is_the_recipes_rounding(recipe: str
     print(recipe, {k: f"{v:.1e}" for k, v in errors.items()})
 
 
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_an_expert_given_no_tokens_runs(recipe: str) -> None:
+    """A routed expert may receive no rows: an empty output and zero weight gradient, as F.linear gives."""
+    _, w, _ = operands()
+    y, dx, dw = fp8_layer(torch.zeros(0, w.shape[1]), w, torch.zeros(0, w.shape[0]), recipe)
+    assert y.shape == (0, w.shape[0]) and dx.shape == (0, w.shape[1])
+    assert torch.equal(dw, torch.zeros_like(w))
+
+
 def test_rowwise_scales_follow_each_row() -> None:
     """A row 10^5 times smaller than the largest keeps e4m3's relative precision under rowwise and loses most
     of it under tensorwise (one scale for all puts its values among e4m3's subnormals, 2^-9 to 2^-6)."""
@@ -186,3 +197,36 @@ def test_fp8_is_refused_in_one_line_without_fp8_tensor_cores() -> None:
     ok = trainctl("validate", "--set", "train.precision=fp8", "--set", "train.fp8_recipe=rowwise",
                   "--set", "cluster.gpu=h100-sxm")
     assert ok.returncode == 0, ok.stderr
+
+
+def _plan(precision: str) -> dict:
+    r = trainctl("plan", "--json", "--set", "model.preset=llama3-8b", "--set", "parallel.tp=8", "--set",
+                 "parallel.pp=1", "--set", "parallel.dp=4", "--set", "parallel.zero=0", "--set",
+                 "parallel.sequence_parallel=true", "--set", "parallel.micro_batch=1", "--set", "train.global_batch=64",
+                 "--set", "train.recompute=none", "--set", "cluster.nodes=4", "--set", "cluster.gpus_per_node=8",
+                 "--set", "cluster.gpu=h100-sxm", "--set", "launcher.backend=slurm",
+                 "--set", f"train.precision={precision}")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_plan_prices_fp8_gemms_at_the_fp8_peak_and_reports_mfu_against_bf16() -> None:
+    """Llama 3 8B on 32 H100 SXM (TP8 + SP, DP4): the linear layers' GEMM FLOPs at the FP8 peak (1,979 against
+    989.4 TFLOP/s dense, NVIDIA's H100 datasheet), the attention core and the LM head at bf16's. By hand, per
+    token: each layer's matmul weights n = h(h + 2*kv*hd) + h*h + 3*h*f, 6n FLOPs, the attention core 12*h*s,
+    the head 6*V*h. MFU stays against the BF16 peak; the memory loses autocast's 2-byte copies of the layers'
+    weights (the FP8 layers quantize the fp32 weight itself)."""
+    h, f, kv_hd, layers, vocab, seq, tp = 4096, 14336, 8 * 128, 32, 128256, 8192, 8
+    n = h * (h + 2 * kv_hd) + h * h + 3 * h * f
+    ratio = 1979.0 / 989.4
+    bf16_flops = layers * (6 * n + 12 * h * seq) + 6 * vocab * h
+    fp8_flops = layers * (6 * n / ratio + 12 * h * seq) + 6 * vocab * h
+    bf16, fp8 = _plan("bf16"), _plan("fp8")
+    assert fp8["prediction"]["compute_s"] / bf16["prediction"]["compute_s"] == pytest.approx(fp8_flops / bf16_flops,
+                                                                                          rel=1e-9)
+    assert fp8["hardware"]["peak_flops"] == bf16["hardware"]["peak_flops"] == 989.4e12
+    p = fp8["prediction"]
+    assert p["mfu"] == pytest.approx(fp8["flops"]["model_per_step"] / (p["step_time_s"] * 32 * 989.4e12), rel=1e-9)
+    assert p["mfu"] > bf16["prediction"]["mfu"]
+    saved = bf16["memory"]["total"] - fp8["memory"]["total"]
+    assert saved == pytest.approx(2 * layers * n / tp, rel=1e-12)

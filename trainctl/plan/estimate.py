@@ -126,6 +126,8 @@ class Context:
     # the operator model's device (plan/operators.py); None: the layers run at the rates' flat FLOP/s (a CPU, a
     # calibration profile, estimate.compute_efficiency set, or a part without the catalog's figures)
     device: operators.Device | None = None
+    fp8: bool = False  # train.precision fp8: the linear layers' GEMMs in FP8 (runtime/model/fp8.py)
+    gemm_speedup: float = 1.0  # those GEMMs run this many times the rate (catalog.gemm_speedup)
 
 
 def assumed_rates(hw: Hardware, a: Assumptions, device: operators.Device | None = None) -> AssumedRates:
@@ -376,7 +378,7 @@ class Evaluator:
         self.expert_pace = cf or ctx.assume.moe_imbalance
         self._layer_flops = {r: model.layer_flops_per_token(m, r, self.expert_factor)
                              for r in ("none", "selective", "full")}
-        self._layer_flops_paced = {r: model.layer_flops_per_token(m, r, self.expert_pace)
+        self._layer_flops_paced = {r: model.layer_flops_per_token(m, r, self.expert_pace, ctx.gemm_speedup)
                                    for r in ("none", "selective", "full")}
         self.rates: AssumedRates | MeasuredRates = ctx.rates or assumed_rates(ctx.hw, ctx.assume)
 
@@ -618,13 +620,14 @@ class Evaluator:
         transient = tuple(working if n else 0.0 for n in prof.rank_layers)
         # autocast's weight copies: a full recompute saves only the LM head's (the layers' live while one re-runs)
         # (an upper bound under SP: the column-parallel layers there cast their weight again in backward, no copy kept)
+        # FP8 layers quantize the weight itself and keep no 16-bit copy (runtime/model/fp8.py): only the head's
         copy = memory.AUTOCAST_COPY_BYTES
-        kept = c.recompute != "full"
+        kept = c.recompute != "full" and not ctx.fp8
         cast_params = [model.stage_matmul_params_per_gpu(m, tp, layers=prof.rank_layers[r] if kept else 0,
                                                          last=prof.has_last[r], moe_layers=moe_layers[r] if kept else 0,
                                                          ep=c.ep) for r in range(pp)]
-        cast_working = 0.0 if kept else model.stage_matmul_params_per_gpu(m, tp, layers=1, last=False,
-                                                                          moe_layers=int(m.moe is not None), ep=c.ep)
+        cast_working = 0.0 if kept or ctx.fp8 else model.stage_matmul_params_per_gpu(
+            m, tp, layers=1, last=False, moe_layers=int(m.moe is not None), ep=c.ep)
         acts_copied = tuple(x + copy * n for x, n in zip(acts, cast_params, strict=True))
         transient_copied = tuple(t + copy * cast_working if t else 0.0 for t in transient)
 

@@ -334,7 +334,7 @@ def _linear_forward(x: Tensor, weight: Tensor, bias: Tensor | None, dtype: torch
     """x W^T + b in `dtype` (autocast off): F.linear, or the FP8 forward GEMM under a recipe."""
     if fp8 is None:
         return F.linear(x, weight.to(dtype), bias.to(dtype) if bias is not None else None)
-    y = fp8_gemms.forward_gemm(x.reshape(-1, x.shape[-1]), weight, fp8, dtype).view(*x.shape[:-1], -1)
+    y = fp8_gemms.forward_gemm(x.reshape(-1, x.shape[-1]), weight, fp8, dtype).view(*x.shape[:-1], weight.shape[0])
     return y + bias.to(dtype) if bias is not None else y
 
 
@@ -347,7 +347,7 @@ def _linear_backward(ctx: Any, g: Tensor, x: Tensor, weight: Tensor
     grad_x = grad_w = grad_b = None
     if need[0]:
         gx = g2d.mm(weight.to(g.dtype)) if fp8 is None else fp8_gemms.grad_input_gemm(g2d, weight, fp8, g.dtype)
-        grad_x = gx.view(*x.shape[:-1], -1).to(ctx.in_dtype)
+        grad_x = gx.view(x.shape).to(ctx.in_dtype)
     if need[1]:
         gw = g2d.t().mm(x2d) if fp8 is None else fp8_gemms.grad_weight_gemm(g2d, x2d, fp8, g.dtype)
         grad_w = gw.to(weight.dtype)
