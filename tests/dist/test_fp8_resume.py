@@ -61,6 +61,9 @@ def test_bf16_checkpoint_resumes_in_fp8_and_back_with_the_master_weights_bitwise
     _bitwise(_load_only(run, "fp8"), saved_bf16)
     _resume(run, "fp8", 6, "fp8 training")  # steps 5-6 in FP8, a checkpoint at 6
     saved_fp8 = _weights(run, "w-fp8-6")
+    report = trainctl("mfu-report", str(run), env={"COLUMNS": "200"})
+    _ok(report, "mfu-report")
+    assert "fp8 run, FP8 emulated on the CPU: MFU against the measured matmul rate" in report.stdout, report.stdout
     _bitwise(_load_only(run, "bf16"), saved_fp8)
     _resume(run, "bf16", 8, "bf16 training on")
     assert not all(torch.equal(saved_fp8[k], w) for k, w in _weights(run, "w-bf16-8").items())

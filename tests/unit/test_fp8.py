@@ -230,3 +230,11 @@ def test_plan_prices_fp8_gemms_at_the_fp8_peak_and_reports_mfu_against_bf16() ->
     assert p["mfu"] > bf16["prediction"]["mfu"]
     saved = bf16["memory"]["total"] - fp8["memory"]["total"]
     assert saved == pytest.approx(2 * layers * n / tp, rel=1e-12)
+
+
+def test_mfu_report_states_the_fp8_convention_on_a_gpu() -> None:
+    from trainctl.report.summary import mfu_convention
+
+    on_gpu = mfu_convention("fp8", "catalog h100-sxm dense BF16 989.4 TFLOP/s (NVIDIA H100 80GB HBM3 via NVML)")
+    assert "against the dense BF16 peak" in on_gpu
+    assert "bf16" in mfu_convention("bf16", "catalog h100-sxm dense BF16 989.4 TFLOP/s")
