@@ -505,13 +505,14 @@ class Evaluator:
             return (flat, flat) if flat else None
         m = self.ctx.shape
         tokens = mb * m.seq_len / cp
+        speedup = self.ctx.gemm_speedup  # FP8 GEMMs: the time and the FLOPs it is a rate of both at their pace
         layer_s = operators.layer_seconds(m, dev, micro_batch=mb, tp=tp, cp=cp, sp=sp, recompute=recompute,
-                                          act=self.act_bytes, stream=self.stream_bytes)
+                                          act=self.act_bytes, stream=self.stream_bytes, gemm_speedup=speedup)
         vp = self.padded_vocab(tp)
         head_s = operators.head_seconds(m, dev, micro_batch=mb, tp=tp, cp=cp, vocab=vp, act=self.act_bytes)
         # the layer's FLOPs as the operator model shaped them: a MoE layer as a dense one with top_k experts' MLP
         dense = m if m.moe is None else replace(m, moe=None, ffn_hidden=m.moe.expert_ffn_hidden * m.moe.top_k)
-        layer_flops = model.layer_flops_per_token(dense, recompute) * tokens / tp
+        layer_flops = model.layer_flops_per_token(dense, recompute, gemm_speedup=speedup) * tokens / tp
         return layer_flops / layer_s, model.head_flops_per_token(m, vp) * tokens / tp / head_s
 
     def _make_load(self, tp: int, pp: int, v: int, layers: tuple[int, ...], recompute: str, schedule_: str,
