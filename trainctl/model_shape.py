@@ -396,7 +396,8 @@ def model_flops_per_token_of(m: ModelShape) -> float:
     return model_flops_per_token(param_counts(m).matmul, m.layers, m.heads * m.head_dim, m.seq_len)
 
 
-def layer_flops_per_token(m: ModelShape, recompute: str, expert_factor: float = 1.0) -> float:
+def layer_flops_per_token(m: ModelShape, recompute: str, expert_factor: float = 1.0,
+                          gemm_speedup: float = 1.0) -> float:
     """Hardware FLOPs of one transformer layer per token, forward + backward + recompute; for an MoE model
     the mean over its layers of the *active* matmul weights (router, top_k experts, shared experts).
     `expert_factor` scales the routed experts' share: the planner's load-imbalance allowance (the busiest
@@ -407,11 +408,15 @@ def layer_flops_per_token(m: ModelShape, recompute: str, expert_factor: float = 
       A*V) is recomputed in backward: one more forward of QK^T and A*V = 4*s*h per token.
     - full: the whole layer's forward again = 2 per matmul weight + 4*s*h. The LM head is not
       recomputed (Narayanan et al. 2021, eq. for F: 96*B*s*l*h^2*(1 + s/(6h) + V/(16*l*h))).
-    """
+
+    `gemm_speedup` > 1 gives the FLOPs at the base rate that take as long: the linear layers' GEMMs (the matmul
+    weights' terms) run that many times faster (FP8: the FP8 peak over the BF16 peak), the attention core and
+    the router at the base rate (the router, fp32 and tiny, is counted with the linear layers)."""
     attn = m.heads * m.head_dim * m.seq_len
     n = active_layer_matmul_params(m)
     if m.moe is not None and expert_factor != 1.0:
         n += (expert_factor - 1) * moe_layer_params(m).experts_active * m.moe_layers / m.layers
+    n /= gemm_speedup
     base = 6 * n + 12 * attn
     if recompute == "full":
         return base + 2 * n + 4 * attn

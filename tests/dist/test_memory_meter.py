@@ -121,6 +121,23 @@ def test_plan_memory_is_the_trainers_measured_memory(tmp_path: Path, monkeypatch
     """docs/design/memory.md, "Memory model": the plan's weights, gradients and optimizer bytes are what the
     trainer holds (up to bucket padding and AdamW's step counters), its activations within 10% of the
     measured saved-for-backward peak."""
+    check_plan_memory(PLAN_CASES, tmp_path, monkeypatch)
+
+
+# FP8 over a bf16 base (autocast on the CPU too): the FP8 layers keep their input and the weight itself, no
+# 16-bit copy of it (docs/design/trainer.md, "FP8 training"); only the LM head's copy stays
+FP8 = {"precision": "fp8", "low_precision_on_cpu": True}
+FP8_PLAN_CASES: dict[str, tuple] = {
+    "llama-pp2-1f1b-fp8": ("llama", "pp2-1f1b", "2", "none", FP8),
+    "gpt-tp2-full-fp8": ("gpt", "tp2", "4", "full", {**FP8, "fp8_recipe": "rowwise"}),
+}
+
+
+def test_plan_memory_in_fp8_is_the_trainers_measured_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    check_plan_memory(FP8_PLAN_CASES, tmp_path, monkeypatch)
+
+
+def check_plan_memory(cases: dict[str, tuple], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from test_layout_matrix import case_spec
 
     from trainctl.plan.plan import build_plan
@@ -129,7 +146,7 @@ def test_plan_memory_is_the_trainers_measured_memory(tmp_path: Path, monkeypatch
     monkeypatch.setenv("TRAINCTL_BUCKET_NUMEL", str(BUCKET_NUMEL))  # the plan sizes ZeRO-2's buffers by it
     specs = {k: deep_update(case_spec(dict(zip(("model", "layout", "micro_batch", "recompute"), row[:4], strict=True)),
                                       steps=2, **(row[4] if len(row) > 4 else {})),
-                            {"model": row[5] if len(row) > 5 else {}}) for k, row in PLAN_CASES.items()}
+                            {"model": row[5] if len(row) > 5 else {}}) for k, row in cases.items()}
     run_matrix([{"id": k, "spec": v} for k, v in specs.items()], tmp_path, timeout=600, nproc=4)
     worst_act = 0.0
     for k, raw in specs.items():

@@ -623,3 +623,25 @@ def test_a_run_directory_deleted_under_the_job_stays_deleted(slurm_cluster: Slur
             continue
     wait_for(lambda: jid not in squeue_ids(), "the job to end", 120)
     assert not run.exists(), sorted(str(p.relative_to(run)) for p in run.rglob("*"))
+
+
+FP8_STEPS = 4
+FP8_RUN = ["--set", "train.precision=fp8", "--set", "train.fp8_recipe=rowwise", "--set", f"train.steps={FP8_STEPS}",
+           "--set", "parallel.dp=1", "--set", "train.global_batch=8"]
+
+
+def test_fp8_job_on_two_nodes_has_the_local_fp8_losses(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """train.precision fp8 (emulated on these CPU nodes) over TP 2 (+ SP) x PP 2 across two Slurm nodes: the losses
+    of the same spec run locally, bit for bit (the same FP8 quantization in the same layout), and mfu-report
+    states the FP8 MFU convention."""
+    local, run = tmp_path / "local", tmp_path / "run"
+    r = trainctl("launch", str(TINY), *FP8_RUN, "--set", "cluster.gpus_per_node=4", "--run-dir", str(local))
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = trainctl("launch", str(TINY), *FP8_RUN, "--set", "cluster.nodes=2", "--set", "cluster.gpus_per_node=2",
+                 "--set", "launcher.backend=slurm", "--set", "launcher.mode=srun", "--run-dir", str(run))
+    assert r.returncode == 0, r.stdout + r.stderr
+    wait_done(run)
+    assert len(losses(run)) == FP8_STEPS and losses(run) == losses(local)
+    report = trainctl("mfu-report", str(run), "--json")
+    (summary,) = [x["summary"] for x in json.loads(report.stdout)["runs"]]
+    assert summary["peak"]["convention"].startswith("fp8 run, FP8 emulated on the CPU")

@@ -154,7 +154,7 @@ def test_type_and_range_errors():
     assert "model.layers" in msg
     msg = one_problem(BASE, "model.layers=100000000000000000000000000000")
     assert "model.layers" in msg and "<= 1000000" in msg
-    assert "train.precision" in one_problem(BASE, "train.precision=fp8")
+    assert "train.precision" in one_problem(BASE, "train.precision=fp4")
     assert "train.lr" in one_problem(BASE, "train.lr=.nan")
 
 

@@ -203,7 +203,9 @@ def render_plan(plan: Plan, console: Console, ranks: bool) -> None:
     _print_kv(console, "Prediction (roofline)", pred)
     prose(console, f"peak {_si(peak, 'FLOP/s') if peak else 'unknown (measured at run time)'} "
                    + (f"dense {'TF32' if L['precision'] == 'fp32' else 'BF16'} per GPU" if per == "GPU"
-                      else "per rank: the matmul rate where the ranks run"))
+                      else "per rank: the matmul rate where the ranks run")
+                   + (f"; the linear layers' FP8 GEMMs at {hw['gemm_speedup']:.1f}x it (the FP8 peak), MFU against "
+                      "it (docs/design/memory.md, \"MFU convention\")" if hw.get("gemm_speedup", 1.0) != 1.0 else ""))
 
     _print_kv(console, "Checkpoints", checkpoint_rows(j["checkpoint"]))
 

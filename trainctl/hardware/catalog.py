@@ -45,6 +45,9 @@ class Accelerator:
     # flash attention (forward, backward) FLOP/s over the dense peak, by kernel: "flash2" (FlashAttention-2, what
     # torch's SDPA flash backend runs) and "flash3" (Hopper's FlashAttention-3 / cuDNN class of kernels)
     attention_efficiency: tuple[tuple[str, float, float], ...] = ()
+    # Dense FP8 tensor-core peak (e4m3/e5m2 inputs); None = no FP8 tensor cores (V100, A100, A10G), where
+    # train.precision fp8 is refused. From the datasheet cited beside the BF16 figure, halved like it.
+    peak_fp8_tflops: float | None = None
 
     def attention(self, kernel: str) -> tuple[float, float] | None:
         """(forward, backward) efficiency of `kernel` on this part; flash3 falls back to flash2 where the part has
@@ -100,6 +103,7 @@ ACCELERATORS: dict[str, Accelerator] = {
                             peak_fp32_tflops=67.0, memory_gb=80.0, nvlink_domain=8, nvlink_gbps=450.0,
                             source="NVIDIA H100 datasheet (SXM): BF16 1,979 sparse -> 989.4 dense",
                             sparse_bf16_tflops=1979.0,
+                            peak_fp8_tflops=1979.0,  # FP8 3,958 sparse -> 1,979 dense
                             board_power_w=700.0),
     # NVIDIA H100 datasheet, PCIe column: BF16 1,513* -> 756.5 dense; TF32 756* -> 378; FP32 51;
     # 80 GB HBM2e; NVLink bridge pairs 2 cards at 600 GB/s -> 300 per direction (domain 2); without
@@ -109,6 +113,7 @@ ACCELERATORS: dict[str, Accelerator] = {
                              peak_tf32_tflops=378.0, peak_fp32_tflops=51.0, memory_gb=80.0, nvlink_domain=2,
                              nvlink_gbps=300.0, source="NVIDIA H100 datasheet (PCIe): BF16 1,513 sparse -> 756.5 dense",
                              sparse_bf16_tflops=1513.0,
+                             peak_fp8_tflops=1513.0,  # FP8 3,026 sparse -> 1,513 dense
                              board_power_w=350.0),
     # NVIDIA H100 datasheet, H100 NVL column (per card; early editions quoted the bridged pair):
     # BF16 1,671* -> 835.5 dense; TF32 835* -> 417.5; FP32 60; 94 GB HBM3; NVLink bridge 600 GB/s ->
@@ -118,6 +123,7 @@ ACCELERATORS: dict[str, Accelerator] = {
                             peak_fp32_tflops=60.0, memory_gb=94.0, nvlink_domain=2, nvlink_gbps=300.0,
                             source="NVIDIA H100 datasheet (H100 NVL): BF16 1,671 sparse -> 835.5 dense",
                             sparse_bf16_tflops=1671.0,
+                            peak_fp8_tflops=1670.5,  # FP8 3,341 sparse -> 1,670.5 dense
                             board_power_w=400.0),
     # NVIDIA H200 datasheet, SXM column: same GH100 compute as H100 SXM: BF16 1,979* -> 989.4; TF32
     # 989* -> 494.7; FP32 67; 141 GB HBM3e; NVLink 900 GB/s -> 450; HGX H200: 8 GPUs.
@@ -126,6 +132,7 @@ ACCELERATORS: dict[str, Accelerator] = {
                         peak_fp32_tflops=67.0, memory_gb=141.0, nvlink_domain=8, nvlink_gbps=450.0,
                         source="NVIDIA H200 datasheet (SXM): BF16 1,979 sparse -> 989.4 dense",
                         sparse_bf16_tflops=1979.0,
+                        peak_fp8_tflops=1979.0,  # FP8 3,958 sparse -> 1,979 dense
                         board_power_w=700.0),
     # NVIDIA GH200 Grace Hopper Superchip datasheet: GPU BF16 1,979* -> 989.4; TF32 989* -> 494.7;
     # FP32 67; 96 GB HBM3 (144 GB HBM3e version: override memory_gb). Domain 4: the common quad-GH200
@@ -136,6 +143,7 @@ ACCELERATORS: dict[str, Accelerator] = {
                          peak_tf32_tflops=494.7, peak_fp32_tflops=67.0, memory_gb=96.0, nvlink_domain=4,
                          nvlink_gbps=450.0, source="NVIDIA GH200 datasheet: BF16 1,979 sparse -> 989.4 dense",
                          sparse_bf16_tflops=1979.0,
+                         peak_fp8_tflops=1979.0,  # FP8 3,958 sparse -> 1,979 dense
                          board_power_w=1000.0),
     # NVIDIA HGX B200 datasheet (8 GPUs): FP16/BF16 36 PFLOPS* -> 4.5 per GPU sparse -> 2,250 dense;
     # TF32 18 PFLOPS* -> 1,125 dense per GPU; FP32 600 TFLOPS -> 75 per GPU; 1,440 GB HBM3e -> 180
@@ -145,6 +153,7 @@ ACCELERATORS: dict[str, Accelerator] = {
                         peak_fp32_tflops=75.0, memory_gb=180.0, nvlink_domain=8, nvlink_gbps=900.0,
                         source="NVIDIA HGX B200 datasheet: BF16 36 PF sparse / 8 GPUs -> 2,250 dense per GPU",
                         sparse_bf16_tflops=4500.0,
+                        peak_fp8_tflops=4500.0,  # FP8 72 PF sparse / 8 GPUs -> 4,500 dense per GPU
                         board_power_w=1000.0),
     # NVIDIA GB200 NVL72 datasheet (72 GPUs): FP16/BF16 360 PFLOPS* -> 5,000 sparse per GPU -> 2,500
     # dense; TF32 180 PF* -> 1,250 dense; FP32 5,760 TFLOPS -> 80; HBM3e 13.4 TB -> 186 GB per GPU;
@@ -154,7 +163,7 @@ ACCELERATORS: dict[str, Accelerator] = {
     "gb200": Accelerator(key="gb200", name="NVIDIA GB200 (NVL72)", peak_bf16_tflops=2500.0, peak_tf32_tflops=1250.0,
                          peak_fp32_tflops=80.0, memory_gb=186.0, nvlink_domain=72, nvlink_gbps=900.0,
                          source="NVIDIA GB200 NVL72 datasheet: BF16 360 PF sparse / 72 GPUs -> 2,500 dense per GPU",
-                         multi_node_domain=True, sparse_bf16_tflops=5000.0),
+                         multi_node_domain=True, sparse_bf16_tflops=5000.0, peak_fp8_tflops=5000.0),
     # NVIDIA L40S datasheet: "BF16 Tensor Core 362.05 | 733*" -- the dense figure is printed, and the
     # sparse one is not exactly twice it, so we take 362.05 as printed; TF32 183 (366*); FP32 91.6;
     # 48 GB GDDR6; no NVLink: PCIe Gen4 x16 64 GB/s bidirectional -> 32 per direction.
@@ -162,6 +171,7 @@ ACCELERATORS: dict[str, Accelerator] = {
     "l40s": Accelerator(key="l40s", name="NVIDIA L40S 48GB", peak_bf16_tflops=362.05, peak_tf32_tflops=183.0,
                         peak_fp32_tflops=91.6, memory_gb=48.0, nvlink_domain=1, nvlink_gbps=32.0,
                         source="NVIDIA L40S datasheet: BF16 362.05 dense / 733 sparse", link="pcie",
+                        peak_fp8_tflops=733.0,  # FP8 tensor 733 dense / 1,466 sparse, as printed
                         board_power_w=350.0),
     # NVIDIA L4 datasheet: BF16 242* -> 121 dense; TF32 120* -> 60; FP32 30.3; 24 GB GDDR6; no NVLink,
     # PCIe Gen4 x16 64 GB/s -> 32 per direction.
@@ -170,6 +180,7 @@ ACCELERATORS: dict[str, Accelerator] = {
                       peak_fp32_tflops=30.3, memory_gb=24.0, nvlink_domain=1, nvlink_gbps=32.0,
                       source="NVIDIA L4 datasheet: BF16 242 sparse -> 121 dense", link="pcie",
                       sparse_bf16_tflops=242.0,
+                      peak_fp8_tflops=242.5,  # FP8 485 sparse -> 242.5 dense
                       board_power_w=72.0),
     # NVIDIA A10G (AWS G5 only; no public NVIDIA datasheet). Its tensor rate is below the A10's (A10
     # datasheet: BF16 125 dense); AWS/NVIDIA figures as compared by Baseten (2023): BF16 70 dense,
@@ -185,6 +196,8 @@ ACCELERATORS: dict[str, Accelerator] = {
     "mi300x": Accelerator(key="mi300x", name="AMD Instinct MI300X 192GB", peak_bf16_tflops=1307.4,
                           peak_tf32_tflops=653.7, peak_fp32_tflops=163.4, memory_gb=192.0, nvlink_domain=8,
                           nvlink_gbps=448.0, source="AMD Instinct MI300X datasheet: BF16 1,307.4 dense", link="xgmi",
+                          # FP8 2,614.9 dense, but in AMD's fnuz formats, which the trainer's FP8 GEMMs do not
+                          # produce (runtime/model/fp8.py): no peak_fp8_tflops, so fp8 is refused
                           board_power_w=750.0),
     # A host CPU: peak is measured at run time by a matmul micro-benchmark and cached.
     "cpu": Accelerator(key="cpu", name="Host CPU (measured matmul rate)", peak_bf16_tflops=None, peak_tf32_tflops=None,
@@ -295,14 +308,23 @@ def peak_tflops_for(acc: Accelerator, precision: str) -> float | None:
     with neither figure (a custom accelerator or an overridden CPU) the only peak we know is used.
     """
     p = precision.lower()
-    if p in ("bf16", "fp16"):
+    if p in ("bf16", "fp16", "fp8"):  # fp8: MFU against the BF16 peak, as torchtitan and Megatron report it
         return acc.peak_bf16_tflops
     if p in ("fp32", "tf32"):
         for peak in (acc.peak_tf32_tflops, acc.peak_fp32_tflops, acc.peak_bf16_tflops):
             if peak is not None:
                 return peak
         return None
-    raise ValueError(f"unknown precision {precision!r}; expected bf16, fp16 or fp32")
+    raise ValueError(f"unknown precision {precision!r}; expected bf16, fp16, fp32 or fp8")
+
+
+def gemm_speedup(acc: Accelerator, precision: str) -> float:
+    """How many times faster than at `peak_tflops_for` the linear layers' GEMMs run in `precision`: the FP8
+    peak over the BF16 peak for fp8 on a part with FP8 tensor cores (H100 SXM: 1,979 / 989.4 = 2.0), else 1
+    (a CPU emulates FP8: no faster). The plan prices those GEMMs' FLOPs at this multiple of the rate."""
+    if precision.lower() != "fp8" or not acc.peak_fp8_tflops or not acc.peak_bf16_tflops:
+        return 1.0
+    return acc.peak_fp8_tflops / acc.peak_bf16_tflops
 
 
 def resolve_accelerator(cluster: Any) -> Accelerator:

@@ -126,6 +126,8 @@ class Context:
     # the operator model's device (plan/operators.py); None: the layers run at the rates' flat FLOP/s (a CPU, a
     # calibration profile, estimate.compute_efficiency set, or a part without the catalog's figures)
     device: operators.Device | None = None
+    fp8: bool = False  # train.precision fp8: the linear layers' GEMMs in FP8 (runtime/model/fp8.py)
+    gemm_speedup: float = 1.0  # those GEMMs run this many times the rate (catalog.gemm_speedup)
 
 
 def assumed_rates(hw: Hardware, a: Assumptions, device: operators.Device | None = None) -> AssumedRates:
@@ -376,7 +378,7 @@ class Evaluator:
         self.expert_pace = cf or ctx.assume.moe_imbalance
         self._layer_flops = {r: model.layer_flops_per_token(m, r, self.expert_factor)
                              for r in ("none", "selective", "full")}
-        self._layer_flops_paced = {r: model.layer_flops_per_token(m, r, self.expert_pace)
+        self._layer_flops_paced = {r: model.layer_flops_per_token(m, r, self.expert_pace, ctx.gemm_speedup)
                                    for r in ("none", "selective", "full")}
         self.rates: AssumedRates | MeasuredRates = ctx.rates or assumed_rates(ctx.hw, ctx.assume)
 
@@ -503,13 +505,14 @@ class Evaluator:
             return (flat, flat) if flat else None
         m = self.ctx.shape
         tokens = mb * m.seq_len / cp
+        speedup = self.ctx.gemm_speedup  # FP8 GEMMs: the time and the FLOPs it is a rate of both at their pace
         layer_s = operators.layer_seconds(m, dev, micro_batch=mb, tp=tp, cp=cp, sp=sp, recompute=recompute,
-                                          act=self.act_bytes, stream=self.stream_bytes)
+                                          act=self.act_bytes, stream=self.stream_bytes, gemm_speedup=speedup)
         vp = self.padded_vocab(tp)
         head_s = operators.head_seconds(m, dev, micro_batch=mb, tp=tp, cp=cp, vocab=vp, act=self.act_bytes)
         # the layer's FLOPs as the operator model shaped them: a MoE layer as a dense one with top_k experts' MLP
         dense = m if m.moe is None else replace(m, moe=None, ffn_hidden=m.moe.expert_ffn_hidden * m.moe.top_k)
-        layer_flops = model.layer_flops_per_token(dense, recompute) * tokens / tp
+        layer_flops = model.layer_flops_per_token(dense, recompute, gemm_speedup=speedup) * tokens / tp
         return layer_flops / layer_s, model.head_flops_per_token(m, vp) * tokens / tp / head_s
 
     def _make_load(self, tp: int, pp: int, v: int, layers: tuple[int, ...], recompute: str, schedule_: str,
@@ -618,13 +621,14 @@ class Evaluator:
         transient = tuple(working if n else 0.0 for n in prof.rank_layers)
         # autocast's weight copies: a full recompute saves only the LM head's (the layers' live while one re-runs)
         # (an upper bound under SP: the column-parallel layers there cast their weight again in backward, no copy kept)
+        # FP8 layers quantize the weight itself and keep no 16-bit copy (runtime/model/fp8.py): only the head's
         copy = memory.AUTOCAST_COPY_BYTES
-        kept = c.recompute != "full"
+        kept = c.recompute != "full" and not ctx.fp8
         cast_params = [model.stage_matmul_params_per_gpu(m, tp, layers=prof.rank_layers[r] if kept else 0,
                                                          last=prof.has_last[r], moe_layers=moe_layers[r] if kept else 0,
                                                          ep=c.ep) for r in range(pp)]
-        cast_working = 0.0 if kept else model.stage_matmul_params_per_gpu(m, tp, layers=1, last=False,
-                                                                          moe_layers=int(m.moe is not None), ep=c.ep)
+        cast_working = 0.0 if kept or ctx.fp8 else model.stage_matmul_params_per_gpu(
+            m, tp, layers=1, last=False, moe_layers=int(m.moe is not None), ep=c.ep)
         acts_copied = tuple(x + copy * n for x, n in zip(acts, cast_params, strict=True))
         transient_copied = tuple(t + copy * cast_working if t else 0.0 for t in transient)
 

@@ -159,8 +159,11 @@ def autocast_copies(precision: str, zero: int, dp: int) -> bool:
 
 
 def compute_precision(precision: str, on_cpu: bool, low_precision_on_cpu: bool) -> str:
-    """The precision the trainer really computes in: on a CPU bf16/fp16 fall back to fp32 unless asked."""
-    return "fp32" if on_cpu and not low_precision_on_cpu else precision
+    """The precision the trainer really computes in outside FP8 GEMMs: on a CPU bf16/fp16 fall back to fp32
+    unless asked. fp8 computes everything but its linear layers' GEMMs in bf16 (docs/design/trainer.md,
+    "FP8 training"), so it is bf16 here, with bf16's fallback."""
+    base = "bf16" if precision == "fp8" else precision
+    return "fp32" if on_cpu and not low_precision_on_cpu else base
 
 
 def trainer_layer_activation_bytes(m: ModelShape, micro_batch: int, tp: int, sp: bool, recompute: str,

@@ -70,12 +70,13 @@ def _train_gemm(dev: Device, m: float, n: float, k: float, act: int) -> tuple[fl
 
 
 def layer_seconds(m: ModelShape, dev: Device, *, micro_batch: int, tp: int, cp: int, sp: bool, recompute: str,
-                  act: int, stream: int) -> float:
+                  act: int, stream: int, gemm_speedup: float = 1.0) -> float:
     """Seconds of one transformer layer's forward + backward (+ recompute) for one micro-batch on one rank.
 
     `act`: bytes of a 16-bit (or fp32) activation; `stream`: bytes of the residual stream's values. A MoE layer is
     priced as a dense layer whose MLP has the routed experts' width times top_k (the Evaluator charges the real
-    FLOPs at the rate this gives)."""
+    FLOPs at the rate this gives). `gemm_speedup`: the linear layers' GEMMs run that many times faster (FP8:
+    catalog.gemm_speedup), the attention core and the memory-bound work as they are."""
     t = micro_batch * m.seq_len / cp  # this rank's tokens
     h, hd = m.hidden, m.head_dim
     q = m.heads * hd / tp
@@ -85,7 +86,7 @@ def layer_seconds(m: ModelShape, dev: Device, *, micro_batch: int, tp: int, cp: 
     fwd = bwd = 0.0
     for n_out, k_in in ((q + 2 * kv, h), (h, q), (up, h), (h, ffn)):
         f, b = _train_gemm(dev, t, n_out, k_in, act)
-        fwd, bwd = fwd + f, bwd + b
+        fwd, bwd = fwd + f / gemm_speedup, bwd + b / gemm_speedup
     core_f, core_b = _attention_seconds(m, dev, micro_batch=micro_batch, tp=tp, cp=cp, act=act)
     # memory-bound work, forward bytes; the norms, residual adds and residual dropouts are replicated over TP
     # (split under sequence parallelism), the rest is on the rank's heads and MLP shard

@@ -12,7 +12,7 @@ from typing import Any
 
 from trainctl import model_shape
 from trainctl.checkpoint import storage
-from trainctl.hardware.catalog import Accelerator, peak_tflops_for, resolve_accelerator, resolve_fabric
+from trainctl.hardware.catalog import Accelerator, gemm_speedup, peak_tflops_for, resolve_accelerator, resolve_fabric
 from trainctl.model_shape import ModelShape, ParamCounts
 from trainctl.plan import operators
 from trainctl.plan.bubble import BUBBLE_DEFINITION
@@ -123,6 +123,7 @@ def context_from_spec(spec: RunSpec) -> Context:
         grad_reduce_bf16=spec.parallel.grad_reduce_dtype == "bf16", rates=rates,
         powersgd_rank=spec.parallel.powersgd.rank if spec.parallel.powersgd else None, on_gpu=not on_cpu,
         device=device,
+        fp8=spec.train.precision == "fp8", gemm_speedup=gemm_speedup(acc, spec.train.precision),
     )
 
 
@@ -287,6 +288,7 @@ class Plan:
             },
             "hardware": {
                 "gpu": hw.gpu, "peak_flops": hw.peak_flops, "memory_bytes": hw.memory_bytes,
+                "gemm_speedup": self.ctx.gemm_speedup,
                 "reserve_bytes": hw.reserve_bytes,
                 "intra_domain_link": hw.link, "nvlink_bytes_per_s": hw.nvlink_bw,
                 "fabric": hw.fabric, "inter_node_bytes_per_s": hw.inter_node_bw,

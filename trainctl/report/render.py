@@ -68,6 +68,7 @@ def _summary_rows() -> list[Row]:
         ("HFU median / best 10%", mfu("hfu")),
         ("peak TFLOP/s per GPU", lambda r: tflops(s(r)["peak"]["tflops_per_gpu"])),
         ("peak source", lambda r: s(r)["peak"]["source"]),
+        ("MFU convention", lambda r: s(r)["peak"].get("convention", "-")),
         ("plan: predicted MFU", plan),
         ("plan: predicted step", plan_step),
         ("final loss", lambda r: "-" if s(r)["final_loss"] is None else f"{s(r)['final_loss']:.4f}"),

@@ -29,7 +29,20 @@ def peak_info(run: RunData) -> dict[str, Any]:
         starts = run.events_of("start")
         source = starts[-1].get("peak_source") if starts else None
     tflops = rec.get("peak_tflops_per_gpu")
-    return {"tflops_per_gpu": tflops, "source": source or "unknown (not recorded by this trainer version)"}
+    return {"tflops_per_gpu": tflops, "source": source or "unknown (not recorded by this trainer version)",
+            "convention": mfu_convention(((run.spec or {}).get("train") or {}).get("precision"), source)}
+
+
+def mfu_convention(precision: str | None, source: str | None) -> str:
+    """What MFU is measured against (docs/design/memory.md, "MFU convention"): the dense BF16 peak for fp8 runs
+    too, as torchtitan and Megatron report FP8 runs, so that an fp8 and a bf16 run of one model compare directly;
+    on a CPU, where FP8 is emulated, the measured matmul rate as for any CPU run."""
+    if precision != "fp8":
+        return f"{precision or 'unknown'} run: MFU against the peak of its precision"
+    if source and source.startswith("measured"):
+        return "fp8 run, FP8 emulated on the CPU: MFU against the measured matmul rate, as for any CPU run"
+    return ("fp8 run: MFU against the dense BF16 peak, as torchtitan and Megatron report; its linear layers' "
+            "GEMMs run against an FP8 peak about twice that")
 
 
 def mfu_bug(final: list[dict[str, Any]]) -> dict[str, Any] | None:

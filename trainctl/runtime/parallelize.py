@@ -13,9 +13,11 @@ from dataclasses import dataclass
 
 import torch
 
+from trainctl.runtime.model.fp8 import Fp8Recipe
 from trainctl.runtime.model.transformer import StageModule, compile_blocks
 from trainctl.runtime.parallel import data_parallel, expert_sync
 from trainctl.runtime.parallel.process_groups import Parallel
+from trainctl.runtime.parallel.tensor_parallel import enable_fp8
 from trainctl.spec.models import RunSpec
 
 GradSync = data_parallel.GradSync | expert_sync.ExpertSplitSync | data_parallel.FsdpSync
@@ -34,6 +36,10 @@ def parallelize(modules: list[StageModule], spec: RunSpec, par: Parallel, *, pre
     """Apply compile, FSDP2 and gradient sync to this rank's built (and initialised) stages, in place.
     `precision`: the one the run computes in (plan/memory.py compute_precision)."""
     t, p = spec.train, spec.parallel
+    if t.precision == "fp8":  # before compile traces the layers (docs/design/trainer.md, "FP8 training")
+        recipe = Fp8Recipe.named(t.fp8_recipe)
+        for m in modules:
+            enable_fp8(m, recipe)
     compile_blocks(modules, t.compile_with)  # before FSDP wraps the blocks, as torchtitan orders them
     fsdp = p.zero == 3 and par.dp > 1
     reduce_dtype = torch.bfloat16 if p.grad_reduce_dtype == "bf16" else None

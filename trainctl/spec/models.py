@@ -301,10 +301,15 @@ class TrainSpec(Strict):
     beta1: Fraction = Field(0.9, description="AdamW's decay rate of the gradient's running mean")
     beta2: Fraction = Field(0.95, description="AdamW's decay rate of the squared gradient's running mean")
     eps: PositiveFloat = Field(1e-8, description="AdamW's epsilon, added to the denominator")
-    precision: Literal["bf16", "fp16", "fp32"] = Field(
+    precision: Literal["bf16", "fp16", "fp32", "fp8"] = Field(
         "bf16", description="Compute precision: bf16 or fp16 autocast over fp32 master weights (fp16 with "
-        "dynamic loss scaling), or fp32 throughout; on a CPU bf16 and fp16 compute in fp32 unless "
-        "low_precision_on_cpu")
+        "dynamic loss scaling), fp32 throughout, or fp8: the linear layers' GEMMs in FP8 with dynamic scales "
+        "(train.fp8_recipe) and the rest in bf16 (GPUs with FP8 tensor cores; emulated on a CPU); on a CPU "
+        "bf16, fp16 and fp8's non-FP8 parts compute in fp32 unless low_precision_on_cpu")
+    fp8_recipe: Literal["tensorwise", "rowwise"] = Field(
+        "tensorwise", description="FP8 scaling (train.precision fp8): tensorwise, one scale per tensor, e5m2 "
+        "gradients (the fastest, torchtitan's default); rowwise, one scale per row (token, output channel), "
+        "e4m3 throughout: more accurate with outlier rows, slower")
     low_precision_on_cpu: bool = Field(
         False, description="Run bf16/fp16 autocast on the CPU too instead of falling back to fp32 (slow on "
         "CPUs without bf16 matrix units; it exercises the mixed-precision path a GPU run takes)")

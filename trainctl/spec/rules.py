@@ -205,6 +205,11 @@ def _hardware(spec: RunSpec) -> Iterator[str]:
         yield problem("cluster.gpu", c.gpu, "not in the hardware catalog",
                       f"use one of {', '.join(sorted(ACCELERATORS))} (see `trainctl hardware`), or give "
                       "cluster.peak_tflops and cluster.memory_gb for a custom accelerator")
+    acc = ACCELERATORS.get(c.gpu)
+    if spec.train.precision == "fp8" and c.gpu != "cpu" and (acc is None or acc.peak_fp8_tflops is None):
+        fp8_parts = ", ".join(k for k, a in sorted(ACCELERATORS.items()) if a.peak_fp8_tflops)
+        yield problem("train.precision", "fp8", f"{c.gpu} has no FP8 tensor cores the trainer can use",
+                      f"train in bf16 (or fp16 on a V100), or run fp8 on {fp8_parts}")
     if c.interconnect not in FABRICS and c.inter_node_gbps is None:
         yield problem("cluster.interconnect", c.interconnect, "not a known fabric",
                       f"use one of {', '.join(sorted(FABRICS))} or set cluster.inter_node_gbps")

@@ -92,7 +92,8 @@ def gpu_product_name(index: int) -> str | None:
         return None
 
 
-_KIND = {"bf16": "dense BF16", "fp16": "dense FP16", "fp32": "dense TF32"}
+# fp8 runs report MFU against the BF16 peak (docs/design/memory.md, "MFU convention")
+_KIND = {"bf16": "dense BF16", "fp16": "dense FP16", "fp32": "dense TF32", "fp8": "dense BF16"}
 
 
 def gpu_peak(spec: RunSpec, index: int) -> tuple[float, str]:

@@ -54,6 +54,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from trainctl.runtime.model import fp8 as fp8_gemms
+from trainctl.runtime.model.fp8 import Fp8Recipe
 from trainctl.runtime.parallel.comm_wait import COMM  # time in TP collectives (straggler detection)
 
 SEQ_DIM = 1  # activations are [batch, seq, hidden]
@@ -288,28 +290,70 @@ class _SequenceParallelLinear(torch.autograd.Function):
     splits at autograd nodes): correct, at the cost of a second all-gather and input gradient."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, tp):
+    def forward(ctx, x, weight, bias, tp, fp8):
         dtype, ctx.in_dtype = compute_dtype(x), x.dtype
         x = x.to(dtype)
         full = _all_gather_seq(x, tp)
         with torch.autocast(x.device.type, enabled=False):
-            y = F.linear(full, weight.to(dtype), bias.to(dtype) if bias is not None else None)
+            y = _linear_forward(full, weight, bias, dtype, fp8)
         ctx.save_for_backward(x, weight)
-        ctx.tp, ctx.has_bias = tp, bias is not None
+        ctx.tp, ctx.has_bias, ctx.fp8 = tp, bias is not None, fp8
         return y
 
     @staticmethod
     def backward(ctx, g):
         x, weight = ctx.saved_tensors
-        g2d = g.reshape(-1, g.shape[-1])
         full = _all_gather_seq(x, ctx.tp)
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            grad_full = g2d.mm(weight.to(g.dtype)).view(*full.shape[:-1], -1).to(ctx.in_dtype)
-            grad_x = _reduce_scatter_seq(grad_full, ctx.tp)
-        grad_w = g2d.t().mm(full.reshape(-1, full.shape[-1])).to(weight.dtype) if ctx.needs_input_grad[1] else None
-        grad_b = g2d.sum(0).to(weight.dtype) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return grad_x, grad_w, grad_b, None
+        grad_full, grad_w, grad_b = _linear_backward(ctx, g, full, weight)
+        grad_x = _reduce_scatter_seq(grad_full, ctx.tp) if grad_full is not None else None
+        return grad_x, grad_w, grad_b, None, None
+
+
+class _Fp8Linear(torch.autograd.Function):
+    """y = x W^T + b with its three GEMMs in FP8 (runtime/model/fp8.py); it keeps for backward what autocast's
+    F.linear keeps (the input in the compute dtype, the weight itself) and returns gradients in the same dtypes."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, fp8):
+        dtype, ctx.in_dtype = compute_dtype(x), x.dtype
+        x = x.to(dtype)
+        with torch.autocast(x.device.type, enabled=False):
+            y = _linear_forward(x, weight, bias, dtype, fp8)
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias, ctx.fp8 = bias is not None, fp8
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        x, weight = ctx.saved_tensors
+        return *_linear_backward(ctx, g, x, weight), None
+
+
+def _linear_forward(x: Tensor, weight: Tensor, bias: Tensor | None, dtype: torch.dtype,
+                    fp8: Fp8Recipe | None) -> Tensor:
+    """x W^T + b in `dtype` (autocast off): F.linear, or the FP8 forward GEMM under a recipe."""
+    if fp8 is None:
+        return F.linear(x, weight.to(dtype), bias.to(dtype) if bias is not None else None)
+    y = fp8_gemms.forward_gemm(x.reshape(-1, x.shape[-1]), weight, fp8, dtype).view(*x.shape[:-1], weight.shape[0])
+    return y + bias.to(dtype) if bias is not None else y
+
+
+def _linear_backward(ctx: Any, g: Tensor, x: Tensor, weight: Tensor
+                     ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """(input, weight, bias) gradients of `_linear_forward` for output gradient g and input x, each where
+    ctx.needs_input_grad asks; the input gradient in ctx.in_dtype, the others in the weight's dtype."""
+    g2d, x2d = g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1])
+    fp8, need = ctx.fp8, ctx.needs_input_grad
+    grad_x = grad_w = grad_b = None
+    if need[0]:
+        gx = g2d.mm(weight.to(g.dtype)) if fp8 is None else fp8_gemms.grad_input_gemm(g2d, weight, fp8, g.dtype)
+        grad_x = gx.view(x.shape).to(ctx.in_dtype)
+    if need[1]:
+        gw = g2d.t().mm(x2d) if fp8 is None else fp8_gemms.grad_weight_gemm(g2d, x2d, fp8, g.dtype)
+        grad_w = gw.to(weight.dtype)
+    if ctx.has_bias and need[2]:
+        grad_b = g2d.sum(0).to(weight.dtype)
+    return grad_x, grad_w, grad_b
 
 
 def compute_dtype(x: Tensor) -> torch.dtype:
@@ -318,12 +362,18 @@ def compute_dtype(x: Tensor) -> torch.dtype:
     return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
 
 
-def column_parallel_linear(x: Tensor, weight: Tensor, bias: Tensor | None, tp: TPContext) -> Tensor:
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None, fp8: Fp8Recipe | None = None) -> Tensor:
+    """F.linear, or its FP8 version under a recipe (`_Fp8Linear`)."""
+    return F.linear(x, weight, bias) if fp8 is None else _Fp8Linear.apply(x, weight, bias, fp8)
+
+
+def column_parallel_linear(x: Tensor, weight: Tensor, bias: Tensor | None, tp: TPContext,
+                           fp8: Fp8Recipe | None = None) -> Tensor:
     """A column-parallel matmul: x replicated [B, T, in], or this rank's [B, T/tp, in] under SP (gathered
     along T here, and only the shard kept for backward: `_SequenceParallelLinear`); out [B, T, out/tp]."""
     if tp.sp:
-        return _SequenceParallelLinear.apply(x, weight, bias, tp)
-    return F.linear(copy_to_tp_region(x, tp), weight, bias)
+        return _SequenceParallelLinear.apply(x, weight, bias, tp, fp8)
+    return linear(copy_to_tp_region(x, tp), weight, bias, fp8)
 
 
 def copy_to_tp_region(x: Tensor, tp: TPContext) -> Tensor:
@@ -472,6 +522,7 @@ class ColumnParallelLinear(nn.Module):
             _check_div(p, tp.size, "output features")
         self.local_out = out_features // tp.size
         self.gather_input = gather_input
+        self.fp8: Fp8Recipe | None = None  # set by fp8.convert (train.precision fp8)
         spec = ShardSpec(0, parts, logical_out)
         full_out = logical_out if logical_out is not None else out_features
         self.weight = nn.Parameter(torch.empty(self.local_out, in_features))
@@ -484,8 +535,8 @@ class ColumnParallelLinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if self.gather_input:
-            return column_parallel_linear(x, self.weight, self.bias, self.tp)
-        return F.linear(x, self.weight, self.bias)
+            return column_parallel_linear(x, self.weight, self.bias, self.tp, self.fp8)
+        return linear(x, self.weight, self.bias, self.fp8)
 
 
 class RowParallelLinear(nn.Module):
@@ -499,6 +550,7 @@ class RowParallelLinear(nn.Module):
         self.in_features = in_features
         self.out_features = out_features
         self.reduce_output = reduce_output
+        self.fp8: Fp8Recipe | None = None  # set by fp8.convert (train.precision fp8)
         self.local_in = _check_div(in_features, tp.size, "input features")
         self.weight = nn.Parameter(torch.empty(out_features, self.local_in))
         self.param_meta = {"weight": ParamMeta((out_features, in_features), ShardSpec(1, (in_features,)),
@@ -510,7 +562,7 @@ class RowParallelLinear(nn.Module):
             self.register_parameter("bias", None)
 
     def forward(self, x: Tensor) -> Tensor:
-        y = F.linear(x, self.weight)
+        y = linear(x, self.weight, None, self.fp8)
         if not self.reduce_output:  # the caller reduces (and adds the bias): routed experts, runtime/model/moe.py
             return y
         y = reduce_scatter_to_sp_region(y, self.tp) if self.tp.sp else reduce_from_tp_region(y, self.tp)
@@ -618,3 +670,17 @@ def vocab_parallel_cross_entropy(logits_shard: Tensor, targets: Tensor, tp: TPCo
 
     Never all-gathers the full-vocab logits. Backward may be run once (it reuses the saved softmax)."""
     return _VocabParallelCE.apply(logits_shard, targets, tp, vocab_size)
+
+
+def enable_fp8(module: nn.Module, recipe: Fp8Recipe) -> int:
+    """Run the GEMMs of `module`'s linear layers in FP8 (train.precision fp8): the attention projections and
+    the MLPs, shared and routed experts included, column- and row-parallel alike. The LM head stays in the base
+    precision (its logits feed the loss directly, and the vocabulary's rare rows have tiny amax; torchtitan and
+    Megatron keep it in bf16 too), and so do the embeddings and the MoE router, which are not linear layers
+    here. Returns the number of layers converted."""
+    n = 0
+    for name, m in module.named_modules():
+        if isinstance(m, ColumnParallelLinear | RowParallelLinear) and name.rsplit(".", 1)[-1] != "head":
+            m.fp8 = recipe
+            n += 1
+    return n

@@ -184,7 +184,10 @@ class Trainer:
     def _precision(self) -> tuple[torch.dtype | None, LossScaler]:
         t = self.spec.train
         prec = self.precision
-        if prec != t.precision and self.log:
+        if t.precision == "fp8" and prec == "fp32" and self.log:
+            metrics.warn(f"train.precision=fp8 on CPU: the linear layers' GEMMs in FP8 ({t.fp8_recipe} scales, "
+                         "emulated, slow), the rest in fp32 (train.low_precision_on_cpu: true runs it in bf16)")
+        elif prec not in (t.precision, "bf16") and self.log:
             metrics.warn(f"train.precision={t.precision} on CPU: training in fp32 (no fast {t.precision} matmuls "
                          f"here; train.low_precision_on_cpu: true runs {t.precision} autocast anyway)")
         if prec == "bf16":

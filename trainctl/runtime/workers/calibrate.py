@@ -61,7 +61,7 @@ def autocast_dtype(spec: RunSpec, device: torch.device) -> torch.dtype | None:
     prec = spec.train.precision
     if prec == "fp32" or (device.type != "cuda" and not spec.train.low_precision_on_cpu):
         return None
-    return torch.bfloat16 if prec == "bf16" else torch.float16
+    return torch.float16 if prec == "fp16" else torch.bfloat16  # fp8: its GEMMs are priced from bf16's
 
 
 class Calibration:
