@@ -220,3 +220,62 @@ def test_auto_nodes_sweep_json_and_errors():
         # the sweep's progress lines come once it has taken a second of wall clock (a loaded machine's): not the error
         lines = [x for x in bad.stderr.strip().splitlines() if not x.startswith("plan --auto: ")]
         assert len(lines) == 1 and field in lines[0], (args, bad.stderr)
+
+
+def test_sweep_points_cost_what_plan_says_at_their_count():
+    """Each count's days, GPU-hours and cost are those of an independent `plan` of the spec on that many nodes
+    with the point's layout: the whole run depends on the count (GPUs in GPU-hours, the job's MTBF falls as
+    nodes are added, the save bandwidth is per node), not only the step time. Counts other than the recipe's
+    own 4, where pricing with the spec's cluster would agree."""
+    llama8b = str(ROOT / "recipes" / "llama3-8b.yaml")
+    out = trainctl("plan", "--auto", llama8b, "--nodes", "1..8", "--objective", "gpu-hours", "--set",
+                   "cluster.gpu_hour_price=2.5", "--json")
+    assert out.returncode == 0, out.stderr
+    points = {p["nodes"]: p for p in json.loads(out.stdout)["points"]}
+    for nodes in (1, 2, 8):
+        p = points[nodes]
+        layout = {"cluster.nodes": nodes, "parallel.tp": p["tp"], "parallel.pp": p["pp"], "parallel.dp": p["dp"],
+                  "parallel.zero": p["zero"], "parallel.offload": p["offload"],
+                  "parallel.micro_batch": p["micro_batch"],
+                  "parallel.schedule": p["schedule"], "parallel.virtual_stages": p["virtual_stages"],
+                  "parallel.sequence_parallel": str(p["sequence_parallel"]).lower(),
+                  "train.recompute": p["recompute"], "cluster.gpu_hour_price": 2.5}
+        sets = [a for k, v in layout.items() for a in ("--set", f"{k}={v}")]
+        planned = trainctl("plan", llama8b, *sets, "--json")
+        assert planned.returncode == 0, (nodes, planned.stderr)
+        j = json.loads(planned.stdout)
+        run = j["checkpoint"]["whole_run"]
+        assert j["world_size"] == p["gpus"] == 8 * nodes
+        assert p["step_time_s"] == pytest.approx(j["prediction"]["step_time_s"], rel=1e-9)
+        assert p["days"] == pytest.approx(run["wall_days"]["mean"], rel=1e-9), nodes
+        assert p["gpu_hours"] == pytest.approx(run["gpu_hours"], rel=1e-9), nodes
+        assert p["cost"] == pytest.approx(run["cost"], rel=1e-9), nodes
+
+
+@pytest.mark.parametrize(("span", "searched", "none"), [("100..1000", [100, 512], [1000]), ("3..40", [3, 40], [])])
+def test_sweep_searches_the_ends_of_the_range(span, searched, none):
+    """Two counts over a range: its two ends (once 512 alone, and 16 and 32). llama3-8b has no layout above 512
+    nodes (tp <= kv_heads 8, dp x pp <= global_batch 512: 4,096 GPUs), so 100..1000 searches 100..512's ends and
+    lists 1000 as without a layout."""
+    out = trainctl("plan", "--auto", str(ROOT / "recipes" / "llama3-8b.yaml"), "--nodes", span, "--counts", "2",
+                   "--json")
+    assert out.returncode == 0, out.stderr
+    j = json.loads(out.stdout)
+    assert [p["nodes"] for p in j["points"]] == searched and j["no_layout"] == none
+
+
+def test_a_huge_node_range_answers_or_is_refused_in_one_line():
+    """1..1e20 nodes was OOM-killed at 24 GB (each sweep point sorted its whole neighbourhood). Now the sweep
+    stops at the most nodes a layout can use (512 for llama3-8b, as above) and lists the range's end as
+    without one, well within the subprocess timeout; a range wholly above that bound is one line, exit 2."""
+    llama8b = str(ROOT / "recipes" / "llama3-8b.yaml")
+    huge = 10**20
+    out = trainctl("plan", "--auto", llama8b, "--nodes", f"1..{huge}", "--json", timeout=120)
+    assert out.returncode == 0, out.stderr
+    j = json.loads(out.stdout)
+    counts = [p["nodes"] for p in j["points"]]
+    assert counts[0] == 1 and counts[-1] == 512 and j["no_layout"] == [huge] and len(counts) <= 64
+    bad = trainctl("plan", "--auto", llama8b, "--nodes", f"513..{huge}", timeout=120)
+    lines = bad.stderr.strip().splitlines()
+    assert bad.returncode == 2 and len(lines) == 1, bad.stderr
+    assert "--nodes 513.." in lines[0] and "above 512 nodes" in lines[0] and "--nodes 1..512" in lines[0]

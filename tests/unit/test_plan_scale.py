@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
@@ -17,7 +19,15 @@ from test_plan_auto import small_spec
 
 from trainctl.errors import SpecError, UsageError
 from trainctl.plan import scale
-from trainctl.plan.auto import NOMINAL_PEAK, best_layout, enumerate_candidates, search, search_context
+from trainctl.plan.auto import (
+    NOMINAL_PEAK,
+    best_layout,
+    enumerate_candidates,
+    enumerate_shapes,
+    max_world,
+    search,
+    search_context,
+)
 from trainctl.plan.estimate import Evaluator
 from trainctl.spec import load_spec
 
@@ -119,6 +129,62 @@ def test_parsing():
             scale.parse_budget(bad, 2.0)
         with pytest.raises(UsageError, match="--deadline"):
             scale.parse_deadline(bad)
+
+
+@pytest.mark.parametrize(("lo", "hi", "has", "want"), [
+    (100, 1000, lambda n: True, ([100, 1000], [])),  # once both points snapped to 512
+    (3, 40, lambda n: True, ([3, 40], [])),  # once 16 and 32
+    # an end without a layout is reported, and its window still gives a count (the most even nearest it)
+    (3, 40, lambda n: n % 2 == 0, ([16, 40], [3])),
+    (3, 41, lambda n: n % 2 == 0, ([16, 32], [3, 41])),
+])
+def test_the_ends_of_the_range_are_searched(lo, hi, has, want):
+    assert scale.node_counts(lo, hi, 2, has) == want
+
+
+@settings(max_examples=200, deadline=None)
+@given(lo=st.integers(1, 10**6), width=st.integers(0, 10**30), counts=st.integers(2, 80),
+       modulus=st.integers(1, 12))
+def test_geometric_counts_in_bounded_calls(lo, width, counts, modulus):
+    """Any range, however wide: both ends searched, counts distinct and in range, and at most SNAP_TRIES + 1
+    layout checks per point (the windows are never listed: the old code sorted each one, 6 GB for 1..1e9)."""
+    hi = lo + width
+    asked: list[int] = []
+
+    def has_layout(n):
+        asked.append(n)
+        return n % modulus == 0
+
+    found, left_out = scale.node_counts(lo, hi, counts, has_layout)
+    assert found == sorted(set(found)) and left_out == sorted(set(left_out)) and not set(found) & set(left_out)
+    assert all(lo <= n <= hi for n in found + left_out) and all(n % modulus == 0 for n in found)
+    assert {lo, hi} <= set(found) | set(left_out) and {lo, hi} <= set(asked)
+    assert len(asked) <= counts * (scale.SNAP_TRIES + 1)
+
+
+def test_no_layout_above_the_rules_bound():
+    """auto.max_world bounds every layout: tp divides gcd(heads, kv_heads) (llama3-8b: 8), and dp x pp is at
+    most global_batch (512, micro-batches >= pp) -> 4,096 GPUs; 512 nodes of 8 is the last count with one."""
+    spec = load_spec(REPO / "recipes" / "llama3-8b.yaml")
+    assert max_world(spec)[0] == 8 * 512
+    assert enumerate_shapes(scale.spec_at(spec, 512), {}) and not enumerate_shapes(scale.spec_at(spec, 513), {})
+    long = load_spec(REPO / "recipes" / "llama3-405b-long-context.yaml")
+    m = long.model  # cp: the largest power of two leaving each rank MIN_CP_TOKENS (4,096) tokens
+    assert max_world(long)[0] == math.gcd(m.heads, m.kv_heads) * (m.seq_len // 4096) * long.train.global_batch
+
+
+@settings(max_examples=40, deadline=None)
+@given(gpn=st.sampled_from([1, 2, 4, 8]), layers=st.integers(1, 8), heads=st.sampled_from([2, 4, 8]),
+       kv_div=st.sampled_from([1, 2]), gb=st.sampled_from([1, 6, 8, 16, 48]))
+def test_max_world_bounds_every_layout(gpn, layers, heads, kv_div, gb):
+    try:
+        spec = small_spec(1, gpn, layers, heads, heads // kv_div, gb)
+    except SpecError:
+        assume(False)
+    top = max_world(spec)[0] // gpn
+    for nodes in range(1, top + 4):
+        if enumerate_shapes(scale.spec_at(spec, nodes), {}):
+            assert nodes <= top
 
 
 def test_geometric_counts_snap_to_counts_with_layouts():

@@ -21,6 +21,7 @@ always one `trainctl plan` accepts.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -156,6 +157,20 @@ def enumerate_shapes(spec: RunSpec, skipped: dict[str, int]) -> list[Candidate]:
             sp = tp > 1 and m.seq_len % (tp * cp) == 0
             out += _with_tp_cp(spec, world, tp, cp, sp, skip)
     return out
+
+
+def max_world(spec: RunSpec) -> tuple[int, str]:
+    """(The most GPUs any layout enumerate_shapes gives this spec's model and batch, why): tp divides heads and
+    kv_heads (and the expert FFN), cp is at most the largest size context_parallel_sizes allows, and dp x pp is
+    at most global_batch (dp divides it, and pp > 1 needs at least pp micro-batches of dp sequences). A bound,
+    not a count: on more GPUs no layout exists, so a node sweep need not enumerate them."""
+    m, gb = spec.model, spec.train.global_batch
+    tp = math.gcd(m.heads, m.kv_heads or m.heads, (m.moe.expert_ffn_hidden or 0) if m.moe is not None else 0)
+    # a power of two above the sequence: world/tp divisible by every cp the sequence allows
+    cp = max(context_parallel_sizes(spec, 1 << m.seq_len.bit_length(), lambda _: None))
+    why = (f"tp divides heads and kv_heads{' and the expert FFN' if m.moe is not None else ''} (at most {tp}), "
+           f"{f'cp is at most {cp}, ' if cp > 1 else ''}and dp x pp is at most global_batch {gb}")
+    return tp * cp * gb, why
 
 
 def context_parallel_sizes(spec: RunSpec, ranks: int, skip: Callable[[str], None]) -> list[int]:

@@ -2,12 +2,13 @@
 and cost there, the Pareto front of days against GPU-hours, and the count an objective, deadline or budget picks.
 
 Node counts: a geometric sweep of at most `counts` points from LO to HI (every count when the range holds no
-more), each moved to the nearest count where the spec rules leave a layout. Why geometric: the whole run's
-days and GPU-hours change with the ratio of node counts, not their difference, so equal steps in log space
-show the front evenly; every count of 256..16384 would be 16,129 searches for a front 64 show. A narrower
-range refines it. Each count's layout is auto.best_layout's (the same as `plan --auto`'s first row there),
-with one shared Evaluator cache, so the parts of an evaluation that depend only on the model and the layout's
-integers are computed once for the whole sweep.
+more), each moved to a count nearer it than its neighbours where the spec rules leave a layout; LO and HI are
+always searched, and HI is brought down to the most nodes any layout can use (auto.max_world). Why
+geometric: the whole run's days and GPU-hours change with the ratio of node counts, not their difference, so
+equal steps in log space show the front evenly; every count of 256..16384 would be 16,129 searches for a
+front 64 show. A narrower range refines it. Each count's layout is auto.best_layout's (the same as `plan
+--auto`'s first row there), with one shared Evaluator cache, so the parts of an evaluation that depend only on
+the model and the layout's integers are computed once for the whole sweep.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainctl.errors import UsageError
-from trainctl.plan.auto import Scored, best_layout, enumerate_shapes, search_context, zero_stages
+from trainctl.plan.auto import Scored, best_layout, enumerate_shapes, max_world, search_context, zero_stages
 from trainctl.plan.checkpoint_size import save_seconds
 from trainctl.plan.estimate import Candidate, Evaluator
 from trainctl.plan.plan import spec_mtbf, whole_run_plan
@@ -51,7 +52,8 @@ class Point:
         return {"nodes": self.nodes, "gpus": c.tp * c.cp * c.pp * c.dp, "layout": c.describe(),
                 "tp": c.tp, "cp": c.cp, "pp": c.pp, "dp": c.dp, "ep": c.ep, "zero": c.zero,
                 "offload": "optimizer" if c.offload else "none", "micro_batch": c.micro_batch,
-                "schedule": c.schedule, "virtual_stages": c.virtual_stages, "recompute": c.recompute,
+                "schedule": c.schedule, "virtual_stages": c.virtual_stages, "sequence_parallel": c.sequence_parallel,
+                "recompute": c.recompute,
                 "step_time_s": self.best.est.step_time, "mfu": self.best.mfu, "days": self.days,
                 "gpu_hours": self.gpu_hours, "cost": self.cost}
 
@@ -122,28 +124,67 @@ def parse_budget(text: str, price: float | None) -> tuple[float, bool]:
 
 
 def node_counts(lo: int, hi: int, counts: int, has_layout: Callable[[int], bool]) -> tuple[list[int], list[int]]:
-    """(The counts to search, those left out for want of a layout): every one of LO..HI when there are at most
-    `counts`, else `counts` log-spaced
-    points, each moved to a count within half the gap to its neighbours that has a layout (the SNAP_TRIES with
-    the most factors of two, nearest first; none: the point is left out)."""
+    """(The counts to search, those left out for want of a layout), each ascending. Every one of LO..HI when
+    there are at most `counts`; else `counts` log-spaced points, each owning the counts nearer to it than to
+    its neighbours (half the gap each side, so no two points share a count). LO and HI themselves are always
+    searched (left out when they have no layout); in their window, or in any other point's, the SNAP_TRIES
+    counts with the most factors of two, nearest the point first, are tried; none with a layout: the point is
+    left out. No window is listed (see _most_even), so any range costs the same time and memory."""
     if hi - lo + 1 <= counts:
-        every = range(lo, hi + 1)
-        return [n for n in every if has_layout(n)], [n for n in every if not has_layout(n)]
-    ratio = (hi / lo) ** (1.0 / (counts - 1))
-    out: set[int] = set()
+        every = [(n, has_layout(n)) for n in range(lo, hi + 1)]
+        return [n for n, ok in every if ok], [n for n, ok in every if not ok]
+    step = (math.log(hi) - math.log(lo)) / (counts - 1)
+    xs = [lo * math.exp(i * step) for i in range(counts)]
+    out: list[int] = []
     left_out: list[int] = []
-    for i in range(counts):
-        x = lo * ratio**i
-        reach = max(1, int(x * (ratio - 1) / 2))
-        near = range(max(lo, round(x) - reach), min(hi, round(x) + reach) + 1)
-        # the counts with the most factors of two first: they divide into the most layouts
-        tries = sorted(near, key=lambda n: (-(n & -n), abs(n - x)))[:SNAP_TRIES]
-        found = next((n for n in tries if has_layout(n)), None)
+    first = lo
+    for i, x in enumerate(xs):
+        last = hi if i == counts - 1 else min(hi, max(first - 1, math.floor((x + xs[i + 1]) / 2)))
+        if first > last:  # a point closer to its neighbour than one count (the low end of a wide range)
+            continue
+        ends = [n for n in (lo, hi) if first <= n <= last]
+        found = next((n for n in ends if has_layout(n)), None)
+        left_out += [n for n in ends if n != found]
+        if found is None:
+            found = next((n for n in _most_even(first, last, x, SNAP_TRIES, skip=ends) if has_layout(n)), None)
+            if found is None and not ends:
+                left_out.append(min(max(round(x), first), last))
         if found is not None:
-            out.add(found)
-        else:
-            left_out.append(round(x))
-    return sorted(out), left_out
+            out.append(found)
+        first = last + 1
+    return out, left_out
+
+
+def _most_even(first: int, last: int, x: float, n: int, skip: list[int]) -> list[int]:
+    """The n counts of first..last (but `skip`) with the most factors of two, nearest x first: they divide into
+    the most layouts. For each power of two 2^k from the largest down, the odd multiples of 2^k nearest x (a
+    handful around x / 2^k), so the cost grows with log2(last), never with the window's width."""
+    out: list[int] = []
+    for k in range(last.bit_length() - 1, -1, -1):
+        size = 1 << k
+        low, high = -(-first // size), last // size  # the multiples of 2^k in the window: low..high times 2^k
+        if low > high:
+            continue
+        mid = min(max(round(x / size), low), high)
+        odd = [m * size for m in range(max(low, mid - 2 * n - 1), min(high, mid + 2 * n + 1) + 1)
+               if m % 2 and m * size not in skip]
+        out += sorted(odd, key=lambda c: (abs(c - x), c))[:n - len(out)]
+        if len(out) >= n:
+            break
+    return out
+
+
+def _most_nodes(spec: RunSpec, nodes: tuple[int, int]) -> int:
+    """The most nodes any layout of the spec's model and batch can use (auto.max_world): no count above has
+    one, so the sweep spans LO..min(HI, this); a range wholly above it is a one-line UsageError."""
+    world, why = max_world(spec)
+    gpn = spec.cluster.gpus_per_node
+    top = world // gpn
+    if nodes[0] > top:
+        fix = f"give --nodes 1..{top}" if top >= 1 else f"set cluster.gpus_per_node to {world} or fewer"
+        raise UsageError(f"--nodes {nodes[0]}..{nodes[1]}: no layout exists above {top:,} nodes of {gpn} GPUs, as "
+                         f"{why} ({world:,} GPUs at most); {fix}")
+    return top
 
 
 def spec_at(spec: RunSpec, nodes: int) -> RunSpec:
@@ -191,7 +232,10 @@ def sweep(spec: RunSpec, *, nodes: tuple[int, int], counts: int = DEFAULT_COUNTS
             shapes[n] = enumerate_shapes(spec_at(spec, n), {})
         return bool(shapes[n])
 
-    chosen, empty = node_counts(lo, hi, counts, has_layout)
+    top = _most_nodes(spec, nodes)
+    chosen, empty = node_counts(lo, min(hi, top), counts, has_layout)
+    if hi > top:
+        empty.append(hi)  # the range's end, past every layout (_most_nodes)
     shared: Evaluator | None = None
     points: list[Point] = []
     never: dict[int, str] = {}  # counts whose whole run is not expected to finish: why
