@@ -187,7 +187,9 @@ def test_a_failed_rank_with_a_restart_left_is_starting_again_not_stopping(tmp_pa
                   "--set", "checkpoint.every_steps=2", env=faults.encode(fail_at_step=3, fail_rank=1, fail_attempt=0))
     seen: list[tuple[str, str]] = []
     while proc.poll() is None:
-        with contextlib.suppress(Exception):  # the run directory is being made
+        # job.json is written (atomically) last when the run directory is made: before it there is no run to
+        # ask about; after it any exception of status is a failure of this test
+        if (run / "job.json").is_file():
             st = run_status(run)
             seen.append((st.state, st.reason or ""))
         time.sleep(0.1)
