@@ -235,9 +235,11 @@ def relaid(tmp_path_factory) -> dict:
         while not any(m["step"] > 4 for m in read_jsonl(run / "metrics.jsonl")):  # the one-rank attempt trains
             assert resumed.poll() is None and time.monotonic() < deadline, "the resumed run did not train"
             time.sleep(0.3)
+        asked = time.time()
         st = trainctl("status", str(run), "--json", env=CLEAN)  # while it trains: the rest projected
+        answered = time.time()
         assert st.returncode == 0, st.stdout + st.stderr
-        training = json.loads(st.stdout)["projection"]
+        training = {**json.loads(st.stdout)["projection"], "asked_between": (asked, answered)}
         c = trainctl("cancel", str(run), env=CLEAN)
         assert c.returncode == 0, c.stdout + c.stderr
         out, _ = resumed.communicate(timeout=180)
@@ -314,7 +316,14 @@ def test_status_projects_the_rest_while_it_trains_and_measures_it_after(relaid):
     p = relaid["training"]
     assert p["total_is"] == "projected" and p["steps"]["total"] == 400 and 4 < p["steps"]["done"] < 400
     assert p["basis"] == "measured over attempts 0-1" and p["measured"]["failures"] == 0
-    assert p["running"] and p["remaining_s"] > 0 and p["eta_time"] > p["measured"]["elapsed_s"]
+    assert p["running"] and p["remaining_s"] > 0
+    # the ETA is the time status was asked (or the last step's, were it later) plus what is left: a date
+    asked, answered = p["asked_between"]
+    assert asked <= p["eta_time"] - p["remaining_s"] <= answered
+    # what is left: the steps left at the measured step and save stall per step (no failure measured)
+    m = p["measured"]
+    left = p["steps"]["total"] - p["steps"]["done"]
+    assert p["remaining_s"] == pytest.approx(left * (m["step_s"] + m["save_per_step_s"]), rel=1e-9)
     assert p["total_s"] == pytest.approx(p["measured"]["elapsed_s"] + p["remaining_s"])
     assert p["gpu_hours"] == pytest.approx(p["total_s"] / 3600)  # one rank
     assert p["tokens"]["total"] == 400 * p["tokens"]["done"] // p["steps"]["done"]
