@@ -357,3 +357,58 @@ def test_mfu_report_prices_a_finished_run_with_a_profile(finished_run: Path, cal
     (tmp_path / "gpu.json").write_text(json.dumps(other))
     out = trainctl("mfu-report", str(finished_run), "--calibration", str(tmp_path / "gpu.json"))
     assert out.returncode == 2 and len([x for x in out.stderr.splitlines() if x.startswith("error:")]) == 1, out.stderr
+
+
+# --- a run launched with a profile: on track against its plan's whole run ---------------------------------
+
+@pytest.fixture(scope="module")
+def calibrated_run(calibrated, tmp_path_factory) -> dict[str, Any]:
+    """The tiny recipe at DP2 launched for 6 steps with the walkthrough's profile (measured on 8 ranks, priced
+    for 2 with a warning): its plan.json has a whole run, which a CPU plan without a profile lacks. Returns
+    the plan's whole run, `status` and `mfu-report`, each as JSON and as text."""
+    path, out, code = calibrated
+    assert code == 0, out
+    run = tmp_path_factory.mktemp("calibrated") / "run"
+    sets = ("parallel.tp=1", "parallel.pp=1", "cluster.gpus_per_node=2", "train.steps=6", "checkpoint.every_steps=3",
+            f"cluster.calibration={path}")
+    launched = trainctl("launch", TINY, "--run-dir", str(run), *[a for s in sets for a in ("--set", s)])
+    assert launched.returncode == 0, launched.stdout[-2000:] + launched.stderr[-2000:]
+    got: dict[str, Any] = {"whole_run": json.loads((run / "plan.json").read_text())["checkpoint"]["whole_run"]}
+    for command in ("status", "mfu-report"):
+        js, text = trainctl(command, str(run), "--json"), trainctl(command, str(run), env={"COLUMNS": "200"})
+        assert js.returncode == 0 and text.returncode == 0, js.stderr + text.stderr
+        j = json.loads(js.stdout)
+        got[command] = (j["runs"][0] if command == "mfu-report" else j)["projection"], " ".join(text.stdout.split())
+    return got
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["status", "mfu-report"])
+def test_a_calibrated_run_is_held_against_its_plans_whole_run(calibrated_run, command) -> None:
+    """`status` and `mfu-report` hold the finished run's measured total against the whole run its plan.json
+    priced: for the plan's own 6 steps the plan's side is that whole run's expected wall clock, its step and
+    save stall per step are plan.json's over 6, and the gap, split into causes that add up to it, is the
+    measured total less the plan's (figures from plan.json, not from the projection's code)."""
+    from trainctl.units import dur
+
+    w = calibrated_run["whole_run"]
+    p, text = calibrated_run[command]
+    assert w is not None and w["steps"] == 6  # a CPU plan has a whole run only when priced with a profile
+    g = p["vs_plan"]
+    assert g is not None and p["vs_plan_note"] is None, p
+    assert p["total_is"] == "measured" and p["steps"] == {"done": 6, "total": 6}
+    assert g["planned_total_s"] == pytest.approx(w["wall_days"]["mean"] * 86400, rel=1e-9)
+    planned = g["planned"]
+    assert planned["step_s"] == pytest.approx(w["compute_s"] / 6, rel=1e-9)
+    assert planned["save_per_step_s"] == pytest.approx(w["save_blocking_s"] / 6, rel=1e-9)
+    assert planned["failures_per_compute_hour"] == pytest.approx(w["expected_interruptions"] / w["compute_s"] * 3600,
+                                                                 rel=1e-9)
+    assert g["gap_s"] == pytest.approx(p["total_s"] - w["wall_days"]["mean"] * 86400, rel=1e-9)
+    m, causes = p["measured"], g["causes_s"]
+    assert causes["steps"] == pytest.approx(6 * (m["step_s"] - w["compute_s"] / 6), rel=1e-9)
+    assert causes["saves"] == pytest.approx(6 * (m["save_per_step_s"] - w["save_blocking_s"] / 6), rel=1e-9, abs=1e-12)
+    assert sum(causes.values()) == pytest.approx(g["gap_s"], rel=1e-9)
+    late = "behind" if g["gap_s"] >= 0 else "ahead of"
+    assert (f"measured {dur(abs(g['gap_s']))} {late} the plan's {dur(g['planned_total_s'])}; largest cause: "
+            f"{g['largest']}") in text
+    assert "vs plan:" not in text  # the line that says there is no plan to be held against
