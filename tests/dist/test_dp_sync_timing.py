@@ -38,5 +38,11 @@ def test_zeros_weight_all_gather_is_counted_as_dp_sync(tmp_path: Path, zero: int
         steps = step_records(run, rank)
         assert len(steps) == 3
         for s in steps:
-            assert (s["sync_s"] >= SLOW) is (zero == 1), s
             assert s["step_s"] >= s["sync_s"] + s["comm_s"]  # the rank's own work stays what is left
+        # ZeRO-1: the wait is in every step's sync (a sleep never ends early). ZeRO-0: one step's sync shorter
+        # than the wait shows it is not there (it would be in every step), however slow a loaded host makes the
+        # all-reduce of the others
+        if zero == 1:
+            assert all(s["sync_s"] >= SLOW for s in steps), steps
+        else:
+            assert min(s["sync_s"] for s in steps) < SLOW, steps
