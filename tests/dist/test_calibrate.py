@@ -396,7 +396,7 @@ def test_a_calibrated_run_is_held_against_its_plans_whole_run(calibrated_run, co
     assert w is not None and w["steps"] == 6  # a CPU plan has a whole run only when priced with a profile
     g = p["vs_plan"]
     assert g is not None and p["vs_plan_note"] is None, p
-    assert p["total_is"] == "measured" and p["steps"] == {"done": 6, "total": 6}
+    assert p["total_is"] == "measured" and p["steps"] == {"done": 6, "total": 6, "lost": 0}
     assert g["planned_total_s"] == pytest.approx(w["wall_days"]["mean"] * 86400, rel=1e-9)
     planned = g["planned"]
     assert planned["step_s"] == pytest.approx(w["compute_s"] / 6, rel=1e-9)
