@@ -90,23 +90,24 @@ LLAMA_405B_STAGED = str(REPO / "recipes" / "llama3-405b-staged.yaml")  # the who
 def test_plan_prices_the_whole_run_from_its_own_step_time() -> None:
     """The 405B recipe's whole run worked by hand from its figures, the plan's predicted step time and
     checkpoint size taken as given (the memory and step models are tested elsewhere). No Slurm time limit
-    (cluster.time=null), so no requeue but those after failures."""
+    (cluster.time=null), so no requeue but those after failures; a 3 h MTBF given (checkpoint.mtbf_hours: the
+    fleet's default rate is tested with its fleet)."""
     from trainctl.plan.plan import build_plan
     from trainctl.spec import load_spec
 
-    spec = load_spec(LLAMA_405B, ["cluster.gpu_hour_price=2.5", "cluster.time=null"])
+    spec = load_spec(LLAMA_405B, ["cluster.gpu_hour_price=2.5", "cluster.time=null", "checkpoint.mtbf_hours=3"])
     plan = build_plan(spec).to_json()
     ck, run = plan["checkpoint"], plan["checkpoint"]["whole_run"]
     step = plan["prediction"]["step_time_s"]  # the planner's, given (about 7 s)
     compute = 900_000 * step  # train.steps
     interval = 250 * step  # checkpoint.every_steps: about half an hour of compute between saves
     segments = 900_000 // 250  # 3,600 intervals, none shorter: the steps divide into them
-    mtbf = 6300 * 3600 / 2048  # Llama 3's 6,300 h per node over 2,048 nodes: 11,074.2 s
+    mtbf = 3 * 3600  # checkpoint.mtbf_hours: 10,800 s (Llama 3's 16K GPUs saw an interruption every ~3 h)
     load = ck["bytes"] / 2048 / 2.0e9  # the checkpoint read back at 2 GB/s per node: ~1.19 s
     restart = 120 + 300 + load  # requeue + start-up (the estimate defaults) + load: ~421.2 s
     block = ck["blocking_s"]  # an async save blocks ~0.03 s; its write (~1.19 s) follows the last step
     span = interval + block
-    # each interval T + C takes M e^(R/M) (e^((T+C)/M) - 1) on average, e^(R/M) = 1.0388 for R/M = 0.038
+    # each interval T + C takes M e^(R/M) (e^((T+C)/M) - 1) on average, e^(R/M) = 1.0398 for R/M = 0.039
     per_segment = mtbf * math.exp(restart / mtbf) * math.expm1(span / mtbf)
     wall = segments * per_segment + (ck["save_s"] - block)  # about 80 days at a 7 s step
     failures = segments * math.exp(restart / mtbf) * math.expm1(span / mtbf)  # some 600 interruptions
