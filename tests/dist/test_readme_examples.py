@@ -38,6 +38,7 @@ EXIT = {  # what the pages say these exit with
     "trainctl validate recipes/llama3-70b.yaml --set parallel.tp=16 --set parallel.dp=4": 2,
     "trainctl data check sample.bin --vocab 100": 1,
     "trainctl launch --set train.lr=1e9 --set train.grad_clip=null --set checkpoint.every_steps=1": 3,
+    "trainctl sweep --grid train.lr=1e-3,abc --grid train.bogus=1 --grid train.seed=1,2 --grid train.seed=3": 2,
 }
 
 

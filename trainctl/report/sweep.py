@@ -36,11 +36,11 @@ def expand(paths: list[Path]) -> tuple[list[Path], list[dict[str, Any]]]:
 
 def compare(sweeps: list[dict[str, Any]], reports: list[dict[str, Any]]) -> None:
     """Each sweep run's report is labelled by its grid values; each sweep gets its comparison rows."""
-    by_run = {r["run"]: r for r in reports}
+    by_run = {str(Path(r["run"]).resolve()): r for r in reports}  # a report names its run as it was given
     for sw in sweeps:
         rows = []
         for run in sw["runs"]:
-            r = by_run.get(str(Path(run["run"]).resolve())) or by_run.get(run["run"])
+            r = by_run.get(str(Path(run["run"]).resolve()))
             if r is None:
                 continue
             r["label"] = f"{run['dir']} " + " ".join(f"{k}={v}" for k, v in run["values"].items())
