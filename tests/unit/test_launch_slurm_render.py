@@ -299,6 +299,16 @@ esac
 """
 
 
+def fake_slurm_bin(tmp_path: Path) -> Path:
+    """A bin/ of fake srun and scontrol (FAKE_SRUN, FAKE_SCONTROL) for running a rendered batch script."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
+        (bindir / name).write_text(text)
+        (bindir / name).chmod(0o755)
+    return bindir
+
+
 def _run_batch_script(tmp_path: Path, mode: str, *, signal: str | None = None, rc: int = 0, wait: bool = False,
                       events: str = "", on_signal: str = "", show_job: str = "", before: str = "",
                       no_start: bool = False) -> tuple[int, list[str], list[str]]:
@@ -313,11 +323,7 @@ def _run_batch_script(tmp_path: Path, mode: str, *, signal: str | None = None, r
     (run / "events.jsonl").write_text(before)
     script = tmp_path / "launch.sh"
     script.write_text(launch.script)
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
-        (bindir / name).write_text(text)
-        (bindir / name).chmod(0o755)
+    bindir = fake_slurm_bin(tmp_path)
     calls = tmp_path / "calls"
     env = {"PATH": f"{bindir}:/usr/bin:/bin", "SLURM_JOB_ID": "123", "SLURM_JOB_NODELIST": "n[1-2]",
            "SLURM_NNODES": "2", "FAKE_RC": str(rc), "FAKE_WAIT": "1" if wait else "0", "FAKE_EVENTS": events,
@@ -611,11 +617,7 @@ def test_a_symbolic_link_in_the_run_directory_stops_the_attempt_before_any_write
     (run / "events.jsonl").symlink_to(target)
     script = tmp_path / "launch.sh"
     script.write_text(launch.script)
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
-        (bindir / name).write_text(text)
-        (bindir / name).chmod(0o755)
+    bindir = fake_slurm_bin(tmp_path)
     env = {"PATH": f"{bindir}:/usr/bin:/bin", "SLURM_JOB_ID": "123", "SLURM_JOB_NODELIST": "n[1-2]",
            "SLURM_NNODES": "2", "FAKE_CALLS": str(tmp_path / "calls")}
     r = subprocess.run(["bash", str(script)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=30)
