@@ -600,9 +600,6 @@ def test_a_copied_run_and_a_fresh_launch_leave_another_runs_checkpoints_alone(sl
     assert {str(p): p.stat().st_mtime for p in sorted(ckdir.rglob("*"))} == before
 
 
-@pytest.mark.skip(reason="regressed when the durable-records and run-directory-safety branches were merged: the "
-                  "Slurm job's ranks go on training after the run directory is deleted (the local case, "
-                  "tests/dist/test_ctrl_c.py, still passes); to be fixed before this test is enabled again")
 def test_a_run_directory_deleted_under_the_job_stays_deleted(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     """No launcher watches a Slurm job's run directory: its ranks notice it gone after their step, agree to stop
     together, and nothing of the run is made again (was: metrics.jsonl, heartbeats and a half-written checkpoint
