@@ -140,6 +140,49 @@ def test_the_bundled_trainers_plan_says_what_tp_overlap_would_save() -> None:
     assert exposed > 0 and f"would hide up to {exposed:.3g} s" in " ".join(text.split())
 
 
+def test_transformer_engines_tp_overlap_costs_its_sms_and_its_chunks() -> None:
+    """TE's default overlap (transformer_engine/pytorch/module/base.py, initialize_ub), by hand on one TP-8 layer of
+    an H100: with free collectives what is left is the 16 SMs the pipeline and bulk methods take from six GEMMs
+    (each 132/116 as long); with collectives far longer than the GEMMs, the ten all-gathers and reduce-scatters
+    all show, less the GEMMs they run beside."""
+    m = ModelShape(layers=1, hidden=8192, heads=64, vocab=1000, seq_len=4096)
+    dev, tp, t = _device(H100, "flash3"), 8, 4096
+    h, q, ffn = 8192, 8192 // 8, m.ffn_hidden // 8
+    g = {name: operators.gemm_seconds(dev, rows, cols, inner, 2) for name, (rows, cols, inner) in {
+        "qkv": (t, 3 * q, h), "proj": (t, h, q), "fc1": (t, ffn, h), "fc2": (t, h, ffn),
+        "proj_dgrad": (t, q, h), "fc2_dgrad": (t, ffn, h), "qkv_dgrad": (t, h, 3 * q), "qkv_wgrad": (h, 3 * q, t),
+        "fc1_dgrad": (t, h, ffn), "fc1_wgrad": (h, ffn, t)}.items()}
+
+    def te(half_s: float) -> float:
+        return operators.te_tp_exposed_seconds(m, dev, micro_batch=1, tp=tp, cp=1, act=2, half_s=half_s,
+                                               recompute="none")
+
+    taxed = ("proj", "fc2", "qkv_dgrad", "qkv_wgrad", "fc1_dgrad", "fc1_wgrad")
+    assert te(0.0) == pytest.approx((132 / 116 - 1) * sum(g[k] for k in taxed), rel=1e-9)
+    big = 1.0  # a second per collective: every GEMM here is far shorter
+    ring = sum(big + g[k] / tp - g[k] for k in ("qkv", "fc1", "proj_dgrad", "fc2_dgrad"))
+    pipeline = sum(g[k] * 132 / 116 / 4 + big - g[k] for k in ("proj", "fc2"))
+    bulk = sum(big - g[k] for k in ("qkv_dgrad", "qkv_wgrad", "fc1_dgrad", "fc1_wgrad"))
+    assert te(big) == pytest.approx(ring + pipeline + bulk, rel=1e-9)
+    # and full recompute runs the forward's four again
+    assert operators.te_tp_exposed_seconds(m, dev, micro_batch=1, tp=tp, cp=1, act=2, half_s=0.0,
+                                           recompute="full") == pytest.approx(
+        te(0.0) + (132 / 116 - 1) * (g["proj"] + g["fc2"]), rel=1e-9)
+
+
+def test_tp_overlap_in_the_plan_is_priced_as_transformer_engine_runs_it() -> None:
+    """estimate.tp_overlap 1 on a TP-8 layout with sequence parallelism leaves some TP time on the step (TE's
+    chunks and SMs), less than no overlap does."""
+    full, none = (json.loads(trainctl("plan", "recipes/published/mcore-h100-70b.yaml", "--json", "--set",
+                                      f"estimate.tp_overlap={share}").stdout)["prediction"]["step_time_s"]
+                  for share in (1.0, 0.0))
+    ideal = json.loads(trainctl("plan", "recipes/published/mcore-h100-70b.yaml", "--json", "--set",
+                                "estimate.tp_overlap=1.0", "--set", "parallel.sequence_parallel=false"
+                                ).stdout)["prediction"]
+    assert full < none
+    assert ideal["tp_exposed_s"] == 0  # without SP the overlapped share is taken as free (TE overlaps SP only)
+
+
 DP_SPEC = """
 name: dp
 model: {layers: 8, hidden: 2048, heads: 16, vocab: 32000, seq_len: 2048}

@@ -367,6 +367,7 @@ class Evaluator:
         self._units = lru_cache(maxsize=None)(self._make_units)
         self._load = lru_cache(maxsize=None)(self._make_load)
         self._rates = lru_cache(maxsize=None)(self._make_rates)
+        self._tp_exposed = lru_cache(maxsize=None)(self._make_tp_exposed)
         self._compression = lru_cache(maxsize=None)(self._make_compression)
         self._layer_act = lru_cache(maxsize=None)(self._make_layer_act)
         self._step_floor = lru_cache(maxsize=None)(self._make_step_floor)
@@ -515,10 +516,28 @@ class Evaluator:
         layer_flops = model.layer_flops_per_token(dense, recompute, gemm_speedup=speedup) * tokens / tp
         return layer_flops / layer_s, model.head_flops_per_token(m, vp) * tokens / tp / head_s
 
+    def _make_tp_exposed(self, tp: int, cp: int, mb: int, sp: bool, recompute: str) -> float:
+        """The share of the TP collectives' time left on the step: estimate.tp_overlap's share overlapped as
+        Transformer Engine overlaps them (operators.te_tp_exposed_seconds: its chunking and the SMs it takes
+        still cost), the rest not at all. TE overlaps sequence parallelism's collectives only; without the operator
+        model (flat or measured rates) the overlapped share is taken as free."""
+        share = self.ctx.assume.tp_overlap
+        dev = self.device
+        if share == 0 or tp == 1 or not sp or dev is None:
+            return 1 - share
+        m = self.ctx.shape
+        link = comm.tp_link(tp, self.ctx.world, self.ctx.hw.nvlink_domain)
+        tokens = mb * m.seq_len / cp
+        all_reduce = self.rates.comm(link, TP_OPS[False], comm.all_reduce_bytes(m.hidden * self.act_bytes * tokens, tp))
+        exposed = operators.te_tp_exposed_seconds(m, dev, micro_batch=mb, tp=tp, cp=cp, act=self.act_bytes,
+                                                  half_s=all_reduce / 2, recompute=recompute)
+        per_layer = 6 if recompute == "full" else 4  # the all-reduce equivalents _make_load counts per layer
+        return (1 - share) + share * exposed / (per_layer * all_reduce)
+
     def _make_load(self, tp: int, pp: int, v: int, layers: tuple[int, ...], recompute: str, schedule_: str,
                    mb: int = 1, cp: int = 1, sp: bool = False) -> _Load:
         prof = self._profile(pp, v, layers, schedule_)
-        m, hw, a = self.ctx.shape, self.ctx.hw, self.ctx.assume
+        m, hw = self.ctx.shape, self.ctx.hw
         layer_flops = self._layer_flops_paced[recompute]  # routed experts at the busiest EP rank's pace
         head_flops = model.head_flops_per_token(m, self.padded_vocab(tp))
         flops = tuple((prof.rank_layers[r] * layer_flops + (head_flops if prof.has_last[r] else 0.0)) / tp
@@ -533,7 +552,7 @@ class Evaluator:
         # Both terms of a slot scale with the micro-batch, so the slowest rank does not depend on it.
         link = comm.tp_link(tp, self.ctx.world, hw.nvlink_domain)
         tp_cost = self.rates.comm(link, TP_OPS[False], comm.all_reduce_bytes(m.hidden * self.act_bytes, tp)) * (
-            1 - a.tp_overlap)
+            self._tp_exposed(tp, cp, mb, sp, recompute))
         # the ends' work beyond their FLOPs (a calibration profile's fixed work), per token of the micro-batch it
         # was measured at: it then scales with the micro-batch as the rest of the slot does
         fixed = self.rates.fixed
@@ -594,7 +613,7 @@ class Evaluator:
         return hit
 
     def _make_base(self, c: Candidate) -> _Base:
-        ctx, m, hw, a = self.ctx, self.ctx.shape, self.ctx.hw, self.ctx.assume
+        ctx, m, hw = self.ctx, self.ctx.shape, self.ctx.hw
         tp, pp, dp, v, mb, cp = c.tp, c.pp, c.dp, c.virtual_stages, c.micro_batch, c.cp
         sp = c.sequence_parallel and tp > 1
         n_micro = ctx.global_batch // (mb * dp)
@@ -662,8 +681,8 @@ class Evaluator:
         tp_mb_slow = tp_calls * tp_ar
         groups = {"tp": tp, "pp": 2, "embedding": 2, "ep": c.ep, "cp": cp}  # pairs: send/recv, first + last
         spread = self._spread(tp, dp, cp, c.ep)
-        tp_mb_time = rates.comm(links["tp"], TP_OPS[sp], tp_mb_slow, tp_calls, groups["tp"], spread["tp"]) * (
-            1 - a.tp_overlap)
+        tp_exposed = self._tp_exposed(tp, cp, mb, sp, c.recompute)
+        tp_mb_time = rates.comm(links["tp"], TP_OPS[sp], tp_mb_slow, tp_calls, groups["tp"], spread["tp"]) * tp_exposed
         measured = rates.tp_layer(links["tp"], tp, sp, c.recompute) if tp > 1 and cp == 1 and m.moe is None else None
         rate = rates.compute(tp)
         if measured is not None and rate:
@@ -674,7 +693,7 @@ class Evaluator:
             tp_mb_time = (prof.rank_layers[load.slow] * self._layer_excess(seconds, tokens, tokens_mb, c.recompute,
                                                                            tp, rate)
                           + rates.comm(links["tp"], TP_OPS[sp], ends * tp_ar, ends, groups["tp"], spread["tp"])
-                          * (1 - a.tp_overlap))
+                          * tp_exposed)
         p2p = rates.comm(pp_link, PP_OPS, p2p_mb_bytes, sends, groups["pp"], spread["pp"])
         ep_mb_time = rates.comm(links["ep"], EP_OPS, ep_mb_bytes, ep_calls_mb, groups["ep"], spread["ep"])
         cp_ops = CP_OPS[cp_passes == 3]
@@ -943,12 +962,12 @@ class Evaluator:
         if isinstance(self.rates, AssumedRates):
             # assumed rates price bytes linearly (no latency, no measured layer): the slot's TP collectives and
             # p2p sends are then exactly these per-token costs, as _make_base prices them
-            m, a, world, domain = self.ctx.shape, self.ctx.assume, self.ctx.world, self.ctx.hw.nvlink_domain
+            m, world, domain = self.ctx.shape, self.ctx.world, self.ctx.hw.nvlink_domain
             msg = m.hidden * self.act_bytes
             if tp > 1:
                 tp_cost = self.rates.comm(comm.tp_link(tp, world, domain), TP_OPS[sp], comm.all_reduce_bytes(msg, tp),
                                           per_node=self._spread(tp, dp, cp, 1)["tp"])
-                per_token += load.collectives[load.slow] * tp_cost * (1 - a.tp_overlap)
+                per_token += load.collectives[load.slow] * tp_cost * self._tp_exposed(tp, cp, mb, sp, recompute)
             if pp > 1:
                 sends = max(self._profile(pp, v, layers, schedule_).sends)
                 pp_msg = m.hidden * self.stream_bytes / (tp if sp else 1)

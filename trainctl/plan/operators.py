@@ -17,6 +17,8 @@ operators, each priced by what bounds it, from the catalog's cited figures (hard
 What the planner asks: seconds per micro-batch of one layer and of the LM head (with its loss) on one rank. The
 Evaluator turns them into an achieved FLOP/s for the layer's and the head's FLOPs, so every other figure of the
 plan (MoE pace, the pipeline, the bubble) reads them as it read the flat rate before.
+TP overlap     estimate.tp_overlap's share of the TP collectives overlapped as Transformer Engine overlaps them
+                 (te_tp_exposed_seconds): what its chunking leaves exposed and what the SMs it takes cost the GEMMs.
 Not priced: kernel launches and host overheads (no cited figure holds for every stack), the embedding lookup.
 """
 
@@ -131,3 +133,48 @@ def head_seconds(m: ModelShape, dev: Device, *, micro_batch: int, tp: int, cp: i
     v = vocab / tp
     f, b = _train_gemm(dev, t, v, m.hidden, act)
     return f + b + 16 * t * v / dev.hbm_bw + 6 * t * m.hidden * act / dev.hbm_bw
+
+
+# Transformer Engine's TP-communication overlap (Megatron's --tp-comm-overlap) as its defaults run it: TE's
+# transformer_engine/pytorch/module/base.py, initialize_ub (the default method of each GEMM and its config).
+#   ring_exchange: the all-gather before the QKV and FC1 GEMMs and before the projection's and FC2's data-gradient
+#     GEMMs: the GEMM runs in tp chunks, each while the next chunk's piece arrives over the copy engines (1 SM);
+#   pipeline: the reduce-scatter after the projection and FC2 GEMMs: the GEMM in 4 chunks, each chunk's
+#     reduce-scatter on 16 SMs while the next chunk computes on the others ("set_sm_margin");
+#   bulk: QKV's and FC1's backward: the input's all-gather beside the data-gradient GEMM and the gradient's
+#     reduce-scatter beside the weight-gradient GEMM, each on 16 SMs for the whole GEMM.
+TE_COMM_SMS = 16
+TE_PIPELINE_SPLITS = 4
+
+
+def te_tp_exposed_seconds(m: ModelShape, dev: Device, *, micro_batch: int, tp: int, cp: int, act: int,
+                          half_s: float, recompute: str) -> float:
+    """Seconds Transformer Engine's overlap leaves on one layer's forward + backward (+ recompute) beyond its
+    GEMMs, sequence parallelism on: `half_s` is one all-gather or reduce-scatter of the micro-batch's activations."""
+    t = micro_batch * m.seq_len / cp
+    h, hd = m.hidden, m.head_dim
+    q = m.heads * hd / tp
+    qkv = q + 2 * max(m.kv_heads / tp, 1) * hd  # a KV head is replicated when tp exceeds the KV heads
+    ffn = (m.moe.expert_ffn_hidden * m.moe.top_k if m.moe is not None else m.ffn_hidden) / tp
+    up = ffn * (2 if m.swiglu else 1)
+    slowed = dev.sm_count / (dev.sm_count - TE_COMM_SMS)  # the GEMM on the SMs the collective leaves it
+
+    def gemm(rows: float, cols: float, inner: float) -> float:
+        return gemm_seconds(dev, rows, cols, inner, act)
+
+    def ring(g: float) -> float:
+        piece = half_s / (tp - 1)  # one of the all-gather's tp - 1 steps
+        return g / tp + (tp - 1) * max(g / tp, piece) - g
+
+    def pipeline(g: float) -> float:
+        chunk, c = g * slowed / TE_PIPELINE_SPLITS, half_s / TE_PIPELINE_SPLITS
+        return chunk + (TE_PIPELINE_SPLITS - 1) * max(chunk, c) + c - g
+
+    def bulk(g: float) -> float:
+        return max(g * slowed, half_s) - g
+
+    forward = ring(gemm(t, qkv, h)) + pipeline(gemm(t, h, q)) + ring(gemm(t, up, h)) + pipeline(gemm(t, h, ffn))
+    backward = (ring(gemm(t, q, h)) + ring(gemm(t, ffn, h))  # the projection's and FC2's data gradients
+                + bulk(gemm(t, h, qkv)) + bulk(gemm(h, qkv, t))  # QKV: data and weight gradients
+                + bulk(gemm(t, h, up)) + bulk(gemm(h, up, t)))  # FC1: data and weight gradients
+    return forward + backward + (forward if recompute == "full" else 0.0)

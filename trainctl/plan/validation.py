@@ -126,9 +126,11 @@ DOC_TAIL = """
 - The Megatron-Core H100 runs are predicted too fast (but for the 32B row), worst at 1.7B and 7.1B. The cited
   H100 figures (best GEMM 80% of peak, FlashAttention-3 at 75%/53%) put a layer near 72% of peak, while NVIDIA
   measured 41-49% MFU end to end; what the model lacks there has no cited constant yet: GEMMs at these shapes
-  below the best-shape MAMF, sustained clocks under a 700 W training load, the SMs --tp-comm-overlap takes from
-  the GEMMs, kernel launch and host overheads (dominant for the small models' small kernels). The specs'
-  assumptions (full TP and DP overlap, the interleaving) also weigh on these rows; each spec names them.
+  below the best-shape MAMF, sustained clocks under a 700 W training load, kernel launch and host overheads
+  (dominant for the small models' small kernels), Megatron's fp32 cross-entropy passes over a 131,072-word
+  vocabulary. --tp-comm-overlap is priced as Transformer Engine's defaults run it (its chunks and the 16 SMs it
+  takes from six of a layer's GEMMs), which took 5-10 points off the TP-8 rows' error and made the 32B row's
+  worse; the specs' other assumptions (full DP overlap, the interleaving) also weigh on these rows.
 - The two Llama 3 405B rows (Table 4 of the paper, 8K sequences) land 4-5% slow on the same H100 figures, with
   the planner's defaults for what the paper does not say: FlashAttention-2's 35% for attention and no TP overlap.
   The Megatron-Core rows assume the faster stack NVIDIA describes (FlashAttention-3-class attention, full TP and
