@@ -219,3 +219,36 @@ def test_the_bundled_trainers_dp_overlap_is_its_buckets() -> None:
     full = load_spec_text(DP_SPEC + "estimate: {dp_overlap: 1.0}\n")
     est_full = Evaluator(context_from_spec(full)).evaluate(candidate_from_spec(full))
     assert est_full.dp_exposed_time == pytest.approx(rs + ag - min(rs + ag, slot))
+
+
+def test_the_cross_entropy_bytes_are_the_passes_the_trainer_makes() -> None:
+    """The plan prices the loss at cross_entropy_bytes per logit; the trainer's vocab-parallel cross-entropy,
+    run forward and backward on 16-bit logits, makes exactly those passes over logit-sized tensors (every aten op's
+    logit-sized inputs read and outputs written, in-place ones both; views move nothing, and indexing ops touch
+    one value per row), less the head GEMM's own write of the logits."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from trainctl.runtime.parallel.tensor_parallel import TPContext, vocab_parallel_cross_entropy
+
+    rows, vocab = 64, 512
+    moves_nothing = {"view", "_unsafe_view", "reshape", "detach", "alias", "expand", "t", "transpose", "unsqueeze",
+                     "squeeze", "select", "slice", "as_strided"}
+    one_per_row = {"gather", "index", "index_put", "index_put_", "_index_put_impl_"}
+
+    class Bytes(TorchDispatchMode):
+        total = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 - torch's signature
+            out = func(*args, **(kwargs or {}))
+            name = func.overloadpacket.__name__
+            if name not in moves_nothing and name not in one_per_row:
+                flat = [*args, *(kwargs or {}).values(), *(out if isinstance(out, tuple | list) else (out,))]
+                Bytes.total += sum(x.nbytes for x in flat if isinstance(x, torch.Tensor) and x.numel() == rows * vocab)
+            return out
+
+    logits = torch.randn(rows, vocab, dtype=torch.bfloat16, requires_grad=True)
+    targets = torch.randint(0, vocab, (rows,))
+    with Bytes():
+        vocab_parallel_cross_entropy(logits, targets, TPContext.single(), vocab).backward()
+    assert Bytes.total == (operators.cross_entropy_bytes(2) - 2) * rows * vocab

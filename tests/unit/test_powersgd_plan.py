@@ -107,8 +107,8 @@ def _plan_with(*overrides: str):
 def test_comm_bound_layout_gets_bf16_and_powersgd_with_the_predicted_saving() -> None:
     """GPT-2 124M on 8 nodes of one GPU over 100G Ethernet, 4 sequences per GPU: DP8 is DP-bound. `plan` names
     both levers in DP_EXPOSED, each saving what the plan of the spec with that setting predicts; `--auto`, whose
-    best plain layouts keep DP small (PP4 x DP2 ZeRO-1, whose reduce-scatter + all-gather send 6 bytes per
-    parameter, just ahead of PP8 without DP), finds DP8 with PowerSGD faster and says so."""
+    best plain layouts keep DP below 8 (pipelines of 2 or 4 stages take the rest), finds DP8 with PowerSGD faster
+    and says so."""
     plan = _plan_with()
     (w,) = [x for x in plan.warnings if x.code == "DP_EXPOSED"]
     step = plan.est.step_time
@@ -121,7 +121,7 @@ def test_comm_bound_layout_gets_bf16_and_powersgd_with_the_predicted_saving() ->
     assert not [x for x in psgd.warnings if x.code == "DP_EXPOSED"]  # pulled, the lever is not proposed again
 
     res = search(load_spec(RECIPES / "gpt2-124m.yaml", COMM_BOUND), top=3)
-    assert res.top[0][0].cand.dp <= 2  # the plain ranking avoids wide DP
+    assert res.top[0][0].cand.dp < 8  # the plain ranking avoids the DP-bound full width
     assert res.pulled is not None
     s, lever = res.pulled
     assert s.cand.dp == 8 and "powersgd" in lever.setting

@@ -125,14 +125,24 @@ def _attention_seconds(m: ModelShape, dev: Device, *, micro_batch: int, tp: int,
     return flops / (dev.peak_flops * eff_f), 2.5 * flops / (dev.peak_flops * eff_b)
 
 
+def cross_entropy_bytes(act: int) -> int:
+    """HBM bytes per logit of the trainer's vocab-parallel cross-entropy (runtime/parallel/tensor_parallel.py; the
+    passes Megatron's VocabParallelCrossEntropy makes too), forward and backward: the head GEMM writes the logits;
+    a 16-bit logit is cast to fp32 (read, write 4); then in fp32 the max (read), less the max (read, write), exp
+    (read, write), the sum (read) and the division into the softmax kept for backward (read, write); backward
+    scales it in place into the gradient (read, write) and casts that back for the head's GEMMs (read 4)."""
+    cast = act < 4
+    fp32_passes = 4 + (4 + 4) + (4 + 4) + 4 + (4 + 4) + (4 + 4)
+    return act + ((act + 4) + (4 + act) if cast else 0) + fp32_passes
+
+
 def head_seconds(m: ModelShape, dev: Device, *, micro_batch: int, tp: int, cp: int, vocab: int, act: int) -> float:
     """Seconds of the final norm, LM head and cross-entropy forward + backward for one micro-batch on one rank: the
-    head GEMM, and the loss's passes over the logits (written 16-bit, read and log-softmaxed in fp32, the gradient
-    written: about 2 + 4 + 4 + 4 + 2 bytes per logit)."""
+    head GEMM, and the loss's passes over the logits (cross_entropy_bytes)."""
     t = micro_batch * m.seq_len / cp
     v = vocab / tp
     f, b = _train_gemm(dev, t, v, m.hidden, act)
-    return f + b + 16 * t * v / dev.hbm_bw + 6 * t * m.hidden * act / dev.hbm_bw
+    return f + b + cross_entropy_bytes(act) * t * v / dev.hbm_bw + 6 * t * m.hidden * act / dev.hbm_bw
 
 
 # Transformer Engine's TP-communication overlap (Megatron's --tp-comm-overlap) as its defaults run it: TE's

@@ -127,8 +127,9 @@ DOC_TAIL = """
   H100 figures (best GEMM 80% of peak, FlashAttention-3 at 75%/53%) put a layer near 72% of peak, while NVIDIA
   measured 41-49% MFU end to end; what the model lacks there has no cited constant yet: GEMMs at these shapes
   below the best-shape MAMF, sustained clocks under a 700 W training load, kernel launch and host overheads
-  (dominant for the small models' small kernels), Megatron's fp32 cross-entropy passes over a 131,072-word
-  vocabulary. --tp-comm-overlap is priced as Transformer Engine's defaults run it (its chunks and the 16 SMs it
+  (dominant for the small models' small kernels). The loss's passes over the logits are priced as the trainer
+  (and Megatron) make them, 54 bytes per logit, which matters at a 131,072-word vocabulary (the 1.7B row: +70% ->
+  +56%). --tp-comm-overlap is priced as Transformer Engine's defaults run it (its chunks and the 16 SMs it
   takes from six of a layer's GEMMs), which took 5-10 points off the TP-8 rows' error and made the 32B row's
   worse; the specs' other assumptions (full DP overlap, the interleaving) also weigh on these rows.
 - The two Llama 3 405B rows (Table 4 of the paper, 8K sequences) land 4-5% slow on the same H100 figures, with
