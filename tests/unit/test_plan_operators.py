@@ -221,34 +221,90 @@ def test_the_bundled_trainers_dp_overlap_is_its_buckets() -> None:
     assert est_full.dp_exposed_time == pytest.approx(rs + ag - min(rs + ag, slot))
 
 
-def test_the_cross_entropy_bytes_are_the_passes_the_trainer_makes() -> None:
-    """The plan prices the loss at cross_entropy_bytes per logit; the trainer's vocab-parallel cross-entropy,
-    run forward and backward on 16-bit logits, makes exactly those passes over logit-sized tensors (every aten op's
-    logit-sized inputs read and outputs written, in-place ones both; views move nothing, and indexing ops touch
-    one value per row), less the head GEMM's own write of the logits."""
+def _bytes_moved(fn, inputs: list, *, over: int) -> int:  # noqa: ANN001 - any callable of torch tensors
+    """HBM bytes the aten ops of fn(*inputs) and its backward move over tensors of at least `over` values: every
+    such input read and output written (in-place ops both); views move nothing, and indexing ops touch one value
+    per row. Counted on the CPU, where the trainer runs the same ops as on a GPU for the parts tested here."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
+
+    moves_nothing = {"view", "_unsafe_view", "reshape", "detach", "alias", "expand", "t", "transpose", "unsqueeze",
+                     "squeeze", "select", "slice", "as_strided", "split", "split_with_sizes", "chunk", "unbind",
+                     "permute"}
+    one_per_row = {"gather", "index", "index_put", "index_put_", "_index_put_impl_"}
+
+    def tensors(xs):  # noqa: ANN001, ANN202 - nested args of aten ops
+        for x in xs:
+            if isinstance(x, list | tuple):
+                yield from tensors(x)
+            elif isinstance(x, torch.Tensor):
+                yield x
+
+    total = 0
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 - torch's signature
+            nonlocal total
+            out = func(*args, **(kwargs or {}))
+            name = func.overloadpacket.__name__
+            if name not in moves_nothing and name not in one_per_row:
+                total += sum(x.nbytes for x in tensors([*args, *(kwargs or {}).values(), out]) if x.numel() >= over)
+            return out
+
+    y = fn(*inputs)
+    grad = torch.randn_like(y) if y.dim() else None
+    with Count():
+        y = fn(*inputs)  # forward again, counted
+        y.backward(grad)
+    return total
+
+
+def test_the_cross_entropy_bytes_are_the_passes_the_trainer_makes() -> None:
+    """The plan prices the loss at cross_entropy_bytes per logit; the trainer's vocab-parallel cross-entropy,
+    run forward and backward on 16-bit logits, makes exactly those passes over logit-sized tensors, less the head
+    GEMM's own write of the logits."""
+    import torch
 
     from trainctl.runtime.parallel.tensor_parallel import TPContext, vocab_parallel_cross_entropy
 
     rows, vocab = 64, 512
-    moves_nothing = {"view", "_unsafe_view", "reshape", "detach", "alias", "expand", "t", "transpose", "unsqueeze",
-                     "squeeze", "select", "slice", "as_strided"}
-    one_per_row = {"gather", "index", "index_put", "index_put_", "_index_put_impl_"}
-
-    class Bytes(TorchDispatchMode):
-        total = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 - torch's signature
-            out = func(*args, **(kwargs or {}))
-            name = func.overloadpacket.__name__
-            if name not in moves_nothing and name not in one_per_row:
-                flat = [*args, *(kwargs or {}).values(), *(out if isinstance(out, tuple | list) else (out,))]
-                Bytes.total += sum(x.nbytes for x in flat if isinstance(x, torch.Tensor) and x.numel() == rows * vocab)
-            return out
-
     logits = torch.randn(rows, vocab, dtype=torch.bfloat16, requires_grad=True)
     targets = torch.randint(0, vocab, (rows,))
-    with Bytes():
-        vocab_parallel_cross_entropy(logits, targets, TPContext.single(), vocab).backward()
-    assert Bytes.total == (operators.cross_entropy_bytes(2) - 2) * rows * vocab
+    moved = _bytes_moved(lambda x: vocab_parallel_cross_entropy(x, targets, TPContext.single(), vocab), [logits],
+                         over=rows * vocab)
+    assert moved == (operators.cross_entropy_bytes(2) - 2) * rows * vocab
+
+
+@pytest.mark.parametrize("dtype_bytes", [2, 4])
+def test_the_eager_elementwise_bytes_are_the_passes_the_trainer_makes(dtype_bytes: int) -> None:
+    """Unfused (no train.compile), the trainer's rotary and SwiGLU make several passes over HBM each: the plan's
+    per-value bytes are what their aten ops move, forward and backward, in bf16 and in fp32."""
+    import torch
+
+    from trainctl.runtime.model.lean_ops import swiglu
+    from trainctl.runtime.model.transformer import Rotary, apply_rotary
+
+    dtype = torch.bfloat16 if dtype_bytes == 2 else torch.float32
+    heads, seq, head_dim, ffn = 8, 256, 64, 384
+    cos, sin = Rotary(head_dim, seq, 10000.0)(seq, torch.float32)
+    q = torch.randn(1, heads, seq, head_dim, dtype=dtype, requires_grad=True)
+    moved = _bytes_moved(lambda x: apply_rotary(x.to(cos.dtype), cos, sin).to(x.dtype), [q], over=seq * head_dim)
+    assert moved == pytest.approx(2 * operators.rotary_eager_bytes(dtype_bytes, heads) * q.numel(), rel=1e-12)
+    h = torch.randn(1, seq, 2 * ffn, dtype=dtype, requires_grad=True)
+    moved = _bytes_moved(swiglu, [h], over=seq * ffn)
+    assert moved == sum(operators.swiglu_eager_bytes(dtype_bytes)) * seq * ffn
+
+
+def test_the_plan_prices_the_trainers_eager_elementwise_work_unless_fused() -> None:
+    """A Llama layout on H100s: the bundled trainer's eager rotary and SwiGLU make its step longer than fused
+    kernels would (estimate.elementwise fused, or train.compile's), and the plan says which it assumed."""
+    def plan(*sets: str) -> dict:
+        args = [x for s in sets for x in ("--set", s)]
+        return json.loads(trainctl("plan", "recipes/llama3-8b.yaml", "--json", *args).stdout)
+
+    eager, fused, compiled = plan(), plan("estimate.elementwise=fused"), plan("train.compile=true")
+    assert eager["assumptions"]["elementwise"] == "eager" and compiled["assumptions"]["elementwise"] == "fused"
+    assert eager["prediction"]["step_time_s"] > fused["prediction"]["step_time_s"]
+    assert compiled["prediction"]["step_time_s"] == fused["prediction"]["step_time_s"]
+    text = " ".join(trainctl("plan", "recipes/llama3-8b.yaml", "--set", "estimate.elementwise=fused").stdout.split())
+    assert "elementwise fused" in text

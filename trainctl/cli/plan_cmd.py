@@ -486,7 +486,9 @@ def rates_text(a: dict) -> str:
     links = (f"comm_efficiency {a['comm_efficiency']}" if a.get("comm_efficiency") is not None
              else "collectives: NCCL's latency and bus-bandwidth model")
     kernel = a.get("attention_kernel")  # the trainer's own (flash2, auto) goes without saying
-    return f"{compute}, {links}" + (f", attention_kernel {kernel}" if kernel not in (None, "auto", "flash2") else "")
+    fused = ", elementwise fused" if a.get("elementwise") == "fused" else ""  # eager is the trainer's own
+    return f"{compute}, {links}" + (f", attention_kernel {kernel}" if kernel not in (None, "auto", "flash2") else
+                                    "") + fused
 
 
 def dp_overlap_text(assumptions: dict[str, Any], calibration: dict[str, Any]) -> str:

@@ -33,8 +33,27 @@ from trainctl.model_shape import ModelShape
 TILE = 128  # GEMM output tile edge for wave quantization (cuBLAS's common 128 x 128 CTA tile)
 # A residual dropout writes a 1-byte mask per value besides its output.
 MASK_BYTES = 1
-# Rotary in the trainer: the 16-bit Q and K read, rotated in fp32 (written, read back) and cast back.
+# Rotary fused into one pass (train.compile, or a stack's fused kernel): the 16-bit Q and K read, rotated in fp32
+# (written, read back) and cast back; backward twice that.
 ROTARY_BYTES_PER_VALUE = 2 + 4 + 4 + 2
+
+
+def rotary_eager_bytes(act: int, heads: int) -> float:
+    """HBM bytes per value of Q or K (`heads` of them on the rank) that the trainer's eager rotary moves forward,
+    and again backward (runtime/model/transformer.py apply_rotary, in fp32): a 16-bit input cast to fp32 and the
+    result cast back (read act, write 4; read 4, write act), x*cos and rotate_half(x)*sin (read 4, write 4, and the
+    fp32 [seq, head_dim] table shared by the heads), the negated half (read 2, write 2), the concatenation (read 4,
+    write 4), the sum (read 8, write 4)."""
+    casts = 2 * (act + 4) if act < 4 else 0
+    return casts + 2 * (4 + 4 + 4 / heads) + 4 + 8 + 12
+
+
+def swiglu_eager_bytes(act: int) -> tuple[int, int]:
+    """(forward, backward) HBM bytes per value of the FFN width that the trainer's eager SwiGLU moves
+    (runtime/model/lean_ops.py): forward silu(gate) (read, write) and its product with up (read two, write);
+    backward g*up, silu's backward, silu(gate) again, g*silu(gate) and the concatenated gradient (read two halves,
+    write both)."""
+    return 5 * act, (3 + 3 + 2 + 3 + 4) * act
 # The scale-mask-softmax and dropout over the s x s scores, 16-bit, per score (Megatron's fused softmax kernel):
 # softmax reads and writes the scores (4 bytes) forward, reads its output and gradient and writes one (6) backward;
 # the attention dropout reads and writes them with a 1-byte mask (5), and again backward (5).
@@ -52,6 +71,9 @@ class Device:
     hbm_bw: float  # bytes/s
     attention: tuple[float, float]  # (forward, backward) efficiency of the flash kernel the run uses
     kernel: str = "flash2"  # flash2 | flash3 | unfused
+    # the elementwise work (rotary, SwiGLU) as the trainer's eager ops run it, or fused into one pass each
+    # (train.compile's inductor, or another stack's fused kernels: estimate.elementwise)
+    elementwise: str = "fused"  # eager | fused
 
 
 def gemm_seconds(dev: Device, m: float, n: float, k: float, act: int) -> float:
@@ -93,14 +115,28 @@ def layer_seconds(m: ModelShape, dev: Device, *, micro_batch: int, tp: int, cp: 
     # memory-bound work, forward bytes; the norms, residual adds and residual dropouts are replicated over TP
     # (split under sequence parallelism), the rest is on the rank's heads and MLP shard
     rep = t * h / (tp if sp else 1)
-    elementwise = (2 * 2 * rep * act  # two norms: read and write the stream
+    stream_work = (2 * 2 * rep * act  # two norms: read and write the stream
                    + 2 * 3 * rep * stream  # two residual adds: read two, write one
-                   + (2 * rep * (2 * act + MASK_BYTES) if m.dropout else 0.0)  # two residual dropouts
-                   + ((3 if m.swiglu else 2) * t * ffn * act)  # the activation: read [gate; up] or fc1, write
-                   + (t * (q + kv) * ROTARY_BYTES_PER_VALUE if m.position == "rope" else 0.0))
-    mem_f = elementwise / dev.hbm_bw
+                   + (2 * rep * (2 * act + MASK_BYTES) if m.dropout else 0.0))  # two residual dropouts
+    eager = dev.elementwise == "eager"
+    if m.swiglu and eager:
+        act_f, act_b = swiglu_eager_bytes(act)
+    else:  # one pass: read [gate; up] or fc1, write; backward twice that
+        act_f = (3 if m.swiglu else 2) * act
+        act_b = 2 * act_f
+    rot_f = rot_b = 0.0
+    if m.position == "rope":
+        q_heads, kv_heads = m.heads / tp, max(m.kv_heads / tp, 1)
+        if eager:
+            rot_f = rot_b = t * hd * (q_heads * rotary_eager_bytes(act, q_heads) + kv_heads * rotary_eager_bytes(
+                act, kv_heads))
+        else:
+            rot_f = t * (q + kv) * ROTARY_BYTES_PER_VALUE
+            rot_b = 2 * rot_f
+    mem_f = (stream_work + act_f * t * ffn + rot_f) / dev.hbm_bw
+    mem_b = (2 * stream_work + act_b * t * ffn + rot_b) / dev.hbm_bw
     forward = fwd + core_f + mem_f
-    backward = bwd + core_b + 2 * mem_f
+    backward = bwd + core_b + mem_b
     again = forward if recompute == "full" else core_f if recompute == "selective" else 0.0
     return forward + backward + again
 

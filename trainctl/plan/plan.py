@@ -113,7 +113,9 @@ def context_from_spec(spec: RunSpec) -> Context:
                          dp_overlap=dp_overlap(e.dp_overlap, on_cpu, c.gpus_per_node), tp_overlap=e.tp_overlap,
                          offload_pcie_gbps=e.offload_pcie_gbps, host_adam_gbps=e.host_adam_gbps,
                          moe_imbalance=e.moe_imbalance)
-    device = operator_device(acc, hw.peak_flops, e.attention_kernel) if e.compute_efficiency is None else None
+    elementwise = e.elementwise if e.elementwise != "auto" else "fused" if spec.train.compile else "eager"
+    device = (operator_device(acc, hw.peak_flops, e.attention_kernel, elementwise) if e.compute_efficiency is None
+              else None)
     rates = measured_rates(spec, assumed_rates(hw, assume, device))  # cluster.calibration (plan/rates.py)
     if rates is not None and hw.peak_flops is None:  # a CPU: MFU against the peak measured where it runs
         hw = replace(hw, peak_flops=rates.profile.peak_flops)
@@ -132,7 +134,8 @@ def context_from_spec(spec: RunSpec) -> Context:
 TRAINER_ATTENTION_KERNEL = "flash2"
 
 
-def operator_device(acc: Accelerator, peak_flops: float | None, kernel: str) -> operators.Device | None:
+def operator_device(acc: Accelerator, peak_flops: float | None, kernel: str,
+                    elementwise: str = "eager") -> operators.Device | None:
     """The operator model's view of the accelerator (plan/operators.py); None where the catalog lacks its figures
     (the CPU, a custom part): the layers then run at a flat share of the peak."""
     name = TRAINER_ATTENTION_KERNEL if kernel == "auto" else kernel
@@ -140,7 +143,7 @@ def operator_device(acc: Accelerator, peak_flops: float | None, kernel: str) -> 
     if not peak_flops or acc.gemm_efficiency is None or not acc.sm_count or not acc.hbm_gbps or attention is None:
         return None
     return operators.Device(peak_flops=peak_flops, gemm_efficiency=acc.gemm_efficiency, sm_count=acc.sm_count,
-                            hbm_bw=acc.hbm_gbps * 1e9, attention=attention, kernel=name)
+                            hbm_bw=acc.hbm_gbps * 1e9, attention=attention, kernel=name, elementwise=elementwise)
 
 
 def candidate_from_spec(spec: RunSpec) -> Candidate:
@@ -342,7 +345,9 @@ class Plan:
                 "breakdown_s": self.breakdown(), "dominant": self.dominant(),
                 "outside_layers": self.outside_layers(),
             },
-            "assumptions": {**asdict(self.ctx.assume), "attention_kernel": self.attention_kernel, "roofline": ROOFLINE,
+            "assumptions": {**asdict(self.ctx.assume), "attention_kernel": self.attention_kernel,
+                            "elementwise": self.ctx.device.elementwise if self.ctx.device is not None else None,
+                            "roofline": ROOFLINE,
                             "notes": list(NOTES)},
             "calibration": describe(self.ctx.rates),
             "checkpoint": self.checkpoint,

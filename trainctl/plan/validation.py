@@ -132,8 +132,9 @@ DOC_TAIL = """
   +56%). --tp-comm-overlap is priced as Transformer Engine's defaults run it (its chunks and the 16 SMs it
   takes from six of a layer's GEMMs), which took 5-10 points off the TP-8 rows' error and made the 32B row's
   worse; the specs' other assumptions (full DP overlap, the interleaving) also weigh on these rows.
-- The two Llama 3 405B rows (Table 4 of the paper, 8K sequences) land 4-5% slow on the same H100 figures, with
-  the planner's defaults for what the paper does not say: FlashAttention-2's 35% for attention and no TP overlap.
+- The two Llama 3 405B rows (Table 4 of the paper, 8K sequences) land about 5% slow on the same H100 figures, with
+  the planner's defaults for what the paper does not say: FlashAttention-2's 35% for attention, no TP overlap and the
+  bundled trainer's eager rotary and SwiGLU.
   The Megatron-Core rows assume the faster stack NVIDIA describes (FlashAttention-3-class attention, full TP and
   DP overlap) and come out too fast: on H100 the published runs sit between the two, which suggests the
   overlaps and the Hopper attention figures are the optimistic part, not the GEMM rate alone.

@@ -604,6 +604,12 @@ class EstimateSpec(Strict):
         "kernel; unfused the s x s scores materialised (Megatron before flash attention). Another stack's choice, "
         "for planning its published runs; plan prints it as an assumption"
     )
+    elementwise: Literal["auto", "eager", "fused"] = Field(
+        "auto", description="How the step prices the rotary embedding and SwiGLU: auto is what the bundled trainer "
+        "runs (its eager PyTorch ops, several passes over HBM each; fused under train.compile); fused one pass "
+        "each, as a stack with fused kernels runs them (Megatron with Transformer Engine). Another stack's choice, "
+        "for planning its published runs; plan prints it as an assumption"
+    )
     dp_overlap: Fraction | None = Field(
         None, description="Fraction of DP communication hidden behind backward; unset: the share a calibration "
         "profile measured on the DP group's link (trainctl calibrate), else on GPUs what the bundled trainer "
