@@ -65,6 +65,23 @@ def test_a_rank_that_only_lost_its_peer_is_not_said_to_have_failed(tmp_path):
     assert restart["cause"] == f"rank 0 lost a peer: {lost}"
 
 
+def test_a_ctrl_c_before_the_trainer_started_is_a_stop_not_a_failure(tmp_path):
+    """The user pressed Ctrl-C while the ranks were still starting (the launcher's stop_requested came before the
+    trainer's start), then resumed: the restart is the user's stop, not a failure, and the projection counts no
+    failure (status once said "1 failure")."""
+    ev = [{"time": 0.0, "event": "launch"}, {"time": 1.0, "event": "stop_requested", "signal": "SIGINT"},
+          {"time": 2.0, "event": "start"},
+          {"time": 2.1, "event": "checkpoint_on_signal", "step": 0, "before_first_step": True},
+          {"time": 3.0, "event": "launcher_exit", "exit_code": 0, "state": "STOPPED",
+           "reason": "stopped (Ctrl-C); before the first step, nothing to save", "signal": "SIGINT"},
+          {"time": 10.0, "event": "resume"}, {"time": 12.0, "event": "start"},
+          {"time": 22.1, "event": "finish", "steps": 10}, {"time": 22.5, "event": "launcher_exit", "exit_code": 0}]
+    run = _write(tmp_path / "stopped", [_step(k, 12 + k) for k in range(1, 11)], ev)
+    g = analyze(load_run(run))["goodput"]
+    (restart,) = g["restarts"]
+    assert restart["failure"] is False and restart["cause"].startswith("stopped (Ctrl-C)"), restart
+
+
 def test_goodput_attributes_the_lost_time(tmp_path):
     r = analyze(load_run(interrupted_run(tmp_path)))
     g = r["goodput"]

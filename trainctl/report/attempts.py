@@ -115,6 +115,15 @@ def split_attempts(run: RunData) -> list[Attempt]:
             a.begin_t = min(begins) if a.index == 0 else max(begins)
         elif a.index > 0:
             a.begin_t = attempts[a.index - 1].end_t
+    # what the user asked of an attempt belongs to it from its launch or resume on, not only from the trainer's
+    # start: a Ctrl-C while the ranks were still starting stopped that attempt, it did not fail
+    opened = [min(t for t in (a.begin_t, a.start_t) if t is not None) if a.start_t is not None else None
+              for a in attempts]
+    for a in attempts:
+        if a.start_t is None or opened[a.index] is None:
+            continue
+        nxt = next((t for t in opened[a.index + 1:] if t is not None), float("inf"))
+        a.events = [e for e in run.events if opened[a.index] <= e.get("time", opened[a.index]) < nxt]
     return attempts
 
 
