@@ -82,6 +82,21 @@ def test_a_ctrl_c_before_the_trainer_started_is_a_stop_not_a_failure(tmp_path):
     assert restart["failure"] is False and restart["cause"].startswith("stopped (Ctrl-C)"), restart
 
 
+def test_a_job_cancelled_while_starting_then_resumed_waited_for_its_user(tmp_path):
+    """A Slurm job cancelled before its trainer started, resumed 19 s later: those 19 s are the user's idle wait,
+    not start-up lost (mfu-report once put them in "lost: start-up")."""
+    ev = [{"time": 0.0, "event": "submit"}, {"time": 0.5, "event": "slurm_start"},
+          {"time": 30.0, "event": "cancel_requested", "state": "STARTING"}, {"time": 31.0, "event": "signal"},
+          {"time": 50.0, "event": "resume_requested"}, {"time": 50.1, "event": "submit"},
+          {"time": 51.0, "event": "slurm_start"}, {"time": 60.0, "event": "start"},
+          {"time": 71.1, "event": "finish", "steps": 10}]
+    run = _write(tmp_path / "cancelled", [_step(k, 60 + k) for k in range(1, 11)], ev)
+    g = analyze(load_run(run))["goodput"]
+    assert g["idle_s"] == pytest.approx(50.0 - 31.0)
+    queued = 0.5 + (51.0 - 50.1)
+    assert g["lost_s"]["startup"] == pytest.approx(60.0 - queued - 19.0)  # the first step began at t = 60
+
+
 def test_goodput_attributes_the_lost_time(tmp_path):
     r = analyze(load_run(interrupted_run(tmp_path)))
     g = r["goodput"]

@@ -54,6 +54,22 @@ def idle_wait(prev: Attempt) -> tuple[float, float] | None:
     return (ended, resumed) if ended is not None and resumed > ended else None
 
 
+def waits_before_start(run: RunData, begin: float, first: float) -> list[tuple[float, float]]:
+    """(ended, resumed) for each launch the user stopped or cancelled before any trainer started, and the
+    `trainctl resume` that followed: the run waited for its user, as idle_wait says of a started attempt."""
+    out: list[tuple[float, float]] = []
+    asked, last = False, None
+    for e in sorted((e for e in run.events if "time" in e and begin <= float(e["time"]) < first),
+                    key=lambda e: float(e["time"])):
+        if e.get("event") in ("stop_requested", "cancel_requested"):
+            asked = True
+        elif e.get("event") in RESUME_EVENTS and asked and last is not None:
+            out.append((last, float(e["time"])))
+            asked = False
+        last = float(e["time"])
+    return out
+
+
 def _overlap(spans: list[tuple[float, float]], lo: float, hi: float) -> float:
     return sum(max(0.0, min(b, hi) - max(a, lo)) for a, b in spans)
 
@@ -114,7 +130,9 @@ def goodput(run: RunData, attempts: list[Attempt], final: list[dict[str, Any]],
     for a in attempts:
         fb = a.first_step_begin()
         if a.index == 0 and fb is not None:
-            lost["startup"] = max(0.0, fb - begin - _overlap(queued, begin, fb))
+            waits = waits_before_start(run, begin, fb)
+            idle_s += sum(b - a for a, b in waits)
+            lost["startup"] = max(0.0, fb - begin - _overlap(queued, begin, fb) - sum(b - a for a, b in waits))
         if a.index > 0:
             wait = idle_wait(attempts[a.index - 1])
             idle = wait[1] - wait[0] if wait else 0.0
