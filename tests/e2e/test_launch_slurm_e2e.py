@@ -625,6 +625,32 @@ def test_a_run_directory_deleted_under_the_job_stays_deleted(slurm_cluster: Slur
     assert not run.exists(), sorted(str(p.relative_to(run)) for p in run.rglob("*"))
 
 
+def test_a_requeued_job_does_not_train_on_a_hand_edited_spec(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """spec.yaml edited by hand while the job ran: the job's next attempt (here its own requeue after Slurm's
+    warning signal) refuses to start on an edit no one saw, in one line naming the field, and trains nothing;
+    `trainctl resume` then shows the edit and records it, as for any spec change."""
+    run = tmp_path / "run"
+    r = trainctl("launch", str(TINY), "--set", "launcher.backend=slurm", "--set", "cluster.nodes=1",
+                 "--set", "cluster.gpus_per_node=2", "--set", "parallel.tp=1", "--set", "parallel.pp=1",
+                 "--set", "parallel.dp=2", "--set", "parallel.sequence_parallel=false",
+                 "--set", "train.global_batch=4", "--set", "train.steps=100000", "--run-dir", str(run))
+    assert r.returncode == 0, r.stdout + r.stderr
+    jid = job_id(run)
+    wait_step(run, 2)
+    spec = run / "spec.yaml"
+    spec.write_text(spec.read_text().replace("\n  lr: 0.001\n", "\n  lr: 0.5\n"))
+    subprocess.run(["scancel", "--batch", "--signal=USR1", jid], check=True)
+    wait_for(lambda: status(run)["state"] == "PENDING", "the job to requeue itself", 60)
+    stopped_at = last_step(run)
+    _start_now(jid)
+    wait_for(lambda: jid not in squeue_ids(), "the requeued attempt to refuse the edit", 180)
+    refused = [e for e in events(run, "failure") if "was edited since trainctl last wrote it" in e["error"]]
+    assert refused and "train.lr: 0.001 -> 0.5" in refused[0]["error"], events(run, "failure")
+    assert last_step(run) == stopped_at  # nothing trained on the edit
+    shown = trainctl("resume", str(run), "--dry-run")
+    assert "train.lr: 0.001 -> 0.5" in shown.stdout + shown.stderr, shown.stdout + shown.stderr
+
+
 FP8_STEPS = 4
 FP8_RUN = ["--set", "train.precision=fp8", "--set", "train.fp8_recipe=rowwise", "--set", f"train.steps={FP8_STEPS}",
            "--set", "parallel.dp=1", "--set", "train.global_batch=8"]

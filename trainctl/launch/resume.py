@@ -41,7 +41,7 @@ from trainctl.checkpoint import (
 from trainctl.checkpoint.meta import saved_layout
 from trainctl.data import identity as data_identity
 from trainctl.data.identity import DataIdentity
-from trainctl.errors import SpecError, UsageError
+from trainctl.errors import SpecError, TrainctlError, UsageError
 from trainctl.fileio import bytes_digest, require_writable, write_atomic
 from trainctl.launch import repair, secrets
 from trainctl.launch.backend import backend_for
@@ -81,6 +81,19 @@ def hand_edit(paths: RunPaths, job: dict[str, Any], now: RunSpec) -> HandEdit | 
     except (OSError, SpecError):
         return None
     return HandEdit(spec_changes(was, now), rec["yaml"])  # every field: the layout's too
+
+
+def unrecorded_edits(paths: RunPaths) -> list[str]:
+    """The fields of RUN/spec.yaml edited by hand since trainctl last wrote it, as a restarted attempt (a torchrun
+    restart, a Slurm requeue) would find them: `trainctl resume` shows and records such edits, a restart must not
+    train on them unseen. Empty when unchanged, changed only in comments or layout, or without job.json's record."""
+    try:
+        job = read_job_json(paths)
+        now = load_spec(paths.spec)
+    except TrainctlError:  # a damaged job.json or spec: the start says so on its own
+        return []
+    edit = hand_edit(paths, job, now)
+    return edit.changes if edit is not None else []
 
 
 @dataclass

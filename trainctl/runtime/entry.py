@@ -43,6 +43,12 @@ def main(argv: list[str] | None = None) -> NoReturn:
         from trainctl.spec import load_spec
 
         spec = load_spec(paths.spec)
+        from trainctl.launch.resume import unrecorded_edits
+
+        if edits := unrecorded_edits(paths):
+            raise SpecError([f"{paths.spec} was edited since trainctl last wrote it ({'; '.join(edits)}): a "
+                             "restart does not train on an edit no one saw; `trainctl resume "
+                             f"{paths.root}` shows and records it, or put the file back"])
     except SpecError as e:
         print(f"trainctl: rank {env.rank}: {e}", file=sys.stderr)
         with contextlib.suppress(OSError):  # a failure of the run, not of its start (rundir/runstate.py)
