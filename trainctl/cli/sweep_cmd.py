@@ -4,6 +4,7 @@ commands hands a sweep directory to this module). No torch."""
 from __future__ import annotations
 
 import shlex
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from trainctl.cli.app import app
 from trainctl.cli.console import Col, escape, fitted_table, make_console, sayer
 from trainctl.cli.jsonout import print_json
 from trainctl.cli.options import OptionalSpecArg, SetOpt, StrictOpt, VerboseOpt, check_before_training
-from trainctl.errors import EXIT_OK, TrainctlError
+from trainctl.errors import EXIT_OK, EXIT_STOPPED, TrainctlError
 
 
 @app.command()
@@ -121,7 +122,7 @@ def show_status(root: Path, json_: bool) -> None:
             continue
         loss = f"{st.last_loss:.4f}" if isinstance(st.last_loss, float) else "-"
         table.append([run.dir, *[escape(run.values[k]) for k in record.grid], st.state, st.job_id or "-",
-                      _fmt_steps(st.steps_done, st.steps_total), loss, _fmt_mfu(st.last_mfu)])
+                      _fmt_steps(st), loss, _fmt_mfu(st.last_mfu)])
     from rich import box
 
     console.print(fitted_table(console, columns, table, box=box.SIMPLE, show_edge=False))
@@ -150,13 +151,17 @@ def resume_sweep(root: Path, dry_run: bool, verbose: bool) -> None:
     (locally one after another, until the sweep is cancelled; on Slurm each is submitted again)."""
     from trainctl.cli.resume_cmd import resume
     from trainctl.launch import sweep as sw
-    from trainctl.rundir.runstate import COMPLETED
+    from trainctl.rundir.runstate import COMPLETED, DIVERGED, FAILED
+    from trainctl.rundir.tune_record import is_tune_dir
 
     record, rows = sweep_rows(root)
-    todo = [run for run, st in rows if isinstance(st, Exception) or (st.state != COMPLETED and not st.active)]
+    # a tune's failed layout is a result (a row saying so), not work left: `resume TUNE/run-i` retries it alone
+    done = (COMPLETED, FAILED, DIVERGED) if is_tune_dir(root) else (COMPLETED,)
+    todo = [run for run, st in rows if isinstance(st, Exception) or (st.state not in done and not st.active)]
     console = make_console()
     if not todo:
         console.print(f"sweep {escape(str(root))}: every run has completed or is active; nothing to resume")
+        _finish_tune(root, record.backend, dry_run)
         return
     if not dry_run:
         sw.record_start(root, "resume")
@@ -168,10 +173,29 @@ def resume_sweep(root: Path, dry_run: bool, verbose: bool) -> None:
             continue
         where = ", ".join(f"{k}={v}" for k, v in run.values.items())
         console.print(f"[bold]{escape(run.dir)}[/bold] ({escape(where)})")
+        began = time.time()
         try:
             resume(run=root / run.dir, from_step=None, set_=[], accept_data_change=False, dry_run=dry_run,
                    repair=False, as_json=False, strict=False, verbose=verbose)
             codes.append(EXIT_OK)
         except typer.Exit as e:
             codes.append(e.exit_code)
+        if not dry_run and record.backend == "local":
+            sw.stop_all_after(root, root / run.dir, codes[-1], began)
+    if EXIT_STOPPED not in codes:
+        _finish_tune(root, record.backend, dry_run)
     raise typer.Exit(sw.sweep_exit(codes))
+
+
+def _finish_tune(root: Path, backend: str, dry_run: bool) -> None:
+    """A tune directory (rundir/tune_record.py) resumed: once its runs have ended, its table and spec
+    (cli/tune_cmd.py's `finish`; on Slurm after waiting for the resubmitted runs)."""
+    from trainctl.rundir.tune_record import is_tune_dir
+
+    if dry_run or not is_tune_dir(root):
+        return
+    from trainctl.cli.tune_cmd import finish, wait_for_runs
+
+    if backend != "local" and not wait_for_runs(root):
+        raise typer.Exit(EXIT_STOPPED)
+    raise typer.Exit(finish(root))
