@@ -142,3 +142,23 @@ def test_a_failing_layout_is_a_row(tmp_path: Path) -> None:
     assert "no layout completed" in r.stdout and not (root / "best.yaml").exists()
     (row,) = json.loads((root / "tune-result.json").read_text())["rows"]
     assert row["state"] == "FAILED" and row["measured"] is None and row["reason"]
+
+
+def test_slurm_tune_is_one_job_array(slurm_cluster, tmp_path: Path) -> None:
+    """On the local Slurm cluster: the three layouts (2 ranks on one node) are one job array run one element at a
+    time (so no two layouts share the node while measured); tune waits for it, then writes the measured best."""
+    root = tmp_path / "t"
+    sets = ["launcher.backend=slurm", "parallel.tp=1", "parallel.pp=1", "parallel.sequence_parallel=false",
+            "parallel.dp=auto", "cluster.gpus_per_node=2", "cluster.peak_tflops=0.05", "train.global_batch=4"]
+    r = trainctl("tune", *[w for s in sets for w in ("--set", s)], "--top", "3", "--steps", "4", "--tune-dir",
+                 str(root), timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    record = json.loads((root / "sweep.json").read_text())
+    assert "--array=0-2%1" in record["array"]["submit_command"]
+    res = json.loads((root / "tune-result.json").read_text())
+    assert [row["state"] for row in res["rows"]] == ["COMPLETED"] * 3
+    assert all(row["measured"]["step_time_s"] > 0 and row["predicted"]["step_time_s"] > 0 for row in res["rows"])
+    fastest = min(res["rows"], key=lambda row: row["measured"]["step_time_s"])
+    assert res["best"]["dir"] == fastest["dir"] and fastest["measured_rank"] == 1
+    best = yaml.safe_load((root / "best.yaml").read_text())
+    assert best["launcher"]["backend"] == "slurm" and trainctl("validate", str(root / "best.yaml")).returncode == 0
