@@ -97,14 +97,15 @@ def _say_layouts(console: Any, prepared: Any) -> None:
 def wait_for_runs(root: Path) -> bool:
     """Wait until no run of the tune is active (Slurm). Ctrl-C cancels them as `trainctl cancel TUNE` does:
     False then."""
-    from trainctl.cli.sweep_cmd import cancel_sweep, sweep_rows
+    from trainctl import api
 
     try:
-        while any(not isinstance(st, Exception) and st.active for _, st in sweep_rows(root)[1]):
+        while api.status(root).active:
             time.sleep(WAIT_POLL_S)
     except KeyboardInterrupt:
         print(f"\ntrainctl: Ctrl-C: cancelling the tune's runs (`trainctl resume {root}` finishes the tune)")
-        cancel_sweep(root, force=False)
+        for line in api.cancel(root):
+            print(line)
         return False
     return True
 
