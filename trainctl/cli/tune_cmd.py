@@ -91,7 +91,10 @@ def _say_layouts(console: Any, prepared: Any) -> None:
     console.print(f"[bold]tune[/bold] {escape(str(prepared.sweep.root))}: the {len(rec.layouts)} best layouts "
                   f"`plan --auto` ranks, {rec.steps} steps each ({prepared.sweep.record.backend})", soft_wrap=True)
     for x in rec.layouts:
-        console.print(f"  {x.dir}: #{x.predicted_rank} {escape(x.describe)}", soft_wrap=True)
+        p = x.predicted
+        figures = (f": predicted step {p['step_time_s'] * 1e3:.3g} ms, {p['tokens_per_s']:,.0f} tokens/s"
+                   if p["step_time_s"] else "")
+        console.print(f"  {x.dir}: #{x.predicted_rank} {escape(x.describe)}{figures}", soft_wrap=True)
 
 
 def wait_for_runs(root: Path) -> bool:
@@ -153,7 +156,7 @@ def show(result: dict[str, Any]) -> None:
     console.print(f"[bold]tune[/bold] {escape(result['tune'])}: {len(result['rows'])} layouts, {result['steps']} "
                   "steps each; measured: medians over steady steps (first step of each attempt left out)",
                   soft_wrap=True)
-    columns = [Col("plan #", "key", "right"), Col("run", "key"), Col("layout", "prose"), Col("state"),
+    columns = [Col("plan #", "key", "right"), Col("run", "key"), Col("tp/cp/pp/dp ...", "prose"), Col("state"),
                Col("step ms pred.", justify="right"), Col("step ms meas.", justify="right"),
                Col("tok/s pred.", justify="right"), Col("tok/s meas.", justify="right"),
                Col("MFU pred.", justify="right"), Col("MFU meas.", justify="right"),
@@ -161,13 +164,15 @@ def show(result: dict[str, Any]) -> None:
     rows = []
     for r in result["rows"]:
         p, m = r["predicted"], r["measured"] or {}
-        state = r["state"] if r["state"] == "COMPLETED" or not r.get("reason") else f"{r['state']}: {r['reason']}"
-        rows.append([str(r["predicted_rank"]), r["dir"], escape(r["layout"]), escape(state),
+        rows.append([str(r["predicted_rank"]), r["dir"], escape(r["short"]), r["state"],
                      _fig(p["step_time_s"], "ms"), _fig(m.get("step_time_s"), "ms"),
                      _fig(p["tokens_per_s"], "n"), _fig(m.get("tokens_per_s"), "n"),
                      _fig(p["mfu"], "%"), _fig(m.get("mfu"), "%"),
                      str(r["measured_rank"]) if r["measured_rank"] else "-"])
     console.print(fitted_table(console, columns, rows, box=box.SIMPLE, show_edge=False))
+    for r in result["rows"]:
+        if r["state"] != "COMPLETED" and r.get("reason"):
+            console.print(f"  {r['dir']}: {r['state']}: {escape(r['reason'])}", soft_wrap=True)
     if not result["peak_known"]:
         console.print("[yellow]predicted times not shown: the accelerator's peak is unknown (the plan ranked at a "
                       "nominal 1 TFLOP/s); set cluster.peak_tflops or calibrate[/yellow]", soft_wrap=True)

@@ -33,7 +33,8 @@ def measure(root: Path) -> dict[str, Any]:
     record = tr.read_record(root)
     rows: list[dict[str, Any]] = []
     for layout in record.layouts:
-        row: dict[str, Any] = {"dir": layout.dir, "layout": layout.describe, "predicted_rank": layout.predicted_rank,
+        row: dict[str, Any] = {"dir": layout.dir, "layout": layout.describe, "short": short(layout),
+                               "predicted_rank": layout.predicted_rank,
                                "predicted": layout.predicted, "measured": None, "measured_rank": None}
         try:
             st = run_status(root / layout.dir)
@@ -59,6 +60,17 @@ def measure(root: Path) -> dict[str, Any]:
             "rows": rows, "best": timed[0] if timed else None}
 
 
+def short(layout: tr.TunedLayout) -> str:
+    """A layout in few characters for the table: tp/cp/pp/dp as `plan --auto` prints them, then what differs
+    from the plain 1F1B ZeRO-0 layout (ZeRO stage, micro-batch, schedule and chunks, recompute, offload, ep)."""
+    p = layout.parallel
+    sched = {"interleaved": "il", "zero-bubble": "zb"}.get(p["schedule"], p["schedule"])
+    chunks = f" v{p['virtual_stages']}" if p["virtual_stages"] > 1 and p["schedule"] != "zbv" else ""
+    return (f"{p['tp']}{'sp' if p['sequence_parallel'] else ''}/{p['cp']}/{p['pp']}/{p['dp']}"
+            + (f" ep{p['ep']}" if p["ep"] > 1 else "") + f" z{p['zero']}" + (" off" if p["offload"] != "none" else "")
+            + f" mb{p['micro_batch']} {sched}{chunks}" + ("" if layout.recompute == "none" else f" {layout.recompute}"))
+
+
 def best_spec_text(root: Path, result: dict[str, Any]) -> str:
     """The tuned spec (its file, with its --set overrides) with the measured fastest layout: its `parallel`
     keys and train.recompute replaced, every other line as the spec says; a header says it was measured, and
@@ -76,15 +88,16 @@ def best_spec_text(root: Path, result: dict[str, Any]) -> str:
     data["train"] = {**(data.get("train") or {}), "recompute": layout.recompute}
     validate_spec(data, f"{record.spec} with the measured best layout")
     m = best["measured"]
-    sets = " ".join(f"--set {s}" for s in record.sets)
     header = [
         f"# Layout measured by `trainctl tune` on {time.strftime('%Y-%m-%d %H:%M %Z')}: the fastest of the "
-        f"{len(record.layouts)} best layouts `plan --auto` ranked,",
-        f"# each run for {record.steps} steps in {root.absolute()} ({best['dir']}, plan rank "
-        f"{best['predicted_rank']}).",
+        f"{len(record.layouts)} best layouts",
+        f"# `plan --auto` ranked, each run for {record.steps} steps in {root.absolute()}",
+        f"# ({best['dir']}, plan rank {best['predicted_rank']}; the table: {root.absolute() / tr.RESULT}).",
         f"# Measured: median step {m['step_time_s']:.4g} s, {m['tokens_per_s']:,.0f} tokens/s over "
-        f"{m['steady_steps']} steady steps (first step of each attempt left out).",
-        f"# From {record.spec}{f' {sets}' if sets else ''}: parallel.* and train.recompute replaced.",
+        f"{m['steady_steps']} steady steps (the first step of each attempt left out).",
+        f"# The spec {record.spec}",
+        *(f"#   --set {s}" for s in record.sets),
+        "# with its parallel.* and train.recompute replaced by the measured best's.",
     ]
     return "\n".join(header) + "\n" + yaml.safe_dump(data, sort_keys=False)
 
