@@ -30,6 +30,7 @@ from trainctl.errors import RunError, UsageError
 
 if TYPE_CHECKING:
     from trainctl.launch.status import RunStatus
+    from trainctl.plan.plan import Plan
     from trainctl.rundir.sweep_record import SweepRecord, SweepRun
     from trainctl.spec import RunSpec
 
@@ -46,9 +47,14 @@ def load(spec: str | Path | None = None, overrides: Sequence[str] = ()) -> RunSp
 
 def plan(spec: RunSpec, *, ranks: bool = False) -> dict[str, Any]:
     """The plan of a spec: exactly what `trainctl plan --json` prints (predicted figures)."""
+    return plan_of(spec).to_json(ranks=ranks)
+
+
+def plan_of(spec: RunSpec) -> Plan:
+    """The typed plan (trainctl/plan/plan.py's Plan) that `trainctl plan` prints and `plan` gives as JSON."""
     from trainctl.plan.plan import build_plan
 
-    return build_plan(spec).to_json(ranks=ranks)
+    return build_plan(spec)
 
 
 @dataclass
@@ -323,5 +329,5 @@ def _text(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-__all__ = ["Run", "Sweep", "SweepStatus", "Tune", "cancel", "launch", "load", "plan", "resume", "status", "sweep",
-           "tune"]
+__all__ = ["Run", "Sweep", "SweepStatus", "Tune", "cancel", "launch", "load", "plan", "plan_of", "resume", "status",
+           "sweep", "tune"]
