@@ -18,14 +18,20 @@ pytestmark = pytest.mark.slow
 PAGE = REPO / "docs" / "api.md"
 
 
-def example() -> str:
-    (code,) = re.findall(r"```python\n(.*?)```", PAGE.read_text(), re.S)
-    return code
+def examples() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", PAGE.read_text(), re.S)
+
+
+def run_example(code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=600)
+
+
+def test_the_page_has_its_examples() -> None:
+    assert len(examples()) == 2  # a new example on the page needs its own checks below
 
 
 def test_the_documented_example_runs(tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, "-c", example()], cwd=tmp_path, capture_output=True, text=True,
-                       timeout=600)
+    r = run_example(examples()[0], tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "fits in memory: True" in r.stdout
     run = tmp_path / "runs" / "api-example"
@@ -44,3 +50,17 @@ def test_plan_is_plan_json() -> None:
     api = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert api.returncode == 0, api.stderr
     assert json.loads(api.stdout) == json.loads(r.stdout)
+
+
+def test_the_sweep_and_tune_example_runs(tmp_path: Path) -> None:
+    r = run_example(examples()[1], tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "['COMPLETED', 'COMPLETED']" in r.stdout
+    losses = [f"{read_last(tmp_path / 'runs' / 'api-sweep' / f'run-{i}')['loss']:.4f}" for i in (0, 1)]
+    assert str(losses) in r.stdout  # each run's own last step
+    result = json.loads((tmp_path / "runs" / "api-tune" / "tune-result.json").read_text())
+    assert len(result["rows"]) == 2 and f"measured best: {result['best']['dir']} -> {result['written']}" in r.stdout
+
+
+def read_last(run: Path) -> dict:
+    return json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])

@@ -136,3 +136,30 @@ def test_slurm_sweep_is_one_job_array(slurm_cluster: SlurmCluster, tmp_path: Pat
     wait_for(lambda: states(sweep) == ["COMPLETED"] * 4, "the resumed sweep to complete", timeout=480)
     check_resumed_to_the_end(sweep, stopped=[0, 1])
     check_report(sweep)
+
+
+def test_tokens_sweep_fits_loss_against_compute(tmp_path: Path) -> None:
+    """A grid over the tokens trained (train.steps): mfu-report fits the final loss against compute; every point is
+    the run's own (its last loss, its FLOPs per step x steps) and the exponent is the log-log slope worked out here."""
+    import math
+
+    sweep = tmp_path / "sweep"
+    one_rank = [w for s in ONE_RANK[1::2] if not s.startswith(("train.steps", "checkpoint.")) for w in ("--set", s)]
+    r = trainctl("sweep", *one_rank, "--grid", "train.steps=3,5,8", "--sweep-dir", str(sweep), timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rep = trainctl("mfu-report", str(sweep), "--json")
+    assert rep.returncode == 0, rep.stderr
+    (sw,) = json.loads(rep.stdout)["sweeps"]
+    fit = sw["scaling_fit"]
+    assert fit["fitted"] and fit["form"] == "L = a*C^-b" and len(fit["points"]) == 3
+    xs, ys = [], []
+    for i, p in enumerate(fit["points"]):
+        last = read_jsonl(sweep / f"run-{i}" / "metrics.jsonl")[-1]
+        assert p["loss"] == last["loss"] and p["compute"] == last["model_flops_per_step"] * last["step"]
+        xs.append(math.log(p["compute"]))
+        ys.append(math.log(p["loss"]))
+    mx, my = sum(xs) / 3, sum(ys) / 3
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+    assert fit["b"] == pytest.approx(-slope, rel=1e-9)
+    text = trainctl("mfu-report", str(sweep))
+    assert "scaling fit: final loss against training compute" in text.stdout, text.stdout

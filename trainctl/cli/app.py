@@ -52,7 +52,7 @@ COMMAND_MODULES = {
     "hardware": "hardware_cmd", "preflight": "preflight_cmd", "launch": "launch_cmd", "plan": "plan_cmd",
     "mfu-report": "report_cmd", "resume": "resume_cmd", "status": "run_cmds", "runs": "run_cmds",
     "cancel": "run_cmds", "logs": "run_cmds", "validate": "spec_cmd", "schema": "spec_cmd", "data": "data_cmd",
-    "sweep": "sweep_cmd",
+    "sweep": "sweep_cmd", "tune": "tune_cmd",
 }
 
 

@@ -73,6 +73,6 @@ def say_held_back(console: Console, names: list[str]) -> None:
 
 
 def read_spec(path: Path | None, overrides: list[str] | None) -> RunSpec:
-    from trainctl.spec import load_spec
+    from trainctl import api
 
-    return load_spec(path if path is not None else default_spec_path(), overrides or [])
+    return api.load(path if path is not None else default_spec_path(), overrides or [])

@@ -559,11 +559,11 @@ def plan(
             raise typer.Exit(1)
         return
 
-    from trainctl.plan.plan import build_plan
+    from trainctl import api
 
-    p = build_plan(run)
+    p = api.plan_of(run)
     if as_json:
-        out: dict[str, Any] = p.to_json(ranks=ranks)
+        out: dict[str, Any] = p.to_json(ranks=ranks)  # what api.plan returns
         # With --ranks the rank lists dominate (millions of numbers at 16k GPUs): print them compactly.
         print_json(out, compact=ranks and p.world > RANKS_FULL_LIMIT)
     else:

@@ -14,7 +14,7 @@ from trainctl.cli.app import app
 from trainctl.cli.console import Col, escape, fitted_table, make_console
 from trainctl.cli.jsonout import print_json
 from trainctl.cli.options import JsonOpt
-from trainctl.errors import RunError, TrainctlError, UsageError
+from trainctl.errors import TrainctlError, UsageError
 from trainctl.terminal import printable
 
 if TYPE_CHECKING:
@@ -48,15 +48,14 @@ def _fmt_steps(st: RunStatus) -> str:
 def status(run: Path = RunArg, json_: bool = JsonOpt) -> None:
     """State of a run in Slurm's words, steps done, attempts, the last MFU, and the rest projected from what it
     measured (ETA, days, GPU-hours, the gap to the plan)."""
-    from trainctl.launch.status import run_status
+    from trainctl import api
     from trainctl.rundir.runstate import RUNNING, STARTING
-    from trainctl.rundir.sweep_record import is_sweep_dir
 
-    if is_sweep_dir(run):  # a sweep: a table of its runs (cli/sweep_cmd.py)
+    st = api.status(run)
+    if isinstance(st, api.SweepStatus):  # a sweep (or tune): a table of its runs (cli/sweep_cmd.py)
         from trainctl.cli.sweep_cmd import show_status
 
-        return show_status(run, json_)
-    st = run_status(run)
+        return show_status(st, json_)
     proj = _projection(run, training=st.state in (STARTING, RUNNING))  # not while Slurm queues it
     if json_:
         print_json({**st.to_json(), "projection": proj})
@@ -135,36 +134,12 @@ def cancel(run: Path = RunArg,
                                       "lost). On Slurm: scancel --signal=KILL, which Slurm carries out as its "
                                       "cancel, SIGKILL after its KillWait.")) -> None:
     """Cancel a run: scancel its Slurm job, or stop the local launcher (SIGTERM, as Ctrl-C would): every rank saves
-    a checkpoint after its current step. Asking again while it stops changes nothing; --force kills."""
-    from trainctl.launch.backend import backend_for
-    from trainctl.launch.status import open_run, read_job_json, run_status
-    from trainctl.rundir.paths import record_event
-    from trainctl.rundir.runstate import STOPPING, stopping_progress
-    from trainctl.rundir.sweep_record import is_sweep_dir
+    a checkpoint after its current step. Asking again while it stops changes nothing; --force kills. A sweep (or
+    tune) directory: every active run of it, and none of its runs starts after."""
+    from trainctl import api
 
-    if is_sweep_dir(run):  # every active run of the sweep, and none of its runs starts after (cli/sweep_cmd.py)
-        from trainctl.cli.sweep_cmd import cancel_sweep
-
-        return cancel_sweep(run, force)
-    paths = open_run(run)
-    job = read_job_json(paths)
-    st = run_status(run)
-    if not st.active:
-        print(printable(f"{st.name}: already {st.state}; nothing to cancel"))
-        return
-    if st.state == STOPPING and not force:  # a second signal must not cut short the save it asked for
-        print(printable(f"{st.name}: already stopping: {stopping_progress(paths)}; nothing more sent "
-                        f"(`trainctl cancel --force {run}` kills at once)"))
-        return
-    # recorded first: how the run ends reads "cancelled" (runstate); the launcher reads `force` (a SIGTERM
-    # alone cannot say it), and ranks still starting read the request (runtime/train/signals.recorded_stop)
-    try:
-        record_event(paths, "cancel_requested", state=st.state, force=force)
-    except OSError as e:
-        raise RunError(f"{paths.events}: cannot record the cancel ({e.strerror}); nothing was sent",
-                       hint="the run directory must be writable (its launcher stops a run whose directory "
-                            "became read-only by itself)") from e
-    print(printable(backend_for(job).cancel(paths, job, force=force)))
+    for line in api.cancel(run, force=force):
+        print(printable(line))
 
 
 @app.command()

@@ -4,8 +4,9 @@ commands hands a sweep directory to this module). No torch."""
 from __future__ import annotations
 
 import shlex
+import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -13,7 +14,10 @@ from trainctl.cli.app import app
 from trainctl.cli.console import Col, escape, fitted_table, make_console, sayer
 from trainctl.cli.jsonout import print_json
 from trainctl.cli.options import OptionalSpecArg, SetOpt, StrictOpt, VerboseOpt, check_before_training
-from trainctl.errors import EXIT_OK, TrainctlError
+from trainctl.errors import EXIT_OK, EXIT_STOPPED
+
+if TYPE_CHECKING:
+    from trainctl.api import SweepStatus
 
 
 @app.command()
@@ -80,83 +84,53 @@ def _default_spec() -> Path:
     return default_spec_path()
 
 
-def sweep_rows(root: Path) -> tuple[Any, list[tuple[Any, Any]]]:
-    """The record and, per run, (its record entry, its status or the error that stands for it)."""
-    from trainctl.launch import sweep as sw
-    from trainctl.launch.status import run_status
-
-    record = sw.open_sweep(root)
-    rows: list[tuple[Any, Any]] = []
-    for run in record.runs:
-        try:
-            rows.append((run, run_status(root / run.dir)))
-        except TrainctlError as e:
-            rows.append((run, e))
-    return record, rows
-
-
-def show_status(root: Path, json_: bool) -> None:
-    """`trainctl status SWEEP` (and `runs SWEEP`): one row per run, with its grid values."""
+def show_status(st: SweepStatus, json_: bool) -> None:
+    """`trainctl status SWEEP`: one row per run, with its grid values (api.status owns the figures)."""
     from trainctl.cli.run_cmds import _fmt_mfu, _fmt_steps
 
-    record, rows = sweep_rows(root)
     if json_:
-        print_json({"sweep": str(root.absolute()), "backend": record.backend, "grid": record.grid,
-                    "array_job_id": record.array.get("job_id"),
-                    "runs": [{"dir": run.dir, "values": run.values,
-                              **(st.to_json() if not isinstance(st, Exception) else {"error": str(st)})}
-                             for run, st in rows]})
+        print_json(st.to_json())
         return
+    record, root = st.record, st.path
     console = make_console()
     array = f", Slurm job array {record.array['job_id']}" if record.array.get("job_id") else ""
-    console.print(f"[bold]sweep[/bold] {escape(str(root))} ({record.backend}{array}): {len(rows)} runs",
+    console.print(f"[bold]sweep[/bold] {escape(str(root))} ({record.backend}{array}): {len(st.runs)} runs",
                   soft_wrap=True)
     columns = [Col("run", "key"), *[Col(k) for k in record.grid], Col("state", "key"), Col("job"), Col("steps"),
                Col("loss"), Col("MFU", "prose")]
     table = []
-    for run, st in rows:
-        if isinstance(st, Exception):
+    for run, rs in st.runs:
+        if isinstance(rs, Exception):
             table.append([run.dir, *[escape(run.values[k]) for k in record.grid], "?", "-", "-", "-",
-                          escape(str(st).splitlines()[0])])
+                          escape(str(rs).splitlines()[0])])
             continue
-        loss = f"{st.last_loss:.4f}" if isinstance(st.last_loss, float) else "-"
-        table.append([run.dir, *[escape(run.values[k]) for k in record.grid], st.state, st.job_id or "-",
-                      _fmt_steps(st.steps_done, st.steps_total), loss, _fmt_mfu(st.last_mfu)])
+        loss = f"{rs.last_loss:.4f}" if isinstance(rs.last_loss, float) else "-"
+        table.append([run.dir, *[escape(run.values[k]) for k in record.grid], rs.state, rs.job_id or "-",
+                      _fmt_steps(rs), loss, _fmt_mfu(rs.last_mfu)])
     from rich import box
 
     console.print(fitted_table(console, columns, table, box=box.SIMPLE, show_edge=False))
 
 
-def cancel_sweep(root: Path, force: bool) -> None:
-    """`trainctl cancel SWEEP`: no further run of it starts; every active run is cancelled as `cancel RUN` does."""
-    from trainctl.cli.run_cmds import cancel
-    from trainctl.launch import sweep as sw
-    from trainctl.rundir.runstate import PENDING
-
-    record, rows = sweep_rows(root)
-    sw.request_cancel(root)
-    # the queued first: on Slurm a job array would start its next element as soon as a running one ends
-    active = sorted(((run, st) for run, st in rows if not isinstance(st, Exception) and st.active),
-                    key=lambda rs: rs[1].state != PENDING)
-    if not active:
-        print(f"sweep {root}: no run is active; none of its runs will start until `trainctl resume {root}`")
-    for run, _ in active:
-        print(f"{run.dir}: ", end="", flush=True)
-        cancel(run=root / run.dir, force=force)
-
-
 def resume_sweep(root: Path, dry_run: bool, verbose: bool) -> None:
     """`trainctl resume SWEEP`: resume every run that has not completed and is not active, as `resume RUN` does
     (locally one after another, until the sweep is cancelled; on Slurm each is submitted again)."""
+    from trainctl import api
     from trainctl.cli.resume_cmd import resume
     from trainctl.launch import sweep as sw
-    from trainctl.rundir.runstate import COMPLETED
+    from trainctl.rundir.runstate import COMPLETED, DIVERGED, FAILED
+    from trainctl.rundir.tune_record import is_tune_dir
 
-    record, rows = sweep_rows(root)
-    todo = [run for run, st in rows if isinstance(st, Exception) or (st.state != COMPLETED and not st.active)]
+    st = api.status(root)
+    assert isinstance(st, api.SweepStatus)
+    record, rows = st.record, st.runs
+    # a tune's failed layout is a result (a row saying so), not work left: `resume TUNE/run-i` retries it alone
+    done = (COMPLETED, FAILED, DIVERGED) if is_tune_dir(root) else (COMPLETED,)
+    todo = [run for run, st in rows if isinstance(st, Exception) or (st.state not in done and not st.active)]
     console = make_console()
     if not todo:
         console.print(f"sweep {escape(str(root))}: every run has completed or is active; nothing to resume")
+        _finish_tune(root, record.backend, dry_run)
         return
     if not dry_run:
         sw.record_start(root, "resume")
@@ -168,10 +142,29 @@ def resume_sweep(root: Path, dry_run: bool, verbose: bool) -> None:
             continue
         where = ", ".join(f"{k}={v}" for k, v in run.values.items())
         console.print(f"[bold]{escape(run.dir)}[/bold] ({escape(where)})")
+        began = time.time()
         try:
             resume(run=root / run.dir, from_step=None, set_=[], accept_data_change=False, dry_run=dry_run,
                    repair=False, as_json=False, strict=False, verbose=verbose)
             codes.append(EXIT_OK)
         except typer.Exit as e:
             codes.append(e.exit_code)
+        if not dry_run and record.backend == "local":
+            sw.stop_all_after(root, root / run.dir, codes[-1], began)
+    if EXIT_STOPPED not in codes:
+        _finish_tune(root, record.backend, dry_run)
     raise typer.Exit(sw.sweep_exit(codes))
+
+
+def _finish_tune(root: Path, backend: str, dry_run: bool) -> None:
+    """A tune directory (rundir/tune_record.py) resumed: once its runs have ended, its table and spec
+    (cli/tune_cmd.py's `finish`; on Slurm after waiting for the resubmitted runs)."""
+    from trainctl.rundir.tune_record import is_tune_dir
+
+    if dry_run or not is_tune_dir(root):
+        return
+    from trainctl.cli.tune_cmd import finish, wait_for_runs
+
+    if backend != "local" and not wait_for_runs(root):
+        raise typer.Exit(EXIT_STOPPED)
+    raise typer.Exit(finish(root))

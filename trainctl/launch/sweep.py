@@ -141,6 +141,14 @@ def prepare(spec_path: Path, sets: Sequence[str], items: Sequence[str], sweep_fi
     anything is created."""
     grid, problems = parse_grid(items, sweep_file)
     points = expand(spec_path, sets, grid, problems)
+    return prepare_points(spec_path, sets, grid, points, root, concurrency=concurrency, dry_run=dry_run)
+
+
+def prepare_points(spec_path: Path, sets: Sequence[str], grid: dict[str, list[str]], points: list[SweepPoint],
+                   root: Path, *, concurrency: int | None, dry_run: bool = False) -> PreparedSweep:
+    """N validated specs (`points`) as N runs under `root`: everything a launch of each checks, before anything
+    is created. `grid` names the keys that tell the runs apart (their columns in `status SWEEP`). A grid's
+    points come from `expand`; a tune's from the layouts `plan --auto` ranks (launch/tune.py)."""
     root = root.absolute()
     check_run_dir(root)
     if not dry_run:
@@ -187,8 +195,24 @@ def run_local(prepared: PreparedSweep, say: Say, *, verbose: bool = False) -> in
             codes.append(EXIT_STOPPED)
             continue
         say(note(("run", "bold"), f" {name} ({', '.join(point.overrides)})"))
+        began = time.time()
         codes.append(backend.start_created(launch, say, verbose=verbose))
+        stop_all_after(prepared.root, prepared.root / name, codes[-1], began)
     return sweep_exit(codes)
+
+
+def stop_all_after(root: Path, run_dir: Path, code: int, began: float) -> None:
+    """A run of a local sweep that stopped by a signal to this process (Ctrl-C, SIGTERM, SIGHUP), not by
+    `trainctl cancel RUN` of that run alone, stops the sweep: none of its other runs starts after it, as after
+    `trainctl cancel SWEEP` (`trainctl resume SWEEP` runs them)."""
+    from trainctl.rundir.paths import RunPaths
+
+    if code != EXIT_STOPPED:
+        return
+    alone = any(e.get("event") == "cancel_requested" and e.get("time", 0) >= began
+                for e in read_jsonl(RunPaths(run_dir).events))
+    if not alone:
+        request_cancel(root, by="signal")
 
 
 def sweep_exit(codes: Sequence[int]) -> int:
@@ -199,8 +223,8 @@ def sweep_exit(codes: Sequence[int]) -> int:
     return next((c for c in codes if c != EXIT_OK), EXIT_OK)
 
 
-def request_cancel(root: Path) -> None:
-    append_jsonl(root / rec.EVENTS, {"time": time.time(), "event": CANCEL_REQUESTED})
+def request_cancel(root: Path, by: str = "cancel") -> None:
+    append_jsonl(root / rec.EVENTS, {"time": time.time(), "event": CANCEL_REQUESTED, "by": by})
 
 
 def record_start(root: Path, kind: str) -> None:

@@ -184,13 +184,33 @@ def _timeline_panel(ax: Any, report: dict[str, Any], colours: list[str]) -> None
                   columnspacing=1.0)
 
 
+def _scaling_panel(ax: Any, f: dict[str, Any]) -> None:
+    """A sweep's final loss against training compute (log-log): the runs as points, the fitted law as a line."""
+    pts = sorted(f["points"], key=lambda p: p["compute"])
+    ax.scatter([p["compute"] for p in pts], [p["loss"] for p in pts], zorder=3, label="final loss (measured)")
+    for p in pts:
+        ax.annotate(p["dir"], (p["compute"], p["loss"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    lo, hi = pts[0]["compute"], pts[-1]["compute"]
+    xs = [lo * (hi / lo) ** (i / 50) for i in range(51)]
+    ax.plot(xs, [f["irreducible"] + f["a"] * x ** -f["b"] for x in xs], label=f"fit: {f['form']}, b={f['b']:.3g}")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("training compute C (model FLOPs)")
+    ax.set_ylabel("final loss")
+    ax.legend(fontsize=8, frameon=False)
+    ax.grid(True, which="both", alpha=0.3)
+
+
 def figure(report: dict[str, Any]) -> Any:
     """The report's figure (a matplotlib Figure; the caller closes it)."""
     plt = _pyplot()
     MaxNLocator = _locator()  # noqa: N806 - a class
     lanes = sum(1 for r in report["runs"] if r["timeline"].get("available"))
-    fig = plt.figure(figsize=(10, 10.5 + 0.7 * lanes), constrained_layout=True)
-    grid = fig.add_gridspec(4, 1, height_ratios=[3, 3, 3, 1.4 + 0.9 * lanes])
+    fits = [sw["scaling_fit"] for sw in report.get("sweeps", []) if (sw.get("scaling_fit") or {}).get("fitted")]
+    fig = plt.figure(figsize=(10, 10.5 + 0.7 * lanes + 3.5 * len(fits)), constrained_layout=True)
+    grid = fig.add_gridspec(4 + len(fits), 1, height_ratios=[3, 3, 3, 1.4 + 0.9 * lanes] + [3.5] * len(fits))
+    for i, f in enumerate(fits):
+        _scaling_panel(fig.add_subplot(grid[4 + i]), f)
     axes = [fig.add_subplot(grid[0])]
     axes += [fig.add_subplot(grid[i], sharex=axes[0]) for i in (1, 2)]
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]

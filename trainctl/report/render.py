@@ -161,6 +161,18 @@ def _goodput_rows() -> list[Row]:
                    ("Young/Daly interval", cadence("optimal"))]
 
 
+def _render_scaling_fit(con: Console, f: dict[str, Any]) -> None:
+    """The sweep's loss-against-compute fit (report/scaling_law.py) and the points it used."""
+    if not f["fitted"]:
+        prose(con, escape(f["note"]), "[bold]scaling fit:[/bold] ")
+        return
+    prose(con, escape(f["line"]), "[bold]scaling fit:[/bold] ")
+    for p in f["points"]:
+        values = " ".join(f"{k}={v}" for k, v in p["values"].items())
+        prose(con, escape(f"{p['dir']} ({values}): C {p['compute']:.4g} FLOPs, final loss {p['loss']:.4f} "
+                          f"(measured), fit {p['fitted_loss']:.4f}"), "  ")
+
+
 def render(report: dict[str, Any], console: Console | None = None) -> None:
     con = console or Console(emoji=False)
     runs = report["runs"]
@@ -174,6 +186,8 @@ def render(report: dict[str, Any], console: Console | None = None) -> None:
         con.print(sweep_table(sweep))
         if sweep["not_measured"]:
             con.print(f"[dim]not measured yet: {escape(', '.join(sweep['not_measured']))}[/dim]")
+        if sweep.get("scaling_fit"):
+            _render_scaling_fit(con, sweep["scaling_fit"])
     con.print(_table("MFU report", runs, _summary_rows()))
     for r in runs:
         s = r["summary"]

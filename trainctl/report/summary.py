@@ -70,6 +70,7 @@ def summarize(run: RunData, final: list[dict[str, Any]], attempts: list[Attempt]
                        if len(steady) < len(final) else "all steps"),
         "world_size": final[-1].get("world_size") if final else None,
         "tokens_per_step": final[-1].get("tokens") if final else None,
+        "model_flops_per_step": final[-1].get("model_flops_per_step") if final else None,  # 6N + 12Lhs per token
         "step_time_s": {"median": median(st), "p10": percentile(st, 10), "p90": percentile(st, 90),
                         "min": min(st, default=None), "max": max(st, default=None)},
         "tokens_per_s": median(field("tokens_per_s")),

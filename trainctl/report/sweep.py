@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from trainctl.errors import UsageError
+from trainctl.report import scaling_law
 from trainctl.rundir import sweep_record as rec
 from trainctl.rundir.paths import RunPaths
 
@@ -48,9 +49,12 @@ def compare(sweeps: list[dict[str, Any]], reports: list[dict[str, Any]]) -> None
             rows.append({"dir": run["dir"], "values": run["values"],
                          "steps": s["steps_completed"], "steps_target": s["steps_target"],
                          "final_loss": s["final_loss"], "tokens_per_s": s["tokens_per_s"],
+                         "model_flops_per_step": s["model_flops_per_step"],
                          "mfu": None if s["mfu"] is None else s["mfu"]["median"],
                          "goodput": gp.get("goodput") if gp.get("available") else None})
         sw["comparison"] = rows  # every figure measured (metrics.jsonl, events.jsonl)
+        if scaling_law.qualifies(sw["grid"]):  # a grid over model size or tokens: loss against compute
+            sw["scaling_fit"] = scaling_law.fit(scaling_law.points_of(rows))
 
 
 def table(sweep: dict[str, Any]) -> Any:
