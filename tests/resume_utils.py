@@ -3,6 +3,7 @@ ranks started directly (srun-style, no torchrun) so each rank's own exit status 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -25,9 +26,17 @@ def stop_after(step: int) -> dict[str, str]:
 
 
 def set_spec(run: Path, **sections: dict[str, Any]) -> None:
-    """Edit the run's spec.yaml in place (a resume with another allocation)."""
+    """Edit the run's spec.yaml in place (a resume with another allocation), as `trainctl resume --set` would:
+    job.json's record of the frozen spec follows, so the ranks started on it directly take the edit as seen."""
+    from trainctl.launch.create import frozen_spec_record
+
     path = run / "spec.yaml"
     write_spec(path, sections, base=yaml.safe_load(path.read_text()), one_node=True)
+    job = run / "job.json"
+    if job.exists():
+        record = json.loads(job.read_text())
+        record["frozen_spec"] = frozen_spec_record(path.read_text())
+        job.write_text(json.dumps(record, indent=2) + "\n")
 
 
 def ok(r: subprocess.CompletedProcess, what: str = "run") -> None:
