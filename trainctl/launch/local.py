@@ -234,11 +234,13 @@ class Stopper:
         self.killed_by: str | None = None  # what killed the tree, in words (runstate.outcome)
         self.lost: OSError | None = None  # the run directory can no longer be written (RunDirWatch, a write)
         self.ended = False  # torchrun has exited: the attempt's outcome stands, a stop has nothing left to stop
+        self.noted: set[str] = set()  # the notes already printed: a flood of repeated signals prints each once
+        self.saying = False  # a line is being written: a signal arriving then (a full pipe blocks) must not recurse
 
     def __call__(self, signum: int, _frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
         if self.ended:
-            self.say(f"trainctl: {name}: the ranks have already ended; nothing left to stop")
+            self._note(f"trainctl: {name}: the ranks have already ended; nothing left to stop")
             return
         self.signals.append(signum)
         force = self._forced()
@@ -246,14 +248,26 @@ class Stopper:
             if force or signum == signal.SIGINT:
                 self._kill(FORCED if force else SECOND_CTRL_C, name)
             else:
-                self.say(f"trainctl: {name} again: already stopping, the ranks save after their current step "
-                         f"(`trainctl cancel --force {shlex.quote(str(self.paths.root))}` or Ctrl-C kills at once)")
+                self._note(f"trainctl: {name} again: already stopping, the ranks save after their current step "
+                           f"(`trainctl cancel --force {shlex.quote(str(self.paths.root))}` or Ctrl-C kills at "
+                           "once)")
             return
         if self.begun is not None:  # else begin() records it
             self._record()
         self._ask_ranks()
         self.say(f"trainctl: {name}: every rank saves a checkpoint after its current step, then stops "
                  "(press Ctrl-C again to kill at once)")
+
+    def _note(self, text: str) -> None:
+        """Say `text` once, and never from inside another line's write."""
+        if text in self.noted or self.saying:
+            return
+        self.noted.add(text)
+        self.saying = True
+        try:
+            self.say(text)
+        finally:
+            self.saying = False
 
     def begin(self, begun: float) -> None:
         """The attempt began at `begun` (its begin event bears that time): a request made before is recorded
