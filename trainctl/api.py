@@ -19,14 +19,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
 
 from trainctl.errors import RunError, UsageError
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from trainctl.launch.status import RunStatus
@@ -73,16 +75,13 @@ class Run:
 
     def wait(self, timeout: float | None = None, poll_s: float = 1.0) -> RunStatus:
         """Block until the run is no longer active (and this process's `trainctl` has exited); its status."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            done = self.process is None or self.process.poll() is not None
-            if done and self.path.joinpath("job.json").is_file():
-                st = self.status()
-                if not st.active:
-                    return st
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"{self.path} is still running after {timeout} s")
-            time.sleep(poll_s)
+        def settled() -> RunStatus | None:
+            if _running(self.process) or not self.path.joinpath("job.json").is_file():
+                return None
+            st = self.status()
+            return None if st.active else st
+
+        return _poll(settled, self.path, timeout, poll_s)
 
     def metrics(self) -> list[dict[str, Any]]:
         """The measured steps, one record each (RUN/metrics.jsonl)."""
@@ -106,6 +105,20 @@ class Run:
     def cancel(self, force: bool = False) -> str:
         """`trainctl cancel RUN`: every rank saves after its current step (force: killed at once)."""
         return "\n".join(cancel(self.path, force=force))
+
+
+def _running(process: subprocess.Popen[str] | None) -> bool:
+    return process is not None and process.poll() is None
+
+
+def _poll(settled: Callable[[], T | None], path: Path, timeout: float | None, poll_s: float) -> T:
+    """What `settled()` returns once it is not None, asked every `poll_s`; TimeoutError after `timeout` s."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while (result := settled()) is None:
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(f"{path} is still running after {timeout} s")
+        time.sleep(poll_s)
+    return result
 
 
 def launch(spec: RunSpec, run_dir: str | Path, *, overrides: Sequence[str] = ()) -> Run:
@@ -258,15 +271,13 @@ class Sweep:
 
     def wait(self, timeout: float | None = None, poll_s: float = 1.0) -> SweepStatus:
         """Block until this process's `trainctl` has exited and no run of the sweep is active; its status."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            if self.process is None or self.process.poll() is not None:
-                st = self.status()
-                if not st.active:
-                    return st
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"{self.path} is still running after {timeout} s")
-            time.sleep(poll_s)
+        def settled() -> SweepStatus | None:
+            if _running(self.process):
+                return None
+            st = self.status()
+            return None if st.active else st
+
+        return _poll(settled, self.path, timeout, poll_s)
 
     def cancel(self, force: bool = False) -> list[str]:
         """`trainctl cancel SWEEP`: every active run saves and stops; none of the others starts."""

@@ -88,6 +88,15 @@ def gemm_seconds(dev: Device, m: float, n: float, k: float, act: int) -> float:
     return max(compute, traffic)
 
 
+def rank_widths(m: ModelShape, tp: int) -> tuple[float, float, float, float]:
+    """(query, one of K and V, FFN, FC1 output) widths of a layer on one TP rank. A KV head is replicated when tp
+    exceeds the KV heads; a MoE layer is a dense one with the routed experts' width times top_k."""
+    q = m.heads * m.head_dim / tp
+    kv = max(m.kv_heads / tp, 1) * m.head_dim
+    ffn = (m.moe.expert_ffn_hidden * m.moe.top_k if m.moe is not None else m.ffn_hidden) / tp
+    return q, kv, ffn, ffn * (2 if m.swiglu else 1)
+
+
 def _train_gemm(dev: Device, m: float, n: float, k: float, act: int) -> tuple[float, float]:
     """(forward, backward) seconds of one linear layer: y = x W (m x k by k x n), dx = dy W^T, dW = x^T dy."""
     return gemm_seconds(dev, m, n, k, act), gemm_seconds(dev, m, k, n, act) + gemm_seconds(dev, k, n, m, act)
@@ -103,10 +112,7 @@ def layer_seconds(m: ModelShape, dev: Device, *, micro_batch: int, tp: int, cp: 
     catalog.gemm_speedup), the attention core and the memory-bound work as they are."""
     t = micro_batch * m.seq_len / cp  # this rank's tokens
     h, hd = m.hidden, m.head_dim
-    q = m.heads * hd / tp
-    kv = max(m.kv_heads / tp, 1) * hd  # a KV head is replicated when tp exceeds the KV heads
-    ffn = (m.moe.expert_ffn_hidden * m.moe.top_k if m.moe is not None else m.ffn_hidden) / tp
-    up = ffn * (2 if m.swiglu else 1)
+    q, kv, ffn, up = rank_widths(m, tp)
     fwd = bwd = 0.0
     for n_out, k_in in ((q + 2 * kv, h), (h, q), (up, h), (h, ffn)):
         f, b = _train_gemm(dev, t, n_out, k_in, act)
@@ -198,11 +204,9 @@ def te_tp_exposed_seconds(m: ModelShape, dev: Device, *, micro_batch: int, tp: i
     """Seconds Transformer Engine's overlap leaves on one layer's forward + backward (+ recompute) beyond its
     GEMMs, sequence parallelism on: `half_s` is one all-gather or reduce-scatter of the micro-batch's activations."""
     t = micro_batch * m.seq_len / cp
-    h, hd = m.hidden, m.head_dim
-    q = m.heads * hd / tp
-    qkv = q + 2 * max(m.kv_heads / tp, 1) * hd  # a KV head is replicated when tp exceeds the KV heads
-    ffn = (m.moe.expert_ffn_hidden * m.moe.top_k if m.moe is not None else m.ffn_hidden) / tp
-    up = ffn * (2 if m.swiglu else 1)
+    h = m.hidden
+    q, kv, ffn, up = rank_widths(m, tp)
+    qkv = q + 2 * kv
     slowed = dev.sm_count / (dev.sm_count - TE_COMM_SMS)  # the GEMM on the SMs the collective leaves it
 
     def gemm(rows: float, cols: float, inner: float) -> float:
