@@ -152,14 +152,18 @@ def test_recipes_plan_without_errors(recipe):
 
 
 # Recipes that follow a published layout the bundled trainer cannot fit (docs/design/memory.md, "Memory model"):
-# their one error is the OOM line, which itemises the bytes.
+# their one error is the OOM line, which itemises the bytes, and the staged recipe's ramp on 8,192 GPUs (the
+# same layout without recompute, its ZeRO-2 shards over half the replicas) says so for its stage.
 PUBLISHED_OOM = {"llama3-405b", "llama3-405b-staged"}
+PUBLISHED_STAGE_OOM = {"llama3-405b-staged": "'ramp-8k'"}
 
 
 def unexpected_errors(path, plan) -> list[str]:
     """The plan's errors, less a published layout's itemised OOM."""
-    return [w.message for w in plan.errors if not (path.stem in PUBLISHED_OOM and w.code == "OOM"
-                                                   and "layer-micro-batches' worth" in w.message)]
+    return [w.message for w in plan.errors if not (
+        path.stem in PUBLISHED_OOM and w.code == "OOM" and "layer-micro-batches' worth" in w.message) and not (
+        w.code == "STAGE_OUT_OF_MEMORY" and path.stem in PUBLISHED_STAGE_OOM
+        and PUBLISHED_STAGE_OOM[path.stem] in w.message)]
 
 
 def test_all_recipes_in_the_directory_plan():

@@ -292,9 +292,15 @@ def whole_run_rows(run: dict[str, Any] | None) -> list[tuple[str, str]]:
     maintenance = (f"{hours:g} h a week (cluster.maintenance_hours_per_week): "
                    f"{dur(run['maintenance']['total_s'])} of the wall clock" if hours
                    else "none assumed (cluster.maintenance_hours_per_week 0)")
+    own_nodes = len({st["nodes"] for st in stages}) > 1  # stages on nodes of their own: say each one's
+
+    def nodes_of(st: dict[str, Any]) -> str:
+        return f", {st['nodes']:,} nodes" if own_nodes else ""
+
+    held = " (each stage's on its own GPUs)" if own_nodes else ""
     stage_rows = [(f"stage {st['name']}", (
         f"{count(st['steps'], 'step')} x {st['global_batch']:,} x {st['seq_len']:,} tokens (cp {st['cp']}, dp "
-        f"{st['dp']}) at {dur(st['step_time_s'])} a step (predicted): {dur(st['compute_s'])}"
+        f"{st['dp']}{nodes_of(st)}) at {dur(st['step_time_s'])} a step (predicted): {dur(st['compute_s'])}"
         + ("" if st["fits"] else "; out of memory"))) for st in stages]
     return [
         *stage_rows,
@@ -305,7 +311,7 @@ def whole_run_rows(run: dict[str, Any] | None) -> list[tuple[str, str]]:
         *limit_rows,
         ("maintenance", maintenance),
         ("wall clock", f"P10 {days_text(days['p10'])} / P50 {days_text(days['p50'])} / P90 {days_text(days['p90'])} "
-                       f"(closed form); {figure(run['gpu_hours'])} GPU-hours{energy_row}{cost}"),
+                       f"(closed form); {figure(run['gpu_hours'])} GPU-hours{held}{energy_row}{cost}"),
         ("best interval", f"{dur(run['optimal_interval_s'])} minimises the expected wall clock"),
     ]
 

@@ -27,7 +27,7 @@ from trainctl.units import count, dur
 WASTE_WARN = 0.05  # a configured interval losing this much more of the wall clock than Daly's is warned about
 
 
-def job_mtbf(*, gpus: int, gpu: str, mtbf_hours: float | None, fleet: str | None) -> tuple[float, str]:
+def job_mtbf(*, gpus: float, gpu: str, mtbf_hours: float | None, fleet: str | None) -> tuple[float, str]:
     """(the job's MTBF in seconds, where it comes from): checkpoint.mtbf_hours, else the fleet's per-GPU rate."""
     if mtbf_hours is not None:
         return mtbf_hours * 3600.0, f"checkpoint.mtbf_hours {mtbf_hours:g} h"

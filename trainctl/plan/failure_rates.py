@@ -28,12 +28,12 @@ class Fleet:
         """The per-GPU MTBF, hours: GPU-hours of the record per interruption."""
         return self.days * 24.0 * self.gpus / self.interruptions
 
-    def job_mtbf_hours(self, gpus: int) -> float:
+    def job_mtbf_hours(self, gpus: float) -> float:
         return self.gpu_hours_per_failure / max(1, gpus)
 
-    def describe(self, gpus: int) -> str:
+    def describe(self, gpus: float) -> str:
         """Where a job's MTBF comes from, in one phrase."""
-        return (f"{self.gpu_hours_per_failure:,.0f} GPU-hours per interruption / {gpus:,} GPUs: fleet {self.key} "
+        return (f"{self.gpu_hours_per_failure:,.0f} GPU-hours per interruption / {gpus:,.0f} GPUs: fleet {self.key} "
                 f"({self.interruptions} interruptions in {self.days:g} days on {self.gpus:,} {self.gpu}; "
                 f"{self.cite})")
 

@@ -440,7 +440,8 @@ def stage_prices(spec: RunSpec) -> list[dict[str, Any]] | None:
         assert steps is not None  # stage_spec sets them
         out.append({"name": st.name, "tokens": steps * shaped.batch_tokens, "steps": steps,
                     "global_batch": shaped.train.global_batch, "seq_len": shaped.model.seq_len,
-                    "cp": shaped.parallel.cp, "dp": shaped.dp, "model_flops_per_step": est.model_flops,
+                    "cp": shaped.parallel.cp, "dp": shaped.dp, "nodes": shaped.cluster.nodes,
+                    "gpus": shaped.cluster.world_size, "model_flops_per_step": est.model_flops,
                     "step_time_s": est.step_time,
                     "compute_s": est.step_time * steps if est.step_time else None,
                     "mfu": est.mfu(ctx.world, ctx.hw.peak_flops), "memory_bytes": est.worst.total,
@@ -452,7 +453,7 @@ def stage_prices(spec: RunSpec) -> list[dict[str, Any]] | None:
 def _stage_bases(spec: RunSpec) -> tuple[tuple[str, Any], ...]:
     """A stage's shape fields and the spec's own values of them."""
     return (("global_batch", spec.train.global_batch), ("seq_len", spec.model.seq_len), ("cp", spec.parallel.cp),
-            ("dp", spec.parallel.dp))
+            ("dp", spec.parallel.dp), ("nodes", spec.cluster.nodes))
 
 
 def stage_warnings(stages: list[dict[str, Any]] | None) -> tuple[PlanWarning, ...]:
@@ -469,7 +470,8 @@ def checkpoint_plan(spec: RunSpec, step_time: float | None,
     """One save's bytes and seconds, and the Young/Daly interval against the configured one (plan/cadence.py)."""
     blocking, total = save_seconds(spec)
     ck = spec.checkpoint
-    mtbf, source = spec_mtbf(spec)
+    gpus = staged_gpus(stages, spec)
+    mtbf, source = spec_mtbf(spec, gpus=gpus)
     step_time = staged_mean_step(stages, spec) if stages is not None else step_time
     cadence = Cadence(cost_s=blocking, mtbf_s=mtbf, mtbf_source=source, restart_s=sum(restart_parts(spec).values()),
                       configured_s=configured_interval(ck.every_steps, ck.every_minutes, step_time),
@@ -491,10 +493,14 @@ def checkpoint_plan(spec: RunSpec, step_time: float | None,
     return out, tuple(warnings)
 
 
-def spec_mtbf(spec: RunSpec) -> tuple[float, str]:
-    """The job's MTBF in seconds and where it comes from (plan/cadence.py job_mtbf)."""
+def spec_mtbf(spec: RunSpec, *, gpus: float | None = None) -> tuple[float, str]:
+    """The job's MTBF in seconds and where it comes from (plan/cadence.py job_mtbf), on `gpus` (default the
+    cluster's; a staged run's: staged_gpus)."""
     c, ck = spec.cluster, spec.checkpoint
-    return job_mtbf(gpus=c.world_size, gpu=c.gpu, mtbf_hours=ck.mtbf_hours, fleet=ck.failure_fleet)
+    mtbf, source = job_mtbf(gpus=gpus or c.world_size, gpu=c.gpu, mtbf_hours=ck.mtbf_hours, fleet=ck.failure_fleet)
+    if gpus and gpus != c.world_size and ck.mtbf_hours is None:
+        source += " (GPUs: the stages' own, weighted by their compute)"
+    return mtbf, source
 
 
 def restart_parts(spec: RunSpec) -> dict[str, float]:
@@ -516,6 +522,17 @@ def run_time_limit(spec: RunSpec, *, save_s: float, interval_s: float) -> TimeLi
     lost = interval_s / 2.0 if grace < save_s else 0.0
     return TimeLimit(limit_s=float(limit), train_s=limit - grace - parts["startup"] - parts["checkpoint_load"],
                      stop_s=save_s + sum(parts.values()) + lost)
+
+
+def staged_gpus(stages: list[dict[str, Any]] | None, spec: RunSpec) -> float:
+    """The GPUs a run holds: the cluster's, or for a staged run whose stages run on their own nodes
+    (train.stages[].nodes) the stages' GPUs weighted by their compute. A failure rate per GPU-hour and the
+    GPU-hours then both count each stage on its own GPUs (the nodes a stage leaves are not the run's)."""
+    if not stages or any(s["compute_s"] is None for s in stages) or all(
+            s["gpus"] == spec.cluster.world_size for s in stages):
+        return float(spec.cluster.world_size)
+    total = sum(s["compute_s"] for s in stages)
+    return sum(s["compute_s"] * s["gpus"] for s in stages) / total if total > 0 else float(spec.cluster.world_size)
 
 
 def staged_mean_step(stages: list[dict[str, Any]], spec: RunSpec) -> float | None:
@@ -543,7 +560,7 @@ def whole_run_plan(spec: RunSpec, *, step_time: float | None, blocking_s: float,
                    last_write_s=save_s - blocking_s if ck.async_save else 0.0, restart_s=sum(parts.values()),
                    mtbf_s=mtbf_s, time_limit=run_time_limit(spec, save_s=save_s, interval_s=interval),
                    maintenance_share=spec.cluster.maintenance_hours_per_week / 168.0)
-    summary = whole_run_summary(run=run, gpus=spec.cluster.world_size, gpu_hour_price=spec.cluster.gpu_hour_price,
+    summary = whole_run_summary(run=run, gpus=staged_gpus(stages, spec), gpu_hour_price=spec.cluster.gpu_hour_price,
                                 board_power_w=resolve_accelerator(spec.cluster).board_power_w, restart_parts=parts,
                                 saves_scheduled=configured is not None, mtbf_source=mtbf_source)
     if stages is not None:

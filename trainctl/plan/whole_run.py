@@ -238,7 +238,7 @@ def why_not_finishing(run: WholeRun, *, saves_scheduled: bool) -> str:
     return f"{facts}: {fix}, every {dur(best.interval_s)} (checkpoint.every_steps or every_minutes)"
 
 
-def whole_run_summary(*, run: WholeRun, gpus: int, gpu_hour_price: float | None, board_power_w: float | None,
+def whole_run_summary(*, run: WholeRun, gpus: float, gpu_hour_price: float | None, board_power_w: float | None,
                       restart_parts: dict[str, float], saves_scheduled: bool,
                       mtbf_source: str = "") -> dict[str, object]:
     """The whole-run figures plan prints, each with its formula; those of a run not expected to finish are None

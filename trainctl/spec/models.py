@@ -275,6 +275,9 @@ class StageSpec(Strict):
     cp: Count | None = Field(None, description="Context parallelism in this stage; default parallel.cp (with dp, "
                              "to keep the world size)")
     dp: Count | None = Field(None, description="Data parallelism in this stage; default parallel.dp")
+    nodes: Count | None = Field(None, description="Nodes the stage runs on, at most cluster.nodes (its tp x pp x "
+                                "cp x dp fills them); default cluster.nodes. The plan counts a stage's GPU-hours "
+                                "and failures on its own GPUs")
     recompute: Literal["none", "selective", "full"] | None = Field(
         None, description="Activation recomputation in this stage; default train.recompute")
 
@@ -699,7 +702,9 @@ class RunSpec(Strict):
                                               "recompute": stage.recompute or self.train.recompute,
                                               "warmup": 0, "profile": None})
         model = self.model.model_copy(update={"seq_len": stage.seq_len or self.model.seq_len})
-        return self.model_copy(update={"parallel": parallel, "train": train, "model": model})
+        cluster = self.cluster if stage.nodes is None else self.cluster.model_copy(
+            update={"nodes": stage.nodes, "min_nodes": None})
+        return self.model_copy(update={"parallel": parallel, "train": train, "model": model, "cluster": cluster})
 
     @property
     def steps_for_tokens(self) -> int | None:

@@ -181,8 +181,19 @@ def _stages(spec: RunSpec) -> Iterator[str]:
             yield problem(f"{where}.tokens", st.tokens, f"not a multiple of the stage's {per_step:,} tokens per step "
                           "(its global_batch x seq_len)",
                           f"use {down:,} or {up:,} ({_apart(down, up)})" if down else f"use {up:,} (one step)")
-        for line in _shape_lines(spec.stage_spec(st)):
+        if st.nodes is not None and st.nodes > spec.cluster.nodes:
+            yield problem(f"{where}.nodes", st.nodes, f"more than the cluster's {spec.cluster.nodes:,} nodes",
+                          f"use at most {spec.cluster.nodes:,} (cluster.nodes), or raise cluster.nodes")
+            continue
+        shaped = spec.stage_spec(st)
+        gpus = shaped.model_parallel * shaped.parallel.dp if shaped.parallel.dp != "auto" else 0
+        fits_nodes = gpus and gpus % spec.cluster.gpus_per_node == 0 and gpus // spec.cluster.gpus_per_node
+        for line in _shape_lines(shaped):
             if line not in own:
+                # a stage's world is its own: the fix is its dp or nodes, not the cluster's
+                line = line.replace("set parallel.dp to", "set the stage's dp to").replace(
+                    "or change cluster.nodes", f"or give the stage nodes: {fits_nodes}" if fits_nodes
+                    and fits_nodes <= spec.cluster.nodes else "or give the stage its own nodes")
                 yield f"{where}: {line}"
 
 
