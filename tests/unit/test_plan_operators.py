@@ -116,7 +116,10 @@ launcher: {backend: local}
 
 def test_plan_prices_one_gpu_as_its_layers_head_and_optimizer(tmp_path) -> None:
     """The plan's compute on one A100 is 4 micro-batches x (4 layers + the head), each as the operator model prices
-    it, and its optimizer step the parameters x 42 bytes at HBM bandwidth; nothing else is on one GPU."""
+    it, its optimizer step the parameters x 42 bytes at HBM bandwidth, and each micro-batch's passes over the fp32
+    matmul weights (4 x 12h^2 + the V x h head) 21 bytes each: autocast's cast and its gradient's cast back, 6 + 6,
+    and the fp32 add, 12, but in the first micro-batch of the step (one replica: its gradient is taken as it is);
+    nothing else is on one GPU."""
     path = tmp_path / "ops.yaml"
     path.write_text(SPEC)
     j = json.loads(trainctl("plan", str(path), "--json").stdout)
@@ -127,7 +130,10 @@ def test_plan_prices_one_gpu_as_its_layers_head_and_optimizer(tmp_path) -> None:
     p = j["prediction"]
     assert p["compute_s"] == pytest.approx(4 * (4 * layer + head), rel=1e-9)
     assert p["breakdown_s"]["optimizer step"] == pytest.approx(j["params"]["total"] * 42 / 2039e9, rel=1e-9)
-    assert p["step_time_s"] == pytest.approx(p["compute_s"] + p["breakdown_s"]["optimizer step"], rel=1e-9)
+    weights = 4 * 12 * 1024**2 + 32000 * 1024
+    assert p["breakdown_s"]["weight passes"] == pytest.approx(4 * weights * (6 + 6 + 12 * 3 / 4) / 2039e9, rel=1e-9)
+    assert p["step_time_s"] == pytest.approx(p["compute_s"] + p["breakdown_s"]["optimizer step"]
+                                             + p["breakdown_s"]["weight passes"], rel=1e-9)
     assert j["assumptions"]["compute_efficiency"] is None and j["assumptions"]["attention_kernel"] == "flash2"
 
 
@@ -221,6 +227,11 @@ def test_the_bundled_trainers_dp_overlap_is_its_buckets() -> None:
     assert est_full.dp_exposed_time == pytest.approx(rs + ag - min(rs + ag, slot))
 
 
+# aten ops that make views: they move nothing
+VIEWS = {"view", "_unsafe_view", "reshape", "detach", "alias", "expand", "t", "transpose", "unsqueeze", "squeeze",
+         "select", "slice", "as_strided", "split", "split_with_sizes", "chunk", "unbind", "permute"}
+
+
 def _bytes_moved(fn, inputs: list, *, over: int) -> int:  # noqa: ANN001 - any callable of torch tensors
     """HBM bytes the aten ops of fn(*inputs) and its backward move over tensors of at least `over` values: every
     such input read and output written (in-place ops both); views move nothing, and indexing ops touch one value
@@ -228,9 +239,6 @@ def _bytes_moved(fn, inputs: list, *, over: int) -> int:  # noqa: ANN001 - any c
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    moves_nothing = {"view", "_unsafe_view", "reshape", "detach", "alias", "expand", "t", "transpose", "unsqueeze",
-                     "squeeze", "select", "slice", "as_strided", "split", "split_with_sizes", "chunk", "unbind",
-                     "permute"}
     one_per_row = {"gather", "index", "index_put", "index_put_", "_index_put_impl_"}
 
     def tensors(xs):  # noqa: ANN001, ANN202 - nested args of aten ops
@@ -247,7 +255,7 @@ def _bytes_moved(fn, inputs: list, *, over: int) -> int:  # noqa: ANN001 - any c
             nonlocal total
             out = func(*args, **(kwargs or {}))
             name = func.overloadpacket.__name__
-            if name not in moves_nothing and name not in one_per_row:
+            if name not in VIEWS and name not in one_per_row:
                 total += sum(x.nbytes for x in tensors([*args, *(kwargs or {}).values(), out]) if x.numel() >= over)
             return out
 
@@ -308,3 +316,74 @@ def test_the_plan_prices_the_trainers_eager_elementwise_work_unless_fused() -> N
     assert compiled["prediction"]["step_time_s"] == fused["prediction"]["step_time_s"]
     text = " ".join(trainctl("plan", "recipes/llama3-8b.yaml", "--set", "estimate.elementwise=fused").stdout.split())
     assert "elementwise fused" in text
+
+
+def test_the_weight_passes_are_the_ones_the_trainer_makes() -> None:
+    """At pp = 1 the trainer runs each micro-batch's forward in its own autocast region (pipeline_schedules'
+    Accumulate) over fp32 weights whose gradients are views of its fp32 bucket buffer (dp > 1, ZeRO-0). Beyond its
+    GEMMs each micro-batch then moves, per weight, what operators.weight_pass_bytes prices: the cast to bf16, its
+    gradient's cast back and the fp32 add, 24 bytes; counted over the weight-sized tensors of its aten ops (the
+    activations here are smaller than the weight, and the GEMMs are priced apart)."""
+    import torch
+    from torch import nn
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from trainctl.runtime.parallel.pipeline_schedules import Accumulate
+
+    width, rows, micro_batches = 256, 4, 3
+    model = nn.Linear(width, width, bias=False)
+    model.weight.grad = torch.zeros_like(model.weight)  # the bucket buffer's view (GradSync, dp > 1)
+    gemms = {"mm", "addmm", "bmm"}
+    moved = 0
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 - torch's signature
+            nonlocal moved
+            out = func(*args, **(kwargs or {}))
+            if func.overloadpacket.__name__ not in gemms | VIEWS:
+                moved += sum(x.nbytes for x in [*args, out] if isinstance(x, torch.Tensor)
+                             and x.numel() >= width * width)
+            return out
+
+    schedule = Accumulate(model, lambda y, _t: y.float().square().mean(), micro_batches, torch.device("cpu"),
+                          torch.bfloat16, fsdp=False)
+    inputs = torch.randn(micro_batches, rows, width)
+    with Count():
+        schedule.run(inputs, torch.zeros(micro_batches, rows))
+    per = operators.weight_pass_bytes("auto", precision="bf16", fp32_weights=True, dp=2, pp=1,
+                                      micro_batches=micro_batches, recompute="none")
+    assert per == 24 and moved == per * width * width * micro_batches
+    # the other stacks: 16-bit weights and an fp32 (fp16) add, or the add inside the GEMM
+    assert operators.weight_pass_bytes("hook", precision="bf16", fp32_weights=False, dp=2, pp=1,
+                                       micro_batches=micro_batches, recompute="none") == 10
+    assert operators.weight_pass_bytes("hook", precision="fp16", fp32_weights=False, dp=2, pp=1,
+                                       micro_batches=micro_batches, recompute="none") == 6
+    assert operators.weight_pass_bytes("fused", precision="bf16", fp32_weights=True, dp=2, pp=1,
+                                       micro_batches=micro_batches, recompute="none") == 0
+
+
+def test_the_plan_prices_the_weight_passes_by_zero_stage_and_stack() -> None:
+    """Llama 3 8B (recipes/llama3-8b.yaml: TP2 on H100s): each micro-batch passes over the rank's matmul weights,
+    32 layers of 4096 x (4096 + 2 x 1024) + 4096 x 4096 + 3 x 4096 x 14336 and the 128,256 x 4096 LM head, halved
+    by TP, at 3.35 TB/s: 10 bytes each under ZeRO-1 (16-bit weights, their gradient added into fp32), 24 under
+    ZeRO-0 (fp32 weights: autocast's cast, the cast back, the fp32 add), none when the stack accumulates inside
+    the GEMM (estimate.grad_accumulation fused); the step grows by the passes and plan says which it assumed."""
+    def plan(*sets: str) -> dict:
+        args = [x for s in sets for x in ("--set", s)]
+        out = trainctl("plan", "recipes/llama3-8b.yaml", "--json", *args)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    h, kv, ffn = 4096, 1024, 14336
+    weights = (32 * (h * (h + 2 * kv) + h * h + 3 * h * ffn) + 128256 * h) / 2
+    zero1, zero0, fused = plan(), plan("parallel.zero=0"), plan("estimate.grad_accumulation=fused")
+    n_micro = zero1["layout"]["global_batch"] // (zero1["layout"]["micro_batch"] * zero1["layout"]["dp"])
+    for j, per in ((zero1, 10), (zero0, 24)):
+        assert j["prediction"]["breakdown_s"]["weight passes"] == pytest.approx(
+            n_micro * weights * per / 3.35e12, rel=1e-9)
+    assert "weight passes" not in fused["prediction"]["breakdown_s"]
+    assert fused["prediction"]["step_time_s"] < zero1["prediction"]["step_time_s"]
+    assert fused["assumptions"]["grad_accumulation"] == "fused"
+    text = " ".join(trainctl("plan", "recipes/llama3-8b.yaml", "--set", "estimate.grad_accumulation=fused").stdout
+                    .split())
+    assert "grad_accumulation fused" in text

@@ -15,10 +15,10 @@ import pytest
 from trainctl.plan import validation
 
 # over the eleven headline runs; over all the published rows
-HELD_MEAN, HELD_WORST = 0.18, 0.57  # reached: 17.2%, 56.2% (the Megatron-Core 1.7B row); target 5%, 10%
-HELD_MEAN_ALL, HELD_WORST_ALL = 0.16, 0.57  # reached: 15.0%, 56.2% (22 runs)
-# the Megatron-LM 2021 A100 rows, where the model's cited figures hold: within 10% each
-HELD_A100_2021 = 0.10
+HELD_MEAN, HELD_WORST = 0.16, 0.57  # reached: 15.8%, 56.2% (the Megatron-Core 1.7B row); target 5%, 10%
+HELD_MEAN_ALL, HELD_WORST_ALL = 0.15, 0.57  # reached: 14.1%, 56.2% (22 runs)
+# the Megatron-LM 2021 A100 rows, where the model's cited figures hold: within 7% each (reached: 6.3%)
+HELD_A100_2021 = 0.07
 
 
 @pytest.fixture(scope="module")

@@ -493,6 +493,8 @@ def rates_text(a: dict) -> str:
              else "collectives: NCCL's latency and bus-bandwidth model")
     kernel = a.get("attention_kernel")  # the trainer's own (flash2, auto) goes without saying
     fused = ", elementwise fused" if a.get("elementwise") == "fused" else ""  # eager is the trainer's own
+    accumulation = a.get("grad_accumulation", "auto")  # auto is the trainer's own
+    fused += f", grad_accumulation {accumulation}" if accumulation != "auto" else ""
     return f"{compute}, {links}" + (f", attention_kernel {kernel}" if kernel not in (None, "auto", "flash2") else
                                     "") + fused
 

@@ -10,7 +10,10 @@ measured FLOP/s and, per collective, latency * calls + bytes / measured bandwidt
   tp        = TP collective bytes / TP link rate * (1 - tp_overlap)
   p2p       = activation/gradient sends per micro-batch / PP link rate, on the
               critical path (not overlapped)
-  slot      = max over pipeline ranks of (compute + tp) + p2p        [one micro-batch on one rank]
+  passes    = the busiest rank's matmul weights x the bytes each micro-batch moves over them beyond the GEMMs
+              (operators.weight_pass_bytes: the trainer's autocast casts and fp32 gradient add, by ZeRO stage;
+              estimate.grad_accumulation for another stack's) / HBM bandwidth; operator model only
+  slot      = max over pipeline ranks of (compute + tp) + p2p + passes [one micro-batch on one rank]
   pipeline  = slot * (m + (p-1)/v)                                  [m slots of work + the bubble; a third of
                                                                     (p-1)/v zero-bubble;
                                                                     zbv: plan/bubble.zbv_idle_passes/6]
@@ -107,6 +110,9 @@ class Assumptions:
     # expert MLPs (and holds that much more of their activations); with a capacity factor the experts compute
     # capacity-padded buffers: the factor itself (estimate.moe_imbalance says where 1.1 comes from)
     moe_imbalance: float = DEFAULT_MOE_IMBALANCE
+    # the passes each micro-batch makes over every matmul weight beyond its GEMMs (operators.weight_pass_bytes):
+    # auto, the bundled trainer's; hook or fused, another stack's (estimate.grad_accumulation)
+    grad_accumulation: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -232,6 +238,7 @@ class Estimate:
     optimizer_time: float = 0.0  # calibrated only: gradient norm, clipping, AdamW (after the backward, exposed)
     ends_time: float = 0.0  # calibrated only: the embedding's and LM head + loss's work beyond FLOPs (in compute)
     fsdp_time: float = 0.0  # calibrated ZeRO-3: what the FSDP2 units add to forward + backward (exposed)
+    weight_pass_time: float = 0.0  # the micro-batches' passes over the matmul weights beyond the GEMMs
 
     @property
     def memory_total(self) -> float:
@@ -340,6 +347,7 @@ class _Base:
     dispatch_mb: float  # the layers' wait for the host to issue their kernels per micro-batch (in compute_mb)
     emb_time: float
     layer_params_gpu: float  # one layer's parameters on one GPU, the largest kind (ZeRO-3 gathers two at a time)
+    matmul_params: float  # the most matmul weights of a pipeline rank on one GPU (each micro-batch's weight passes)
     shape_key: tuple = ()  # (tp, pp, v, layers, ep, schedule): what PowerSGD's figures depend on (_psgd)
     load_recompute: str = "none"  # the layout's recompute (the backward's share of a slot)
     spread: dict[str, int] = field(default_factory=dict)  # each kind's group ranks on one node (_spread)
@@ -749,6 +757,9 @@ class Evaluator:
             layer_params_gpu=max(model.layer_params_per_gpu(m, tp),
                                  sum(model.layers_params_per_gpu(m, tp, layers=1, moe_layers=1, ep=c.ep))
                                  if m.moe is not None else 0.0),
+            matmul_params=max(model.stage_matmul_params_per_gpu(m, tp, layers=prof.rank_layers[r],
+                                                                last=prof.has_last[r], moe_layers=moe_layers[r],
+                                                                ep=c.ep) for r in range(pp)),
         )
 
     def _layer_excess(self, seconds: float, measured_tokens: float, tokens: float, recompute: str, tp: int,
@@ -835,9 +846,11 @@ class Evaluator:
         t_dp, t_edp = sum(dp_parts), sum(edp_parts)
         copy_s, cpu_s = self._offload_seconds(b, zero, dp, edp) if z.host else (0.0, 0.0)
         opt_s = self._optimizer_seconds(b, zero, dp, offloaded=bool(z.host))
+        passes = self._weight_pass_seconds(b, zero, dp)
         dp_exposed = step = None
         if b.slot is not None:
-            window = b.slot if zero <= 1 else b.n_micro * b.slot
+            slot = b.slot + passes
+            window = slot if zero <= 1 else b.n_micro * slot
             overlap = self.rates.dp_overlap(b.links["dp"])  # measured by calibrate, else the assumption
             overlap = a.dp_overlap if overlap is None else overlap
             if overlap is None:  # what the bundled trainer hides, bucket by bucket
@@ -845,14 +858,29 @@ class Evaluator:
                     (dp_traffic, dp_parts, b.max_params), (edp_traffic, edp_parts, b.max_experts)])
             else:
                 dp_exposed = (t_dp + t_edp) - min(overlap * (t_dp + t_edp), window)
-            step = b.slot * (b.n_micro + b.bubble_slots) + dp_exposed + b.emb_time + copy_s + cpu_s + opt_s + fsdp_s
+            step = slot * (b.n_micro + b.bubble_slots) + dp_exposed + b.emb_time + copy_s + cpu_s + opt_s + fsdp_s
             if psgd:
                 step += z.psgd_time  # PowerSGD's matmuls and QRs run after the backward, between its collectives
         return _Zero(dense=z.dense, expert=z.expert, gather=z.gather, buffers=z.buffers, handed=z.handed,
                      acts=z.acts, transient=z.transient, worst=z.worst, total=z.total,
                      dp_bytes=sum(x for _, x, _ in dp_traffic), edp_bytes=sum(x for _, x, _ in edp_traffic),
                      dp_time=t_dp, edp_time=t_edp, dp_exposed=dp_exposed, step=step, host=z.host,
-                     offload_copy=copy_s, offload_step=cpu_s, optimizer=opt_s, fsdp=fsdp_s)
+                     offload_copy=copy_s, offload_step=cpu_s, optimizer=opt_s, fsdp=fsdp_s, weight_pass=passes)
+
+    def _weight_pass_seconds(self, b: _Base, zero: int, dp: int) -> float:
+        """Each micro-batch's passes over the busiest pipeline rank's matmul weights beyond the GEMMs, at HBM
+        bandwidth (operators.weight_pass_bytes), on the slot. Priced by the operator model only: a flat rate has
+        no bandwidth term, and a calibration profile's layers were timed without the gradient buffers. ZeRO-3:
+        none (FSDP2 gathers 16-bit weights and reduce-scatters each gradient, priced as DP traffic)."""
+        dev = self.device
+        if dev is None or self.rates.calibrated or (zero >= 3 and dp > 1):
+            return 0.0
+        ctx = self.ctx
+        per = operators.weight_pass_bytes(
+            ctx.assume.grad_accumulation, precision=ctx.precision,
+            fp32_weights=memory.autocast_copies(ctx.precision, zero, dp), dp=dp, pp=len(b.params),
+            micro_batches=b.n_micro, recompute=b.load_recompute)
+        return b.matmul_params * per / dev.hbm_bw
 
     def _psgd(self, b: _Base) -> tuple[tuple[tuple[powersgd.Compression, powersgd.Compression], ...] | None, float]:
         """PowerSGD at the context's rank (None without): per pipeline rank (dense, routed-expert) figures, and
@@ -1034,7 +1062,8 @@ class Evaluator:
             bubble_over_ideal=schedule.bubble_over_ideal(c.pp, b.n_micro, c.virtual_stages, c.schedule),
             compute_time=None if b.compute_mb is None else b.n_micro * b.compute_mb,
             tp_exposed_time=b.tp_exposed, p2p_time=b.n_micro * b.p2p,
-            bubble_time=None if b.slot is None else b.slot * b.bubble_slots,
+            bubble_time=None if b.slot is None else (b.slot + z.weight_pass) * b.bubble_slots,
+            weight_pass_time=b.n_micro * z.weight_pass,
             dp_time=z.dp_time + z.edp_time, dp_exposed_time=z.dp_exposed,
             embedding_sync_time=b.emb_time, step_time=z.step,
             host_per_gpu=z.host, host_per_node=z.host * self._node_gpus(), host_capacity=ctx.hw.host_memory_bytes,
@@ -1044,7 +1073,8 @@ class Evaluator:
                    "expert_pace": self.expert_pace, "cp_time": b.n_micro * b.cp_mb_time,
                    "cp_layer_time": b.cp_layer_time, "attn_layer_time": b.attn_layer_time or 0.0,
                    "dispatch_time": b.n_micro * b.dispatch_mb,
-                   "pipeline_drain_time": 0.0 if b.slot is None else b.slot * b.bubble_slots * schedule.drain_share(
+                   "pipeline_drain_time": 0.0 if b.slot is None else (b.slot + z.weight_pass) * b.bubble_slots
+                   * schedule.drain_share(
                        c.pp, c.virtual_stages, c.schedule, b.n_micro,
                        backward_share=1 - self._layer_flops["none"] / 3 / self._layer_flops[c.recompute]),
                    **self._powersgd_extra(b, c)},
@@ -1102,3 +1132,4 @@ class _Zero:
     offload_step: float = 0.0
     optimizer: float = 0.0  # the optimizer step (a profile's fixed work)
     fsdp: float = 0.0  # ZeRO-3: the FSDP2 units' measured extra time (a profile's fixed work)
+    weight_pass: float = 0.0  # per micro-batch: the passes over the matmul weights beyond the GEMMs (on the slot)

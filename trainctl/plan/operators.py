@@ -13,6 +13,9 @@ operators, each priced by what bounds it, from the catalog's cited figures (hard
   memory-bound   norms, residual adds, rotary, the activation, dropout: their bytes at HBM bandwidth (a backward
                  moves twice a forward's bytes: the saved input and the incoming gradient read, a gradient written).
   recompute      full: the forward again; selective: the attention core's forward again.
+  weight passes  each micro-batch's passes over the matmul weights beyond their GEMMs: autocast's casts and the
+                 add of each gradient into the fp32 buffer, as the trainer makes them (weight_pass_bytes), at HBM
+                 bandwidth; the Evaluator puts them on the slot by the ZeRO stage.
 
 What the planner asks: seconds per micro-batch of one layer and of the LM head (with its loss) on one rank. The
 Evaluator turns them into an achieved FLOP/s for the layer's and the head's FLOPs, so every other figure of the
@@ -86,6 +89,35 @@ def gemm_seconds(dev: Device, m: float, n: float, k: float, act: int) -> float:
     compute = 2 * m * n * k / (dev.peak_flops * dev.gemm_efficiency * quantized)
     traffic = act * (m * k + k * n + m * n) / dev.hbm_bw
     return max(compute, traffic)
+
+
+def weight_pass_bytes(mode: str, *, precision: str, fp32_weights: bool, dp: int, pp: int, micro_batches: int,
+                      recompute: str) -> float:
+    """HBM bytes one micro-batch moves per matmul weight on the rank beyond its GEMMs (estimate.grad_accumulation).
+
+    auto, the bundled trainer (runtime/parallel/pipeline_schedules.py, data_parallel.py): under 16-bit autocast
+    with fp32 weights, the forward casts each weight to 16 bits (read 4, write 2) once per autocast region, which
+    is a micro-batch at pp = 1 (again in a full recompute, which re-enters autocast) and the whole schedule at
+    pp > 1; every backward casts the weight's 16-bit gradient back (read 2, write 4) and adds it into the fp32
+    gradient (read 4 + 4, write 4; with one replica the first micro-batch's is taken as it is). 16-bit weights
+    (ZeRO-1/2) add their 16-bit gradient into the fp32 buffer (read 2 + 4, write 4); fp32 compute adds fp32.
+    hook: 16-bit weights and Megatron-LM's main_grad add of the 16-bit gradient (megatron/model/distributed.py,
+    March 2021): into an fp32 buffer under bf16 (read 2 + 4, write 4), into the fp16 one under fp16 (Megatron's
+    default without --accumulate-allreduce-grads-in-fp32: read 2 + 2, write 2); fused: nothing (the GEMM
+    accumulates)."""
+    if mode == "fused":
+        return 0.0
+    if mode == "hook":
+        return 2 + 2 + 2 if precision == "fp16" else 2 + 4 + 4
+    sixteen = precision in ("bf16", "fp16")
+    if sixteen and not fp32_weights:
+        return 2 + 4 + 4
+    adds = 4 + 4 + 4
+    add = adds if dp > 1 else adds * (micro_batches - 1) / micro_batches
+    if not sixteen:
+        return add
+    casts_per_mb = (2 if recompute == "full" else 1) if pp == 1 else 1 / micro_batches
+    return (4 + 2) * casts_per_mb + (2 + 4) + add
 
 
 def rank_widths(m: ModelShape, tp: int) -> tuple[float, float, float, float]:

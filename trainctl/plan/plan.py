@@ -33,14 +33,14 @@ from trainctl.units import dur
 ROOFLINE = (
     "step = slot*(m + (p-1)/v) + exposed DP + tied-embedding sync (+ offload copies and CPU AdamW); slot = max "
     "over pipeline ranks of (hardware FLOPs per micro-batch / FLOP/s + TP time * (1-tp_overlap)) + pipeline p2p, "
-    "MoE all-to-all "
-    "and CP K/V exchange per micro-batch (not overlapped); exposed DP = DP time - what hides: the bundled "
-    "trainer's buckets (all but the last bucket's reduction behind the last micro-batch's backward, ZeRO-2 every "
-    "micro-batch's; the ZeRO-1/2 weight all-gather exposed; ZeRO-3 all but one FSDP unit's traffic), or with "
-    "estimate.dp_overlap min(dp_overlap*DP time, one slot for ZeRO 0/1 or all m slots for ZeRO 2/3); the layers' "
-    "times from the operator model (plan/operators.py) and collectives from NCCL's cost model, or flat shares of "
-    "peak and link (estimate.compute_efficiency, comm_efficiency), or a calibration profile's measured FLOP/s and "
-    "latency*calls + bytes / measured bandwidth"
+    "MoE all-to-all and CP K/V exchange per micro-batch (not overlapped) + the weight passes (each micro-batch's "
+    "casts and gradient adds over the rank's matmul weights at HBM bandwidth, estimate.grad_accumulation); "
+    "exposed DP = DP time - what hides: the bundled trainer's buckets (all but the last bucket's reduction behind "
+    "the last micro-batch's backward, ZeRO-2 every micro-batch's; the ZeRO-1/2 weight all-gather exposed; ZeRO-3 "
+    "all but one FSDP unit's traffic), or with estimate.dp_overlap min(dp_overlap*DP time, one slot for ZeRO 0/1 "
+    "or all m slots for ZeRO 2/3); the layers' times from the operator model (plan/operators.py) and collectives "
+    "from NCCL's cost model, or flat shares of peak and link (estimate.compute_efficiency, comm_efficiency), or a "
+    "calibration profile's measured FLOP/s and latency*calls + bytes / measured bandwidth"
 )
 NOTES = (
     "model FLOPs per token = 6*N + 12*L*h*s (N: every matmul weight incl. the LM head, no embedding "
@@ -112,7 +112,7 @@ def context_from_spec(spec: RunSpec) -> Context:
     assume = Assumptions(compute_efficiency=e.compute_efficiency, comm_efficiency=e.comm_efficiency,
                          dp_overlap=dp_overlap(e.dp_overlap, on_cpu, c.gpus_per_node), tp_overlap=e.tp_overlap,
                          offload_pcie_gbps=e.offload_pcie_gbps, host_adam_gbps=e.host_adam_gbps,
-                         moe_imbalance=e.moe_imbalance)
+                         moe_imbalance=e.moe_imbalance, grad_accumulation=e.grad_accumulation)
     elementwise = e.elementwise if e.elementwise != "auto" else "fused" if spec.train.compile else "eager"
     device = (operator_device(acc, hw.peak_flops, e.attention_kernel, elementwise) if e.compute_efficiency is None
               else None)
@@ -382,7 +382,7 @@ def breakdown_of(e: Estimate) -> dict[str, float] | None:
              "pipeline bubble": e.bubble_time or 0.0, "DP exposed": e.dp_exposed_time or 0.0,
              "tied-embedding sync": e.embedding_sync_time, "PowerSGD compute": e.extra.get("powersgd_time", 0.0),
              "offload copies": e.offload_copy_time, "offload CPU step": e.offload_step_time,
-             "optimizer step": e.optimizer_time, "FSDP2 units": e.fsdp_time}
+             "optimizer step": e.optimizer_time, "FSDP2 units": e.fsdp_time, "weight passes": e.weight_pass_time}
     return {k: v for k, v in parts.items() if v}
 
 

@@ -118,28 +118,34 @@ page is current and holds the errors below.
 DOC_TAIL = """
 ## What is still off, and why
 
-- The ten Megatron-LM 2021 A100 runs land within -2% to +10%, and follow the table's rise with model size (the
+- The ten Megatron-LM 2021 A100 runs land within -3% to +6%, and follow the table's rise with model size (the
   flat model falls 15-16% short on the largest two): the unfused attention's passes over the s x s scores at HBM
-  bandwidth and the gradient all-reduce that Megatron did not then overlap are most of what the flat 60% missed.
+  bandwidth, the gradient all-reduce that Megatron did not then overlap, and each micro-batch's add of the fp16
+  gradient into Megatron's main_grad buffer (estimate.grad_accumulation: hook) are most of what the flat 60% missed.
 - The flat model does better on average (the last two columns) only because 60% of peak happens to sit near
   what H100s sustained in these runs; 60% is no measurement, and it misses the A100 rows' trend with size.
 - The Megatron-Core H100 runs are predicted too fast (but for the 32B row), worst at 1.7B and 7.1B. The cited
   H100 figures (best GEMM 80% of peak, FlashAttention-3 at 75%/53%) put a layer near 72% of peak, while NVIDIA
-  measured 41-49% MFU end to end; what the model lacks there has no cited constant yet: GEMMs at these shapes
-  below the best-shape MAMF, sustained clocks under a 700 W training load, kernel launch and host overheads
-  (dominant for the small models' small kernels). The loss's passes over the logits are priced as the trainer
-  (and Megatron) make them, 54 bytes per logit, which matters at a 131,072-word vocabulary (the 1.7B row: +70% ->
-  +56%). --tp-comm-overlap is priced as Transformer Engine's defaults run it (its chunks and the 16 SMs it
-  takes from six of a layer's GEMMs), which took 5-10 points off the TP-8 rows' error and made the 32B row's
-  worse; the specs' other assumptions (full DP overlap, the interleaving) also weigh on these rows.
-- The two Llama 3 405B rows (Table 4 of the paper, 8K sequences) land about 5% slow on the same H100 figures, with
-  the planner's defaults for what the paper does not say: FlashAttention-2's 35% for attention, no TP overlap and the
-  bundled trainer's eager rotary and SwiGLU.
+  measured 41-49% MFU end to end. GEMM shape does not explain it: measured H100 rates at these models' shapes
+  (OpenXLA's sm_90 matmul table: 783 TFLOP/s at 4096 x 4096 x 4096, 632 at 2048^3; a Transformer Engine report of
+  an 8192 x 2048 x 2048 GEMM at 687) priced GEMM by GEMM in place of the best-shape rate and its wave
+  quantization move these rows by 3 points or less. What the model lacks there has no cited constant yet:
+  sustained clocks under a 700 W training load, kernel launch and host overheads (dominant for the small models'
+  small kernels). The loss's passes over the logits are priced as the trainer (and Megatron) make them, 54 bytes
+  per logit, which matters at a 131,072-word vocabulary (the 1.7B row: +70% -> +56%). --tp-comm-overlap is priced
+  as Transformer Engine's defaults run it (its chunks and the 16 SMs it takes from six of a layer's GEMMs), which
+  took 5-10 points off the TP-8 rows' error and made the 32B row's worse; the specs' other assumptions (full DP
+  overlap, the interleaving) also weigh on these rows. These runs accumulate gradients inside the weight-gradient
+  GEMMs (estimate.grad_accumulation: fused), so no weight passes are priced for them.
+- The two Llama 3 405B rows (Table 4 of the paper, 8K sequences) land 7-8% slow on the same H100 figures, with
+  the planner's defaults for what the paper does not say: FlashAttention-2's 35% for attention, no TP overlap, and
+  the bundled trainer's eager rotary and SwiGLU and its weight passes (the 16-bit gradients added into fp32 each
+  micro-batch).
   The Megatron-Core rows assume the faster stack NVIDIA describes (FlashAttention-3-class attention, full TP and
   DP overlap) and come out too fast: on H100 the published runs sit between the two, which suggests the
   overlaps and the Hopper attention figures are the optimistic part, not the GEMM rate alone.
-- BLOOM is predicted 22% too fast: its Omni-Path fabric and the DeepSpeed pipeline engine's overheads are assumed,
-  not measured.
+- BLOOM is predicted 19% too fast (105 s a step in its logs, 88 s planned): its Omni-Path fabric and the DeepSpeed
+  pipeline engine's overheads are assumed, not measured.
 """
 
 
