@@ -7,6 +7,7 @@ import json
 from math import log2
 
 import pytest
+from aten_bytes import VIEWS, tensors
 from cli_utils import trainctl
 
 from trainctl.hardware.catalog import ACCELERATORS
@@ -227,11 +228,6 @@ def test_the_bundled_trainers_dp_overlap_is_its_buckets() -> None:
     assert est_full.dp_exposed_time == pytest.approx(rs + ag - min(rs + ag, slot))
 
 
-# aten ops that make views: they move nothing
-VIEWS = {"view", "_unsafe_view", "reshape", "detach", "alias", "expand", "t", "transpose", "unsqueeze", "squeeze",
-         "select", "slice", "as_strided", "split", "split_with_sizes", "chunk", "unbind", "permute"}
-
-
 def _bytes_moved(fn, inputs: list, *, over: int) -> int:  # noqa: ANN001 - any callable of torch tensors
     """HBM bytes the aten ops of fn(*inputs) and its backward move over tensors of at least `over` values: every
     such input read and output written (in-place ops both); views move nothing, and indexing ops touch one value
@@ -240,13 +236,6 @@ def _bytes_moved(fn, inputs: list, *, over: int) -> int:  # noqa: ANN001 - any c
     from torch.utils._python_dispatch import TorchDispatchMode
 
     one_per_row = {"gather", "index", "index_put", "index_put_", "_index_put_impl_"}
-
-    def tensors(xs):  # noqa: ANN001, ANN202 - nested args of aten ops
-        for x in xs:
-            if isinstance(x, list | tuple):
-                yield from tensors(x)
-            elif isinstance(x, torch.Tensor):
-                yield x
 
     total = 0
 
@@ -350,24 +339,23 @@ def test_the_weight_passes_are_the_ones_the_trainer_makes() -> None:
     inputs = torch.randn(micro_batches, rows, width)
     with Count():
         schedule.run(inputs, torch.zeros(micro_batches, rows))
-    per = operators.weight_pass_bytes("auto", precision="bf16", fp32_weights=True, dp=2, pp=1,
-                                      micro_batches=micro_batches, recompute="none")
+    per = operators.weight_pass_bytes("auto", precision="bf16", zero=0, dp=2, pp=1, micro_batches=micro_batches,
+                                      recompute="none")
     assert per == 24 and moved == per * width * width * micro_batches
     # the other stacks: 16-bit weights and an fp32 (fp16) add, or the add inside the GEMM
-    assert operators.weight_pass_bytes("hook", precision="bf16", fp32_weights=False, dp=2, pp=1,
-                                       micro_batches=micro_batches, recompute="none") == 10
-    assert operators.weight_pass_bytes("hook", precision="fp16", fp32_weights=False, dp=2, pp=1,
-                                       micro_batches=micro_batches, recompute="none") == 6
-    assert operators.weight_pass_bytes("fused", precision="bf16", fp32_weights=True, dp=2, pp=1,
-                                       micro_batches=micro_batches, recompute="none") == 0
+    other = {"zero": 0, "dp": 2, "pp": 1, "micro_batches": micro_batches, "recompute": "none"}
+    assert operators.weight_pass_bytes("hook", precision="bf16", **other) == 10
+    assert operators.weight_pass_bytes("hook", precision="fp16", **other) == 6
+    assert operators.weight_pass_bytes("fused", precision="bf16", **other) == 0
 
 
 def test_the_plan_prices_the_weight_passes_by_zero_stage_and_stack() -> None:
     """Llama 3 8B (recipes/llama3-8b.yaml: TP2 on H100s): each micro-batch passes over the rank's matmul weights,
     32 layers of 4096 x (4096 + 2 x 1024) + 4096 x 4096 + 3 x 4096 x 14336 and the 128,256 x 4096 LM head, halved
     by TP, at 3.35 TB/s: 10 bytes each under ZeRO-1 (16-bit weights, their gradient added into fp32), 24 under
-    ZeRO-0 (fp32 weights: autocast's cast, the cast back, the fp32 add), none when the stack accumulates inside
-    the GEMM (estimate.grad_accumulation fused); the step grows by the passes and plan says which it assumed."""
+    ZeRO-0 (fp32 weights: autocast's cast, the cast back, the fp32 add); each step zeroes the gradient buffer and
+    divides it by dp; none of it when the stack accumulates inside the GEMM (estimate.grad_accumulation fused).
+    The step grows by the passes and plan says which it assumed."""
     def plan(*sets: str) -> dict:
         args = [x for s in sets for x in ("--set", s)]
         out = trainctl("plan", "recipes/llama3-8b.yaml", "--json", *args)
@@ -378,9 +366,12 @@ def test_the_plan_prices_the_weight_passes_by_zero_stage_and_stack() -> None:
     weights = (32 * (h * (h + 2 * kv) + h * h + 3 * h * ffn) + 128256 * h) / 2
     zero1, zero0, fused = plan(), plan("parallel.zero=0"), plan("estimate.grad_accumulation=fused")
     n_micro = zero1["layout"]["global_batch"] // (zero1["layout"]["micro_batch"] * zero1["layout"]["dp"])
+    params = zero1["memory"]["per_pp_rank"][0]["params"]  # the gradient buffer: every parameter on the GPU
+    assert params == pytest.approx(weights + (128256 * h + 65 * h) / 2, rel=1e-3)  # + the embedding and norms
     for j, per in ((zero1, 10), (zero0, 24)):
+        # and the gradient buffer's zeroing and division by dp, once a step: 4 + 8 bytes per parameter
         assert j["prediction"]["breakdown_s"]["weight passes"] == pytest.approx(
-            n_micro * weights * per / 3.35e12, rel=1e-9)
+            (n_micro * weights * per + params * (4 + 8)) / 3.35e12, rel=1e-9)
     assert "weight passes" not in fused["prediction"]["breakdown_s"]
     assert fused["prediction"]["step_time_s"] < zero1["prediction"]["step_time_s"]
     assert fused["assumptions"]["grad_accumulation"] == "fused"

@@ -350,6 +350,7 @@ class _Base:
     matmul_params: float  # the most matmul weights of a pipeline rank on one GPU (each micro-batch's weight passes)
     shape_key: tuple = ()  # (tp, pp, v, layers, ep, schedule): what PowerSGD's figures depend on (_psgd)
     load_recompute: str = "none"  # the layout's recompute (the backward's share of a slot)
+    schedule: str = "1f1b"  # the layout's pipeline schedule
     spread: dict[str, int] = field(default_factory=dict)  # each kind's group ranks on one node (_spread)
 
 
@@ -732,7 +733,7 @@ class Evaluator:
             attn_layer_time = mb * pairs * model.attention_flops_per_pair(m) / tp / rate
             slot = compute_mb + tp_mb_time + ep_mb_time + cp_mb_time + p2p
         return _Base(
-            shape_key=(tp, pp, v, layers, c.ep, c.schedule), load_recompute=c.recompute,
+            shape_key=(tp, pp, v, layers, c.ep, c.schedule), load_recompute=c.recompute, schedule=c.schedule,
             n_micro=n_micro, layers=layers, prof=prof, params=params, experts=experts, largest=largest,
             max_params=max(p - e for p, e in zip(params, experts, strict=True)), max_experts=max(experts),
             load=load, vp=vp, acts=tuple(acts), transient=transient, acts_copied=acts_copied,
@@ -868,19 +869,22 @@ class Evaluator:
                      offload_copy=copy_s, offload_step=cpu_s, optimizer=opt_s, fsdp=fsdp_s, weight_pass=passes)
 
     def _weight_pass_seconds(self, b: _Base, zero: int, dp: int) -> float:
-        """Each micro-batch's passes over the busiest pipeline rank's matmul weights beyond the GEMMs, at HBM
-        bandwidth (operators.weight_pass_bytes), on the slot. Priced by the operator model only: a flat rate has
-        no bandwidth term, and a calibration profile's layers were timed without the gradient buffers. ZeRO-3:
-        none (FSDP2 gathers 16-bit weights and reduce-scatters each gradient, priced as DP traffic)."""
+        """Each micro-batch's passes over the busiest pipeline rank's matmul weights beyond the GEMMs and over its
+        gradient buffer, at HBM bandwidth (operators.weight_pass_bytes, gradient_buffer_pass_bytes), on the
+        slot. Priced by the operator model only: a flat rate has no bandwidth term, and a calibration profile's
+        layers were timed without the gradient buffers. ZeRO-3: FSDP2 keeps the weights it gathered for
+        zero-bubble schedules (one gather per micro-batch, not two)."""
         dev = self.device
-        if dev is None or self.rates.calibrated or (zero >= 3 and dp > 1):
+        if dev is None or self.rates.calibrated:
             return 0.0
         ctx = self.ctx
         per = operators.weight_pass_bytes(
-            ctx.assume.grad_accumulation, precision=ctx.precision,
-            fp32_weights=memory.autocast_copies(ctx.precision, zero, dp), dp=dp, pp=len(b.params),
-            micro_batches=b.n_micro, recompute=b.load_recompute)
-        return b.matmul_params * per / dev.hbm_bw
+            ctx.assume.grad_accumulation, precision=ctx.precision, zero=zero, dp=dp, pp=len(b.params),
+            micro_batches=b.n_micro, recompute=b.load_recompute, reduce_bf16=ctx.grad_reduce_bf16,
+            gathers=1 if b.schedule in ("zero-bubble", "zbv") else 2)
+        buffer = operators.gradient_buffer_pass_bytes(ctx.assume.grad_accumulation, zero=zero, dp=dp,
+                                                      micro_batches=b.n_micro, reduce_bf16=ctx.grad_reduce_bf16)
+        return (b.matmul_params * per + max(b.params) * buffer) / dev.hbm_bw
 
     def _psgd(self, b: _Base) -> tuple[tuple[tuple[powersgd.Compression, powersgd.Compression], ...] | None, float]:
         """PowerSGD at the context's rank (None without): per pipeline rank (dense, routed-expert) figures, and

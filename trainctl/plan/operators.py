@@ -32,6 +32,7 @@ from math import ceil
 
 from trainctl import model_shape as model
 from trainctl.model_shape import ModelShape
+from trainctl.plan.memory import bf16_params
 
 TILE = 128  # GEMM output tile edge for wave quantization (cuBLAS's common 128 x 128 CTA tile)
 # A residual dropout writes a 1-byte mask per value besides its output.
@@ -91,16 +92,20 @@ def gemm_seconds(dev: Device, m: float, n: float, k: float, act: int) -> float:
     return max(compute, traffic)
 
 
-def weight_pass_bytes(mode: str, *, precision: str, fp32_weights: bool, dp: int, pp: int, micro_batches: int,
-                      recompute: str) -> float:
+def weight_pass_bytes(mode: str, *, precision: str, zero: int, dp: int, pp: int, micro_batches: int,
+                      recompute: str, reduce_bf16: bool = False, gathers: int = 2) -> float:
     """HBM bytes one micro-batch moves per matmul weight on the rank beyond its GEMMs (estimate.grad_accumulation).
 
-    auto, the bundled trainer (runtime/parallel/pipeline_schedules.py, data_parallel.py): under 16-bit autocast
-    with fp32 weights, the forward casts each weight to 16 bits (read 4, write 2) once per autocast region, which
-    is a micro-batch at pp = 1 (again in a full recompute, which re-enters autocast) and the whole schedule at
-    pp > 1; every backward casts the weight's 16-bit gradient back (read 2, write 4) and adds it into the fp32
-    gradient (read 4 + 4, write 4; with one replica the first micro-batch's is taken as it is). 16-bit weights
-    (ZeRO-1/2) add their 16-bit gradient into the fp32 buffer (read 2 + 4, write 4); fp32 compute adds fp32.
+    auto, the bundled trainer (runtime/parallel/pipeline_schedules.py, data_parallel.py; counted from its aten ops
+    by tests/dist/test_weight_passes.py): under 16-bit autocast with fp32 weights (ZeRO-0), the forward casts each
+    weight to 16 bits (read 4, write 2) once per autocast region, which is a micro-batch at pp = 1 (again in a
+    full recompute, which re-enters autocast) and the whole schedule at pp > 1; every backward casts the weight's
+    16-bit gradient back (read 2, write 4) and adds it into the fp32 gradient buffer (read 4 + 4, write 4; with one
+    replica the first micro-batch's is taken as it is). 16-bit weights (bf16 ZeRO-1/2) add their 16-bit gradient
+    into the fp32 buffer (read 2 + 4, write 4); fp32 compute adds fp32. ZeRO-3 (FSDP2): each of the micro-batch's
+    `gathers` all-gathers copies the gathered weights out into the layer's (read, write: 16-bit under bf16, else
+    fp32), the unsharded gradient is kept in the reduce dtype (the first micro-batch's cast into it, each later
+    one's added), and the step's reduce-scatter copies it into its input once.
     hook: 16-bit weights and Megatron-LM's main_grad add of the 16-bit gradient (megatron/model/distributed.py,
     March 2021): into an fp32 buffer under bf16 (read 2 + 4, write 4), into the fp16 one under fp16 (Megatron's
     default without --accumulate-allreduce-grads-in-fp32: read 2 + 2, write 2); fused: nothing (the GEMM
@@ -109,15 +114,40 @@ def weight_pass_bytes(mode: str, *, precision: str, fp32_weights: bool, dp: int,
         return 0.0
     if mode == "hook":
         return 2 + 2 + 2 if precision == "fp16" else 2 + 4 + 4
+    m = micro_batches
     sixteen = precision in ("bf16", "fp16")
-    if sixteen and not fp32_weights:
+    casts_per_mb = (2 if recompute == "full" else 1) if pp == 1 else 1 / m
+
+    def casts(fp32_weights: bool) -> float:  # autocast's cast of a 32-bit weight and its gradient's cast back
+        return (4 + 2) * casts_per_mb + (2 + 4) if sixteen and fp32_weights else 0.0
+
+    if zero >= 3 and dp > 1:
+        weight = 2 if precision == "bf16" else 4  # FSDP2 gathers bf16 under bf16 compute (MixedPrecisionPolicy)
+        grad, reduce = weight if precision != "fp16" else 4, 2 if reduce_bf16 else 4
+        first = grad + reduce if grad != reduce else 0.0  # the first micro-batch's gradient into the reduce dtype
+        kept = grad + reduce if m == 1 else first + (m - 1) * (grad + reduce + reduce) + 2 * reduce
+        return gathers * 2 * weight + kept / m + casts(precision == "fp16")
+    if bf16_params(precision, zero, dp):
         return 2 + 4 + 4
-    adds = 4 + 4 + 4
-    add = adds if dp > 1 else adds * (micro_batches - 1) / micro_batches
-    if not sixteen:
-        return add
-    casts_per_mb = (2 if recompute == "full" else 1) if pp == 1 else 1 / micro_batches
-    return (4 + 2) * casts_per_mb + (2 + 4) + add
+    add = (4 + 4 + 4) * (1 if dp > 1 else (m - 1) / m)
+    return casts(True) + add
+
+
+def gradient_buffer_pass_bytes(mode: str, *, zero: int, dp: int, micro_batches: int, reduce_bf16: bool) -> float:
+    """HBM bytes per parameter on the rank, per micro-batch, of the bundled trainer's passes over its gradient
+    buffer (runtime/parallel/data_parallel.py GradSync; tests/dist/test_weight_passes.py counts them): ZeRO-0/1
+    zero it before each step (write 4) and divide it by dp before the step's reduction (read 4, write 4; and
+    round it into the bf16 send buffer under grad_reduce_dtype bf16: read 4, write 2); ZeRO-2 does the division
+    (and rounding) every micro-batch, adds the reduce-scattered slice into its fp32 gradient shard (12 bytes per
+    element of a dp-th, zeroed before each step: 4) and zeroes the buffer it filled (write 4). None with one
+    replica (the gradients are autograd's own), under ZeRO-3 (FSDP2's, in weight_pass_bytes), or for another
+    stack (estimate.grad_accumulation hook or fused)."""
+    if mode != "auto" or dp == 1 or zero >= 3:
+        return 0.0
+    divide = 4 + 4 + ((4 + 2) if reduce_bf16 else 0)
+    if zero == 2:
+        return divide + 4 + 12 / dp + 4 / (dp * micro_batches)
+    return (4 + divide) / micro_batches
 
 
 def rank_widths(m: ModelShape, tp: int) -> tuple[float, float, float, float]:

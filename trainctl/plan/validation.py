@@ -138,9 +138,9 @@ DOC_TAIL = """
   overlap, the interleaving) also weigh on these rows. These runs accumulate gradients inside the weight-gradient
   GEMMs (estimate.grad_accumulation: fused), so no weight passes are priced for them.
 - The two Llama 3 405B rows (Table 4 of the paper, 8K sequences) land 7-8% slow on the same H100 figures, with
-  the planner's defaults for what the paper does not say: FlashAttention-2's 35% for attention, no TP overlap, and
-  the bundled trainer's eager rotary and SwiGLU and its weight passes (the 16-bit gradients added into fp32 each
-  micro-batch).
+  the planner's defaults for what the paper does not say: FlashAttention-2's 35% for attention, no TP overlap and
+  the bundled trainer's eager rotary and SwiGLU; each micro-batch's gradients added into fp32 as the paper says
+  (sec. 3.3.2, estimate.grad_accumulation: hook).
   The Megatron-Core rows assume the faster stack NVIDIA describes (FlashAttention-3-class attention, full TP and
   DP overlap) and come out too fast: on H100 the published runs sit between the two, which suggests the
   overlaps and the Hopper attention figures are the optimistic part, not the GEMM rate alone.
