@@ -187,7 +187,7 @@ def render_plan(plan: Plan, console: Console, ranks: bool) -> None:
         ("PP point-to-point", _s(pr["p2p_s"])), ("bubble", _s(pr["bubble_s"])),
         ("DP exposed", f"{_s(pr['dp_exposed_s'])} of {_s(pr['dp_s'])}"),
         *([("outside the layers", _outside_layers(pr["outside_layers"]))] if pr.get("outside_layers") else []),
-        *[(k, _s(v)) for k, v in (pr["breakdown_s"] or {}).items() if k == "FSDP2 units"],
+        *[(k, _s(v)) for k, v in (pr["breakdown_s"] or {}).items() if k in ("FSDP2 units", "weight passes")],
         *([("offload: copies + CPU AdamW", f"{_s(pr['offload_copy_s'])} + {_s(pr['offload_step_s'])}")]
           if L["offload"] == "optimizer" else []),
         ("step time", f"[bold]{_s(pr['step_time_s'])}[/bold]"),
