@@ -373,6 +373,11 @@ def test_the_plan_prices_the_weight_passes_by_zero_stage_and_stack() -> None:
         assert j["prediction"]["breakdown_s"]["weight passes"] == pytest.approx(
             (n_micro * weights * per + params * (4 + 8)) / 3.35e12, rel=1e-9)
     assert "weight passes" not in fused["prediction"]["breakdown_s"]
+    # the ZeRO-0 plan says what ZeRO-1's bf16 weights would save, as ZeRO-1's own plan predicts it
+    from trainctl.units import dur
+    advice = next(w["message"] for w in zero0["warnings"] if w["code"] == "ZERO0")
+    assert (f"predicted step {dur(zero1['prediction']['step_time_s'])} instead of "
+            f"{dur(zero0['prediction']['step_time_s'])}") in advice
     assert fused["prediction"]["step_time_s"] < zero1["prediction"]["step_time_s"]
     assert fused["assumptions"]["grad_accumulation"] == "fused"
     text = " ".join(trainctl("plan", "recipes/llama3-8b.yaml", "--set", "estimate.grad_accumulation=fused").stdout

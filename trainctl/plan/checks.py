@@ -165,7 +165,10 @@ def advise(ev: Evaluator, est: Estimate) -> list[PlanWarning]:  # noqa: C901 - a
             f"ZeRO-1 would save {_gb(saved)} of model states per GPU (optimizer state sharded over dp"
             f"{', bf16 weights' if ctx.precision == 'bf16' else ''}), reduce-scattering the gradients and "
             f"all-gathering the weights in place of the all-reduce: {_gb(zero1.comm_bytes['dp'])} of DP traffic "
-            f"per GPU per step instead of {_gb(est.comm_bytes['dp'])}")
+            f"per GPU per step instead of {_gb(est.comm_bytes['dp'])}"
+            + (f"; predicted step {dur(zero1.step_time)} instead of {dur(step)} (with bf16 weights each "
+               "micro-batch skips autocast's casts)" if step and zero1.step_time and ctx.precision == "bf16"
+               and zero1.weight_pass_time < est.weight_pass_time else ""))
 
     # recompute
     if c.recompute != "none" and est.fits:
