@@ -13,9 +13,10 @@ operators, each priced by what bounds it, from the catalog's cited figures (hard
   memory-bound   norms, residual adds, rotary, the activation, dropout: their bytes at HBM bandwidth (a backward
                  moves twice a forward's bytes: the saved input and the incoming gradient read, a gradient written).
   recompute      full: the forward again; selective: the attention core's forward again.
-  weight passes  each micro-batch's passes over the matmul weights beyond their GEMMs: autocast's casts and the
-                 add of each gradient into the fp32 buffer, as the trainer makes them (weight_pass_bytes), at HBM
-                 bandwidth; the Evaluator puts them on the slot by the ZeRO stage.
+  weight passes  each micro-batch's passes over the matmul weights beyond their GEMMs (autocast's casts, the add
+                 of each gradient into the fp32 buffer, FSDP2's copies: weight_pass_bytes) and over the gradient
+                 buffer (its zeroing and division by dp: gradient_buffer_pass_bytes), as the trainer makes them, at
+                 HBM bandwidth; the Evaluator puts them on the slot by the ZeRO stage.
 
 What the planner asks: seconds per micro-batch of one layer and of the LM head (with its loss) on one rank. The
 Evaluator turns them into an achieved FLOP/s for the layer's and the head's FLOPs, so every other figure of the
@@ -123,9 +124,9 @@ def weight_pass_bytes(mode: str, *, precision: str, zero: int, dp: int, pp: int,
 
     if zero >= 3 and dp > 1:
         weight = 2 if precision == "bf16" else 4  # FSDP2 gathers bf16 under bf16 compute (MixedPrecisionPolicy)
-        grad, reduce = weight if precision != "fp16" else 4, 2 if reduce_bf16 else 4
-        first = grad + reduce if grad != reduce else 0.0  # the first micro-batch's gradient into the reduce dtype
-        kept = grad + reduce if m == 1 else first + (m - 1) * (grad + reduce + reduce) + 2 * reduce
+        reduce = 2 if reduce_bf16 else 4  # the gradient's dtype from the reduce-scatter on (its reduce_dtype)
+        first = weight + reduce if weight != reduce else 0.0  # the first micro-batch's gradient into that dtype
+        kept = weight + reduce if m == 1 else first + (m - 1) * (weight + reduce + reduce) + 2 * reduce
         return gathers * 2 * weight + kept / m + casts(precision == "fp16")
     if bf16_params(precision, zero, dp):
         return 2 + 4 + 4
