@@ -74,6 +74,23 @@ def test_inconsistent_stages_are_refused_one_line_each(tmp_path: Path) -> None:
     assert "train.steps = 7: disagrees with train.stages, whose tokens make 1 steps" in out.stderr
 
 
+def test_a_stage_at_its_own_micro_batch_is_that_plan(tmp_path: Path) -> None:
+    """BLOOM ran its batch ramp at micro-batch 1 and the rest at 2 (train.stages[].micro_batch): a stage's step is
+    the plan of the spec at that micro-batch and batch, and plan says each stage's micro-batch where they differ."""
+    base = plan_json(LLAMA_8B)
+    per_step = base["flops"]["tokens_per_step"]
+    stages = [{"name": "mb2", "tokens": 10 * per_step, "micro_batch": 2}, {"name": "mb1", "tokens": 10 * per_step}]
+    run = plan_json(staged(tmp_path, LLAMA_8B, stages))["checkpoint"]["whole_run"]
+    two = trainctl("plan", str(LLAMA_8B), "--json", "--set", "parallel.micro_batch=2")
+    assert two.returncode == 0, two.stderr
+    assert run["stages"][0]["micro_batch"] == 2 and run["stages"][1]["micro_batch"] == 1
+    assert run["stages"][0]["step_time_s"] == pytest.approx(json.loads(two.stdout)["prediction"]["step_time_s"],
+                                                            rel=1e-12)
+    assert run["stages"][1]["step_time_s"] == pytest.approx(base["prediction"]["step_time_s"], rel=1e-12)
+    text = trainctl("plan", str(staged(tmp_path, LLAMA_8B, stages)), env={"COLUMNS": "300"}).stdout
+    assert "micro-batch 2)" in text and "micro-batch 1)" in text
+
+
 def test_a_stage_on_fewer_nodes_is_priced_on_its_own_gpus(tmp_path: Path) -> None:
     """A stage may run on part of the cluster (train.stages[].nodes; Llama 3 trained its first 16M-token stage on
     8,192 of 16,384 GPUs, Table 4). Half the nodes at half the batch is the same work per GPU, so the same step;
@@ -125,7 +142,7 @@ def test_the_node_sweep_refuses_stages_rather_than_price_one_shape() -> None:
     """The sweep's whole run prices the spec's one shape: a staged spec is refused in one line, not priced as
     if every stage were the base."""
     out = trainctl("plan", str(REPO / "recipes" / "bloom-176b.yaml"), "--auto", "--nodes", "24..48")
-    assert out.returncode == 2 and "the node sweep prices one shape, not train.stages' 2" in out.stderr
+    assert out.returncode == 2 and "the node sweep prices one shape, not train.stages' 3" in out.stderr
     assert "Traceback" not in out.stderr
 
 

@@ -293,9 +293,11 @@ def whole_run_rows(run: dict[str, Any] | None) -> list[tuple[str, str]]:
                    f"{dur(run['maintenance']['total_s'])} of the wall clock" if hours
                    else "none assumed (cluster.maintenance_hours_per_week 0)")
     own_nodes = len({st["nodes"] for st in stages}) > 1  # stages on nodes of their own: say each one's
+    own_micro = len({st["micro_batch"] for st in stages}) > 1  # likewise their micro-batches
 
     def nodes_of(st: dict[str, Any]) -> str:
-        return f", {st['nodes']:,} nodes" if own_nodes else ""
+        return (f", micro-batch {st['micro_batch']}" if own_micro else "") + (
+            f", {st['nodes']:,} nodes" if own_nodes else "")
 
     held = " (each stage's on its own GPUs)" if own_nodes else ""
     stage_rows = [(f"stage {st['name']}", (

@@ -441,7 +441,8 @@ def stage_prices(spec: RunSpec) -> list[dict[str, Any]] | None:
         assert steps is not None  # stage_spec sets them
         out.append({"name": st.name, "tokens": steps * shaped.batch_tokens, "steps": steps,
                     "global_batch": shaped.train.global_batch, "seq_len": shaped.model.seq_len,
-                    "cp": shaped.parallel.cp, "dp": shaped.dp, "nodes": shaped.cluster.nodes,
+                    "cp": shaped.parallel.cp, "dp": shaped.dp, "micro_batch": shaped.parallel.micro_batch,
+                    "nodes": shaped.cluster.nodes,
                     "gpus": shaped.cluster.world_size, "model_flops_per_step": est.model_flops,
                     "step_time_s": est.step_time,
                     "compute_s": est.step_time * steps if est.step_time else None,
@@ -454,7 +455,7 @@ def stage_prices(spec: RunSpec) -> list[dict[str, Any]] | None:
 def _stage_bases(spec: RunSpec) -> tuple[tuple[str, Any], ...]:
     """A stage's shape fields and the spec's own values of them."""
     return (("global_batch", spec.train.global_batch), ("seq_len", spec.model.seq_len), ("cp", spec.parallel.cp),
-            ("dp", spec.parallel.dp), ("nodes", spec.cluster.nodes))
+            ("dp", spec.parallel.dp), ("micro_batch", spec.parallel.micro_batch), ("nodes", spec.cluster.nodes))
 
 
 def stage_warnings(stages: list[dict[str, Any]] | None) -> tuple[PlanWarning, ...]:
@@ -462,8 +463,8 @@ def stage_warnings(stages: list[dict[str, Any]] | None) -> tuple[PlanWarning, ..
     a stage at the spec's own shape is the OOM error's already."""
     return tuple(PlanWarning("STAGE_OUT_OF_MEMORY", "error", (
         f"train.stages {s['name']!r} needs {s['memory_bytes'] / 1e9:.1f} GB per GPU at seq_len {s['seq_len']:,} and "
-        f"global_batch {s['global_batch']:,}: over the GPU's memory; give the stage a layout that fits (cp, dp) or "
-        "more recompute")) for s in stages or () if not s["fits"] and not s["own_shape"])
+        f"global_batch {s['global_batch']:,}: over the GPU's memory; give the stage a layout that fits (cp, dp, "
+        "micro_batch) or more recompute")) for s in stages or () if not s["fits"] and not s["own_shape"])
 
 
 def checkpoint_plan(spec: RunSpec, step_time: float | None,

@@ -275,6 +275,8 @@ class StageSpec(Strict):
     cp: Count | None = Field(None, description="Context parallelism in this stage; default parallel.cp (with dp, "
                              "to keep the world size)")
     dp: Count | None = Field(None, description="Data parallelism in this stage; default parallel.dp")
+    micro_batch: Count | None = Field(None, description="Sequences per micro-batch in this stage; default "
+                                      "parallel.micro_batch")
     nodes: Count | None = Field(None, description="Nodes the stage runs on, at most cluster.nodes (its tp x pp x "
                                 "cp x dp fills them); default cluster.nodes. The plan counts a stage's GPU-hours "
                                 "and failures on its own GPUs")
@@ -705,7 +707,8 @@ class RunSpec(Strict):
     def stage_spec(self, stage: StageSpec) -> RunSpec:
         """The spec at a stage's shape and steps (not validated: the rules check it, spec/rules.py)."""
         parallel = self.parallel.model_copy(update={"cp": stage.cp or self.parallel.cp,
-                                                    "dp": stage.dp or self.parallel.dp})
+                                                    "dp": stage.dp or self.parallel.dp,
+                                                    "micro_batch": stage.micro_batch or self.parallel.micro_batch})
         train = self.train.model_copy(update={"global_batch": stage.global_batch or self.train.global_batch,
                                               "steps": self.stage_steps(stage), "tokens": None, "stages": None,
                                               "recompute": stage.recompute or self.train.recompute,
