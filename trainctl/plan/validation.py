@@ -136,7 +136,10 @@ DOC_TAIL = """
   as Transformer Engine's defaults run it (its chunks and the 16 SMs it takes from six of a layer's GEMMs), which
   took 5-10 points off the TP-8 rows' error and made the 32B row's worse; the specs' other assumptions (full DP
   overlap, the interleaving) also weigh on these rows. These runs accumulate gradients inside the weight-gradient
-  GEMMs (estimate.grad_accumulation: fused), so no weight passes are priced for them.
+  GEMMs (estimate.grad_accumulation: fused), so no weight passes are priced for them. The 32B row is slow because
+  its DP traffic (TP8: one NIC per DP group) has one slot to hide in, and Megatron then reduced bf16 runs'
+  gradients in fp32 (megatron/training/arguments.py of July 2024 sets accumulate_allreduce_grads_in_fp32 under
+  bf16): NVIDIA's figure implies more of it hidden than that.
 - The two Llama 3 405B rows (Table 4 of the paper, 8K sequences) land 7-8% slow on the same H100 figures, with
   the planner's defaults for what the paper does not say: FlashAttention-2's 35% for attention, no TP overlap and
   the bundled trainer's eager rotary and SwiGLU; each micro-batch's gradients added into fp32 as the paper says
