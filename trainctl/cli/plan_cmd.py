@@ -494,11 +494,12 @@ def rates_text(a: dict) -> str:
     links = (f"comm_efficiency {a['comm_efficiency']}" if a.get("comm_efficiency") is not None
              else "collectives: NCCL's latency and bus-bandwidth model")
     kernel = a.get("attention_kernel")  # the trainer's own (flash2, auto) goes without saying
-    fused = ", elementwise fused" if a.get("elementwise") == "fused" else ""  # eager is the trainer's own
-    accumulation = a.get("grad_accumulation", "auto")  # auto is the trainer's own
-    fused += f", grad_accumulation {accumulation}" if accumulation != "auto" else ""
+    accumulation = a.get("grad_accumulation", "auto")
+    # the trainer's own (eager elementwise ops, auto accumulation) go without saying; another stack's are named
+    stack = ((", elementwise fused" if a.get("elementwise") == "fused" else "")
+             + (f", grad_accumulation {accumulation}" if accumulation != "auto" else ""))
     return f"{compute}, {links}" + (f", attention_kernel {kernel}" if kernel not in (None, "auto", "flash2") else
-                                    "") + fused
+                                    "") + stack
 
 
 def dp_overlap_text(assumptions: dict[str, Any], calibration: dict[str, Any]) -> str:

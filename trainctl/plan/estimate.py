@@ -1043,6 +1043,7 @@ class Evaluator:
                               activations=z.acts[r], transient=z.transient[r] + z.handed[r] + z.gather, expert_params=e)
 
         ranks = tuple(rank_memory(r) for r in range(c.pp)) if detail else ()
+        slot = None if b.slot is None else b.slot + z.weight_pass  # the ZeRO stage's weight passes on every slot
         comm_bytes = {"tp": b.tp_bytes, "pp": b.pp_bytes, "dp": z.dp_bytes, "embedding": b.emb_bytes}
         if m.moe is not None:
             comm_bytes.update(ep=b.ep_bytes, expert_dp=z.edp_bytes)
@@ -1066,7 +1067,7 @@ class Evaluator:
             bubble_over_ideal=schedule.bubble_over_ideal(c.pp, b.n_micro, c.virtual_stages, c.schedule),
             compute_time=None if b.compute_mb is None else b.n_micro * b.compute_mb,
             tp_exposed_time=b.tp_exposed, p2p_time=b.n_micro * b.p2p,
-            bubble_time=None if b.slot is None else (b.slot + z.weight_pass) * b.bubble_slots,
+            bubble_time=None if slot is None else slot * b.bubble_slots,
             weight_pass_time=b.n_micro * z.weight_pass,
             dp_time=z.dp_time + z.edp_time, dp_exposed_time=z.dp_exposed,
             embedding_sync_time=b.emb_time, step_time=z.step,
@@ -1077,8 +1078,7 @@ class Evaluator:
                    "expert_pace": self.expert_pace, "cp_time": b.n_micro * b.cp_mb_time,
                    "cp_layer_time": b.cp_layer_time, "attn_layer_time": b.attn_layer_time or 0.0,
                    "dispatch_time": b.n_micro * b.dispatch_mb,
-                   "pipeline_drain_time": 0.0 if b.slot is None else (b.slot + z.weight_pass) * b.bubble_slots
-                   * schedule.drain_share(
+                   "pipeline_drain_time": 0.0 if slot is None else slot * b.bubble_slots * schedule.drain_share(
                        c.pp, c.virtual_stages, c.schedule, b.n_micro,
                        backward_share=1 - self._layer_flops["none"] / 3 / self._layer_flops[c.recompute]),
                    **self._powersgd_extra(b, c)},

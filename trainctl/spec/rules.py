@@ -186,14 +186,15 @@ def _stages(spec: RunSpec) -> Iterator[str]:
                           f"use at most {spec.cluster.nodes:,} (cluster.nodes), or raise cluster.nodes")
             continue
         shaped = spec.stage_spec(st)
+        gpn = spec.cluster.gpus_per_node
         gpus = shaped.model_parallel * shaped.parallel.dp if shaped.parallel.dp != "auto" else 0
-        fits_nodes = gpus and gpus % spec.cluster.gpus_per_node == 0 and gpus // spec.cluster.gpus_per_node
+        needed = gpus // gpn if gpus and gpus % gpn == 0 and gpus // gpn <= spec.cluster.nodes else None
+        nodes_fix = f"or give the stage nodes: {needed}" if needed else "or give the stage its own nodes"
         for line in _shape_lines(shaped):
             if line not in own:
                 # a stage's world is its own: the fix is its dp or nodes, not the cluster's
                 line = line.replace("set parallel.dp to", "set the stage's dp to").replace(
-                    "or change cluster.nodes", f"or give the stage nodes: {fits_nodes}" if fits_nodes
-                    and fits_nodes <= spec.cluster.nodes else "or give the stage its own nodes")
+                    "or change cluster.nodes", nodes_fix)
                 yield f"{where}: {line}"
 
 
