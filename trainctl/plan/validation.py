@@ -140,7 +140,11 @@ DOC_TAIL = """
   figures put its layers at 72% MFU where NVIDIA measured 59%. On A100 the same kind of figures (the best GEMM of
   the same shape search) hold the 2021 rows within -3% to +6%. The likeliest cause, for which no cited figure
   exists yet, is the clock an H100 sustains at its 700 W limit through hours of back-to-back GEMMs against the
-  short shape search behind its 80.3%; `trainctl calibrate` on an H100 measures the rate the plan then uses.
+  short shape search behind its 80.3%. The bundled trainer's own steps on one H100 say the same (docs/results.md,
+  the grid: the 0.9B model at micro-batch 4 ran 18-35% slower than its uncalibrated plan, and within 1-8% of the
+  plan calibrated there). `trainctl calibrate` on an H100 measures the rates the plan then uses;
+  `bench/bench_sustained_gemm.py` measures a layer's GEMMs in a burst and sustained for minutes, with the SM
+  clock and power, beside the plan's rate for each shape (not yet run: no GPU was lent since it was written).
 - The Megatron-Core H100 runs are predicted too fast (but for the 32B row), worst at 1.7B and 7.1B. The cited
   H100 figures (best GEMM 80% of peak, FlashAttention-3 at 75%/53%) put a layer near 72% of peak, while NVIDIA
   measured 41-49% MFU end to end. GEMM shape does not explain it: measured H100 rates at these models' shapes
