@@ -10,9 +10,16 @@ tighten HELD_MEAN / HELD_WORST.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from trainctl.plan import validation
+from trainctl.plan import record, validation
+from trainctl.plan.plan import build_plan
+from trainctl.plan.rates import calibration_text
+from trainctl.spec import load_spec
+
+ROOT = validation.ROOT
 
 # over the eleven headline runs; over all the published rows
 HELD_MEAN, HELD_WORST = 0.16, 0.57  # reached: 15.8%, 56.2% (the Megatron-Core 1.7B row); target 5%, 10%
@@ -44,9 +51,28 @@ def test_every_published_run_is_planned_and_the_error_is_held(rows: list[validat
 
 
 def test_the_docs_table_is_current(rows: list[validation.Row]) -> None:
-    """docs/validation.md is what `python -m trainctl.plan.validation --write` writes today."""
+    """docs/validation.md and the record the plan prints from (plan/record.json) are what `python -m
+    trainctl.plan.validation --write` writes today."""
     assert validation.DOC.read_text() == validation.render(rows), (
         "docs/validation.md is stale. Fix: python -m trainctl.plan.validation --write")
+    assert json.loads(record.RECORD.read_text()) == validation.record_of(rows), (
+        "trainctl/plan/record.json is stale. Fix: python -m trainctl.plan.validation --write")
+
+
+def test_an_uncalibrated_plan_carries_the_records_range_on_its_gpu(rows: list[validation.Row]) -> None:
+    """A user's uncalibrated H100 plan says how far the plan has been from every published H100 run: the measured
+    step over the predicted one, at its lowest and highest. A flat-rate plan and a CPU plan carry no range (the
+    record holds the operator model on GPUs; a calibrated plan prices with measured rates instead)."""
+    h100 = [r for r in rows if r.gpu == "h100-sxm"]
+    ratios = [r.published_step_s / r.step_s if r.published_step_s else r.predicted / r.published for r in h100]
+    cal = build_plan(load_spec(ROOT / "recipes" / "llama3-8b.yaml")).to_json()["calibration"]
+    assert cal["record"]["runs"] == len(h100) > 10
+    assert cal["record"]["step_ratio_min"] == pytest.approx(min(ratios), abs=5e-4)
+    assert cal["record"]["step_ratio_max"] == pytest.approx(max(ratios), abs=5e-4)
+    assert f"{len(h100)} published runs took" in calibration_text(cal) and "docs/validation.md" in calibration_text(cal)
+    flat = load_spec(ROOT / "recipes" / "llama3-8b.yaml", overrides=["estimate.compute_efficiency=0.6"])
+    assert "record" not in build_plan(flat).to_json()["calibration"]
+    assert "record" not in build_plan(load_spec(ROOT / "recipes" / "tiny-cpu.yaml")).to_json()["calibration"]
 
 
 def test_the_published_figure_converts_to_the_step_the_plan_would_need(rows: list[validation.Row]) -> None:

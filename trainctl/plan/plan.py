@@ -14,7 +14,7 @@ from trainctl import model_shape
 from trainctl.checkpoint import storage
 from trainctl.hardware.catalog import Accelerator, gemm_speedup, peak_tflops_for, resolve_accelerator, resolve_fabric
 from trainctl.model_shape import ModelShape, ParamCounts
-from trainctl.plan import operators
+from trainctl.plan import operators, record
 from trainctl.plan.bubble import BUBBLE_DEFINITION
 from trainctl.plan.cadence import Cadence, configured_interval, job_mtbf
 from trainctl.plan.checkpoint_size import checkpoint_bytes, save_seconds
@@ -222,6 +222,16 @@ class Plan:
     def fits(self) -> bool:
         return self.est.fits
 
+    def calibration(self) -> dict[str, Any]:
+        """Where the times come from (rates.describe), with the published record's range on this GPU part
+        where the uncalibrated operator model priced the step (plan/record.py)."""
+        cal = describe(self.ctx.rates)
+        if not cal.get("calibrated") and self.ctx.device is not None:
+            band = record.band(self.ctx.hw.gpu)
+            if band is not None:
+                cal["record"] = band
+        return cal
+
     def breakdown(self) -> dict[str, float] | None:
         """Where the predicted step goes (seconds, summing to the step), or None when times are unknown."""
         return breakdown_of(self.est)
@@ -350,7 +360,7 @@ class Plan:
                             "elementwise": self.ctx.device.elementwise if self.ctx.device is not None else None,
                             "roofline": ROOFLINE,
                             "notes": list(NOTES)},
-            "calibration": describe(self.ctx.rates),
+            "calibration": self.calibration(),
             "checkpoint": self.checkpoint,
             "warnings": [x.as_dict() for x in self.warnings],
         }

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from trainctl.hardware.catalog import BUS_EFFICIENCY, NCCL_BASE_LATENCY_S, NCCL_STEP_LATENCY_S, NCCL_TREE_BANDWIDTH
+from trainctl.plan import record
 from trainctl.plan.calibration import profile as prof
 from trainctl.plan.calibration.fixed import FixedWork
 from trainctl.plan.calibration.shapes import INTER, INTRA, OPS
@@ -233,6 +234,7 @@ def describe(rates: MeasuredRates | None) -> dict[str, Any]:
 def calibration_text(cal: dict[str, Any]) -> str:
     """Where a plan's time figures come from (its `calibration` entry), in one line."""
     if not cal.get("calibrated"):
-        return f"uncalibrated: {cal.get('note', UNCALIBRATED)}"
+        held = f"; {record.band_text(cal['record'])}" if cal.get("record") else ""
+        return f"uncalibrated: {cal.get('note', UNCALIBRATED)}{held}"
     return (f"measured: {cal['path']} ({cal['source']}, {cal['device']}, {cal['ranks']} ranks, "
             f"{cal['created']})")

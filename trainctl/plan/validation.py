@@ -15,11 +15,14 @@ published one, less 1 (positive: the plan is too fast). Torch-free, like every p
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+
+from trainctl.plan import record
 
 ROOT = Path(__file__).resolve().parents[2]
 PUBLISHED = ROOT / "recipes" / "published"
@@ -43,6 +46,7 @@ class Row:
     step_s: float  # the plan's predicted step
     flat: float  # predicted by the flat model the planner had before (FLAT: 60% of peak, 70% of link bandwidth)
     headline: bool = True  # one of the eleven headline runs (its target is stated over them)
+    gpu: str = ""  # cluster.gpu: the part plan/record.py sums the record over
     published_step_s: float | None = None  # the published figure, where the source gives seconds a step
 
     @property
@@ -78,7 +82,7 @@ def plan_row(entry: dict, folder: Path = PUBLISHED) -> Row:
     return Row(spec=entry["spec"], run=entry["run"], source=entry["source"], gpus=world, layout=layout,
                counts=entry["counts"], published=published, predicted=flops / est.step_time / world / 1e12,
                step_s=est.step_time, flat=flops / flat.step_time / world / 1e12, headline=bool(entry["headline"]),
-               published_step_s=float(published_step) if published_step else None)
+               gpu=spec.cluster.gpu, published_step_s=float(published_step) if published_step else None)
 
 
 def table(rows: list[Row]) -> str:
@@ -177,6 +181,14 @@ def render(rows: list[Row]) -> str:
     return DOC_HEAD + table(rows) + "\n" + DOC_TAIL
 
 
+def record_of(rows: list[Row]) -> dict:
+    """plan/record.py's summary of these rows: per GPU part, the published step over the predicted one."""
+    ratios: dict[str, list[float]] = {}
+    for r in rows:
+        ratios.setdefault(r.gpu, []).append(1 + r.error)  # predicted throughput over published = their steps' ratio
+    return record.summarize(ratios)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--write", action="store_true", help=f"rewrite {DOC.relative_to(ROOT)}")
@@ -185,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     text = render(rows)
     if args.write:
         DOC.write_text(text)
+        record.RECORD.write_text(json.dumps(record_of(rows), indent=1) + "\n")
     sys.stdout.write(text)
     return 0
 
