@@ -15,7 +15,7 @@ import json
 import pytest
 
 from trainctl.plan import record, validation
-from trainctl.plan.plan import build_plan
+from trainctl.plan.plan import build_plan, checkpoint_plan, stage_prices
 from trainctl.plan.rates import calibration_text
 from trainctl.spec import load_spec
 
@@ -72,7 +72,26 @@ def test_an_uncalibrated_plan_carries_the_records_range_on_its_gpu(rows: list[va
     assert f"{len(h100)} published runs took" in calibration_text(cal) and "docs/validation.md" in calibration_text(cal)
     flat = load_spec(ROOT / "recipes" / "llama3-8b.yaml", overrides=["estimate.compute_efficiency=0.6"])
     assert "record" not in build_plan(flat).to_json()["calibration"]
+    assert "record_range" not in build_plan(flat).to_json()["checkpoint"]["whole_run"]
     assert "record" not in build_plan(load_spec(ROOT / "recipes" / "tiny-cpu.yaml")).to_json()["calibration"]
+
+
+def test_the_whole_run_is_priced_again_at_the_records_two_ends() -> None:
+    """The days and GPU-hours the whole run would take were the step as far off as the record has been: the
+    whole run of the same spec at the step times the record's lowest and highest ratio. At a ratio of 1 both ends
+    are the plan's own figures; the plan's mean lies between the ends."""
+    spec = load_spec(ROOT / "recipes" / "llama3-405b-staged.yaml")
+    p = build_plan(spec)
+    run = p.to_json()["checkpoint"]["whole_run"]
+    rec = run["record_range"]
+    assert rec["step_ratio"] == [p.record["step_ratio_min"], p.record["step_ratio_max"]]
+    assert rec["wall_days"][0] < run["wall_days"]["mean"] < rec["wall_days"][1]
+    assert rec["gpu_hours"][0] < run["gpu_hours"] < rec["gpu_hours"][1]
+    stages = stage_prices(spec)
+    unit = {**p.record, "step_ratio_min": 1.0, "step_ratio_max": 1.0}
+    same = checkpoint_plan(spec, p.est.step_time, stages, unit)[0]["whole_run"]
+    assert same["record_range"]["wall_days"] == [pytest.approx(run["wall_days"]["mean"], rel=1e-12)] * 2
+    assert same["record_range"]["gpu_hours"] == [pytest.approx(run["gpu_hours"], rel=1e-12)] * 2
 
 
 def test_the_published_figure_converts_to_the_step_the_plan_would_need(rows: list[validation.Row]) -> None:

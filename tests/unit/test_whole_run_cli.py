@@ -103,7 +103,8 @@ def test_a_big_run_without_saves_is_not_expected_to_finish() -> None:
 def test_short_runs_show_their_figures() -> None:
     """llama3-8b for 100 steps: under 2 days, under 1 MWh; `0.00 days`, `0 GPU-hours`, `0 MWh` said nothing."""
     run = whole(LLAMA_8B, "--set", "train.steps=100", "--set", "train.warmup=10")
-    wall = plan_rows(LLAMA_8B, "--set", "train.steps=100", "--set", "train.warmup=10")["wall clock"]
+    rows = plan_rows(LLAMA_8B, "--set", "train.steps=100", "--set", "train.warmup=10")
+    wall = rows["wall clock"]
     assert "0.00" not in wall and " 0 GPU-hours" not in wall and " 0 MWh" not in wall
     hours = run["wall_days"]["p50"] * 24
     assert f"P50 {int(hours)}h {round(hours % 1 * 60):02d}m" in wall or f"P50 {int(hours * 60)}m" in wall
@@ -112,6 +113,13 @@ def test_short_runs_show_their_figures() -> None:
     gpu_hours, kwh = (float(x.replace(",", "")) for x in shown.groups())
     assert gpu_hours == pytest.approx(run["gpu_hours"], rel=5e-3)  # three significant figures
     assert kwh == pytest.approx(run["energy_mwh"] * 1e3, rel=5e-3)
+    # an uncalibrated H100 plan prints the whole run again at the published record's range (plan/record.py)
+    lo, hi = run["record_range"]["step_ratio"]
+    assert rows["record range"].startswith(f"if the step is {lo:.2f}x-{hi:.2f}x the predicted one, as on ")
+    shown = re.search(r"([\d,.]+) to ([\d,.]+) GPU-hours", rows["record range"])
+    assert shown, rows["record range"]
+    assert [float(x.replace(",", "")) for x in shown.groups()] == pytest.approx(run["record_range"]["gpu_hours"],
+                                                                              rel=5e-3)
 
 
 def test_durations_round_to_whole_seconds() -> None:

@@ -314,8 +314,26 @@ def whole_run_rows(run: dict[str, Any] | None) -> list[tuple[str, str]]:
         ("maintenance", maintenance),
         ("wall clock", f"P10 {days_text(days['p10'])} / P50 {days_text(days['p50'])} / P90 {days_text(days['p90'])} "
                        f"(closed form); {figure(run['gpu_hours'])} GPU-hours{held}{energy_row}{cost}"),
+        *record_rows(run.get("record_range")),
         ("best interval", f"{dur(run['optimal_interval_s'])} minimises the expected wall clock"),
     ]
+
+
+def record_rows(rec: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """The whole run again at the two ends of the published record's range on this GPU part (plan/record.py):
+    the days and GPU-hours if the step is off as far as the record has been."""
+    if rec is None:
+        return []
+    lo, hi = rec["step_ratio"]
+
+    def span(pair: list[float | None], show: Callable[[float], str]) -> str:
+        return " to ".join(show(x) if x is not None else "not finishing" for x in pair)
+
+    cost = f", cost {span(rec['cost'], figure)}" if all(c is not None for c in rec["cost"]) else ""
+    return [("record range", (
+        f"if the step is {lo:.2f}x-{hi:.2f}x the predicted one, as on {rec['runs']} published {rec['gpu']} runs "
+        f"(docs/validation.md): {span([d * 86400.0 if d is not None else None for d in rec['wall_days']], days_text)}"
+        f", {span(rec['gpu_hours'], figure)} GPU-hours{cost}"))]
 
 
 def render_ranks(plan: Plan, console: Console) -> None:

@@ -168,6 +168,7 @@ class Plan:
     layout: Layout
     checkpoint: dict[str, Any]  # bytes per save, its blocking and total seconds, the Young/Daly cadence
     elastic: tuple[NodeCount, ...] = ()  # cluster.min_nodes: the layout on each node count it may shrink to
+    record: dict[str, Any] | None = None  # the published record's range on this GPU part (record_band)
 
     @property
     def attention_kernel(self) -> str | None:
@@ -224,13 +225,9 @@ class Plan:
 
     def calibration(self) -> dict[str, Any]:
         """Where the times come from (rates.describe), with the published record's range on this GPU part
-        where the uncalibrated operator model priced the step (plan/record.py)."""
+        where the uncalibrated operator model priced the step (record_band)."""
         cal = describe(self.ctx.rates)
-        if not cal.get("calibrated") and self.ctx.device is not None:
-            band = record.band(self.ctx.hw.gpu)
-            if band is not None:
-                cal["record"] = band
-        return cal
+        return {**cal, "record": self.record} if self.record is not None else cal
 
     def breakdown(self) -> dict[str, float] | None:
         """Where the predicted step goes (seconds, summing to the step), or None when times are unknown."""
@@ -410,14 +407,23 @@ def build_plan(spec: RunSpec) -> Plan:
     cand = candidate_from_spec(spec)
     est = ev.evaluate(cand)
     stages = stage_prices(spec)
-    checkpoint, cadence_warning = checkpoint_plan(spec, est.step_time, stages)
+    band = record_band(spec)
+    checkpoint, cadence_warning = checkpoint_plan(spec, est.step_time, stages, band)
     shrink = tuple(shrink_options(spec))
     return Plan(
         name=spec.name, ctx=ctx, cand=cand, est=est, params=model_shape.param_counts(ctx.shape),
         warnings=(tuple(advise(ev, est)) + calibration_warnings(ctx) + cadence_warning + elastic_warnings(shrink)
                   + grace_warnings(spec) + stage_warnings(stages)),
-        layout=Layout.from_spec(spec), checkpoint=checkpoint, elastic=shrink,
+        layout=Layout.from_spec(spec), checkpoint=checkpoint, elastic=shrink, record=band,
     )
+
+
+def record_band(spec: RunSpec) -> dict[str, Any] | None:
+    """How far the published runs on the spec's GPU part were from this model's uncalibrated step
+    (plan/record.py); None where a profile or flat rates price the step, or no published run used the part."""
+    if spec.cluster.calibration or spec.estimate.compute_efficiency is not None:
+        return None
+    return record.band(spec.cluster.gpu)
 
 
 def grace_warnings(spec: RunSpec) -> tuple[PlanWarning, ...]:
@@ -477,9 +483,10 @@ def stage_warnings(stages: list[dict[str, Any]] | None) -> tuple[PlanWarning, ..
         "micro_batch) or more recompute")) for s in stages or () if not s["fits"] and not s["own_shape"])
 
 
-def checkpoint_plan(spec: RunSpec, step_time: float | None,
-                    stages: list[dict[str, Any]] | None = None) -> tuple[dict[str, Any], tuple[PlanWarning, ...]]:
-    """One save's bytes and seconds, and the Young/Daly interval against the configured one (plan/cadence.py)."""
+def checkpoint_plan(spec: RunSpec, step_time: float | None, stages: list[dict[str, Any]] | None = None,
+                    band: dict[str, Any] | None = None) -> tuple[dict[str, Any], tuple[PlanWarning, ...]]:
+    """One save's bytes and seconds, and the Young/Daly interval against the configured one (plan/cadence.py);
+    with the record's `band` (record_band), the whole run again at its two ends."""
     blocking, total = save_seconds(spec)
     ck = spec.checkpoint
     gpus = staged_gpus(stages, spec)
@@ -494,6 +501,13 @@ def checkpoint_plan(spec: RunSpec, step_time: float | None,
            "every_steps": ck.every_steps, "every_minutes": ck.every_minutes, "cadence": cadence.as_dict(),
            "whole_run": whole_run_plan(spec, step_time=step_time, blocking_s=blocking, save_s=total, mtbf_s=mtbf,
                                        mtbf_source=source, stages=stages)}
+    if out["whole_run"] is not None and band is not None:
+        ends = [whole_run_plan(spec, step_time=step_time * band[k], blocking_s=blocking, save_s=total, mtbf_s=mtbf,
+                               stages=stages) for k in ("step_ratio_min", "step_ratio_max")]
+        out["whole_run"]["record_range"] = {
+            "step_ratio": [band["step_ratio_min"], band["step_ratio_max"]], "gpu": band["gpu"], "runs": band["runs"],
+            **{key: [end[key] if key != "wall_days" else end[key]["mean"] for end in ends]
+               for key in ("wall_days", "gpu_hours", "cost")}}
     warnings = [PlanWarning("CHECKPOINT_INTERVAL", "warning", line)] if (line := cadence.warning()) else []
     if ck.async_save and cadence.configured_s is not None and cadence.configured_s < total:
         warnings.append(PlanWarning("CHECKPOINT_BACKLOG", "warning", (
