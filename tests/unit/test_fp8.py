@@ -21,6 +21,7 @@ from trainctl.runtime.parallel.tensor_parallel import (
     TPContext,
     enable_fp8,
 )
+from trainctl.units import dur
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 SINGLE = TPContext.single()
@@ -225,9 +226,27 @@ def test_plan_prices_fp8_gemms_at_the_fp8_peak_and_reports_mfu_against_bf16() ->
     bf16, fp8 = _plan("bf16", *flat), _plan("fp8", *flat)
     assert fp8["prediction"]["compute_s"] / bf16["prediction"]["compute_s"] == pytest.approx(fp8_flops / bf16_flops,
                                                                                           rel=1e-9)
-    # the operator model (plan/operators.py) runs only the linear layers' GEMMs faster: between that and nothing
-    ops = _plan("bf16")["prediction"]["compute_s"], _plan("fp8")["prediction"]["compute_s"]
-    assert 0.5 < ops[1] / ops[0] < 1.0, ops
+    # the operator model (plan/operators.py) runs only the linear layers' GEMMs faster, and prices the quantization
+    # of their operands: fused (train.compile, estimate.elementwise fused) the step is shorter, between that and
+    # nothing; eager, each linear layer's input and output gradient are quantized twice at 33 bytes a value and
+    # transposed once (4 bytes), 70 bytes a value against fused's 10 (plan/operators.py fp8_activation_bytes):
+    # per layer and micro-batch sum(t*k + t*n) over the rank's four linear layers, t = 8192 tokens (SP gathers
+    # them), (k, n) = (4096, 768), (512, 4096), (4096, 3584), (1792, 4096); 32 layers, 16 micro-batches, 3.35 TB/s
+    fused = ("--set", "estimate.elementwise=fused")
+    ops = {(p, e): _plan(p, *e)["prediction"]["compute_s"] for p in ("bf16", "fp8") for e in ((), fused)}
+    assert 0.5 < ops["fp8", fused] / ops["bf16", fused] < 1.0, ops
+    quantize = (70 - 10) * 8192 * (4864 + 4608 + 7680 + 5888) * 32 * 16 / 3.35e12
+    eager_extra = (ops["fp8", ()] - ops["bf16", ()]) - (ops["fp8", fused] - ops["bf16", fused])
+    assert eager_extra == pytest.approx(quantize, rel=1e-9)
+    assert ops["fp8", ()] > ops["bf16", ()]  # eager, the quantization costs more than the FP8 GEMMs save
+    # and the plan says so, with the bf16 step and the compiled one (train.compile fuses the quantization)
+    eager = _plan("fp8")
+    warning = next(w["message"] for w in eager["warnings"] if w["code"] == "FP8_EAGER")
+    compiled = _plan("fp8", "--set", "train.compile=true")
+    assert dur(eager["prediction"]["step_time_s"]) in warning
+    assert dur(_plan("bf16")["prediction"]["step_time_s"]) in warning
+    assert dur(compiled["prediction"]["step_time_s"]) in warning
+    assert not [w for w in compiled["warnings"] if w["code"] == "FP8_EAGER"]
     assert fp8["hardware"]["peak_flops"] == bf16["hardware"]["peak_flops"] == 989.4e12
     p = fp8["prediction"]
     assert p["mfu"] == pytest.approx(fp8["flops"]["model_per_step"] / (p["step_time_s"] * 32 * 989.4e12), rel=1e-9)

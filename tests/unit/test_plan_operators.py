@@ -228,10 +228,11 @@ def test_the_bundled_trainers_dp_overlap_is_its_buckets() -> None:
     assert est_full.dp_exposed_time == pytest.approx(rs + ag - min(rs + ag, slot))
 
 
-def _bytes_moved(fn, inputs: list, *, over: int) -> int:  # noqa: ANN001 - any callable of torch tensors
+def _bytes_moved(fn, inputs: list, *, over: int, skip: frozenset[str] | set[str] = frozenset()) -> int:  # noqa: ANN001
     """HBM bytes the aten ops of fn(*inputs) and its backward move over tensors of at least `over` values: every
     such input read and output written (in-place ops both); views move nothing, and indexing ops touch one value
-    per row. Counted on the CPU, where the trainer runs the same ops as on a GPU for the parts tested here."""
+    per row; the ops named in `skip` (GEMMs the plan prices apart) are left out. Counted on the CPU, where the
+    trainer runs the same ops as on a GPU for the parts tested here."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -244,7 +245,7 @@ def _bytes_moved(fn, inputs: list, *, over: int) -> int:  # noqa: ANN001 - any c
             nonlocal total
             out = func(*args, **(kwargs or {}))
             name = func.overloadpacket.__name__
-            if name not in VIEWS and name not in one_per_row:
+            if name not in VIEWS and name not in one_per_row and name not in skip:
                 total += sum(x.nbytes for x in tensors([*args, *(kwargs or {}).values(), out]) if x.numel() >= over)
             return out
 
@@ -290,6 +291,32 @@ def test_the_eager_elementwise_bytes_are_the_passes_the_trainer_makes(dtype_byte
     h = torch.randn(1, seq, 2 * ffn, dtype=dtype, requires_grad=True)
     moved = _bytes_moved(swiglu, [h], over=seq * ffn)
     assert moved == sum(operators.swiglu_eager_bytes(dtype_bytes)) * seq * ffn
+
+
+@pytest.mark.parametrize("weight_bytes", [4, 2])
+@pytest.mark.parametrize("rowwise", [False, True])
+def test_the_fp8_quantization_bytes_are_the_passes_the_trainer_makes(weight_bytes: int, rowwise: bool) -> None:
+    """An FP8 linear layer of the trainer (tensor_parallel._Fp8Linear, both recipes) moves, beyond its three
+    GEMMs, what the plan prices: its bf16 input and output gradient quantized and transposed
+    (fp8_activation_bytes), its weight quantized twice and transposed once (fp8_weight_pass_bytes, with no
+    autocast cast to take off here), and the weight gradient's cast back to an fp32 weight (weight_pass_bytes'
+    2 + 4). Counted over the operand-sized tensors of its aten ops on the CPU, where the same ops run."""
+    import torch
+
+    from trainctl.runtime.model.fp8 import Fp8Recipe
+    from trainctl.runtime.parallel.tensor_parallel import _Fp8Linear
+
+    t, n, k = 96, 80, 64
+    x = torch.randn(t, k, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(n, k, dtype=torch.float32 if weight_bytes == 4 else torch.bfloat16, requires_grad=True)
+    recipe = Fp8Recipe(rowwise=rowwise)
+    moved = _bytes_moved(lambda a, b: _Fp8Linear.apply(a, b, None, recipe), [x, w], over=min(t, n, k) ** 2,
+                         skip={"_scaled_mm"})
+    fwd, bwd = operators.fp8_activation_bytes(t, n, k, act=2, eager=True)
+    weight = operators.fp8_weight_pass_bytes(weight_bytes=weight_bytes, eager=True, recompute="none",
+                                             autocast_cast_per_mb=0.0) + (2 + 4 if weight_bytes == 4 else 0)
+    assert moved == fwd + bwd + weight * n * k
+    assert operators.fp8_quantize_bytes(2, eager=True) == operators.fp8_quantize_bytes(4, eager=True) == 33
 
 
 def test_the_plan_prices_the_trainers_eager_elementwise_work_unless_fused() -> None:

@@ -83,6 +83,16 @@ def advise(ev: Evaluator, est: Estimate) -> list[PlanWarning]:  # noqa: C901 - a
             f"per step ({dispatch / step:.0%} of it; the profile's dispatch floor); a larger parallel.micro_batch or "
             "train.compile: true gives each kernel more work")
 
+    dev = ctx.device
+    if ctx.fp8 and dev is not None and dev.elementwise == "eager" and step and ctx.rates is None:
+        compiled = Evaluator(replace(ctx, device=replace(dev, elementwise="fused"))).evaluate(c).step_time
+        bf16 = Evaluator(replace(ctx, fp8=False, gemm_speedup=1.0)).evaluate(c).step_time
+        add("FP8_EAGER", "warning",
+            f"train.precision fp8 without train.compile: eager ops quantize the FP8 GEMMs' operands (33 bytes a "
+            f"value, each layer input, output gradient and weight twice per micro-batch): predicted step "
+            f"{dur(step)}, against {dur(bf16)} in bf16; train.compile: true fuses the quantization (and the other "
+            f"elementwise work): {dur(compiled)}")
+
     # tensor parallelism
     if c.tp > 1 and est.comm_link["tp"] == INTER_NODE:
         add("TP_ACROSS_NVLINK", "severe",

@@ -348,6 +348,7 @@ class _Base:
     emb_time: float
     layer_params_gpu: float  # one layer's parameters on one GPU, the largest kind (ZeRO-3 gathers two at a time)
     matmul_params: float  # the most matmul weights of a pipeline rank on one GPU (each micro-batch's weight passes)
+    layer_matmul_params: float  # of those, the transformer layers' (not the LM head): the FP8 GEMMs' weights
     shape_key: tuple = ()  # (tp, pp, v, layers, ep, schedule): what PowerSGD's figures depend on (_psgd)
     load_recompute: str = "none"  # the layout's recompute (the backward's share of a slot)
     schedule: str = "1f1b"  # the layout's pipeline schedule
@@ -517,7 +518,8 @@ class Evaluator:
         tokens = mb * m.seq_len / cp
         speedup = self.ctx.gemm_speedup  # FP8 GEMMs: the time and the FLOPs it is a rate of both at their pace
         layer_s = operators.layer_seconds(m, dev, micro_batch=mb, tp=tp, cp=cp, sp=sp, recompute=recompute,
-                                          act=self.act_bytes, stream=self.stream_bytes, gemm_speedup=speedup)
+                                          act=self.act_bytes, stream=self.stream_bytes, gemm_speedup=speedup,
+                                          fp8=self.ctx.fp8)
         vp = self.padded_vocab(tp)
         head_s = operators.head_seconds(m, dev, micro_batch=mb, tp=tp, cp=cp, vocab=vp, act=self.act_bytes)
         # the layer's FLOPs as the operator model shaped them: a MoE layer as a dense one with top_k experts' MLP
@@ -761,6 +763,9 @@ class Evaluator:
             matmul_params=max(model.stage_matmul_params_per_gpu(m, tp, layers=prof.rank_layers[r],
                                                                 last=prof.has_last[r], moe_layers=moe_layers[r],
                                                                 ep=c.ep) for r in range(pp)),
+            layer_matmul_params=max(model.stage_matmul_params_per_gpu(m, tp, layers=prof.rank_layers[r], last=False,
+                                                                      moe_layers=moe_layers[r], ep=c.ep)
+                                    for r in range(pp)),
         )
 
     def _layer_excess(self, seconds: float, measured_tokens: float, tokens: float, recompute: str, tp: int,
@@ -884,7 +889,15 @@ class Evaluator:
             gathers=1 if b.schedule in ("zero-bubble", "zbv") else 2)
         buffer = operators.gradient_buffer_pass_bytes(ctx.assume.grad_accumulation, zero=zero, dp=dp,
                                                       micro_batches=b.n_micro, reduce_bf16=ctx.grad_reduce_bf16)
-        return (b.matmul_params * per + max(b.params) * buffer) / dev.hbm_bw
+        fp8 = 0.0
+        if ctx.fp8 and ctx.assume.grad_accumulation == "auto":  # the layers' FP8 GEMMs quantize their weights
+            fp32_weights = not (memory.bf16_params(ctx.precision, zero, dp) or (zero >= 3 and dp > 1))
+            cast = operators.autocast_cast_bytes(precision=ctx.precision, fp32_weights=fp32_weights,
+                                                 pp=len(b.params), micro_batches=b.n_micro, recompute=b.load_recompute)
+            fp8 = operators.fp8_weight_pass_bytes(weight_bytes=4 if fp32_weights else 2,
+                                                  eager=dev.elementwise == "eager", recompute=b.load_recompute,
+                                                  autocast_cast_per_mb=cast)
+        return (b.matmul_params * per + b.layer_matmul_params * fp8 + max(b.params) * buffer) / dev.hbm_bw
 
     def _psgd(self, b: _Base) -> tuple[tuple[tuple[powersgd.Compression, powersgd.Compression], ...] | None, float]:
         """PowerSGD at the context's rank (None without): per pipeline rank (dense, routed-expert) figures, and

@@ -93,6 +93,16 @@ def gemm_seconds(dev: Device, m: float, n: float, k: float, act: int) -> float:
     return max(compute, traffic)
 
 
+def autocast_cast_bytes(*, precision: str, fp32_weights: bool, pp: int, micro_batches: int, recompute: str
+                        ) -> float:
+    """Bytes per weight, per micro-batch, of autocast's cast of a 32-bit weight to 16 bits (read 4, write 2): once
+    per autocast region, which is a micro-batch at pp = 1 (again in a full recompute, which re-enters autocast)
+    and the whole schedule at pp > 1; none without 16-bit compute or 32-bit weights."""
+    if precision not in ("bf16", "fp16") or not fp32_weights:
+        return 0.0
+    return (4 + 2) * ((2 if recompute == "full" else 1) if pp == 1 else 1 / micro_batches)
+
+
 def weight_pass_bytes(mode: str, *, precision: str, zero: int, dp: int, pp: int, micro_batches: int,
                       recompute: str, reduce_bf16: bool = False, gathers: int = 2) -> float:
     """HBM bytes one micro-batch moves per matmul weight on the rank beyond its GEMMs (estimate.grad_accumulation).
@@ -116,11 +126,11 @@ def weight_pass_bytes(mode: str, *, precision: str, zero: int, dp: int, pp: int,
     if mode == "hook":
         return 2 + 2 + 2 if precision == "fp16" else 2 + 4 + 4
     m = micro_batches
-    sixteen = precision in ("bf16", "fp16")
-    casts_per_mb = (2 if recompute == "full" else 1) if pp == 1 else 1 / m
 
     def casts(fp32_weights: bool) -> float:  # autocast's cast of a 32-bit weight and its gradient's cast back
-        return (4 + 2) * casts_per_mb + (2 + 4) if sixteen and fp32_weights else 0.0
+        forward = autocast_cast_bytes(precision=precision, fp32_weights=fp32_weights, pp=pp, micro_batches=m,
+                                      recompute=recompute)
+        return forward + (2 + 4) if forward else 0.0
 
     if zero >= 3 and dp > 1:
         weight = 2 if precision == "bf16" else 4  # FSDP2 gathers bf16 under bf16 compute (MixedPrecisionPolicy)
@@ -132,6 +142,38 @@ def weight_pass_bytes(mode: str, *, precision: str, zero: int, dp: int, pp: int,
         return 2 + 4 + 4
     add = (4 + 4 + 4) * (1 if dp > 1 else (m - 1) / m)
     return casts(True) + add
+
+
+def fp8_quantize_bytes(value_bytes: int, *, eager: bool) -> int:
+    """HBM bytes per value of one GEMM operand quantized to FP8 (runtime/model/fp8.py quantize; counted from the
+    trainer's aten ops by tests/unit/test_plan_operators.py). Eager: |t| (read, write), its amax (read), a 16-bit
+    operand widened to fp32 (read, write 4), the scaling (read 4, write 4), the clamp (read 4, write 4) and the
+    cast to FP8 (read 4, write 1): 33 bytes from bf16 or fp32. Fused (train.compile, or another stack's kernels:
+    estimate.elementwise fused): one pass for the amax and one to scale and cast, 2 x value bytes + 1."""
+    if not eager:
+        return 2 * value_bytes + 1
+    widen = value_bytes + 4 if value_bytes < 4 else 0
+    return (value_bytes + value_bytes) + value_bytes + widen + (4 + 4) + (4 + 4) + (4 + 1)
+
+
+def fp8_activation_bytes(t: float, n: float, k: float, *, act: int, eager: bool) -> tuple[float, float]:
+    """(forward, backward) HBM bytes an FP8 linear layer y = x W^T (x: t x k, W: n x k) moves over its input and
+    its output gradient beyond its GEMMs: the forward quantizes x; the backward quantizes the gradient for the
+    input's GEMM and, transposed, for the weight's, and x transposed again (eager, each transpose is first
+    copied out: read and write). The weight's quantization is a weight pass (fp8_weight_pass_bytes)."""
+    q = fp8_quantize_bytes(act, eager=eager)
+    copy = 2 * act if eager else 0
+    return q * t * k, (2 * q + copy) * t * n + (q + copy) * t * k
+
+
+def fp8_weight_pass_bytes(*, weight_bytes: int, eager: bool, recompute: str, autocast_cast_per_mb: float) -> float:
+    """HBM bytes per weight of an FP8 layer, per micro-batch, beyond weight_pass_bytes: the forward quantizes the
+    weight (again in a full recompute), the backward quantizes it transposed (eager: copied out first), less
+    autocast's 16-bit cast of a 32-bit weight, which an FP8 layer does not make (`autocast_cast_per_mb`: that
+    cast's bytes per micro-batch as weight_pass_bytes priced it)."""
+    q = fp8_quantize_bytes(weight_bytes, eager=eager)
+    forwards = 2 if recompute == "full" else 1
+    return q * forwards + q + (2 * weight_bytes if eager else 0) - autocast_cast_per_mb
 
 
 def gradient_buffer_pass_bytes(mode: str, *, zero: int, dp: int, micro_batches: int, reduce_bf16: bool) -> float:
@@ -166,20 +208,24 @@ def _train_gemm(dev: Device, m: float, n: float, k: float, act: int) -> tuple[fl
 
 
 def layer_seconds(m: ModelShape, dev: Device, *, micro_batch: int, tp: int, cp: int, sp: bool, recompute: str,
-                  act: int, stream: int, gemm_speedup: float = 1.0) -> float:
+                  act: int, stream: int, gemm_speedup: float = 1.0, fp8: bool = False) -> float:
     """Seconds of one transformer layer's forward + backward (+ recompute) for one micro-batch on one rank.
 
     `act`: bytes of a 16-bit (or fp32) activation; `stream`: bytes of the residual stream's values. A MoE layer is
     priced as a dense layer whose MLP has the routed experts' width times top_k (the Evaluator charges the real
     FLOPs at the rate this gives). `gemm_speedup`: the linear layers' GEMMs run that many times faster (FP8:
-    catalog.gemm_speedup), the attention core and the memory-bound work as they are."""
+    catalog.gemm_speedup), the attention core and the memory-bound work as they are; `fp8`: the linear layers
+    quantize their inputs and output gradients (fp8_activation_bytes) as the trainer's FP8 GEMMs do."""
     t = micro_batch * m.seq_len / cp  # this rank's tokens
     h, hd = m.hidden, m.head_dim
     q, kv, ffn, up = rank_widths(m, tp)
-    fwd = bwd = 0.0
+    fwd = bwd = quant_f = quant_b = 0.0
     for n_out, k_in in ((q + 2 * kv, h), (h, q), (up, h), (h, ffn)):
         f, b = _train_gemm(dev, t, n_out, k_in, act)
         fwd, bwd = fwd + f / gemm_speedup, bwd + b / gemm_speedup
+        if fp8:
+            qf, qb = fp8_activation_bytes(t, n_out, k_in, act=act, eager=dev.elementwise == "eager")
+            quant_f, quant_b = quant_f + qf, quant_b + qb
     core_f, core_b = _attention_seconds(m, dev, micro_batch=micro_batch, tp=tp, cp=cp, act=act)
     # memory-bound work, forward bytes; the norms, residual adds and residual dropouts are replicated over TP
     # (split under sequence parallelism), the rest is on the rank's heads and MLP shard
@@ -202,8 +248,8 @@ def layer_seconds(m: ModelShape, dev: Device, *, micro_batch: int, tp: int, cp: 
         else:
             rot_f = t * (q + kv) * ROTARY_BYTES_PER_VALUE
             rot_b = 2 * rot_f
-    mem_f = (stream_work + act_f * t * ffn + rot_f) / dev.hbm_bw
-    mem_b = (2 * stream_work + act_b * t * ffn + rot_b) / dev.hbm_bw
+    mem_f = (stream_work + act_f * t * ffn + rot_f + quant_f) / dev.hbm_bw
+    mem_b = (2 * stream_work + act_b * t * ffn + rot_b + quant_b) / dev.hbm_bw
     forward = fwd + core_f + mem_f
     backward = bwd + core_b + mem_b
     again = forward if recompute == "full" else core_f if recompute == "selective" else 0.0
