@@ -214,6 +214,12 @@ def test_auto_nodes_sweep_json_and_errors():
     text = trainctl("plan", "--auto", llama8b, "--nodes", "1..8", "--set", "cluster.gpu_hour_price=2",
                     "--budget", "1e9").stdout
     assert "Pareto front" in text and "Answer:" in text and "cost" in text
+    # the answer's whole run again at the published record's range on H100s (plan/record.py): it brackets the answer
+    rec = j["record_range"]
+    assert rec["gpu"] == "h100-sxm" and rec["step_ratio"][0] < 1 < rec["step_ratio"][1]
+    assert rec["wall_days"][0] < j["answer"]["days"] < rec["wall_days"][1]
+    assert rec["gpu_hours"][0] < j["answer"]["gpu_hours"] < rec["gpu_hours"][1]
+    assert "Record range: if the step is" in text
     for args, field in ((["--nodes", "512..16"], "--nodes"), (["--nodes", "16-512"], "--nodes"),
                         (["--nodes", "1..8", "--objective", "cost"], "cluster.gpu_hour_price"),
                         (["--nodes", "1..8", "--budget", "1e6"], "cluster.gpu_hour_price"),

@@ -320,20 +320,22 @@ def whole_run_rows(run: dict[str, Any] | None) -> list[tuple[str, str]]:
 
 
 def record_rows(rec: dict[str, Any] | None) -> list[tuple[str, str]]:
-    """The whole run again at the two ends of the published record's range on this GPU part (plan/record.py):
-    the days and GPU-hours if the step is off as far as the record has been."""
-    if rec is None:
-        return []
+    """The whole run again at the two ends of the published record's range on this GPU part (plan/record.py)."""
+    return [] if rec is None else [("record range", record_range_text(rec))]
+
+
+def record_range_text(rec: dict[str, Any]) -> str:
+    """A whole run at the record's two ends (plan's record_range, the node sweep's): the days, GPU-hours and cost
+    if the step is off as far as the published runs on this GPU part were from the uncalibrated plan."""
     lo, hi = rec["step_ratio"]
 
     def span(pair: list[float | None], show: Callable[[float], str]) -> str:
         return " to ".join(show(x) if x is not None else "not finishing" for x in pair)
 
     cost = f", cost {span(rec['cost'], figure)}" if all(c is not None for c in rec["cost"]) else ""
-    return [("record range", (
-        f"if the step is {lo:.2f}x-{hi:.2f}x the predicted one, as on {rec['runs']} published {rec['gpu']} runs "
-        f"(docs/validation.md): {span([d * 86400.0 if d is not None else None for d in rec['wall_days']], days_text)}"
-        f", {span(rec['gpu_hours'], figure)} GPU-hours{cost}"))]
+    wall = span([d * 86400.0 if d is not None else None for d in rec["wall_days"]], days_text)
+    return (f"if the step is {lo:.2f}x-{hi:.2f}x the predicted one, as on {rec['runs']} published {rec['gpu']} runs "
+            f"(docs/validation.md): {wall}, {span(rec['gpu_hours'], figure)} GPU-hours{cost}")
 
 
 def render_ranks(plan: Plan, console: Console) -> None:
@@ -474,6 +476,8 @@ def render_sweep(res: Sweep, console: Console) -> None:
         cost = f", cost {figure(a.cost)}" if a.cost is not None else ""
         prose(console, f"{a.nodes:,} nodes: {days_text(a.days * 86400)}, {figure(a.gpu_hours)} GPU-hours{cost}, MFU "
                        f"{_pct(a.mfu)} ({res.why}).", "[bold green]Answer:[/bold green] ")
+        if res.record_range is not None:
+            prose(console, escape(record_range_text(res.record_range)) + ".", "[dim]Record range:[/dim] ")
     if res.not_finishing:
         shown = ", ".join(map(str, res.not_finishing[:6])) + (", …" if len(res.not_finishing) > 6 else "")
         prose(console, f"[yellow]Not expected to finish at {count(len(res.not_finishing), 'node count')} "

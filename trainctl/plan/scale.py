@@ -24,7 +24,7 @@ from trainctl.errors import UsageError
 from trainctl.plan.auto import Scored, best_layout, enumerate_shapes, max_world, search_context, zero_stages
 from trainctl.plan.checkpoint_size import save_seconds
 from trainctl.plan.estimate import Candidate, Evaluator
-from trainctl.plan.plan import spec_mtbf, whole_run_plan
+from trainctl.plan.plan import record_band, spec_mtbf, whole_run_plan
 from trainctl.spec.models import RunSpec
 from trainctl.units import figure
 
@@ -71,6 +71,9 @@ class Sweep:
     priced: bool
     elapsed_s: float
     not_finishing: list[int]  # counts with a layout whose whole run is not expected to finish
+    # the answer's whole run at the two ends of the published record's range on the GPU part (plan/record.py):
+    # as plan's checkpoint.whole_run.record_range; None where the record does not apply
+    record_range: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "objective": self.objective, "nodes": list(self.node_range),
@@ -78,7 +81,8 @@ class Sweep:
                 "front": [p.as_dict() for p in self.front], "points": [p.as_dict() for p in self.points],
                 "no_layout": self.empty, "not_finishing": self.not_finishing, "priced": self.priced,
                 "candidates_scored": sum(p.scored for p in self.points),
-                "candidates": sum(p.candidates for p in self.points), "elapsed_s": self.elapsed_s}
+                "candidates": sum(p.candidates for p in self.points), "elapsed_s": self.elapsed_s,
+                "record_range": self.record_range}
 
 
 def parse_nodes(text: str) -> tuple[int, int]:
@@ -265,7 +269,21 @@ def sweep(spec: RunSpec, *, nodes: tuple[int, int], counts: int = DEFAULT_COUNTS
     picked_by = "deadline" if deadline_days is not None else "budget" if budget is not None else objective
     return Sweep(name=spec.name, objective=picked_by, node_range=nodes, points=points, empty=sorted(empty),
                  front=pareto(points), answer=answer, why=why, priced=price is not None,
-                 elapsed_s=time.perf_counter() - t0, not_finishing=sorted(never))
+                 elapsed_s=time.perf_counter() - t0, not_finishing=sorted(never),
+                 record_range=_record_range(spec, answer))
+
+
+def _record_range(spec: RunSpec, answer: Point | None) -> dict[str, Any] | None:
+    """The answer's whole run again at the step times the record's lowest and highest ratio (plan.record_band)."""
+    band = record_band(spec)
+    if band is None or answer is None:
+        return None
+    at = spec_at(spec, answer.nodes)
+    ends = [_whole_run(at, answer.best.cand, answer.best.est.step_time * band[k])
+            for k in ("step_ratio_min", "step_ratio_max")]
+    return {"step_ratio": [band["step_ratio_min"], band["step_ratio_max"]], "gpu": band["gpu"], "runs": band["runs"],
+            **{key: [e[key] if key != "wall_days" else e[key]["mean"] for e in ends]
+               for key in ("wall_days", "gpu_hours", "cost")}}
 
 
 def _refuse_unusable(spec: RunSpec, nodes: tuple[int, int]) -> None:
