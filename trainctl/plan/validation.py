@@ -227,10 +227,13 @@ DOC_TAIL = """
   the bundled trainer's eager rotary and SwiGLU; each micro-batch's gradients added into fp32 as the paper says
   (sec. 3.3.2, estimate.grad_accumulation: hook).
   The Megatron-Core rows assume the faster stack NVIDIA describes (FlashAttention-3-class attention, full TP and
-  DP overlap) and come out too fast: on H100 the published runs sit between the two, which suggests the
-  overlaps and the Hopper attention figures are the optimistic part, not the GEMM rate alone.
+  DP overlap) and come out too fast, so on H100 the published runs sit between the two sets of assumptions; the
+  DGX Cloud rows, whose stack and layout are known, point at the H100 compute rate rather than the assumptions.
 - BLOOM is predicted 19% too fast (105 s a step in its logs, 88 s planned): its Omni-Path fabric and the DeepSpeed
-  pipeline engine's overheads are assumed, not measured.
+  pipeline engine's overheads are assumed, not measured. BigScience's own all-reduce measurement on that A100
+  partition (bigscience experiments/bandwidth, January 2022, with the tr11 environment: 40.5 Gb/s of bus bandwidth,
+  about 5 GB/s a node against the links' 50) would make the step 166 s, so it cannot be the fabric the run had;
+  the spec keeps the links' datasheet rate.
 """
 
 
