@@ -612,17 +612,17 @@ def test_a_run_directory_deleted_under_the_job_stays_deleted(slurm_cluster: Slur
                  "--set", "checkpoint.every_steps=2", "--run-dir", str(run))
     assert r.returncode == 0, r.stdout + r.stderr
     jid = job_id(run)
-    wait_step(run, 3)
-    for _ in range(100):  # the ranks may create a file between rmtree's listing and its rmdir: delete again
-        try:
-            shutil.rmtree(run)
-            break
-        except FileNotFoundError:
-            break
-        except OSError:
-            continue
-    wait_for(lambda: jid not in squeue_ids(), "the job to end", 120)
-    assert not run.exists(), sorted(str(p.relative_to(run)) for p in run.rglob("*"))
+    try:
+        wait_step(run, 3)
+        # gone at once, as the ranks see it (a rename is atomic), then removed: an rmtree of the live directory can
+        # lose every race to ranks that save every other step, and leave it in place
+        gone = run.with_name("run.deleted")
+        run.rename(gone)
+        shutil.rmtree(gone, ignore_errors=True)
+        wait_for(lambda: jid not in squeue_ids(), "the job to end", 120)
+        assert not run.exists(), sorted(str(p.relative_to(run)) for p in run.rglob("*"))
+    finally:  # a failure here must not leave the job training on for the rest of the suite
+        subprocess.run(["scancel", jid], check=False)
 
 
 def test_a_requeued_job_does_not_train_on_a_hand_edited_spec(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
