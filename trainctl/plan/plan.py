@@ -6,6 +6,7 @@ The JSON carries plain units only: counts, bytes, FLOPs, seconds, bytes/s, FLOP/
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -426,6 +427,15 @@ def record_band(spec: RunSpec) -> dict[str, Any] | None:
     return record.band(spec.cluster.gpu)
 
 
+def record_range(band: dict[str, Any], run_at: Callable[[float], dict[str, Any]]) -> dict[str, Any]:
+    """A whole run at the two ends of the record's `band` (record_band): `run_at(ratio)` is the whole-run block
+    with the step times `ratio`; its expected days, GPU-hours and cost at each end."""
+    ends = [run_at(band[k]) for k in ("step_ratio_min", "step_ratio_max")]
+    return {"step_ratio": [band["step_ratio_min"], band["step_ratio_max"]], "gpu": band["gpu"], "runs": band["runs"],
+            **{key: [end[key] if key != "wall_days" else end[key]["mean"] for end in ends]
+               for key in ("wall_days", "gpu_hours", "cost")}}
+
+
 def grace_warnings(spec: RunSpec) -> tuple[PlanWarning, ...]:
     """Slurm's stop warning (launcher.grace_s) taking a large share of every attempt's cluster.time."""
     line = time_limit.grace_warning(spec.cluster.time, spec.launcher.grace_s)
@@ -502,12 +512,8 @@ def checkpoint_plan(spec: RunSpec, step_time: float | None, stages: list[dict[st
            "whole_run": whole_run_plan(spec, step_time=step_time, blocking_s=blocking, save_s=total, mtbf_s=mtbf,
                                        mtbf_source=source, stages=stages)}
     if out["whole_run"] is not None and band is not None:
-        ends = [whole_run_plan(spec, step_time=step_time * band[k], blocking_s=blocking, save_s=total, mtbf_s=mtbf,
-                               stages=stages) for k in ("step_ratio_min", "step_ratio_max")]
-        out["whole_run"]["record_range"] = {
-            "step_ratio": [band["step_ratio_min"], band["step_ratio_max"]], "gpu": band["gpu"], "runs": band["runs"],
-            **{key: [end[key] if key != "wall_days" else end[key]["mean"] for end in ends]
-               for key in ("wall_days", "gpu_hours", "cost")}}
+        out["whole_run"]["record_range"] = record_range(band, lambda ratio: whole_run_plan(
+            spec, step_time=step_time * ratio, blocking_s=blocking, save_s=total, mtbf_s=mtbf, stages=stages))
     warnings = [PlanWarning("CHECKPOINT_INTERVAL", "warning", line)] if (line := cadence.warning()) else []
     if ck.async_save and cadence.configured_s is not None and cadence.configured_s < total:
         warnings.append(PlanWarning("CHECKPOINT_BACKLOG", "warning", (

@@ -24,7 +24,7 @@ from trainctl.errors import UsageError
 from trainctl.plan.auto import Scored, best_layout, enumerate_shapes, max_world, search_context, zero_stages
 from trainctl.plan.checkpoint_size import save_seconds
 from trainctl.plan.estimate import Candidate, Evaluator
-from trainctl.plan.plan import record_band, spec_mtbf, whole_run_plan
+from trainctl.plan.plan import record_band, record_range, spec_mtbf, whole_run_plan
 from trainctl.spec.models import RunSpec
 from trainctl.units import figure
 
@@ -278,12 +278,8 @@ def _record_range(spec: RunSpec, answer: Point | None) -> dict[str, Any] | None:
     band = record_band(spec)
     if band is None or answer is None:
         return None
-    at = spec_at(spec, answer.nodes)
-    ends = [_whole_run(at, answer.best.cand, answer.best.est.step_time * band[k])
-            for k in ("step_ratio_min", "step_ratio_max")]
-    return {"step_ratio": [band["step_ratio_min"], band["step_ratio_max"]], "gpu": band["gpu"], "runs": band["runs"],
-            **{key: [e[key] if key != "wall_days" else e[key]["mean"] for e in ends]
-               for key in ("wall_days", "gpu_hours", "cost")}}
+    at, step = spec_at(spec, answer.nodes), answer.best.est.step_time
+    return record_range(band, lambda ratio: _whole_run(at, answer.best.cand, step * ratio))
 
 
 def _refuse_unusable(spec: RunSpec, nodes: tuple[int, int]) -> None:
