@@ -61,13 +61,16 @@ need_root() {
 
 # ---------------------------------------------------------------- processes
 
-# pid_alive PIDFILE COMM -> prints the pid if the process named in PIDFILE runs and is COMM.
+# pid_alive PIDFILE COMM -> prints the pid if the process named in PIDFILE runs and is COMM. A killed
+# daemon that is not yet reaped (state Z) still has its comm: it counts as gone.
 pid_alive() {
-    local pidfile="$1" comm="$2" pid
+    local pidfile="$1" comm="$2" pid stat
     [[ -r "$pidfile" ]] || return 1
     pid="$(tr -dc '0-9' <"$pidfile")"
     [[ -n "$pid" ]] || return 1
     [[ "$(cat "/proc/$pid/comm" 2>/dev/null || true)" == "$comm" ]] || return 1
+    stat="$(cat "/proc/$pid/stat" 2>/dev/null || true)"
+    [[ -n "$stat" && "${stat##*) }" != Z* ]] || return 1
     printf '%s\n' "$pid"
 }
 
@@ -229,16 +232,33 @@ stop_slurm() {
     rm -f "$RUN_DIR/started.sha"
 }
 
+# wait_pidfile WHAT CHECK...: a daemon writes its pid file some milliseconds after its launcher has
+# returned (it forks first, then loads plugins); under load that is long enough for a check to find the
+# file missing, or still naming the process a killed cluster left, and call the new daemon dead.
+wait_pidfile() {
+    local what="$1" i
+    shift
+    for ((i = 0; i < 100; i++)); do
+        "$@" >/dev/null && return 0
+        sleep 0.1
+    done
+    die 1 "$what did not write its pid file within 10s"
+}
+
 start_slurm() {
     local n
     if ! ctld_pid >/dev/null; then
         log "starting slurmctld"
+        rm -f "$RUN_DIR/slurmctld.pid"  # a killed cluster's: it must not stand for the new daemon
         run_daemon slurmctld slurmctld
+        wait_pidfile slurmctld ctld_pid
     fi
     for n in "${NODES[@]}"; do
         if ! slurmd_pid "$n" >/dev/null; then
             log "starting slurmd -N $n"
+            rm -f "$RUN_DIR/slurmd-$n.pid"
             run_daemon "slurmd-$n" slurmd -N "$n"
+            wait_pidfile "slurmd -N $n" slurmd_pid "$n"
         fi
     done
 }

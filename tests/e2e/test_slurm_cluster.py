@@ -141,6 +141,35 @@ def test_up_waits_for_a_concurrent_up_and_no_daemon_keeps_the_lock(slurm_cluster
         assert str(lock_path) not in held, f"daemon pid {pid} keeps {lock_path} open"
 
 
+def test_up_brings_back_node_daemons_that_were_killed(slurm_cluster: SlurmCluster) -> None:  # noqa: F811
+    """What a machine holds after the session that started the cluster was killed (CI's checkout then runs
+    `up`): daemons gone without cleaning up, their pid files left behind naming dead (or unreaped) processes.
+    A new slurmd writes its pid file a few milliseconds after its launcher returns; `up` once read the
+    missing file at that moment, under CI load, as "slurmd -N n2 exited" and failed every Slurm test."""
+    before = _daemon_pids(slurm_cluster)
+    killed = [int(pid) for pid in before[2:]]  # munged, slurmctld, then the two slurmd (status's order)
+    assert len(killed) == 2, before
+    for pid in killed:
+        os.kill(pid, 9)
+    wait_for(lambda: all(_dead_or_unreaped(pid) for pid in killed), timeout=10, what="the killed slurmd to exit")
+    proc = slurm_cluster.run("up")  # the pid files still name the killed daemons
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "starting slurmd -N n1" in proc.stdout and "starting slurmd -N n2" in proc.stdout, proc.stdout
+    after = _daemon_pids(slurm_cluster)
+    assert after[:2] == before[:2], (before, after)  # munged and slurmctld were left alone
+    assert not set(after[2:]) & set(before[2:]), (before, after)
+    # The nodes take work again, both of them.
+    out = _run("srun", "-N2", "--ntasks-per-node=1", "--time=1", "hostname", timeout=60)
+    assert len(out.split()) == 2, out
+
+
+def _dead_or_unreaped(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].startswith("Z")
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
 def _daemon_pids(cluster: SlurmCluster) -> list[str]:
     out = cluster.run("status").stdout
     return re.findall(r"\(pid (\d+)\)", out)
