@@ -26,8 +26,8 @@ from trainctl.hardware import (
 )
 from trainctl.spec.models import ClusterSpec
 
-GPU_KEYS = {"v100", "a100-40gb", "a100-80gb", "h100-sxm", "h100-pcie", "h100-nvl", "h200", "gh200", "b200",
-            "gb200", "l40s", "l4", "a10g", "mi300x"}
+GPU_KEYS = {"v100", "a100-40gb", "a100-80gb", "h100-sxm", "h100-pcie", "h100-nvl", "h200", "h200-nvl", "gh200",
+            "b200", "gb200", "l40s", "l4", "a10g", "mi300x"}
 FABRIC_KEYS = {"hdr", "ndr", "xdr", "eth-100g", "eth-200g", "eth-400g", "efa"}
 
 
@@ -73,6 +73,7 @@ SPARSE_HEADLINES = [
     ("h100-pcie", 1513.0, "NVIDIA H100 datasheet, PCIe: BF16 Tensor Core 1,513 TFLOPS*"),
     ("h100-nvl", 1671.0, "NVIDIA H100 datasheet, H100 NVL: BF16 Tensor Core 1,671 TFLOPS*"),
     ("h200", 1979.0, "NVIDIA H200 datasheet, SXM: BF16 Tensor Core 1,979 TFLOPS*"),
+    ("h200-nvl", 1671.0, "NVIDIA H200 datasheet, H200 NVL: BF16 Tensor Core 1,671 TFLOPS*"),
     ("gh200", 1979.0, "NVIDIA GH200 datasheet: FP16/BF16 1,979 TFLOPS*"),
     ("b200", 36000.0 / 8, "NVIDIA HGX B200 datasheet: FP16/BF16 36 PFLOPS* for 8 GPUs"),
     ("gb200", 360000.0 / 72, "NVIDIA GB200 NVL72 datasheet: FP16/BF16 360 PFLOPS* for 72 GPUs"),
@@ -138,6 +139,7 @@ def test_tensor_rates_are_ordered(key: str) -> None:
     ("h100-pcie", 80, 2, 300),  # NVLink bridge: 600 GB/s
     ("h100-nvl", 94, 2, 300),
     ("h200", 141, 8, 450),
+    ("h200-nvl", 141, 4, 450),  # 4-way NVLink bridge: 900 GB/s total
     ("b200", 180, 8, 900),  # NVLink 5: 1.8 TB/s total
     ("gb200", 186, 72, 900),  # NVL72: one domain of 72
     ("l40s", 48, 1, 32),  # no NVLink; PCIe Gen4 x16
@@ -238,6 +240,7 @@ PRODUCT_NAMES = [
     ("NVIDIA H100 PCIe", "h100-pcie"),
     ("NVIDIA H100 NVL", "h100-nvl"),
     ("NVIDIA H200", "h200"),
+    ("NVIDIA H200 NVL", "h200-nvl"),  # the PCIe card: H100 NVL compute, 141 GB
     ("NVIDIA GH200 480GB", "gh200"),
     ("NVIDIA GH200 144G HBM3e", "gh200"),
     ("NVIDIA B200", "b200"),
@@ -253,7 +256,6 @@ PRODUCT_NAMES = [
     ("NVIDIA H800", None),  # export H100: NVLink cut to 400 GB/s
     ("NVIDIA H800 PCIe", None),
     ("NVIDIA A800-SXM4-80GB", None),
-    ("NVIDIA H200 NVL", None),  # PCIe card with H100 NVL compute
     ("NVIDIA L40", None),  # not an L40S, not an L4
     ("NVIDIA A10", None),  # not the A10G (different tensor rate)
     ("NVIDIA A100X", None),

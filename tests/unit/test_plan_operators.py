@@ -36,6 +36,29 @@ def test_catalog_figures_are_the_cited_ones() -> None:
     assert A100.attention("flash3") == A100.attention("flash2")  # no FlashAttention-3 off Hopper
 
 
+def test_h200_nvl_gemm_efficiency_reproduces_transformer_engines_measured_layer() -> None:
+    """The H200 NVL's figure is measured at a training step's shapes (catalog.py): Transformer Engine's GEMM profiling
+    tutorial ("Worked Example: 5B Model on H200", BF16) times one layer's 12 GEMMs, hidden 4096, FFN 16384 and
+    M = 31 x 512 = 15,872 tokens (QKV 12288 wide, attention out, MLP up and down; forward, data and weight
+    gradients), at 32.014 ms on an H200 NVL. The efficiency is what makes the wave-quantized gemm_seconds sum to
+    that: the same sum at efficiency 1, over 32.014 ms."""
+    nvl = ACCELERATORS["h200-nvl"]
+    tokens, hidden, ffn = 31 * 512, 4096, 16384
+
+    def layer_gemms(efficiency: float) -> float:
+        dev = operators.Device(peak_flops=nvl.peak_bf16_tflops * 1e12, gemm_efficiency=efficiency,
+                               sm_count=nvl.sm_count, hbm_bw=nvl.hbm_gbps * 1e9, attention=nvl.attention("flash3"))
+        return sum(sum(operators._train_gemm(dev, tokens, n, k, 2))
+                   for n, k in ((3 * hidden, hidden), (hidden, hidden), (ffn, hidden), (hidden, ffn)))
+
+    published = 32.014e-3
+    assert round(layer_gemms(1.0) / published, 3) == nvl.gemm_efficiency
+    assert layer_gemms(nvl.gemm_efficiency) == pytest.approx(published, rel=1e-3)
+    # 599 TFLOP/s of the part's 835.5: 71.7% of peak as the tutorial's figures give it
+    flops = 3 * 2 * tokens * hidden * (3 * hidden + hidden + ffn + ffn)
+    assert flops / published / (nvl.peak_bf16_tflops * 1e12) == pytest.approx(0.717, abs=5e-4)
+
+
 def test_a_large_gemm_runs_at_the_best_gemm_rate_less_its_last_wave() -> None:
     """8192^3 on an A100: 64 x 64 = 4096 tiles of 128 x 128 over 108 SMs take 38 waves, the last one partly
     idle: 2*8192^3 FLOPs at 312e12 x 0.869 x 4096/(38*108)."""

@@ -38,10 +38,12 @@ class Accelerator:
     # The datasheet's maximum board power (TDP / TBP), watts: plan's whole-run energy is this x GPU-hours, an
     # upper bound for the boards alone. None where no datasheet gives a per-GPU figure.
     board_power_w: float | None = None
-    # The operator-level step model (plan/operators.py); sources in OPERATOR_SOURCES below.
+    # The operator-level step model (plan/operators.py); sources above _OPERATOR_FIGURES below.
     hbm_gbps: float | None = None  # device memory bandwidth, GB/s (datasheet)
     sm_count: int | None = None  # streaming multiprocessors (compute units on AMD): GEMM wave quantization
-    gemm_efficiency: float | None = None  # best large 16-bit GEMM / dense peak (a published MAMF measurement)
+    # 16-bit GEMM rate / dense peak, published: the best large GEMM of a shape search (MAMF), or a layer's GEMMs
+    # at a training step's shapes where the part has that measurement (sources above _OPERATOR_FIGURES)
+    gemm_efficiency: float | None = None
     # flash attention (forward, backward) FLOP/s over the dense peak, by kernel: "flash2" (FlashAttention-2, what
     # torch's SDPA flash backend runs) and "flash3" (Hopper's FlashAttention-3 / cuDNN class of kernels)
     attention_efficiency: tuple[tuple[str, float, float], ...] = ()
@@ -134,6 +136,17 @@ ACCELERATORS: dict[str, Accelerator] = {
                         sparse_bf16_tflops=1979.0,
                         peak_fp8_tflops=1979.0,  # FP8 3,958 sparse -> 1,979 dense
                         board_power_w=700.0),
+    # NVIDIA H200 datasheet, H200 NVL column (a PCIe card): BF16 1,671* -> 835.5 dense, the H100 NVL's compute;
+    # TF32 835* -> 417.5; FP32 60; 141 GB HBM3e at 4.8 TB/s; 2- or 4-way NVLink bridge, 900 GB/s -> 450 per
+    # direction: domain 4, the 4-way bridge (a 2-way bridged server: set nvlink_domain 2).
+    # Board power, same datasheet: max TDP up to 600 W (configurable).
+    "h200-nvl": Accelerator(key="h200-nvl", name="NVIDIA H200 NVL 141GB", peak_bf16_tflops=835.5,
+                            peak_tf32_tflops=417.5, peak_fp32_tflops=60.0, memory_gb=141.0, nvlink_domain=4,
+                            nvlink_gbps=450.0,
+                            source="NVIDIA H200 datasheet (H200 NVL): BF16 1,671 sparse -> 835.5 dense",
+                            sparse_bf16_tflops=1671.0,
+                            peak_fp8_tflops=1670.5,  # FP8 3,341 sparse -> 1,670.5 dense
+                            board_power_w=600.0),
     # NVIDIA GH200 Grace Hopper Superchip datasheet: GPU BF16 1,979* -> 989.4; TF32 989* -> 494.7;
     # FP32 67; 96 GB HBM3 (144 GB HBM3e version: override memory_gb). Domain 4: the common quad-GH200
     # node (HPE Cray EX254n, as in CSCS Alps / JUPITER), NVLink 4, 18 links x 25 GB/s = 450 per
@@ -209,12 +222,12 @@ ACCELERATORS: dict[str, Accelerator] = {
 # them is fitted to the published runs the plan is checked against (recipes/published/, docs/validation.md).
 #
 # hbm_gbps: the datasheet's memory bandwidth (the same datasheets as above): V100 SXM2 900 GB/s; A100 40GB 1,555;
-#   A100 80GB SXM 2,039; H100 SXM 3.35 TB/s; H100 PCIe 2.0 TB/s; H100 NVL 3.9 TB/s; H200 4.8 TB/s; GH200 (96 GB
-#   HBM3) 4 TB/s; HGX B200 64 TB/s / 8; GB200 NVL72 576 TB/s / 72; L40S 864 GB/s; L4 300 GB/s; A10G 600 GB/s (AWS
-#   G5 page); MI300X 5.3 TB/s.
+#   A100 80GB SXM 2,039; H100 SXM 3.35 TB/s; H100 PCIe 2.0 TB/s; H100 NVL 3.9 TB/s; H200 and H200 NVL 4.8 TB/s;
+#   GH200 (96 GB HBM3) 4 TB/s; HGX B200 64 TB/s / 8; GB200 NVL72 576 TB/s / 72; L40S 864 GB/s; L4 300 GB/s;
+#   A10G 600 GB/s (AWS G5 page); MI300X 5.3 TB/s.
 # sm_count: the architecture whitepapers: V100 80 SMs (Volta whitepaper), A100 108 (Ampere GA100 whitepaper),
-#   H100 SXM5 132 / PCIe 114 (Hopper whitepaper; H200, GH200 and H100 NVL carry the SXM5's 132), B200 148
-#   (Blackwell datasheet's GPU), L40S 142 and L4 58 (Ada whitepaper), A10G 80 (GA102), MI300X 304 CUs (CDNA 3
+#   H100 SXM5 132 / PCIe 114 (Hopper whitepaper; H200, H200 NVL, GH200 and H100 NVL carry the SXM5's 132), B200
+#   148 (Blackwell datasheet's GPU), L40S 142 and L4 58 (Ada whitepaper), A10G 80 (GA102), MI300X 304 CUs (CDNA 3
 #   whitepaper).
 # gemm_efficiency: the best 16-bit matmul found by a shape search over M, N, K, divided by the dense peak: Stas
 #   Bekman, "Machine Learning Engineering", compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS
@@ -223,6 +236,13 @@ ACCELERATORS: dict[str, Accelerator] = {
 #   (v1 table, ROCm 6.2). Parts the table lacks take the measured part of the same die (H100 PCIe/NVL and H200:
 #   the H100 SXM's; GB200: the B200's); the rest (V100, Ada, A10G) take 0.80, the median of the measured NVIDIA
 #   parts (an assumption, printed as the catalog's source).
+#   H200 NVL: measured at a training step's shapes rather than the best shape: Transformer Engine's GEMM profiling
+#   tutorial (docs/examples/gemm_profiling, "Worked Example: 5B Model on H200", BF16, CUDA events) times the 12 GEMMs
+#   of one layer of hidden 4096, FFN 16384, 15,872 tokens (forward, data and weight gradients) at 32.014 ms on an
+#   H200 NVL: 599 TFLOP/s, 71.7% of its peak; the efficiency at which plan/operators.py's wave-quantized
+#   gemm_seconds gives those 32.014 ms is 0.734 (tests/unit/test_plan_operators.py recomputes it). A burst on a
+#   600 W card: it is not carried to the 700 W SXM parts, whose short-burst rates at such shapes sit at the MAMF
+#   figure (docs/validation.md).
 # attention_efficiency (forward, backward) over the dense peak, causal FLOPs counted as the kernels' authors count
 #   them (the masked half not computed): FlashAttention-2 on A100 (Dao 2023, "FlashAttention-2: Faster Attention
 #   with Better Parallelism and Work Partitioning", Sec. 4.1: forward up to 73% of peak, backward up to 63%);
@@ -243,6 +263,7 @@ _OPERATOR_FIGURES: dict[str, dict[str, Any]] = {
     "h100-pcie": dict(hbm_gbps=2000.0, sm_count=114, gemm_efficiency=0.803, attention_efficiency=_HOPPER_ATTN),
     "h100-nvl": dict(hbm_gbps=3900.0, sm_count=132, gemm_efficiency=0.803, attention_efficiency=_HOPPER_ATTN),
     "h200": dict(hbm_gbps=4800.0, sm_count=132, gemm_efficiency=0.803, attention_efficiency=_HOPPER_ATTN),
+    "h200-nvl": dict(hbm_gbps=4800.0, sm_count=132, gemm_efficiency=0.734, attention_efficiency=_HOPPER_ATTN),
     "gh200": dict(hbm_gbps=4000.0, sm_count=132, gemm_efficiency=0.838, attention_efficiency=_HOPPER_ATTN),
     "b200": dict(hbm_gbps=8000.0, sm_count=148, gemm_efficiency=0.776, attention_efficiency=(("flash2", 0.35, 0.35),)),
     "gb200": dict(hbm_gbps=8000.0, sm_count=148, gemm_efficiency=0.776,

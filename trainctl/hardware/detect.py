@@ -31,6 +31,7 @@ _RULES: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"^H100\b.*\bPCIE\b"), "h100-pcie"),
     (re.compile(r"^H100\b"), "h100-sxm"),  # "H100 80GB HBM3", "H100 SXM5 80GB"
     (re.compile(r"^GH200\b"), "gh200"),
+    (re.compile(r"^H200\b.*\bNVL\b"), "h200-nvl"),
     (re.compile(r"^H200\b"), "h200"),
     (re.compile(r"^GB200\b"), "gb200"),
     (re.compile(r"^B200\b"), "b200"),
@@ -41,9 +42,8 @@ _RULES: list[tuple[re.Pattern[str], str]] = [
 ]
 
 # Parts whose names look like a catalog part but whose figures differ: export variants with cut
-# NVLink (A800/H800 are caught by the rules not matching), the H200 NVL PCIe card (H100 NVL
-# compute, 141 GB), and MIG slices (a fraction of the GPU).
-_NOT_CATALOG = re.compile(r"\bMIG\b|^H200\b.*\bNVL\b")
+# NVLink (A800/H800 are caught by the rules not matching) and MIG slices (a fraction of the GPU).
+_NOT_CATALOG = re.compile(r"\bMIG\b")
 
 
 def catalog_key_for(product_name: str, memory_gb: float | None = None) -> str | None:

@@ -138,7 +138,7 @@ class Context:
 
 def assumed_rates(hw: Hardware, a: Assumptions, device: operators.Device | None = None) -> AssumedRates:
     """The uncalibrated rates: a flat share of the peak where the spec sets compute_efficiency (or the device has
-    no catalog figures), else the best GEMM's rate; links per comm_efficiency, or NCCL's model where unset."""
+    no catalog figures), else the catalog's GEMM rate; links per comm_efficiency, or NCCL's model where unset."""
     if a.compute_efficiency is not None or device is None:
         eff = a.compute_efficiency if a.compute_efficiency is not None else DEFAULT_COMPUTE_EFFICIENCY
     else:

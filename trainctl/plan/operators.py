@@ -1,7 +1,7 @@
 """The operator-level step model: one layer's forward and backward (and recompute) on one GPU as the sum of its
 operators, each priced by what bounds it, from the catalog's cited figures (hardware/catalog.py).
 
-  GEMMs          2*m*n*k FLOPs at peak x the part's best-GEMM efficiency x the wave quantization of m x n in
+  GEMMs          2*m*n*k FLOPs at peak x the part's GEMM efficiency x the wave quantization of m x n in
                  128 x 128 tiles over the SMs (NVIDIA, "Matrix Multiplication Background User's Guide", tile and
                  wave quantization), or its bytes at HBM bandwidth when that is longer (a roofline per GEMM). The
                  shapes are the layer's after TP and CP sharding; backward is the data-gradient GEMM (m, k, n) and

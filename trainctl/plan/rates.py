@@ -1,6 +1,6 @@
 """Where the planner's times come from: FLOP/s per rank and seconds per collective, in one place.
 
-`AssumedRates` (no profile): the catalog peak x the best GEMM's efficiency (the layers' own rates come from the
+`AssumedRates` (no profile): the catalog peak x its GEMM efficiency (the layers' own rates come from the
 operator model, plan/operators.py, through the Evaluator), and collectives as NCCL prices them (`nccl_seconds`):
 a latency per call and per ring or tree step, the bus bandwidth of the link tier (NVLink, or the network at the
 NICs of the group's ranks on one node), ring or tree, whichever is faster, from the catalog's cited constants.
@@ -48,7 +48,7 @@ EP_OPS: Ops = (("all_to_all", 1.0),)  # MoE token dispatch and combine
 CP_OPS: dict[bool, Ops] = {False: (("all_gather", 1 / 2), ("reduce_scatter", 1 / 2)),
                            True: (("all_gather", 2 / 3), ("reduce_scatter", 1 / 3))}
 PROFILE_LINK = {NVLINK: INTRA, INTER_NODE: INTER}  # the planner's link classes -> the profile's
-UNCALIBRATED = ("on GPUs the operator model (catalog: best-GEMM efficiency, HBM bandwidth, flash-attention "
+UNCALIBRATED = ("on GPUs the operator model (catalog: GEMM efficiency, HBM bandwidth, flash-attention "
                 "efficiency) and NCCL's latency and bus bandwidth per link tier, on CPUs no rate; `trainctl calibrate "
                 "SPEC` measures them")
 # collective steps of a ring over n ranks, per call
