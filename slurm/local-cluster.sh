@@ -242,7 +242,7 @@ wait_pidfile() {
         "$@" >/dev/null && return 0
         sleep 0.1
     done
-    die 1 "$what did not write its pid file within 10s"
+    die 1 "$what is not running 10 s after it started (no live process behind its pid file)"
 }
 
 start_slurm() {
