@@ -203,8 +203,10 @@ DOC_TAIL = """
   exists yet, is the clock an H100 sustains at its 700 W limit through hours of back-to-back GEMMs against the
   short shape search behind its 80.3%. The bundled trainer's own steps on one H100 say the same (docs/results.md,
   the grid: the 0.9B model at micro-batch 4 ran 18-35% slower than its uncalibrated plan, and within 1-8% of the
-  plan calibrated there). `trainctl calibrate` on an H100 measures the rates the plan then uses;
-  `bench/bench_sustained_gemm.py` measures a layer's GEMMs in a burst and sustained for minutes, with the SM
+  plan calibrated there). Transformer Engine's GEMM profiling tutorial times a layer's GEMMs at training shapes
+  (a 5B model, 15,872 tokens) on an H200 NVL at 71.7% of that card's peak, the catalog's figure for it; a burst on
+  a 600 W card, it is not carried to the SXM parts. `trainctl calibrate` on an H100 measures the rates the plan
+  then uses; `bench/bench_sustained_gemm.py` measures a layer's GEMMs in a burst and sustained for minutes, with the SM
   clock and power, beside the plan's rate for each shape (not yet run: no GPU was lent since it was written).
 - The Megatron-Core H100 runs are predicted too fast (but for the 32B row), worst at 1.7B and 7.1B. The cited
   H100 figures (best GEMM 80% of peak, FlashAttention-3 at 75%/53%) put a layer near 72% of peak, while NVIDIA
