@@ -236,8 +236,8 @@ ACCELERATORS: dict[str, Accelerator] = {
 #   (v1 table, ROCm 6.2). Parts the table lacks take the measured part of the same die (H100 PCIe/NVL and H200:
 #   the H100 SXM's; GB200: the B200's); the rest (V100, Ada, A10G) take 0.80, the median of the measured NVIDIA
 #   parts (an assumption, printed as the catalog's source).
-#   H200 NVL: measured at a training step's shapes rather than the best shape: Transformer Engine's GEMM profiling
-#   tutorial (docs/examples/gemm_profiling, "Worked Example: 5B Model on H200", BF16, CUDA events) times the 12 GEMMs
+#   H200 NVL: measured at a training step's shapes rather than the best shape: Transformer Engine's documentation,
+#   "GEMM Profiling Tutorial" ("Worked Example: 5B Model on H200", BF16, CUDA events), times the 12 GEMMs
 #   of one layer of hidden 4096, FFN 16384, 15,872 tokens (forward, data and weight gradients) at 32.014 ms on an
 #   H200 NVL: 599 TFLOP/s, 71.7% of its peak; the efficiency at which plan/operators.py's wave-quantized
 #   gemm_seconds gives those 32.014 ms is 0.734 (tests/unit/test_plan_operators.py recomputes it). A burst on a
