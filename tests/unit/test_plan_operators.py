@@ -4,6 +4,7 @@ against arithmetic done here by hand from the catalog's cited figures, and their
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from math import log2
 
 import pytest
@@ -46,8 +47,7 @@ def test_h200_nvl_gemm_efficiency_reproduces_transformer_engines_measured_layer(
     tokens, hidden, ffn = 31 * 512, 4096, 16384
 
     def layer_gemms(efficiency: float) -> float:
-        dev = operators.Device(peak_flops=nvl.peak_bf16_tflops * 1e12, gemm_efficiency=efficiency,
-                               sm_count=nvl.sm_count, hbm_bw=nvl.hbm_gbps * 1e9, attention=nvl.attention("flash3"))
+        dev = replace(_device(nvl, "flash3"), gemm_efficiency=efficiency)
         return sum(sum(operators._train_gemm(dev, tokens, n, k, 2))
                    for n, k in ((3 * hidden, hidden), (hidden, hidden), (ffn, hidden), (hidden, ffn)))
 
