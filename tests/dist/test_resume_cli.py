@@ -57,6 +57,11 @@ def test_resume_local_appends_and_from_step_rewinds(tmp_path: Path) -> None:
     assert [s for s, _, _ in again] == [1, 2, 3, 4, 5, 6, 3, 4, 5, 6]
     assert again[6:] == first[2:]  # the rerun is bitwise the same training
     # --set: a longer run continues from the final checkpoint with the changed spec frozen in the run dir
+    for steps, where in ((6, "already at"), (5, "already past")):  # nothing left to train: one line, exit 2
+        r = trainctl("resume", str(run), "--set", f"train.steps={steps}")
+        assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+        assert f"checkpoint step 6 is {where} train.steps={steps}: nothing to run" in r.stderr
+        assert "(N > 6)" in r.stderr and "Traceback" not in r.stderr
     r = trainctl("resume", str(run), "--set", "train.steps=7", "--dry-run")
     assert r.returncode == 0 and not (run / "spec.prev-1.yaml").exists()
     assert "warning" not in r.stdout

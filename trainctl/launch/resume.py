@@ -180,7 +180,9 @@ def plan_resume(run_dir: Path, from_step: int | None = None, overrides: list[str
         require_same_model(spec, info)
     data, changed = data_now(paths, spec, info, job, accept_data_change)
     if info is not None and info.step >= spec.train.steps:
-        raise UsageError(f"checkpoint step {info.step} is already at train.steps={spec.train.steps}: nothing to run",
+        where = "at" if info.step == spec.train.steps else "past"
+        raise UsageError(f"checkpoint step {info.step} is already {where} train.steps={spec.train.steps}: "
+                         "nothing to run",
                          hint=f"train longer with --set train.steps=N (N > {info.step})")
     return ResumePlan(paths=paths, spec=spec, backend=backend, checkpoint_dir=ckdir, checkpoint=info, skipped=skipped,
                       abandon=abandon, overrides=[secrets.redact_override(o) for o in overrides or []],
