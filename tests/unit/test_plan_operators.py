@@ -75,6 +75,18 @@ def test_a_thin_gemm_is_priced_by_its_bytes() -> None:
     assert operators.gemm_seconds(dev, m, n, 16, 2) == pytest.approx(2 * (m * 16 + 16 * n + m * n) / 2039e9)
 
 
+def test_a_batched_gemm_fills_the_sms_with_the_whole_batchs_tiles() -> None:
+    """One batched kernel (attention's bmm): 64 products of 256 x 8192 by 8192 x 256 are 64 x 4 = 256 tiles, 3
+    waves on 108 SMs (not 64 one-wave kernels of 4 tiles each), compute-bound at 312e12 x 0.869 x 256/(3*108).
+    Attention's AV product (2048 x 2048 by 2048 x 96, 16 tiles each) over 8 x 24 heads is bound by its bytes."""
+    dev = _device()
+    expected = 2 * 256 * 256 * 8192 * 64 / (312e12 * 0.869 * (256 / (3 * 108)))
+    assert operators.gemm_seconds(dev, 256, 256, 8192, 2, batch=64) == pytest.approx(expected, rel=1e-12)
+    assert operators.gemm_seconds(dev, 256, 256, 8192, 2) * 64 > 4 * expected  # alone, each wastes 104 SMs
+    av = 2 * (2048 * 2048 + 2048 * 96 + 2048 * 96) * 192 / 2039e9
+    assert operators.gemm_seconds(dev, 2048, 96, 2048, 2, batch=192) == pytest.approx(av, rel=1e-12)
+
+
 def test_flash_attention_is_the_causal_half_at_the_kernels_efficiency() -> None:
     """One rank, seq 2048, 16 heads of 64: a 2048-token sequence has 2048*2049/2 causal (query, key) pairs; forward
     4 FLOPs per pair per head dimension per head at 73% of 312 TFLOP/s, backward 2.5x those FLOPs at 63%."""

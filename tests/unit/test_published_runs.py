@@ -22,10 +22,11 @@ from trainctl.spec import load_spec
 ROOT = validation.ROOT
 
 # over the eleven headline runs; over all the published rows
-HELD_MEAN, HELD_WORST = 0.16, 0.57  # reached: 15.8%, 56.2% (the Megatron-Core 1.7B row); target 5%, 10%
-HELD_MEAN_ALL, HELD_WORST_ALL = 0.15, 0.57  # reached: 14.97%, 56.2% (34 runs)
-# the Megatron-LM 2021 A100 rows, where the model's cited figures hold: within 7% each (reached: 6.3%)
-HELD_A100_2021 = 0.07
+HELD_MEAN, HELD_WORST = 0.20, 0.57  # reached: 19.7%, 56.2% (the Megatron-Core 1.7B row); target 5%, 10%
+HELD_MEAN_ALL, HELD_WORST_ALL = 0.18, 0.57  # reached: 17.3%, 56.2% (34 runs)
+# the Megatron-LM 2021 A100 rows: within 27% each (reached: 26.3%, the 1.7B). They were within 7% while attention's
+# batched GEMMs were priced one matrix at a time (a 2048 x 96 output as 16 tiles on 108 SMs): that fit was the error's.
+HELD_A100_2021 = 0.27
 # NVIDIA's DGX Cloud H100 recipes (exact layouts, measured steps): BF16 within 23% each (reached: 22.0%, Nemotron-4
 # 15B), FP8 within 28% (reached: 27.0%, Llama 3.1 70B); the FP8 speed-up over BF16 of the same recipe, which
 # cancels the H100 rate both miss: mean within 5%, each within 7% (reached: 4.1%, 6.4%)

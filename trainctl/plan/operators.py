@@ -81,15 +81,16 @@ class Device:
     elementwise: str = "fused"  # eager | fused
 
 
-def gemm_seconds(dev: Device, m: float, n: float, k: float, act: int) -> float:
-    """One GEMM of an m x k by k x n product: compute at the quantized efficiency, or its bytes, whichever is longer."""
-    if m <= 0 or n <= 0 or k <= 0:
+def gemm_seconds(dev: Device, m: float, n: float, k: float, act: int, batch: float = 1) -> float:
+    """One GEMM of an m x k by k x n product (`batch` of them in one batched kernel, whose tiles fill the SMs
+    together): compute at the quantized efficiency, or its bytes, whichever is longer."""
+    if m <= 0 or n <= 0 or k <= 0 or batch <= 0:
         return 0.0
-    tiles = ceil(m / TILE) * ceil(n / TILE)
+    tiles = batch * ceil(m / TILE) * ceil(n / TILE)
     waves = ceil(tiles / dev.sm_count)
     quantized = tiles / (waves * dev.sm_count)
-    compute = 2 * m * n * k / (dev.peak_flops * dev.gemm_efficiency * quantized)
-    traffic = act * (m * k + k * n + m * n) / dev.hbm_bw
+    compute = 2 * m * n * k * batch / (dev.peak_flops * dev.gemm_efficiency * quantized)
+    traffic = batch * act * (m * k + k * n + m * n) / dev.hbm_bw
     return max(compute, traffic)
 
 
@@ -264,7 +265,7 @@ def _attention_seconds(m: ModelShape, dev: Device, *, micro_batch: int, tp: int,
     if dev.kernel == "unfused":
         s_q, s_kv = m.seq_len / cp, m.seq_len
         batch = micro_batch * heads
-        f = batch * (gemm_seconds(dev, s_q, s_kv, hd, act) + gemm_seconds(dev, s_q, hd, s_kv, act))
+        f = gemm_seconds(dev, s_q, s_kv, hd, act, batch=batch) + gemm_seconds(dev, s_q, hd, s_kv, act, batch=batch)
         b = 2 * f  # each of the two batched GEMMs has a data- and a weight-side gradient GEMM of its size
         scores = batch * s_q * s_kv
         soft = (SOFTMAX_BYTES[0] + (ATTENTION_DROPOUT_BYTES[0] if m.dropout else 0)) * scores / dev.hbm_bw
