@@ -233,16 +233,24 @@ ACCELERATORS: dict[str, Accelerator] = {
 #   Bekman, "Machine Learning Engineering", compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS
 #   comparison table" (BF16, torch 2.6-2.7 with CUDA 12.6; mamf-finder.py): A100 SXM 271.2 / 312 = 86.9%, GH200
 #   828.6 / 989 = 83.8%, H100 SXM 794.5 / 989 = 80.3%, B200 1,745 / 2,250 = 77.6%, MI300X 781.9 / 1,300 = 60.1%
-#   (v1 table, ROCm 6.2). Parts the table lacks take the measured part of the same die (H100 PCIe/NVL and H200:
-#   the H100 SXM's; GB200: the B200's); the rest (V100, Ada, A10G) take 0.80, the median of the measured NVIDIA
-#   parts (an assumption, printed as the catalog's source).
-#   H200 NVL: measured at a training step's shapes rather than the best shape: Transformer Engine's documentation,
-#   "GEMM Profiling Tutorial" ("Worked Example: 5B Model on H200", BF16, CUDA events), times the 12 GEMMs
-#   of one layer of hidden 4096, FFN 16384, 15,872 tokens (forward, data and weight gradients) at 32.014 ms on an
-#   H200 NVL: 599 TFLOP/s, 71.7% of its peak; the efficiency at which plan/operators.py's wave-quantized
-#   gemm_seconds gives those 32.014 ms is 0.734 (tests/unit/test_plan_operators.py recomputes it). A burst on a
-#   600 W card: it is not carried to the 700 W SXM parts, whose short-burst rates at such shapes sit at the MAMF
-#   figure (docs/validation.md).
+#   (v1 table, ROCm 6.2). Parts the table lacks take the measured part of the same die (GB200: the B200's); the
+#   rest (V100, Ada, A10G) take 0.80, the median of the table's NVIDIA parts (an assumption, printed as the
+#   catalog's source).
+#   Two Hopper parts have a measurement at a training step's shapes, which the catalog takes over the best shape:
+#   H100 SXM: Transformer Engine's documentation, "Getting Started" (docs/getting_started/, its PyTorch benchmark
+#   and the .out it printed, 2026-01), times one layer of hidden 4096, FFN 16384, 32 heads, batch 8 x 2048 tokens,
+#   GELU, LayerNorm, biases, dropout 0.1, causal, BF16, forward and backward, with TE's Linear and LayerNorm and
+#   its fused attention ("TE Unfused + TE Attention") at 35.709 ms, the mean of 100 iterations after 10. The
+#   efficiency at which plan/operators.py's layer_seconds gives those 35.709 ms, its attention as the flash3 kernel
+#   below and every other figure as this catalog has it, is 0.655: the GEMMs at 633 TFLOP/s, 64% of peak
+#   (tests/unit/test_plan_operators.py recomputes it; the same page's JAX layer, 35.054 ms, gives 0.669). The page
+#   says "an NVIDIA H100 GPU"; the SXM is inferred: priced the same way, the layer would put a 400 W H100 NVL's
+#   GEMMs at 0.774 and a PCIe card's at 0.908, above the 0.734 of the H200 NVL below (the same compute at 600 W).
+#   H100 PCIe, H100 NVL and H200 (the same die) take it.
+#   H200 NVL: Transformer Engine's documentation, "GEMM Profiling Tutorial" ("Worked Example: 5B Model on H200",
+#   BF16, CUDA events), times the 12 GEMMs of one layer of hidden 4096, FFN 16384, 15,872 tokens (forward, data
+#   and weight gradients) at 32.014 ms on an H200 NVL: 599 TFLOP/s, 71.7% of its peak; the efficiency at which
+#   plan/operators.py's wave-quantized gemm_seconds gives those 32.014 ms is 0.734 (the same test file).
 # attention_efficiency (forward, backward) over the dense peak, causal FLOPs counted as the kernels' authors count
 #   them (the masked half not computed): FlashAttention-2 on A100 (Dao 2023, "FlashAttention-2: Faster Attention
 #   with Better Parallelism and Work Partitioning", Sec. 4.1: forward up to 73% of peak, backward up to 63%);
@@ -255,14 +263,15 @@ ACCELERATORS: dict[str, Accelerator] = {
 _AMPERE_ATTN = (("flash2", 0.73, 0.63),)
 _HOPPER_ATTN = (("flash2", 0.35, 0.35), ("flash3", 0.75, 0.53))
 _MEDIAN_GEMM = 0.80
+_H100_GEMM = 0.655  # Transformer Engine's H100 layer (above); the H100 SXM's MAMF figure was 0.803
 _OPERATOR_FIGURES: dict[str, dict[str, Any]] = {
     "v100": dict(hbm_gbps=900.0, sm_count=80, gemm_efficiency=_MEDIAN_GEMM, attention_efficiency=_AMPERE_ATTN),
     "a100-40gb": dict(hbm_gbps=1555.0, sm_count=108, gemm_efficiency=0.869, attention_efficiency=_AMPERE_ATTN),
     "a100-80gb": dict(hbm_gbps=2039.0, sm_count=108, gemm_efficiency=0.869, attention_efficiency=_AMPERE_ATTN),
-    "h100-sxm": dict(hbm_gbps=3350.0, sm_count=132, gemm_efficiency=0.803, attention_efficiency=_HOPPER_ATTN),
-    "h100-pcie": dict(hbm_gbps=2000.0, sm_count=114, gemm_efficiency=0.803, attention_efficiency=_HOPPER_ATTN),
-    "h100-nvl": dict(hbm_gbps=3900.0, sm_count=132, gemm_efficiency=0.803, attention_efficiency=_HOPPER_ATTN),
-    "h200": dict(hbm_gbps=4800.0, sm_count=132, gemm_efficiency=0.803, attention_efficiency=_HOPPER_ATTN),
+    "h100-sxm": dict(hbm_gbps=3350.0, sm_count=132, gemm_efficiency=_H100_GEMM, attention_efficiency=_HOPPER_ATTN),
+    "h100-pcie": dict(hbm_gbps=2000.0, sm_count=114, gemm_efficiency=_H100_GEMM, attention_efficiency=_HOPPER_ATTN),
+    "h100-nvl": dict(hbm_gbps=3900.0, sm_count=132, gemm_efficiency=_H100_GEMM, attention_efficiency=_HOPPER_ATTN),
+    "h200": dict(hbm_gbps=4800.0, sm_count=132, gemm_efficiency=_H100_GEMM, attention_efficiency=_HOPPER_ATTN),
     "h200-nvl": dict(hbm_gbps=4800.0, sm_count=132, gemm_efficiency=0.734, attention_efficiency=_HOPPER_ATTN),
     "gh200": dict(hbm_gbps=4000.0, sm_count=132, gemm_efficiency=0.838, attention_efficiency=_HOPPER_ATTN),
     "b200": dict(hbm_gbps=8000.0, sm_count=148, gemm_efficiency=0.776, attention_efficiency=(("flash2", 0.35, 0.35),)),

@@ -178,8 +178,7 @@ FP8_HEAD = """
 The DGX Cloud recipes publish each run in BF16 and in FP8 on the same layout. The ratio of the two steps holds
 what the plan adds for FP8 (the linear layers' GEMMs at the FP8 peak, 1,979 against 989.4 TFLOP/s on an H100
 SXM, and the quantization of their operands: fused in these stacks, one pass for the amax and one to scale and
-cast, plan/operators.py `fp8_quantize_bytes`) apart from the H100 rate the absolute rows above miss, which
-cancels in it.
+cast, plan/operators.py `fp8_quantize_bytes`) apart from the H100 rate, which cancels in it.
 
 """
 
@@ -196,47 +195,38 @@ DOC_TAIL = """
   -3% to +6%: that fit was the error's. What slows the small models is not found: their layers are the 2021
   table's smallest (the 1.7B's hidden 2304: 53 ms a micro-batch of 8 with its recompute), and the GEMM figure is
   A100's best shape (86.9%), not a measurement at these models' shapes.
-- The flat model does better on average (the last two columns) only because 60% of peak happens to sit near
-  what H100s sustained in these runs; 60% is no measurement, and it misses the A100 rows' trend with size.
+- The flat model's 60% of peak is no measurement; it happens to sit near what H100s sustained in these runs,
+  and it misses the A100 rows' trend with size.
+- The H100 GEMM rate is a measured layer's, not a best shape's. Transformer Engine's "Getting Started" times a
+  layer of hidden 4096 on 16,384 tokens, forward and backward with TE's fused attention, at 35.709 ms on an H100;
+  the plan prices that layer at that time when its GEMMs run at 0.655 of the peak with their wave quantization
+  (64% of it: 633 TFLOP/s), where the best-shape search found 80.3% (trainctl/hardware/catalog.py). Until then the
+  DGX Cloud rows were 10-22% too fast and the Megatron-Core rows up to 56%. That layer ran for seconds; whether
+  hours at the 700 W limit hold the same rate, `bench/bench_sustained_gemm.py` measures on a lent H100 (not yet
+  run), and `trainctl calibrate` measures the rates a plan then uses on the user's own cards.
 - NVIDIA's DGX Cloud recipes (six rows measured on DGX H100 with the NeMo 24.09 and 24.11 containers, each layout
   exactly as its recipe sets it: TP, PP, CP, the interleaving, the micro-batch, the overlaps its config turns on)
-  are predicted 10-22% too fast, as the Megatron-Core rows are, though here nothing about the layout is assumed;
-  their FP8 runs (3-27% too fast) carry the same offset, which their speed-ups over BF16 cancel (the section above).
-  They place the error in the H100 compute rate rather than in communication or overlap: the Llama 3.1 8B row runs
-  on one node with no TP or PP traffic (CP2's K/V exchange is 1% of its step) and is 21.6% too fast; the cited
-  figures put its layers at 72% MFU where NVIDIA measured 59%. On A100 the same kind of figures (the best GEMM of
-  the same shape search) hold the 2021 rows within -3% to +6%. The likeliest cause, for which no cited figure
-  exists yet, is the clock an H100 sustains at its 700 W limit through hours of back-to-back GEMMs against the
-  short shape search behind its 80.3%. The bundled trainer's own steps on one H100 say the same (docs/results.md,
-  the grid: the 0.9B model at micro-batch 4 ran 18-35% slower than its uncalibrated plan, and within 1-8% of the
-  plan calibrated there). Transformer Engine's GEMM profiling tutorial times a layer's GEMMs at training shapes
-  (a 5B model, 15,872 tokens) on an H200 NVL at 71.7% of that card's peak, the catalog's figure for it; a burst on
-  a 600 W card, it is not carried to the SXM parts. `trainctl calibrate` on an H100 measures the rates the plan
-  then uses; `bench/bench_sustained_gemm.py` measures a layer's GEMMs in a burst and sustained for minutes, with the SM
-  clock and power, beside the plan's rate for each shape (not yet run: no GPU was lent since it was written).
-- The Megatron-Core H100 runs are predicted too fast (but for the 32B row), worst at 1.7B and 7.1B. The cited
-  H100 figures (best GEMM 80% of peak, FlashAttention-3 at 75%/53%) put a layer near 72% of peak, while NVIDIA
-  measured 41-49% MFU end to end. GEMM shape does not explain it: measured H100 rates at these models' shapes
-  (OpenXLA's sm_90 matmul table: 783 TFLOP/s at 4096 x 4096 x 4096, 632 at 2048^3; a Transformer Engine report of
-  an 8192 x 2048 x 2048 GEMM at 687) priced GEMM by GEMM in place of the best-shape rate and its wave
-  quantization move these rows by 3 points or less. What the model lacks there has no cited constant yet:
-  sustained clocks under a 700 W training load, kernel launch and host overheads (dominant for the small models'
-  small kernels). The loss's passes over the logits are priced as the trainer (and Megatron) make them, 54 bytes
-  per logit, which matters at a 131,072-word vocabulary (the 1.7B row: +70% -> +56%). --tp-comm-overlap is priced
-  as Transformer Engine's defaults run it (its chunks and the 16 SMs it takes from six of a layer's GEMMs), which
-  took 5-10 points off the TP-8 rows' error and made the 32B row's worse; the specs' other assumptions (full DP
-  overlap, the interleaving) also weigh on these rows. These runs accumulate gradients inside the weight-gradient
-  GEMMs (estimate.grad_accumulation: fused), so no weight passes are priced for them. The 32B row is slow because
-  its DP traffic (TP8: one NIC per DP group) has one slot to hide in, and Megatron then reduced bf16 runs'
-  gradients in fp32 (megatron/training/arguments.py of July 2024 sets accumulate_allreduce_grads_in_fp32 under
-  bf16): NVIDIA's figure implies more of it hidden than that.
-- The two Llama 3 405B rows (Table 4 of the paper, 8K sequences) land 7-8% slow on the same H100 figures, with
-  the planner's defaults for what the paper does not say: FlashAttention-2's 35% for attention, no TP overlap and
-  the bundled trainer's eager rotary and SwiGLU; each micro-batch's gradients added into fp32 as the paper says
-  (sec. 3.3.2, estimate.grad_accumulation: hook).
-  The Megatron-Core rows assume the faster stack NVIDIA describes (FlashAttention-3-class attention, full TP and
-  DP overlap) and come out too fast, so on H100 the published runs sit between the two sets of assumptions; the
-  DGX Cloud rows, whose stack and layout are known, point at the H100 compute rate rather than the assumptions.
+  now land within -6% to +5% in BF16 (3.9% on average), with nothing fitted to them and nothing about the layout
+  assumed. Their FP8 runs land within -9% to +12%: the FP8 GEMMs are priced at twice the BF16 rate at the same
+  efficiency, and the 70B's speed-up over BF16 comes out 10% above NVIDIA's (the section above): the fused
+  quantization's bytes are the likelier miss (Transformer Engine's GEMM tutorial measures it on an H200 NVL at
+  3.5 ms where the plan's bytes give 2.6).
+- The Megatron-Core H100 runs (July 2024, the stack NVIDIA describes: FlashAttention-3-class attention, full TP
+  and DP overlap) land within +1% to +11% from 16B up, but for the 32B row (-20%), and 21-36% too fast at 7.1B and
+  1.7B. The small models' layers are the shortest of the table (the 1.7B's 2.7 ms a micro-batch on the GPU), so
+  what the model leaves out grows there: kernel launch and host time (the bundled trainer's eager layers took 2-4
+  ms of host time on an H100, docs/results.md), which no cited figure gives for Megatron-Core. The loss's passes
+  over the logits are priced as the trainer (and Megatron) make them, 54 bytes per logit, which matters at a
+  131,072-word vocabulary. --tp-comm-overlap is priced as Transformer Engine's defaults run it (its chunks and the
+  16 SMs it takes from six of a layer's GEMMs). These runs accumulate gradients inside the weight-gradient GEMMs
+  (estimate.grad_accumulation: fused), so no weight passes are priced for them. The 32B row is slow because its DP
+  traffic (TP8: one NIC per DP group) has one slot to hide in, and Megatron then reduced bf16 runs' gradients in
+  fp32 (megatron/training/arguments.py of July 2024 sets accumulate_allreduce_grads_in_fp32 under bf16): NVIDIA's
+  figure implies more of it hidden than that.
+- The two Llama 3 405B rows (Table 4 of the paper, 8K sequences) land 11-12% slow, with the planner's defaults
+  for what the paper does not say: FlashAttention-2's 35% for attention, no TP overlap and the bundled trainer's
+  eager rotary and SwiGLU; each micro-batch's gradients added into fp32 as the paper says (sec. 3.3.2,
+  estimate.grad_accumulation: hook). Meta's stack was faster than those defaults; the paper does not say by what.
 - BLOOM is predicted 24% too fast (105 s a step in its logs, 84 s planned): its Omni-Path fabric and the DeepSpeed
   pipeline engine's overheads are assumed, not measured. BigScience's own all-reduce measurement on that A100
   partition (bigscience experiments/bandwidth, January 2022, with the tr11 environment: 40.5 Gb/s of bus bandwidth,
