@@ -44,6 +44,12 @@ TE_LAYER = ModelShape(layers=1, hidden=4096, heads=32, vocab=32000, seq_len=2048
                       activation="gelu", norm="layernorm", position="learned", bias=True, dropout=0.1)
 
 
+def _layer_gemm_seconds(dev: operators.Device, tokens: int, hidden: int = 4096, ffn: int = 16384) -> float:
+    """A GELU layer's four linear layers (QKV, attention out, MLP up and down), forward and both gradients."""
+    return sum(sum(operators._train_gemm(dev, tokens, n, k, 2))
+               for n, k in ((3 * hidden, hidden), (hidden, hidden), (ffn, hidden), (hidden, ffn)))
+
+
 def _efficiency_for(acc, published_s: float) -> float:
     """The GEMM efficiency at which layer_seconds gives `published_s` for TE_LAYER, attention as the flash3 kernel
     (TE's fused attention) and every other figure the catalog's. The layer's GEMMs are compute-bound, so its time is
@@ -67,8 +73,7 @@ def test_h100_gemm_efficiency_reproduces_transformer_engines_measured_h100_layer
     layer = operators.layer_seconds(TE_LAYER, dev, micro_batch=8, tp=1, cp=1, sp=False, recompute="none", act=2,
                                     stream=2)
     assert layer == pytest.approx(published, rel=2e-3)
-    gemms = sum(sum(operators._train_gemm(dev, 8 * 2048, n, k, 2))
-                for n, k in ((3 * 4096, 4096), (4096, 4096), (16384, 4096), (4096, 16384)))
+    gemms = _layer_gemm_seconds(dev, 8 * 2048)
     flops = 3 * 2 * 8 * 2048 * 4096 * (3 * 4096 + 4096 + 2 * 16384)
     assert flops / gemms / (H100.peak_bf16_tflops * 1e12) == pytest.approx(0.64, abs=0.005)
     assert abs(_efficiency_for(H100, 35.054e-3) - H100.gemm_efficiency) < 0.02
@@ -98,9 +103,7 @@ def test_h200_nvl_gemm_efficiency_reproduces_transformer_engines_measured_layer(
     tokens, hidden, ffn = 31 * 512, 4096, 16384
 
     def layer_gemms(efficiency: float) -> float:
-        dev = replace(_device(nvl, "flash3"), gemm_efficiency=efficiency)
-        return sum(sum(operators._train_gemm(dev, tokens, n, k, 2))
-                   for n, k in ((3 * hidden, hidden), (hidden, hidden), (ffn, hidden), (hidden, ffn)))
+        return _layer_gemm_seconds(replace(_device(nvl, "flash3"), gemm_efficiency=efficiency), tokens, hidden, ffn)
 
     published = 32.014e-3
     assert round(layer_gemms(1.0) / published, 3) == nvl.gemm_efficiency
