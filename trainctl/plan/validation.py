@@ -188,49 +188,52 @@ with nothing fitted to that time (tests/unit/test_plan_operators.py).
 DOC_TAIL = """
 ## What is still off, and why
 
-- The ten Megatron-LM 2021 A100 runs land within +3% to +26%, too fast, the more so the smaller the model (1.7B
-  +26%, 3.6B +20%; the flat model falls 15-16% short on the largest two instead). The model's terms that follow
-  the table's rise with size are the unfused attention's passes over the s x s scores at HBM bandwidth, the
-  gradient all-reduce that Megatron did not then overlap and each micro-batch's add of the fp16 gradient into
-  Megatron's main_grad buffer (estimate.grad_accumulation: hook). Until attention's batched GEMMs were priced as
-  the one kernel they are (the batch's tiles filling the SMs together), each 2048 x 96 product was priced alone,
-  16 tiles on 108 SMs, which made attention several times slower than its bytes allow and held these rows within
-  -3% to +6%: that fit was the error's. What slows the small models is not found: their layers are the 2021
-  table's smallest (the 1.7B's hidden 2304: 53 ms a micro-batch of 8 with its recompute), and the GEMM figure is
-  A100's best shape (86.9%), not a measurement at these models' shapes.
-- The flat model's 60% of peak is no measurement; it happens to sit near what H100s sustained in these runs,
+- **Megatron-LM 2021, A100.** The ten runs land within +3% to +26%, too fast, the more so the smaller the model
+  (1.7B +26%, 3.6B +20%; the flat model falls 15-16% short on the largest two instead).
+  - The terms that follow the table's rise with size: the unfused attention's passes over the s x s scores at
+    HBM bandwidth, the gradient all-reduce that Megatron did not then overlap, and each micro-batch's add of the
+    fp16 gradient into Megatron's main_grad buffer (estimate.grad_accumulation: hook).
+  - Until attention's batched GEMMs were priced as the one kernel they are (the batch's tiles filling the SMs
+    together), each 2048 x 96 product was priced alone, 16 tiles on 108 SMs: several times slower than its bytes
+    allow. That held these rows within -3% to +6%; the fit was the error's.
+  - What slows the small models is not found. Their layers are the table's smallest (the 1.7B's hidden 2304: 53
+    ms a micro-batch of 8 with its recompute), and the A100's GEMM figure is its best shape (86.9%), not a
+    measurement at these models' shapes.
+- **The flat model's 60% of peak** is no measurement. It happens to sit near what H100s sustained in these runs,
   and it misses the A100 rows' trend with size.
-- The H100 GEMM rate is a measured layer's, not a best shape's. Transformer Engine's "Getting Started" times a
-  layer of hidden 4096 on 16,384 tokens, forward and backward with TE's fused attention, at 35.709 ms on an H100;
-  the plan prices that layer at that time when its GEMMs run at 0.655 of the peak with their wave quantization
-  (64% of it: 633 TFLOP/s), where the best-shape search found 80.3% (trainctl/hardware/catalog.py). Until then the
-  DGX Cloud rows were 10-22% too fast and the Megatron-Core rows up to 56%. That layer ran for seconds; whether
-  hours at the 700 W limit hold the same rate, `bench/bench_sustained_gemm.py` measures on a lent H100 (not yet
-  run), and `trainctl calibrate` measures the rates a plan then uses on the user's own cards.
-- NVIDIA's DGX Cloud recipes (six rows measured on DGX H100 with the NeMo 24.09 and 24.11 containers, each layout
-  exactly as its recipe sets it: TP, PP, CP, the interleaving, the micro-batch, the overlaps its config turns on)
-  now land within -6% to +5% in BF16 (3.9% on average), with nothing fitted to them and nothing about the layout
-  assumed. Their FP8 runs land within -9% to +12%: the FP8 GEMMs are priced at twice the BF16 rate at the same
-  efficiency, and the 70B's speed-up over BF16 comes out 10% above NVIDIA's (the section above), while the same
-  pricing holds Transformer Engine's H100 layer in FP8 within 1%: what the 70B's FP8 step spends beyond that is
-  not found.
-- The Megatron-Core H100 runs (July 2024, the stack NVIDIA describes: FlashAttention-3-class attention, full TP
+- **The H100 GEMM rate is a measured layer's**, not a best shape's (trainctl/hardware/catalog.py).
+  - Transformer Engine's "Getting Started" times a layer of hidden 4096 on 16,384 tokens, forward and backward
+    with TE's fused attention, at 35.709 ms on an H100. The plan prices that layer at that time when its GEMMs
+    run at 0.655 of the peak with their wave quantization (64% of it: 633 TFLOP/s). The best-shape search found
+    80.3%; with it the DGX Cloud rows were 10-22% too fast and the Megatron-Core rows up to 56%.
+  - That layer ran for seconds. Whether hours at the 700 W limit hold the same rate is what
+    `bench/bench_sustained_gemm.py` measures on a lent H100 (not yet run); `trainctl calibrate` measures the
+    rates a plan then uses on the user's own cards.
+- **NVIDIA's DGX Cloud recipes**: six rows measured on DGX H100 with the NeMo 24.09 and 24.11 containers, each
+  layout exactly as its recipe sets it (TP, PP, CP, the interleaving, the micro-batch, the overlaps its config
+  turns on).
+  - BF16: within -6% to +5% (3.9% on average), with nothing fitted to them and nothing about the layout assumed.
+  - FP8: within -9% to +12%, the FP8 GEMMs priced at twice the BF16 rate at the same efficiency. The 70B's
+    speed-up over BF16 comes out 10% above NVIDIA's (the section above), while the same pricing holds Transformer
+    Engine's H100 layer in FP8 within 1%: what the 70B's FP8 step spends beyond that is not found.
+- **The Megatron-Core H100 runs** (July 2024, the stack NVIDIA describes: FlashAttention-3-class attention, full TP
   and DP overlap) land within +1% to +11% from 16B up, but for the 32B row (-20%), and 21-36% too fast at 7.1B and
-  1.7B. The small models' layers are the shortest of the table (the 1.7B's 2.7 ms a micro-batch on the GPU), so
-  what the model leaves out grows there: kernel launch and host time (the bundled trainer's eager layers took 2-4
-  ms of host time on an H100, docs/results.md), which no cited figure gives for Megatron-Core. The loss's passes
-  over the logits are priced as the trainer (and Megatron) make them, 54 bytes per logit, which matters at a
-  131,072-word vocabulary. --tp-comm-overlap is priced as Transformer Engine's defaults run it (its chunks and the
-  16 SMs it takes from six of a layer's GEMMs). These runs accumulate gradients inside the weight-gradient GEMMs
-  (estimate.grad_accumulation: fused), so no weight passes are priced for them. The 32B row is slow because its DP
-  traffic (TP8: one NIC per DP group) has one slot to hide in, and Megatron then reduced bf16 runs' gradients in
-  fp32 (megatron/training/arguments.py of July 2024 sets accumulate_allreduce_grads_in_fp32 under bf16): NVIDIA's
-  figure implies more of it hidden than that.
-- The two Llama 3 405B rows (Table 4 of the paper, 8K sequences) land 11-12% slow, with the planner's defaults
+  1.7B.
+  - The small models' layers are the shortest of the table (the 1.7B's 2.7 ms a micro-batch on the GPU), so what
+    the model leaves out grows there: kernel launch and host time (the bundled trainer's eager layers took 2-4 ms
+    of host time on an H100, docs/results.md), which no cited figure gives for Megatron-Core.
+  - Priced as the stack runs them: the loss's passes over the logits as the trainer (and Megatron) make them, 54
+    bytes per logit, which matters at a 131,072-word vocabulary; --tp-comm-overlap as Transformer Engine's
+    defaults run it (its chunks and the 16 SMs it takes from six of a layer's GEMMs); the gradients accumulated
+    inside the weight-gradient GEMMs (estimate.grad_accumulation: fused), so no weight passes.
+  - The 32B row is slow because its DP traffic (TP8: one NIC per DP group) has one slot to hide in, and Megatron
+    then reduced bf16 runs' gradients in fp32 (megatron/training/arguments.py of July 2024 sets
+    accumulate_allreduce_grads_in_fp32 under bf16): NVIDIA's figure implies more of it hidden than that.
+- **The two Llama 3 405B rows** (Table 4 of the paper, 8K sequences) land 11-12% slow, with the planner's defaults
   for what the paper does not say: FlashAttention-2's 35% for attention, no TP overlap and the bundled trainer's
   eager rotary and SwiGLU; each micro-batch's gradients added into fp32 as the paper says (sec. 3.3.2,
   estimate.grad_accumulation: hook). Meta's stack was faster than those defaults; the paper does not say by what.
-- BLOOM is predicted 24% too fast (105 s a step in its logs, 84 s planned): its Omni-Path fabric and the DeepSpeed
+- **BLOOM** is predicted 24% too fast (105 s a step in its logs, 84 s planned): its Omni-Path fabric and the DeepSpeed
   pipeline engine's overheads are assumed, not measured. BigScience's own all-reduce measurement on that A100
   partition (bigscience experiments/bandwidth, January 2022, with the tr11 environment: 40.5 Gb/s of bus bandwidth,
   about 5 GB/s a node against the links' 50) would make the step 166 s, so it cannot be the fabric the run had;
