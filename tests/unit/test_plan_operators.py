@@ -50,13 +50,18 @@ def _layer_gemm_seconds(dev: operators.Device, tokens: int, hidden: int = 4096, 
                for n, k in ((3 * hidden, hidden), (hidden, hidden), (ffn, hidden), (hidden, ffn)))
 
 
+def _te_layer_seconds(dev: operators.Device, **fp8: object) -> float:
+    """TE_LAYER's forward and backward on one GPU: 8 sequences, no TP, CP or recompute, BF16 activations."""
+    return operators.layer_seconds(TE_LAYER, dev, micro_batch=8, tp=1, cp=1, sp=False, recompute="none", act=2,
+                                   stream=2, **fp8)
+
+
 def _efficiency_for(acc, published_s: float) -> float:
     """The GEMM efficiency at which layer_seconds gives `published_s` for TE_LAYER, attention as the flash3 kernel
     (TE's fused attention) and every other figure the catalog's. The layer's GEMMs are compute-bound, so its time is
     G/efficiency + R: two evaluations give G and R."""
     def layer(efficiency: float) -> float:
-        return operators.layer_seconds(TE_LAYER, replace(_device(acc, "flash3"), gemm_efficiency=efficiency),
-                                       micro_batch=8, tp=1, cp=1, sp=False, recompute="none", act=2, stream=2)
+        return _te_layer_seconds(replace(_device(acc, "flash3"), gemm_efficiency=efficiency))
     gemms = layer(0.5) - layer(1.0)
     return gemms / (published_s - (layer(1.0) - gemms))
 
@@ -69,10 +74,8 @@ def test_h100_gemm_efficiency_reproduces_transformer_engines_measured_h100_layer
     ms, lands within 0.02. H100 PCIe, H100 NVL and H200 take the figure."""
     published = 35.709e-3
     assert round(_efficiency_for(H100, published), 3) == H100.gemm_efficiency
-    dev = replace(_device(H100, "flash3"), gemm_efficiency=H100.gemm_efficiency)
-    layer = operators.layer_seconds(TE_LAYER, dev, micro_batch=8, tp=1, cp=1, sp=False, recompute="none", act=2,
-                                    stream=2)
-    assert layer == pytest.approx(published, rel=2e-3)
+    dev = _device(H100, "flash3")
+    assert _te_layer_seconds(dev) == pytest.approx(published, rel=2e-3)
     gemms = _layer_gemm_seconds(dev, 8 * 2048)
     flops = 3 * 2 * 8 * 2048 * 4096 * (3 * 4096 + 4096 + 2 * 16384)
     assert flops / gemms / (H100.peak_bf16_tflops * 1e12) == pytest.approx(0.64, abs=0.005)
@@ -87,8 +90,7 @@ def test_the_fp8_layer_transformer_engine_measured_on_the_h100_is_priced_within_
     at the BF16 layer's efficiency, and their operands' quantization as fused kernels make it (one pass for the
     amax, one to scale and cast: operators.fp8_activation_bytes), the attention and the rest in BF16 as before."""
     dev = replace(_device(H100, "flash3"), elementwise="fused")
-    fp8 = operators.layer_seconds(TE_LAYER, dev, micro_batch=8, tp=1, cp=1, sp=False, recompute="none", act=2,
-                                  stream=2, gemm_speedup=gemm_speedup(H100, "fp8"), fp8=True)
+    fp8 = _te_layer_seconds(dev, gemm_speedup=gemm_speedup(H100, "fp8"), fp8=True)
     assert gemm_speedup(H100, "fp8") == pytest.approx(1979.0 / 989.4)
     assert fp8 == pytest.approx(23.406e-3, rel=0.01)
 
