@@ -519,7 +519,8 @@ def rates_text(a: dict) -> str:
     accumulation = a.get("grad_accumulation", "auto")
     # the trainer's own (eager elementwise ops, auto accumulation) go without saying; another stack's are named
     stack = ((", elementwise fused" if a.get("elementwise") == "fused" else "")
-             + (f", grad_accumulation {accumulation}" if accumulation != "auto" else ""))
+             + (f", grad_accumulation {accumulation}" if accumulation != "auto" else "")
+             + (", pp_scatter_gather" if a.get("pp_scatter_gather") else ""))
     return f"{compute}, {links}" + (f", attention_kernel {kernel}" if kernel not in (None, "auto", "flash2") else
                                     "") + stack
 

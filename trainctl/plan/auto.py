@@ -386,7 +386,7 @@ def search(spec: RunSpec, top: int = 10, rejected: int = 5) -> AutoResult:
         skipped=skipped, invalid=invalid,
         peak_known=peak_known, elapsed_s=time.perf_counter() - t0,
         assumptions={"compute_efficiency": a.compute_efficiency, "comm_efficiency": a.comm_efficiency,
-                     "dp_overlap": a.dp_overlap, "tp_overlap": a.tp_overlap,
+                     "dp_overlap": a.dp_overlap, "tp_overlap": a.tp_overlap, "pp_scatter_gather": a.pp_scatter_gather,
                      "attention_kernel": spec.estimate.attention_kernel},
         calibration=describe(ctx.rates),
     )

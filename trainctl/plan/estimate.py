@@ -58,7 +58,17 @@ from trainctl.plan import bubble as schedule
 from trainctl.plan import comm, memory, operators, powersgd
 from trainctl.plan.comm import INTER_NODE, NVLINK
 from trainctl.plan.pipeline import balanced_split, pp_rank_of_stage, stages_of_pp_rank
-from trainctl.plan.rates import CP_OPS, EMBEDDING_OPS, EP_OPS, PP_OPS, TP_OPS, AssumedRates, MeasuredRates, Ops
+from trainctl.plan.rates import (
+    CP_OPS,
+    EMBEDDING_OPS,
+    EP_OPS,
+    PP_GATHER_OPS,
+    PP_OPS,
+    TP_OPS,
+    AssumedRates,
+    MeasuredRates,
+    Ops,
+)
 from trainctl.spec.models import DEFAULT_MOE_IMBALANCE
 
 # The flat share of peak for a GPU the catalog has no operator figures for (a custom accelerator): what the planner
@@ -104,6 +114,8 @@ class Assumptions:
     # windows the module docstring gives (another stack's overlap, or a CPU's 0)
     dp_overlap: float | None = None
     tp_overlap: float = 0.0
+    # pipeline sends split over the TP group and gathered by the receiving stage (estimate.pp_scatter_gather)
+    pp_scatter_gather: bool = False
     offload_pcie_gbps: float = 25.0  # optimizer offload: pinned host<->device copies per GPU, each direction
     host_adam_gbps: float = 40.0  # optimizer offload: host memory bandwidth of one GPU's CPU AdamW step
     # dropless routing: the busiest EP rank receives this many times the mean tokens and sets the pace of the
@@ -672,7 +684,7 @@ class Evaluator:
                  "expert_dp": comm.expert_dp_link(tp, dp, c.ep, world, domain)}
         tp_msg = tokens_mb * m.hidden * self.act_bytes
         tp_ar = comm.all_reduce_bytes(tp_msg, tp)
-        pp_msg = tokens_mb * m.hidden * self.stream_bytes / (tp if sp else 1)  # under SP its sequence shard
+        pp_msg = tokens_mb * m.hidden * self.stream_bytes / self._pp_split(tp, sp)
         p2p_mb_bytes = max(prof.sends) * pp_msg if pp > 1 else 0.0
         # tied embeddings: the first and last stage's grads are summed over the embedding group, unless one rank
         # holds both (V placement: a local sum)
@@ -706,6 +718,9 @@ class Evaluator:
                           + rates.comm(links["tp"], TP_OPS[sp], ends * tp_ar, ends, groups["tp"], spread["tp"])
                           * tp_exposed)
         p2p = rates.comm(pp_link, PP_OPS, p2p_mb_bytes, sends, groups["pp"], spread["pp"])
+        if sends and self._pp_split(tp, sp) > 1 and not sp:  # scatter/gather: the receiver gathers the pieces
+            p2p += rates.comm(links["tp"], PP_GATHER_OPS, sends * comm.gather_bytes(pp_msg * tp, tp), sends,
+                              groups["tp"], spread["tp"])
         ep_mb_time = rates.comm(links["ep"], EP_OPS, ep_mb_bytes, ep_calls_mb, groups["ep"], spread["ep"])
         cp_ops = CP_OPS[cp_passes == 3]
         cp_layer_time = rates.comm(links["cp"], cp_ops, cp_layer, cp_passes if cp_layer else 0, groups["cp"],
@@ -1015,9 +1030,14 @@ class Evaluator:
                 per_token += load.collectives[load.slow] * tp_cost * self._tp_exposed(tp, cp, mb, sp, recompute)
             if pp > 1:
                 sends = max(self._profile(pp, v, layers, schedule_).sends)
-                pp_msg = m.hidden * self.stream_bytes / (tp if sp else 1)
+                pp_msg = m.hidden * self.stream_bytes / self._pp_split(tp, sp)
                 per_token += self.rates.comm(comm.pp_link(pp, world, domain), PP_OPS, sends * pp_msg)
         return per_token * tokens_mb * (n_micro + schedule.bubble_slots(pp, v, schedule_, n_micro))
+
+    def _pp_split(self, tp: int, sp: bool) -> int:
+        """Over how many TP ranks a pipeline send is split: tp under sequence parallelism (each sends its sequence
+        shard) or the scatter/gather optimization (estimate.pp_scatter_gather), else 1 (the whole tensor)."""
+        return tp if sp or self.ctx.assume.pp_scatter_gather else 1
 
     def score(self, c: Candidate) -> tuple[float | None, float]:
         """(predicted step seconds, worst pipeline rank's bytes per GPU): what `--auto` ranks by; the same

@@ -34,9 +34,10 @@ from trainctl.units import dur
 ROOFLINE = (
     "step = slot*(m + (p-1)/v) + exposed DP + tied-embedding sync (+ offload copies and CPU AdamW); slot = max "
     "over pipeline ranks of (hardware FLOPs per micro-batch / FLOP/s + TP time * (1-tp_overlap)) + pipeline p2p, "
-    "MoE all-to-all and CP K/V exchange per micro-batch (not overlapped) + the weight passes (each micro-batch's "
-    "casts and gradient adds over the rank's matmul weights and gradient buffer at HBM bandwidth, "
-    "estimate.grad_accumulation); "
+    "MoE all-to-all and CP K/V exchange per micro-batch (not overlapped; a pipeline send 1/tp of the tensor under "
+    "sequence parallelism or estimate.pp_scatter_gather, whose receiver gathers the pieces over the TP link) + "
+    "the weight passes (each micro-batch's casts and gradient adds over the rank's matmul weights and gradient "
+    "buffer at HBM bandwidth, estimate.grad_accumulation); "
     "exposed DP = DP time - what hides: the bundled trainer's buckets (all but the last bucket's reduction behind "
     "the last micro-batch's backward, ZeRO-2 every micro-batch's; the ZeRO-1/2 weight all-gather exposed; ZeRO-3 "
     "all but one FSDP unit's traffic), or with estimate.dp_overlap min(dp_overlap*DP time, one slot for ZeRO 0/1 "
@@ -113,6 +114,7 @@ def context_from_spec(spec: RunSpec) -> Context:
     e = spec.estimate
     assume = Assumptions(compute_efficiency=e.compute_efficiency, comm_efficiency=e.comm_efficiency,
                          dp_overlap=dp_overlap(e.dp_overlap, on_cpu, c.gpus_per_node), tp_overlap=e.tp_overlap,
+                         pp_scatter_gather=e.pp_scatter_gather,
                          offload_pcie_gbps=e.offload_pcie_gbps, host_adam_gbps=e.host_adam_gbps,
                          moe_imbalance=e.moe_imbalance, grad_accumulation=e.grad_accumulation)
     elementwise = e.elementwise if e.elementwise != "auto" else "fused" if spec.train.compile else "eager"

@@ -42,6 +42,7 @@ from trainctl.spec.models import RunSpec
 Ops = tuple[tuple[str, float], ...]
 TP_OPS: dict[bool, Ops] = {False: (("all_reduce", 1.0),), True: (("reduce_scatter", 0.5), ("all_gather", 0.5))}
 PP_OPS: Ops = (("send_recv", 1.0),)
+PP_GATHER_OPS: Ops = (("all_gather", 1.0),)  # a scatter/gather pipeline send's pieces, gathered over the TP link
 EMBEDDING_OPS: Ops = (("all_reduce", 1.0),)
 EP_OPS: Ops = (("all_to_all", 1.0),)  # MoE token dispatch and combine
 # context parallelism's K/V exchange: all-gather forward (and again under recompute), reduce-scatter backward

@@ -188,17 +188,18 @@ with nothing fitted to that time (tests/unit/test_plan_operators.py).
 DOC_TAIL = """
 ## What is still off, and why
 
-- **Megatron-LM 2021, A100.** The ten runs land within +3% to +26%, too fast, the more so the smaller the model
-  (1.7B +26%, 3.6B +20%; the flat model falls 15-16% short on the largest two instead).
-  - The terms that follow the table's rise with size: the unfused attention's passes over the s x s scores at
-    HBM bandwidth, the gradient all-reduce that Megatron did not then overlap, and each micro-batch's add of the
-    fp16 gradient into Megatron's main_grad buffer (estimate.grad_accumulation: hook).
-  - Until attention's batched GEMMs were priced as the one kernel they are (the batch's tiles filling the SMs
-    together), each 2048 x 96 product was priced alone, 16 tiles on 108 SMs: several times slower than its bytes
-    allow. That held these rows within -3% to +6%; the fit was the error's.
-  - What slows the small models is not found. Their layers are the table's smallest (the 1.7B's hidden 2304: 53
-    ms a micro-batch of 8 with its recompute), and the A100's GEMM figure is its best shape (86.9%), not a
-    measurement at these models' shapes.
+- **The A100 rows** (Megatron-LM 2021 and 2022, BLOOM) take the A100's GEMM rate from one measured layer, as the
+  H100 rows do (trainctl/hardware/catalog.py): Korthikanti et al. 2022 time a TP-8 layer of their 22B model at
+  19.6 ms, which the plan prices at that time when its GEMMs run at 0.684 of the peak (66% after wave
+  quantization). The best-shape search's 86.9% had the 2021 rows 3-26% too fast and BLOOM 24%.
+  - Megatron-LM 2021: within -7% to +10%; the 1.7B (+9.5%) and 3.6B (+4%) are still the fastest, their layers
+    the smallest of the table (the 1.7B's hidden 2304).
+  - Megatron-LM 2022, the same paper's end-to-end runs without data parallelism: the 22B +6% and +3%, the 175B
+    and 530B -3% to -7%, the 1T 11% slow under both recompute modes, which is not explained (it is the one run
+    the paper did not interleave: pipeline 64 on 128 layers, 63 bubble slots in 512).
+  - Megatron's and DeepSpeed's pipelines send each activation split over the TP group and gather it on arrival
+    (estimate.pp_scatter_gather, the 2021 paper's sec. 4.1); the plan had priced whole tensors over the network,
+    8x the bytes, which had hidden the GEMM rate's error on the deepest pipelines.
 - **The flat model's 60% of peak** is no measurement. It happens to sit near what H100s sustained in these runs,
   and it misses the A100 rows' trend with size.
 - **The H100 GEMM rate is a measured layer's**, not a best shape's (trainctl/hardware/catalog.py).
@@ -233,10 +234,10 @@ DOC_TAIL = """
   for what the paper does not say: FlashAttention-2's 35% for attention, no TP overlap and the bundled trainer's
   eager rotary and SwiGLU; each micro-batch's gradients added into fp32 as the paper says (sec. 3.3.2,
   estimate.grad_accumulation: hook). Meta's stack was faster than those defaults; the paper does not say by what.
-- **BLOOM** is predicted 24% too fast (105 s a step in its logs, 84 s planned): its Omni-Path fabric and the DeepSpeed
+- **BLOOM** is predicted 7% too fast (105 s a step in its logs, 97 s planned): its Omni-Path fabric and the DeepSpeed
   pipeline engine's overheads are assumed, not measured. BigScience's own all-reduce measurement on that A100
   partition (bigscience experiments/bandwidth, January 2022, with the tr11 environment: 40.5 Gb/s of bus bandwidth,
-  about 5 GB/s a node against the links' 50) would make the step 166 s, so it cannot be the fabric the run had;
+  about 5 GB/s a node against the links' 50) would make the step 135 s, so it cannot be the fabric the run had;
   the spec keeps the links' datasheet rate.
 """
 

@@ -631,6 +631,12 @@ class EstimateSpec(Strict):
         "weight all-gather after the step, exposed), 0 on CPU ranks that occupy every core of their node (gloo "
         "reduces on the cores the compute keeps busy). Set it for another stack's overlap (Megatron-Core's "
         "--overlap-grad-reduce / --overlap-param-gather: 1.0)")
+    pp_scatter_gather: bool = Field(
+        False, description="Pipeline sends split over the TP group without sequence parallelism: each TP rank sends "
+        "its 1/tp piece of the activation or gradient to the next stage, which gathers the pieces over its TP link "
+        "(Megatron-LM's scatter/gather optimization, Narayanan et al. 2021, sec. 4.1; DeepSpeed's partitioned "
+        "pipeline buffers). The bundled trainer sends whole tensors (under sequence parallelism, its sequence "
+        "shard). Another stack's choice, for planning its published runs; plan prints it as an assumption")
     tp_overlap: Fraction = Field(0.0, description="Fraction of TP communication hidden behind compute; the bundled "
                                  "trainer hides none (its plan says what hiding it would save); Megatron-Core's "
                                  "--tp-comm-overlap hides it behind the GEMMs")
