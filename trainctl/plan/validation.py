@@ -188,7 +188,7 @@ with nothing fitted to that time (tests/unit/test_plan_operators.py).
 DOC_TAIL = """
 ## What is still off, and why
 
-- **The A100 rows** (Megatron-LM 2021 and 2022, BLOOM) take the A100's GEMM rate from one measured layer, as the
+- **The A100 rows** (Megatron-LM 2021 and 2022, MT-NLG, BLOOM) take the A100's GEMM rate from one measured layer, as the
   H100 rows do (trainctl/hardware/catalog.py): Korthikanti et al. 2022 time a TP-8 layer of their 22B model at
   19.6 ms, which the plan prices at that time when its GEMMs run at 0.684 of the peak (66% after wave
   quantization). The best-shape search's 86.9% had the 2021 rows 3-26% too fast and BLOOM 24%.
@@ -197,6 +197,9 @@ DOC_TAIL = """
   - Megatron-LM 2022, the same paper's end-to-end runs without data parallelism: the 22B +6% and +3%, the 175B
     and 530B -3% to -7%, the 1T 11% slow under both recompute modes, which is not explained (it is the one run
     the paper did not interleave: pipeline 64 on 128 layers, 63 bubble slots in 512).
+  - Megatron-Turing NLG 530B (DeepSpeed's pipeline with Megatron's TP, 2021): 13-18% too fast, more so as data
+    parallelism grows and the micro-batches per pipeline fall (240 to 160 at batch 1920); the micro-batch, the
+    recompute and the optimizer's gradient passes are assumed (the paper gives the layout and the times).
   - Megatron's and DeepSpeed's pipelines send each activation split over the TP group and gather it on arrival
     (estimate.pp_scatter_gather, the 2021 paper's sec. 4.1); the plan had priced whole tensors over the network,
     8x the bytes, which had hidden the GEMM rate's error on the deepest pipelines.
