@@ -718,7 +718,7 @@ class Evaluator:
                           + rates.comm(links["tp"], TP_OPS[sp], ends * tp_ar, ends, groups["tp"], spread["tp"])
                           * tp_exposed)
         p2p = rates.comm(pp_link, PP_OPS, p2p_mb_bytes, sends, groups["pp"], spread["pp"])
-        if sends and self._pp_split(tp, sp) > 1 and not sp:  # scatter/gather: the receiver gathers the pieces
+        if sends and self.ctx.assume.pp_scatter_gather and tp > 1 and not sp:  # the receiver gathers the pieces
             p2p += rates.comm(links["tp"], PP_GATHER_OPS, sends * comm.gather_bytes(pp_msg * tp, tp), sends,
                               groups["tp"], spread["tp"])
         ep_mb_time = rates.comm(links["ep"], EP_OPS, ep_mb_bytes, ep_calls_mb, groups["ep"], spread["ep"])
