@@ -323,7 +323,7 @@ def test_scatter_gather_sends_a_tp_ranks_piece_and_gathers_it_on_arrival() -> No
     rank sends 1/tp of the activation across the stage boundary, the receiving stage all-gathers the pieces over
     NVLink. By hand at flat link rates (comm_efficiency 0.7: no latency): the same sends at 1/8 of the bytes over
     the 25 GB/s HDR NIC, plus 7/8 of each whole tensor at NVLink's 300 GB/s. The search's step floor stays under
-    the step."""
+    the step; without it, the plan's SP_OFF line names the pipeline bytes sequence parallelism would split."""
     spec = "recipes/published/megatron2021-145.6b.yaml"  # TP8 PP8 across nodes, no sequence parallelism
     flat = ["estimate.comm_efficiency=0.7"]
     whole, split = (build_plan(load_spec(spec, overrides=[*flat, f"estimate.pp_scatter_gather={on}"]))
@@ -331,6 +331,10 @@ def test_scatter_gather_sends_a_tp_ranks_piece_and_gathers_it_on_arrival() -> No
     assert split.est.comm_bytes["pp"] == pytest.approx(whole.est.comm_bytes["pp"] / 8, rel=1e-12)
     assert split.est.p2p_time == pytest.approx(whole.est.p2p_time * (1 / 8 + 25 / 300 * 7 / 8), rel=1e-9)
     assert Evaluator(split.ctx).step_floor(split.cand) <= split.est.step_time
+    # the bundled trainer sends whole tensors without sequence parallelism: its plan says what SP would split
+    sp_off = [next(w.message for w in p.warnings if w.code == "SP_OFF") for p in (whole, split)]
+    assert f"each pipeline send ({whole.est.comm_bytes['pp'] / 1e9:.1f} GB per GPU per step)" in sp_off[0]
+    assert "pipeline send" not in sp_off[1]
 
 
 def test_tp_overlap_in_the_plan_is_priced_as_transformer_engine_runs_it() -> None:
