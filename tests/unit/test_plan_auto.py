@@ -23,7 +23,7 @@ from trainctl.hardware.catalog import ACCELERATORS
 from trainctl.plan.auto import enumerate_candidates, enumerate_shapes, search, zero_variants
 from trainctl.plan.estimate import Candidate, Evaluator
 from trainctl.plan.plan import build_plan, context_from_spec
-from trainctl.spec import load_spec_text, validate_spec
+from trainctl.spec import load_spec, load_spec_text, validate_spec
 from trainctl.spec.models import RunSpec
 
 
@@ -183,3 +183,15 @@ def test_auto_ranks_layouts_with_headroom_before_tight_ones():
     assert fractions[0] >= 0.10
     tight = [f < 0.10 for f in fractions]
     assert tight == sorted(tight)  # no comfortable layout after a tight one
+
+
+@pytest.mark.parametrize("recipe", ["mtnlg-530b", "dgxc-gpt3-175b"])
+def test_the_search_names_the_stack_it_priced_as_plan_does(recipe: str) -> None:
+    """`plan --auto` prices every layout with the spec's estimate.* (another stack's kernels, gradient passes,
+    pipeline sends, overlaps) and prints them as `plan` does: the same assumptions, field by field."""
+    spec = load_spec(RECIPES / "published" / f"{recipe}.yaml")
+    auto = search(spec, top=1).assumptions
+    plan = build_plan(spec).to_json()["assumptions"]
+    for field in ("attention_kernel", "elementwise", "grad_accumulation", "pp_scatter_gather", "dp_overlap",
+                  "tp_overlap", "compute_efficiency", "comm_efficiency"):
+        assert auto[field] == plan[field], field

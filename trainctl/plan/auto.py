@@ -385,8 +385,11 @@ def search(spec: RunSpec, top: int = 10, rejected: int = 5) -> AutoResult:
         rejected=[(s, _oom_reason(s.est)) for s in map(scored, _distinct(oom, rejected))],
         skipped=skipped, invalid=invalid,
         peak_known=peak_known, elapsed_s=time.perf_counter() - t0,
+        # what the search priced with: the stack's estimate.* as plan prints them (cli/plan_cmd.rates_text)
         assumptions={"compute_efficiency": a.compute_efficiency, "comm_efficiency": a.comm_efficiency,
                      "dp_overlap": a.dp_overlap, "tp_overlap": a.tp_overlap, "pp_scatter_gather": a.pp_scatter_gather,
+                     "grad_accumulation": a.grad_accumulation,
+                     "elementwise": ctx.device.elementwise if ctx.device is not None else None,
                      "attention_kernel": spec.estimate.attention_kernel},
         calibration=describe(ctx.rates),
     )
