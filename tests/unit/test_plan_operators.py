@@ -329,6 +329,8 @@ def test_scatter_gather_sends_a_tp_ranks_piece_and_gathers_it_on_arrival() -> No
     whole, split = (build_plan(load_spec(spec, overrides=[*flat, f"estimate.pp_scatter_gather={on}"]))
                     for on in ("false", "true"))
     assert split.est.comm_bytes["pp"] == pytest.approx(whole.est.comm_bytes["pp"] / 8, rel=1e-12)
+    assert split.est.comm_bytes["pp_gather"] == pytest.approx(whole.est.comm_bytes["pp"] * 7 / 8, rel=1e-12)
+    assert split.est.comm_link["pp_gather"] == NVLINK and "pp_gather" not in whole.est.comm_bytes
     assert split.est.p2p_time == pytest.approx(whole.est.p2p_time * (1 / 8 + 25 / 300 * 7 / 8), rel=1e-9)
     assert Evaluator(split.ctx).step_floor(split.cand) <= split.est.step_time
     # the bundled trainer sends whole tensors without sequence parallelism: its plan says what SP would split

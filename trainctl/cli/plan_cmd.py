@@ -167,7 +167,7 @@ def render_plan(plan: Plan, console: Console, ranks: bool) -> None:
     names = {"tp": "TP collectives", "pp": "PP point-to-point", "dp": f"DP (ZeRO-{L['zero']})",
              "embedding": "tied-embedding sync", "ep": "EP all-to-all (MoE)",
              "expert_dp": f"expert DP (ZeRO-{L['zero']}, dp/ep = {L['expert_dp']})",
-             "cp": "CP K/V all-gather"}
+             "cp": "CP K/V all-gather", "pp_gather": "PP pieces gathered (scatter/gather)"}
     for kind, v in c["per_kind"].items():
         if v["bytes"]:
             link = hw["intra_domain_link"] if v["link"] == "nvlink" else f"inter-node ({hw['fabric']})"

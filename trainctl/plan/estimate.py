@@ -343,6 +343,7 @@ class _Base:
     head_unit: tuple[float, ...]  # per pp rank, ZeRO-3's unit gathered once per micro-batch (comm.fsdp_head_unit)
     tp_bytes: float
     pp_bytes: float
+    pp_gather_bytes: float  # scatter/gather: the receiving stage's gather of the pieces over the TP link
     emb_bytes: float
     ep_bytes: float
     cp_bytes: float
@@ -682,6 +683,7 @@ class Evaluator:
                  "cp": comm.cp_link(tp, cp, world, domain),
                  "ep": comm.ep_link(tp, c.ep, world, domain),
                  "expert_dp": comm.expert_dp_link(tp, dp, c.ep, world, domain)}
+        links["pp_gather"] = links["tp"]
         tp_msg = tokens_mb * m.hidden * self.act_bytes
         tp_ar = comm.all_reduce_bytes(tp_msg, tp)
         pp_msg = tokens_mb * m.hidden * self.stream_bytes / self._pp_split(tp, sp)
@@ -702,7 +704,7 @@ class Evaluator:
         # times of the roofline (module docstring) that do not depend on ZeRO
         rates, tp_calls, sends = self.rates, load.collectives[load.slow], max(prof.sends) if pp > 1 else 0
         tp_mb_slow = tp_calls * tp_ar
-        groups = {"tp": tp, "pp": 2, "embedding": 2, "ep": c.ep, "cp": cp}  # pairs: send/recv, first + last
+        groups = {"tp": tp, "pp": 2, "embedding": 2, "ep": c.ep, "cp": cp, "pp_gather": tp}  # pairs: send/recv
         spread = self._spread(tp, dp, cp, c.ep)
         tp_exposed = self._tp_exposed(tp, cp, mb, sp, c.recompute)
         tp_mb_time = rates.comm(links["tp"], TP_OPS[sp], tp_mb_slow, tp_calls, groups["tp"], spread["tp"]) * tp_exposed
@@ -718,9 +720,10 @@ class Evaluator:
                           + rates.comm(links["tp"], TP_OPS[sp], ends * tp_ar, ends, groups["tp"], spread["tp"])
                           * tp_exposed)
         p2p = rates.comm(pp_link, PP_OPS, p2p_mb_bytes, sends, groups["pp"], spread["pp"])
-        if sends and self.ctx.assume.pp_scatter_gather and tp > 1 and not sp:  # the receiver gathers the pieces
-            p2p += rates.comm(links["tp"], PP_GATHER_OPS, sends * comm.gather_bytes(pp_msg * tp, tp), sends,
-                              groups["tp"], spread["tp"])
+        gathered = self.ctx.assume.pp_scatter_gather and tp > 1 and not sp  # the receiver gathers the pieces
+        gather_mb_bytes = sends * comm.gather_bytes(pp_msg * tp, tp) if gathered else 0.0
+        p2p += rates.comm(links["pp_gather"], PP_GATHER_OPS, gather_mb_bytes, sends if gathered else 0,
+                          groups["pp_gather"], spread["pp_gather"])
         ep_mb_time = rates.comm(links["ep"], EP_OPS, ep_mb_bytes, ep_calls_mb, groups["ep"], spread["ep"])
         cp_ops = CP_OPS[cp_passes == 3]
         cp_layer_time = rates.comm(links["cp"], cp_ops, cp_layer, cp_passes if cp_layer else 0, groups["cp"],
@@ -755,16 +758,19 @@ class Evaluator:
             max_params=max(p - e for p, e in zip(params, experts, strict=True)), max_experts=max(experts),
             load=load, vp=vp, acts=tuple(acts), transient=transient, acts_copied=acts_copied,
             transient_copied=transient_copied, links=links,
-            ops={"tp": TP_OPS[sp], "pp": PP_OPS, "embedding": EMBEDDING_OPS, "ep": EP_OPS, "cp": cp_ops},
+            ops={"tp": TP_OPS[sp], "pp": PP_OPS, "embedding": EMBEDDING_OPS, "ep": EP_OPS, "cp": cp_ops,
+                 "pp_gather": PP_GATHER_OPS},
             groups=groups,
             calls={"tp": n_micro * max(load.collectives), "pp": n_micro * sends, "embedding": float(emb_bytes > 0),
                    "ep": float(n_micro * ep_calls_mb),
-                   "cp": float(n_micro * max(prof.rank_layers) * cp_passes if cp_layer else 0)},
+                   "cp": float(n_micro * max(prof.rank_layers) * cp_passes if cp_layer else 0),
+                   "pp_gather": float(n_micro * sends if gathered else 0)},
             units=max(comm.fsdp_units(n, first, last, m.tied_embeddings)
                       for n, first, last in zip(prof.rank_layers, prof.has_first, prof.has_last, strict=True)),
             head_unit=tuple(comm.fsdp_head_unit(m.norm_params, vp * m.hidden / tp, m.tied_embeddings) if last else 0.0
                             for last in prof.has_last),
-            tp_bytes=n_micro * max(load.collectives) * tp_ar, pp_bytes=n_micro * p2p_mb_bytes, emb_bytes=emb_bytes,
+            tp_bytes=n_micro * max(load.collectives) * tp_ar, pp_bytes=n_micro * p2p_mb_bytes,
+            pp_gather_bytes=n_micro * gather_mb_bytes, emb_bytes=emb_bytes,
             ep_bytes=n_micro * ep_mb_bytes, cp_bytes=n_micro * max(prof.rank_layers) * cp_layer,
             tp_exposed=n_micro * tp_mb_time, p2p=p2p, ep_mb_time=ep_mb_time, cp_mb_time=cp_mb_time,
             cp_layer_time=cp_layer_time, attn_layer_time=attn_layer_time, bubble_slots=bubble_slots, slot=slot,
@@ -999,6 +1005,7 @@ class Evaluator:
             return max(1, min(size, gpn // stride)) if stride < gpn else 1
 
         return {"tp": on_node(tp, 1), "pp": 1, "embedding": 1, "ep": on_node(ep, tp), "cp": on_node(cp, tp),
+                "pp_gather": on_node(tp, 1),
                 "dp": on_node(dp * cp, tp), "expert_dp": on_node(max(1, dp * cp // ep), tp * ep)}
 
     def step_floor(self, c: Candidate) -> float | None:
@@ -1082,6 +1089,8 @@ class Evaluator:
             comm_bytes.update(ep=b.ep_bytes, expert_dp=z.edp_bytes)
         if c.cp > 1:
             comm_bytes["cp"] = b.cp_bytes
+        if b.pp_gather_bytes:
+            comm_bytes["pp_gather"] = b.pp_gather_bytes
         comm_time = {k: self.rates.comm(b.links[k], b.ops[k], comm_bytes[k], b.calls[k], b.groups[k], b.spread[k])
                      for k in comm_bytes if k not in ("dp", "expert_dp")}
         comm_time["dp"] = z.dp_time
