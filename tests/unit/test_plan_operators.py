@@ -12,6 +12,7 @@ from aten_bytes import VIEWS, tensors
 from cli_utils import trainctl
 
 from trainctl.hardware.catalog import ACCELERATORS, gemm_speedup
+from trainctl.hardware.gemm_shapes import SM90_BF16
 from trainctl.model_shape import ModelShape
 from trainctl.plan import operators
 from trainctl.plan.comm import INTER_NODE, NVLINK
@@ -27,7 +28,7 @@ H100 = ACCELERATORS["h100-sxm"]
 def _device(acc=A100, kernel: str = "flash2") -> operators.Device:
     return operators.Device(peak_flops=acc.peak_bf16_tflops * 1e12, gemm_efficiency=acc.gemm_efficiency,
                             sm_count=acc.sm_count, hbm_bw=acc.hbm_gbps * 1e9, attention=acc.attention(kernel),
-                            kernel=kernel)
+                            kernel=kernel, gemm_shapes=acc.gemm_shapes)
 
 
 def test_catalog_figures_are_the_cited_ones() -> None:
@@ -171,6 +172,24 @@ def test_a_large_gemm_runs_at_the_gemm_rate_less_its_last_wave() -> None:
     n = 8192
     expected = 2 * n**3 / (312e12 * A100.gemm_efficiency * (4096 / (38 * 108)))
     assert operators.gemm_seconds(dev, n, n, n, 2) == pytest.approx(expected, rel=1e-12)
+
+
+def test_a_gemms_shape_takes_its_share_of_the_rate_from_the_measured_table() -> None:
+    """Hopper parts read OpenXLA's sm_90 table (hardware/gemm_shapes.py): a shape on its grid takes its measured
+    TFLOP/s over the plateau (4 x 4096^3); between grid points the table is interpolated linearly in log2 (2896
+    sits halfway from 2048 to 4096); rows beyond 4096 are batches of 4096 and everything past the edge is the
+    plateau. By hand on an H100, against the same GEMM on a part with no table."""
+    t = SM90_BF16
+    plateau = t[4, 4096, 4096, 4096]
+    assert (t[1, 4096, 4096, 4096], plateau) == (780.2, 788.7)  # the table's own 4096^3 and its plateau
+    assert operators.shape_factor("sm90", 4096, 4096, 1024) == pytest.approx(t[1, 4096, 4096, 1024] / plateau)
+    halfway = (t[1, 4096, 4096, 2048] + t[1, 4096, 4096, 4096]) / 2
+    assert operators.shape_factor("sm90", 4096, 4096, 2 ** 11.5) == pytest.approx(halfway / plateau)
+    assert operators.shape_factor("sm90", 8192, 2048, 2048) == pytest.approx(t[2, 4096, 2048, 2048] / plateau)
+    assert operators.shape_factor("sm90", 65536, 16384, 16384) == pytest.approx(1.0)
+    shaped = operators.gemm_seconds(_device(H100), 4096, 4096, 1024, 2)
+    flat = operators.gemm_seconds(replace(_device(H100), gemm_shapes=None), 4096, 4096, 1024, 2)
+    assert shaped / flat == pytest.approx(plateau / t[1, 4096, 4096, 1024])  # 1.15x as long as at the flat figure
 
 
 def test_a_thin_gemm_is_priced_by_its_bytes() -> None:

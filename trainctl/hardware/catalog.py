@@ -47,6 +47,9 @@ class Accelerator:
     # flash attention (forward, backward) FLOP/s over the dense peak, by kernel: "flash2" (FlashAttention-2, what
     # torch's SDPA flash backend runs) and "flash3" (Hopper's FlashAttention-3 / cuDNN class of kernels)
     attention_efficiency: tuple[tuple[str, float, float], ...] = ()
+    # the part's measured GEMM throughput by shape (hardware/gemm_shapes.py TABLES), where one is published: the
+    # share of gemm_efficiency each GEMM's shape reaches (plan/operators.py shape_factor); None: every shape at it
+    gemm_shapes: str | None = None
     # Dense FP8 tensor-core peak (e4m3/e5m2 inputs); None = no FP8 tensor cores (V100, A100, A10G), where
     # train.precision fp8 is refused. From the datasheet cited beside the BF16 figure, halved like it.
     peak_fp8_tflops: float | None = None
@@ -251,15 +254,22 @@ ACCELERATORS: dict[str, Accelerator] = {
 #   GELU, LayerNorm, biases, dropout 0.1, causal, BF16, forward and backward, with TE's Linear and LayerNorm and
 #   its fused attention ("TE Unfused + TE Attention") at 35.709 ms, the mean of 100 iterations after 10. The
 #   efficiency at which plan/operators.py's layer_seconds gives those 35.709 ms, its attention as the flash3 kernel
-#   below and every other figure as this catalog has it, is 0.655: the GEMMs at 633 TFLOP/s, 64% of peak
-#   (tests/unit/test_plan_operators.py recomputes it; the same page's JAX layer, 35.054 ms, gives 0.669). The page
-#   says "an NVIDIA H100 GPU"; the SXM is inferred: priced the same way, the layer would put a 400 W H100 NVL's
-#   GEMMs at 0.774 and a PCIe card's at 0.908, above the 0.734 of the H200 NVL below (the same compute at 600 W).
+#   below and every other figure as this catalog has it (its GEMMs' shapes too, below), is 0.657: the GEMMs at 633
+#   TFLOP/s, 64% of peak (tests/unit/test_plan_operators.py recomputes it; the same page's JAX layer, 35.054 ms,
+#   gives 0.671). The page says "an NVIDIA H100 GPU"; the SXM is inferred: priced the same way, the layer would put
+#   a 400 W H100 NVL's GEMMs at 0.776 and a PCIe card's at 0.910, above the 0.736 of the H200 NVL below (the same
+#   compute at 600 W).
 #   H100 PCIe, H100 NVL and H200 (the same die) take it.
 #   H200 NVL: Transformer Engine's documentation, "GEMM Profiling Tutorial" ("Worked Example: 5B Model on H200",
 #   BF16, CUDA events), times the 12 GEMMs of one layer of hidden 4096, FFN 16384, 15,872 tokens (forward, data
 #   and weight gradients) at 32.014 ms on an H200 NVL: 599 TFLOP/s, 71.7% of its peak; the efficiency at which
-#   plan/operators.py's wave-quantized gemm_seconds gives those 32.014 ms is 0.734 (the same test file).
+#   plan/operators.py's wave-quantized gemm_seconds gives those 32.014 ms is 0.736 (the same test file).
+# gemm_shapes: the share of that figure a GEMM's shape reaches, from a measured table where one is published
+#   (hardware/gemm_shapes.py, plan/operators.py shape_factor): Hopper parts take OpenXLA's sm_90 BF16 table (375
+#   shapes, m, n, k 256-4096, batch 1-4), relative to its plateau (4 x 4096^3, 789 TFLOP/s): 4096 x 4096 x 2048
+#   reaches 93% of it, 4096 x 4096 x 1024 87%, 4096 x 2048 x 1024 77%. The layer figures above are derived with
+#   it (their training shapes sit at or near the plateau: 0.655 -> 0.657, 0.734 -> 0.736). Other parts have no
+#   such table: every shape at their figure, less its wave quantization.
 # attention_efficiency (forward, backward) over the dense peak, causal FLOPs counted as the kernels' authors count
 #   them (the masked half not computed): FlashAttention-2 on A100 (Dao 2023, "FlashAttention-2: Faster Attention
 #   with Better Parallelism and Work Partitioning", Sec. 4.1: forward up to 73% of peak, backward up to 63%);
@@ -273,17 +283,23 @@ _AMPERE_ATTN = (("flash2", 0.73, 0.63),)
 _HOPPER_ATTN = (("flash2", 0.35, 0.35), ("flash3", 0.75, 0.53))
 _MEDIAN_GEMM = 0.80
 _A100_GEMM = 0.684  # Korthikanti et al. 2022's A100 layer (above); the A100 SXM's MAMF figure was 0.869
-_H100_GEMM = 0.655  # Transformer Engine's H100 layer (above); the H100 SXM's MAMF figure was 0.803
+_H100_GEMM = 0.657  # Transformer Engine's H100 layer (above), with the sm_90 shape table; the MAMF figure was 0.803
 _OPERATOR_FIGURES: dict[str, dict[str, Any]] = {
     "v100": dict(hbm_gbps=900.0, sm_count=80, gemm_efficiency=_MEDIAN_GEMM, attention_efficiency=_AMPERE_ATTN),
     "a100-40gb": dict(hbm_gbps=1555.0, sm_count=108, gemm_efficiency=_A100_GEMM, attention_efficiency=_AMPERE_ATTN),
     "a100-80gb": dict(hbm_gbps=2039.0, sm_count=108, gemm_efficiency=_A100_GEMM, attention_efficiency=_AMPERE_ATTN),
-    "h100-sxm": dict(hbm_gbps=3350.0, sm_count=132, gemm_efficiency=_H100_GEMM, attention_efficiency=_HOPPER_ATTN),
-    "h100-pcie": dict(hbm_gbps=2000.0, sm_count=114, gemm_efficiency=_H100_GEMM, attention_efficiency=_HOPPER_ATTN),
-    "h100-nvl": dict(hbm_gbps=3900.0, sm_count=132, gemm_efficiency=_H100_GEMM, attention_efficiency=_HOPPER_ATTN),
-    "h200": dict(hbm_gbps=4800.0, sm_count=132, gemm_efficiency=_H100_GEMM, attention_efficiency=_HOPPER_ATTN),
-    "h200-nvl": dict(hbm_gbps=4800.0, sm_count=132, gemm_efficiency=0.734, attention_efficiency=_HOPPER_ATTN),
-    "gh200": dict(hbm_gbps=4000.0, sm_count=132, gemm_efficiency=0.838, attention_efficiency=_HOPPER_ATTN),
+    "h100-sxm": dict(hbm_gbps=3350.0, sm_count=132, gemm_efficiency=_H100_GEMM, attention_efficiency=_HOPPER_ATTN,
+                     gemm_shapes="sm90"),
+    "h100-pcie": dict(hbm_gbps=2000.0, sm_count=114, gemm_efficiency=_H100_GEMM, attention_efficiency=_HOPPER_ATTN,
+                      gemm_shapes="sm90"),
+    "h100-nvl": dict(hbm_gbps=3900.0, sm_count=132, gemm_efficiency=_H100_GEMM, attention_efficiency=_HOPPER_ATTN,
+                     gemm_shapes="sm90"),
+    "h200": dict(hbm_gbps=4800.0, sm_count=132, gemm_efficiency=_H100_GEMM, attention_efficiency=_HOPPER_ATTN,
+                 gemm_shapes="sm90"),
+    "h200-nvl": dict(hbm_gbps=4800.0, sm_count=132, gemm_efficiency=0.736, attention_efficiency=_HOPPER_ATTN,
+                     gemm_shapes="sm90"),
+    "gh200": dict(hbm_gbps=4000.0, sm_count=132, gemm_efficiency=0.838, attention_efficiency=_HOPPER_ATTN,
+                  gemm_shapes="sm90"),
     "b200": dict(hbm_gbps=8000.0, sm_count=148, gemm_efficiency=0.776, attention_efficiency=(("flash2", 0.35, 0.35),)),
     "gb200": dict(hbm_gbps=8000.0, sm_count=148, gemm_efficiency=0.776,
                   attention_efficiency=(("flash2", 0.35, 0.35),)),

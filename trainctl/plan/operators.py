@@ -3,7 +3,8 @@ operators, each priced by what bounds it, from the catalog's cited figures (hard
 
   GEMMs          2*m*n*k FLOPs at peak x the part's GEMM efficiency x the wave quantization of m x n in
                  128 x 128 tiles over the SMs (NVIDIA, "Matrix Multiplication Background User's Guide", tile and
-                 wave quantization), or its bytes at HBM bandwidth when that is longer (a roofline per GEMM). The
+                 wave quantization) x the shape's measured share of the plateau where the part has a table
+                 (shape_factor: Hopper), or its bytes at HBM bandwidth when that is longer (a roofline per GEMM). The
                  shapes are the layer's after TP and CP sharding; backward is the data-gradient GEMM (m, k, n) and
                  the weight-gradient GEMM (k, n, m) of each.
   attention      flash kernels: the causal half of the scores' FLOPs (4*pairs*head_dim forward, 2.5x that backward:
@@ -29,9 +30,11 @@ Not priced: kernel launches and host overheads (no cited figure holds for every 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from math import ceil
+from functools import lru_cache
+from math import ceil, log2
 
 from trainctl import model_shape as model
+from trainctl.hardware.gemm_shapes import BATCHES, GRID, TABLES
 from trainctl.model_shape import ModelShape
 from trainctl.plan.memory import bf16_params
 
@@ -79,19 +82,56 @@ class Device:
     # the elementwise work (rotary, SwiGLU) as the trainer's eager ops run it, or fused into one pass each
     # (train.compile's inductor, or another stack's fused kernels: estimate.elementwise)
     elementwise: str = "fused"  # eager | fused
+    gemm_shapes: str | None = None  # the part's measured GEMM table by shape (hardware/gemm_shapes.py), if any
 
 
 def gemm_seconds(dev: Device, m: float, n: float, k: float, act: int, batch: float = 1) -> float:
     """One GEMM of an m x k by k x n product (`batch` of them in one batched kernel, whose tiles fill the SMs
-    together): compute at the quantized efficiency, or its bytes, whichever is longer."""
+    together): compute at the quantized efficiency (times the shape's measured share of the plateau, where the part
+    has a table), or its bytes, whichever is longer."""
     if m <= 0 or n <= 0 or k <= 0 or batch <= 0:
         return 0.0
     tiles = batch * ceil(m / TILE) * ceil(n / TILE)
     waves = ceil(tiles / dev.sm_count)
     quantized = tiles / (waves * dev.sm_count)
-    compute = 2 * m * n * k * batch / (dev.peak_flops * dev.gemm_efficiency * quantized)
+    shape = shape_factor(dev.gemm_shapes, m, n, k, batch) if dev.gemm_shapes else 1.0
+    compute = 2 * m * n * k * batch / (dev.peak_flops * dev.gemm_efficiency * quantized * shape)
     traffic = batch * act * (m * k + k * n + m * n) / dev.hbm_bw
     return max(compute, traffic)
+
+
+def _log_weights(x: float, grid: tuple[int, ...]) -> tuple[tuple[int, float], ...]:
+    """The two grid points around x (clamped to the grid) and their weights, linear in log2."""
+    x = min(max(x, grid[0]), grid[-1])
+    for lo, hi in zip(grid, grid[1:], strict=False):
+        if x <= hi:
+            w = (log2(x) - log2(lo)) / (log2(hi) - log2(lo))
+            return (lo, 1 - w), (hi, w)
+    return ((grid[-1], 1.0),)
+
+
+@lru_cache(maxsize=4096)
+def _table_tflops(name: str, m: float, n: float, k: float, batch: float) -> float:
+    table = TABLES[name]
+    total = 0.0
+    for b, wb in _log_weights(batch, BATCHES):
+        for mm, wm in _log_weights(m, GRID):
+            for nn, wn in _log_weights(n, GRID):
+                for kk, wk in _log_weights(k, GRID):
+                    total += wb * wm * wn * wk * table[b, mm, nn, kk]
+    return total
+
+
+def shape_factor(name: str, m: float, n: float, k: float, batch: float = 1) -> float:
+    """A GEMM's measured throughput in the table `name` (hardware/gemm_shapes.py) over the table's plateau (its
+    largest shape, 4 x 4096^3): the share of the part's efficiency figure this shape reaches. The table is
+    interpolated linearly in log2 of batch, m, n and k; rows beyond 4096 count as batches of 4096 (the same tiles,
+    more of them), and anything beyond the table's edge takes its edge (the plateau). No shape exceeds the plateau
+    (a few measure up to 2% above it: the table's spread, not a faster shape)."""
+    rows = batch * max(1.0, m / GRID[-1])
+    m_in = min(m, GRID[-1])
+    plateau = TABLES[name][BATCHES[-1], GRID[-1], GRID[-1], GRID[-1]]
+    return min(1.0, _table_tflops(name, m_in, n, k, rows) / plateau)
 
 
 def autocast_cast_bytes(*, precision: str, fp32_weights: bool, pp: int, micro_batches: int, recompute: str

@@ -147,7 +147,8 @@ def operator_device(acc: Accelerator, peak_flops: float | None, kernel: str,
     if not peak_flops or acc.gemm_efficiency is None or not acc.sm_count or not acc.hbm_gbps or attention is None:
         return None
     return operators.Device(peak_flops=peak_flops, gemm_efficiency=acc.gemm_efficiency, sm_count=acc.sm_count,
-                            hbm_bw=acc.hbm_gbps * 1e9, attention=attention, kernel=name, elementwise=elementwise)
+                            hbm_bw=acc.hbm_gbps * 1e9, attention=attention, kernel=name, elementwise=elementwise,
+                            gemm_shapes=acc.gemm_shapes)
 
 
 def candidate_from_spec(spec: RunSpec) -> Candidate:

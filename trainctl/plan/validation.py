@@ -180,7 +180,7 @@ what the plan adds for FP8 (the linear layers' GEMMs at the FP8 peak, 1,979 agai
 SXM, and the quantization of their operands: fused in these stacks, one pass for the amax and one to scale and
 cast, plan/operators.py `fp8_quantize_bytes`) apart from the H100 rate, which cancels in it. The pricing also
 holds on one layer with nothing else of a step around it: Transformer Engine's H100 layer (the one the catalog's
-H100 rate comes from) ran in FP8 with delayed scaling at 23.406 ms, and the plan prices it at 23.29 ms (-0.5%)
+H100 rate comes from) ran in FP8 with delayed scaling at 23.406 ms, and the plan prices it at 23.28 ms (-0.5%)
 with nothing fitted to that time (tests/unit/test_plan_operators.py).
 
 """
@@ -208,22 +208,25 @@ DOC_TAIL = """
 - **The H100 GEMM rate is a measured layer's**, not a best shape's (trainctl/hardware/catalog.py).
   - Transformer Engine's "Getting Started" times a layer of hidden 4096 on 16,384 tokens, forward and backward
     with TE's fused attention, at 35.709 ms on an H100. The plan prices that layer at that time when its GEMMs
-    run at 0.655 of the peak with their wave quantization (64% of it: 633 TFLOP/s). The best-shape search found
+    run at 0.657 of the peak with their wave quantization (64% of it: 633 TFLOP/s). The best-shape search found
     80.3%; with it the DGX Cloud rows were 10-22% too fast and the Megatron-Core rows up to 56%.
+  - Smaller GEMMs reach less of that rate, as OpenXLA's measured sm_90 table gives it by shape (a 4096 x 4096 x
+    1024 product 87% of the table's plateau): the TP-sharded and small models' GEMMs. It moved the Megatron-Core
+    1.7B from +36% to +32%, and the 32B about half a point further from NVIDIA's figure.
   - That layer ran for seconds. Whether hours at the 700 W limit hold the same rate is what
     `bench/bench_sustained_gemm.py` measures on a lent H100 (not yet run); `trainctl calibrate` measures the
     rates a plan then uses on the user's own cards.
 - **NVIDIA's DGX Cloud recipes**: six rows measured on DGX H100 with the NeMo 24.09 and 24.11 containers, each
   layout exactly as its recipe sets it (TP, PP, CP, the interleaving, the micro-batch, the overlaps its config
   turns on).
-  - BF16: within -6% to +5% (3.9% on average), with nothing fitted to them and nothing about the layout assumed.
-  - FP8: within -9% to +12%, the FP8 GEMMs priced at twice the BF16 rate at the same efficiency. The 70B's
+  - BF16: within -7% to +4% (3.6% on average), with nothing fitted to them and nothing about the layout assumed.
+  - FP8: within -10% to +11%, the FP8 GEMMs priced at twice the BF16 rate at the same efficiency. The 70B's
     speed-up over BF16 comes out 10% above NVIDIA's (the section above), while the same pricing holds Transformer
     Engine's H100 layer in FP8 within 1%: what the 70B's FP8 step spends beyond that is not found.
 - **The Megatron-Core H100 runs** (July 2024, the stack NVIDIA describes: FlashAttention-3-class attention, full TP
-  and DP overlap) land within +1% to +11% from 16B up, but for the 32B row (-20%), and 21-36% too fast at 7.1B and
+  and DP overlap) land within +1% to +10% from 16B up, but for the 32B row (-21%), and 20-32% too fast at 7.1B and
   1.7B.
-  - The small models' layers are the shortest of the table (the 1.7B's 2.7 ms a micro-batch on the GPU), so what
+  - The small models' layers are the shortest of the table (the 1.7B's 2.8 ms a micro-batch on the GPU), so what
     the model leaves out grows there: kernel launch and host time (the bundled trainer's eager layers took 2-4 ms
     of host time on an H100, docs/results.md), which no cited figure gives for Megatron-Core.
   - Priced as the stack runs them: the loss's passes over the logits as the trainer (and Megatron) make them, 54
