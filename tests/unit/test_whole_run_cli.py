@@ -107,7 +107,8 @@ def test_short_runs_show_their_figures() -> None:
     wall = rows["wall clock"]
     assert "0.00" not in wall and " 0 GPU-hours" not in wall and " 0 MWh" not in wall
     hours = run["wall_days"]["p50"] * 24
-    assert f"P50 {int(hours)}h {round(hours % 1 * 60):02d}m" in wall or f"P50 {int(hours * 60)}m" in wall
+    seconds = round(hours * 3600)  # as shown: whole seconds (26m 00s, not the 25m of 25.99999 minutes)
+    assert f"P50 {int(hours)}h {round(hours % 1 * 60):02d}m" in wall or f"P50 {seconds // 60}m" in wall
     shown = re.search(r"([\d,.]+) GPU-hours, at most ([\d,.]+) kWh", wall)
     assert shown, wall
     gpu_hours, kwh = (float(x.replace(",", "")) for x in shown.groups())
