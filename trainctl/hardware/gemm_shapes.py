@@ -1,13 +1,14 @@
 """Measured 16-bit GEMM throughput by shape, for the operator model's shape-dependent GEMM efficiency
 (plan/operators.py `shape_factor`).
 
-SM90_BF16: OpenXLA's measured GEMM table for sm_90, Hopper (780 TFLOP/s at 4096^3, above an H100 PCIe's 756 peak:
-an SXM-class part) (xla/service/gpu/model/
-matmul_interpolator_data.h, kDefaultMatmulPTable, key "sm_90", the "bf16xbf16->bf16" figures; XLA's cost
-model for its latency-hiding scheduler, measured with its matmul_perf_table_gen tool; as last updated in "[XLA:GPU]
-Update latency hiding scheduler cost models for B200/H100 FP8 matmul", October 2025, and unchanged at ROCm/xla
-commit ea2c45f2ca). TFLOP/s of one batched GEMM, keyed (batch, m, n, k) over batch 1, 2, 4 and m, n, k 256 to
-4096 (375 shapes), rounded to 0.1 TFLOP/s."""
+SM90_BF16: OpenXLA's measured GEMM table for sm_90 (Hopper), xla/service/gpu/model/matmul_interpolator_data.h,
+kDefaultMatmulPTable, key "sm_90", its "bf16xbf16->bf16" figures: the cost model of XLA's latency-hiding
+scheduler, measured with its matmul_perf_table_gen tool, as last updated in "[XLA:GPU] Update latency hiding
+scheduler cost models for B200/H100 FP8 matmul" (October 2025) and unchanged at ROCm/xla commit ea2c45f2ca. 780
+TFLOP/s at 4096^3 is above an H100 PCIe's 756 peak: an SXM-class part. TFLOP/s of one batched GEMM, keyed (batch,
+m, n, k) over batch 1, 2, 4 and m, n, k 256 to 4096 (375 shapes), rounded to 0.1 TFLOP/s. Only the shares of the
+plateau are used, so the part's own figure sets the rate. The file's FP8 figures are not taken: at the plateau
+they read 2,593 TFLOP/s, above an H100's 1,979 dense FP8 peak, so FP8 GEMMs take the BF16 share."""
 
 from __future__ import annotations
 
