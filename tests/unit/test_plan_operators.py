@@ -108,7 +108,7 @@ def _a100_22b_layer_seconds(efficiency: float, sp: bool, recompute: str) -> floa
                                     act=2, stream=2)
     rates = AssumedRates(312e12, {NVLINK: A100.nvlink_gbps * 1e9, INTER_NODE: 25e9}, efficiency, None)
     all_reduce = rates.comm(NVLINK, (("all_reduce", 1.0),), 2 * 7 / 8 * 4 * 2048 * 6144 * 2, calls=1, group=8)
-    exposed = 4 if sp else 4 if recompute == "full" else 2
+    exposed = 4 if sp or recompute == "full" else 2
     return layer + exposed * all_reduce
 
 

@@ -32,7 +32,7 @@ from trainctl.plan.checks import advise
 from trainctl.plan.comm import tp_link
 from trainctl.plan.comm_levers import Lever, Levers
 from trainctl.plan.estimate import Candidate, Context, Estimate, Evaluator
-from trainctl.plan.plan import context_from_spec
+from trainctl.plan.plan import context_from_spec, priced_with
 from trainctl.plan.rates import describe
 from trainctl.spec.loader import validate_spec
 from trainctl.spec.models import RunSpec
@@ -378,18 +378,12 @@ def search(spec: RunSpec, top: int = 10, rejected: int = 5) -> AutoResult:
         comm = (pulled_row, pulled[1])
     else:
         comm = None
-    a = ctx.assume
     return AutoResult(
         levers=found, pulled=comm,
         name=spec.name, world=ctx.world, evaluated=len(cands), fitting=len(fitting), top=winners,
         rejected=[(s, _oom_reason(s.est)) for s in map(scored, _distinct(oom, rejected))],
         skipped=skipped, invalid=invalid,
         peak_known=peak_known, elapsed_s=time.perf_counter() - t0,
-        # what the search priced with: the stack's estimate.* as plan prints them (cli/plan_cmd.rates_text)
-        assumptions={"compute_efficiency": a.compute_efficiency, "comm_efficiency": a.comm_efficiency,
-                     "dp_overlap": a.dp_overlap, "tp_overlap": a.tp_overlap, "pp_scatter_gather": a.pp_scatter_gather,
-                     "grad_accumulation": a.grad_accumulation,
-                     "elementwise": ctx.device.elementwise if ctx.device is not None else None,
-                     "attention_kernel": spec.estimate.attention_kernel},
+        assumptions=priced_with(ctx),
         calibration=describe(ctx.rates),
     )

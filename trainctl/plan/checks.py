@@ -101,9 +101,8 @@ def advise(ev: Evaluator, est: Estimate) -> list[PlanWarning]:  # noqa: C901 - a
     if c.sequence_parallel and c.tp == 1:
         add("SP_NO_EFFECT", "info", "sequence_parallel has no effect with tp=1")
     if c.tp > 1 and not c.sequence_parallel:
-        sends = est.comm_bytes.get("pp", 0.0)
-        split = f" and each pipeline send ({_gb(sends)} per GPU per step)" if sends and not (
-            ctx.assume.pp_scatter_gather) else ""
+        sends = 0.0 if ctx.assume.pp_scatter_gather else est.comm_bytes.get("pp", 0.0)  # already split if set
+        split = f" and each pipeline send ({_gb(sends)} per GPU per step)" if sends else ""
         add("SP_OFF", "info",
             f"sequence_parallel would divide the norm/dropout activations{split} by tp={c.tp} at the same TP "
             "communication volume")

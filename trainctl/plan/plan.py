@@ -151,6 +151,14 @@ def operator_device(acc: Accelerator, peak_flops: float | None, kernel: str,
                             gemm_shapes=acc.gemm_shapes)
 
 
+def priced_with(ctx: Context) -> dict[str, Any]:
+    """The assumptions a plan (or plan --auto's search) priced with, as both print them (cli/plan_cmd.rates_text):
+    the spec's estimate.* and the attention kernel and elementwise passes the operator model resolved them to."""
+    dev = ctx.device
+    return {**asdict(ctx.assume), "attention_kernel": dev.kernel if dev is not None else None,
+            "elementwise": dev.elementwise if dev is not None else None}
+
+
 def candidate_from_spec(spec: RunSpec) -> Candidate:
     p = spec.parallel
     return Candidate(
@@ -173,12 +181,6 @@ class Plan:
     checkpoint: dict[str, Any]  # bytes per save, its blocking and total seconds, the Young/Daly cadence
     elastic: tuple[NodeCount, ...] = ()  # cluster.min_nodes: the layout on each node count it may shrink to
     record: dict[str, Any] | None = None  # the published record's range on this GPU part (record_band)
-
-    @property
-    def attention_kernel(self) -> str | None:
-        """The attention kernel the step is priced with (estimate.attention_kernel resolved; None: no operator
-        model)."""
-        return self.ctx.device.kernel if self.ctx.device is not None else None
 
     # --- headline figures -----------------------------------------------------------------------------
     @property
@@ -357,10 +359,7 @@ class Plan:
                 "breakdown_s": self.breakdown(), "dominant": self.dominant(),
                 "outside_layers": self.outside_layers(),
             },
-            "assumptions": {**asdict(self.ctx.assume), "attention_kernel": self.attention_kernel,
-                            "elementwise": self.ctx.device.elementwise if self.ctx.device is not None else None,
-                            "roofline": ROOFLINE,
-                            "notes": list(NOTES)},
+            "assumptions": {**priced_with(self.ctx), "roofline": ROOFLINE, "notes": list(NOTES)},
             "calibration": self.calibration(),
             "checkpoint": self.checkpoint,
             "warnings": [x.as_dict() for x in self.warnings],
