@@ -11,6 +11,7 @@ import pytest
 from aten_bytes import VIEWS, tensors
 from cli_utils import trainctl
 
+from trainctl.hardware import attention_curves
 from trainctl.hardware.catalog import ACCELERATORS, gemm_speedup
 from trainctl.hardware.gemm_shapes import SM90_BF16
 from trainctl.model_shape import ModelShape
@@ -27,18 +28,22 @@ H100 = ACCELERATORS["h100-sxm"]
 
 def _device(acc=A100, kernel: str = "flash2") -> operators.Device:
     return operators.Device(peak_flops=acc.peak_bf16_tflops * 1e12, gemm_efficiency=acc.gemm_efficiency,
-                            sm_count=acc.sm_count, hbm_bw=acc.hbm_gbps * 1e9, attention=acc.attention(kernel),
+                            sm_count=acc.sm_count, hbm_bw=acc.hbm_gbps * 1e9, attention_curves=acc.attention_curves,
                             kernel=kernel, gemm_shapes=acc.gemm_shapes)
 
 
 def test_catalog_figures_are_the_cited_ones() -> None:
     """The figures the catalog cites: GH200 828.6 of 989 TFLOP/s (MAMF table), HBM 2,039 GB/s and 3.35 TB/s
-    (datasheets), 108 and 132 SMs, FlashAttention-2 on A100 73%/63% and FlashAttention-3 on H100 75% forward. (The
-    A100's and H100's GEMM figures are measured layers': the next tests.)"""
+    (datasheets), 108 and 132 SMs; FlashAttention-3 on Hopper only, Blackwell on the H100's FlashAttention-2
+    curves. (The A100's and H100's GEMM figures are measured layers': the next tests; the attention curves: the
+    test after them.)"""
     assert ACCELERATORS["gh200"].gemm_efficiency == round(828.6 / 989, 3)
     assert (A100.hbm_gbps, H100.hbm_gbps, A100.sm_count, H100.sm_count) == (2039.0, 3350.0, 108, 132)
-    assert A100.attention("flash2") == (0.73, 0.63) and H100.attention("flash3")[0] == 0.75
-    assert A100.attention("flash3") == A100.attention("flash2")  # no FlashAttention-3 off Hopper
+    assert (A100.attention("flash3"), H100.attention("flash3"), H100.attention("flash2")) == ("flash2", "flash3",
+                                                                                            "flash2")
+    b200 = ACCELERATORS["b200"]
+    assert (b200.attention_curves, b200.attention("flash3")) == ("h100", "flash2")
+    assert ACCELERATORS["cpu"].attention("flash2") is None  # no flash kernel: the plan runs its flat model
 
 
 # Transformer Engine's "Getting Started" layer (docs/getting_started/ in its repository): hidden 4096, FFN 16384,
@@ -73,7 +78,7 @@ def test_h100_gemm_efficiency_reproduces_transformer_engines_measured_h100_layer
     """The H100 family's figure (catalog.py): TE's "TE Unfused + TE Attention" layer, forward and backward, 35.709 ms
     on an H100 (the PyTorch page's printed mean of 100 iterations). At the catalog's figure the plan prices that
     layer at the published time; its GEMMs (3 x 2 x 16,384 x 4096 x (3 x 4096 + 4096 + 2 x 16,384) FLOPs) then run
-    at 64% of the peak, where the best-shape search found 80.3% (794.5 of 989). The same page's JAX layer, 35.054
+    at 65% of the peak, where the best-shape search found 80.3% (794.5 of 989). The same page's JAX layer, 35.054
     ms, lands within 0.02. H100 PCIe, H100 NVL and H200 take the figure."""
     published = 35.709e-3
     assert round(_efficiency_for(H100, published), 3) == H100.gemm_efficiency
@@ -81,7 +86,7 @@ def test_h100_gemm_efficiency_reproduces_transformer_engines_measured_h100_layer
     assert _te_layer_seconds(dev) == pytest.approx(published, rel=2e-3)
     gemms = _layer_gemm_seconds(dev, 8 * 2048)
     flops = 3 * 2 * 8 * 2048 * 4096 * (3 * 4096 + 4096 + 2 * 16384)
-    assert flops / gemms / (H100.peak_bf16_tflops * 1e12) == pytest.approx(0.64, abs=0.005)
+    assert flops / gemms / (H100.peak_bf16_tflops * 1e12) == pytest.approx(0.654, abs=0.005)
     assert abs(_efficiency_for(H100, 35.054e-3) - H100.gemm_efficiency) < 0.02
     for part in ("h100-pcie", "h100-nvl", "h200"):
         assert ACCELERATORS[part].gemm_efficiency == H100.gemm_efficiency
@@ -212,14 +217,35 @@ def test_a_batched_gemm_fills_the_sms_with_the_whole_batchs_tiles() -> None:
     assert operators.gemm_seconds(dev, 2048, 96, 2048, 2, batch=192) == pytest.approx(av, rel=1e-12)
 
 
-def test_flash_attention_is_the_causal_half_at_the_kernels_efficiency() -> None:
+def test_flash_attention_is_the_causal_half_at_the_kernels_measured_rate() -> None:
     """One rank, seq 2048, 16 heads of 64: a 2048-token sequence has 2048*2049/2 causal (query, key) pairs; forward
-    4 FLOPs per pair per head dimension per head at 73% of 312 TFLOP/s, backward 2.5x those FLOPs at 63%."""
+    4 FLOPs per pair per head dimension per head, backward 2.5x those (the FlashAttention benchmarks' count). Each
+    runs at the FlashAttention repository's measured rate for head dim 64 at 2K tokens (hardware/
+    attention_curves.py): on A100, FlashAttention-2's forward + backward at 140 TFLOP/s, split 73:63 as the
+    FlashAttention-2 paper's peaks; on H100, FlashAttention-3's forward at 371 and a backward 1.5x FlashAttention-2's,
+    which is what its forward + backward (232) leaves after its forward (262)."""
     m = ModelShape(layers=1, hidden=1024, heads=16, vocab=1000, seq_len=2048)
-    dev = _device()
-    fwd, bwd = operators._attention_seconds(m, dev, micro_batch=1, tp=1, cp=1, act=2)
     flops = 4 * (2048 * 2049 // 2) * 64 * 16
-    assert fwd == pytest.approx(flops / (312e12 * 0.73)) and bwd == pytest.approx(2.5 * flops / (312e12 * 0.63))
+    fwd, bwd = operators._attention_seconds(m, _device(), micro_batch=1, tp=1, cp=1, act=2)
+    assert fwd + bwd == pytest.approx(3.5 * flops / 140e12)
+    assert (flops / fwd) / (2.5 * flops / bwd) == pytest.approx(0.73 / 0.63)
+    fwd, bwd = operators._attention_seconds(m, _device(H100, "flash3"), micro_batch=1, tp=1, cp=1, act=2)
+    flash2_backward = 2.5 / (3.5 / 232e12 - 1 / 262e12)
+    assert fwd == pytest.approx(flops / 371e12) and bwd == pytest.approx(2.5 * flops / (1.5 * flash2_backward))
+
+
+def test_attention_rates_between_and_beyond_the_measured_shapes() -> None:
+    """Between measured sequence lengths and head dims the rate is interpolated in log2, beyond them it takes the
+    nearest edge; head dim 256 has no FlashAttention-2 forward + backward figure on H100, so its backward takes head
+    dim 128's."""
+    def forward(**shape: float) -> float:
+        return attention_curves.efficiency("h100", "flash3", **shape)[0] * 989.4
+
+    assert forward(head_dim=128, seq=2 ** 11.5) == pytest.approx((521 + 579) / 2)  # halfway from 2K to 4K
+    assert forward(head_dim=2 ** 6.5, seq=4096) == pytest.approx((420 + 579) / 2)  # halfway from 64 to 128
+    assert forward(head_dim=128, seq=65536) == pytest.approx(616) and forward(head_dim=512, seq=256) == 286
+    assert (attention_curves.efficiency("h100", "flash2", head_dim=256, seq=4096)[1]
+            == attention_curves.efficiency("h100", "flash2", head_dim=128, seq=4096)[1])
 
 
 def test_nccl_ring_inside_a_node() -> None:

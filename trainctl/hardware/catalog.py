@@ -44,9 +44,11 @@ class Accelerator:
     # 16-bit GEMM rate / dense peak, published: the best large GEMM of a shape search (MAMF), or a layer's GEMMs
     # at a training step's shapes where the part has that measurement (sources above _OPERATOR_FIGURES)
     gemm_efficiency: float | None = None
-    # flash attention (forward, backward) FLOP/s over the dense peak, by kernel: "flash2" (FlashAttention-2, what
-    # torch's SDPA flash backend runs) and "flash3" (Hopper's FlashAttention-3 / cuDNN class of kernels)
-    attention_efficiency: tuple[tuple[str, float, float], ...] = ()
+    # the measured flash-attention curves the part takes (hardware/attention_curves.py): "a100" or "h100", for
+    # "flash2" (FlashAttention-2, what torch's SDPA flash backend runs) and, where the part runs it (Hopper),
+    # "flash3" (the FlashAttention-3 / cuDNN class of kernels)
+    attention_curves: str | None = None
+    runs_flash3: bool = False
     # the part's measured GEMM throughput by shape (hardware/gemm_shapes.py TABLES), where one is published: the
     # share of gemm_efficiency each GEMM's shape reaches (plan/operators.py shape_factor); None: every shape at it
     gemm_shapes: str | None = None
@@ -54,11 +56,12 @@ class Accelerator:
     # train.precision fp8 is refused. From the datasheet cited beside the BF16 figure, halved like it.
     peak_fp8_tflops: float | None = None
 
-    def attention(self, kernel: str) -> tuple[float, float] | None:
-        """(forward, backward) efficiency of `kernel` on this part; flash3 falls back to flash2 where the part has
-        no FlashAttention-3 figure (it runs on Hopper only); None where neither is known."""
-        table = {k: (f, b) for k, f, b in self.attention_efficiency}
-        return table.get(kernel) or table.get("flash2")
+    def attention(self, kernel: str) -> str | None:
+        """The flash kernel this part runs for `kernel`: flash3 falls back to flash2 where the part has no
+        FlashAttention-3 figures (it runs on Hopper only); None where the part has no attention figures."""
+        if self.attention_curves is None:
+            return None
+        return "flash3" if kernel == "flash3" and self.runs_flash3 else "flash2"
 
 
 @dataclass(frozen=True)
@@ -254,10 +257,10 @@ ACCELERATORS: dict[str, Accelerator] = {
 #   GELU, LayerNorm, biases, dropout 0.1, causal, BF16, forward and backward, with TE's Linear and LayerNorm and
 #   its fused attention ("TE Unfused + TE Attention") at 35.709 ms, the mean of 100 iterations after 10. The
 #   efficiency at which plan/operators.py's layer_seconds gives those 35.709 ms, its attention as the flash3 kernel
-#   below and every other figure as this catalog has it (its GEMMs' shapes too, below), is 0.657: the GEMMs at 633
-#   TFLOP/s, 64% of peak (tests/unit/test_plan_operators.py recomputes it; the same page's JAX layer, 35.054 ms,
-#   gives 0.671). The page says "an NVIDIA H100 GPU"; the SXM is inferred: priced the same way, the layer would put
-#   a 400 W H100 NVL's GEMMs at 0.776 and a PCIe card's at 0.910, above the 0.736 of the H200 NVL below (the same
+#   below and every other figure as this catalog has it (its GEMMs' shapes too, below), is 0.671: the GEMMs at 647
+#   TFLOP/s, 65% of peak (tests/unit/test_plan_operators.py recomputes it; the same page's JAX layer, 35.054 ms,
+#   gives 0.686). The page says "an NVIDIA H100 GPU"; the SXM is inferred: priced the same way, the layer would put
+#   a 400 W H100 NVL's GEMMs at 0.795 and a PCIe card's at 0.938, above the 0.736 of the H200 NVL below (the same
 #   compute at 600 W).
 #   H100 PCIe, H100 NVL and H200 (the same die) take it.
 #   H200 NVL: Transformer Engine's documentation, "GEMM Profiling Tutorial" ("Worked Example: 5B Model on H200",
@@ -268,45 +271,37 @@ ACCELERATORS: dict[str, Accelerator] = {
 #   (hardware/gemm_shapes.py, plan/operators.py shape_factor): Hopper parts take OpenXLA's sm_90 BF16 table (375
 #   shapes, m, n, k 256-4096, batch 1-4), relative to its plateau (4 x 4096^3, 789 TFLOP/s): 4096 x 4096 x 2048
 #   reaches 93% of it, 4096 x 4096 x 1024 87%, 4096 x 2048 x 1024 77%. The layer figures above are derived with
-#   it (their training shapes sit at or near the plateau: 0.655 -> 0.657, 0.734 -> 0.736). Other parts have no
+#   it (their training shapes sit at or near the plateau). Other parts have no
 #   such table: every shape at their figure, less its wave quantization.
-# attention_efficiency (forward, backward) over the dense peak, causal FLOPs counted as the kernels' authors count
-#   them (the masked half not computed): FlashAttention-2 on A100 (Dao 2023, "FlashAttention-2: Faster Attention
-#   with Better Parallelism and Work Partitioning", Sec. 4.1: forward up to 73% of peak, backward up to 63%);
-#   FlashAttention-2 on H100: 35% (Shah et al. 2024, "FlashAttention-3", abstract: "FlashAttention-2 achieving
-#   only 35% utilization on the H100"), forward and backward alike; FlashAttention-3 on H100 (same paper): forward
-#   up to 740 TFLOP/s = 75% in BF16, backward 1.5-1.75x FlashAttention-2's: 1.5 x 35% = 53% (the lower end).
-#   Ampere and Ada parts take A100's FlashAttention-2 figures, Hopper parts the H100's, Blackwell the H100's
-#   FlashAttention-2 figure (no published Blackwell figure: an assumption); V100 has no flash kernel (torch runs
-#   its memory-efficient kernel): A100's figures, an assumption.
-_AMPERE_ATTN = (("flash2", 0.73, 0.63),)
-_HOPPER_ATTN = (("flash2", 0.35, 0.35), ("flash3", 0.75, 0.53))
+# attention_curves: the causal flash-attention kernels' measured throughput by head dim and sequence length, from
+#   the FlashAttention repository's published benchmarks (hardware/attention_curves.py, which cites each figure):
+#   "h100" (H100 SXM5: FlashAttention-2 and FlashAttention-3) and "a100" (A100 SXM4: FlashAttention-2); at head dim
+#   128 and 4K tokens FlashAttention-3 runs its forward at 579 TFLOP/s (59% of peak; its best, 740-756 at head dim
+#   256 without the causal mask, is the 75% of the paper's abstract) and its backward at 428 (43%),
+#   FlashAttention-2 at 319 and 285 on H100 and at 57% and 49% of peak on A100. Hopper parts take the H100's
+#   curves, Ampere and Ada parts the A100's, Blackwell the H100's FlashAttention-2 curves (no published Blackwell
+#   figure: an assumption); V100 has no flash kernel (torch runs its memory-efficient kernel) and MI300X no figure
+#   here: the A100's curves, an assumption.
 _MEDIAN_GEMM = 0.80
 _A100_GEMM = 0.684  # Korthikanti et al. 2022's A100 layer (above); the A100 SXM's MAMF figure was 0.869
-_H100_GEMM = 0.657  # Transformer Engine's H100 layer (above), with the sm_90 shape table; the MAMF figure was 0.803
+_H100_GEMM = 0.671  # Transformer Engine's H100 layer (above), with the sm_90 shape table; the MAMF figure was 0.803
+_HOPPER = dict(attention_curves="h100", runs_flash3=True, gemm_shapes="sm90")
 _OPERATOR_FIGURES: dict[str, dict[str, Any]] = {
-    "v100": dict(hbm_gbps=900.0, sm_count=80, gemm_efficiency=_MEDIAN_GEMM, attention_efficiency=_AMPERE_ATTN),
-    "a100-40gb": dict(hbm_gbps=1555.0, sm_count=108, gemm_efficiency=_A100_GEMM, attention_efficiency=_AMPERE_ATTN),
-    "a100-80gb": dict(hbm_gbps=2039.0, sm_count=108, gemm_efficiency=_A100_GEMM, attention_efficiency=_AMPERE_ATTN),
-    "h100-sxm": dict(hbm_gbps=3350.0, sm_count=132, gemm_efficiency=_H100_GEMM, attention_efficiency=_HOPPER_ATTN,
-                     gemm_shapes="sm90"),
-    "h100-pcie": dict(hbm_gbps=2000.0, sm_count=114, gemm_efficiency=_H100_GEMM, attention_efficiency=_HOPPER_ATTN,
-                      gemm_shapes="sm90"),
-    "h100-nvl": dict(hbm_gbps=3900.0, sm_count=132, gemm_efficiency=_H100_GEMM, attention_efficiency=_HOPPER_ATTN,
-                     gemm_shapes="sm90"),
-    "h200": dict(hbm_gbps=4800.0, sm_count=132, gemm_efficiency=_H100_GEMM, attention_efficiency=_HOPPER_ATTN,
-                 gemm_shapes="sm90"),
-    "h200-nvl": dict(hbm_gbps=4800.0, sm_count=132, gemm_efficiency=0.736, attention_efficiency=_HOPPER_ATTN,
-                     gemm_shapes="sm90"),
-    "gh200": dict(hbm_gbps=4000.0, sm_count=132, gemm_efficiency=0.838, attention_efficiency=_HOPPER_ATTN,
-                  gemm_shapes="sm90"),
-    "b200": dict(hbm_gbps=8000.0, sm_count=148, gemm_efficiency=0.776, attention_efficiency=(("flash2", 0.35, 0.35),)),
-    "gb200": dict(hbm_gbps=8000.0, sm_count=148, gemm_efficiency=0.776,
-                  attention_efficiency=(("flash2", 0.35, 0.35),)),
-    "l40s": dict(hbm_gbps=864.0, sm_count=142, gemm_efficiency=_MEDIAN_GEMM, attention_efficiency=_AMPERE_ATTN),
-    "l4": dict(hbm_gbps=300.0, sm_count=58, gemm_efficiency=_MEDIAN_GEMM, attention_efficiency=_AMPERE_ATTN),
-    "a10g": dict(hbm_gbps=600.0, sm_count=80, gemm_efficiency=_MEDIAN_GEMM, attention_efficiency=_AMPERE_ATTN),
-    "mi300x": dict(hbm_gbps=5300.0, sm_count=304, gemm_efficiency=0.601, attention_efficiency=_AMPERE_ATTN),
+    "v100": dict(hbm_gbps=900.0, sm_count=80, gemm_efficiency=_MEDIAN_GEMM, attention_curves="a100"),
+    "a100-40gb": dict(hbm_gbps=1555.0, sm_count=108, gemm_efficiency=_A100_GEMM, attention_curves="a100"),
+    "a100-80gb": dict(hbm_gbps=2039.0, sm_count=108, gemm_efficiency=_A100_GEMM, attention_curves="a100"),
+    "h100-sxm": dict(hbm_gbps=3350.0, sm_count=132, gemm_efficiency=_H100_GEMM, **_HOPPER),
+    "h100-pcie": dict(hbm_gbps=2000.0, sm_count=114, gemm_efficiency=_H100_GEMM, **_HOPPER),
+    "h100-nvl": dict(hbm_gbps=3900.0, sm_count=132, gemm_efficiency=_H100_GEMM, **_HOPPER),
+    "h200": dict(hbm_gbps=4800.0, sm_count=132, gemm_efficiency=_H100_GEMM, **_HOPPER),
+    "h200-nvl": dict(hbm_gbps=4800.0, sm_count=132, gemm_efficiency=0.736, **_HOPPER),
+    "gh200": dict(hbm_gbps=4000.0, sm_count=132, gemm_efficiency=0.838, **_HOPPER),
+    "b200": dict(hbm_gbps=8000.0, sm_count=148, gemm_efficiency=0.776, attention_curves="h100"),
+    "gb200": dict(hbm_gbps=8000.0, sm_count=148, gemm_efficiency=0.776, attention_curves="h100"),
+    "l40s": dict(hbm_gbps=864.0, sm_count=142, gemm_efficiency=_MEDIAN_GEMM, attention_curves="a100"),
+    "l4": dict(hbm_gbps=300.0, sm_count=58, gemm_efficiency=_MEDIAN_GEMM, attention_curves="a100"),
+    "a10g": dict(hbm_gbps=600.0, sm_count=80, gemm_efficiency=_MEDIAN_GEMM, attention_curves="a100"),
+    "mi300x": dict(hbm_gbps=5300.0, sm_count=304, gemm_efficiency=0.601, attention_curves="a100"),
 }
 ACCELERATORS = {k: replace(a, **_OPERATOR_FIGURES.get(k, {})) for k, a in ACCELERATORS.items()}
 

@@ -8,7 +8,8 @@ operators, each priced by what bounds it, from the catalog's cited figures (hard
                  shapes are the layer's after TP and CP sharding; backward is the data-gradient GEMM (m, k, n) and
                  the weight-gradient GEMM (k, n, m) of each.
   attention      flash kernels: the causal half of the scores' FLOPs (4*pairs*head_dim forward, 2.5x that backward:
-                 FlashAttention-2's five matmuls against two) at the kernel's own efficiency; "unfused" (Megatron
+                 FlashAttention-2's five matmuls against two) at the kernel's measured rate for the head dim and
+                 the rank's query length (hardware/attention_curves.py); "unfused" (Megatron
                  before flash attention): QK^T and AV as batched GEMMs over the whole s x s square, the fused
                  scale-mask-softmax and the attention dropout as HBM passes over the s x s scores.
   memory-bound   norms, residual adds, rotary, the activation, dropout: their bytes at HBM bandwidth (a backward
@@ -31,10 +32,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from math import ceil, log2
+from math import ceil
 
 from trainctl import model_shape as model
+from trainctl.hardware import attention_curves
 from trainctl.hardware.gemm_shapes import BATCHES, GRID, TABLES
+from trainctl.hardware.interpolation import log_weights
 from trainctl.model_shape import ModelShape
 from trainctl.plan.memory import bf16_params
 
@@ -77,7 +80,8 @@ class Device:
     gemm_efficiency: float
     sm_count: int
     hbm_bw: float  # bytes/s
-    attention: tuple[float, float]  # (forward, backward) efficiency of the flash kernel the run uses
+    # the measured flash-attention curves the part takes (hardware/attention_curves.py: "h100" | "a100")
+    attention_curves: str
     kernel: str = "flash2"  # flash2 | flash3 | unfused
     # the elementwise work (rotary, SwiGLU) as the trainer's eager ops run it, or fused into one pass each
     # (train.compile's inductor, or another stack's fused kernels: estimate.elementwise)
@@ -100,24 +104,14 @@ def gemm_seconds(dev: Device, m: float, n: float, k: float, act: int, batch: flo
     return max(compute, traffic)
 
 
-def _log_weights(x: float, grid: tuple[int, ...]) -> tuple[tuple[int, float], ...]:
-    """The two grid points around x (clamped to the grid) and their weights, linear in log2."""
-    x = min(max(x, grid[0]), grid[-1])
-    for lo, hi in zip(grid, grid[1:], strict=False):
-        if x <= hi:
-            w = (log2(x) - log2(lo)) / (log2(hi) - log2(lo))
-            return (lo, 1 - w), (hi, w)
-    return ((grid[-1], 1.0),)
-
-
 @lru_cache(maxsize=4096)
 def _table_tflops(name: str, m: float, n: float, k: float, batch: float) -> float:
     table = TABLES[name]
     total = 0.0
-    for b, wb in _log_weights(batch, BATCHES):
-        for mm, wm in _log_weights(m, GRID):
-            for nn, wn in _log_weights(n, GRID):
-                for kk, wk in _log_weights(k, GRID):
+    for b, wb in log_weights(batch, BATCHES):
+        for mm, wm in log_weights(m, GRID):
+            for nn, wn in log_weights(n, GRID):
+                for kk, wk in log_weights(k, GRID):
                     total += wb * wm * wn * wk * table[b, mm, nn, kk]
     return total
 
@@ -313,7 +307,8 @@ def _attention_seconds(m: ModelShape, dev: Device, *, micro_batch: int, tp: int,
         return f + soft, b + soft_b
     pairs = micro_batch * max(model.causal_pairs_per_rank(m.seq_len, cp))  # the causal half this rank computes
     flops = 4 * pairs * hd * heads
-    eff_f, eff_b = dev.attention
+    # the kernel's measured rate at this head dim and at the rank's query length
+    eff_f, eff_b = attention_curves.efficiency(dev.attention_curves, dev.kernel, head_dim=hd, seq=m.seq_len / cp)
     return flops / (dev.peak_flops * eff_f), 2.5 * flops / (dev.peak_flops * eff_b)
 
 

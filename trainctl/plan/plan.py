@@ -143,11 +143,12 @@ def operator_device(acc: Accelerator, peak_flops: float | None, kernel: str,
     """The operator model's view of the accelerator (plan/operators.py); None where the catalog lacks its figures
     (the CPU, a custom part): the layers then run at a flat share of the peak."""
     name = TRAINER_ATTENTION_KERNEL if kernel == "auto" else kernel
-    attention = acc.attention("flash2" if name == "unfused" else name)
-    if not peak_flops or acc.gemm_efficiency is None or not acc.sm_count or not acc.hbm_gbps or attention is None:
+    flash = acc.attention("flash2" if name == "unfused" else name)
+    if not peak_flops or acc.gemm_efficiency is None or not acc.sm_count or not acc.hbm_gbps or flash is None:
         return None
     return operators.Device(peak_flops=peak_flops, gemm_efficiency=acc.gemm_efficiency, sm_count=acc.sm_count,
-                            hbm_bw=acc.hbm_gbps * 1e9, attention=attention, kernel=name, elementwise=elementwise,
+                            hbm_bw=acc.hbm_gbps * 1e9, attention_curves=acc.attention_curves,
+                            kernel="unfused" if name == "unfused" else flash, elementwise=elementwise,
                             gemm_shapes=acc.gemm_shapes)
 
 
