@@ -41,8 +41,9 @@ offload_pcie_gbps each way, in turn; ZeRO-3 (FSDP2's CPU offload) copies every w
 each of its two gathers (forward and backward; zero-bubble keeps the forward's, still charged twice) and every
 gradient shard back, per micro-batch. The CPU's AdamW step moves OFFLOAD_STEP_BYTES per element of the rank's
 slice at host_adam_gbps.
-Not modelled: the optimizer update itself (on the GPU), kernel launch and Python overheads, data loading,
-hierarchical (NVLS/tree) collectives, network congestion. MFU = model FLOPs / (step * GPUs * peak).
+The GPU's optimizer step, without a profile: GPU_OPTIMIZER_BYTES per element of the rank's shard at HBM bandwidth
+(plan/operators.py's device), after the backward. Not modelled: kernel launch and Python overheads, data loading,
+hierarchical (NVLS) collectives, network congestion. MFU = model FLOPs / (step * GPUs * peak).
 """
 
 from __future__ import annotations

@@ -22,7 +22,16 @@ from trainctl.plan.checkpoint_size import checkpoint_bytes, save_seconds
 from trainctl.plan.checks import PlanWarning, advise
 from trainctl.plan.elastic import NodeCount, node_list, shrink_options
 from trainctl.plan.elastic import summary as elastic_summary
-from trainctl.plan.estimate import Assumptions, Candidate, Context, Estimate, Evaluator, Hardware, assumed_rates
+from trainctl.plan.estimate import (
+    GPU_OPTIMIZER_BYTES,
+    Assumptions,
+    Candidate,
+    Context,
+    Estimate,
+    Evaluator,
+    Hardware,
+    assumed_rates,
+)
 from trainctl.plan.memory import compute_precision, host_memory_bytes, reserve_bytes
 from trainctl.plan.placement import Groups, Layout, placement_table
 from trainctl.plan.rates import describe, measured_rates
@@ -71,8 +80,10 @@ NOTES = (
     "layer as measured in its TP group, (ZeRO-3) a layer as an FSDP2 unit and (GPU) the host's dispatch floor "
     "(a layer takes at least what the host takes to issue its kernels, timed on a few tokens), all measured by "
     "trainctl calibrate",
-    "not modelled: the optimizer step and kernel launch overheads without a profile, data loading, hierarchical "
-    "collectives, network congestion",
+    f"the optimizer step on a GPU without a profile: its bytes ({GPU_OPTIMIZER_BYTES} per element of the rank's "
+    "shard: AdamW, the gradient norm and clipping, the 16-bit copy) at HBM bandwidth",
+    "not modelled: without a profile, kernel launch and host overheads (and on CPUs the optimizer step); data "
+    "loading, hierarchical (NVLS) collectives, network congestion",
 )
 
 OUTSIDE_LAYERS_SOURCE = ("measured by trainctl calibrate (fits.fixed): the ends per micro-batch at the profile's "
