@@ -178,7 +178,7 @@ FP8_HEAD = """
 The DGX Cloud recipes publish each run in BF16 and in FP8 on the same layout. The ratio of the two steps holds
 what the plan adds for FP8 (the linear layers' GEMMs at the FP8 peak, 1,979 against 989.4 TFLOP/s on an H100
 SXM, and the quantization of their operands: fused in these stacks, one pass for the amax and one to scale and
-cast, plan/operators.py `fp8_quantize_bytes`) apart from the H100 rate, which cancels in it. The pricing also
+cast, plan/operators.py `fp8_quantize_bytes`) apart from the part's BF16 rate, which cancels in it. The pricing also
 holds on one layer with nothing else of a step around it: Transformer Engine's H100 layer (the one the catalog's
 H100 rate comes from) ran in FP8 with delayed scaling at 23.406 ms, and the plan prices it at 23.60 ms (+0.8%)
 with nothing fitted to that time (tests/unit/test_plan_operators.py).
@@ -229,6 +229,11 @@ DOC_TAIL = """
   - FP8: within -10% to +10%, the FP8 GEMMs priced at twice the BF16 rate at the same efficiency. The 70B's
     speed-up over BF16 comes out 9% above NVIDIA's (the section above), while the same pricing holds Transformer
     Engine's H100 layer in FP8 within 1%: what the 70B's FP8 step spends beyond that is not found.
+  - The v25.05 release (NeMo 25.04.01) measured Llama 3.1 405B on H100 and on GB200 with the same software. On H100
+    the plan lands within -2% (BF16 and FP8). On GB200 it is 13% too fast in BF16 and 3% in FP8: Blackwell's GEMM
+    figure is still the best shape of a shape search (77.6% of peak), not a measured layer's as on the A100 and H100,
+    where the layer ran at 0.79-0.82 of the best shape; and its attention takes the H100's FlashAttention-2 curves
+    (no published Blackwell figure). Plans on a GB200 print this record (2 runs) beside their step.
 - **The Megatron-Core H100 runs** (July 2024, the stack NVIDIA describes: FlashAttention-3-class attention, full TP
   and DP overlap) land within +1% to +12% from 16B up, but for the 32B row (-20%), and 20-30% too fast at 7.1B and
   1.7B.
