@@ -170,6 +170,23 @@ def test_h200_nvl_gemm_efficiency_reproduces_transformer_engines_measured_layer(
     assert flops / published / (nvl.peak_bf16_tflops * 1e12) == pytest.approx(0.717, abs=5e-4)
 
 
+def test_blackwell_gemm_efficiency_reproduces_transformer_engines_measured_b300_layer() -> None:
+    """B200 and GB200 take the figure of the same tutorial's B300 run (catalog.py): the same layer's 12 GEMMs in
+    BF16 at 12.758 ms, 1,503 TFLOP/s, on a part whose datasheet BF16 rate is the B200's (2,250 dense). GB200 takes
+    the same share of its own 2,500."""
+    b200, gb200 = ACCELERATORS["b200"], ACCELERATORS["gb200"]
+    tokens, hidden, ffn = 31 * 512, 4096, 16384
+
+    def layer_gemms(efficiency: float) -> float:
+        return _layer_gemm_seconds(replace(_device(b200), gemm_efficiency=efficiency), tokens, hidden, ffn)
+
+    published = 12.758e-3
+    assert round(layer_gemms(1.0) / published, 3) == b200.gemm_efficiency == gb200.gemm_efficiency
+    flops = 3 * 2 * tokens * hidden * (3 * hidden + hidden + ffn + ffn)
+    assert flops / published / 1e12 == pytest.approx(1503, abs=1)
+    assert b200.gemm_efficiency < 1745 / 2250  # below the best shape the MAMF search found
+
+
 def test_a_large_gemm_runs_at_the_gemm_rate_less_its_last_wave() -> None:
     """8192^3 on an A100: 64 x 64 = 4096 tiles of 128 x 128 over 108 SMs take 38 waves, the last one partly
     idle: 2*8192^3 FLOPs at 312e12 x the A100's efficiency x 4096/(38*108)."""

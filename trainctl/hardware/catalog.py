@@ -239,10 +239,9 @@ ACCELERATORS: dict[str, Accelerator] = {
 #   Bekman, "Machine Learning Engineering", compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS
 #   comparison table" (BF16, torch 2.6-2.7 with CUDA 12.6; mamf-finder.py): A100 SXM 271.2 / 312 = 86.9%, GH200
 #   828.6 / 989 = 83.8%, H100 SXM 794.5 / 989 = 80.3%, B200 1,745 / 2,250 = 77.6%, MI300X 781.9 / 1,300 = 60.1%
-#   (v1 table, ROCm 6.2). Parts the table lacks take the measured part of the same die (GB200: the B200's); the
-#   rest (V100, Ada, A10G) take 0.80, the median of the table's NVIDIA parts (an assumption, printed as the
-#   catalog's source).
-#   Three parts have a measurement at a training step's shapes, which the catalog takes over the best shape:
+#   (v1 table, ROCm 6.2). Parts the table lacks take the measured part of the same die; the rest (V100, Ada,
+#   A10G) take 0.80, the median of the table's NVIDIA parts (an assumption, printed as the catalog's source).
+#   Four families have a measurement at a training step's shapes, which the catalog takes over the best shape:
 #   A100 SXM (40 and 80 GB, the same die): Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
 #   Transformer Models" (arXiv 2205.05198), Table 4, times one layer of their 22B model on A100 80GB GPUs (Selene):
 #   hidden 6144, 64 heads, 4 sequences of 2048, GELU, LayerNorm, biases, dropout 0.1, TP8, Megatron-LM's unfused
@@ -267,6 +266,12 @@ ACCELERATORS: dict[str, Accelerator] = {
 #   BF16, CUDA events), times the 12 GEMMs of one layer of hidden 4096, FFN 16384, 15,872 tokens (forward, data
 #   and weight gradients) at 32.014 ms on an H200 NVL: 599 TFLOP/s, 71.7% of its peak; the efficiency at which
 #   plan/operators.py's wave-quantized gemm_seconds gives those 32.014 ms is 0.736 (the same test file).
+#   B200 and GB200: the same tutorial ("GEMM Benchmark (Model Config Mode) on NVIDIA B300 SXM6 AC", the same layer
+#   and mode) times those 12 GEMMs in BF16 at 12.758 ms on a B300: 1,503 TFLOP/s. Blackwell Ultra's datasheet gives
+#   the B200's BF16 tensor rate (HGX B300 and HGX B200 both 36 PFLOPS sparse for 8 GPUs: 2,250 dense each); the
+#   efficiency at which gemm_seconds gives 12.758 ms on a B200 is 0.674 (the same test file), where the best-shape
+#   search found 77.6%. GB200 takes it against its own 2,500 peak (the same die at its higher power), as the
+#   Hopper parts above take the H100's.
 # gemm_shapes: the share of that figure a GEMM's shape reaches, from a measured table where one is published
 #   (hardware/gemm_shapes.py, plan/operators.py shape_factor): Hopper parts take OpenXLA's sm_90 BF16 table (375
 #   shapes, m, n, k 256-4096, batch 1-4), relative to its plateau (4 x 4096^3, 789 TFLOP/s): 4096 x 4096 x 2048
@@ -285,6 +290,7 @@ ACCELERATORS: dict[str, Accelerator] = {
 _MEDIAN_GEMM = 0.80
 _A100_GEMM = 0.684  # Korthikanti et al. 2022's A100 layer (above); the A100 SXM's MAMF figure was 0.869
 _H100_GEMM = 0.671  # Transformer Engine's H100 layer (above), with the sm_90 shape table; the MAMF figure was 0.803
+_BLACKWELL_GEMM = 0.674  # Transformer Engine's B300 layer's GEMMs (above); the B200's MAMF figure was 0.776
 _HOPPER = dict(attention_curves="h100", runs_flash3=True, gemm_shapes="sm90")
 _OPERATOR_FIGURES: dict[str, dict[str, Any]] = {
     "v100": dict(hbm_gbps=900.0, sm_count=80, gemm_efficiency=_MEDIAN_GEMM, attention_curves="a100"),
@@ -296,8 +302,8 @@ _OPERATOR_FIGURES: dict[str, dict[str, Any]] = {
     "h200": dict(hbm_gbps=4800.0, sm_count=132, gemm_efficiency=_H100_GEMM, **_HOPPER),
     "h200-nvl": dict(hbm_gbps=4800.0, sm_count=132, gemm_efficiency=0.736, **_HOPPER),
     "gh200": dict(hbm_gbps=4000.0, sm_count=132, gemm_efficiency=0.838, **_HOPPER),
-    "b200": dict(hbm_gbps=8000.0, sm_count=148, gemm_efficiency=0.776, attention_curves="h100"),
-    "gb200": dict(hbm_gbps=8000.0, sm_count=148, gemm_efficiency=0.776, attention_curves="h100"),
+    "b200": dict(hbm_gbps=8000.0, sm_count=148, gemm_efficiency=_BLACKWELL_GEMM, attention_curves="h100"),
+    "gb200": dict(hbm_gbps=8000.0, sm_count=148, gemm_efficiency=_BLACKWELL_GEMM, attention_curves="h100"),
     "l40s": dict(hbm_gbps=864.0, sm_count=142, gemm_efficiency=_MEDIAN_GEMM, attention_curves="a100"),
     "l4": dict(hbm_gbps=300.0, sm_count=58, gemm_efficiency=_MEDIAN_GEMM, attention_curves="a100"),
     "a10g": dict(hbm_gbps=600.0, sm_count=80, gemm_efficiency=_MEDIAN_GEMM, attention_curves="a100"),

@@ -230,10 +230,11 @@ DOC_TAIL = """
     speed-up over BF16 comes out 9% above NVIDIA's (the section above), while the same pricing holds Transformer
     Engine's H100 layer in FP8 within 1%: what the 70B's FP8 step spends beyond that is not found.
   - The v25.05 release (NeMo 25.04.01) measured Llama 3.1 405B on H100 and on GB200 with the same software. On H100
-    the plan lands within -2% (BF16 and FP8). On GB200 it is 13% too fast in BF16 and 3% in FP8: Blackwell's GEMM
-    figure is still the best shape of a shape search (77.6% of peak), not a measured layer's as on the A100 and H100,
-    where the layer ran at 0.79-0.82 of the best shape; and its attention takes the H100's FlashAttention-2 curves
-    (no published Blackwell figure). Plans on a GB200 print this record (2 runs) beside their step.
+    the plan lands within -2% (BF16 and FP8); on GB200 at +2.6% (BF16) and -4.4% (FP8). Blackwell's GEMM figure
+    is a measured layer's too: Transformer Engine's GEMM profiling tutorial times a layer's GEMMs on a B300 (0.674
+    of the peak, where the best shape of a search is 0.776; with that best shape the GB200 rows were +13% and
+    +3%). Blackwell's attention takes the H100's FlashAttention-2 curves (no published Blackwell figure). Plans on
+    a GB200 print this record (2 runs) beside their step.
 - **The Megatron-Core H100 runs** (July 2024, the stack NVIDIA describes: FlashAttention-3-class attention, full TP
   and DP overlap) land within +1% to +12% from 16B up, but for the 32B row (-20%), and 20-30% too fast at 7.1B and
   1.7B.
