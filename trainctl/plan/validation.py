@@ -236,7 +236,10 @@ DOC_TAIL = """
     is a measured layer's too: Transformer Engine's GEMM profiling tutorial times a layer's GEMMs on a B300 (0.674
     of the peak, where the best shape of a search is 0.776; with that best shape the GB200 rows were +13% and
     +3%). Blackwell's attention takes the H100's FlashAttention-2 curves (no published Blackwell figure). Plans on
-    a GB200 print this record (2 runs) beside their step.
+    a GB200 print this record (2 runs) beside their step. The GB200 rows depend on where the 128 GPUs sat, which
+    the README does not say: filling one NVL72 rack and part of the next (the plan's default), the data-parallel
+    pairs of one pipeline stage reduce over InfiniBand and 1.1 s of the step waits for them; as two racks of 64
+    they stay on NVLink and the plan is 17-18% too fast.
 - **The Megatron-Core H100 runs** (July 2024, the stack NVIDIA describes: FlashAttention-3-class attention, full TP
   and DP overlap) land within +1% to +12% from 16B up, but for the 32B row (-20%), and 20-30% too fast at 7.1B and
   1.7B.
