@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from trainctl.hardware.catalog import ACCELERATORS
 from trainctl.hardware.interpolation import log_weights
 
 SEQ = (512, 1024, 2048, 4096, 8192, 16384)
@@ -41,8 +42,9 @@ H100_FORWARD = {
 H100_FLASH2_FWD_BWD = {64: (141, 192, 232, 257, 273, 284), 128: (163, 221, 265, 294, 308, 328)}
 A100_FLASH2_FWD_BWD = {64: (88, 119, 140, 156, 165, 171), 128: (99, 133, 155, 173, 182, 189)}
 
-H100_PEAK = 989.4  # TFLOP/s, dense 16-bit, H100 SXM (hardware/catalog.py)
-A100_PEAK = 312.0
+# the measured parts' dense 16-bit peaks, TFLOP/s
+H100_PEAK = ACCELERATORS["h100-sxm"].peak_bf16_tflops
+A100_PEAK = ACCELERATORS["a100-80gb"].peak_bf16_tflops
 FLASH3_BACKWARD_OVER_FLASH2 = 1.5
 A100_FLASH2_PEAKS = (0.73, 0.63)  # forward, backward
 BACKWARD_FLOPS = 2.5  # a backward's FLOPs over its forward's, as the benchmarks count them
