@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from paths import RECIPES
 
 from trainctl.plan import comm
+from trainctl.plan.checks import _aligned_domain
 from trainctl.plan.placement import (
     Groups,
     Layout,
@@ -25,6 +27,9 @@ from trainctl.plan.placement import (
     tp_fits_nvlink,
     tp_groups_outside_nvlink,
 )
+from trainctl.plan.plan import build_plan
+from trainctl.spec import load_spec
+from trainctl.units import dur
 
 layouts = st.builds(
     lambda tp, pp, dp, g, dom, cp: Layout(tp=tp, pp=pp, dp=dp, gpus_per_node=g, nvlink_domain=dom, cp=cp),
@@ -129,3 +134,20 @@ def test_llama3_405b_long_context_layout_groups():
     assert layout.world_size == 16_384 and tp_fits_nvlink(layout) and not cp_fits_nvlink(layout)
     assert comm.cp_link(8, 16, layout.world_size, 8) == comm.INTER_NODE
     assert Groups(layout).cp[0] == list(range(0, 8 * 16, 8))
+
+
+def test_a_job_that_fills_nvlink_domains_in_part_is_told_the_aligned_allocation() -> None:
+    """GB200 NVL72: 128 GPUs fill one 72-GPU NVLink domain and 56 of the next, so the data-parallel pairs of the
+    pipeline stage on ranks 64-79 straddle the boundary and reduce over InfiniBand. The plan says so and prices two
+    domains of 64 (whole groups of 16 four-GPU nodes) exactly as the plan with cluster.nvlink_domain: 64 prices
+    them; a job of whole domains (144 GPUs) and a part with one domain per node (H100) are not told."""
+    spec = RECIPES / "published" / "dgxc2505-llama31-405b-gb200.yaml"
+    j = build_plan(load_spec(spec)).to_json()
+    split = next(w["message"] for w in j["warnings"] if w["code"] == "NVLINK_DOMAIN_SPLIT")
+    aligned = build_plan(load_spec(spec, ["cluster.nvlink_domain=64"])).to_json()
+    step, alt = j["prediction"]["step_time_s"], aligned["prediction"]["step_time_s"]
+    assert alt < 0.98 * step
+    assert "as 2 domains of 64" in split and f"cluster.nvlink_domain: 64) the predicted step is {dur(alt)}" in split
+    assert not [w for w in aligned["warnings"] if w["code"] == "NVLINK_DOMAIN_SPLIT"]
+    assert (_aligned_domain(128, 72, 4), _aligned_domain(144, 72, 4), _aligned_domain(256, 8, 8)) == (64, None, None)
+    assert _aligned_domain(100, 72, 4) == 20  # the largest domain of whole nodes that divides the job

@@ -28,6 +28,20 @@ class PlanWarning:
         return {"code": self.code, "level": self.level, "message": self.message}
 
 
+# NVLINK_DOMAIN_SPLIT: a domain-aligned allocation is proposed when it shortens the step by more than this
+DOMAIN_SPLIT_SAVING = 0.02
+
+
+def _aligned_domain(world: int, domain: int, gpus_per_node: int) -> int | None:
+    """Where an NVLink domain spans nodes (GB200 NVL72) and the job fills some domains only in part: the largest
+    domain of whole nodes that divides the job, so every domain is full; None where the domains already divide
+    the job, or the domain is a node's."""
+    if domain <= gpus_per_node or world <= domain or world % domain == 0:
+        return None
+    return next((d for d in range(domain - domain % gpus_per_node, gpus_per_node, -gpus_per_node)
+                 if world % d == 0), None)
+
+
 def _gb(x: float) -> str:
     return f"{x / GB:.1f} GB"
 
@@ -162,6 +176,16 @@ def advise(ev: Evaluator, est: Estimate) -> list[PlanWarning]:  # noqa: C901 - a
         add("DP_EXPOSED", "warning",
             f"data-parallel communication not hidden by compute is {est.dp_exposed_time / step:.0%} of the step"
             + (f"; predicted with {'; '.join(x.text(step) for x in found)}" if found else ""))
+    aligned = _aligned_domain(ctx.world, ctx.hw.nvlink_domain, ctx.hw.gpus_per_node)
+    if step and aligned:
+        split = Evaluator(replace(ctx, hw=replace(ctx.hw, nvlink_domain=aligned))).evaluate(c).step_time
+        if split and split < (1 - DOMAIN_SPLIT_SAVING) * step:
+            add("NVLINK_DOMAIN_SPLIT", "warning",
+                f"{ctx.world} GPUs fill NVLink domains of {ctx.hw.nvlink_domain} in rank order, the last one in part: "
+                "the groups that straddle a boundary cross the inter-node fabric and the step waits for them; as "
+                f"{ctx.world // aligned} domains of {aligned} (an allocation of whole groups of "
+                f"{aligned // ctx.hw.gpus_per_node} nodes, as Slurm's --segment gives; cluster.nvlink_domain: "
+                f"{aligned}) the predicted step is {dur(split)} (-{1 - split / step:.0%})")
     if c.zero >= 3 and pp > 1:
         add("ZERO3_WITH_PP", "warning",
             f"ZeRO-3 with pp={pp} gathers the weights for each of the {m} micro-batches: "
