@@ -258,6 +258,14 @@ DOC_TAIL = """
   bundled trainer's
   eager rotary and SwiGLU; each micro-batch's gradients added into fp32 as the paper says (sec. 3.3.2,
   estimate.grad_accumulation: hook). Meta's stack was faster than those defaults; the paper does not say by what.
+- **The interleaved schedule's sends are priced on the slot**, though Megatron hides them behind compute there
+  (overlap_p2p_comm, on by default for interleaved schedules; NeMo's configs set it; the Megatron-Core README says
+  its pipeline communication is overlapped; the Llama 3 paper's sends are asynchronous). Taking them off the step
+  would move the Megatron-Core rows from 70B up 2-7 points further from NVIDIA's figures (the 119B to +15%), the
+  DGX Cloud GPT-3 rows 6 and 9 points, and bring the Llama 3 rows and the DGX Cloud 405B rows 2-3 points closer.
+  The plan would be further from the record overall, which points to a cost of those runs the model does not
+  price (the interleaved schedule's waits at chunk boundaries, or more of the step than modelled); the sends stay
+  on the slot until that is found.
 - **BLOOM** is predicted 7% too fast (105 s a step in its logs, 97 s planned): its Omni-Path fabric and the DeepSpeed
   pipeline engine's overheads are assumed, not measured. BigScience's own all-reduce measurement on that A100
   partition (bigscience experiments/bandwidth, January 2022, with the tr11 environment: 40.5 Gb/s of bus bandwidth,
