@@ -219,8 +219,8 @@ DOC_TAIL = """
     (trainctl/hardware/attention_curves.py), no longer at the papers' best figures: at head dim 128 and 4K tokens
     FlashAttention-3's forward is 579 TFLOP/s, not 740, and its backward 428, not 524. The layer the H100 rate
     comes from then spends more of its time in attention, so its GEMMs' rate rose from 0.657 to 0.671: the two
-    nearly cancel on the headline (9.6% -> 9.7% mean, worst 31.8% -> 30.1%); the DGX Cloud FP8 speed-ups came
-    closer (3.5% -> 3.2% mean error).
+    nearly cancel on the headline (9.6% -> 9.7% mean, worst 31.8% -> 30.1%); the six v24.11 DGX Cloud FP8
+    speed-ups came closer (3.5% -> 3.2% mean error).
   - That layer ran for seconds. Whether hours at the 700 W limit hold the same rate is what
     `bench/bench_sustained_gemm.py` measures on a lent H100 (not yet run); `trainctl calibrate` measures the
     rates a plan then uses on the user's own cards.
@@ -254,10 +254,10 @@ DOC_TAIL = """
     then reduced bf16 runs' gradients in fp32 (megatron/training/arguments.py of July 2024 sets
     accumulate_allreduce_grads_in_fp32 under bf16): NVIDIA's figure implies more of it hidden than that.
 - **The two Llama 3 405B rows** (Table 4 of the paper, 8K sequences) land 11-12% slow, with the planner's defaults
-  for what the paper does not say: FlashAttention-2 for attention (319 TFLOP/s forward at 8K), no TP overlap and the
-  bundled trainer's
-  eager rotary and SwiGLU; each micro-batch's gradients added into fp32 as the paper says (sec. 3.3.2,
-  estimate.grad_accumulation: hook). Meta's stack was faster than those defaults; the paper does not say by what.
+  for what the paper does not say: FlashAttention-2 for attention (333 TFLOP/s forward at 8K), no TP overlap and
+  the bundled trainer's eager rotary and SwiGLU; each micro-batch's gradients added into fp32 as the paper says
+  (sec. 3.3.2, estimate.grad_accumulation: hook). Meta's stack was faster than those defaults; the paper does not
+  say by what.
 - **The interleaved schedule's sends are priced on the slot**, though Megatron hides them behind compute there
   (overlap_p2p_comm, on by default for interleaved schedules; NeMo's configs set it; the Megatron-Core README says
   its pipeline communication is overlapped; the Llama 3 paper's sends are asynchronous). Taking them off the step
