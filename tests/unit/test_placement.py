@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from paths import RECIPES
 
+from trainctl.hardware.topology import aligned_domain_size
 from trainctl.plan import comm
-from trainctl.plan.checks import _aligned_domain
 from trainctl.plan.placement import (
     Groups,
     Layout,
@@ -149,5 +149,6 @@ def test_a_job_that_fills_nvlink_domains_in_part_is_told_the_aligned_allocation(
     assert alt < 0.98 * step
     assert "as 2 domains of 64" in split and f"cluster.nvlink_domain: 64) the predicted step is {dur(alt)}" in split
     assert not [w for w in aligned["warnings"] if w["code"] == "NVLINK_DOMAIN_SPLIT"]
-    assert (_aligned_domain(128, 72, 4), _aligned_domain(144, 72, 4), _aligned_domain(256, 8, 8)) == (64, None, None)
-    assert _aligned_domain(100, 72, 4) == 20  # the largest domain of whole nodes that divides the job
+    assert (aligned_domain_size(128, 72, 4), aligned_domain_size(144, 72, 4),
+            aligned_domain_size(256, 8, 8)) == (64, None, None)
+    assert aligned_domain_size(100, 72, 4) == 20  # the largest domain of whole nodes that divides the job

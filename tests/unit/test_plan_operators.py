@@ -52,10 +52,18 @@ TE_LAYER = ModelShape(layers=1, hidden=4096, heads=32, vocab=32000, seq_len=2048
                       activation="gelu", norm="layernorm", position="learned", bias=True, dropout=0.1)
 
 
+# Transformer Engine's GEMM profiling tutorial's 5B layer: 31 x 512 tokens, hidden 4096, FFN 16384
+TUTORIAL_TOKENS, TUTORIAL_HIDDEN, TUTORIAL_FFN = 31 * 512, 4096, 16384
+
+
+def _layer_linears(hidden: int, ffn: int) -> tuple[tuple[int, int], ...]:
+    """(n, k) of a GELU layer's four linear layers: QKV, attention out, MLP up and down."""
+    return (3 * hidden, hidden), (hidden, hidden), (ffn, hidden), (hidden, ffn)
+
+
 def _layer_gemm_seconds(dev: operators.Device, tokens: int, hidden: int = 4096, ffn: int = 16384) -> float:
-    """A GELU layer's four linear layers (QKV, attention out, MLP up and down), forward and both gradients."""
-    return sum(sum(operators._train_gemm(dev, tokens, n, k, 2))
-               for n, k in ((3 * hidden, hidden), (hidden, hidden), (ffn, hidden), (hidden, ffn)))
+    """A GELU layer's four linear layers, forward and both gradients."""
+    return sum(sum(operators._train_gemm(dev, tokens, n, k, 2)) for n, k in _layer_linears(hidden, ffn))
 
 
 def _te_layer_seconds(dev: operators.Device, **fp8: object) -> float:
@@ -157,7 +165,7 @@ def test_h200_nvl_gemm_efficiency_reproduces_transformer_engines_measured_layer(
     gradients), at 32.014 ms on an H200 NVL. The efficiency is what makes the wave-quantized gemm_seconds sum to
     that: the same sum at efficiency 1, over 32.014 ms."""
     nvl = ACCELERATORS["h200-nvl"]
-    tokens, hidden, ffn = 31 * 512, 4096, 16384
+    tokens, hidden, ffn = TUTORIAL_TOKENS, TUTORIAL_HIDDEN, TUTORIAL_FFN
 
     def layer_gemms(efficiency: float) -> float:
         return _layer_gemm_seconds(replace(_device(nvl, "flash3"), gemm_efficiency=efficiency), tokens, hidden, ffn)
@@ -175,7 +183,7 @@ def test_blackwell_gemm_efficiency_reproduces_transformer_engines_measured_b300_
     BF16 at 12.758 ms, 1,503 TFLOP/s, on a part whose datasheet BF16 rate is the B200's (2,250 dense). GB200 takes
     the same share of its own 2,500."""
     b200, gb200 = ACCELERATORS["b200"], ACCELERATORS["gb200"]
-    tokens, hidden, ffn = 31 * 512, 4096, 16384
+    tokens, hidden, ffn = TUTORIAL_TOKENS, TUTORIAL_HIDDEN, TUTORIAL_FFN
 
     def layer_gemms(efficiency: float) -> float:
         return _layer_gemm_seconds(replace(_device(b200), gemm_efficiency=efficiency), tokens, hidden, ffn)
@@ -196,9 +204,9 @@ def test_the_tutorials_fp8_gemms_are_priced_within_3_percent(part: str, publishe
     operators.fp8_activation_bytes) and the weights' (fp8_weight_pass_bytes), at HBM bandwidth."""
     acc = ACCELERATORS[part]
     dev = replace(_device(acc), elementwise="fused")
-    tokens, hidden, ffn = 31 * 512, 4096, 16384
+    tokens, hidden, ffn = TUTORIAL_TOKENS, TUTORIAL_HIDDEN, TUTORIAL_FFN
     seconds = 0.0
-    for n, k in ((3 * hidden, hidden), (hidden, hidden), (ffn, hidden), (hidden, ffn)):
+    for n, k in _layer_linears(hidden, ffn):
         seconds += sum(operators._train_gemm(dev, tokens, n, k, 2)) / gemm_speedup(acc, "fp8")
         seconds += sum(operators.fp8_activation_bytes(tokens, n, k, act=2, eager=False)) / dev.hbm_bw
     weight_bytes = operators.fp8_weight_pass_bytes(weight_bytes=2, eager=False, recompute="none",

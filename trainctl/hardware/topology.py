@@ -23,3 +23,13 @@ def aligned_groups_fit(group_size: int, world_size: int, domain: int) -> bool:
     if world_size <= domain:
         return True
     return group_size <= domain and domain % group_size == 0
+
+
+def aligned_domain_size(world_size: int, domain: int, gpus_per_node: int) -> int | None:
+    """Where an NVLink domain spans nodes (GB200 NVL72) and the job fills some domains only in part: the largest
+    domain of whole nodes that divides the job, so every domain is full; None where the domains already divide
+    the job, or the domain is a node's."""
+    if domain <= gpus_per_node or world_size <= domain or world_size % domain == 0:
+        return None
+    return next((d for d in range(domain - domain % gpus_per_node, gpus_per_node, -gpus_per_node)
+                 if world_size % d == 0), None)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from trainctl.hardware.topology import aligned_domain_size
 from trainctl.plan import memory
 from trainctl.plan.comm import INTER_NODE
 from trainctl.plan.comm_levers import Levers
@@ -30,16 +31,6 @@ class PlanWarning:
 
 # NVLINK_DOMAIN_SPLIT: a domain-aligned allocation is proposed when it shortens the step by more than this
 DOMAIN_SPLIT_SAVING = 0.02
-
-
-def _aligned_domain(world: int, domain: int, gpus_per_node: int) -> int | None:
-    """Where an NVLink domain spans nodes (GB200 NVL72) and the job fills some domains only in part: the largest
-    domain of whole nodes that divides the job, so every domain is full; None where the domains already divide
-    the job, or the domain is a node's."""
-    if domain <= gpus_per_node or world <= domain or world % domain == 0:
-        return None
-    return next((d for d in range(domain - domain % gpus_per_node, gpus_per_node, -gpus_per_node)
-                 if world % d == 0), None)
 
 
 def _gb(x: float) -> str:
@@ -176,7 +167,7 @@ def advise(ev: Evaluator, est: Estimate) -> list[PlanWarning]:  # noqa: C901 - a
         add("DP_EXPOSED", "warning",
             f"data-parallel communication not hidden by compute is {est.dp_exposed_time / step:.0%} of the step"
             + (f"; predicted with {'; '.join(x.text(step) for x in found)}" if found else ""))
-    aligned = _aligned_domain(ctx.world, ctx.hw.nvlink_domain, ctx.hw.gpus_per_node)
+    aligned = aligned_domain_size(ctx.world, ctx.hw.nvlink_domain, ctx.hw.gpus_per_node)
     if step and aligned:
         split = Evaluator(replace(ctx, hw=replace(ctx.hw, nvlink_domain=aligned))).evaluate(c).step_time
         if split and split < (1 - DOMAIN_SPLIT_SAVING) * step:

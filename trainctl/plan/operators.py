@@ -309,7 +309,7 @@ def _attention_seconds(m: ModelShape, dev: Device, *, micro_batch: int, tp: int,
     flops = 4 * pairs * hd * heads
     # the kernel's measured rate at this head dim and at the rank's query length
     eff_f, eff_b = attention_curves.efficiency(dev.attention_curves, dev.kernel, head_dim=hd, seq=m.seq_len / cp)
-    return flops / (dev.peak_flops * eff_f), 2.5 * flops / (dev.peak_flops * eff_b)
+    return flops / (dev.peak_flops * eff_f), attention_curves.BACKWARD_FLOPS * flops / (dev.peak_flops * eff_b)
 
 
 def cross_entropy_bytes(act: int) -> int:
