@@ -259,15 +259,17 @@ DP2 = ["--set", "cluster.gpus_per_node=2", "--set", "parallel.tp=1", "--set", "p
 
 @pytest.mark.slow
 def test_verbose_shows_the_failing_ranks_traceback(tmp_path: Path) -> None:
-    """Rank 1 raises at step 2: with --verbose its traceback reaches the terminal, prefixed by its rank; without,
-    the terminal has rank 0's lines and the one line naming the cause, the traceback only the logs."""
+    """Rank 1 raises at step 3: with --verbose its traceback reaches the terminal, prefixed by its rank; without,
+    the terminal has rank 0's lines and the one line naming the cause, the traceback only the logs. Step 3, not 2:
+    rank 1 reaches it only after step 2's gradient all-reduce, which rank 0 joins after printing its step-1 line;
+    failing at step 2 could kill rank 0 between step 1's last collective and that line."""
     from trainctl.runtime.train import faults
 
     out = {}
     for mode in ("--verbose", None):
         run_dir = tmp_path / f"run{mode or ''}"
-        r = trainctl("launch", str(TINY), "--run-dir", str(run_dir), "--set", "train.steps=3", *DP2,
-                     *([mode] if mode else []), env=faults.encode(fail_at_step=2, fail_rank=1))
+        r = trainctl("launch", str(TINY), "--run-dir", str(run_dir), "--set", "train.steps=4", *DP2,
+                     *([mode] if mode else []), env=faults.encode(fail_at_step=3, fail_rank=1))
         assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
         assert "run failed: rank 1 on " in r.stdout and "InjectedFailure" in r.stdout, r.stdout[-3000:]
         out[mode] = r.stdout
@@ -275,7 +277,7 @@ def test_verbose_shows_the_failing_ranks_traceback(tmp_path: Path) -> None:
         assert "[default1]:Traceback (most recent call last):" in log  # the console copy has every rank's
     verbose, quiet = out["--verbose"], out[None]
     assert "[default1]:Traceback (most recent call last):" in verbose
-    assert "[default1]:trainctl.runtime.train.trainer.InjectedFailure: fault fail_at_step=2" in verbose, verbose[-3000:]
+    assert "[default1]:trainctl.runtime.train.trainer.InjectedFailure: fault fail_at_step=3" in verbose, verbose[-3000:]
     assert "Traceback" not in quiet and "[default" not in quiet, quiet[-3000:]
     assert "step 1" in quiet  # rank 0's own lines, as before
 
