@@ -237,7 +237,7 @@ def test_field_errors_and_cross_section_rules_are_reported_in_one_pass():
 
 def test_plan_counts_read_as_numbers_and_words():
     """16,384 GPUs on 2,048 nodes (separators), a Young/Daly interval of ~1 step (not "~1 steps")."""
-    out = trainctl("plan", str(ROOT / "recipes" / "llama3-405b.yaml"), "--set", "checkpoint.mtbf_hours=0.5")
+    out = trainctl("plan", str(ROOT / "recipes" / "llama3-405b.yaml"), "--set", "checkpoint.mtbf_hours=0.2")
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("llama3-405b: 16,384 GPUs = tp 8 x pp 16 x dp 128 on 2,048 nodes x 8 h100-sxm")
     assert "(~1 step)" in out.stdout and "(~1 steps)" not in out.stdout

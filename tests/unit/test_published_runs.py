@@ -23,7 +23,7 @@ ROOT = validation.ROOT
 
 # over the eleven headline runs; over all the published rows
 HELD_MEAN, HELD_WORST = 0.10, 0.31  # reached: 9.7%, 30.1% (the Megatron-Core 1.7B row); target 5%, 10%
-HELD_MEAN_ALL, HELD_WORST_ALL = 0.08, 0.31  # reached: 7.0%, 30.1% (49 runs)
+HELD_MEAN_ALL, HELD_WORST_ALL = 0.07, 0.31  # reached: 6.7%, 30.1% (49 runs)
 # the A100 rows, Megatron-LM 2021 within 10% each (reached: 9.5%, the 1.7B) and Megatron-LM 2022 (Korthikanti et
 # al.) within 12% (reached: 11.0%, the 1T under full recompute): the A100's GEMM figure is one measured layer's
 HELD_A100_2021, HELD_A100_2022 = 0.10, 0.12
@@ -38,6 +38,9 @@ HELD_DGXC2505_H100, HELD_DGXC2505_GB200 = 0.03, 0.05
 # the FP8 speed-up over BF16 of the same recipe, the eight pairs: mean within 4%, each within 9% (reached: 3.4%,
 # 8.6%)
 HELD_FP8_SPEEDUP_MEAN, HELD_FP8_SPEEDUP_WORST = 0.04, 0.09
+# Llama 3 405B at 8K on 8,192 and 16,384 H100s (the paper's Table 4), the gradients reduce-scattered once a step as
+# the recipes read the paper: within 6% each (reached: 5.7%, the 16,384)
+HELD_LLAMA3 = 0.06
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +71,8 @@ def test_every_published_run_is_planned_and_the_error_is_held(rows: list[validat
     assert [r.gpu for r in v2505["h100"] + v2505["gb200"]] == ["h100-sxm"] * 2 + ["gb200"] * 2
     assert max(abs(r.error) for r in v2505["h100"]) <= HELD_DGXC2505_H100, validation.table(rows)
     assert max(abs(r.error) for r in v2505["gb200"]) <= HELD_DGXC2505_GB200, validation.table(rows)
+    llama3 = [r for r in rows if r.spec.startswith("llama3-405b-")]
+    assert len(llama3) == 2 and max(abs(r.error) for r in llama3) <= HELD_LLAMA3, validation.table(rows)
 
 
 def test_the_fp8_speedup_of_each_recipe_is_held(rows: list[validation.Row]) -> None:

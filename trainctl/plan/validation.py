@@ -253,16 +253,23 @@ DOC_TAIL = """
   - The 32B row is slow because its DP traffic (TP8: one NIC per DP group) has one slot to hide in, and Megatron
     then reduced bf16 runs' gradients in fp32 (megatron/training/arguments.py of July 2024 sets
     accumulate_allreduce_grads_in_fp32 under bf16): NVIDIA's figure implies more of it hidden than that.
-- **The two Llama 3 405B rows** (Table 4 of the paper, 8K sequences) land 11-12% slow, with the planner's defaults
-  for what the paper does not say: FlashAttention-2 for attention (333 TFLOP/s forward at 8K), no TP overlap and
-  the bundled trainer's eager rotary and SwiGLU; each micro-batch's gradients added into fp32 as the paper says
-  (sec. 3.3.2, estimate.grad_accumulation: hook). Meta's stack was faster than those defaults; the paper does not
-  say by what.
+- **The two Llama 3 405B rows** (Table 4 of the paper, 8K sequences) land 6% fast, with the planner's defaults for
+  what the paper does not say: FlashAttention-2 for attention (333 TFLOP/s forward at 8K), no TP overlap and the
+  bundled trainer's eager rotary and SwiGLU. The gradients are read as the paper's "Numerical stability" paragraph
+  (sec. 3.3.2) gives them: "FP32 gradient accumulation during backward computation over multiple micro-batches"
+  and a reduce-scatter "in FP32 across data parallel workers in FSDP", once a step, which is how PyTorch's FSDP
+  runs under its pipeline schedules (the gradient sync is off until the step's last backward, and FSDP keeps the
+  unsharded gradients in its fp32 reduce dtype meanwhile): ZeRO-1 in the spec, each micro-batch's gradient added
+  into fp32 as it comes (estimate.grad_accumulation: hook). Read instead as a reduce-scatter every micro-batch
+  (ZeRO-2, 400 GB a GPU a step at 8K), the rows were 11-12% slow and the whole run 19% long
+  (docs/design/whole-run.md); the paper's "shards optimizer states and gradients" names FSDP's strategy, and does
+  not say when the reduce-scatter runs.
 - **The interleaved schedule's sends are priced on the slot**, though Megatron hides them behind compute there
   (overlap_p2p_comm, on by default for interleaved schedules; NeMo's configs set it; the Megatron-Core README says
   its pipeline communication is overlapped; the Llama 3 paper's sends are asynchronous). Taking them off the step
   would move the Megatron-Core rows from 70B up 2-7 points further from NVIDIA's figures (the 119B to +15%), the
-  DGX Cloud GPT-3 rows 6 and 9 points, and bring the Llama 3 rows and the DGX Cloud 405B rows 2-3 points closer.
+  DGX Cloud GPT-3 rows 6 and 9 points and the Llama 3 rows 3-4 (to +9%), and bring the DGX Cloud 405B rows 2-3
+  points closer.
   The plan would be further from the record overall, which points to a cost of those runs the model does not
   price (the interleaved schedule's waits at chunk boundaries, or more of the step than modelled); the sends stay
   on the slot until that is found.
