@@ -480,11 +480,12 @@ def test_the_bundled_trainers_dp_overlap_is_its_buckets() -> None:
     assert est_full.dp_exposed_time == pytest.approx(rs + ag - min(rs + ag, slot))
 
 
-def _bytes_moved(fn, inputs: list, *, over: int, skip: frozenset[str] | set[str] = frozenset()) -> int:  # noqa: ANN001
-    """HBM bytes the aten ops of fn(*inputs) and its backward move over tensors of at least `over` values: every
-    such input read and output written (in-place ops both); views move nothing, and indexing ops touch one value
-    per row; the ops named in `skip` (GEMMs the plan prices apart) are left out. Counted on the CPU, where the
-    trainer runs the same ops as on a GPU for the parts tested here."""
+def _bytes_moved(fn, inputs: list, *, over: int, skip: frozenset[str] | set[str] = frozenset(),  # noqa: ANN001
+                 backward: bool = True) -> int:
+    """HBM bytes the aten ops of fn(*inputs) and its backward (unless `backward` is False) move over tensors of at
+    least `over` values: every such input read and output written (in-place ops both); views move nothing, and
+    indexing ops touch one value per row; the ops named in `skip` (GEMMs the plan prices apart) are left out.
+    Counted on the CPU, where the trainer runs the same ops as on a GPU for the parts tested here."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -501,6 +502,10 @@ def _bytes_moved(fn, inputs: list, *, over: int, skip: frozenset[str] | set[str]
                 total += sum(x.nbytes for x in tensors([*args, *(kwargs or {}).values(), out]) if x.numel() >= over)
             return out
 
+    if not backward:
+        with Count():
+            fn(*inputs)
+        return total
     y = fn(*inputs)
     grad = torch.randn_like(y) if y.dim() else None
     with Count():
@@ -626,6 +631,23 @@ def test_the_weight_passes_are_the_ones_the_trainer_makes() -> None:
     assert operators.weight_pass_bytes("hook", precision="bf16", **other) == 10
     assert operators.weight_pass_bytes("hook", precision="fp16", **other) == 6
     assert operators.weight_pass_bytes("fused", precision="bf16", **other) == 0
+
+
+def test_the_other_stacks_gradient_adds_move_what_they_are_priced_at() -> None:
+    """estimate.grad_accumulation names another stack's add of each micro-batch's 16-bit gradient into its fp32
+    buffer. Megatron-LM's main_grad hook adds it as it is (`main_grad.add_(grad)`: the cast inside the add, 10 bytes
+    a weight: hook); DeepSpeed's BF16 optimizer casts it into a new fp32 tensor first
+    (`hp_grad.add_(lp.grad.to(hp_grad.dtype))`, bf16_optimizer.py update_hp_grads: 18 bytes: cast). Counted over
+    the aten ops of those very lines."""
+    import torch
+
+    n = 64 * 64
+    lp_grad, hp_grad = torch.randn(n, dtype=torch.bfloat16), torch.zeros(n)
+    other = {"zero": 1, "dp": 2, "pp": 2, "micro_batches": 4, "recompute": "none"}
+    hook = _bytes_moved(lambda g: hp_grad.add_(g), [lp_grad], over=n, backward=False)
+    cast = _bytes_moved(lambda g: hp_grad.add_(g.to(hp_grad.dtype)), [lp_grad], over=n, backward=False)
+    assert hook == operators.weight_pass_bytes("hook", precision="bf16", **other) * n == 10 * n
+    assert cast == operators.weight_pass_bytes("cast", precision="bf16", **other) * n == 18 * n
 
 
 def test_the_plan_prices_the_weight_passes_by_zero_stage_and_stack() -> None:

@@ -124,7 +124,7 @@ class Assumptions:
     # capacity-padded buffers: the factor itself (estimate.moe_imbalance says where 1.1 comes from)
     moe_imbalance: float = DEFAULT_MOE_IMBALANCE
     # the passes each micro-batch makes over every matmul weight beyond its GEMMs (operators.weight_pass_bytes):
-    # auto, the bundled trainer's; hook or fused, another stack's (estimate.grad_accumulation)
+    # auto, the bundled trainer's; hook, cast or fused, another stack's (estimate.grad_accumulation)
     grad_accumulation: str = "auto"
 
 

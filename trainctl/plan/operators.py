@@ -154,12 +154,17 @@ def weight_pass_bytes(mode: str, *, precision: str, zero: int, dp: int, pp: int,
     one's added), and the step's reduce-scatter copies it into its input once.
     hook: 16-bit weights and Megatron-LM's main_grad add of the 16-bit gradient (megatron/model/distributed.py,
     March 2021): into an fp32 buffer under bf16 (read 2 + 4, write 4), into the fp16 one under fp16 (Megatron's
-    default without --accumulate-allreduce-grads-in-fp32: read 2 + 2, write 2); fused: nothing (the GEMM
-    accumulates)."""
+    default without --accumulate-allreduce-grads-in-fp32: read 2 + 2, write 2); cast: 16-bit weights whose
+    gradient is first cast into a new fp32 tensor (read 2, write 4) and that added into the fp32 buffer (read
+    4 + 4, write 4): DeepSpeed's BF16 optimizer (deepspeed/runtime/bf16_optimizer.py update_hp_grads,
+    `hp_grad.add_(lp.grad.to(hp_grad.dtype))`, after every micro-batch's backward in its pipeline engine, as
+    of the bf16 + pipeline parallelism merge of April 2022); fused: nothing (the GEMM accumulates)."""
     if mode == "fused":
         return 0.0
     if mode == "hook":
         return 2 + 2 + 2 if precision == "fp16" else 2 + 4 + 4
+    if mode == "cast":
+        return (2 + 4) + (4 + 4 + 4)
     m = micro_batches
 
     def casts(fp32_weights: bool) -> float:  # autocast's cast of a 32-bit weight and its gradient's cast back
@@ -219,7 +224,7 @@ def gradient_buffer_pass_bytes(mode: str, *, zero: int, dp: int, micro_batches: 
     (and rounding) every micro-batch, adds the reduce-scattered slice into its fp32 gradient shard (12 bytes per
     element of a dp-th, zeroed before each step: 4) and zeroes the buffer it filled (write 4). None with one
     replica (the gradients are autograd's own), under ZeRO-3 (FSDP2's, in weight_pass_bytes), or for another
-    stack (estimate.grad_accumulation hook or fused)."""
+    stack (estimate.grad_accumulation hook, cast or fused)."""
     if mode != "auto" or dp == 1 or zero >= 3:
         return 0.0
     divide = 4 + 4 + ((4 + 2) if reduce_bf16 else 0)

@@ -273,8 +273,11 @@ DOC_TAIL = """
   The plan would be further from the record overall, which points to a cost of those runs the model does not
   price (the interleaved schedule's waits at chunk boundaries, or more of the step than modelled); the sends stay
   on the slot until that is found.
-- **BLOOM** is predicted 7% too fast (105 s a step in its logs, 97 s planned): its Omni-Path fabric and the DeepSpeed
-  pipeline engine's overheads are assumed, not measured. BigScience's own all-reduce measurement on that A100
+- **BLOOM** is predicted 5% too fast (104.7 s a step in its logs, 99.7 s planned), with DeepSpeed's BF16 optimizer
+  priced as its pipeline engine ran it: after every micro-batch's backward each 16-bit gradient cast into a new
+  fp32 tensor and added into the fp32 buffer, 18 bytes a weight (estimate.grad_accumulation: cast; a plain add,
+  10 bytes, had it 7% fast). Its Omni-Path fabric and the pipeline engine's other overheads are assumed, not
+  measured. BigScience's own all-reduce measurement on that A100
   partition (bigscience experiments/bandwidth, January 2022, with the tr11 environment: 40.5 Gb/s of bus bandwidth,
   about 5 GB/s a node against the links' 50) would make the step 135 s, so it cannot be the fabric the run had;
   the spec keeps the links' datasheet rate.

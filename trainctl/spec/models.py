@@ -615,12 +615,13 @@ class EstimateSpec(Strict):
         "each, as a stack with fused kernels runs them (Megatron with Transformer Engine). Another stack's choice, "
         "for planning its published runs; plan prints it as an assumption"
     )
-    grad_accumulation: Literal["auto", "hook", "fused"] = Field(
+    grad_accumulation: Literal["auto", "hook", "cast", "fused"] = Field(
         "auto", description="The passes over HBM each micro-batch makes for every matmul weight beyond its GEMMs: "
         "auto is what the bundled trainer makes (under bf16/fp16 with fp32 weights, autocast's cast of the weight "
         "and of its gradient back, then an fp32 add into the gradient buffer; 16-bit weights under ZeRO-1/2: the "
         "16-bit gradient added into the fp32 buffer); hook 16-bit weights and that add (Megatron-LM's main_grad "
-        "before gradient-accumulation fusion, DeepSpeed's BF16 optimizer); fused none, the add inside the "
+        "before gradient-accumulation fusion); cast 16-bit weights whose gradient is first cast into a new fp32 "
+        "tensor and then added (DeepSpeed's BF16 optimizer); fused none, the add inside the "
         "weight-gradient GEMM (Transformer Engine's fuse_wgrad_accumulation, Megatron's "
         "--gradient-accumulation-fusion). Another stack's choice, for planning its published runs; plan prints it "
         "as an assumption")
