@@ -252,7 +252,13 @@ DOC_TAIL = """
     inside the weight-gradient GEMMs (estimate.grad_accumulation: fused), so no weight passes.
   - The 32B row is slow because its DP traffic (TP8: one NIC per DP group) has one slot to hide in, and Megatron
     then reduced bf16 runs' gradients in fp32 (megatron/training/arguments.py of July 2024 sets
-    accumulate_allreduce_grads_in_fp32 under bf16): NVIDIA's figure implies more of it hidden than that.
+    accumulate_allreduce_grads_in_fp32 under bf16): NVIDIA's figure implies more of it hidden than that. Even at
+    the NIC's 400 Gb/s line rate, the fp32 reduce-scatter of a GPU's 3.96B gradients takes 310 ms and the bf16
+    all-gather 155 ms; NVIDIA's step (0.89 s) leaves 131 ms beside the plan's 0.76 s of compute and TP, so at
+    least 334 ms would have had to hide, where Megatron-Core 0.8 (the release the README's scaling figure names)
+    overlaps the reduce-scatter with the last micro-batch's backward and the all-gather with the first one's
+    forward: one slot, 190 ms here. Either that run's compute was faster than every other row's or its gradients
+    moved fewer bytes than the July 2024 code sends.
 - **The two Llama 3 405B rows** (Table 4 of the paper, 8K sequences) land 6% fast, with the planner's defaults for
   what the paper does not say: FlashAttention-2 for attention (333 TFLOP/s forward at 8K), no TP overlap and the
   bundled trainer's eager rotary and SwiGLU. The gradients are read as the paper's "Numerical stability" paragraph
