@@ -287,6 +287,12 @@ DOC_TAIL = """
   partition (bigscience experiments/bandwidth, January 2022, with the tr11 environment: 40.5 Gb/s of bus bandwidth,
   about 5 GB/s a node against the links' 50) would make the step 135 s, so it cannot be the fabric the run had;
   the spec keeps the links' datasheet rate.
+- **The DeepSpeed runs miss a constant a step.** What the plan leaves out of BLOOM's step is 5.0 s at its full batch
+  (128 micro-batches a pipeline) and 4.5 s at its first (24 micro-batches of one sequence, where the README logged 73
+  TFLOP/s and the plan gives 94: +29%); of MT-NLG's, 7.0, 6.3 and 6.6 s at 240, 192 and 160 micro-batches. A
+  cost that grows neither with the micro-batches nor with their size: a step's fixed work (the gradient
+  reduction, the optimizer, the tied embeddings' sync), not the layers', and not the pipeline's fill and drain,
+  which at BLOOM's first batch is half as long. Neither source says which part.
 """
 
 
