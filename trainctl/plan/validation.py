@@ -275,18 +275,16 @@ DOC_TAIL = """
   its pipeline communication is overlapped; the Llama 3 paper's sends are asynchronous). Taking them off the step
   would move the Megatron-Core rows from 70B up 2-7 points further from NVIDIA's figures (the 119B to +15%), the
   DGX Cloud GPT-3 rows 6 and 9 points and the Llama 3 rows 3-4 (to +9%), and bring the DGX Cloud 405B rows 2-3
-  points closer.
-  The plan would be further from the record overall, which points to a cost of those runs the model does not
-  price (the interleaved schedule's waits at chunk boundaries, or more of the step than modelled); the sends stay
-  on the slot until that is found.
+  points closer. The plan would be further from the record overall, which points to a cost of those runs the
+  model does not price (the interleaved schedule's waits at chunk boundaries, or more of the step than modelled);
+  the sends stay on the slot until that is found.
 - **BLOOM** is predicted 5% too fast (104.7 s a step in its logs, 99.7 s planned), with DeepSpeed's BF16 optimizer
   priced as its pipeline engine ran it: after every micro-batch's backward each 16-bit gradient cast into a new
   fp32 tensor and added into the fp32 buffer, 18 bytes a weight (estimate.grad_accumulation: cast; a plain add,
   10 bytes, had it 7% fast). Its Omni-Path fabric and the pipeline engine's other overheads are assumed, not
-  measured. BigScience's own all-reduce measurement on that A100
-  partition (bigscience experiments/bandwidth, January 2022, with the tr11 environment: 40.5 Gb/s of bus bandwidth,
-  about 5 GB/s a node against the links' 50) would make the step 135 s, so it cannot be the fabric the run had;
-  the spec keeps the links' datasheet rate.
+  measured. BigScience's own all-reduce measurement on that A100 partition (bigscience experiments/bandwidth,
+  January 2022, with the tr11 environment: 40.5 Gb/s of bus bandwidth, about 5 GB/s a node against the links' 50)
+  would make the step 135 s, so it cannot be the fabric the run had; the spec keeps the links' datasheet rate.
 - **The DeepSpeed runs miss a constant a step.** What the plan leaves out of BLOOM's step is 5.0 s at its full batch
   (128 micro-batches a pipeline) and 4.5 s at its first (24 micro-batches of one sequence, where the README logged 73
   TFLOP/s and the plan gives 94: +29%); of MT-NLG's, 7.0, 6.3 and 6.6 s at 240, 192 and 160 micro-batches. A
