@@ -18,6 +18,7 @@ from paths import REPO as ROOT
 
 from trainctl.hardware.detect import has_gpu
 from trainctl.rundir.paths import read_jsonl
+from trainctl.rundir.steptimes import ABS_THRESHOLD_S, PERSISTENT, REL_THRESHOLD
 from trainctl.runtime.train import faults
 
 DP2 = ["parallel.tp=1", "parallel.pp=1", "cluster.gpus_per_node=2"]
@@ -74,14 +75,19 @@ def test_slowed_rank_is_the_straggler(runs):
     st = r["stragglers"]
     assert st["available"] and st["ranks"] == 2
     (x,) = st["stragglers"]
-    assert x["rank"] == 1 and x["fraction_above"] >= 0.9
-    assert x["where"].startswith("rank 1 on ")
-    # its cost: what each sampled step (the first, a warm-up, aside) would have saved had rank 1 kept up with
-    # rank 0, worked out from the raw step times; rank 1's own work holds its whole sleep (a sleep never ends
-    # early, a loaded host only stretches it), so the cost is at least SLOW_S less rank 0's work, every step
     busy = busy_by_step(runs["slow"])
-    sampled = sorted(busy)[1:]
+    sampled = sorted(busy)[1:]  # the first step, a warm-up, aside
     assert st["steps_sampled"] == len(sampled) == 7
+    # rank 1 is the straggler: above the two ranks' median by 10% and 5 ms in the steps the raw step times say,
+    # persistently (3 of 4 sampled steps or more; on a loaded host rank 0 can lose a step of its own)
+    above = sum(1 for k in sampled
+                if busy[k][1] - statistics.median(busy[k].values()) > max(
+                    REL_THRESHOLD * statistics.median(busy[k].values()), ABS_THRESHOLD_S))
+    assert x["rank"] == 1 and x["steps_above"] == above and x["fraction_above"] == above / 7 >= PERSISTENT
+    assert x["where"].startswith("rank 1 on ")
+    # its cost: what each sampled step would have saved had rank 1 kept up with rank 0, worked out from the raw
+    # step times; rank 1's own work holds its whole sleep (a sleep never ends early, a loaded host only
+    # stretches it), so the cost is at least SLOW_S less rank 0's work, every step
     assert x["cost_s"] == pytest.approx(sum(max(0.0, busy[k][1] - busy[k][0]) for k in sampled), abs=1e-5)
     assert all(busy[k][1] >= SLOW_S for k in sampled)
     assert x["cost_s"] >= sum(max(0.0, SLOW_S - busy[k][0]) for k in sampled) - 1e-5
