@@ -29,9 +29,11 @@ launcher: {backend: slurm, mode: srun}
 # The two "nodes" share two cores with whatever else runs on this machine: a healthy pair measured as far
 # apart as 0.52x (the other test worker compiling with inductor meanwhile). 0.4 sits below that; the default
 # (0.8) is for real fleets. A ratio is judged bad only when it stays under the threshold after allowing for the
-# peers' measured spread, which reached 39% in CI: n2 held to 20% of the time measured 0.31x there, inside it,
-# so n2 is held to 10% (at most 0.4 / 1.39 = 0.29x is needed; 10% of the time gives about 0.1x).
-SLOW_FRACTION = 0.1
+# peers' measured spread, which reached 39% in CI: n2 held to 20% of the time measured 0.31x there, inside it.
+# Held to 10% it measured 0.32x once too (a fresh-clone CI on a slower host, n1's own windows spread 56%, n2's
+# 32.5%: 0.4 / 1.325 = 0.30x needed), so n2 is held to 5%: half that rate again, under the threshold by more than
+# any spread measured here.
+SLOW_FRACTION = 0.05
 LOOSE = ["--min-matmul-ratio", "0.4"]
 
 def test_healthy_cluster_passes(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
