@@ -80,9 +80,11 @@ def test_slowed_rank_is_the_straggler(runs):
     assert st["steps_sampled"] == len(sampled) == 7
     # rank 1 is the straggler: above the two ranks' median by 10% and 5 ms in the steps the raw step times say,
     # persistently (3 of 4 sampled steps or more; on a loaded host rank 0 can lose a step of its own)
-    above = sum(1 for k in sampled
-                if busy[k][1] - statistics.median(busy[k].values()) > max(
-                    REL_THRESHOLD * statistics.median(busy[k].values()), ABS_THRESHOLD_S))
+    def rank1_above(step: dict[int, float]) -> bool:
+        median = statistics.median(step.values())
+        return step[1] - median > max(REL_THRESHOLD * median, ABS_THRESHOLD_S)
+
+    above = sum(rank1_above(busy[k]) for k in sampled)
     assert x["rank"] == 1 and x["steps_above"] == above and x["fraction_above"] == above / 7 >= PERSISTENT
     assert x["where"].startswith("rank 1 on ")
     # its cost: what each sampled step would have saved had rank 1 kept up with rank 0, worked out from the raw
