@@ -7,8 +7,10 @@ import math
 import os
 import random
 import statistics
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -85,6 +87,7 @@ def test_default_failure_model_reproduces_llama3_interruptions() -> None:
 REPO = Path(__file__).resolve().parents[2]
 LLAMA_405B = str(REPO / "recipes" / "llama3-405b.yaml")
 LLAMA_405B_STAGED = str(REPO / "recipes" / "llama3-405b-staged.yaml")  # the whole run: train.stages
+BLOOM_STAGED = str(REPO / "recipes" / "bloom-176b.yaml")  # the batch ramp as two stages, then the full batch
 
 
 def test_plan_prices_the_whole_run_from_its_own_step_time() -> None:
@@ -183,6 +186,29 @@ def test_tokens_not_a_multiple_of_the_batch_suggest_two_counts_that_differ_in_pr
     assert short and short[1] != short[2] and float(short[1]) == pytest.approx(down, rel=1e-7)
 
 
+def _whole_run_at(path: str, step_time: Callable[[dict[str, Any], dict[str, Any]], float | None]
+                  ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The spec's stages and its whole run through the plan's own model (saves, failures, restarts, requeues) with
+    each stage's step replaced by step_time(stage, plan), where that gives one: a published rate in place of the
+    predicted step."""
+    from trainctl.plan.plan import build_plan, staged_gpus, staged_mean_step, whole_run_plan
+    from trainctl.spec import load_spec
+
+    spec = load_spec(path)
+    plan = build_plan(spec).to_json()
+    ck = plan["checkpoint"]
+    stages = ck["whole_run"]["stages"]
+    for s in stages:
+        published = step_time(s, plan)
+        if published is not None:
+            s["step_time_s"], s["compute_s"] = published, published * s["steps"]
+    run = whole_run_plan(spec, step_time=staged_mean_step(stages, spec), blocking_s=ck["blocking_s"],
+                         save_s=ck["save_s"], mtbf_s=ck["whole_run"]["mtbf_s"], stages=stages)
+    assert run is not None
+    assert run["gpu_hours"] == pytest.approx(run["wall_days"]["mean"] * 24 * staged_gpus(stages, spec), rel=1e-9)
+    return stages, run
+
+
 def test_405b_recipe_priced_at_the_published_rate_needs_the_published_gpu_hours() -> None:
     """Meta's Llama 3.1 model card: 30.84M H100-80GB GPU-hours to train the 405B model (700 W TDP). Dubey et al.
     (2024), Table 4: 400 TFLOP/s per GPU at 8K (TP8 PP16 DP128) and 380 at 128K (CP16). Each of the recipe's
@@ -192,27 +218,42 @@ def test_405b_recipe_priced_at_the_published_rate_needs_the_published_gpu_hours(
     with the plan's own whole-run model (saves, failures, restarts) needs 32.5M GPU-hours at an ETTR of 90.4%,
     5% above the card: Meta reports an ETTR above 90%. The tolerance, 10%, is the target for published whole
     runs."""
-    from trainctl.plan.plan import build_plan, staged_gpus, staged_mean_step, whole_run_plan
-    from trainctl.spec import load_spec
+    def published(stage: dict[str, Any], _plan: dict[str, Any]) -> float:
+        rate = (380e12 if stage["seq_len"] > 8192 else 400e12) * stage["gpus"]
+        return stage["model_flops_per_step"] / rate
 
-    spec = load_spec(LLAMA_405B_STAGED)
-    ck = build_plan(spec).to_json()["checkpoint"]
-    stages = ck["whole_run"]["stages"]
+    stages, run = _whole_run_at(LLAMA_405B_STAGED, published)
     assert {s["gpus"] for s in stages} == {8192, 16384}
-    for s in stages:  # the published rate in place of the predicted step
-        rate = (380e12 if s["seq_len"] > 8192 else 400e12) * s["gpus"]
-        s["step_time_s"] = s["model_flops_per_step"] / rate
-        s["compute_s"] = s["step_time_s"] * s["steps"]
-    run = whole_run_plan(spec, step_time=staged_mean_step(stages, spec), blocking_s=ck["blocking_s"],
-                         save_s=ck["save_s"], mtbf_s=ck["whole_run"]["mtbf_s"], stages=stages)
-    assert run is not None
     assert run["tokens"] == pytest.approx(15.6e12, rel=1e-6)
     assert run["gpu_hours"] == pytest.approx(30.84e6, rel=0.10)
     compute_gpu_hours = sum(s["compute_s"] * s["gpus"] for s in stages) / 3600
     assert compute_gpu_hours < 30.84e6 < run["gpu_hours"] * 1.10
-    assert run["gpu_hours"] == pytest.approx(run["wall_days"]["mean"] * 24 * staged_gpus(stages, spec), rel=1e-9)
     # energy: GPU-hours x the catalog's 700 W, the card's own figure
     assert run["energy_mwh"] == pytest.approx(run["gpu_hours"] * 700 / 1e6)
+
+
+def test_bloom_recipe_priced_at_the_logged_rate_needs_the_published_gpu_hours() -> None:
+    """BLOOM paper (sec. 3.5.1) and model card: 1,082,990 A100 GPU-hours. Its README logged 149.77 TFLOP/s per GPU
+    at the full batch, counted with the recomputed forward (the plan's hardware FLOPs): 104.7 s a step on 384 GPUs.
+    The main stage priced at that rate and the batch ramp as planned (the README gives the ramp's rate only at its
+    first batch) with the plan's own whole-run model (synchronous saves every 100 steps, OPT-175B's 105 hardware
+    restarts in 2 months on 992 A100 scaled to 384, 100-hour jobs requeued) needs 1.02M GPU-hours, 5.5% short of
+    the paper's: what is left is downtime the fleet's rate does not hold (BLOOM's chronicles log hangs of hours
+    found by hand). The tolerance, 10%, is the target for published whole runs."""
+    def logged(stage: dict[str, Any], plan: dict[str, Any]) -> float | None:
+        if stage["name"] != "main":
+            return None
+        # the main stage is the spec's own shape, whose hardware FLOPs the plan counts
+        assert (stage["global_batch"], stage["micro_batch"]) == (2048, plan["layout"]["micro_batch"])
+        return plan["flops"]["hardware_per_step"] / (149.77e12 * stage["gpus"])
+
+    stages, run = _whole_run_at(BLOOM_STAGED, logged)
+    assert [(s["name"], s["gpus"]) for s in stages] == [("ramp-mb1", 384), ("ramp-mb2", 384), ("main", 384)]
+    assert stages[-1]["step_time_s"] == pytest.approx(104.7, abs=0.05)
+    assert run["tokens"] == pytest.approx(366e9, rel=1e-3)
+    assert run["gpu_hours"] == pytest.approx(1_082_990, rel=0.10)
+    compute_gpu_hours = sum(s["compute_s"] * s["gpus"] for s in stages) / 3600
+    assert compute_gpu_hours < run["gpu_hours"] < 1_082_990
 
 
 def test_a_run_without_saves_far_beyond_the_mtbf_is_not_expected_to_finish() -> None:
