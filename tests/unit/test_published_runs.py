@@ -48,6 +48,11 @@ def rows() -> list[validation.Row]:
     return [validation.plan_row(e) for e in validation.runs()]
 
 
+@pytest.fixture(scope="module")
+def unknowns(rows: list[validation.Row]) -> list[tuple[validation.Row, validation.Unknowns | None]]:
+    return validation.headline_unknowns(validation.runs(), rows)
+
+
 def test_every_published_run_is_planned_and_the_error_is_held(rows: list[validation.Row]) -> None:
     issue = [r for r in rows if r.headline]
     assert len(issue) == 11 and len(rows) > 11
@@ -88,13 +93,32 @@ def test_the_fp8_speedup_of_each_recipe_is_held(rows: list[validation.Row]) -> N
         validation.fp8_table(pairs))
 
 
-def test_the_docs_table_is_current(rows: list[validation.Row]) -> None:
+def test_the_docs_table_is_current(rows: list[validation.Row], unknowns) -> None:
     """docs/validation.md and the record the plan prints from (plan/record.json) are what `python -m
     trainctl.plan.validation --write` writes today."""
-    assert validation.DOC.read_text() == validation.render(rows), (
+    assert validation.DOC.read_text() == validation.render(rows, unknowns), (
         "docs/validation.md is stale. Fix: python -m trainctl.plan.validation --write")
     assert json.loads(record.RECORD.read_text()) == validation.record_of(rows), (
         "trainctl/plan/record.json is stale. Fix: python -m trainctl.plan.validation --write")
+
+
+def test_each_headline_run_is_planned_again_at_the_values_its_source_leaves_open(unknowns) -> None:
+    """The unknowns table (docs/validation.md, "What the unknowns move"): at the spec's own values it is the headline
+    row's plan, and every other value it names moves the plan (an override the planner ignored would repeat the
+    spec's error and read as an assumption that does not matter)."""
+    assert len(unknowns) == 11
+    varied = [(row, u) for row, u in unknowns if u is not None]
+    assert len(varied) == 10  # BLOOM's layout is published whole
+    for row, u in varied:
+        assert row.headline
+        at_spec = [p for p in u.grid if p.values == u.planned]
+        assert len(at_spec) == 1 and at_spec[0].error == pytest.approx(row.error, abs=1e-12), row.run
+        for field, values in u.fields.items():
+            assert dict(u.planned)[field] in values, (row.run, field)
+            along = u.along(field)
+            assert len(along) >= 2, (row.run, field, "no alternative the spec accepts")
+            assert len({round(p.error, 9) for p in along}) == len(along), (row.run, field, along)
+        assert u.closest.fits and abs(u.closest.error) <= abs(row.error) + 1e-12
 
 
 def test_an_uncalibrated_plan_carries_the_records_range_on_its_gpu(rows: list[validation.Row]) -> None:
