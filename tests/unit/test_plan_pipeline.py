@@ -189,10 +189,18 @@ def _replay(sched: str, p: int, v: int, m: int) -> tuple[float, list[float], dic
     each; a pass starts when its rank is free and its inputs exist (F after the previous stage's F, B after the
     next stage's B or this last stage's F, W after its B). Returns (makespan, each rank's end, per rank the
     micro-batches held per chunk after each pass: from a micro-batch's F until its backward ends, W when split)."""
+    _, clock, held = _replay_passes(sched, p, v, m)
+    return max(clock), clock, held
+
+
+def _replay_passes(sched: str, p: int, v: int, m: int
+                   ) -> tuple[dict[int, list[tuple[str, int, int, float]]], list[float], dict[int, list[list[int]]]]:
+    """_replay's passes: per rank (kind, stage, micro-batch, end time) in its order, each rank's end, the holdings."""
     from trainctl.plan.pipeline import stages_of_pp_rank
 
     order, last, split = _schedule_order(sched, p, v, m), p * v - 1, sched in ("zero-bubble", "zbv")
     done: dict[tuple[str, int, int], float] = {}
+    passes: dict[int, list[tuple[str, int, int, float]]] = {r: [] for r in range(p)}
     clock, pos = [0.0] * p, [0] * p
     held: dict[int, list[list[int]]] = {r: [] for r in range(p)}
     counts = {r: [0] * v for r in range(p)}
@@ -210,12 +218,13 @@ def _replay(sched: str, p: int, v: int, m: int) -> tuple[float, list[float], dic
                 cost = 1.0 if kind == "F" or split else 2.0
                 clock[r] = max([clock[r]] + [done[d] for d in deps]) + cost
                 done[(kind, s, k)] = clock[r]
+                passes[r].append((kind, s, k, clock[r]))
                 counts[r][chunks.index(s)] += {"F": 1, "W" if split else "B": -1}.get(kind, 0)
                 held[r].append(list(counts[r]))
                 pos[r] += 1
                 progress = True
     assert pos == [len(order[r]) for r in range(p)], "the replay deadlocked"
-    return max(clock), clock, held
+    return passes, clock, held
 
 
 @pytest.mark.parametrize("p", [2, 3, 4, 8])
@@ -300,3 +309,30 @@ def test_the_drain_is_what_the_ranks_wait_after_their_last_pass(sched: str, v: i
             assert waited == pytest.approx(bubble * schedule.drain_share(p, v, sched, m, backward_share=2 / 3)), (p, m)
             if sched != "zbv":
                 assert span == pytest.approx(m * slot + bubble)  # the planner's bubble is the replay's
+
+
+@pytest.mark.parametrize("p,v,m", [(2, 2, 4), (4, 2, 8), (4, 4, 8), (8, 4, 16), (6, 8, 24), (4, 8, 4)])
+def test_the_interleaved_gradient_reduction_left_over_matches_a_replay(p: int, v: int, m: int) -> None:
+    """bubble.reduce_exposed against the interleaved order replayed (a backward of 2 units: one micro-batch's
+    backward through a rank's v chunks is 2v). Each rank starts a chunk's gradient reduction, R/v on its DP link
+    and one after another, when the chunk's last micro-batch backward is done, or r passes later on pipeline rank r
+    (Megatron-Core's --delay-grad-reduce, the default); what runs past the pipeline's end, on the worst rank, is
+    the exposed part."""
+    passes, clock, _ = _replay_passes("interleaved", p, v, m)
+    span = max(clock)
+    for reduce_s in (1.0, 4.0, 16.0, 64.0):
+        for delayed in (False, True):
+            worst = 0.0
+            for r in range(p):
+                backward = [(k, t) for kind, _, k, t in passes[r] if kind == "B"]
+                starts = []
+                for i, (k, _) in enumerate(backward):
+                    if k == m - 1:  # the chunk's last micro-batch
+                        j = i + (r if delayed else 0)
+                        starts.append(backward[j][1] if j < len(backward) else clock[r])
+                free = 0.0
+                for start in sorted(starts):
+                    free = max(free, start) + reduce_s / v
+                worst = max(worst, free - span)
+            assert worst == pytest.approx(schedule.reduce_exposed(reduce_s, p, v, "interleaved", 2.0 * v)), (
+                reduce_s, delayed)

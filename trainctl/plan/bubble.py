@@ -67,6 +67,28 @@ def drain_share(pp: int, v: int, schedule: str, m: int, backward_share: float) -
     return backward_share / 2
 
 
+def reduce_exposed(reduce_s: float, pp: int, v: int, schedule: str, backward_s: float) -> float:
+    """Seconds of a step's once-per-step gradient reduction (ZeRO 0/1) left after the last backward when the stack
+    overlaps it as Megatron-Core's --overlap-grad-reduce does (megatron/core/pipeline_parallel/schedules.py,
+    core_v0.8.0); `backward_s` is one micro-batch's backward through a pipeline rank's layers, all its chunks.
+
+    - Without interleaving, the reduction of each gradient bucket starts as the last micro-batch's backward
+      completes it (a later pipeline rank starts all of it after its last backward and runs it in the drain, which
+      lasts as long): up to one micro-batch's backward hides it.
+    - Interleaved, chunk c's reduction starts once chunk c's last micro-batch backward is done (grad_sync_func, the
+      default --delay-grad-reduce, which aligns the starts across the pipeline ranks), not bucket by bucket within
+      it. The backward finishes the chunks v-1, ..., 0, p micro-batches of each, and the reductions run one after
+      another on the DP link: the j-th chunk from the end has j*p chunk backward passes (each backward_s/v) still
+      to run at its start, so max over j of (j+1)*R/v - j*p*backward_s/v is left over, at least the last chunk's
+      R/v."""
+    if reduce_s <= 0:
+        return 0.0
+    if schedule != "interleaved" or v <= 1:
+        return max(0.0, reduce_s - backward_s)
+    per_chunk, chunk_pass = reduce_s / v, backward_s / v
+    return max((j + 1) * per_chunk - j * pp * chunk_pass for j in range(v))
+
+
 def bubble_fraction(pp: int, m: int, v: int = 1, schedule: str = "1f1b") -> float:
     """Idle fraction of the pipeline's time: (p-1)/(m+p-1) for GPipe and 1F1B, (p-1)/(v*m+p-1) interleaved,
     ((p-1)/3)/(v*m+(p-1)/3) zero-bubble, (i/3)/(2m+i/3) ZBV with i = zbv_idle_passes(p, m).

@@ -19,9 +19,11 @@ measured FLOP/s and, per collective, latency * calls + bytes / measured bandwidt
                                                                     zbv: plan/bubble.zbv_idle_passes/6]
   dp        = DP bytes / DP link rate; hidden = min(dp_overlap * dp, window) (dp_overlap: a calibration
               profile's measured share where the spec sets none),
-              window = one slot for the once-per-step traffic of ZeRO 0/1 (Megatron overlaps the
-              gradient reduce with the last micro-batch's backward and the weight all-gather with the
-              next step's first forward), all m slots for ZeRO 2/3's per-micro-batch traffic
+              window = for the once-per-step traffic of ZeRO 0/1, as Megatron-Core overlaps it: the
+              gradient reduction behind the backward still to run (the last micro-batch's; interleaved,
+              chunk by chunk over the last p micro-batches of each: bubble.reduce_exposed), the weight
+              all-gather behind the next step's first forward; all m slots for ZeRO 2/3's
+              per-micro-batch traffic
   embedding = tied-embedding gradient all-reduce between the first and last stage (pp > 1), exposed
   step      = pipeline + (dp - hidden) + embedding
 Mixture of experts: the slot adds the EP all-to-all of the rank's MoE layers (dispatch and combine,
@@ -878,7 +880,8 @@ class Evaluator:
         dp_exposed = step = None
         if b.slot is not None:
             slot = b.slot + passes
-            window = slot if zero <= 1 else b.n_micro * slot
+            window = self._stack_dp_window(b, slot, [*dp_traffic, *edp_traffic], [*dp_parts, *edp_parts]) \
+                if zero <= 1 else b.n_micro * slot
             overlap = self.rates.dp_overlap(b.links["dp"])  # measured by calibrate, else the assumption
             overlap = a.dp_overlap if overlap is None else overlap
             if overlap is None:  # what the bundled trainer hides, bucket by bucket
@@ -894,6 +897,24 @@ class Evaluator:
                      dp_bytes=sum(x for _, x, _ in dp_traffic), edp_bytes=sum(x for _, x, _ in edp_traffic),
                      dp_time=t_dp, edp_time=t_edp, dp_exposed=dp_exposed, step=step, host=z.host,
                      offload_copy=copy_s, offload_step=cpu_s, optimizer=opt_s, fsdp=fsdp_s, weight_pass=passes)
+
+    def _backward_share(self, b: _Base) -> float:
+        """The backward's part of a slot: 2/3 of the layer's FLOPs without recompute, more with it."""
+        return 1 - self._layer_flops["none"] / 3 / self._layer_flops[b.load_recompute]
+
+    def _stack_dp_window(self, b: _Base, slot: float, traffic: list[tuple[str, float, float]],
+                         seconds: list[float]) -> float:
+        """Seconds of ZeRO 0/1's once-per-step DP traffic that a stack overlapping it as Megatron-Core does can hide
+        (estimate.dp_overlap, or a calibration's measured share, says how much it does): the gradient reduction
+        behind the backward still to run (schedule.reduce_exposed: one micro-batch's backward, or the interleaved
+        schedule's chunk by chunk), the weight all-gather behind the next step's first forward, bucket after bucket
+        (Megatron-Core's distributed optimizer gathers the next bucket as the forward reaches the current one)."""
+        backward = self._backward_share(b)
+        reduce_s = sum(t for (op, _, _), t in zip(traffic, seconds, strict=True) if op != "all_gather")
+        gather_s = sum(seconds) - reduce_s
+        pp, v = b.shape_key[1], b.shape_key[2]
+        exposed = schedule.reduce_exposed(reduce_s, pp, v, b.schedule, slot * backward)
+        return reduce_s - exposed + min(gather_s, slot * (1 - backward))
 
     def _weight_pass_seconds(self, b: _Base, zero: int, dp: int) -> float:
         """Each micro-batch's passes over the busiest pipeline rank's matmul weights beyond the GEMMs and over its
@@ -985,7 +1006,7 @@ class Evaluator:
         step) or of every micro-batch (ZeRO-2, each one's); ZeRO-1/2's weight all-gather follows the optimizer step,
         exposed. FSDP2 (ZeRO-3) prefetches each unit's gathers and reduces a unit's gradients while the next
         computes: all but one unit's traffic hides behind the micro-batches' forward and backward."""
-        backward = 1 - self._layer_flops["none"] / 3 / self._layer_flops[b.load_recompute]
+        backward = self._backward_share(b)
         window = b.slot * (b.n_micro if zero >= 2 else 1) * (1 if zero >= 3 else backward)
         hidden = 0.0
         for traffic, seconds, params in groups:  # each collective's (op, bytes, calls) and its seconds

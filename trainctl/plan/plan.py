@@ -49,8 +49,10 @@ ROOFLINE = (
     "buffer at HBM bandwidth, estimate.grad_accumulation); "
     "exposed DP = DP time - what hides: the bundled trainer's buckets (all but the last bucket's reduction behind "
     "the last micro-batch's backward, ZeRO-2 every micro-batch's; the ZeRO-1/2 weight all-gather exposed; ZeRO-3 "
-    "all but one FSDP unit's traffic), or with estimate.dp_overlap min(dp_overlap*DP time, one slot for ZeRO 0/1 "
-    "or all m slots for ZeRO 2/3); the layers' times from the operator model (plan/operators.py) and collectives "
+    "all but one FSDP unit's traffic), or with estimate.dp_overlap min(dp_overlap*DP time, what Megatron-Core's "
+    "overlap can hide for ZeRO 0/1: the gradient reduction behind the last micro-batch's backward, interleaved "
+    "chunk by chunk behind the last p micro-batches of each, and the weight all-gather behind the first forward; "
+    "all m slots for ZeRO 2/3); the layers' times from the operator model (plan/operators.py) and collectives "
     "from NCCL's cost model, or flat shares of peak and link (estimate.compute_efficiency, comm_efficiency), or a "
     "calibration profile's measured FLOP/s and latency*calls + bytes / measured bandwidth"
 )

@@ -125,13 +125,6 @@ class Unknowns:
         return min((p for p in self.grid if p.fits), key=lambda p: abs(p.error))
 
 
-def _overrides(field: str, value: int) -> list[str]:
-    # one chunk per pipeline rank is the plain 1F1B schedule, which the spec names as such
-    if field == "parallel.virtual_stages" and value == 1:
-        return ["parallel.schedule=1f1b", "parallel.virtual_stages=1"]
-    return [f"{field}={value}"]
-
-
 def unknowns_of(entry: dict, row: Row, folder: Path = PUBLISHED) -> Unknowns | None:
     """`row`'s run planned at every combination of its entry's `unknowns`; None where the source gives the layout."""
     from trainctl.errors import SpecError
@@ -149,7 +142,7 @@ def unknowns_of(entry: dict, row: Row, folder: Path = PUBLISHED) -> Unknowns | N
     for values in itertools.product(*fields.values()):
         point = tuple(zip(fields, values, strict=True))
         try:
-            alt = load_spec(folder / entry["spec"], overrides=[*sets, *(o for f, v in point for o in _overrides(f, v))])
+            alt = load_spec(folder / entry["spec"], overrides=[*sets, *(f"{f}={v}" for f, v in point)])
         except SpecError:
             continue  # not a layout of this run: a micro-batch that does not divide its batch, chunks its stages
         est = build_plan(alt).est
@@ -302,8 +295,10 @@ Where a source does not give the micro-batch or the interleaving depth, the spec
 which). Each headline run is planned again at every value its batch and its pipeline stages allow
 (`unknowns` in `recipes/published/published.yaml`; values the spec rejects for that layout are left out), one
 unknown at a time beside the spec's own value (bold), and over every combination for the last column; a dash
-where the source gives the value or the layout has no such choice (no pipeline to interleave). The assumptions
-stay as the specs have them: picking, for each run, the value that lands nearest its figure would be
+where the source gives the value or leaves no choice: no pipeline, or one chunk count only. The pipelined runs all
+interleaved (Narayanan et al. 2021's PTD-P runs; the Megatron-Core README overlaps its pipeline communication,
+which Megatron-Core 0.8 does only under the interleaved schedule), so the depth starts at two chunks. The
+assumptions stay as the specs have them: picking, for each run, the value that lands nearest its figure would be
 fitting the table to the record.
 
 """
@@ -348,21 +343,21 @@ DOC_TAIL = """
 - **NVIDIA's DGX Cloud recipes**: six rows measured on DGX H100 with the NeMo 24.09 and 24.11 containers, each
   layout exactly as its recipe sets it (TP, PP, CP, the interleaving, the micro-batch, the overlaps its config
   turns on).
-  - BF16: within -6% to +4% (2.9% on average), with nothing fitted to them and nothing about the layout assumed.
-  - FP8: within -10% to +10%, the FP8 GEMMs priced at twice the BF16 rate at the same efficiency. The 70B's
+  - BF16: within -5% to +4% (2.7% on average), with nothing fitted to them and nothing about the layout assumed.
+  - FP8: within -8% to +10%, the FP8 GEMMs priced at twice the BF16 rate at the same efficiency. The 70B's
     speed-up over BF16 comes out 9% above NVIDIA's (the section above), while the same pricing holds Transformer
     Engine's H100 layer in FP8 within 1%: what the 70B's FP8 step spends beyond that is not found.
   - The v25.05 release (NeMo 25.04.01) measured Llama 3.1 405B on H100 and on GB200 with the same software. On H100
-    the plan lands within -2% (BF16 and FP8); on GB200 at +2.6% (BF16) and -4.4% (FP8). Blackwell's GEMM figure
-    is a measured layer's too: Transformer Engine's GEMM profiling tutorial times a layer's GEMMs on a B300 (0.674
-    of the peak, where the best shape of a search is 0.776; with that best shape the GB200 rows were +13% and
-    +3%). Blackwell's attention takes the H100's FlashAttention-2 curves (no published Blackwell figure). Plans on
-    a GB200 print this record (2 runs) beside their step. The GB200 rows depend on where the 128 GPUs sat, which
-    the README does not say: filling one NVL72 rack and part of the next (the plan's default), the data-parallel
-    pairs of one pipeline stage reduce over InfiniBand and 1.1 s of the step waits for them; as two racks of 64
-    they stay on NVLink and the plan is 17-18% too fast.
+    the plan lands within 0.3% (BF16 and FP8); on GB200 at +10.2% (BF16) and +6.1% (FP8). Blackwell's GEMM figure is
+    a measured layer's too: Transformer Engine's GEMM profiling tutorial times a layer's GEMMs on a B300 (0.674 of
+    the peak, where the best shape of a search is 0.776; with that best shape, and one slot for the DP traffic, the
+    GB200 rows were +13% and +3%). Blackwell's attention takes the H100's FlashAttention-2 curves (no published
+    Blackwell figure). Plans on a GB200 print this record (2 runs) beside their step. The GB200 rows depend on where
+    the 128 GPUs sat, which the README does not say: filling one NVL72 rack and part of the next (the plan's
+    default), the data-parallel pairs of one pipeline stage reduce over InfiniBand and 0.48 s of the BF16 step waits
+    for them; as two racks of 64 they stay on NVLink and the plan is 17% too fast.
 - **The Megatron-Core H100 runs** (July 2024, the stack NVIDIA describes: FlashAttention-3-class attention, full TP
-  and DP overlap) land within +1% to +12% from 16B up, but for the 32B row (-20%), and 20-30% too fast at 7.1B and
+  and DP overlap) land within +2% to +16% from 16B up, but for the 32B row (-20%), and 20-30% too fast at 7.1B and
   1.7B.
   - The small models' layers are the shortest of the table (the 1.7B's 2.8 ms a micro-batch on the GPU), so what
     the model leaves out grows there: kernel launch and host time (the bundled trainer's eager layers took 2-4 ms
@@ -387,16 +382,16 @@ DOC_TAIL = """
     fitting.
   - The README's strong scaling of the 177B (batch 1152, MFU 47% on 96 GPUs and 42% on 4,608; the two rows marked
     strong scaling) parts the layers from the DP traffic. On 96 GPUs (two replicas, 576 micro-batches a pipeline:
-    almost no bubble and little DP traffic) the plan is 15% too fast; on 4,608, 5%. The plan loses 18% of its rate
-    over that range where NVIDIA lost 11%: at 96 replicas it exposes 367 ms of the 544 ms of DP traffic, more
-    than Megatron-Core did. Megatron-Core 0.8's interleaved schedule starts each chunk's gradient reduce-scatter
-    after that chunk's last backward (megatron/core/pipeline_parallel/schedules.py, grad_sync_func, on by default
-    through --delay-grad-reduce), and the weight all-gather it starts after the optimizer step is waited on chunk
-    by chunk, so the traffic spreads over about p slots, not the one the plan gives it. Priced with a window of p
-    slots (tried, not adopted), the DP traffic hides at every scale: the strong-scaling ends read +15% and +23%,
-    the weak-scaling rows from 70B up +10.5% to +20.7%, and the headline mean goes from 9.4% to 11.6%. What these July
-    2024 runs spent beyond the plan would then lie in their layers, at every scale, where no cited figure prices
-    it. The window stays one slot until that is found, as the interleaved sends stay on the slot (below).
+    almost no bubble and little DP traffic) the plan is 15% too fast, on 4,608 14%: it loses 11.5% of its rate
+    over that range, where NVIDIA's whole percents put the loss at 8.6-12.6% (a test holds it there). The DP
+    traffic is priced as Megatron-Core 0.8 overlaps it under the interleaved schedule: each chunk's gradient
+    reduce-scatter starts after that chunk's last backward (megatron/core/pipeline_parallel/schedules.py,
+    grad_sync_func, on by default through --delay-grad-reduce) and hides behind the backward of the chunks that
+    finish after it (plan/bubble.py `reduce_exposed`). With one slot for all of it, as this page priced it until
+    then, the plan lost 18% over the range, and the weak-scaling rows from 70B up read 6-7 points closer to NVIDIA's
+    (the 177B +11.5%, the headline mean 9.4% against 10.6% now): the exposed DP traffic of a window too short had
+    stood in for a cost of these runs' layers. That cost is about 15% of the 177B's step at every scale, and no
+    cited figure prices it.
 - **The two Llama 3 405B rows** (Table 4 of the paper, 8K sequences) land 6% fast, with the planner's defaults for
   what the paper does not say: FlashAttention-2 for attention (333 TFLOP/s forward at 8K), no TP overlap and the
   bundled trainer's eager rotary and SwiGLU. The gradients are read as the paper's "Numerical stability" paragraph
@@ -411,9 +406,9 @@ DOC_TAIL = """
 - **The interleaved schedule's sends are priced on the slot**, though Megatron hides them behind compute there
   (overlap_p2p_comm, on by default for interleaved schedules; NeMo's configs set it; the Megatron-Core README says
   its pipeline communication is overlapped; the Llama 3 paper's sends are asynchronous). Taking them off the step
-  would move the Megatron-Core rows from 70B up 2-7 points further from NVIDIA's figures (the 119B to +15%), the
-  DGX Cloud GPT-3 rows 6 and 9 points and the Llama 3 rows 3-4 (to +9%), and bring the DGX Cloud 405B rows 2-3
-  points closer. The plan would be further from the record overall, which points to a cost of those runs the
+  would move the Megatron-Core rows from 70B up 2-8 points further from NVIDIA's figures (the 119B to +23%), the
+  DGX Cloud GPT-3 rows 6 and 10 points and the Llama 3 rows 4 (to +10%), and bring the DGX Cloud 405B and 340B
+  rows 2-4 points closer. The plan would be further from the record overall, which points to a cost of those runs the
   model does not price (the interleaved schedule's waits at chunk boundaries, or more of the step than modelled);
   the sends stay on the slot until that is found.
 - **BLOOM** is predicted 5% too fast (104.7 s a step in its logs, 99.7 s planned), with DeepSpeed's BF16 optimizer
