@@ -355,7 +355,10 @@ DOC_TAIL = """
     Blackwell figure). Plans on a GB200 print this record (2 runs) beside their step. The GB200 rows depend on where
     the 128 GPUs sat, which the README does not say: filling one NVL72 rack and part of the next (the plan's
     default), the data-parallel pairs of one pipeline stage reduce over InfiniBand and 0.48 s of the BF16 step waits
-    for them; as two racks of 64 they stay on NVLink and the plan is 17% too fast.
+    for them; as two racks of 64 they stay on NVLink and the plan is 17% too fast. The GB200 takes the B300 layer's
+    share of the peak (0.674) against its own higher peak (2,500 TFLOP/s against the B300's 2,250, the same die at
+    more power); taken instead at the B300's measured rate (1,503 TFLOP/s for those GEMMs), the rows would read
+    +1.5% and +0.1%. No published GB200 measurement says which, and choosing by the result would be fitting.
 - **The Megatron-Core H100 runs** (July 2024, the stack NVIDIA describes: FlashAttention-3-class attention, full TP
   and DP overlap) land within +2% to +16% from 16B up, but for the 32B row (-20%), and 20-30% too fast at 7.1B and
   1.7B.
