@@ -880,14 +880,14 @@ class Evaluator:
         dp_exposed = step = None
         if b.slot is not None:
             slot = b.slot + passes
-            window = self._stack_dp_window(b, slot, [*dp_traffic, *edp_traffic], [*dp_parts, *edp_parts]) \
-                if zero <= 1 else b.n_micro * slot
             overlap = self.rates.dp_overlap(b.links["dp"])  # measured by calibrate, else the assumption
             overlap = a.dp_overlap if overlap is None else overlap
             if overlap is None:  # what the bundled trainer hides, bucket by bucket
                 dp_exposed = (t_dp + t_edp) - self._trainer_hidden(b, zero, [
                     (dp_traffic, dp_parts, b.max_params), (edp_traffic, edp_parts, b.max_experts)])
             else:
+                window = self._stack_dp_window(b, slot, [*dp_traffic, *edp_traffic], [*dp_parts, *edp_parts]) \
+                    if zero <= 1 else b.n_micro * slot
                 dp_exposed = (t_dp + t_edp) - min(overlap * (t_dp + t_edp), window)
             step = slot * (b.n_micro + b.bubble_slots) + dp_exposed + b.emb_time + copy_s + cpu_s + opt_s + fsdp_s
             if psgd:
