@@ -21,10 +21,14 @@ import operator
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
 from trainctl.plan import record
+
+if TYPE_CHECKING:
+    from trainctl.plan.estimate import Estimate
 
 ROOT = Path(__file__).resolve().parents[2]
 PUBLISHED = ROOT / "recipes" / "published"
@@ -65,6 +69,16 @@ def runs(folder: Path = PUBLISHED) -> list[dict]:
     return yaml.safe_load((folder / "published.yaml").read_text())["runs"]
 
 
+def _flops(est: Estimate, counts: str) -> float:
+    """The FLOPs of a planned step the published figure counts: the hardware's (recompute too) or the model's."""
+    return est.hardware_flops if counts == "hardware" else est.model_flops
+
+
+def _tflops(est: Estimate, counts: str, world: int) -> float:
+    """The plan's TFLOP/s per GPU, counting what the published figure counts."""
+    return _flops(est, counts) / est.step_time / world / 1e12
+
+
 def plan_row(entry: dict, folder: Path = PUBLISHED) -> Row:
     from trainctl.plan.plan import build_plan
     from trainctl.spec import load_spec
@@ -73,7 +87,6 @@ def plan_row(entry: dict, folder: Path = PUBLISHED) -> Row:
     spec = load_spec(folder / entry["spec"], overrides=sets)
     est = build_plan(spec).est
     flat = build_plan(load_spec(folder / entry["spec"], overrides=[*FLAT, *sets])).est
-    flops = est.hardware_flops if entry["counts"] == "hardware" else est.model_flops
     world = spec.world_size
     p = spec.parallel
     zero = f" ZeRO-{p.zero}" if p.zero else ""
@@ -83,10 +96,11 @@ def plan_row(entry: dict, folder: Path = PUBLISHED) -> Row:
     assert est.step_time, f"{entry['spec']}: the plan has no step time"
     published_step = entry.get("step_s")
     # a published step counts the same FLOPs as the prediction: the error is the ratio of the two steps
-    published = flops / float(published_step) / world / 1e12 if published_step else float(entry["tflops"])
+    published = (_flops(est, entry["counts"]) / float(published_step) / world / 1e12 if published_step
+                 else float(entry["tflops"]))
     return Row(spec=entry["spec"], run=entry["run"], source=entry["source"], gpus=world, layout=layout,
-               counts=entry["counts"], published=published, predicted=flops / est.step_time / world / 1e12,
-               step_s=est.step_time, flat=flops / flat.step_time / world / 1e12, headline=bool(entry["headline"]),
+               counts=entry["counts"], published=published, predicted=_tflops(est, entry["counts"], world),
+               step_s=est.step_time, flat=_tflops(flat, entry["counts"], world), headline=bool(entry["headline"]),
                gpu=spec.cluster.gpu, precision=spec.train.precision,
                published_step_s=float(published_step) if published_step else None)
 
@@ -109,7 +123,6 @@ class Unknowns:
     """A headline run planned again at every value its source leaves open (published.yaml `unknowns`): how far the
     assumptions the spec had to make can move its error."""
 
-    row: Row
     planned: tuple[tuple[str, int], ...]  # the spec's own values
     fields: dict[str, list[int]]
     grid: list[Point]  # every combination the spec accepts
@@ -137,7 +150,6 @@ def unknowns_of(entry: dict, row: Row, folder: Path = PUBLISHED) -> Unknowns | N
     sets = list(entry.get("set", []))
     spec = load_spec(folder / entry["spec"], overrides=sets)
     planned = tuple((f, operator.attrgetter(f)(spec)) for f in fields)
-    flops_of = (lambda e: e.hardware_flops) if entry["counts"] == "hardware" else (lambda e: e.model_flops)
     grid = []
     for values in itertools.product(*fields.values()):
         point = tuple(zip(fields, values, strict=True))
@@ -146,9 +158,9 @@ def unknowns_of(entry: dict, row: Row, folder: Path = PUBLISHED) -> Unknowns | N
         except SpecError:
             continue  # not a layout of this run: a micro-batch that does not divide its batch, chunks its stages
         est = build_plan(alt).est
-        predicted = flops_of(est) / est.step_time / alt.world_size / 1e12
-        grid.append(Point(values=point, error=predicted / row.published - 1, fits=est.fits))
-    return Unknowns(row=row, planned=planned, fields=fields, grid=grid)
+        error = _tflops(est, entry["counts"], alt.world_size) / row.published - 1
+        grid.append(Point(values=point, error=error, fits=est.fits))
+    return Unknowns(planned=planned, fields=fields, grid=grid)
 
 
 def unknowns_table(runs_unknowns: list[tuple[Row, Unknowns | None]]) -> str:
