@@ -99,6 +99,21 @@ def test_a_cpu_fp8_gemm_is_the_dequantized_operands_product_exactly(recipe: str,
 
 
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+@pytest.mark.parametrize("rows_a,rows_b", [(1, 8), (8, 1), (1, 1)])
+def test_a_cpu_fp8_gemm_takes_one_row_operands(recipe: str, rows_a: int, rows_b: int) -> None:
+    """A one-row operand (the full equivalence matrix's Llama TP2 PP2 DP2 under full recompute met one) multiplies
+    like any other: the dequantized operands' fp32 product, to fp32 rounding (a one-row product is a matrix-vector
+    product, summed in its own order), where the tensorwise CPU path's per-row scales once kept a stride of 0 that
+    torch's kernel refused."""
+    gen = torch.Generator().manual_seed(3)
+    a, b = torch.randn(rows_a, 16, generator=gen), torch.randn(rows_b, 16, generator=gen)
+    rowwise = recipe == "rowwise"
+    got = fp8_gemm(a, b, a_dtype=E4M3, b_dtype=E4M3, rowwise=rowwise, out_dtype=torch.float32)
+    (qa, ia), (qb, ib) = quantize(a, E4M3, rowwise), quantize(b, E4M3, rowwise)
+    torch.testing.assert_close(got, (qa.float() * ia) @ (qb.float() * ib).t(), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
 def test_fp8_error_against_the_exact_product_is_the_recipes_rounding(recipe: str) -> None:
     """Against the exact fp64 product, each element's error stays within what rounding both operands implies,
     (2u + u^2) sum_k |a_ik||b_jk| (u: 2^-4 for e4m3, 2^-3 for e5m2), plus the subnormal floor, and the

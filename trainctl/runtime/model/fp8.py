@@ -84,8 +84,9 @@ def fp8_gemm(a: Tensor, b: Tensor, *, a_dtype: torch.dtype, b_dtype: torch.dtype
     if not rowwise and qa.device.type == "cpu":
         # torch's CPU kernel takes one scale per tensor on e4m3 x e4m3 operands in a naive loop (35 s for a
         # 2048 x 1024 x 1024 product, 600x its per-row path): the same scale on every row takes the fast path and
-        # gives the same product, the dequantized operands' in fp32
-        ia, ib = ia.expand(qa.shape[0], 1).contiguous(), ib.expand(qb.shape[0], 1).contiguous()
+        # gives the same product, the dequantized operands' in fp32. repeat, not expand: a one-row operand's
+        # expanded scale keeps stride 0, which _scaled_mm refuses
+        ia, ib = ia.reshape(1, 1).repeat(qa.shape[0], 1), ib.reshape(1, 1).repeat(qb.shape[0], 1)
         per_row = True
     ib_t = ib.t() if per_row else ib  # scale_b is [1, N] for per-row scales of b
     if _has_kernel(qa, qb, per_row, out_dtype):
