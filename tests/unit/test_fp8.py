@@ -101,10 +101,11 @@ def test_a_cpu_fp8_gemm_is_the_dequantized_operands_product_exactly(recipe: str,
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
 @pytest.mark.parametrize("rows_a,rows_b", [(1, 8), (8, 1), (1, 1)])
 def test_a_cpu_fp8_gemm_takes_one_row_operands(recipe: str, rows_a: int, rows_b: int) -> None:
-    """A one-row operand (the full equivalence matrix's Llama TP2 PP2 DP2 under full recompute met one) multiplies
-    like any other: the dequantized operands' fp32 product, to fp32 rounding (a one-row product is a matrix-vector
-    product, summed in its own order), where the tensorwise CPU path's per-row scales once kept a stride of 0 that
-    torch's kernel refused."""
+    """A one-row operand (a row of the full equivalence matrix met one: TP2 PP2 DP2 SP ZeRO-1, micro-batch 2, full
+    recompute, tensorwise; an MoE expert routed a single token is one way to get there) multiplies like any other:
+    the dequantized operands' fp32 product, to fp32 rounding (a one-row product is a matrix-vector product, summed
+    in its own order), where the tensorwise CPU path's per-row scales once kept a stride of 0 that torch's kernel
+    refused."""
     gen = torch.Generator().manual_seed(3)
     a, b = torch.randn(rows_a, 16, generator=gen), torch.randn(rows_b, 16, generator=gen)
     rowwise = recipe == "rowwise"
