@@ -7,6 +7,7 @@ import os
 import re
 import socket
 import subprocess
+import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -36,17 +37,38 @@ echo "DONE restart=${SLURM_RESTART_COUNT:-0}"
 PREEMPT_SCRIPT = r"""#!/bin/bash
 echo "ATTEMPT restart=${SLURM_RESTART_COUNT:-0}"
 if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then
-    # Like the trainer's ranks, whose checkpoint on a signal is collective, a task stops only when every
-    # task has its signal (or after 20 s): srun may return once one task ended and the step was
-    # cancelled, and the requeue below then kills a remote task whose slurmd has not signalled it yet.
-    srun bash -c 'trap "echo TASK $SLURM_PROCID SIGTERM | tee sigterm-$SLURM_PROCID
-            for i in \$(seq 200); do [ -e sigterm-0 ] && [ -e sigterm-1 ] && break; sleep 0.1; done; exit 99" TERM
-        echo TASK $SLURM_PROCID up; sleep 120 & wait'
+    srun "$TASK_PYTHON" preempt_task.py
     echo "STEP ended rc=$?"
     scontrol requeue "$SLURM_JOB_ID"
     sleep 120
 fi
 echo "DONE restart=${SLURM_RESTART_COUNT:-0}"
+"""
+
+# A task is one process that handles SIGTERM itself, as a rank does. (A shell whose `sleep & wait` child
+# slurmstepd signalled first could end before its own signal came: CI, about once in seven runs under load.)
+# Like the trainer's ranks, whose checkpoint on a signal is collective, a task stops only when every task has
+# its signal (or after 20 s): srun may return once one task ended and the step was cancelled, and the requeue
+# then kills a remote task whose slurmd has not signalled it yet.
+PREEMPT_TASK = r"""
+import os, signal, sys, time
+
+rank = os.environ["SLURM_PROCID"]
+
+
+def on_term(signum, frame):
+    print(f"TASK {rank} SIGTERM", flush=True)
+    open(f"sigterm-{rank}", "w").close()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not all(os.path.exists(f"sigterm-{r}") for r in "01"):
+        time.sleep(0.1)
+    sys.exit(99)
+
+
+signal.signal(signal.SIGTERM, on_term)
+print(f"TASK {rank} up", flush=True)
+while True:
+    time.sleep(1)
 """
 
 
@@ -243,10 +265,12 @@ def test_preemption_signals_ranks_and_job_requeues_itself(
 ) -> None:
     script = tmp_path / "preempt.sh"
     script.write_text(PREEMPT_SCRIPT)
+    (tmp_path / "preempt_task.py").write_text(PREEMPT_TASK)
     out = tmp_path / "out.txt"
     job_id = _run(
         "sbatch", "--parsable", "--requeue", "--open-mode=append", "--time=2", "-N2", "--gpus-per-node=4",
-        f"--chdir={tmp_path}", f"--output={out}", "--job-name=trainctl-test-preempt", str(script),
+        f"--export=ALL,TASK_PYTHON={sys.executable}", f"--chdir={tmp_path}", f"--output={out}",
+        "--job-name=trainctl-test-preempt", str(script),
     ).strip().split(";")[0]  # fmt: skip
     try:
         wait_for(lambda: len(re.findall(r"TASK \d up", _read(out))) >= 2, "both tasks of the first attempt to start")
